@@ -1,0 +1,136 @@
+/* bench_ref - throughput of the CPU reference (dcpx_ref_call).
+ *
+ *   bench_ref [W [N [K [LOCAL [ROWS [REPS]]]]]]   (default 8 512 2048 16384
+ *                                                 64 15)
+ *
+ * One call computes, for every row, all W ranks' local top-N lists, the
+ * merge with its rescue round, and rank 0's outputs: the work one
+ * verifying process does per call. Logits are random normal bf16 with a
+ * quarter of the rows dominated by one rank (so the rescue runs). Prints
+ * the median, min and max of REPS timed calls and rows per second; the
+ * figures in bench/RESULTS.md come from this program.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dcpx.h"
+
+static uint64_t mix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double unif(uint64_t *s) {
+  return (double)(mix(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+  uint32_t W = argc > 1 ? (uint32_t)atoi(argv[1]) : 8;
+  uint32_t N = argc > 2 ? (uint32_t)atoi(argv[2]) : 512;
+  uint32_t K = argc > 3 ? (uint32_t)atoi(argv[3]) : 2048;
+  uint32_t L = argc > 4 ? (uint32_t)atoi(argv[4]) : 16384;
+  uint32_t R = argc > 5 ? (uint32_t)atoi(argv[5]) : 64;
+  int reps = argc > 6 ? atoi(argv[6]) : 15;
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  uint64_t s = 42;
+
+  sh.world = W;
+  sh.rows = R;
+  sh.topk = K;
+  sh.local_topk = N;
+  sh.block_size = 64;
+  sh.interleave = 1;
+  sh.max_local = L;
+  int r = dcpx_shape_check(&sh);
+  if (r < 0 || reps < 1) {
+    fprintf(stderr, "bench_ref: bad shape: %s\n", dcpx_strerror(r));
+    return 2;
+  }
+  uint32_t bt_cols = (L + 63) / 64;
+  uint16_t *lg[DCPX_MAX_WORLD];
+  int32_t *en[DCPX_MAX_WORLD];
+  int32_t *req = malloc(sizeof(int32_t) * R);
+  int32_t *bt = malloc(sizeof(int32_t) * (size_t)R * bt_cols);
+  int32_t *rows_out = malloc(sizeof(int32_t) * (size_t)R * K);
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)R * K);
+  int32_t *valid = malloc(sizeof(int32_t) * R);
+  uint32_t *sat = malloc(sizeof(uint32_t) * R);
+  double *times = malloc(sizeof(double) * (size_t)reps);
+  for (uint32_t t = 0; t < R; t++) {
+    req[t] = (int32_t)t;
+    for (uint32_t b = 0; b < bt_cols; b++)
+      bt[(size_t)t * bt_cols + b] = (int32_t)(t * bt_cols + b);
+  }
+  for (uint32_t d = 0; d < W; d++) {
+    lg[d] = malloc(sizeof(uint16_t) * (size_t)R * L);
+    en[d] = malloc(sizeof(int32_t) * R);
+    for (uint32_t t = 0; t < R; t++) {
+      double shift = (t % 4 == 0 && d == t % W) ? 3.0 : 0.0;
+      en[d][t] = (int32_t)L;
+      for (uint32_t l = 0; l < L; l++) {
+        double g = sqrt(-2.0 * log(unif(&s) + 1e-300)) *
+                   cos(6.283185307179586 * unif(&s));
+        lg[d][(size_t)t * L + l] = to_bf16((float)(g + shift));
+      }
+    }
+  }
+  dcpx_ref_stats st = {0, 0, 0};
+  for (int i = 0; i < reps + 1; i++) {
+    double t0 = now_s();
+    r = dcpx_ref_call(&sh, R, (const uint16_t *const *)lg, L,
+                      (const int32_t *const *)en, 0, req, bt, R, bt_cols,
+                      rows_out, valid, ids, sat, i ? &st : NULL);
+    double dt = now_s() - t0;
+    if (r < 0) {
+      fprintf(stderr, "bench_ref: %s\n", dcpx_strerror(r));
+      return 1;
+    }
+    if (i)
+      times[i - 1] = dt; /* call 0 warms the caches */
+  }
+  qsort(times, (size_t)reps, sizeof(double), cmp);
+  double med = times[reps / 2];
+  printf("bench_ref: W=%u N=%u K=%u local=%u rows=%u reps=%d\n", W, N, K, L,
+         R, reps);
+  printf("call median %.2f ms (min %.2f, max %.2f); %.0f rows/s; "
+         "%.1f us/row; rescue rows %.1f%%\n",
+         med * 1e3, times[0] * 1e3, times[reps - 1] * 1e3, R / med,
+         med / R * 1e6,
+         st.rows ? 100.0 * (double)st.rescue_rows / (double)st.rows : 0.0);
+  for (uint32_t d = 0; d < W; d++) {
+    free(lg[d]);
+    free(en[d]);
+  }
+  free(req);
+  free(bt);
+  free(rows_out);
+  free(ids);
+  free(valid);
+  free(sat);
+  free(times);
+  return 0;
+}

@@ -1,0 +1,161 @@
+/* layout.h - the memory every implementation shares: a rank's workspace
+ * (the exchange buffers of DESIGN.md sections 4 and 5) and the group's
+ * control page (section 6). Plain C, also included by the CUDA kernels.
+ *
+ * Workspace of rank d (one per rank; CUDA backend: device memory allocated
+ * by dcpxd with cuMemCreate; host backend: a memfd). Every region starts on
+ * a 256-byte boundary; all words are little-endian 32/64-bit integers:
+ *
+ *   ll_slots  int32 [2][W][R][4*P]   P = ceil(row_words(N)/2): (parity,
+ *                                     source rank, row, (word, tag) pairs)
+ *   rescue    uint32 [R][S][row_words(K)], S = min(W, floor(K/N))
+ *   flags     uint32 [W][R]          flags[s][t] = seq2 value of s's rescue
+ *   epoch     uint32 [R]             last epoch merged for row t
+ *   seq2      uint32 [R]             last rescue sequence of row t
+ *   sat_word  uint32 [R]             (mask << 16) | ord16 of S1's K-th key
+ *   stats     uint64 [R][2]          per row: calls merged, rescues run
+ *
+ * Writers: ll_slots, rescue and flags are written by every rank's push or
+ * merge (remote stores); epoch, seq2, sat_word and stats only by rank d's own
+ * merge, one writer per row. Zeroed memory is the initial state: epoch 0 and
+ * tag 0 never match (dcpx_epoch_next skips 0).
+ *
+ * Control page (one per group, host memory owned by dcpxd, mapped by every
+ * client and registered for device access): a header, then per rank a
+ * health block, then the wait records [W][R] (record slot (d, t) has a
+ * single writer: block t of rank d's merge, or the host backend's row t).
+ * Every word is written with plain stores (no CPU-GPU atomics: PCIe hosts
+ * lack them); a writer orders "record, then alarm, then failed" with
+ * system-scope fences.
+ */
+#ifndef DCPX_COMMON_LAYOUT_H
+#define DCPX_COMMON_LAYOUT_H
+
+#include <stdint.h>
+
+#define DCPX_CTL_MAGIC 0x44435058u /* "DCPX" */
+#define DCPX_CTL_VERSION 1u
+#define DCPX_ALIGN 256u
+
+/* Region ids named in wait records (DESIGN.md section 6). */
+#define DCPX_REGION_LL_SLOTS 1u
+#define DCPX_REGION_RESCUE_FLAGS 2u
+
+#define DCPX_REC_EMPTY 0u
+#define DCPX_REC_TIMEOUT 1u
+
+/* Reasons in the abort word (0 = not aborted). */
+#define DCPX_ABORT_ALARM 1u   /* a rank raised its alarm */
+#define DCPX_ABORT_DEAD 2u    /* a rank's process died or disconnected */
+#define DCPX_ABORT_OPERATOR 3u /* dcpxctl reset / daemon shutdown */
+
+typedef struct dcpx_layout {
+  uint32_t world, rows, topk, local_topk;
+  uint32_t rw_n, rw_k; /* row_words(N), row_words(K) */
+  uint32_t pairs;      /* P: 16-byte LL stores per list */
+  uint32_t rescue_slots;
+  /* Byte offsets in a rank's workspace, and its total size. */
+  uint64_t off_ll, off_rescue, off_flags, off_epoch, off_seq2, off_sat,
+      off_stats, ws_bytes;
+  /* Control page: offsets of the rank blocks and records, total size. */
+  uint64_t off_ranks, off_records, ctl_bytes;
+} dcpx_layout;
+
+/* A rank's health block in the control page (128 bytes). */
+typedef struct dcpx_rank_health {
+  volatile uint32_t alarm;  /* raised by a waiter that timed out */
+  volatile uint32_t failed; /* set after the alarm store drained */
+  volatile uint32_t joined; /* written by dcpxd: a live process holds it */
+  volatile uint32_t pid;    /* written by dcpxd */
+  /* Fault hook, written by dcpxd only when fault injection is enabled:
+   * block 0 of this rank stalls fault_ticks ns once, in the call whose
+   * epoch (0 = any) and call tag (~0 = any) match. fault_fired is written
+   * by the stalling block. */
+  volatile uint32_t fault_armed;
+  volatile uint32_t fault_epoch;
+  volatile uint64_t fault_call;
+  volatile uint64_t fault_ticks;
+  volatile uint32_t fault_fired;
+  volatile uint32_t pad0;
+  /* Written by the client at the end of each call (single writer). */
+  volatile uint64_t calls, rows, rescue_rows, failed_calls;
+  volatile uint64_t last_call_tag;
+  uint32_t pad1[10];
+} dcpx_rank_health;
+
+/* A wait record (48 bytes). `kind` is written last. */
+typedef struct dcpx_wait_record {
+  volatile uint32_t kind;
+  volatile uint32_t region;
+  volatile uint32_t index;    /* word or flag index within the region */
+  volatile uint32_t expected; /* tag awaited */
+  volatile uint32_t seen;     /* tag last read */
+  volatile uint32_t block;    /* block id (row) */
+  volatile uint64_t time_ns;  /* CLOCK_REALTIME ns (host) / globaltimer */
+  volatile uint64_t call_tag;
+  volatile uint32_t generation;
+  volatile uint32_t rank;
+} dcpx_wait_record;
+
+/* The control page header (256 bytes). */
+typedef struct dcpx_ctl_header {
+  uint32_t magic, version;
+  uint32_t world, rows;
+  volatile uint32_t abort;      /* DCPX_ABORT_* or 0 */
+  volatile uint32_t generation; /* bumped by every recovery */
+  volatile uint64_t timeout_ns; /* bounded-wait limit */
+  volatile uint32_t recovering; /* dcpxd: ranks must drain and ack */
+  uint32_t pad[55];
+} dcpx_ctl_header;
+
+static inline uint64_t dcpx__align(uint64_t x) {
+  return (x + DCPX_ALIGN - 1) & ~(uint64_t)(DCPX_ALIGN - 1);
+}
+
+static inline uint32_t dcpx__row_words_raw(uint32_t c) {
+  return (c + (c + 31u) / 32u + 3u) & ~3u;
+}
+
+/* Fills *L for a shape already checked by dcpx_shape_check. */
+static inline void dcpx_layout_compute(dcpx_layout *L, uint32_t world,
+                                       uint32_t rows, uint32_t topk,
+                                       uint32_t local_topk) {
+  uint64_t o = 0;
+  uint32_t s = topk / local_topk;
+  L->world = world;
+  L->rows = rows;
+  L->topk = topk;
+  L->local_topk = local_topk;
+  L->rw_n = dcpx__row_words_raw(local_topk);
+  L->rw_k = dcpx__row_words_raw(topk);
+  L->pairs = (L->rw_n + 1) / 2;
+  L->rescue_slots = s < world ? s : world;
+  L->off_ll = o;
+  o = dcpx__align(o + 2ull * world * rows * 4 * L->pairs * 4);
+  L->off_rescue = o;
+  o = dcpx__align(o + 4ull * rows * L->rescue_slots * L->rw_k);
+  L->off_flags = o;
+  o = dcpx__align(o + 4ull * world * rows);
+  L->off_epoch = o;
+  o = dcpx__align(o + 4ull * rows);
+  L->off_seq2 = o;
+  o = dcpx__align(o + 4ull * rows);
+  L->off_sat = o;
+  o = dcpx__align(o + 4ull * rows);
+  L->off_stats = o;
+  o = dcpx__align(o + 16ull * rows);
+  L->ws_bytes = o;
+  L->off_ranks = sizeof(dcpx_ctl_header);
+  L->off_records = L->off_ranks + sizeof(dcpx_rank_health) * world;
+  L->ctl_bytes = dcpx__align(L->off_records +
+                             sizeof(dcpx_wait_record) * (uint64_t)world * rows);
+}
+
+/* Byte offset, within ll_slots, of the pair i (words 2i, 2i+1) of source s,
+ * row t, parity p. */
+static inline uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,
+                                      uint32_t s, uint32_t t, uint32_t i) {
+  return ((((uint64_t)p * L->world + s) * L->rows + t) * L->pairs + i) * 16u;
+}
+
+#endif /* DCPX_COMMON_LAYOUT_H */

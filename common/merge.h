@@ -1,0 +1,123 @@
+/* merge.h - the selection core shared by the CPU reference and the host
+ * backend (internal to libdcpx; the CUDA kernels mirror it in
+ * kernels/dcpx_device.cuh).
+ *
+ * A key is an (ord16, l) pair plus the rank it came from; keys are always
+ * laid out in ascending (r, l) order ("flat order"), so the tie rule of
+ * DESIGN.md section 2 is simply "earlier flat position wins". The top-k of
+ * n keys is then described by a threshold T and a tie count `take`:
+ *
+ *   key i is selected  <=>  ord[i] > T, or ord[i] == T and it is one of the
+ *                           first `take` keys (in flat order) with ord == T.
+ *
+ * When at most k keys are non-empty, T = 0 and take = 0: every non-empty
+ * key (ord > 0) is selected. Otherwise T is the ord16 of the k-th best key
+ * (>= 0x7F, never 0) and exactly k keys are selected.
+ */
+#ifndef DCPX_COMMON_MERGE_H
+#define DCPX_COMMON_MERGE_H
+
+#include <stdint.h>
+
+#include "dcpx.h"
+
+#define DCPX__HIDDEN __attribute__((visibility("hidden")))
+
+typedef struct dcpx__sel {
+  uint32_t T;     /* threshold ord16 (0: all non-empty keys selected) */
+  uint32_t take;  /* keys with ord == T selected, first in flat order */
+  uint32_t count; /* selected keys: min(k, non-empty keys) */
+} dcpx__sel;
+
+/* Order key of a bf16 for selection: ord16, or 0 for NaN (never a
+ * candidate). */
+static inline uint32_t dcpx__key_of_bf16(uint32_t b) {
+  /* Branch-free: negative values flip all 16 bits, others only the sign;
+   * NaN (magnitude above the infinity's) maps to 0. */
+  b &= 0xFFFFu;
+  uint32_t flip = 0x8000u | ((0u - (b >> 15)) & 0x7FFFu);
+  uint32_t keep = 0u - (uint32_t)((b & 0x7FFFu) <= 0x7F80u);
+  return (b ^ flip) & keep;
+}
+
+/* Top-k threshold of n keys ord[0..n) (0 = empty). */
+DCPX__HIDDEN void dcpx__select(const uint16_t *ord, uint32_t n, uint32_t k,
+                               dcpx__sel *ret);
+
+/* Walks keys in flat order deciding membership: call once per key, in
+ * order. */
+typedef struct dcpx__sel_iter {
+  dcpx__sel sel;
+  uint32_t ties; /* keys with ord == T seen so far */
+} dcpx__sel_iter;
+
+static inline void dcpx__sel_iter_init(dcpx__sel_iter *it,
+                                       const dcpx__sel *sel) {
+  it->sel = *sel;
+  it->ties = 0;
+}
+
+static inline int dcpx__sel_next(dcpx__sel_iter *it, uint32_t ord) {
+  if (ord > it->sel.T)
+    return 1;
+  if (ord == it->sel.T && ord != 0)
+    return it->ties++ < it->sel.take;
+  return 0;
+}
+
+/* Per-row merge workspace, sized once for a shape (the host backend keeps
+ * one per membership so its call path never allocates). */
+typedef struct dcpx__merge_ws {
+  uint32_t world, topk, local_topk, rescue_slots;
+  uint32_t cap;  /* key capacity: max(W*N, S*K + K) */
+  uint16_t *ord; /* [cap] */
+  uint32_t *l;   /* [cap] */
+  uint8_t *r;    /* [cap] */
+  /* Final selection of the row, (r, l) order. */
+  uint32_t nsel;
+  uint8_t *sel_r; /* [K] */
+  uint32_t *sel_l; /* [K] */
+} dcpx__merge_ws;
+
+/* Rescue slots per row: min(W, floor(K/N)) (DESIGN.md says floor(K/N); no
+ * more than W ranks can ever be saturated, so the tail would be unused). */
+static inline uint32_t dcpx__rescue_slots(uint32_t world, uint32_t topk,
+                                          uint32_t local_topk) {
+  uint32_t s = topk / local_topk;
+  return s < world ? s : world;
+}
+
+DCPX__HIDDEN int dcpx__merge_ws_init(dcpx__merge_ws *ws,
+                                     const dcpx_shape *shape);
+DCPX__HIDDEN void dcpx__merge_ws_free(dcpx__merge_ws *ws);
+
+/* Round 1 (DESIGN.md section 5.1-5.2): lists[r] is rank r's capacity-N
+ * list of the row (dcpx_row_words(N) words). Returns the saturation mask;
+ * *ret_sat_word gets (mask << 16) | ord16 of S1's K-th key (0 if
+ * count < K). Keys and S1 stay in ws for round 2. */
+DCPX__HIDDEN uint32_t dcpx__round1(dcpx__merge_ws *ws,
+                                   const uint32_t *const *lists,
+                                   dcpx__sel *ret_s1, uint32_t *ret_sat_word);
+
+/* Final selection into ws->sel_r/sel_l/nsel. With mask == 0 it is S1;
+ * otherwise round 2 over rank-major keys: klists[s] (capacity K) for each
+ * saturated s, S1 entries of the others. klists[r] is read only for r in
+ * mask. */
+DCPX__HIDDEN void dcpx__finish(dcpx__merge_ws *ws, const dcpx__sel *s1,
+                               uint32_t mask, const uint32_t *const *klists);
+
+/* Outputs of rank d for one row from ws's final selection (section 5.6).
+ * rows_out and ids_out (may be NULL) hold K entries. Returns 0 or
+ * DCPX_E_RANGE (a block outside the table, or a KV row beyond int32). */
+DCPX__HIDDEN int dcpx__outputs(const dcpx__merge_ws *ws, const dcpx_shape *sh,
+                               uint32_t d, int32_t req_id,
+                               const int32_t *block_table, uint32_t bt_rows,
+                               uint32_t bt_cols, int32_t *rows_out,
+                               int32_t *valid_out, int32_t *ids_out);
+
+/* Local list of capacity cap into words (row_words(cap) words), no checks.
+ * Returns the entry count. */
+DCPX__HIDDEN uint32_t dcpx__local_list(const uint16_t *logits, uint32_t len,
+                                       uint32_t cap, uint32_t *words);
+
+#endif /* DCPX_COMMON_MERGE_H */

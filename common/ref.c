@@ -1,0 +1,111 @@
+/* ref.c - the CPU reference: one whole call, every rank's lists computed
+ * from every rank's logits, merged as DESIGN.md section 5 says. This is the
+ * oracle every backend and kernel is tested against, bit for bit. It
+ * allocates its workspace per call; backends keep theirs. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcpx.h"
+#include "merge.h"
+
+int dcpx_ref_local_list(const uint16_t *logits, uint32_t len, uint32_t cap,
+                        uint32_t *ret_words) {
+  if ((!logits && len) || !ret_words || cap == 0 || cap > DCPX_MAX_TOPK)
+    return DCPX_E_INVAL;
+  if (len > DCPX_MAX_LOCAL)
+    return DCPX_E_LIMIT;
+  return (int)dcpx__local_list(logits, len, cap, ret_words);
+}
+
+static int check_call(const dcpx_shape *sh, uint32_t rows,
+                      const uint16_t *const *logits, uint64_t stride,
+                      const int32_t *const *row_ends, uint32_t rank,
+                      const int32_t *req_id, const int32_t *block_table,
+                      int32_t *rows_out, int32_t *valid_out) {
+  int r = dcpx_shape_check(sh);
+  if (r < 0)
+    return r;
+  if (!logits || !row_ends || !req_id || !block_table || !rows_out ||
+      !valid_out || rank >= sh->world)
+    return DCPX_E_INVAL;
+  if (rows > sh->rows)
+    return DCPX_E_RANGE;
+  for (uint32_t s = 0; s < sh->world; s++) {
+    if (!logits[s] || !row_ends[s])
+      return DCPX_E_INVAL;
+    for (uint32_t t = 0; t < rows; t++) {
+      int32_t e = row_ends[s][t];
+      if (e < 0 || (uint32_t)e > sh->max_local || (uint64_t)e > stride)
+        return DCPX_E_RANGE;
+    }
+  }
+  return 0;
+}
+
+int dcpx_ref_call(const dcpx_shape *sh, uint32_t rows,
+                  const uint16_t *const *logits, uint64_t stride,
+                  const int32_t *const *row_ends, uint32_t rank,
+                  const int32_t *req_id, const int32_t *block_table,
+                  uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
+                  int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
+                  dcpx_ref_stats *ret_stats) {
+  dcpx__merge_ws ws;
+  const uint32_t *lists[DCPX_MAX_WORLD], *klists[DCPX_MAX_WORLD];
+  uint32_t *buf = NULL;
+  dcpx_ref_stats st = {0, 0, 0};
+  int r;
+
+  r = check_call(sh, rows, logits, stride, row_ends, rank, req_id,
+                 block_table, rows_out, valid_out);
+  if (r < 0)
+    return r;
+  r = dcpx__merge_ws_init(&ws, sh);
+  if (r < 0)
+    return r;
+
+  const uint32_t W = sh->world, N = sh->local_topk, K = sh->topk;
+  const uint32_t rwn = dcpx_row_words(N), rwk = dcpx_row_words(K);
+  buf = malloc(sizeof(uint32_t) * W * (rwn + rwk));
+  if (!buf) {
+    r = DCPX_E_NOMEM;
+    goto out;
+  }
+  for (uint32_t s = 0; s < W; s++) {
+    lists[s] = buf + s * rwn;
+    klists[s] = buf + W * rwn + s * rwk;
+  }
+
+  for (uint32_t t = 0; t < rows; t++) {
+    dcpx__sel s1;
+    uint32_t sw;
+
+    for (uint32_t s = 0; s < W; s++)
+      dcpx__local_list(logits[s] + t * stride, (uint32_t)row_ends[s][t], N,
+                       (uint32_t *)lists[s]);
+    uint32_t mask = dcpx__round1(&ws, lists, &s1, &sw);
+    for (uint32_t s = 0; s < W; s++)
+      if ((mask >> s) & 1u)
+        dcpx__local_list(logits[s] + t * stride, (uint32_t)row_ends[s][t], K,
+                         (uint32_t *)klists[s]);
+    dcpx__finish(&ws, &s1, mask, klists);
+    r = dcpx__outputs(&ws, sh, rank, req_id[t], block_table, bt_rows, bt_cols,
+                      rows_out + (uint64_t)t * K, valid_out + t,
+                      ids_out ? ids_out + (uint64_t)t * K : NULL);
+    if (r < 0)
+      goto out;
+    if (sat_word)
+      sat_word[t] = sw;
+    st.rows++;
+    st.rescue_rows += mask != 0;
+    st.saturated += (uint64_t)__builtin_popcount(mask);
+  }
+  if (ret_stats) {
+    ret_stats->rows += st.rows;
+    ret_stats->rescue_rows += st.rescue_rows;
+    ret_stats->saturated += st.saturated;
+  }
+out:
+  free(buf);
+  dcpx__merge_ws_free(&ws);
+  return r;
+}

@@ -1,0 +1,98 @@
+/* wire.c - the order, the wire words and the epochs (DESIGN.md sections 2-4),
+ * and the error table. Everything here is pure arithmetic on integers. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+
+#include "dcpx.h"
+#include "merge.h"
+
+const char *dcpx_strerror(int code) {
+  switch (code) {
+#define DCPX__CASE(name, value, msg)                                          \
+  case value:                                                                 \
+    return msg;
+    DCPX_ERROR_TABLE(DCPX__CASE)
+#undef DCPX__CASE
+  default:
+    break;
+  }
+  if (code < 0 && code > -4096) {
+    /* strerrordesc_np: a static string, unlike strerror's shared buffer
+     * for unknown values; NULL for those. */
+    const char *d = strerrordesc_np(-code);
+    if (d)
+      return d;
+  }
+  return "unknown dcpx error";
+}
+
+const char *dcpx_version(void) { return DCPX_VERSION_STRING; }
+
+int dcpx_shape_check(const dcpx_shape *s) {
+  if (!s || s->size < sizeof(dcpx_shape))
+    return DCPX_E_INVAL;
+  if (!s->world || !s->rows || !s->topk || !s->local_topk || !s->block_size ||
+      !s->interleave || !s->max_local)
+    return DCPX_E_INVAL;
+  if (s->world > DCPX_MAX_WORLD || s->rows > DCPX_MAX_ROWS ||
+      s->topk > DCPX_MAX_TOPK || s->max_local > DCPX_MAX_LOCAL)
+    return DCPX_E_LIMIT;
+  if (s->local_topk >= s->topk)
+    return DCPX_E_INVAL;
+  /* gid = (l / I) * I * W + r * I + l % I must fit in int32. */
+  if ((uint64_t)(s->max_local / s->interleave + 1) * s->interleave *
+          s->world >
+      INT32_MAX)
+    return DCPX_E_LIMIT;
+  return 0;
+}
+
+int dcpx_bf16_isnan(uint32_t bits) { return (bits & 0x7FFFu) > 0x7F80u; }
+
+uint32_t dcpx_ord16(uint32_t b) {
+  b &= 0xFFFFu;
+  return (b & 0x8000u) ? (~b & 0xFFFFu) : (b | 0x8000u);
+}
+
+uint32_t dcpx_row_words(uint32_t c) {
+  if (c == 0 || c > DCPX_MAX_TOPK)
+    return 0;
+  return (c + (c + 31) / 32 + 3) & ~3u;
+}
+
+int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j, uint32_t ord16,
+                     uint32_t l) {
+  if (!words || j >= c || c > DCPX_MAX_TOPK || ord16 == 0 || ord16 > 0xFFFF ||
+      l >= DCPX_MAX_LOCAL)
+    return DCPX_E_INVAL;
+  words[j] = (ord16 << 16) | (l & 0xFFFFu);
+  if (l >> 16)
+    words[c + j / 32] |= 1u << (j % 32);
+  else
+    words[c + j / 32] &= ~(1u << (j % 32));
+  return 0;
+}
+
+int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
+                     uint32_t *ret_ord16, uint32_t *ret_l) {
+  if (!words || j >= c || c > DCPX_MAX_TOPK)
+    return DCPX_E_INVAL;
+  uint32_t w = words[j];
+  if (w == 0)
+    return 0;
+  if (ret_ord16)
+    *ret_ord16 = w >> 16;
+  if (ret_l)
+    *ret_l = (w & 0xFFFFu) | (((words[c + j / 32] >> (j % 32)) & 1u) << 16);
+  return 1;
+}
+
+uint32_t dcpx_epoch_next(uint32_t e) { return e == 0xFFFFFFFEu ? 1u : e + 1u; }
+
+int64_t dcpx_gid(uint32_t l, uint32_t r, uint32_t world, uint32_t interleave) {
+  if (!world || !interleave || r >= world)
+    return DCPX_E_INVAL;
+  return (int64_t)(l / interleave) * interleave * world +
+         (int64_t)r * interleave + l % interleave;
+}

@@ -1,0 +1,296 @@
+/* dcpx.h - public interface of libdcpx.
+ *
+ * dcpx merges, for every query row of a decode-context-parallel group, the
+ * ranks' local top-N indexer candidates into the exact global top-K
+ * (shared/DESIGN.md is the contract; docs/ARCHITECTURE.md the tour).
+ *
+ * Who owns what:
+ *   - The caller owns every buffer it passes in; libdcpx never keeps a
+ *     pointer to one past the call that received it.
+ *   - Every function returns an int: >= 0 on success, a negative error code
+ *     (negative errno, or one of DCPX_E_* below) on failure. Out-parameters
+ *     are named ret_*, come last, and are left untouched on failure.
+ *   - Everything takes pointers and integers only (no struct by value), so
+ *     Python ctypes can call all of it.
+ *
+ * Logits are bf16 bit patterns (uint16_t). Local indices l are < 2^17.
+ */
+#ifndef DCPX_H
+#define DCPX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dcpx/version.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DCPX_API __attribute__((visibility("default")))
+#else
+#define DCPX_API
+#endif
+
+/* ---- limits (DESIGN.md section 1) ------------------------------------ */
+
+#define DCPX_MAX_WORLD 16
+#define DCPX_MAX_TOPK 4096
+#define DCPX_MAX_LOCAL (1u << 17)
+/* Upper bound on rows per call that any group may declare. Chosen so that a
+ * W=16, N=4095 group's LL slots stay addressable with 32-bit offsets. */
+#define DCPX_MAX_ROWS 4096
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* X(name, value, message). Values below -1000 are dcpx's own; the rest are
+ * negative errno values, named here so callers need not include errno.h. */
+#define DCPX_ERROR_TABLE(X)                                                   \
+  X(DCPX_OK, 0, "success")                                                    \
+  X(DCPX_E_PERM, -1, "operation not permitted")                               \
+  X(DCPX_E_NOENT, -2, "no such group or file")                                \
+  X(DCPX_E_IO, -5, "input/output error")                                      \
+  X(DCPX_E_NOMEM, -12, "out of memory")                                       \
+  X(DCPX_E_ACCES, -13, "permission denied")                                   \
+  X(DCPX_E_BUSY, -16, "busy")                                                 \
+  X(DCPX_E_EXIST, -17, "already exists")                                      \
+  X(DCPX_E_INVAL, -22, "invalid argument")                                    \
+  X(DCPX_E_RANGE, -34, "value out of range")                                  \
+  X(DCPX_E_NOSYS, -38, "not supported by this build")                         \
+  X(DCPX_E_PROTO, -71, "protocol error")                                      \
+  X(DCPX_E_MSGSIZE, -90, "message too long")                                  \
+  X(DCPX_E_CONNRESET, -104, "connection reset by peer")                       \
+  X(DCPX_E_NOTCONN, -107, "not connected")                                    \
+  X(DCPX_E_TIMEDOUT, -110, "timed out")                                       \
+  X(DCPX_E_CONNREFUSED, -111, "connection refused")                           \
+  X(DCPX_E_SHAPE, -1001, "group shape does not match the group's")           \
+  X(DCPX_E_DUPRANK, -1002, "rank already joined")                             \
+  X(DCPX_E_BADRANK, -1003, "rank out of range for the group")                 \
+  X(DCPX_E_LIMIT, -1004, "shape exceeds dcpx limits")                         \
+  X(DCPX_E_VERSION, -1005, "protocol version mismatch")                       \
+  X(DCPX_E_ABORTED, -1006, "group aborted")                                   \
+  X(DCPX_E_FAILED, -1007, "rank failed (a wait timed out)")                   \
+  X(DCPX_E_TRANSPORT, -1008, "transport not available")                       \
+  X(DCPX_E_CUDA, -1009, "CUDA error")                                         \
+  X(DCPX_E_NCCL, -1010, "NCCL error")                                         \
+  X(DCPX_E_STATE, -1011, "operation not valid in the current state")          \
+  X(DCPX_E_RECOVER, -1012, "group is recovering; call dcpx_recover")
+
+enum dcpx_error {
+#define DCPX__ENUM(name, value, msg) name = (value),
+  DCPX_ERROR_TABLE(DCPX__ENUM)
+#undef DCPX__ENUM
+};
+
+/* A static string for any code (never NULL; unknown codes get a generic
+ * text, negative errno values their strerror text). */
+DCPX_API const char *dcpx_strerror(int code);
+
+/* The library's version string, e.g. "0.1.0" (compare DCPX_VERSION_STRING). */
+DCPX_API const char *dcpx_version(void);
+
+/* ---- shape -------------------------------------------------------------- */
+
+/* A group's shape (DESIGN.md section 1). `size` is sizeof(dcpx_shape) as the
+ * caller compiled it, so the struct can grow: initialise with
+ * DCPX_SHAPE_INIT and then set the fields. */
+typedef struct dcpx_shape {
+  uint32_t size;
+  uint32_t world;      /* W, 1..16 */
+  uint32_t rows;       /* R, max rows per call, 1..DCPX_MAX_ROWS */
+  uint32_t topk;       /* K, 2..4096 */
+  uint32_t local_topk; /* N, 1 <= N < K */
+  uint32_t block_size; /* B >= 1 */
+  uint32_t interleave; /* I >= 1 (DCP KV interleave) */
+  uint32_t max_local;  /* bound on row_end, 1..2^17 */
+} dcpx_shape;
+
+#define DCPX_SHAPE_INIT {sizeof(dcpx_shape), 1, 1, 2, 1, 1, 1, 1}
+
+/* 0 if the shape is within the limits, else DCPX_E_LIMIT (a limit exceeded)
+ * or DCPX_E_INVAL (NULL, wrong size, zero fields, N >= K). */
+DCPX_API int dcpx_shape_check(const dcpx_shape *shape);
+
+/* ---- the order and the wire words (DESIGN.md sections 2 and 3) ---------- */
+
+/* 1 if the bf16 bits are a NaN (never a candidate). */
+DCPX_API int dcpx_bf16_isnan(uint32_t bits);
+
+/* Order key of a bf16: larger float, larger key; -0 just below +0; every
+ * non-NaN value maps to >= 0x007F, so 0 can mean "empty". */
+DCPX_API uint32_t dcpx_ord16(uint32_t bits);
+
+/* Words of a candidate list of capacity c: c + ceil(c/32), rounded up to a
+ * multiple of 4. 0 for c == 0 or c > DCPX_MAX_TOPK. */
+DCPX_API uint32_t dcpx_row_words(uint32_t c);
+
+/* Entry j of a capacity-c list: store (ord16, l) / read it back. encode
+ * sets word j and bit j of the plane; the caller zeroes the list first.
+ * decode returns 1 with ret_ord16/ret_l set for a full entry, 0 for an empty
+ * one, or a negative code for j >= c. */
+DCPX_API int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j,
+                              uint32_t ord16, uint32_t l);
+DCPX_API int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
+                              uint32_t *ret_ord16, uint32_t *ret_l);
+
+/* The epoch after e: skips 0, wraps 0xFFFFFFFE -> 1. */
+DCPX_API uint32_t dcpx_epoch_next(uint32_t e);
+
+/* Global id (token position) of local index l on rank r. */
+DCPX_API int64_t dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
+                          uint32_t interleave);
+
+/* ---- the CPU reference (DESIGN.md sections 2, 3 and 5) ------------------ */
+
+/* A rank's local top-`cap` list of one row, in wire words: its `cap` best
+ * non-NaN elements of logits[0..len) in ascending l, then zeros, with the
+ * bit-16 plane. ret_words holds dcpx_row_words(cap) words. Returns the
+ * number of entries (<= cap). len <= DCPX_MAX_LOCAL, 1 <= cap <= 4096. */
+DCPX_API int dcpx_ref_local_list(const uint16_t *logits, uint32_t len,
+                                 uint32_t cap, uint32_t *ret_words);
+
+/* Statistics of a reference call. */
+typedef struct dcpx_ref_stats {
+  uint64_t rows;        /* rows merged */
+  uint64_t rescue_rows; /* rows in which at least one rank was saturated */
+  uint64_t saturated;   /* sum over rows of saturated ranks */
+} dcpx_ref_stats;
+
+/* One whole call as every backend must compute it, giving rank `rank`'s
+ * outputs.
+ *
+ *   logits[r]     rank r's bf16 logits, [rows][logits_stride]
+ *   row_ends[r]   rank r's row ends, [rows], each 0..shape->max_local
+ *   req_id        [rows], row of block_table for each row (rank `rank`'s)
+ *   block_table   [bt_rows][bt_cols] int32 (rank `rank`'s)
+ *   rows_out      [rows][K]: KV rows of `rank`'s selected elements, ascending
+ *                 l, -1 padded
+ *   valid_out     [rows]: their count
+ *   ids_out       [rows][K] or NULL: gids of all K selected, (r, l) order,
+ *                 -1 padded
+ *   sat_word      [rows] or NULL: (mask << 16) | ord16 of S1's K-th key
+ *   ret_stats     or NULL: accumulated (added to, not overwritten)
+ *
+ * Returns 0, or DCPX_E_INVAL / DCPX_E_LIMIT / DCPX_E_RANGE (a row_end over
+ * max_local, a req_id or block outside the table), DCPX_E_NOMEM. */
+DCPX_API int dcpx_ref_call(const dcpx_shape *shape, uint32_t rows,
+                           const uint16_t *const *logits,
+                           uint64_t logits_stride,
+                           const int32_t *const *row_ends, uint32_t rank,
+                           const int32_t *req_id, const int32_t *block_table,
+                           uint32_t bt_rows, uint32_t bt_cols,
+                           int32_t *rows_out, int32_t *valid_out,
+                           int32_t *ids_out, uint32_t *sat_word,
+                           dcpx_ref_stats *ret_stats);
+
+/* ---- the client: connect, join, push, merge, health, recover ------------
+ *
+ * A dcpx_client is a connection to the node's dcpxd; a dcpx_member is one
+ * rank's membership of one group (a process may hold several). Both are
+ * opaque, and not safe to share between threads without a lock: give each
+ * engine thread its own member.
+ *
+ * Lifetime: dcpx_connect -> dcpx_join (blocks until all W ranks joined with
+ * an identical shape, or the join times out) -> any number of
+ * dcpx_push/dcpx_merge pairs -> dcpx_leave -> dcpx_disconnect.
+ *
+ * The call path (dcpx_push, dcpx_merge) never allocates and never enters
+ * the kernel except in a wait that has spun without success (it then
+ * yields the CPU). With the CUDA backend both only enqueue kernels on
+ * `stream` (a cudaStream_t) and are capturable into CUDA graphs; with the
+ * host backend they run on the calling thread and `stream` is ignored.
+ */
+
+typedef struct dcpx_client dcpx_client;
+typedef struct dcpx_member dcpx_member;
+
+#define DCPX_BACKEND_HOST 0u
+#define DCPX_BACKEND_CUDA 1u
+#define DCPX_TRANSPORT_AUTO 0u
+#define DCPX_TRANSPORT_LL 1u
+#define DCPX_TRANSPORT_NCCL 2u
+
+/* Default socket, used when dcpx_connect gets NULL and $DCPX_SOCKET is
+ * unset. */
+#define DCPX_DEFAULT_SOCKET "/run/dcpx/dcpxd.sock"
+
+typedef struct dcpx_join_opts {
+  uint32_t size;            /* sizeof(dcpx_join_opts) */
+  uint32_t rank;            /* this member's rank, < W */
+  const char *group;        /* group name, 1..63 bytes of [A-Za-z0-9._-] */
+  int32_t device;           /* CUDA device, or -1 with the host backend */
+  uint32_t backend;         /* DCPX_BACKEND_* */
+  uint32_t transport;       /* DCPX_TRANSPORT_* */
+  uint32_t join_timeout_ms; /* 0: the daemon's default */
+  uint64_t timeout_ns;      /* bounded-wait limit of every wait (>= 1 ms) */
+} dcpx_join_opts;
+
+#define DCPX_JOIN_OPTS_INIT                                                   \
+  {sizeof(dcpx_join_opts), 0, NULL, -1, DCPX_BACKEND_HOST,                    \
+   DCPX_TRANSPORT_AUTO, 0, 1000000000ull}
+
+/* Connects to dcpxd at socket_path (NULL: $DCPX_SOCKET, else
+ * DCPX_DEFAULT_SOCKET) and checks the protocol version. */
+DCPX_API int dcpx_connect(const char *socket_path, dcpx_client **ret_client);
+DCPX_API void dcpx_disconnect(dcpx_client *client);
+
+/* Joins group opts->group as opts->rank with the given shape; blocks until
+ * the group has formed. Errors: DCPX_E_SHAPE, DCPX_E_DUPRANK,
+ * DCPX_E_BADRANK, DCPX_E_LIMIT, DCPX_E_TIMEDOUT, DCPX_E_VERSION,
+ * DCPX_E_NOSYS (backend not built), connection errors. */
+DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
+                       const dcpx_join_opts *opts, dcpx_member **ret_member);
+
+/* Leaves the group and frees the member (NULL is fine). */
+DCPX_API int dcpx_leave(dcpx_member *member);
+
+/* Push: this rank's local top-N of each of `rows` rows of bf16 `logits`
+ * ([rows][stride], row t valid up to row_ends[t]) to every rank.
+ * call_tag is the caller's name for the call (e.g. step * layers + layer);
+ * it appears in wait records and selects fault injections. */
+DCPX_API int dcpx_push(dcpx_member *m, uint32_t rows, const uint16_t *logits,
+                       uint64_t stride, const int32_t *row_ends,
+                       uint64_t call_tag, void *stream);
+
+/* Merge: the exact top-K of every row, this rank's outputs (the arguments
+ * mean what they mean for dcpx_ref_call; logits/row_ends are this rank's
+ * and must be those given to the matching dcpx_push). Returns 0, or
+ * DCPX_E_FAILED (a wait timed out on this rank), DCPX_E_ABORTED (the group
+ * was aborted); on those valid_out[t] = -1 for every row, and the member
+ * must dcpx_recover before the next call. */
+DCPX_API int dcpx_merge(dcpx_member *m, uint32_t rows, const uint16_t *logits,
+                        uint64_t stride, const int32_t *row_ends,
+                        const int32_t *req_id, const int32_t *block_table,
+                        uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
+                        int32_t *valid_out, int32_t *ids_out,
+                        uint32_t *sat_word, uint64_t call_tag, void *stream);
+
+typedef struct dcpx_health_info {
+  uint32_t size;       /* sizeof(dcpx_health_info), set by the caller */
+  uint32_t generation; /* bumped by every recovery */
+  uint32_t abort;      /* 0, or why the group was aborted (1 alarm, 2 dead
+                          rank, 3 operator) */
+  uint32_t failed_mask; /* ranks whose FAILED word is set */
+  uint32_t alarm_mask;  /* ranks whose alarm word is set */
+  uint32_t joined_mask; /* ranks held by a live process */
+  uint32_t world, rank;
+  uint32_t backend, transport;
+  uint64_t calls, rows, rescue_rows, failed_calls; /* this rank's */
+} dcpx_health_info;
+
+/* This member's view of its group, read from the control page (no
+ * syscall). */
+DCPX_API int dcpx_health(dcpx_member *m, dcpx_health_info *ret);
+
+/* After a failed call: acknowledge to dcpxd (the host backend has nothing
+ * in flight; the CUDA backend synchronizes `stream` first), then wait up to
+ * timeout_ms for the group to be reset. Returns 0 when the group runs
+ * again, DCPX_E_TIMEDOUT, or a connection error. */
+DCPX_API int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DCPX_H */

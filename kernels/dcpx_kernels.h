@@ -1,0 +1,140 @@
+/* dcpx_kernels.h - the plain C face of the CUDA kernels in kernels/.
+ *
+ * Host code (libclient's CUDA backend, tests, benches) sees only this
+ * header; the device code lives in kernels/dcpx_device.cuh, push.cu and
+ * merge.cu. Everything here is pointers and integers.
+ *
+ * Who owns what:
+ *   - The caller owns the context and every buffer. A context describes one
+ *     rank of one group as mapped in this process: the shape, the layout
+ *     (common/layout.h), the device addresses of every rank's workspace
+ *     (`peers`, itself a DEVICE array) and of the control page.
+ *   - The launch functions only enqueue: no host sync, no allocation, no
+ *     syscall, so they can be captured into CUDA graphs. Kernel arguments
+ *     are passed by value; per-call state lives in the workspace (epochs,
+ *     seq2, flags). They return 0, DCPX_E_INVAL for bad arguments, or
+ *     DCPX_E_CUDA when the launch itself failed.
+ *   - dcpx_k_prepare() must run once per device, before the first launch and
+ *     outside any stream capture: it raises the kernels' dynamic shared
+ *     memory limits.
+ *
+ * Ordering the caller must keep (DESIGN.md section 4): on a rank's stream,
+ * push(n) -> merge(n) -> push(n+1) -> merge(n+1) ... The merge writes the
+ * epochs, and the stream order is what guarantees that the rank's own push
+ * grid has completed before that.
+ *
+ * Several ranks on ONE GPU (tests, benches): every merge grid must be
+ * co-resident with every other rank's merge grid and leave room for the
+ * pushes. Set max_blocks so that W * max_blocks merge blocks fit (see
+ * dcpx_k_merge_occupancy); each block then walks rows t = blockIdx.x,
+ * t += gridDim.x, in the same order on every rank. With one rank per GPU,
+ * max_blocks = 0 (one block per row) is the fast choice.
+ */
+#ifndef DCPX_KERNELS_H
+#define DCPX_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "dcpx.h"
+#include "layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Threads per block (compile-time in the kernels). */
+#define DCPX_K_PUSH_THREADS 1024
+#define DCPX_K_MERGE_THREADS 512
+
+/* A wait whose control page says timeout_ns == 0 uses this bound. */
+#define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull
+
+typedef struct dcpx_kctx {
+  uint32_t world, rank, rows_max, topk, local_topk, block_size, interleave,
+      max_local;
+  uint32_t max_blocks; /* cap on the merge grid; 0 = one block per row */
+  uint32_t reserved;
+  dcpx_layout L; /* dcpx_layout_compute(world, rows_max, topk, local_topk) */
+  char *const *peers; /* DEVICE array [world]: each rank's workspace */
+  char *ws;           /* this rank's workspace (device address) */
+  dcpx_ctl_header *ctl;       /* device-accessible control page header */
+  dcpx_rank_health *health;   /* [world] */
+  dcpx_wait_record *records;  /* [world][rows_max] */
+} dcpx_kctx;
+
+/* 0 if the context is complete and its layout matches its shape. */
+static inline int dcpx_k_ctx_check(const dcpx_kctx *c) {
+  dcpx_layout L;
+  if (!c || !c->peers || !c->ws || !c->ctl || !c->health || !c->records)
+    return DCPX_E_INVAL;
+  if (c->world < 1 || c->world > DCPX_MAX_WORLD || c->rank >= c->world ||
+      c->rows_max < 1 || c->rows_max > DCPX_MAX_ROWS || c->local_topk < 1 ||
+      c->local_topk >= c->topk || c->topk > DCPX_MAX_TOPK ||
+      c->block_size < 1 || c->interleave < 1 || c->max_local < 1 ||
+      c->max_local > DCPX_MAX_LOCAL)
+    return DCPX_E_INVAL;
+  dcpx_layout_compute(&L, c->world, c->rows_max, c->topk, c->local_topk);
+  if (L.world != c->L.world || L.rows != c->L.rows || L.topk != c->L.topk ||
+      L.local_topk != c->L.local_topk || L.rw_n != c->L.rw_n ||
+      L.rw_k != c->L.rw_k || L.pairs != c->L.pairs ||
+      L.rescue_slots != c->L.rescue_slots || L.off_ll != c->L.off_ll ||
+      L.off_rescue != c->L.off_rescue || L.off_flags != c->L.off_flags ||
+      L.off_epoch != c->L.off_epoch || L.off_seq2 != c->L.off_seq2 ||
+      L.off_sat != c->L.off_sat || L.off_stats != c->L.off_stats)
+    return DCPX_E_INVAL;
+  return 0;
+}
+
+/* Raises the dynamic shared memory limits of both kernels on the current
+ * device. 0 or DCPX_E_CUDA. */
+int dcpx_k_push_prepare(void);
+int dcpx_k_merge_prepare(void);
+static inline int dcpx_k_prepare(void) {
+  int r = dcpx_k_push_prepare();
+  return r < 0 ? r : dcpx_k_merge_prepare();
+}
+
+/* Dynamic shared memory a launch of this context uses (bytes). */
+size_t dcpx_k_push_smem(const dcpx_kctx *c);
+size_t dcpx_k_merge_smem(const dcpx_kctx *c);
+
+/* Merge blocks of this context that fit on one multiprocessor
+ * (cudaOccupancyMaxActiveBlocksPerMultiprocessor). Host query; not for the
+ * call path. */
+int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm);
+
+/* Push (DESIGN.md sections 3-4): for each row t < rows, this rank's local
+ * top-N of logits[t * stride + 0 .. row_ends[t]) in wire words, stored with
+ * epoch next(epoch[t]) into every rank's LL slots. row_ends[t] is clamped
+ * to [0, min(max_local, stride)]. call_tag is accepted for symmetry (the
+ * push never waits, so it never records). */
+int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
+                uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
+                cudaStream_t s);
+
+/* Merge (DESIGN.md sections 4-6) of rows t < rows. Outputs (device):
+ *   rows_out  [rows][K]  KV rows of this rank's selected elements, ascending
+ *                        l, -1 padded
+ *   valid_out [rows]     their count; -1 when the row's call failed (a wait
+ *                        gave up: timeout, own rank FAILED, group aborted)
+ *                        or an own element fell outside block_table
+ *   ids_out   [rows][K]  or NULL: gids of all K selected, (r, l) order
+ *   sat_out   [rows]     or NULL: a copy of sat_word (0 on a row that failed
+ *                        before round 1 finished)
+ * req_id [rows] indexes block_table [bt_rows][bt_cols]. logits/row_ends are
+ * the same as the push's (a saturated rank re-reads its row). */
+int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
+                 uint64_t stride, const int32_t *row_ends,
+                 const int32_t *req_id, const int32_t *block_table,
+                 uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
+                 int32_t *valid_out, int32_t *ids_out, uint32_t *sat_out,
+                 uint64_t call_tag, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DCPX_KERNELS_H */

@@ -1,0 +1,456 @@
+/* client.c - libdcpx's side of dcpxd: connect, join, leave, health and
+ * recovery; and the dispatch of push/merge to the member's backend.
+ *
+ * Every membership has its own connection to dcpxd, so that the daemon
+ * sees a rank die when its socket closes, whatever else the process holds.
+ * After the JoinReply the connection carries only events (abort, reset
+ * requested/done), which libdcpx reads in dcpx_recover; the call path never
+ * touches the socket. Health is read from the mapped control page.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "member.h"
+
+#define HELLO_TIMEOUT_MS 5000
+#define DEFAULT_JOIN_WAIT_MS 30000
+/* Slack on top of the join timeout for the daemon's own answer. */
+#define JOIN_SLACK_MS 10000
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Receives one frame within ms milliseconds. */
+static int recv_within(int sock, int ms, Dcpx__Frame **ret, int *fds,
+                       int maxfds, int *ret_nfds) {
+  struct pollfd p = {.fd = sock, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, ms);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return -errno;
+  if (n == 0)
+    return DCPX_E_TIMEDOUT;
+  return dcpx__frame_recv(sock, ret, fds, maxfds, ret_nfds);
+}
+
+/* Connects and says hello. */
+static int open_conn(const char *path, int *ret_sock) {
+  struct sockaddr_un sa;
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Hello hello = DCPX__HELLO__INIT;
+  int s, r;
+
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  strncpy(sa.sun_path, path, sizeof(sa.sun_path) - 1);
+  s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return -errno;
+  if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    r = errno == ECONNREFUSED || errno == ENOENT ? DCPX_E_CONNREFUSED : -errno;
+    goto fail;
+  }
+  hello.version = DCPX_PROTO_VERSION;
+  hello.agent = (char *)"libdcpx " DCPX_VERSION_STRING;
+  f.msg_case = DCPX__FRAME__MSG_HELLO;
+  f.hello = &hello;
+  r = dcpx__frame_send(s, &f, NULL, 0);
+  if (r < 0)
+    goto fail;
+  r = recv_within(s, HELLO_TIMEOUT_MS, &rep, NULL, 0, NULL);
+  if (r < 0)
+    goto fail;
+  if (rep->msg_case != DCPX__FRAME__MSG_REPLY)
+    r = DCPX_E_PROTO;
+  else if (rep->reply->status < 0)
+    r = rep->reply->status;
+  dcpx__frame_free(rep);
+  if (r < 0)
+    goto fail;
+  *ret_sock = s;
+  return 0;
+fail:
+  close(s);
+  return r;
+}
+
+int dcpx_connect(const char *path, dcpx_client **ret_client) {
+  dcpx_client *c;
+  int s, r;
+
+  if (!ret_client)
+    return DCPX_E_INVAL;
+  if (!path)
+    path = getenv("DCPX_SOCKET");
+  if (!path || !*path)
+    path = DCPX_DEFAULT_SOCKET;
+  if (strlen(path) >= sizeof(c->path))
+    return DCPX_E_RANGE;
+  r = open_conn(path, &s); /* fails early if no daemon speaks our version */
+  if (r < 0)
+    return r;
+  close(s);
+  c = calloc(1, sizeof(*c));
+  if (!c)
+    return DCPX_E_NOMEM;
+  memcpy(c->path, path, strlen(path) + 1);
+  *ret_client = c;
+  return 0;
+}
+
+void dcpx_disconnect(dcpx_client *c) { free(c); }
+
+static int valid_group_name(const char *g) {
+  size_t n = g ? strlen(g) : 0;
+  if (n == 0 || n > 63)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = g[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+          (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
+      return 0;
+  }
+  return 1;
+}
+
+static void member_unmap(dcpx_member *m) {
+  if (m->ctl && m->ctl != MAP_FAILED)
+    munmap(m->ctl, m->ctl_bytes);
+  m->ctl = NULL;
+  for (uint32_t d = 0; d < DCPX_MAX_WORLD; d++) {
+    if (m->ws[d] && m->ws[d] != MAP_FAILED)
+      munmap(m->ws[d], m->ws_bytes);
+    m->ws[d] = NULL;
+  }
+}
+
+static void member_free(dcpx_member *m) {
+  if (!m)
+    return;
+  dcpx__host_fini(m);
+  member_unmap(m);
+  if (m->sock >= 0)
+    close(m->sock);
+  free(m);
+}
+
+static int map_fd(int fd, size_t bytes, void **ret) {
+  struct stat st;
+  void *p;
+  if (fstat(fd, &st) < 0)
+    return -errno;
+  if ((uint64_t)st.st_size < bytes)
+    return DCPX_E_PROTO;
+  p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
+    return -errno;
+  *ret = p;
+  return 0;
+}
+
+/* Maps what a successful JoinReply carries and checks it against the
+ * layout this library computes for the same shape. */
+static int member_map(dcpx_member *m, const Dcpx__JoinReply *jr,
+                      const int *fds, int nfds) {
+  const uint32_t W = m->shape.world;
+  int r;
+
+  if (nfds != (int)W + 1 || jr->n_fds != W + 1)
+    return DCPX_E_PROTO;
+  if (jr->ws_bytes != m->L.ws_bytes || jr->ctl_bytes != m->L.ctl_bytes)
+    return DCPX_E_PROTO; /* daemon and library disagree on the layout */
+  m->ctl_bytes = m->L.ctl_bytes;
+  m->ws_bytes = m->L.ws_bytes;
+  r = map_fd(fds[0], m->ctl_bytes, &m->ctl);
+  if (r < 0)
+    return r;
+  for (uint32_t d = 0; d < W; d++) {
+    r = map_fd(fds[1 + d], m->ws_bytes, (void **)&m->ws[d]);
+    if (r < 0)
+      return r;
+  }
+  m->hdr = (dcpx_ctl_header *)m->ctl;
+  m->health = (dcpx_rank_health *)((char *)m->ctl + m->L.off_ranks);
+  m->records = (dcpx_wait_record *)((char *)m->ctl + m->L.off_records);
+  if (m->hdr->magic != DCPX_CTL_MAGIC || m->hdr->version != DCPX_CTL_VERSION ||
+      m->hdr->world != W || m->hdr->rows != m->shape.rows)
+    return DCPX_E_PROTO;
+  return 0;
+}
+
+int dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
+                        uint64_t timeout_ns, void *ctl, char *const *ws,
+                        dcpx_member **ret_member) {
+  dcpx_member *m;
+  int r = dcpx_shape_check(shape);
+  if (r < 0)
+    return r;
+  if (rank >= shape->world || !ctl || !ws || !ret_member)
+    return DCPX_E_INVAL;
+  m = calloc(1, sizeof(*m));
+  if (!m)
+    return DCPX_E_NOMEM;
+  m->sock = -1;
+  m->shape = *shape;
+  m->rank = rank;
+  m->timeout_ns = timeout_ns;
+  dcpx_layout_compute(&m->L, shape->world, shape->rows, shape->topk,
+                      shape->local_topk);
+  m->hdr = (dcpx_ctl_header *)ctl;
+  m->health = (dcpx_rank_health *)((char *)ctl + m->L.off_ranks);
+  m->records = (dcpx_wait_record *)((char *)ctl + m->L.off_records);
+  for (uint32_t d = 0; d < shape->world; d++)
+    m->ws[d] = ws[d];
+  r = dcpx__host_init(m);
+  if (r < 0) {
+    free(m);
+    return r;
+  }
+  *ret_member = m;
+  return 0;
+}
+
+void dcpx__member_detach(dcpx_member *m) {
+  if (!m)
+    return;
+  dcpx__host_fini(m);
+  free(m);
+}
+
+int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
+              const dcpx_join_opts *o, dcpx_member **ret_member) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Join j = DCPX__JOIN__INIT;
+  Dcpx__Shape sh = DCPX__SHAPE__INIT;
+  char node[256];
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
+  dcpx_member *m;
+
+  if (!c || !o || !ret_member || o->size < sizeof(dcpx_join_opts))
+    return DCPX_E_INVAL;
+  r = dcpx_shape_check(shape);
+  if (r < 0)
+    return r;
+  if (!valid_group_name(o->group) || o->timeout_ns < 1000000ull)
+    return DCPX_E_INVAL;
+  if (o->rank >= shape->world)
+    return DCPX_E_BADRANK;
+  if (o->backend != DCPX_BACKEND_HOST)
+    return DCPX_E_NOSYS; /* the CUDA backend is not in this build */
+  if (o->transport == DCPX_TRANSPORT_NCCL)
+    return DCPX_E_TRANSPORT;
+
+  m = calloc(1, sizeof(*m));
+  if (!m)
+    return DCPX_E_NOMEM;
+  m->sock = -1;
+  m->shape = *shape;
+  m->shape.size = sizeof(dcpx_shape);
+  m->rank = o->rank;
+  m->backend = o->backend;
+  m->transport = DCPX_TRANSPORT_LL;
+  m->timeout_ns = o->timeout_ns;
+  memcpy(m->group, o->group, strlen(o->group) + 1);
+  dcpx_layout_compute(&m->L, shape->world, shape->rows, shape->topk,
+                      shape->local_topk);
+
+  r = open_conn(c->path, &m->sock);
+  if (r < 0)
+    goto fail;
+
+  sh.world = shape->world;
+  sh.rows = shape->rows;
+  sh.topk = shape->topk;
+  sh.local_topk = shape->local_topk;
+  sh.block_size = shape->block_size;
+  sh.interleave = shape->interleave;
+  sh.max_local = shape->max_local;
+  if (gethostname(node, sizeof(node)) < 0)
+    strcpy(node, "?");
+  node[sizeof(node) - 1] = 0;
+  j.group = m->group;
+  j.shape = &sh;
+  j.transport = (Dcpx__Transport)o->transport;
+  j.timeout_ns = o->timeout_ns;
+  j.rank = o->rank;
+  j.device = o->device;
+  j.node = node;
+  j.backend = (Dcpx__Backend)o->backend;
+  j.join_timeout_ms = o->join_timeout_ms;
+  f.msg_case = DCPX__FRAME__MSG_JOIN;
+  f.join = &j;
+  r = dcpx__frame_send(m->sock, &f, NULL, 0);
+  if (r < 0)
+    goto fail;
+
+  uint64_t wait_ms = (o->join_timeout_ms ? o->join_timeout_ms
+                                         : DEFAULT_JOIN_WAIT_MS) +
+                     JOIN_SLACK_MS;
+  uint64_t end = now_ms() + wait_ms;
+  for (;;) {
+    uint64_t now = now_ms();
+    if (now >= end) {
+      r = DCPX_E_TIMEDOUT;
+      goto fail;
+    }
+    r = recv_within(m->sock, (int)(end - now), &rep, fds, DCPX_FRAME_MAX_FDS,
+                    &nfds);
+    if (r < 0)
+      goto fail;
+    if (rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY)
+      break;
+    if (rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply->status < 0) {
+      r = rep->reply->status;
+      goto fail;
+    }
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    nfds = 0;
+    dcpx__frame_free(rep);
+    rep = NULL;
+  }
+  if (!rep->join_reply->reply) {
+    r = DCPX_E_PROTO;
+    goto fail;
+  }
+  r = rep->join_reply->reply->status;
+  if (r < 0)
+    goto fail;
+  r = member_map(m, rep->join_reply, fds, nfds);
+  if (r < 0)
+    goto fail;
+  if (rep->join_reply->timeout_ns)
+    m->timeout_ns = rep->join_reply->timeout_ns;
+  r = dcpx__host_init(m);
+  if (r < 0)
+    goto fail;
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  dcpx__frame_free(rep);
+  *ret_member = m;
+  return 0;
+
+fail:
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  dcpx__frame_free(rep);
+  member_free(m);
+  return r;
+}
+
+int dcpx_leave(dcpx_member *m) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Leave lv = DCPX__LEAVE__INIT;
+  int r = 0;
+
+  if (!m)
+    return 0;
+  f.msg_case = DCPX__FRAME__MSG_LEAVE;
+  f.leave = &lv;
+  if (m->sock >= 0)
+    r = dcpx__frame_send(m->sock, &f, NULL, 0);
+  member_free(m);
+  /* The daemon may already be gone; leaving is still done. */
+  return r == DCPX_E_CONNRESET || r == -EPIPE ? 0 : r;
+}
+
+int dcpx_push(dcpx_member *m, uint32_t rows, const uint16_t *logits,
+              uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
+              void *stream) {
+  (void)stream;
+  if (!m)
+    return DCPX_E_INVAL;
+  return dcpx__host_push(m, rows, logits, stride, row_ends, call_tag);
+}
+
+int dcpx_merge(dcpx_member *m, uint32_t rows, const uint16_t *logits,
+               uint64_t stride, const int32_t *row_ends, const int32_t *req_id,
+               const int32_t *block_table, uint32_t bt_rows, uint32_t bt_cols,
+               int32_t *rows_out, int32_t *valid_out, int32_t *ids_out,
+               uint32_t *sat_word, uint64_t call_tag, void *stream) {
+  (void)stream;
+  if (!m)
+    return DCPX_E_INVAL;
+  return dcpx__host_merge(m, rows, logits, stride, row_ends, req_id,
+                          block_table, bt_rows, bt_cols, rows_out, valid_out,
+                          ids_out, sat_word, call_tag);
+}
+
+int dcpx_health(dcpx_member *m, dcpx_health_info *ret) {
+  dcpx_health_info h;
+  if (!m || !ret || ret->size < sizeof(dcpx_health_info))
+    return DCPX_E_INVAL;
+  memset(&h, 0, sizeof(h));
+  h.size = sizeof(h);
+  h.generation = m->hdr->generation;
+  h.abort = m->hdr->abort;
+  h.world = m->shape.world;
+  h.rank = m->rank;
+  h.backend = m->backend;
+  h.transport = m->transport;
+  for (uint32_t d = 0; d < m->shape.world; d++) {
+    const dcpx_rank_health *rh = &m->health[d];
+    h.failed_mask |= (rh->failed ? 1u : 0u) << d;
+    h.alarm_mask |= (rh->alarm ? 1u : 0u) << d;
+    h.joined_mask |= (rh->joined ? 1u : 0u) << d;
+  }
+  h.calls = m->health[m->rank].calls;
+  h.rows = m->health[m->rank].rows;
+  h.rescue_rows = m->health[m->rank].rescue_rows;
+  h.failed_calls = m->health[m->rank].failed_calls;
+  *ret = h;
+  return 0;
+}
+
+int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *ev = NULL;
+  Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
+  uint32_t gen;
+  int r;
+
+  (void)stream; /* host backend: nothing is in flight once a call returned */
+  if (!m)
+    return DCPX_E_INVAL;
+  gen = m->hdr->generation;
+  ack.generation = gen;
+  f.msg_case = DCPX__FRAME__MSG_RECOVER_ACK;
+  f.recover_ack = &ack;
+  r = dcpx__frame_send(m->sock, &f, NULL, 0);
+  if (r < 0)
+    return r;
+
+  uint64_t end = now_ms() + timeout_ms;
+  for (;;) {
+    uint64_t now = now_ms();
+    if (now >= end)
+      return DCPX_E_TIMEDOUT;
+    r = recv_within(m->sock, (int)(end - now), &ev, NULL, 0, NULL);
+    if (r < 0)
+      return r;
+    int done = ev->msg_case == DCPX__FRAME__MSG_EVENT &&
+               ev->event->kind == DCPX__EVENT__KIND__RESET_DONE &&
+               ev->event->generation != gen;
+    if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply->status < 0)
+      r = ev->reply->status;
+    dcpx__frame_free(ev);
+    if (r < 0)
+      return r;
+    if (done)
+      return 0;
+  }
+}

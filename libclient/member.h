@@ -1,0 +1,68 @@
+/* member.h - a rank's membership of a group, as libdcpx holds it
+ * (internal). The connection, the mapped control page and workspaces, and
+ * the host backend's preallocated scratch, so that the call path needs no
+ * allocation. */
+#ifndef DCPX_LIBCLIENT_MEMBER_H
+#define DCPX_LIBCLIENT_MEMBER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dcpx.h"
+#include "layout.h"
+#include "merge.h"
+
+struct dcpx_client {
+  char path[108]; /* sun_path */
+};
+
+struct dcpx_member {
+  int sock;
+  char group[64];
+  dcpx_shape shape;
+  uint32_t rank, backend, transport;
+  uint64_t timeout_ns;
+  dcpx_layout L;
+
+  /* Mappings of the fds dcpxd passed (host backend). */
+  void *ctl;
+  size_t ctl_bytes;
+  char *ws[DCPX_MAX_WORLD];
+  size_t ws_bytes;
+  dcpx_ctl_header *hdr;
+  dcpx_rank_health *health;   /* [W] */
+  dcpx_wait_record *records;  /* [W][R] */
+
+  /* Host backend scratch, sized at join. */
+  dcpx__merge_ws mws;
+  uint32_t *lists_buf; /* [W][rw_n] */
+  uint32_t *klist;     /* [rw_k] */
+  const uint32_t *lists[DCPX_MAX_WORLD];
+};
+
+/* client.c: a member over memory the caller mapped (tests, no daemon).
+ * detach frees the member, not the memory. */
+__attribute__((visibility("hidden"))) int
+dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
+                    uint64_t timeout_ns, void *ctl, char *const *ws,
+                    struct dcpx_member **ret_member);
+__attribute__((visibility("hidden"))) void
+dcpx__member_detach(struct dcpx_member *m);
+
+/* host.c */
+__attribute__((visibility("hidden"))) int
+dcpx__host_init(struct dcpx_member *m);
+__attribute__((visibility("hidden"))) void
+dcpx__host_fini(struct dcpx_member *m);
+__attribute__((visibility("hidden"))) int
+dcpx__host_push(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
+                uint64_t stride, const int32_t *row_ends, uint64_t call_tag);
+__attribute__((visibility("hidden"))) int
+dcpx__host_merge(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
+                 uint64_t stride, const int32_t *row_ends,
+                 const int32_t *req_id, const int32_t *block_table,
+                 uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
+                 int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
+                 uint64_t call_tag);
+
+#endif /* DCPX_LIBCLIENT_MEMBER_H */

@@ -1,0 +1,45 @@
+/* frame.h - one protobuf Frame per SOCK_SEQPACKET packet, with optional
+ * file descriptors (SCM_RIGHTS). Shared by libdcpx, dcpxd and dcpxctl.
+ *
+ * Limits: a packed frame is at most DCPX_FRAME_MAX bytes; a packet carries
+ * at most DCPX_FRAME_MAX_FDS descriptors. A receiver treats a truncated
+ * packet (over the limit), a packet that does not unpack, or a frame with
+ * no message as a protocol error, and closes any descriptors it did not
+ * ask for.
+ */
+#ifndef DCPX_PROTO_FRAME_H
+#define DCPX_PROTO_FRAME_H
+
+#include <stddef.h>
+
+#include "proto/dcpx.pb-c.h"
+
+#define DCPX_PROTO_VERSION 1u
+#define DCPX_FRAME_MAX (256u * 1024u)
+#define DCPX_FRAME_MAX_FDS 20 /* ctl + 16 workspaces + spare */
+
+#ifndef DCPX__HIDDEN
+#define DCPX__HIDDEN __attribute__((visibility("hidden")))
+#endif
+
+/* Packs and sends f with nfds descriptors. Returns 0 or a negative code
+ * (DCPX_E_MSGSIZE if the frame is over the limit, -errno from sendmsg).
+ * Never raises SIGPIPE. */
+DCPX__HIDDEN int dcpx__frame_send(int sock, const Dcpx__Frame *f,
+                                  const int *fds, int nfds);
+
+/* Receives one frame. Blocks unless the socket is non-blocking.
+ * Returns 0 with *ret_frame (free with dcpx__frame_free) and up to maxfds
+ * descriptors in fds (*ret_nfds of them, O_CLOEXEC; extra ones are closed);
+ * DCPX_E_CONNRESET at end of stream; -EAGAIN if non-blocking and nothing is
+ * queued; DCPX_E_MSGSIZE for an oversized packet; DCPX_E_PROTO for one that
+ * does not unpack or names no message. */
+DCPX__HIDDEN int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds,
+                                  int maxfds, int *ret_nfds);
+
+DCPX__HIDDEN void dcpx__frame_free(Dcpx__Frame *f);
+
+/* Reply helpers. */
+DCPX__HIDDEN int dcpx__send_reply(int sock, int status, const char *error);
+
+#endif /* DCPX_PROTO_FRAME_H */

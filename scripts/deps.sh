@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# deps.sh - install dcpx's build dependencies (Debian 12 package names).
+# Does nothing when they are all present; needs root (or sudo) otherwise.
+set -euo pipefail
+
+pkgs=(build-essential autoconf automake libtool pkg-config libuv1-dev
+      libprotobuf-c-dev protobuf-c-compiler check libsystemd-dev zlib1g-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' ||
+    missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=
+[ "$(id -u)" = 0 ] || sudo=sudo
+echo "deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update
+$sudo apt-get install -y --no-install-recommends "${missing[@]}"

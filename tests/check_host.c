@@ -1,0 +1,450 @@
+/* check_host.c - the host backend's protocol (libclient/host.c) without a
+ * daemon: W threads are W ranks over one set of workspaces and one control
+ * page, and every rank's outputs must equal dcpx_ref_call bit for bit.
+ * Also the bounded waits: a rank that never comes, an abort, the fault
+ * hook, and epochs that start next to the wrap. */
+#define _GNU_SOURCE
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dcpx.h"
+#include "layout.h"
+#include "member.h"
+
+static uint64_t mix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* One group in memory: the control page and W workspaces. */
+typedef struct group {
+  dcpx_shape sh;
+  dcpx_layout L;
+  void *ctl;
+  char *ws[DCPX_MAX_WORLD];
+  dcpx_member *m[DCPX_MAX_WORLD];
+  /* Inputs of the current call. */
+  uint32_t rows;
+  uint64_t stride;
+  uint16_t *logits[DCPX_MAX_WORLD];
+  int32_t *ends[DCPX_MAX_WORLD];
+  int32_t *req, *bt;
+  uint32_t bt_rows, bt_cols;
+  /* Outputs per rank. */
+  int32_t *rows_out[DCPX_MAX_WORLD], *valid[DCPX_MAX_WORLD],
+      *ids[DCPX_MAX_WORLD];
+  uint32_t *sat[DCPX_MAX_WORLD];
+  int rc[DCPX_MAX_WORLD];
+  uint64_t tag;
+  uint32_t absent; /* mask of ranks that skip the call */
+  uint64_t elapsed_ns[DCPX_MAX_WORLD];
+} group;
+
+static void group_init(group *g, uint32_t W, uint32_t R, uint32_t K,
+                       uint32_t N, uint32_t B, uint32_t I, uint32_t maxl,
+                       uint64_t timeout_ns) {
+  dcpx_shape s = DCPX_SHAPE_INIT;
+  memset(g, 0, sizeof(*g));
+  s.world = W;
+  s.rows = R;
+  s.topk = K;
+  s.local_topk = N;
+  s.block_size = B;
+  s.interleave = I;
+  s.max_local = maxl;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  g->sh = s;
+  dcpx_layout_compute(&g->L, W, R, K, N);
+  g->ctl = calloc(1, g->L.ctl_bytes);
+  dcpx_ctl_header *h = g->ctl;
+  h->magic = DCPX_CTL_MAGIC;
+  h->version = DCPX_CTL_VERSION;
+  h->world = W;
+  h->rows = R;
+  h->generation = 1;
+  h->timeout_ns = timeout_ns;
+  g->stride = maxl;
+  g->bt_rows = R;
+  g->bt_cols = (maxl + B - 1) / B;
+  g->req = calloc(R, sizeof(int32_t));
+  g->bt = calloc((size_t)R * g->bt_cols, sizeof(int32_t));
+  for (uint32_t t = 0; t < R; t++) {
+    g->req[t] = (int32_t)(R - 1 - t);
+    for (uint32_t b = 0; b < g->bt_cols; b++)
+      g->bt[(size_t)t * g->bt_cols + b] =
+          (int32_t)((t * g->bt_cols + b) * 7u % (R * g->bt_cols) + 3);
+  }
+  for (uint32_t d = 0; d < W; d++)
+    g->ws[d] = calloc(1, g->L.ws_bytes);
+  for (uint32_t d = 0; d < W; d++) {
+    ck_assert_int_eq(
+        dcpx__member_attach(&s, d, timeout_ns, g->ctl, g->ws, &g->m[d]), 0);
+    g->logits[d] = calloc((size_t)R * maxl, sizeof(uint16_t));
+    g->ends[d] = calloc(R, sizeof(int32_t));
+    g->rows_out[d] = calloc((size_t)R * K, sizeof(int32_t));
+    g->ids[d] = calloc((size_t)R * K, sizeof(int32_t));
+    g->valid[d] = calloc(R, sizeof(int32_t));
+    g->sat[d] = calloc(R, sizeof(uint32_t));
+  }
+}
+
+static void group_free(group *g) {
+  for (uint32_t d = 0; d < g->sh.world; d++) {
+    dcpx__member_detach(g->m[d]);
+    free(g->ws[d]);
+    free(g->logits[d]);
+    free(g->ends[d]);
+    free(g->rows_out[d]);
+    free(g->ids[d]);
+    free(g->valid[d]);
+    free(g->sat[d]);
+  }
+  free(g->ctl);
+  free(g->req);
+  free(g->bt);
+}
+
+/* Inputs: kind 0 random with ties and NaNs, 1 one rank holds the best,
+ * 2 all equal, 3 short rows, 4 a mix per row, 5 rank 1 holds the best of
+ * every row (so it is saturated and must rescue). */
+static void fill(group *g, uint64_t seed, int kind) {
+  uint64_t s = seed;
+  for (uint32_t d = 0; d < g->sh.world; d++) {
+    for (uint32_t t = 0; t < g->rows; t++) {
+      uint16_t *row = g->logits[d] + t * g->stride;
+      uint32_t len = (uint32_t)(mix(&s) % (g->sh.max_local + 1));
+      int k = kind == 4 ? (int)(mix(&s) % 4) : kind;
+      if (k == 3)
+        len %= g->sh.local_topk + 1;
+      g->ends[d][t] = (int32_t)len;
+      uint32_t hot = kind == 5 ? 1u : (uint32_t)((seed + t) % g->sh.world);
+      if (k == 5)
+        k = 1;
+      for (uint32_t l = 0; l < g->sh.max_local; l++) {
+        uint64_t x = mix(&s);
+        uint16_t b;
+        if (k == 2)
+          b = 0x3F80;
+        else if (k == 1)
+          b = (uint16_t)((d == hot ? 0x4000 : 0x3000) + (x & 0xFF));
+        else if ((x & 0xFF) == 0)
+          b = (uint16_t)(0x7F81 + (x >> 8) % 0x7E); /* NaN */
+        else
+          b = (uint16_t)(0x3F00 + (x >> 8) % 0x40) | ((x >> 20) & 1 ? 0x8000 : 0);
+        row[l] = b;
+      }
+    }
+  }
+}
+
+static const dcpx_wait_record *rec_at(const group *g, uint32_t d,
+                                      uint32_t t) {
+  return (const dcpx_wait_record *)((const char *)g->ctl + g->L.off_records) +
+         (size_t)d * g->L.rows + t;
+}
+
+static void *rank_main(void *arg) {
+  group *g = ((void **)arg)[0];
+  uint32_t d = (uint32_t)(uintptr_t)((void **)arg)[1];
+  uint64_t t0 = mono_ns();
+  int r = 0;
+  if (!((g->absent >> d) & 1u)) {
+    r = dcpx_push(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
+                  g->tag, NULL);
+    if (r == 0)
+      r = dcpx_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
+                     g->req, g->bt, g->bt_rows, g->bt_cols, g->rows_out[d],
+                     g->valid[d], g->ids[d], g->sat[d], g->tag, NULL);
+  }
+  g->rc[d] = r;
+  g->elapsed_ns[d] = mono_ns() - t0;
+  return NULL;
+}
+
+static void run_call(group *g) {
+  pthread_t th[DCPX_MAX_WORLD];
+  void *args[DCPX_MAX_WORLD][2];
+  for (uint32_t d = 0; d < g->sh.world; d++) {
+    args[d][0] = g;
+    args[d][1] = (void *)(uintptr_t)d;
+    ck_assert_int_eq(pthread_create(&th[d], NULL, rank_main, args[d]), 0);
+  }
+  for (uint32_t d = 0; d < g->sh.world; d++)
+    pthread_join(th[d], NULL);
+}
+
+/* Checks every rank against the reference; returns rescue rows. */
+static uint64_t check_exact(group *g, const char *what) {
+  const uint32_t K = g->sh.topk, R = g->rows;
+  int32_t *xr = malloc(sizeof(int32_t) * (size_t)R * K);
+  int32_t *xi = malloc(sizeof(int32_t) * (size_t)R * K);
+  int32_t *xv = malloc(sizeof(int32_t) * R);
+  uint32_t *xs = malloc(sizeof(uint32_t) * R);
+  dcpx_ref_stats st = {0, 0, 0};
+  for (uint32_t d = 0; d < g->sh.world; d++) {
+    ck_assert_msg(g->rc[d] == 0, "%s: rank %u: %s", what, d,
+                  dcpx_strerror(g->rc[d]));
+    ck_assert_int_eq(
+        dcpx_ref_call(&g->sh, R, (const uint16_t *const *)g->logits,
+                      g->stride, (const int32_t *const *)g->ends, d, g->req,
+                      g->bt, g->bt_rows, g->bt_cols, xr, xv, xi, xs,
+                      d == 0 ? &st : NULL),
+        0);
+    for (uint32_t t = 0; t < R; t++) {
+      ck_assert_msg(xv[t] == g->valid[d][t], "%s: rank %u row %u valid %d/%d",
+                    what, d, t, g->valid[d][t], xv[t]);
+      ck_assert_msg(xs[t] == g->sat[d][t], "%s: rank %u row %u sat %x/%x",
+                    what, d, t, g->sat[d][t], xs[t]);
+    }
+    ck_assert_msg(!memcmp(xr, g->rows_out[d], sizeof(int32_t) * R * K),
+                  "%s: rank %u rows_out differ", what, d);
+    ck_assert_msg(!memcmp(xi, g->ids[d], sizeof(int32_t) * R * K),
+                  "%s: rank %u ids_out differ", what, d);
+  }
+  free(xr);
+  free(xi);
+  free(xv);
+  free(xs);
+  return st.rescue_rows;
+}
+
+START_TEST(test_exact_random) {
+  static const uint32_t Ws[] = {1, 2, 3, 8, 16};
+  uint64_t rescues = 0, calls = 0;
+  for (unsigned wi = 0; wi < sizeof(Ws) / sizeof(Ws[0]); wi++) {
+    uint32_t W = Ws[wi];
+    uint64_t s = 1234 + W;
+    uint32_t K = 16 + (uint32_t)(mix(&s) % 200);
+    uint32_t N = 1 + (uint32_t)(mix(&s) % (K - 1));
+    group g;
+    group_init(&g, W, 6, K, N, 1 + W % 4, 1 + W % 3, 700, 5000000000ull);
+    for (int c = 0; c < 12; c++) {
+      g.rows = 1 + (uint32_t)(mix(&s) % 6);
+      g.tag = (uint64_t)c;
+      fill(&g, mix(&s), c % 5);
+      run_call(&g);
+      char what[64];
+      snprintf(what, sizeof(what), "W=%u K=%u N=%u call %d", W, K, N, c);
+      rescues += check_exact(&g, what);
+      calls++;
+    }
+    group_free(&g);
+  }
+  printf("check_host: %llu calls exact, %llu rescue rows\n",
+         (unsigned long long)calls, (unsigned long long)rescues);
+  ck_assert_msg(rescues > 10, "rescue ran only %llu times",
+                (unsigned long long)rescues);
+}
+END_TEST
+
+START_TEST(test_epoch_wrap) {
+  group g;
+  uint64_t s = 99, rescues = 0;
+  group_init(&g, 4, 3, 64, 16, 4, 2, 300, 5000000000ull);
+  for (uint32_t d = 0; d < 4; d++) {
+    uint32_t *ep = (uint32_t *)(g.ws[d] + g.L.off_epoch);
+    uint32_t *sq = (uint32_t *)(g.ws[d] + g.L.off_seq2);
+    for (uint32_t t = 0; t < 3; t++) {
+      ep[t] = 0xFFFFFFF0u + t; /* rows cross the wrap at different calls */
+      sq[t] = 0xFFFFFFFAu;
+    }
+  }
+  for (int c = 0; c < 40; c++) {
+    g.rows = 3;
+    fill(&g, mix(&s), c % 2); /* every other call rescues */
+    run_call(&g);
+    rescues += check_exact(&g, "epoch wrap");
+  }
+  uint32_t *ep = (uint32_t *)(g.ws[0] + g.L.off_epoch);
+  ck_assert_uint_lt(ep[0], 100); /* it wrapped */
+  ck_assert_uint_ne(ep[0], 0);
+  ck_assert_uint_gt(rescues, 10);
+  group_free(&g);
+}
+END_TEST
+
+/* A rank that never pushes: every other rank's call ends after about the
+ * timeout with DCPX_E_FAILED, a record naming the LL slots, and its alarm
+ * and FAILED words set. */
+START_TEST(test_absent_rank_times_out) {
+  const uint64_t timeout = 200000000ull; /* 200 ms */
+  group g;
+  group_init(&g, 3, 2, 32, 8, 1, 1, 100, timeout);
+  g.rows = 2;
+  g.tag = 77;
+  fill(&g, 5, 0);
+  g.absent = 1u << 2;
+  run_call(&g);
+  dcpx_wait_record *rec =
+      (dcpx_wait_record *)((char *)g.ctl + g.L.off_records);
+  dcpx_rank_health *h = (dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
+  for (uint32_t d = 0; d < 2; d++) {
+    ck_assert_int_eq(g.rc[d], DCPX_E_FAILED);
+    ck_assert_uint_ge(g.elapsed_ns[d], timeout);
+    ck_assert_uint_lt(g.elapsed_ns[d], timeout + 300000000ull);
+    ck_assert_int_eq(g.valid[d][0], -1);
+    ck_assert_int_eq(g.valid[d][1], -1);
+    const dcpx_wait_record *r0 = &rec[d * g.L.rows + 0];
+    ck_assert_uint_eq(r0->kind, DCPX_REC_TIMEOUT);
+    ck_assert_uint_eq(r0->region, DCPX_REGION_LL_SLOTS);
+    ck_assert_uint_eq(r0->expected, 1); /* first epoch */
+    ck_assert_uint_eq(r0->seen, 0);
+    ck_assert_uint_eq(r0->call_tag, 77);
+    ck_assert_uint_eq(r0->block, 0);
+    /* The awaited half is the first of source rank 2's row 0, parity 1. */
+    ck_assert_uint_eq(r0->index,
+                      (uint32_t)(dcpx_ll_offset(&g.L, 1, 2, 0, 0) / 8));
+    ck_assert_uint_eq(h[d].alarm, 1);
+    ck_assert_uint_eq(h[d].failed, 1);
+    ck_assert_uint_eq(h[d].failed_calls, 1);
+  }
+  /* The next call of a FAILED rank fails at once (rank 2, which never
+   * failed, then waits its own timeout: only a daemon's abort stops it). */
+  g.absent = 0;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
+  ck_assert_uint_lt(g.elapsed_ns[0], timeout / 10);
+  ck_assert_int_eq(g.rc[2], DCPX_E_FAILED);
+  group_free(&g);
+}
+END_TEST
+
+static void *abort_later(void *arg) {
+  group *g = arg;
+  struct timespec ts = {0, 50000000};
+  nanosleep(&ts, NULL);
+  __atomic_store_n(&((dcpx_ctl_header *)g->ctl)->abort, DCPX_ABORT_DEAD,
+                   __ATOMIC_RELEASE);
+  return NULL;
+}
+
+START_TEST(test_abort_stops_waits) {
+  group g;
+  pthread_t th;
+  group_init(&g, 2, 1, 32, 8, 1, 1, 100, 10000000000ull); /* 10 s */
+  g.rows = 1;
+  fill(&g, 6, 0);
+  g.absent = 1u << 1;
+  pthread_create(&th, NULL, abort_later, &g);
+  run_call(&g);
+  pthread_join(th, NULL);
+  ck_assert_int_eq(g.rc[0], DCPX_E_ABORTED);
+  ck_assert_uint_lt(g.elapsed_ns[0], 1000000000ull);
+  ck_assert_int_eq(g.valid[0][0], -1);
+  group_free(&g);
+}
+END_TEST
+
+START_TEST(test_fault_hook_stall) {
+  const uint64_t timeout = 100000000ull;
+  group g;
+  group_init(&g, 3, 2, 32, 8, 1, 1, 100, timeout);
+  dcpx_rank_health *h = (dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
+  g.rows = 2;
+  fill(&g, 8, 0);
+  /* Call 0 runs clean. */
+  run_call(&g);
+  check_exact(&g, "before fault");
+  /* Arm rank 1 for call tag 5 only. */
+  h[1].fault_epoch = 0;
+  h[1].fault_call = 5;
+  h[1].fault_ticks = 3 * timeout;
+  h[1].fault_armed = 1;
+  g.tag = 4;
+  run_call(&g);
+  check_exact(&g, "fault armed for another call");
+  ck_assert_uint_eq(h[1].fault_fired, 0);
+  /* Rank 1 holds every row's best, so it is saturated and its peers wait
+   * for its rescue flags while it stalls: they give up after the timeout
+   * with a record naming the flag. Rank 1 finishes row 0 once the stall
+   * ends, then times out on row 1, whose rescue its failed peers never
+   * reached. */
+  fill(&g, 8, 5);
+  g.tag = 5;
+  uint32_t q = dcpx_epoch_next(((uint32_t *)(g.ws[0] + g.L.off_seq2))[0]);
+  run_call(&g);
+  ck_assert_uint_eq(h[1].fault_fired, 1);
+  ck_assert_int_eq(g.rc[1], DCPX_E_FAILED);
+  ck_assert_uint_ge(g.elapsed_ns[1], 4 * timeout);
+  ck_assert_uint_eq(rec_at(&g, 1, 0)->kind, DCPX_REC_EMPTY);
+  ck_assert_uint_eq(rec_at(&g, 1, 1)->region, DCPX_REGION_RESCUE_FLAGS);
+  for (uint32_t d = 0; d < 3; d += 2) {
+    ck_assert_int_eq(g.rc[d], DCPX_E_FAILED);
+    ck_assert_uint_lt(g.elapsed_ns[d], 2 * timeout + 100000000ull);
+    const dcpx_wait_record *r0 = rec_at(&g, d, 0);
+    ck_assert_uint_eq(r0->kind, DCPX_REC_TIMEOUT);
+    ck_assert_uint_eq(r0->region, DCPX_REGION_RESCUE_FLAGS);
+    ck_assert_uint_eq(r0->index, 1 * g.L.rows + 0); /* flags[1][0] */
+    ck_assert_uint_eq(r0->expected, q);
+    ck_assert_uint_eq(r0->seen, q - 1); /* the last rescue's flag */
+    ck_assert_uint_eq(r0->call_tag, 5);
+    ck_assert_uint_eq(h[d].failed, 1);
+  }
+  group_free(&g);
+}
+END_TEST
+
+START_TEST(test_bad_inputs) {
+  group g;
+  group_init(&g, 1, 2, 32, 8, 1, 1, 100, 1000000000ull);
+  fill(&g, 9, 0);
+  ck_assert_int_eq(dcpx_push(g.m[0], 3, g.logits[0], g.stride, g.ends[0], 0,
+                             NULL),
+                   DCPX_E_RANGE);
+  g.ends[0][1] = 101;
+  ck_assert_int_eq(dcpx_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
+                             NULL),
+                   DCPX_E_RANGE);
+  g.ends[0][1] = -1;
+  ck_assert_int_eq(dcpx_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
+                             NULL),
+                   DCPX_E_RANGE);
+  ck_assert_int_eq(dcpx_push(NULL, 2, g.logits[0], g.stride, g.ends[0], 0,
+                             NULL),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_push(g.m[0], 2, NULL, g.stride, g.ends[0], 0, NULL),
+                   DCPX_E_INVAL);
+  /* A request outside the block table costs that row its outputs only; the
+   * protocol goes on and the next call is exact. */
+  g.ends[0][1] = 50;
+  g.rows = 2;
+  g.req[1] = 1000;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_RANGE);
+  ck_assert_int_eq(g.valid[0][1], -1);
+  g.req[1] = 0;
+  run_call(&g);
+  check_exact(&g, "after a bad request id");
+  group_free(&g);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("host");
+  TCase *tc = tcase_create("protocol");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_exact_random);
+  tcase_add_test(tc, test_epoch_wrap);
+  tcase_add_test(tc, test_absent_rank_times_out);
+  tcase_add_test(tc, test_abort_stops_waits);
+  tcase_add_test(tc, test_fault_hook_stall);
+  tcase_add_test(tc, test_bad_inputs);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,1584 @@
+/* check_ref.c - the CPU reference (common/ref.c, common/merge.c) against a
+ * brute-force oracle written from DESIGN.md sections 2, 3 and 5 alone.
+ *
+ * The oracle shares no code with the reference:
+ *   - its order comes from the float values: every non-NaN bf16 pattern is
+ *     ranked once by widening it to float32 (ties only at +-0, where -0
+ *     ranks lower), so it does not even use ord16; ord16 is used only where
+ *     DESIGN.md puts it in an output (sat_word, wire words), through its own
+ *     copy of the formula;
+ *   - a row's exact top-K is the first K of all its (value, r, l) keys
+ *     sorted with qsort;
+ *   - rank r's local top-N list is the first N of rank r's keys in that
+ *     same sorted sequence (the order restricted to one rank), S1 the first
+ *     K keys that are on some list, the saturation mask and sat_word follow
+ *     section 5.2 and 5.6 literally.
+ * Every rank d's outputs of dcpx_ref_call are compared with it, and the
+ * reference's statistics with the oracle's mask, so the tests also count
+ * how often a rescue ran and assert that the adversarial cases that must
+ * rescue did, and those that cannot did not.
+ *
+ * Environment: DCPX_TEST_SEED replaces the base seed (printed at start);
+ * every case derives its own seed from it, and failure messages print that
+ * case seed. DCPX_TEST_REPLAY=<case seed> makes test_random_small run just
+ * that one case. DCPX_TEST_SCALE (percent, default 100) scales the number
+ * of random small cases, e.g. 10 under valgrind (with CK_TIMEOUT_MULTIPLIER).
+ */
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcpx.h"
+#include "merge.h"
+
+static uint64_t g_seed = 0x5EEDDC9C0FFEEull;
+static uint32_t g_scale = 100;
+static uint64_t g_replay; /* 0: none */
+
+/* ck_assert_msg records a checkpoint (a write to Check's pipe) on every
+ * passing assertion; in hot loops we only call into Check on failure. */
+#define EXPECT(cond, ...)                                                      \
+  do {                                                                         \
+    if (!(cond))                                                               \
+      ck_abort_msg(__VA_ARGS__);                                               \
+  } while (0)
+
+/* ---- PRNG --------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Uniform in [0, n). */
+static uint32_t rnd_below(uint64_t *s, uint32_t n) {
+  return (uint32_t)(((splitmix64(s) >> 32) * (uint64_t)n) >> 32);
+}
+
+/* Uniform in [lo, hi]. */
+static uint32_t rnd_in(uint64_t *s, uint32_t lo, uint32_t hi) {
+  return lo + rnd_below(s, hi - lo + 1);
+}
+
+/* The seed of case i of a test: reproducible on its own. */
+static uint64_t case_seed(uint64_t salt, uint32_t i) {
+  uint64_t s = g_seed ^ (salt * 0x100000001B3ull) ^ ((uint64_t)i << 40);
+  return splitmix64(&s);
+}
+
+static void *xcalloc(size_t n, size_t sz) {
+  void *p = calloc(n ? n : 1, sz ? sz : 1);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+/* ---- the oracle's order ------------------------------------------------- */
+
+/* o_rank[b]: position of bf16 pattern b among all non-NaN patterns sorted
+ * by float value (-0 below +0); -1 for a NaN. o_bits inverts it. */
+static int32_t o_rank[65536];
+static uint16_t o_bits[65536];
+static uint32_t o_nvalues;
+
+static float bf16_to_float(uint32_t b) {
+  uint32_t u = (b & 0xFFFFu) << 16;
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+static int cmp_bf16_value(const void *a, const void *b) {
+  uint16_t x = *(const uint16_t *)a, y = *(const uint16_t *)b;
+  float fx = bf16_to_float(x), fy = bf16_to_float(y);
+  if (fx != fy)
+    return fx < fy ? -1 : 1;
+  if (x == y)
+    return 0;
+  return (x & 0x8000u) ? -1 : 1; /* -0 below +0 */
+}
+
+static void oracle_init(void) {
+  static uint16_t vals[65536];
+  uint32_t n = 0;
+  for (uint32_t b = 0; b < 65536; b++) {
+    o_rank[b] = -1;
+    if (!isnan(bf16_to_float(b)))
+      vals[n++] = (uint16_t)b;
+  }
+  qsort(vals, n, sizeof(vals[0]), cmp_bf16_value);
+  for (uint32_t i = 0; i < n; i++) {
+    o_rank[vals[i]] = (int32_t)i;
+    o_bits[i] = vals[i];
+  }
+  o_nvalues = n;
+}
+
+/* DESIGN.md section 2, copied: only for outputs that carry ord16. */
+static uint32_t spec_ord16(uint32_t b) {
+  b &= 0xFFFFu;
+  return (b & 0x8000u) ? (~b & 0xFFFFu) : (b | 0x8000u);
+}
+
+/* A key sorts ascending best-first: (value desc, r asc, l asc). */
+static uint64_t okey(uint32_t rank_of_value, uint32_t r, uint32_t l) {
+  return ((uint64_t)(0xFFFFu - rank_of_value) << 32) | ((uint64_t)r << 17) |
+         l;
+}
+static uint32_t okey_r(uint64_t k) { return (uint32_t)(k >> 17) & 0x7FFFu; }
+static uint32_t okey_l(uint64_t k) { return (uint32_t)k & 0x1FFFFu; }
+static uint32_t okey_bits(uint64_t k) {
+  return o_bits[0xFFFFu - (uint32_t)(k >> 32)];
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* ---- a test case: one call's inputs for every rank ---------------------- */
+
+typedef struct tcall {
+  dcpx_shape sh;
+  uint32_t rows;
+  uint64_t stride;
+  uint16_t *logits[DCPX_MAX_WORLD]; /* [rows][stride] */
+  int32_t *row_end[DCPX_MAX_WORLD]; /* [rows] */
+  int32_t *req_id[DCPX_MAX_WORLD];  /* [rows], rank's own */
+  int32_t *bt[DCPX_MAX_WORLD];      /* [bt_rows][bt_cols], rank's own */
+  uint32_t bt_rows, bt_cols;
+} tcall;
+
+static void tcall_init(tcall *c, uint32_t W, uint32_t rows, uint32_t K,
+                       uint32_t N, uint32_t B, uint32_t I, uint32_t max_local,
+                       uint64_t stride, uint32_t bt_rows) {
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  memset(c, 0, sizeof(*c));
+  sh.world = W;
+  sh.rows = rows;
+  sh.topk = K;
+  sh.local_topk = N;
+  sh.block_size = B;
+  sh.interleave = I;
+  sh.max_local = max_local;
+  c->sh = sh;
+  c->rows = rows;
+  c->stride = stride;
+  c->bt_rows = bt_rows;
+  c->bt_cols = (max_local + B - 1) / B;
+  for (uint32_t r = 0; r < W; r++) {
+    c->logits[r] = xcalloc((size_t)rows * stride, sizeof(uint16_t));
+    c->row_end[r] = xcalloc(rows, sizeof(int32_t));
+    c->req_id[r] = xcalloc(rows, sizeof(int32_t));
+    c->bt[r] = xcalloc((size_t)bt_rows * c->bt_cols, sizeof(int32_t));
+  }
+}
+
+/* Random block tables (each rank its own permutation of the block ids) and
+ * random req_ids. */
+static void tcall_random_tables(tcall *c, uint64_t *s) {
+  size_t n = (size_t)c->bt_rows * c->bt_cols;
+  for (uint32_t r = 0; r < c->sh.world; r++) {
+    int32_t *bt = c->bt[r];
+    for (size_t i = 0; i < n; i++)
+      bt[i] = (int32_t)i;
+    for (size_t i = n - 1; i > 0; i--) {
+      size_t j = rnd_below(s, (uint32_t)(i + 1));
+      int32_t x = bt[i];
+      bt[i] = bt[j];
+      bt[j] = x;
+    }
+    for (uint32_t t = 0; t < c->rows; t++)
+      c->req_id[r][t] = (int32_t)rnd_below(s, c->bt_rows);
+  }
+}
+
+static void tcall_free(tcall *c) {
+  for (uint32_t r = 0; r < DCPX_MAX_WORLD; r++) {
+    free(c->logits[r]);
+    free(c->row_end[r]);
+    free(c->req_id[r]);
+    free(c->bt[r]);
+  }
+  memset(c, 0, sizeof(*c));
+}
+
+static uint16_t *row_of(const tcall *c, uint32_t r, uint32_t t) {
+  return c->logits[r] + (uint64_t)t * c->stride;
+}
+
+/* ---- the oracle --------------------------------------------------------- */
+
+typedef struct orow {
+  uint32_t nsel;             /* |exact top-K| = min(K, non-NaN elements) */
+  uint64_t *sel;             /* [K] (r << 17 | l), ascending (r, l) */
+  uint32_t mask, sat_word, s1_count;
+  int s1_exact; /* S1 is already the exact top-K (no rescue needed) */
+} orow;
+
+typedef struct oracle {
+  uint32_t rows, K;
+  orow *row;
+  uint64_t *selbuf;  /* [rows][K] */
+  uint64_t *scratch; /* all keys of a row */
+  uint64_t rescue_rows, saturated, rescue_changed;
+} oracle;
+
+static void oracle_row(const tcall *c, uint32_t t, uint64_t *keys, orow *o) {
+  const uint32_t W = c->sh.world, N = c->sh.local_topk, K = c->sh.topk;
+  uint32_t n = 0, have[DCPX_MAX_WORLD] = {0};
+
+  for (uint32_t r = 0; r < W; r++) {
+    const uint16_t *x = row_of(c, r, t);
+    for (uint32_t l = 0; l < (uint32_t)c->row_end[r][t]; l++) {
+      int32_t v = o_rank[x[l]];
+      if (v < 0)
+        continue; /* NaN: never a candidate */
+      keys[n++] = okey((uint32_t)v, r, l);
+      have[r]++;
+    }
+  }
+  qsort(keys, n, sizeof(keys[0]), cmp_u64);
+
+  /* Round 1, literally: rank r's list is its first min(N, have[r]) keys in
+   * the order; S1 the best K keys that are on a list. */
+  uint32_t listed[DCPX_MAX_WORLD] = {0}, in_s1[DCPX_MAX_WORLD] = {0};
+  uint32_t s1 = 0, kth_bits = 0;
+  o->s1_exact = 1;
+  for (uint32_t i = 0; i < n && s1 < K; i++) {
+    uint32_t r = okey_r(keys[i]);
+    if (listed[r] >= N) {
+      /* Beyond rank r's list, yet among the best K: S1 misses it. */
+      o->s1_exact = 0;
+      continue;
+    }
+    listed[r]++;
+    in_s1[r]++;
+    if (++s1 == K)
+      kth_bits = okey_bits(keys[i]);
+  }
+  o->mask = 0;
+  for (uint32_t r = 0; r < W; r++)
+    if (have[r] >= N && in_s1[r] == N)
+      o->mask |= 1u << r;
+  o->s1_count = s1;
+  o->sat_word = (o->mask << 16) | (s1 == K ? spec_ord16(kth_bits) : 0);
+
+  /* The exact top-K, then in (r, l) order. */
+  o->nsel = n < K ? n : K;
+  for (uint32_t i = 0; i < o->nsel; i++)
+    o->sel[i] = ((uint64_t)okey_r(keys[i]) << 17) | okey_l(keys[i]);
+  qsort(o->sel, o->nsel, sizeof(o->sel[0]), cmp_u64);
+}
+
+static void oracle_build(const tcall *c, oracle *o) {
+  const uint32_t W = c->sh.world, K = c->sh.topk;
+  uint64_t maxn = 0;
+  for (uint32_t t = 0; t < c->rows; t++) {
+    uint64_t n = 0;
+    for (uint32_t r = 0; r < W; r++)
+      n += (uint32_t)c->row_end[r][t];
+    if (n > maxn)
+      maxn = n;
+  }
+  memset(o, 0, sizeof(*o));
+  o->rows = c->rows;
+  o->K = K;
+  o->row = xcalloc(c->rows, sizeof(orow));
+  o->selbuf = xcalloc((size_t)c->rows * K, sizeof(uint64_t));
+  o->scratch = xcalloc(maxn, sizeof(uint64_t));
+  for (uint32_t t = 0; t < c->rows; t++) {
+    o->row[t].sel = o->selbuf + (size_t)t * K;
+    oracle_row(c, t, o->scratch, &o->row[t]);
+    /* Section 5.2-5.3, checked on the oracle itself: if S1 is not the
+     * exact top-K, some rank is saturated. */
+    EXPECT(o->row[t].s1_exact || o->row[t].mask,
+           "oracle: S1 is not the top-K but no rank is saturated (t=%u)", t);
+    o->rescue_changed += !o->row[t].s1_exact;
+    o->rescue_rows += o->row[t].mask != 0;
+    o->saturated += (uint64_t)__builtin_popcount(o->row[t].mask);
+  }
+}
+
+static void oracle_free(oracle *o) {
+  free(o->row);
+  free(o->selbuf);
+  free(o->scratch);
+  memset(o, 0, sizeof(*o));
+}
+
+/* ---- comparing every rank's outputs with the oracle --------------------- */
+
+#define SENTINEL ((int32_t)0x7EEEEEEE)
+
+/* The counts a test accumulates over its cases. */
+typedef struct counts {
+  uint64_t cases, rows, rescue_rows, saturated, no_rescue_rows, sel_hi;
+  uint64_t rescue_changed; /* rows where S1 was not the exact top-K */
+} counts;
+
+/* Runs dcpx_ref_call for every rank d and compares every output with the
+ * oracle. `what` and `seed` identify the case in failure messages. Adds
+ * the oracle's rescue counts (checked equal to the reference's stats) to
+ * *acc. */
+static void check_call(const tcall *c, const char *what, uint64_t seed,
+                       counts *acc) {
+  const uint32_t W = c->sh.world, K = c->sh.topk, B = c->sh.block_size,
+                 I = c->sh.interleave, rows = c->rows;
+  oracle o;
+  oracle_build(c, &o);
+
+  int32_t *rows_out = xcalloc((size_t)rows * K, sizeof(int32_t));
+  int32_t *ids_out = xcalloc((size_t)rows * K, sizeof(int32_t));
+  int32_t *valid = xcalloc(rows, sizeof(int32_t));
+  uint32_t *sat = xcalloc(rows, sizeof(uint32_t));
+  const uint16_t *lg[DCPX_MAX_WORLD];
+  const int32_t *re[DCPX_MAX_WORLD];
+  for (uint32_t r = 0; r < W; r++) {
+    lg[r] = c->logits[r];
+    re[r] = c->row_end[r];
+  }
+
+  for (uint32_t d = 0; d < W; d++) {
+    for (size_t i = 0; i < (size_t)rows * K; i++)
+      rows_out[i] = ids_out[i] = SENTINEL;
+    for (uint32_t t = 0; t < rows; t++) {
+      valid[t] = SENTINEL;
+      sat[t] = 0xEEEEEEEEu;
+    }
+    dcpx_ref_stats st = {0, 0, 0};
+    int rc = dcpx_ref_call(&c->sh, rows, lg, c->stride, re, d, c->req_id[d],
+                           c->bt[d], c->bt_rows, c->bt_cols, rows_out, valid,
+                           ids_out, sat, &st);
+    EXPECT(rc == 0, "%s seed=0x%" PRIx64 " d=%u: dcpx_ref_call = %d (%s)",
+           what, seed, d, rc, dcpx_strerror(rc));
+    EXPECT(st.rows == rows && st.rescue_rows == o.rescue_rows &&
+               st.saturated == o.saturated,
+           "%s seed=0x%" PRIx64 " d=%u: stats rows %" PRIu64
+           " rescue_rows %" PRIu64 " saturated %" PRIu64 ", oracle %u %" PRIu64
+           " %" PRIu64,
+           what, seed, d, st.rows, st.rescue_rows, st.saturated, rows,
+           o.rescue_rows, o.saturated);
+
+    for (uint32_t t = 0; t < rows; t++) {
+      const orow *x = &o.row[t];
+      const int32_t *ro = rows_out + (size_t)t * K,
+                    *io = ids_out + (size_t)t * K;
+      EXPECT(sat[t] == x->sat_word,
+             "%s seed=0x%" PRIx64 " t=%u d=%u: sat_word 0x%08x, want 0x%08x "
+             "(|S1| %u)",
+             what, seed, t, d, sat[t], x->sat_word, x->s1_count);
+      /* ids_out: gids of all selected, (r, l) order, -1 padded. */
+      for (uint32_t i = 0; i < K; i++) {
+        int64_t want = -1;
+        if (i < x->nsel) {
+          uint32_t r = (uint32_t)(x->sel[i] >> 17), l = x->sel[i] & 0x1FFFFu;
+          want = (int64_t)(l / I) * I * W + (int64_t)r * I + l % I;
+        }
+        EXPECT(io[i] == want,
+               "%s seed=0x%" PRIx64 " t=%u d=%u: ids_out[%u] = %d, want "
+               "%" PRId64 " (nsel %u, sel (r=%u, l=%u))",
+               what, seed, t, d, i, io[i], want, x->nsel,
+               i < x->nsel ? (uint32_t)(x->sel[i] >> 17) : 0u,
+               i < x->nsel ? (uint32_t)(x->sel[i] & 0x1FFFFu) : 0u);
+      }
+      /* rows_out: d's own elements in ascending l, through d's table. */
+      uint32_t v = 0;
+      const int32_t *bt = c->bt[d] + (size_t)c->req_id[d][t] * c->bt_cols;
+      for (uint32_t i = 0; i < x->nsel; i++) {
+        uint32_t r = (uint32_t)(x->sel[i] >> 17), l = x->sel[i] & 0x1FFFFu;
+        if (r != d)
+          continue;
+        int32_t want = bt[l / B] * (int32_t)B + (int32_t)(l % B);
+        EXPECT(ro[v] == want,
+               "%s seed=0x%" PRIx64 " t=%u d=%u: rows_out[%u] = %d, want %d "
+               "(l=%u, B=%u)",
+               what, seed, t, d, v, ro[v], want, l, B);
+        v++;
+        if (l >= (1u << 16))
+          acc->sel_hi++;
+      }
+      EXPECT(valid[t] == (int32_t)v,
+             "%s seed=0x%" PRIx64 " t=%u d=%u: valid_out %d, want %u", what,
+             seed, t, d, valid[t], v);
+      for (uint32_t i = v; i < K; i++)
+        EXPECT(ro[i] == -1,
+               "%s seed=0x%" PRIx64 " t=%u d=%u: rows_out[%u] = %d, want -1 "
+               "(valid %u)",
+               what, seed, t, d, i, ro[i], v);
+    }
+  }
+
+  /* ids_out and sat_word are optional. */
+  for (uint32_t t = 0; t < rows; t++)
+    valid[t] = SENTINEL;
+  int rc = dcpx_ref_call(&c->sh, rows, lg, c->stride, re, 0, c->req_id[0],
+                         c->bt[0], c->bt_rows, c->bt_cols, rows_out, valid,
+                         NULL, NULL, NULL);
+  EXPECT(rc == 0, "%s seed=0x%" PRIx64 ": call without optional outputs = %d",
+         what, seed, rc);
+  for (uint32_t t = 0; t < rows; t++) {
+    uint32_t v = 0;
+    for (uint32_t i = 0; i < o.row[t].nsel; i++)
+      v += (o.row[t].sel[i] >> 17) == 0;
+    EXPECT(valid[t] == (int32_t)v,
+           "%s seed=0x%" PRIx64 " t=%u: valid_out %d without optional "
+           "outputs, want %u",
+           what, seed, t, valid[t], v);
+  }
+
+  acc->cases++;
+  acc->rows += rows;
+  acc->rescue_rows += o.rescue_rows;
+  acc->saturated += o.saturated;
+  acc->no_rescue_rows += rows - o.rescue_rows;
+  acc->rescue_changed += o.rescue_changed;
+  free(rows_out);
+  free(ids_out);
+  free(valid);
+  free(sat);
+  oracle_free(&o);
+}
+
+static void print_counts(const char *what, const counts *k) {
+  printf("check_ref: %-20s cases %4" PRIu64 " rows %5" PRIu64
+         " | rescue rows %5" PRIu64 " (changed the result %5" PRIu64
+         ") | no-rescue rows %5" PRIu64 " | saturated ranks %6" PRIu64
+         " | selected l>=2^16 %" PRIu64 "\n",
+         what, k->cases, k->rows, k->rescue_rows, k->rescue_changed,
+         k->no_rescue_rows, k->saturated, k->sel_hi);
+  fflush(stdout);
+}
+
+/* ---- logits generators -------------------------------------------------- */
+
+enum dist {
+  D_BITS,     /* uniform random 16 bits: NaNs, infs, denormals, all */
+  D_NARROW,   /* a few adjacent patterns: ties everywhere */
+  D_DISCRETE, /* a small palette shared by all ranks */
+  D_SPECIAL,  /* NaN, +-inf, +-0 and a few ordinary values */
+  D_BIASED,   /* one rank holds the best values */
+  D_FINITE,   /* random finite values, few ties */
+  D_NDIST
+};
+
+static const uint16_t specials[] = {
+    0x7FC0, 0xFFC0, 0x7F81, 0xFFFF, /* NaNs */
+    0x7F80, 0xFF80,                 /* +inf, -inf */
+    0x0000, 0x8000,                 /* +0, -0 */
+    0x0001, 0x8001,                 /* smallest denormals */
+    0x3F80, 0xBF80,                 /* +-1 */
+    0x7F7F, 0xFF7F,                 /* +-max finite */
+};
+#define NSPECIALS (sizeof(specials) / sizeof(specials[0]))
+
+typedef struct gen {
+  enum dist dist;
+  uint16_t palette[6];
+  uint32_t npal;
+  uint16_t base;  /* D_NARROW */
+  uint32_t width; /* D_NARROW */
+  uint32_t hot;   /* D_BIASED: the rank that holds the best values */
+} gen;
+
+static uint16_t random_finite(uint64_t *s) {
+  for (;;) {
+    uint16_t b = (uint16_t)splitmix64(s);
+    if ((b & 0x7F80u) != 0x7F80u)
+      return b;
+  }
+}
+
+static void gen_init(gen *g, uint64_t *s, enum dist d, uint32_t W) {
+  memset(g, 0, sizeof(*g));
+  g->dist = d;
+  g->npal = rnd_in(s, 1, 6);
+  for (uint32_t i = 0; i < g->npal; i++)
+    g->palette[i] = rnd_below(s, 3) == 0 ? specials[rnd_below(s, NSPECIALS)]
+                                         : random_finite(s);
+  g->base = random_finite(s);
+  g->width = rnd_in(s, 1, 8);
+  g->hot = rnd_below(s, W);
+}
+
+static uint16_t gen_value(const gen *g, uint64_t *s, uint32_t r) {
+  switch (g->dist) {
+  case D_BITS:
+    return (uint16_t)splitmix64(s);
+  case D_NARROW:
+    return (uint16_t)(g->base + rnd_below(s, g->width));
+  case D_DISCRETE:
+    return g->palette[rnd_below(s, g->npal)];
+  case D_SPECIAL:
+    return rnd_below(s, 4) ? specials[rnd_below(s, NSPECIALS)]
+                           : (uint16_t)splitmix64(s);
+  case D_BIASED:
+    /* The hot rank: positive values 2^8..2^9 mostly; the others: below 1,
+     * with some overlap so that the cut is not trivial. */
+    if (r == g->hot)
+      return rnd_below(s, 8) ? (uint16_t)(0x4380 + rnd_below(s, 0x80))
+                             : (uint16_t)(0x3F00 + rnd_below(s, 0x100));
+    return (uint16_t)(0x3E00 + rnd_below(s, 0x180));
+  case D_FINITE:
+  default:
+    return random_finite(s);
+  }
+}
+
+/* A row length drawn to hit the interesting boundaries around N, K and
+ * max_local. */
+static uint32_t pick_len(uint64_t *s, uint32_t N, uint32_t K, uint32_t max) {
+  uint32_t v;
+  switch (rnd_below(s, 10)) {
+  case 0:
+    v = 0;
+    break;
+  case 1:
+    v = rnd_below(s, N); /* shorter than N */
+    break;
+  case 2:
+    v = N;
+    break;
+  case 3:
+    v = N + 1;
+    break;
+  case 4:
+    v = K;
+    break;
+  case 5:
+    v = max;
+    break;
+  default:
+    v = rnd_in(s, 0, max);
+  }
+  return v > max ? max : v;
+}
+
+static const uint32_t Bs[] = {1, 16, 64};
+static const uint32_t Is[] = {1, 2, 3, 64};
+
+/* Fills c (already initialised) with logits and row ends. One
+ * distribution per case, or (mixed) one per (rank, row). */
+static void fill_random(tcall *c, uint64_t *s, int mixed, enum dist d) {
+  const uint32_t W = c->sh.world, N = c->sh.local_topk, K = c->sh.topk;
+  gen g;
+  gen_init(&g, s, d, W);
+  for (uint32_t t = 0; t < c->rows; t++)
+    for (uint32_t r = 0; r < W; r++) {
+      if (mixed)
+        gen_init(&g, s, (enum dist)rnd_below(s, D_NDIST), W);
+      uint32_t len = pick_len(s, N, K, c->sh.max_local);
+      c->row_end[r][t] = (int32_t)len;
+      uint16_t *x = row_of(c, r, t);
+      for (uint32_t l = 0; l < len; l++)
+        x[l] = gen_value(&g, s, r);
+      /* Garbage past row_end must be ignored: make it the best value. */
+      for (uint64_t l = len; l < c->stride; l++)
+        x[l] = 0x7F80;
+    }
+}
+
+/* N for a given K: values that are and are not multiples of 32. */
+static uint32_t pick_N(uint64_t *s, uint32_t K, uint32_t W) {
+  const uint32_t cand[] = {1, 7, 31, 32, 33, 100, K - 1, K / 2, K / W,
+                           K / (W + 1), rnd_in(s, 1, K - 1)};
+  uint32_t n = cand[rnd_below(s, sizeof(cand) / sizeof(cand[0]))];
+  if (n == 0 || n >= K)
+    n = rnd_in(s, 1, K - 1);
+  return n;
+}
+
+static uint32_t pick_K(uint64_t *s) {
+  switch (rnd_below(s, 10)) {
+  case 0:
+    return 2;
+  case 1:
+  case 2:
+  case 3:
+    return rnd_in(s, 2, 64);
+  case 4:
+  case 5:
+  case 6:
+    return rnd_in(s, 65, 512);
+  case 7:
+    return 4096;
+  default:
+    return rnd_in(s, 513, 4096);
+  }
+}
+
+/* One random case of the small suite. */
+static void random_case(uint64_t seed, counts *acc) {
+  uint64_t s = seed;
+  tcall c;
+  uint32_t W = rnd_in(&s, 1, 16), K = pick_K(&s), N = pick_N(&s, K, W);
+  uint32_t B = Bs[rnd_below(&s, 3)], I = Is[rnd_below(&s, 4)];
+  uint32_t rows = rnd_in(&s, 1, 4);
+  /* Keep the work per case around W * rows * max_local <= 48k. */
+  uint32_t budget = 48000 / (W * rows);
+  uint32_t max_local = rnd_in(&s, 1, budget < 2 * K + 64 ? budget : 2 * K + 64);
+  if (rnd_below(&s, 8) == 0)
+    max_local = rnd_in(&s, 1, 16);
+  uint64_t stride = max_local + rnd_below(&s, 5);
+  tcall_init(&c, W, rows, K, N, B, I, max_local, stride, rnd_in(&s, 1, 3));
+  if (rnd_below(&s, 4) == 0)
+    c.sh.rows = rows + rnd_below(&s, 3); /* a call below the shape's rows */
+  tcall_random_tables(&c, &s);
+  int mixed = rnd_below(&s, 3) == 0;
+  fill_random(&c, &s, mixed, (enum dist)rnd_below(&s, D_NDIST));
+  char what[160];
+  snprintf(what, sizeof(what),
+           "random W=%u K=%u N=%u B=%u I=%u rows=%u max_local=%u", W, K, N, B,
+           I, rows, max_local);
+  check_call(&c, what, seed, acc);
+  tcall_free(&c);
+}
+
+/* ---- random suite ------------------------------------------------------- */
+
+START_TEST(test_random_small) {
+  counts k = {0};
+  uint32_t n = 1500 * g_scale / 100;
+  if (n < 20)
+    n = 20;
+  if (g_replay) {
+    random_case(g_replay, &k);
+    print_counts("replayed case", &k);
+    return;
+  }
+  for (uint32_t i = 0; i < n; i++)
+    random_case(case_seed(1, i), &k);
+  print_counts("random small", &k);
+  /* Both paths must have been exercised, a lot. */
+  ck_assert_msg(k.rescue_rows * 5 >= k.rows,
+                "rescue ran in only %" PRIu64 " of %" PRIu64 " rows",
+                k.rescue_rows, k.rows);
+  ck_assert_msg(k.no_rescue_rows * 10 >= k.rows,
+                "no-rescue path in only %" PRIu64 " of %" PRIu64 " rows",
+                k.no_rescue_rows, k.rows);
+  ck_assert_msg(k.saturated > k.rescue_rows,
+                "never more than one saturated rank in a row");
+  ck_assert_msg(k.rescue_changed * 10 >= k.rows,
+                "the rescue changed the result in only %" PRIu64 " of %" PRIu64
+                " rows",
+                k.rescue_changed, k.rows);
+}
+END_TEST
+
+/* A few rows as large as the limits allow. */
+static void large_case(uint64_t seed, uint32_t W, uint32_t K, uint32_t N,
+                       uint32_t rows, uint32_t B, uint32_t I, enum dist d,
+                       int hot_high, counts *acc) {
+  uint64_t s = seed;
+  tcall c;
+  uint32_t max_local = DCPX_MAX_LOCAL;
+  tcall_init(&c, W, rows, K, N, B, I, max_local, max_local, 2);
+  tcall_random_tables(&c, &s);
+  gen g;
+  gen_init(&g, &s, d, W);
+  for (uint32_t t = 0; t < rows; t++)
+    for (uint32_t r = 0; r < W; r++) {
+      uint32_t len = t == 0 ? max_local : pick_len(&s, N, K, max_local);
+      c.row_end[r][t] = (int32_t)len;
+      uint16_t *x = row_of(&c, r, t);
+      for (uint32_t l = 0; l < len; l++)
+        x[l] = gen_value(&g, &s, r);
+      if (hot_high && r == g.hot)
+        /* The best values of the hot rank, all at l >= 2^16 (plane bit). */
+        for (uint32_t j = 0; j < K + 17 && (1u << 16) + 3 * j < len; j++)
+          x[(1u << 16) + 3 * j] = (uint16_t)(0x4700 + rnd_below(&s, 0x80));
+    }
+  char what[160];
+  snprintf(what, sizeof(what), "large W=%u K=%u N=%u B=%u I=%u rows=%u dist=%d",
+           W, K, N, B, I, rows, (int)d);
+  check_call(&c, what, seed, acc);
+  tcall_free(&c);
+}
+
+START_TEST(test_random_large) {
+  counts k = {0};
+  large_case(case_seed(2, 0), 16, 4096, 256, 1, 64, 64, D_BITS, 0, &k);
+  large_case(case_seed(2, 1), 8, 2048, 100, 2, 16, 3, D_BIASED, 1, &k);
+  large_case(case_seed(2, 2), 2, 4096, 4095, 1, 1, 1, D_NARROW, 0, &k);
+  large_case(case_seed(2, 3), 3, 1000, 33, 2, 64, 2, D_FINITE, 1, &k);
+  large_case(case_seed(2, 4), 4, 4096, 7, 1, 16, 1, D_DISCRETE, 0, &k);
+  print_counts("random large", &k);
+  ck_assert_msg(k.rescue_changed >= 1, "no large row needed its rescue");
+  ck_assert_msg(k.rescue_rows >= 2, "large rows rescued only %" PRIu64 " times",
+                k.rescue_rows);
+  ck_assert_msg(k.sel_hi > 0, "no selected element had l >= 2^16");
+}
+END_TEST
+
+/* ---- adversarial rows --------------------------------------------------- */
+
+/* A call with every rank's rows filled by a callback. */
+typedef void (*fill_fn)(tcall *c, uint32_t t, uint32_t r, uint64_t *s);
+
+static void run_filled(const char *what, uint64_t seed, uint32_t W,
+                       uint32_t K, uint32_t N, uint32_t B, uint32_t I,
+                       uint32_t rows, uint32_t max_local, fill_fn fill,
+                       counts *acc) {
+  uint64_t s = seed;
+  tcall c;
+  tcall_init(&c, W, rows, K, N, B, I, max_local, max_local, 2);
+  tcall_random_tables(&c, &s);
+  for (uint32_t t = 0; t < rows; t++)
+    for (uint32_t r = 0; r < W; r++)
+      fill(&c, t, r, &s);
+  char buf[200];
+  snprintf(buf, sizeof(buf), "%s W=%u K=%u N=%u B=%u I=%u", what, W, K, N, B,
+           I);
+  check_call(&c, buf, seed, acc);
+  tcall_free(&c);
+}
+
+static void fill_equal(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
+  uint32_t len = t % 2 ? rnd_in(s, 0, c->sh.max_local) : c->sh.max_local;
+  c->row_end[r][t] = (int32_t)len;
+  uint16_t v = t % 3 == 0 ? 0x3F80 : t % 3 == 1 ? 0x0000 : 0xFF80;
+  for (uint32_t l = 0; l < len; l++)
+    row_of(c, r, t)[l] = v;
+}
+
+/* Hand-checked first: all equal, W=4, K=64, N=20: S1 is ranks 0-2's lists
+ * and 4 of rank 3's, ranks 0-2 are saturated, and the exact top-K is rank
+ * 0's first 64 elements. */
+START_TEST(test_all_equal) {
+  counts k = {0};
+  tcall c;
+  tcall_init(&c, 4, 1, 64, 20, 16, 2, 200, 200, 1);
+  for (uint32_t r = 0; r < 4; r++) {
+    c.row_end[r][0] = 200;
+    for (uint32_t l = 0; l < 200; l++)
+      row_of(&c, r, 0)[l] = 0x3F80;
+    for (uint32_t b = 0; b < c.bt_cols; b++)
+      c.bt[r][b] = (int32_t)(c.bt_cols - 1 - b); /* reversed blocks */
+  }
+  int32_t rows_out[64], ids[64], valid;
+  uint32_t sat;
+  const uint16_t *lg[4] = {c.logits[0], c.logits[1], c.logits[2], c.logits[3]};
+  const int32_t *re[4] = {c.row_end[0], c.row_end[1], c.row_end[2],
+                          c.row_end[3]};
+  dcpx_ref_stats st = {0, 0, 0};
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, c.stride, re, 0, c.req_id[0],
+                                 c.bt[0], 1, c.bt_cols, rows_out, &valid, ids,
+                                 &sat, &st),
+                   0);
+  ck_assert_int_eq(valid, 64);
+  ck_assert_uint_eq(sat, (0x7u << 16) | 0xBF80u);
+  ck_assert_uint_eq(st.rescue_rows, 1);
+  ck_assert_uint_eq(st.saturated, 3);
+  for (uint32_t i = 0; i < 64; i++) {
+    /* l = i; I=2, W=4: gid = (i/2)*8 + i%2; block (12 - i/16), B=16. */
+    ck_assert_int_eq(ids[i], (int32_t)((i / 2) * 8 + i % 2));
+    ck_assert_int_eq(rows_out[i], (int32_t)((12 - i / 16) * 16 + i % 16));
+  }
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, c.stride, re, 1, c.req_id[1],
+                                 c.bt[1], 1, c.bt_cols, rows_out, &valid, NULL,
+                                 NULL, NULL),
+                   0);
+  ck_assert_int_eq(valid, 0);
+  for (uint32_t i = 0; i < 64; i++)
+    ck_assert_int_eq(rows_out[i], -1);
+  tcall_free(&c);
+
+  /* The same through the oracle, on many shapes. */
+  uint64_t s = case_seed(3, 0);
+  for (uint32_t i = 0; i < 60; i++) {
+    uint32_t W = rnd_in(&s, 1, 16), K = rnd_in(&s, 2, 300);
+    uint32_t N = pick_N(&s, K, W);
+    run_filled("all-equal", case_seed(3, i + 1), W, K, N, Bs[i % 3],
+               Is[i % 4], 3, rnd_in(&s, 1, 2 * K), fill_equal, &k);
+  }
+  print_counts("all equal", &k);
+  ck_assert_uint_gt(k.rescue_rows, 20);
+  ck_assert_uint_gt(k.rescue_changed, 10);
+}
+END_TEST
+
+/* Ties exactly at the K-th value: every rank has a few distinct values
+ * above v, a run of v, and values below. */
+static uint32_t g_ties_above;
+static void fill_ties_kth(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
+  uint32_t len = c->sh.max_local;
+  uint16_t *x = row_of(c, r, t);
+  c->row_end[r][t] = (int32_t)len;
+  /* Half of the values are v = 0x4000 (2.0), the rest below it; then a
+   * few distinct values above v (0x4100..) at random positions. */
+  for (uint32_t l = 0; l < len; l++)
+    x[l] = rnd_below(s, 2) ? 0x4000 : (uint16_t)(0x3000 + rnd_below(s, 0x100));
+  for (uint32_t j = 0; j < g_ties_above; j++)
+    x[rnd_below(s, len)] = (uint16_t)(0x4100 + r * 64 + j % 64);
+  (void)t;
+}
+
+START_TEST(test_ties_at_kth) {
+  counts k = {0};
+  uint64_t s = case_seed(4, 0);
+  for (uint32_t i = 0; i < 80; i++) {
+    uint32_t W = rnd_in(&s, 2, 16), K = rnd_in(&s, 8, 512);
+    uint32_t N = pick_N(&s, K, W);
+    /* Fewer than K values above v in all, so the K-th key is a v. */
+    g_ties_above = rnd_in(&s, 0, (K - 1) / W);
+    /* About W * max_local / 2 >= K + W copies of v. */
+    run_filled("ties-at-kth", case_seed(4, i + 1), W, K, N, Bs[i % 3],
+               Is[i % 4], 2, rnd_in(&s, 2 * K / W + 2, 2 * K + 2),
+               fill_ties_kth, &k);
+  }
+  print_counts("ties at K-th", &k);
+  ck_assert_uint_gt(k.rescue_rows, 10);
+  ck_assert_uint_gt(k.rescue_changed, 5);
+  ck_assert_uint_gt(k.no_rescue_rows, 10);
+}
+END_TEST
+
+static void fill_special(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
+  uint32_t len = rnd_in(s, 0, c->sh.max_local);
+  uint16_t *x = row_of(c, r, t);
+  c->row_end[r][t] = (int32_t)len;
+  uint32_t mode = t % 4;
+  for (uint32_t l = 0; l < len; l++) {
+    if (mode == 0) /* only +-0 */
+      x[l] = rnd_below(s, 2) ? 0x0000 : 0x8000;
+    else if (mode == 1) /* only NaNs and -inf */
+      x[l] = rnd_below(s, 3) ? specials[rnd_below(s, 4)] : 0xFF80;
+    else if (mode == 2) /* the whole zoo */
+      x[l] = specials[rnd_below(s, NSPECIALS)];
+    else /* NaN everywhere */
+      x[l] = specials[rnd_below(s, 4)];
+  }
+}
+
+/* Hand-checked: -0 on rank 0 against +0 on rank 1: +0 wins despite its
+ * higher rank; NaN is never selected; -inf is. */
+START_TEST(test_special_values) {
+  static const uint16_t r0[] = {0x8000, 0x7FC0, 0x8000, 0xFF80};
+  static const uint16_t r1[] = {0xFFC1, 0x0000, 0x7F81};
+  tcall c;
+  tcall_init(&c, 2, 1, 3, 1, 1, 1, 4, 4, 1);
+  memcpy(row_of(&c, 0, 0), r0, sizeof(r0));
+  memcpy(row_of(&c, 1, 0), r1, sizeof(r1));
+  c.row_end[0][0] = 4;
+  c.row_end[1][0] = 3;
+  for (uint32_t r = 0; r < 2; r++)
+    for (uint32_t b = 0; b < 4; b++)
+      c.bt[r][b] = (int32_t)(10 * r + b);
+  const uint16_t *lg[2] = {c.logits[0], c.logits[1]};
+  const int32_t *re[2] = {c.row_end[0], c.row_end[1]};
+  int32_t ro[3], ids[3], valid;
+  uint32_t sat;
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, 4, re, 0, c.req_id[0], c.bt[0],
+                                 1, 4, ro, &valid, ids, &sat, NULL),
+                   0);
+  /* Top-3: +0 (1,1), -0 (0,0), -0 (0,2); -inf (0,3) is 4th. */
+  ck_assert_int_eq(valid, 2);
+  ck_assert_int_eq(ro[0], 0);
+  ck_assert_int_eq(ro[1], 2);
+  ck_assert_int_eq(ro[2], -1);
+  ck_assert_int_eq(ids[0], 0); /* (0,0): 0 */
+  ck_assert_int_eq(ids[1], 4); /* (0,2): 2*2 */
+  ck_assert_int_eq(ids[2], 3); /* (1,1): 1*2 + 1 */
+  /* S1 = {(0,0) -0, (1,1) +0}: count 2 < K, both full ranks saturated. */
+  ck_assert_uint_eq(sat, 0x3u << 16);
+  tcall_free(&c);
+
+  counts k = {0};
+  uint64_t s = case_seed(5, 0);
+  for (uint32_t i = 0; i < 80; i++) {
+    uint32_t W = rnd_in(&s, 1, 16), K = rnd_in(&s, 2, 200);
+    uint32_t N = pick_N(&s, K, W);
+    run_filled("special", case_seed(5, i + 1), W, K, N, Bs[i % 3], Is[i % 4],
+               4, rnd_in(&s, 1, 3 * K), fill_special, &k);
+  }
+  print_counts("special values", &k);
+  ck_assert_uint_gt(k.rescue_rows, 10);
+}
+END_TEST
+
+/* Empty rows and rows shorter than N: no rank is ever full, so no rescue
+ * can run. */
+static void fill_short(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
+  uint32_t len = t == 0 ? 0 : rnd_below(s, c->sh.local_topk);
+  uint16_t *x = row_of(c, r, t);
+  c->row_end[r][t] = (int32_t)len;
+  for (uint32_t l = 0; l < len; l++)
+    x[l] = rnd_below(s, 2) ? (uint16_t)splitmix64(s) : 0x3F80;
+}
+
+START_TEST(test_short_rows) {
+  counts k = {0};
+  uint64_t s = case_seed(6, 0);
+  for (uint32_t i = 0; i < 80; i++) {
+    uint32_t W = rnd_in(&s, 1, 16), K = rnd_in(&s, 2, 600);
+    uint32_t N = pick_N(&s, K, W);
+    run_filled("short", case_seed(6, i + 1), W, K, N, Bs[i % 3], Is[i % 4], 3,
+               N + 5, fill_short, &k);
+  }
+  print_counts("empty/short rows", &k);
+  ck_assert_msg(k.rescue_rows == 0,
+                "a rescue ran in %" PRIu64 " rows where no list is full",
+                k.rescue_rows);
+
+  /* All rows empty: nothing selected, sat_word 0. */
+  tcall c;
+  tcall_init(&c, 3, 2, 10, 4, 1, 1, 8, 8, 1);
+  const uint16_t *lg[3] = {c.logits[0], c.logits[1], c.logits[2]};
+  const int32_t *re[3] = {c.row_end[0], c.row_end[1], c.row_end[2]};
+  int32_t ro[20], ids[20], valid[2];
+  uint32_t sat[2] = {1, 1};
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, 2, lg, 8, re, 2, c.req_id[2], c.bt[2],
+                                 1, 8, ro, valid, ids, sat, NULL),
+                   0);
+  for (int t = 0; t < 2; t++) {
+    ck_assert_int_eq(valid[t], 0);
+    ck_assert_uint_eq(sat[t], 0);
+  }
+  for (int i = 0; i < 20; i++) {
+    ck_assert_int_eq(ro[i], -1);
+    ck_assert_int_eq(ids[i], -1);
+  }
+  tcall_free(&c);
+}
+END_TEST
+
+/* Every rank saturated: K >= W*N and every rank has at least N elements. */
+static void fill_full(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
+  uint32_t len = rnd_in(s, c->sh.local_topk, c->sh.max_local);
+  uint16_t *x = row_of(c, r, t);
+  c->row_end[r][t] = (int32_t)len;
+  for (uint32_t l = 0; l < len; l++)
+    x[l] = random_finite(s);
+}
+
+START_TEST(test_all_saturated) {
+  counts k = {0};
+  uint64_t s = case_seed(7, 0);
+  for (uint32_t i = 0; i < 60; i++) {
+    uint32_t W = rnd_in(&s, 1, 16), N = rnd_in(&s, 1, 40);
+    uint32_t K = rnd_in(&s, W * N < 2 ? 2 : W * N, W * N + 50);
+    if (K <= N)
+      K = N + 1;
+    uint64_t before = k.saturated;
+    run_filled("all-saturated", case_seed(7, i + 1), W, K, N, Bs[i % 3],
+               Is[i % 4], 3, rnd_in(&s, N, 3 * K), fill_full, &k);
+    /* Every row must have had every rank saturated. */
+    ck_assert_msg(k.saturated - before == 3u * W,
+                  "case %u (W=%u K=%u N=%u): %" PRIu64 " saturated ranks in 3 "
+                  "rows, want %u",
+                  i, W, K, N, k.saturated - before, 3u * W);
+  }
+  print_counts("all saturated", &k);
+  ck_assert_msg(k.rescue_rows == k.rows, "rescue ran in %" PRIu64 " of %" PRIu64
+                " rows", k.rescue_rows, k.rows);
+
+  /* And through sat_word directly: mask = all ranks. */
+  tcall c;
+  tcall_init(&c, 5, 1, 15, 3, 1, 1, 10, 10, 1);
+  for (uint32_t r = 0; r < 5; r++) {
+    c.row_end[r][0] = 10;
+    for (uint32_t l = 0; l < 10; l++)
+      row_of(&c, r, 0)[l] = (uint16_t)(0x3F80 + 16 * l + r);
+  }
+  const uint16_t *lg[5];
+  const int32_t *re[5];
+  for (int r = 0; r < 5; r++) {
+    lg[r] = c.logits[r];
+    re[r] = c.row_end[r];
+    for (uint32_t b = 0; b < 10; b++)
+      c.bt[r][b] = (int32_t)b;
+  }
+  int32_t ro[15], valid;
+  uint32_t sat;
+  dcpx_ref_stats st = {0, 0, 0};
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, 10, re, 4, c.req_id[4], c.bt[4],
+                                 1, 10, ro, &valid, NULL, &sat, &st),
+                   0);
+  /* Values grow with l, so each list is l = 7, 8, 9; S1 is all 15 of
+   * them, the K-th (worst) is rank 0's l = 7. Round 2 gives the same 15. */
+  ck_assert_uint_eq(sat, (0x1Fu << 16) | spec_ord16(0x3F80 + 16 * 7));
+  ck_assert_uint_eq(st.saturated, 5);
+  ck_assert_int_eq(valid, 3);
+  ck_assert_int_eq(ro[0], 7);
+  ck_assert_int_eq(ro[1], 8);
+  ck_assert_int_eq(ro[2], 9);
+  tcall_free(&c);
+}
+END_TEST
+
+/* One rank holds the whole top-K, with N < K: it must be rescued. */
+static uint32_t g_hot_rank;
+static void fill_one_rank(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
+  uint32_t len = c->sh.max_local;
+  uint16_t *x = row_of(c, r, t);
+  c->row_end[r][t] = (int32_t)len;
+  for (uint32_t l = 0; l < len; l++)
+    x[l] = r == g_hot_rank ? (uint16_t)(0x4400 + rnd_below(s, 0x40))
+                           : (uint16_t)(0x4000 + rnd_below(s, 0x100));
+  (void)t;
+}
+
+START_TEST(test_one_rank_holds_topk) {
+  counts k = {0};
+  uint64_t s = case_seed(8, 0);
+  for (uint32_t i = 0; i < 50; i++) {
+    uint32_t W = rnd_in(&s, 2, 16), K = rnd_in(&s, 2, 1024);
+    uint32_t N = pick_N(&s, K, W);
+    g_hot_rank = rnd_below(&s, W);
+    uint32_t rows = 2;
+    run_filled("one-rank", case_seed(8, i + 1), W, K, N, Bs[i % 3], Is[i % 4],
+               rows, rnd_in(&s, K, K + 200), fill_one_rank, &k);
+    /* Every row rescued. */
+    ck_assert_msg(k.rescue_rows == k.rows,
+                  "case %u: rescue ran in %" PRIu64 " of %" PRIu64 " rows", i,
+                  k.rescue_rows, k.rows);
+  }
+  print_counts("one rank holds top-K", &k);
+  /* The hot rank holds K > N of the top-K: S1 always misses some. */
+  ck_assert_msg(k.rescue_changed == k.rows,
+                "rescue changed the result in %" PRIu64 " of %" PRIu64 " rows",
+                k.rescue_changed, k.rows);
+
+  /* Hand-checked: W=3, K=8, N=2, rank 1 holds the 8 best at l = 2..9. */
+  tcall c;
+  tcall_init(&c, 3, 1, 8, 2, 4, 1, 12, 12, 1);
+  for (uint32_t r = 0; r < 3; r++) {
+    c.row_end[r][0] = 12;
+    for (uint32_t l = 0; l < 12; l++)
+      row_of(&c, r, 0)[l] =
+          (r == 1 && l >= 2 && l < 10) ? (uint16_t)(0x4400 + l) : 0x3F80;
+    for (uint32_t b = 0; b < 3; b++)
+      c.bt[r][b] = (int32_t)(100 + b);
+  }
+  const uint16_t *lg[3] = {c.logits[0], c.logits[1], c.logits[2]};
+  const int32_t *re[3] = {c.row_end[0], c.row_end[1], c.row_end[2]};
+  int32_t ro[8], ids[8], valid;
+  uint32_t sat;
+  dcpx_ref_stats st = {0, 0, 0};
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, 12, re, 1, c.req_id[1], c.bt[1],
+                                 1, 3, ro, &valid, ids, &sat, &st),
+                   0);
+  ck_assert_int_eq(valid, 8);
+  for (uint32_t i = 0; i < 8; i++) {
+    uint32_t l = 2 + i;
+    ck_assert_int_eq(ro[i], (int32_t)((100 + l / 4) * 4 + l % 4));
+    ck_assert_int_eq(ids[i], (int32_t)(l * 3 + 1));
+  }
+  /* S1 = all 6 listed keys (< K): every full rank saturated. */
+  ck_assert_uint_eq(sat, 0x7u << 16);
+  ck_assert_uint_eq(st.rescue_rows, 1);
+  tcall_free(&c);
+}
+END_TEST
+
+/* Fewer than K elements overall (some ranks full, some not). */
+static void fill_few(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
+  uint32_t W = c->sh.world, K = c->sh.topk;
+  uint32_t len = rnd_below(s, K / W); /* < K / W: fewer than K in all */
+  uint16_t *x = row_of(c, r, t);
+  c->row_end[r][t] = (int32_t)len;
+  for (uint32_t l = 0; l < len; l++)
+    x[l] = rnd_below(s, 10) ? random_finite(s) : specials[rnd_below(s, 8)];
+  (void)t;
+}
+
+START_TEST(test_fewer_than_k) {
+  counts k = {0};
+  uint64_t s = case_seed(9, 0);
+  for (uint32_t i = 0; i < 80; i++) {
+    uint32_t W = rnd_in(&s, 1, 16), K = rnd_in(&s, 2 * W + 2, 2000);
+    uint32_t N = rnd_in(&s, 1, K / W - 1);
+    run_filled("fewer-than-K", case_seed(9, i + 1), W, K, N, Bs[i % 3],
+               Is[i % 4], 3, K / W, fill_few, &k);
+  }
+  print_counts("fewer than K", &k);
+  ck_assert_uint_gt(k.rescue_rows, 20);
+}
+END_TEST
+
+/* Block size > 1 and interleave > 1 on every output. */
+START_TEST(test_blocks_interleave) {
+  counts k = {0};
+  const uint32_t bs[] = {16, 64, 5, 1}, is[] = {2, 3, 64, 7};
+  for (uint32_t i = 0; i < 64; i++) {
+    uint64_t s = case_seed(10, i);
+    uint32_t W = rnd_in(&s, 1, 16), K = rnd_in(&s, 2, 400);
+    uint32_t N = pick_N(&s, K, W), B = bs[i % 4], I = is[(i / 4) % 4];
+    uint32_t rows = rnd_in(&s, 1, 3), max_local = rnd_in(&s, 1, 1500);
+    tcall c;
+    tcall_init(&c, W, rows, K, N, B, I, max_local, max_local + 3,
+               rnd_in(&s, 1, 4));
+    tcall_random_tables(&c, &s);
+    fill_random(&c, &s, 1, D_BITS);
+    check_call(&c, "blocks/interleave", case_seed(10, i), &k);
+    tcall_free(&c);
+  }
+  print_counts("blocks/interleave", &k);
+}
+END_TEST
+
+/* ---- error paths -------------------------------------------------------- */
+
+START_TEST(test_errors) {
+  tcall c;
+  uint64_t s = case_seed(11, 0);
+  tcall_init(&c, 3, 2, 16, 4, 8, 2, 64, 64, 2);
+  tcall_random_tables(&c, &s);
+  for (uint32_t t = 0; t < 2; t++)
+    for (uint32_t r = 0; r < 3; r++) {
+      c.row_end[r][t] = 64;
+      for (uint32_t l = 0; l < 64; l++)
+        row_of(&c, r, t)[l] = random_finite(&s);
+    }
+  const uint16_t *lg[3] = {c.logits[0], c.logits[1], c.logits[2]};
+  const int32_t *re[3] = {c.row_end[0], c.row_end[1], c.row_end[2]};
+  int32_t ro[32], ids[32], valid[2];
+  uint32_t sat[2];
+  dcpx_ref_stats st = {7, 8, 9};
+  const dcpx_shape *sh = &c.sh;
+  int32_t *bt = c.bt[0], *rq = c.req_id[0];
+
+#define CALL(shp, rows, lgp, stride, rep, rank, rqp, btp, btr, btc, rop, vp)   \
+  dcpx_ref_call(shp, rows, lgp, stride, rep, rank, rqp, btp, btr, btc, rop,    \
+                vp, ids, sat, &st)
+
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid), 0);
+  st = (dcpx_ref_stats){7, 8, 9};
+  /* rank >= W */
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 3, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 16, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
+  /* rows > shape rows */
+  ck_assert_int_eq(CALL(sh, 3, lg, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_RANGE);
+  /* NULL pointers */
+  ck_assert_int_eq(CALL(NULL, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(CALL(sh, 2, NULL, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, NULL, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, NULL, bt, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, NULL, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 8, NULL, valid),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, NULL),
+                   DCPX_E_INVAL);
+  {
+    const uint16_t *lg2[3] = {lg[0], NULL, lg[2]};
+    const int32_t *re2[3] = {re[0], re[1], NULL};
+    ck_assert_int_eq(CALL(sh, 2, lg2, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                     DCPX_E_INVAL);
+    ck_assert_int_eq(CALL(sh, 2, lg, 64, re2, 0, rq, bt, 2, 8, ro, valid),
+                     DCPX_E_INVAL);
+  }
+  /* A bad shape. */
+  {
+    dcpx_shape bad = c.sh;
+    bad.local_topk = bad.topk;
+    ck_assert_int_eq(CALL(&bad, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                     DCPX_E_INVAL);
+    bad = c.sh;
+    bad.world = 17;
+    ck_assert_int_eq(CALL(&bad, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                     DCPX_E_LIMIT);
+    bad = c.sh;
+    bad.size = 4;
+    ck_assert_int_eq(CALL(&bad, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                     DCPX_E_INVAL);
+  }
+  /* row_end over max_local, negative, over the stride (rank 2, row 1). */
+  c.row_end[2][1] = 65;
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_RANGE);
+  c.row_end[2][1] = -1;
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_RANGE);
+  c.row_end[2][1] = INT32_MIN;
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_RANGE);
+  /* A row beyond `rows` is not read. */
+  ck_assert_int_eq(CALL(sh, 1, lg, 64, re, 0, rq, bt, 2, 8, ro, valid), 0);
+  st = (dcpx_ref_stats){7, 8, 9};
+  c.row_end[2][1] = 64;
+  ck_assert_int_eq(CALL(sh, 2, lg, 32, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_RANGE);
+
+  /* Table errors: make rank 0 own elements of row 0 (its values best). */
+  for (uint32_t l = 0; l < 64; l++)
+    row_of(&c, 0, 0)[l] = 0x7F00;
+  int32_t rq_bad[2] = {2, 0}, rq_neg[2] = {-1, 0};
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq_bad, bt, 2, 8, ro, valid),
+                   DCPX_E_RANGE);
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq_neg, bt, 2, 8, ro, valid),
+                   DCPX_E_RANGE);
+  /* A table too narrow for the selected l (l / B >= bt_cols). */
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 1, ro, valid),
+                   DCPX_E_RANGE);
+  /* A negative block, and a KV row beyond int32. */
+  {
+    int32_t bt2[16];
+    for (int i = 0; i < 16; i++)
+      bt2[i] = -1;
+    int32_t rq0[2] = {0, 0};
+    ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq0, bt2, 2, 8, ro, valid),
+                     DCPX_E_RANGE);
+    for (int i = 0; i < 16; i++)
+      bt2[i] = INT32_MAX / 4; /* * B=8 overflows */
+    ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq0, bt2, 2, 8, ro, valid),
+                     DCPX_E_RANGE);
+    /* A failed row writes none of its outputs. */
+    for (int i = 0; i < 32; i++)
+      ro[i] = SENTINEL;
+    valid[0] = SENTINEL;
+    ck_assert_int_eq(CALL(sh, 1, lg, 64, re, 0, rq0, bt2, 2, 8, ro, valid),
+                     DCPX_E_RANGE);
+    for (int i = 0; i < 16; i++)
+      ck_assert_int_eq(ro[i], SENTINEL);
+    ck_assert_int_eq(valid[0], SENTINEL);
+  }
+  /* ret_stats is left untouched by every failure above. */
+  ck_assert_uint_eq(st.rows, 7);
+  ck_assert_uint_eq(st.rescue_rows, 8);
+  ck_assert_uint_eq(st.saturated, 9);
+  /* ... and accumulated, not overwritten, on success. */
+  ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid), 0);
+  ck_assert_uint_eq(st.rows, 9);
+  /* rows == 0 is a no-op. */
+  ck_assert_int_eq(CALL(sh, 0, lg, 64, re, 0, rq, bt, 2, 8, ro, valid), 0);
+  ck_assert_uint_eq(st.rows, 9);
+#undef CALL
+  tcall_free(&c);
+
+  /* dcpx_ref_local_list. */
+  uint16_t x[4] = {1, 2, 3, 4};
+  uint32_t w[8];
+  ck_assert_int_eq(dcpx_ref_local_list(NULL, 4, 2, w), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_local_list(NULL, 0, 2, w), 0);
+  ck_assert_int_eq(dcpx_ref_local_list(x, 4, 2, NULL), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_local_list(x, 4, 0, w), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_local_list(x, 4, 4097, w), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_local_list(x, DCPX_MAX_LOCAL + 1, 2, w),
+                   DCPX_E_LIMIT);
+}
+END_TEST
+
+/* ---- dcpx_ref_local_list against its oracle ----------------------------- */
+
+/* Section 3: the cap best non-NaN elements in ascending l, then zeros,
+ * with the bit-16 plane, row_words(cap) words. */
+static uint32_t oracle_local_list(const uint16_t *x, uint32_t len,
+                                  uint32_t cap, uint64_t *keys,
+                                  uint32_t *words) {
+  uint32_t n = 0;
+  for (uint32_t l = 0; l < len; l++)
+    if (o_rank[x[l]] >= 0)
+      keys[n++] = okey((uint32_t)o_rank[x[l]], 0, l);
+  qsort(keys, n, sizeof(keys[0]), cmp_u64);
+  uint32_t m = n < cap ? n : cap;
+  uint32_t *ls = xcalloc(m, sizeof(uint32_t));
+  for (uint32_t i = 0; i < m; i++)
+    ls[i] = okey_l(keys[i]);
+  qsort(ls, m, sizeof(ls[0]), cmp_u32);
+  uint32_t rw = cap + (cap + 31) / 32;
+  rw = (rw + 3) / 4 * 4;
+  memset(words, 0, rw * sizeof(uint32_t));
+  for (uint32_t j = 0; j < m; j++) {
+    words[j] = (spec_ord16(x[ls[j]]) << 16) | (ls[j] & 0xFFFFu);
+    if (ls[j] >> 16)
+      words[cap + j / 32] |= 1u << (j % 32);
+  }
+  free(ls);
+  return m;
+}
+
+START_TEST(test_local_list) {
+  uint16_t *x = xcalloc(DCPX_MAX_LOCAL, sizeof(uint16_t));
+  uint64_t *keys = xcalloc(DCPX_MAX_LOCAL, sizeof(uint64_t));
+  uint32_t *want = xcalloc(4224 + 8, sizeof(uint32_t));
+  uint32_t *got = xcalloc(4224 + 8, sizeof(uint32_t));
+  uint32_t hi = 0;
+  for (uint32_t i = 0; i < 400; i++) {
+    uint64_t seed = case_seed(12, i + 1), s = seed;
+    uint32_t cap = rnd_below(&s, 4) ? rnd_in(&s, 1, 300) : rnd_in(&s, 1, 4096);
+    uint32_t len = i < 6 ? DCPX_MAX_LOCAL - rnd_below(&s, 3)
+                         : rnd_in(&s, 0, rnd_below(&s, 3) ? 2 * cap : 5000);
+    gen g;
+    gen_init(&g, &s, (enum dist)rnd_below(&s, D_NDIST), 1);
+    for (uint32_t l = 0; l < len; l++)
+      x[l] = gen_value(&g, &s, 0);
+    uint32_t rw = dcpx_row_words(cap);
+    for (uint32_t j = 0; j < rw + 8; j++)
+      got[j] = 0xCCCCCCCCu; /* stale words must be cleared */
+    int n = dcpx_ref_local_list(x, len, cap, got);
+    uint32_t m = oracle_local_list(x, len, cap, keys, want);
+    EXPECT(n == (int)m,
+           "seed=0x%" PRIx64 " len=%u cap=%u: %d entries, want %u", seed, len,
+           cap, n, m);
+    for (uint32_t j = 0; j < rw; j++)
+      EXPECT(got[j] == want[j],
+             "seed=0x%" PRIx64 " len=%u cap=%u: word %u = 0x%08x, want "
+             "0x%08x",
+             seed, len, cap, j, got[j], want[j]);
+    for (uint32_t j = rw; j < rw + 8; j++)
+      EXPECT(got[j] == 0xCCCCCCCCu,
+             "seed=0x%" PRIx64 " cap=%u: wrote word %u past row_words", seed,
+             cap, j);
+    for (uint32_t j = 0; j < m; j++)
+      hi += (want[cap + j / 32] >> (j % 32)) & 1u;
+  }
+  ck_assert_msg(hi > 0, "no list entry with l >= 2^16 was tested");
+  free(x);
+  free(keys);
+  free(want);
+  free(got);
+}
+END_TEST
+
+/* ---- the selection core (merge.h) --------------------------------------- */
+
+/* Sort oracle of dcpx__select + dcpx__sel_next: key i (0 = empty) is in the
+ * top-k iff it is among the first k non-empty keys sorted by (ord desc,
+ * i asc). */
+START_TEST(test_select) {
+  uint16_t *ord = xcalloc(6000, sizeof(uint16_t));
+  uint64_t *keys = xcalloc(6000, sizeof(uint64_t));
+  uint8_t *in = xcalloc(6000, 1);
+  for (uint32_t i = 0; i < 3000; i++) {
+    uint64_t seed = case_seed(13, i), s = seed;
+    uint32_t n = rnd_below(&s, 4) ? rnd_in(&s, 0, 300) : rnd_in(&s, 0, 6000);
+    uint32_t k = rnd_in(&s, 1, n + 10);
+    uint32_t mode = rnd_below(&s, 5), zeros = rnd_below(&s, 4);
+    uint16_t pal[4];
+    for (int j = 0; j < 4; j++)
+      pal[j] = (uint16_t)(1 + rnd_below(&s, 0xFFFF));
+    for (uint32_t j = 0; j < n; j++) {
+      uint16_t v;
+      if (mode == 0)
+        v = (uint16_t)splitmix64(&s);
+      else if (mode == 1)
+        v = pal[rnd_below(&s, 4)];
+      else if (mode == 2) /* ties within one high-byte bucket */
+        v = (uint16_t)(0x8000 + rnd_below(&s, 4));
+      else if (mode == 3) /* ties across bucket boundaries */
+        v = (uint16_t)(0x80FE + rnd_below(&s, 4));
+      else /* small keys, bucket 0 */
+        v = (uint16_t)rnd_below(&s, 300);
+      if (zeros && rnd_below(&s, 4) == 0)
+        v = 0;
+      ord[j] = v;
+    }
+    uint32_t nz = 0;
+    for (uint32_t j = 0; j < n; j++)
+      if (ord[j])
+        keys[nz++] = ((uint64_t)(0xFFFFu - ord[j]) << 32) | j;
+    qsort(keys, nz, sizeof(keys[0]), cmp_u64);
+    memset(in, 0, n);
+    uint32_t m = nz < k ? nz : k, T = 0, take = 0;
+    for (uint32_t j = 0; j < m; j++)
+      in[(uint32_t)keys[j]] = 1;
+    if (nz >= k) {
+      T = ord[(uint32_t)keys[k - 1]];
+      for (uint32_t j = 0; j < k; j++)
+        take += ord[(uint32_t)keys[j]] == T;
+    }
+    dcpx__sel sel;
+    dcpx__select(ord, n, k, &sel);
+    EXPECT(sel.count == m && sel.T == T && sel.take == take,
+           "seed=0x%" PRIx64 " n=%u k=%u: (T 0x%x, take %u, count %u), want "
+           "(0x%x, %u, %u)",
+           seed, n, k, sel.T, sel.take, sel.count, T, take, m);
+    dcpx__sel_iter it;
+    dcpx__sel_iter_init(&it, &sel);
+    uint32_t cnt = 0;
+    for (uint32_t j = 0; j < n; j++) {
+      int got = dcpx__sel_next(&it, ord[j]);
+      EXPECT(got == in[j],
+             "seed=0x%" PRIx64 " n=%u k=%u: key %u (ord 0x%x): selected %d, "
+             "want %d",
+             seed, n, k, j, ord[j], got, in[j]);
+      cnt += (uint32_t)got;
+    }
+    EXPECT(cnt == m, "seed=0x%" PRIx64 ": %u selected, want %u", seed, cnt,
+           m);
+  }
+  free(ord);
+  free(keys);
+  free(in);
+}
+END_TEST
+
+/* dcpx__round1's mask and sat_word (and dcpx__finish without a rescue)
+ * against the definition, on arbitrary lists (not necessarily any logits'
+ * local top-N): full lists, short lists, ties across ranks, l >= 2^16. */
+START_TEST(test_round1) {
+  uint32_t *words = xcalloc((size_t)16 * 4224, sizeof(uint32_t));
+  uint64_t *keys = xcalloc((size_t)16 * 4096, sizeof(uint64_t));
+  uint32_t sat_cases = 0, unsat_cases = 0;
+  for (uint32_t i = 0; i < 1500; i++) {
+    uint64_t seed = case_seed(14, i), s = seed;
+    uint32_t W = rnd_in(&s, 1, 16);
+    uint32_t K = rnd_below(&s, 8) ? rnd_in(&s, 2, 200) : rnd_in(&s, 2, 4096);
+    uint32_t N = pick_N(&s, K, W), rw = dcpx_row_words(N);
+    uint32_t nvals = rnd_below(&s, 2) ? 3 : 0xFFFF;
+    uint32_t base = 1 + rnd_below(&s, 0xFFFF - (nvals == 3 ? 3 : 0));
+    const uint32_t *lists[DCPX_MAX_WORLD];
+    uint32_t cnt[DCPX_MAX_WORLD], n = 0;
+    memset(words, 0, sizeof(uint32_t) * W * rw);
+    for (uint32_t r = 0; r < W; r++) {
+      uint32_t *w = words + (size_t)r * rw;
+      lists[r] = w;
+      cnt[r] = rnd_below(&s, 3) ? N : rnd_in(&s, 0, N);
+      uint32_t l = rnd_below(&s, 4) ? 0 : 60000;
+      for (uint32_t j = 0; j < cnt[r]; j++) {
+        l += 1 + rnd_below(&s, 3);
+        uint32_t o = nvals == 3 ? base + rnd_below(&s, 3)
+                                : 1 + rnd_below(&s, 0xFFFF);
+        w[j] = (o << 16) | (l & 0xFFFFu);
+        if (l >> 16)
+          w[N + j / 32] |= 1u << (j % 32);
+        /* flat order: rank, then position in the list (ascending l) */
+        keys[n++] = ((uint64_t)(0xFFFFu - o) << 32) | ((uint64_t)r << 24) |
+                    j;
+      }
+    }
+    qsort(keys, n, sizeof(keys[0]), cmp_u64);
+    uint32_t s1 = n < K ? n : K, in_s1[DCPX_MAX_WORLD] = {0}, mask = 0;
+    for (uint32_t j = 0; j < s1; j++)
+      in_s1[(keys[j] >> 24) & 0xFFu]++;
+    for (uint32_t r = 0; r < W; r++)
+      if (cnt[r] == N && in_s1[r] == N)
+        mask |= 1u << r;
+    uint32_t want_sw =
+        (mask << 16) | (s1 == K ? 0xFFFFu - (uint32_t)(keys[K - 1] >> 32) : 0);
+
+    dcpx_shape sh = DCPX_SHAPE_INIT;
+    sh.world = W;
+    sh.topk = K;
+    sh.local_topk = N;
+    dcpx__merge_ws ws;
+    ck_assert_int_eq(dcpx__merge_ws_init(&ws, &sh), 0);
+    dcpx__sel sel;
+    uint32_t sw = 0;
+    uint32_t got = dcpx__round1(&ws, lists, &sel, &sw);
+    EXPECT(got == mask && sw == want_sw && sel.count == s1,
+           "seed=0x%" PRIx64 " W=%u K=%u N=%u: mask 0x%x sat_word 0x%x "
+           "count %u, want 0x%x 0x%x %u",
+           seed, W, K, N, got, sw, sel.count, mask, want_sw, s1);
+    /* No rescue: the final selection is S1 in (r, l) order. */
+    dcpx__finish(&ws, &sel, 0, lists);
+    EXPECT(ws.nsel == s1, "seed=0x%" PRIx64 ": nsel %u, want %u", seed,
+           ws.nsel, s1);
+    /* Sort S1 by flat position, i.e. (r, j). */
+    for (uint32_t j = 0; j < s1; j++)
+      keys[j] &= 0xFFFFFFFFu;
+    qsort(keys, s1, sizeof(keys[0]), cmp_u64);
+    for (uint32_t j = 0; j < s1; j++) {
+      uint32_t r = (uint32_t)(keys[j] >> 24) & 0xFFu, p = keys[j] & 0xFFFFFFu;
+      const uint32_t *w = lists[r];
+      uint32_t l = (w[p] & 0xFFFFu) | (((w[N + p / 32] >> (p % 32)) & 1u) << 16);
+      EXPECT(ws.sel_r[j] == r && ws.sel_l[j] == l,
+             "seed=0x%" PRIx64 " W=%u K=%u N=%u: S1[%u] = (%u, %u), want "
+             "(%u, %u)",
+             seed, W, K, N, j, ws.sel_r[j], ws.sel_l[j], r, l);
+    }
+    dcpx__merge_ws_free(&ws);
+    if (mask)
+      sat_cases++;
+    else
+      unsat_cases++;
+  }
+  printf("check_ref: round1 lists: %u with a saturated rank, %u without\n",
+         sat_cases, unsat_cases);
+  fflush(stdout);
+  ck_assert_uint_gt(sat_cases, 100);
+  ck_assert_uint_gt(unsat_cases, 100);
+  free(words);
+  free(keys);
+}
+END_TEST
+
+/* The oracle's own order agrees with DESIGN.md's ord16 (so the oracle and
+ * the spec describe the same order; check_wire tests the library's). */
+START_TEST(test_oracle_order) {
+  ck_assert_uint_eq(o_nvalues, 65536u - 254u);
+  for (uint32_t i = 1; i < o_nvalues; i++)
+    EXPECT(spec_ord16(o_bits[i - 1]) < spec_ord16(o_bits[i]),
+           "oracle order disagrees with ord16 at 0x%04x, 0x%04x",
+           o_bits[i - 1], o_bits[i]);
+  ck_assert_int_eq(o_rank[0x0000], o_rank[0x8000] + 1);
+}
+END_TEST
+
+/* ---- main --------------------------------------------------------------- */
+
+static Suite *ref_suite(void) {
+  Suite *s = suite_create("ref");
+  TCase *tc;
+
+  tc = tcase_create("core");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_oracle_order);
+  tcase_add_test(tc, test_select);
+  tcase_add_test(tc, test_round1);
+  tcase_add_test(tc, test_local_list);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("random");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_random_small);
+  tcase_add_test(tc, test_random_large);
+  tcase_add_test(tc, test_blocks_interleave);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("adversarial");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_all_equal);
+  tcase_add_test(tc, test_ties_at_kth);
+  tcase_add_test(tc, test_special_values);
+  tcase_add_test(tc, test_short_rows);
+  tcase_add_test(tc, test_all_saturated);
+  tcase_add_test(tc, test_one_rank_holds_topk);
+  tcase_add_test(tc, test_fewer_than_k);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("errors");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_errors);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  const char *e = getenv("DCPX_TEST_SEED");
+  if (e && *e)
+    g_seed = strtoull(e, NULL, 0);
+  e = getenv("DCPX_TEST_REPLAY");
+  if (e && *e)
+    g_replay = strtoull(e, NULL, 0);
+  e = getenv("DCPX_TEST_SCALE");
+  if (e && *e)
+    g_scale = (uint32_t)strtoul(e, NULL, 10);
+  oracle_init(); /* before the forks: every test inherits it */
+  printf("check_ref: seed 0x%" PRIx64 " scale %u%% (DCPX_TEST_SEED, "
+         "DCPX_TEST_SCALE)\n",
+         g_seed, g_scale);
+  fflush(stdout);
+  SRunner *sr = srunner_create(ref_suite());
+  srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,601 @@
+/* check_wire.c - unit tests of the order, the wire words, the epochs, the
+ * global ids, the shape limits and the error table (DESIGN.md sections 1-4;
+ * common/wire.c).
+ *
+ * Every expectation here comes from DESIGN.md or from an independent model
+ * (e.g. the float value of a bf16, obtained by widening it to float32), never
+ * from re-running the code under test.
+ *
+ * Environment: DCPX_TEST_SEED (hex or decimal) replaces the base seed of the
+ * randomised tests; the seed is printed in every failure message.
+ */
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcpx.h"
+#include "merge.h"
+
+static uint64_t g_seed = 0xD0C9A11CE5EEDull;
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* ck_assert_msg records a checkpoint (a write to Check's pipe) on every
+ * passing assertion; in hot loops we only call into Check on failure. */
+#define EXPECT(cond, ...)                                                      \
+  do {                                                                         \
+    if (!(cond))                                                               \
+      ck_abort_msg(__VA_ARGS__);                                               \
+  } while (0)
+
+/* Uniform in [0, n). */
+static uint32_t rnd_below(uint64_t *s, uint32_t n) {
+  return (uint32_t)(((splitmix64(s) >> 32) * (uint64_t)n) >> 32);
+}
+
+/* The float value of bf16 bits: the high half of a float32. */
+static float bf16_to_float(uint32_t b) {
+  uint32_t u = (b & 0xFFFFu) << 16;
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+/* ---- the order (section 2) ---------------------------------------------- */
+
+START_TEST(test_ord16_bijection_and_nan) {
+  static uint8_t seen[65536];
+  memset(seen, 0, sizeof(seen));
+  for (uint32_t b = 0; b < 65536; b++) {
+    uint32_t o = dcpx_ord16(b);
+    EXPECT(o <= 0xFFFFu, "ord16(0x%04x) = 0x%x > 0xFFFF", b, o);
+    EXPECT(!seen[o], "ord16 not injective: 0x%04x -> 0x%04x twice", b,
+                  o);
+    seen[o] = 1;
+    /* Bits above 16 are ignored. */
+    EXPECT(dcpx_ord16(b | 0xABCD0000u) == o,
+                  "ord16(0x%04x) depends on high bits", b);
+    int nan = isnan(bf16_to_float(b)) ? 1 : 0;
+    EXPECT(dcpx_bf16_isnan(b) == nan,
+                  "bf16_isnan(0x%04x) = %d, float says %d", b,
+                  dcpx_bf16_isnan(b), nan);
+    EXPECT(dcpx_bf16_isnan(b | 0xFFFF0000u) == nan,
+                  "bf16_isnan(0x%04x) depends on high bits", b);
+    /* The selection key: ord16, or 0 for a NaN. */
+    EXPECT(dcpx__key_of_bf16(b) == (nan ? 0u : o),
+                  "key_of_bf16(0x%04x) = 0x%x, want 0x%x", b,
+                  dcpx__key_of_bf16(b), nan ? 0u : o);
+    if (!nan)
+      EXPECT(o >= 0x007Fu, "non-NaN 0x%04x has ord16 0x%04x < 0x7F", b,
+                    o);
+  }
+  /* Extremes: -inf is the lowest non-NaN key (exactly 0x7F), +inf the
+   * highest (0xFF80); the NaNs sit outside [0x7F, 0xFF80]. */
+  ck_assert_uint_eq(dcpx_ord16(0xFF80u), 0x007Fu);
+  ck_assert_uint_eq(dcpx_ord16(0x7F80u), 0xFF80u);
+  ck_assert_int_eq(dcpx_bf16_isnan(0x7F80u), 0);
+  ck_assert_int_eq(dcpx_bf16_isnan(0xFF80u), 0);
+  ck_assert_int_eq(dcpx_bf16_isnan(0x7F81u), 1);
+  ck_assert_int_eq(dcpx_bf16_isnan(0xFFC0u), 1);
+  ck_assert_int_eq(dcpx_bf16_isnan(0x7FFFu), 1);
+  ck_assert_int_eq(dcpx_bf16_isnan(0xFFFFu), 1);
+}
+END_TEST
+
+/* Walking the keys upwards visits the non-NaN values in strictly increasing
+ * float order, except that -0 comes immediately before +0. */
+START_TEST(test_ord16_monotonic) {
+  static uint32_t inv[65536];
+  for (uint32_t b = 0; b < 65536; b++)
+    inv[dcpx_ord16(b)] = b;
+  int have_prev = 0;
+  uint32_t prev = 0, n = 0;
+  for (uint32_t o = 0; o < 65536; o++) {
+    uint32_t b = inv[o];
+    if (isnan(bf16_to_float(b)))
+      continue;
+    n++;
+    if (have_prev) {
+      float fp = bf16_to_float(prev), fc = bf16_to_float(b);
+      if (prev == 0x8000u) {
+        EXPECT(b == 0x0000u,
+                      "-0 (ord 0x%04x) is followed by 0x%04x, not +0", o - 1,
+                      b);
+        EXPECT(fp == fc, "-0 != +0 as floats");
+      } else {
+        EXPECT(fp < fc,
+                      "not increasing: ord 0x%04x bits 0x%04x (%g) then "
+                      "bits 0x%04x (%g)",
+                      o, prev, (double)fp, b, (double)fc);
+      }
+    }
+    prev = b;
+    have_prev = 1;
+  }
+  ck_assert_uint_eq(n, 65536u - 2u * 127u); /* 254 NaN patterns */
+  /* -0 just below +0. */
+  ck_assert_uint_eq(dcpx_ord16(0x8000u) + 1u, dcpx_ord16(0x0000u));
+  ck_assert_uint_eq(dcpx_ord16(0x0000u), 0x8000u);
+  ck_assert_uint_eq(dcpx_ord16(0x8000u), 0x7FFFu);
+  /* Largest negative denormal just below -0, smallest positive just above
+   * +0. */
+  ck_assert_uint_eq(dcpx_ord16(0x8001u) + 1u, dcpx_ord16(0x8000u));
+  ck_assert_uint_eq(dcpx_ord16(0x0001u), dcpx_ord16(0x0000u) + 1u);
+}
+END_TEST
+
+/* Random pairs: ord16 order agrees with the float order (with -0 < +0). */
+START_TEST(test_ord16_pairs) {
+  uint64_t s = g_seed ^ 0x11;
+  for (int i = 0; i < 200000; i++) {
+    uint32_t a = (uint32_t)splitmix64(&s) & 0xFFFFu;
+    uint32_t b = (uint32_t)splitmix64(&s) & 0xFFFFu;
+    float fa = bf16_to_float(a), fb = bf16_to_float(b);
+    if (isnan(fa) || isnan(fb))
+      continue;
+    int want;
+    if (fa != fb)
+      want = fa > fb ? 1 : -1;
+    else if (a == b)
+      want = 0;
+    else /* +0 vs -0 */
+      want = (a == 0x0000u) ? 1 : -1;
+    uint32_t oa = dcpx_ord16(a), ob = dcpx_ord16(b);
+    int got = oa > ob ? 1 : oa < ob ? -1 : 0;
+    EXPECT(got == want,
+                  "seed=0x%" PRIx64 " i=%d: 0x%04x vs 0x%04x: ord says %d, "
+                  "float says %d",
+                  g_seed, i, a, b, got, want);
+  }
+}
+END_TEST
+
+/* ---- row_words (section 3) ---------------------------------------------- */
+
+START_TEST(test_row_words) {
+  for (uint32_t c = 1; c <= DCPX_MAX_TOPK; c++) {
+    uint32_t need = c + (c + 31) / 32;
+    uint32_t rw = dcpx_row_words(c);
+    EXPECT(rw >= need, "row_words(%u) = %u < %u", c, rw, need);
+    EXPECT(rw % 4 == 0, "row_words(%u) = %u not a multiple of 4", c,
+                  rw);
+    EXPECT(rw < need + 4, "row_words(%u) = %u not minimal (need %u)",
+                  c, rw, need);
+    if (c > 1)
+      EXPECT(rw >= dcpx_row_words(c - 1),
+                    "row_words not monotonic at %u", c);
+  }
+  ck_assert_uint_eq(dcpx_row_words(1), 4);
+  ck_assert_uint_eq(dcpx_row_words(3), 4);
+  ck_assert_uint_eq(dcpx_row_words(4), 8);
+  ck_assert_uint_eq(dcpx_row_words(31), 32);
+  ck_assert_uint_eq(dcpx_row_words(32), 36);
+  ck_assert_uint_eq(dcpx_row_words(33), 36);
+  ck_assert_uint_eq(dcpx_row_words(100), 104);
+  ck_assert_uint_eq(dcpx_row_words(2048), 2112);
+  ck_assert_uint_eq(dcpx_row_words(4095), 4224);
+  ck_assert_uint_eq(dcpx_row_words(4096), 4224);
+  ck_assert_uint_eq(dcpx_row_words(0), 0);
+  ck_assert_uint_eq(dcpx_row_words(4097), 0);
+  ck_assert_uint_eq(dcpx_row_words(UINT32_MAX), 0);
+}
+END_TEST
+
+/* ---- word encode/decode (section 3) ------------------------------------- */
+
+START_TEST(test_word_roundtrip) {
+  uint64_t s = g_seed ^ 0x22;
+  static uint32_t words[4224 + 8], ords[4096], ls[4096];
+  uint32_t caps[64];
+  int ncap = 0;
+  const uint32_t fixed[] = {1, 2, 31, 32, 33, 63, 64, 65, 100, 4095, 4096};
+  for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+    caps[ncap++] = fixed[i];
+  while (ncap < 64)
+    caps[ncap++] = 1 + rnd_below(&s, DCPX_MAX_TOPK);
+
+  for (int ci = 0; ci < ncap; ci++) {
+    uint32_t c = caps[ci], rw = dcpx_row_words(c);
+    /* Guard words after the list must stay untouched. */
+    for (uint32_t i = 0; i < rw + 8; i++)
+      words[i] = i < rw ? 0 : 0xDEADBEEFu;
+    for (uint32_t j = 0; j < c; j++) {
+      ords[j] = 1 + rnd_below(&s, 0xFFFF);
+      switch (rnd_below(&s, 4)) {
+      case 0:
+        ls[j] = rnd_below(&s, 1u << 16); /* plane bit 0 */
+        break;
+      case 1:
+        ls[j] = (1u << 16) + rnd_below(&s, 1u << 16); /* plane bit 1 */
+        break;
+      case 2:
+        ls[j] = (j & 1) ? (1u << 17) - 1 : 0xFFFFu;
+        break;
+      default:
+        ls[j] = rnd_below(&s, 1u << 17);
+      }
+      int rc = dcpx_word_encode(words, c, j, ords[j], ls[j]);
+      EXPECT(rc == 0, "encode(c=%u, j=%u, 0x%x, %u) = %d", c, j, ords[j],
+             ls[j], rc);
+    }
+    for (uint32_t j = 0; j < c; j++) {
+      EXPECT(words[j] == ((ords[j] << 16) | (ls[j] & 0xFFFFu)),
+                    "seed=0x%" PRIx64 " c=%u j=%u: word 0x%08x, want 0x%08x",
+                    g_seed, c, j, words[j], (ords[j] << 16) | (ls[j] & 0xFFFFu));
+      uint32_t bit = (words[c + j / 32] >> (j % 32)) & 1u;
+      EXPECT(bit == (ls[j] >> 16),
+                    "seed=0x%" PRIx64 " c=%u j=%u l=%u: plane bit %u", g_seed,
+                    c, j, ls[j], bit);
+      uint32_t o = 0, l = 0;
+      int rc = dcpx_word_decode(words, c, j, &o, &l);
+      EXPECT(rc == 1, "decode(c=%u, j=%u) = %d", c, j, rc);
+      EXPECT(o == ords[j] && l == ls[j],
+                    "seed=0x%" PRIx64 " c=%u j=%u: decoded (0x%x, %u), want "
+                    "(0x%x, %u)",
+                    g_seed, c, j, o, l, ords[j], ls[j]);
+    }
+    for (uint32_t i = c + (c + 31) / 32; i < rw; i++)
+      EXPECT(words[i] == 0, "c=%u: padding word %u = 0x%x", c, i,
+                    words[i]);
+    for (uint32_t i = rw; i < rw + 8; i++)
+      EXPECT(words[i] == 0xDEADBEEFu, "c=%u: wrote past row_words", c);
+
+    /* Re-encoding an entry with bit 16 clear clears the plane bit and
+     * leaves the neighbours alone. */
+    uint32_t j = rnd_below(&s, c);
+    ck_assert_int_eq(dcpx_word_encode(words, c, j, 0x1234, (1u << 16) | 7),
+                     0);
+    ck_assert_int_eq(dcpx_word_encode(words, c, j, 0x4321, 9), 0);
+    uint32_t o = 0, l = 0;
+    ck_assert_int_eq(dcpx_word_decode(words, c, j, &o, &l), 1);
+    ck_assert_uint_eq(o, 0x4321);
+    ck_assert_uint_eq(l, 9);
+    for (uint32_t k = 0; k < c; k++) {
+      if (k == j)
+        continue;
+      int rc = dcpx_word_decode(words, c, k, &o, &l);
+      EXPECT(rc == 1, "decode(c=%u, k=%u) = %d", c, k, rc);
+      EXPECT(o == ords[k] && l == ls[k],
+                    "c=%u: re-encoding j=%u changed entry %u", c, j, k);
+    }
+  }
+}
+END_TEST
+
+START_TEST(test_word_decode_empty) {
+  uint32_t words[36];
+  memset(words, 0, sizeof(words));
+  /* An empty word, even with its plane bit set, is empty; the outputs are
+   * not written. */
+  words[32] = 0xFFFFFFFFu;
+  for (uint32_t j = 0; j < 32; j++) {
+    uint32_t o = 0xAAAA, l = 0xBBBB;
+    ck_assert_int_eq(dcpx_word_decode(words, 32, j, &o, &l), 0);
+    ck_assert_uint_eq(o, 0xAAAA);
+    ck_assert_uint_eq(l, 0xBBBB);
+  }
+  /* NULL outputs are allowed. */
+  ck_assert_int_eq(dcpx_word_encode(words, 32, 5, 0x8000, 70000), 0);
+  ck_assert_int_eq(dcpx_word_decode(words, 32, 5, NULL, NULL), 1);
+  uint32_t l = 0;
+  ck_assert_int_eq(dcpx_word_decode(words, 32, 5, NULL, &l), 1);
+  ck_assert_uint_eq(l, 70000);
+  /* The smallest legal entry: ord 1, l 0. */
+  ck_assert_int_eq(dcpx_word_encode(words, 32, 6, 1, 0), 0);
+  ck_assert_uint_eq(words[6], 0x00010000u);
+}
+END_TEST
+
+START_TEST(test_word_bad_args) {
+  uint32_t words[4224];
+  uint32_t o = 0x5555, l = 0x6666;
+  memset(words, 0, sizeof(words));
+  ck_assert_int_eq(dcpx_word_encode(NULL, 8, 0, 1, 0), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_encode(words, 8, 8, 1, 0), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_encode(words, 8, UINT32_MAX, 1, 0),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_encode(words, 0, 0, 1, 0), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_encode(words, 4097, 0, 1, 0), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_encode(words, 8, 0, 0, 0), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_encode(words, 8, 0, 0x10000, 0), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_encode(words, 8, 0, 1, 1u << 17), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_encode(words, 8, 0, 1, UINT32_MAX),
+                   DCPX_E_INVAL);
+  for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+    EXPECT(words[i] == 0, "a failed encode wrote word %zu", i);
+  ck_assert_int_eq(dcpx_word_encode(words, 8, 7, 0xFFFF, (1u << 17) - 1), 0);
+  ck_assert_int_eq(dcpx_word_encode(words, 4096, 4095, 1, 0), 0);
+
+  ck_assert_int_eq(dcpx_word_decode(NULL, 8, 0, &o, &l), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_decode(words, 8, 8, &o, &l), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_decode(words, 0, 0, &o, &l), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_word_decode(words, 4097, 0, &o, &l), DCPX_E_INVAL);
+  ck_assert_uint_eq(o, 0x5555);
+  ck_assert_uint_eq(l, 0x6666);
+}
+END_TEST
+
+/* ---- epochs (section 4) ------------------------------------------------- */
+
+/* What we found: next() never yields 0 from any epoch a rank can hold
+ * (0 and 1..0xFFFFFFFE), and its parity flips on every step, the wrap
+ * included: 0xFFFFFFFE (even) -> 1 (odd) skips both 0xFFFFFFFF and 0, an
+ * even number of values. 0xFFFFFFFF itself is unreachable; DESIGN.md's
+ * formula maps it to 0 (e + 1), and we do not test that value. */
+START_TEST(test_epoch_next) {
+  ck_assert_uint_eq(dcpx_epoch_next(0), 1);
+  ck_assert_uint_eq(dcpx_epoch_next(1), 2);
+  ck_assert_uint_eq(dcpx_epoch_next(0x7FFFFFFFu), 0x80000000u);
+  ck_assert_uint_eq(dcpx_epoch_next(0xFFFFFFFDu), 0xFFFFFFFEu);
+  ck_assert_uint_eq(dcpx_epoch_next(0xFFFFFFFEu), 1);
+
+  /* Walk across the wrap. */
+  uint32_t e = 0xFFFFFF00u;
+  int wraps = 0;
+  for (int i = 0; i < 1000; i++) {
+    uint32_t n = dcpx_epoch_next(e);
+    EXPECT(n != 0, "next(0x%08x) = 0", e);
+    EXPECT(n != 0xFFFFFFFFu, "next(0x%08x) = 0xFFFFFFFF", e);
+    EXPECT((n & 1u) != (e & 1u), "parity kept: 0x%08x -> 0x%08x", e, n);
+    EXPECT(n == (e == 0xFFFFFFFEu ? 1u : e + 1u),
+                  "next(0x%08x) = 0x%08x, not DESIGN's formula", e, n);
+    if (n < e)
+      wraps++;
+    e = n;
+  }
+  ck_assert_int_eq(wraps, 1);
+
+  /* Random epochs in the reachable range. */
+  uint64_t s = g_seed ^ 0x33;
+  for (int i = 0; i < 100000; i++) {
+    uint32_t x = 1 + rnd_below(&s, 0xFFFFFFFEu); /* 1..0xFFFFFFFE */
+    uint32_t n = dcpx_epoch_next(x);
+    EXPECT(n != 0 && (n & 1u) != (x & 1u),
+                  "seed=0x%" PRIx64 ": next(0x%08x) = 0x%08x", g_seed, x, n);
+  }
+}
+END_TEST
+
+/* ---- global ids (section 2) --------------------------------------------- */
+
+START_TEST(test_gid) {
+  ck_assert_int_eq(dcpx_gid(0, 0, 1, 1), 0);
+  ck_assert_int_eq(dcpx_gid(5, 0, 1, 1), 5);
+  ck_assert_int_eq(dcpx_gid(5, 1, 2, 1), 11);
+  /* W=4, I=64: l=70 is block 1 (offset 6) of rank 1: 1*256 + 64 + 6. */
+  ck_assert_int_eq(dcpx_gid(70, 1, 4, 64), 326);
+  /* W=2, I=3: rank 0 holds 0,1,2,6,7,8,..., rank 1 3,4,5,9,... */
+  const int64_t r0[] = {0, 1, 2, 6, 7, 8, 12}, r1[] = {3, 4, 5, 9, 10, 11, 15};
+  for (uint32_t l = 0; l < 7; l++) {
+    ck_assert_int_eq(dcpx_gid(l, 0, 2, 3), r0[l]);
+    ck_assert_int_eq(dcpx_gid(l, 1, 2, 3), r1[l]);
+  }
+  ck_assert_int_eq(dcpx_gid((1u << 17) - 1, 15, 16, 1),
+                   ((int64_t)(1 << 17) - 1) * 16 + 15);
+
+  ck_assert_int_eq(dcpx_gid(0, 0, 0, 1), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_gid(0, 0, 1, 0), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_gid(0, 2, 2, 1), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_gid(0, 16, 16, 1), DCPX_E_INVAL);
+
+  /* Formula on random inputs, and a bijection of {r} x [0, M) onto
+   * [0, W*M) when I divides M. */
+  uint64_t s = g_seed ^ 0x44;
+  const uint32_t ils[] = {1, 2, 3, 64};
+  static uint8_t hit[16 * 64 * 40];
+  for (int rep = 0; rep < 200; rep++) {
+    uint32_t W = 1 + rnd_below(&s, 16), I = ils[rnd_below(&s, 4)];
+    uint32_t M = I * (1 + rnd_below(&s, 40 * 64 / I));
+    if (M > 64 * 40)
+      M = 64 * 40 / I * I;
+    memset(hit, 0, (size_t)W * M);
+    for (uint32_t r = 0; r < W; r++)
+      for (uint32_t l = 0; l < M; l++) {
+        int64_t g = dcpx_gid(l, r, W, I);
+        int64_t want = (int64_t)(l / I) * I * W + (int64_t)r * I + l % I;
+        EXPECT(g == want,
+                      "seed=0x%" PRIx64 " gid(l=%u, r=%u, W=%u, I=%u) = "
+                      "%" PRId64 ", want %" PRId64,
+                      g_seed, l, r, W, I, g, want);
+        EXPECT(g >= 0 && g < (int64_t)W * M && !hit[g],
+                      "gid not a bijection: W=%u I=%u M=%u g=%" PRId64, W, I,
+                      M, g);
+        hit[g] = 1;
+      }
+  }
+}
+END_TEST
+
+/* ---- shape limits (section 1) ------------------------------------------- */
+
+static dcpx_shape good_shape(void) {
+  dcpx_shape s = DCPX_SHAPE_INIT;
+  s.world = 8;
+  s.rows = 64;
+  s.topk = 2048;
+  s.local_topk = 512;
+  s.block_size = 64;
+  s.interleave = 1;
+  s.max_local = 1u << 17;
+  return s;
+}
+
+START_TEST(test_shape_check) {
+  dcpx_shape s = DCPX_SHAPE_INIT;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0); /* the default is valid */
+  ck_assert_uint_eq(s.size, sizeof(dcpx_shape));
+
+  s = good_shape();
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  ck_assert_int_eq(dcpx_shape_check(NULL), DCPX_E_INVAL);
+
+  s = good_shape();
+  s.size = sizeof(dcpx_shape) - 4;
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
+  s.size = 0;
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
+
+  /* World. */
+  const uint32_t worlds[] = {0, 1, 16, 17, 1000};
+  const int wcode[] = {DCPX_E_INVAL, 0, 0, DCPX_E_LIMIT, DCPX_E_LIMIT};
+  for (int i = 0; i < 5; i++) {
+    s = good_shape();
+    s.world = worlds[i];
+    EXPECT(dcpx_shape_check(&s) == wcode[i], "world %u: %d, want %d",
+                  worlds[i], dcpx_shape_check(&s), wcode[i]);
+  }
+  /* N >= K. */
+  s = good_shape();
+  s.local_topk = s.topk;
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
+  s.local_topk = s.topk + 1;
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
+  s.local_topk = s.topk - 1;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  s.topk = 2;
+  s.local_topk = 1;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  s.topk = 1;
+  s.local_topk = 1;
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
+  /* K. */
+  s = good_shape();
+  s.topk = 4096;
+  s.local_topk = 4095;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  s.topk = 4097;
+  s.local_topk = 100;
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_LIMIT);
+  /* max_local. */
+  s = good_shape();
+  s.max_local = (1u << 17) + 1;
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_LIMIT);
+  s.max_local = 1u << 17;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  s.max_local = 1;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  /* rows. */
+  s = good_shape();
+  s.rows = DCPX_MAX_ROWS;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  s.rows = DCPX_MAX_ROWS + 1;
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_LIMIT);
+  /* The extremes together: W=16, I large, max_local 2^17. */
+  s = good_shape();
+  s.world = 16;
+  s.interleave = 1u << 17;
+  ck_assert_int_eq(dcpx_shape_check(&s), 0);
+  /* Zero fields. */
+  for (int f = 0; f < 7; f++) {
+    s = good_shape();
+    uint32_t *fld[] = {&s.world,      &s.rows,       &s.topk,     &s.local_topk,
+                       &s.block_size, &s.interleave, &s.max_local};
+    *fld[f] = 0;
+    EXPECT(dcpx_shape_check(&s) == DCPX_E_INVAL,
+                  "zero field %d: %d, want DCPX_E_INVAL", f,
+                  dcpx_shape_check(&s));
+  }
+}
+END_TEST
+
+/* ---- errors ------------------------------------------------------------- */
+
+START_TEST(test_strerror) {
+  struct {
+    const char *name;
+    int value;
+    const char *msg;
+  } tab[] = {
+#define ROW(name, value, msg) {#name, value, msg},
+      DCPX_ERROR_TABLE(ROW)
+#undef ROW
+  };
+  size_t n = sizeof(tab) / sizeof(tab[0]);
+  ck_assert_uint_ge(n, 20);
+  for (size_t i = 0; i < n; i++) {
+    const char *m = dcpx_strerror(tab[i].value);
+    EXPECT(m != NULL, "%s: NULL", tab[i].name);
+    EXPECT(strcmp(m, tab[i].msg) == 0, "%s (%d): \"%s\", want \"%s\"",
+                  tab[i].name, tab[i].value, m, tab[i].msg);
+    EXPECT(tab[i].value <= 0, "%s is positive", tab[i].name);
+    for (size_t j = 0; j < i; j++) {
+      EXPECT(tab[i].value != tab[j].value, "%s and %s share %d",
+                    tab[i].name, tab[j].name, tab[i].value);
+      EXPECT(strcmp(tab[i].msg, tab[j].msg) != 0,
+                    "%s and %s share the text \"%s\"", tab[i].name,
+                    tab[j].name, tab[i].msg);
+    }
+  }
+  /* Unknown codes: a generic text, never NULL. */
+  const int unknown[] = {1, 42, 12345, -4096, -100000, INT32_MIN, INT32_MAX};
+  for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
+    const char *m = dcpx_strerror(unknown[i]);
+    EXPECT(m != NULL && *m, "strerror(%d) empty", unknown[i]);
+    EXPECT(strcmp(m, "unknown dcpx error") == 0,
+                  "strerror(%d) = \"%s\"", unknown[i], m);
+  }
+  /* A negative errno outside the table gets its errno text. */
+  const char *m = dcpx_strerror(-11);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_str_eq(m, strerror(11));
+  /* Codes in dcpx's own range but not in the table: never NULL. */
+  for (int c = -1013; c > -1100; c--) {
+    m = dcpx_strerror(c);
+    EXPECT(m != NULL && *m, "strerror(%d) empty", c);
+  }
+  ck_assert_str_eq(dcpx_version(), DCPX_VERSION_STRING);
+}
+END_TEST
+
+/* ---- main --------------------------------------------------------------- */
+
+static Suite *wire_suite(void) {
+  Suite *s = suite_create("wire");
+  TCase *tc;
+
+  tc = tcase_create("order");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_ord16_bijection_and_nan);
+  tcase_add_test(tc, test_ord16_monotonic);
+  tcase_add_test(tc, test_ord16_pairs);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("words");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_row_words);
+  tcase_add_test(tc, test_word_roundtrip);
+  tcase_add_test(tc, test_word_decode_empty);
+  tcase_add_test(tc, test_word_bad_args);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("misc");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_epoch_next);
+  tcase_add_test(tc, test_gid);
+  tcase_add_test(tc, test_shape_check);
+  tcase_add_test(tc, test_strerror);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  const char *e = getenv("DCPX_TEST_SEED");
+  if (e && *e)
+    g_seed = strtoull(e, NULL, 0);
+  printf("check_wire: seed 0x%" PRIx64 " (set DCPX_TEST_SEED to change)\n",
+         g_seed);
+  fflush(stdout);
+  SRunner *sr = srunner_create(wire_suite());
+  srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,816 @@
+/* test_kernels.c - the CUDA push and merge against the CPU reference, bit
+ * for bit, with W ranks as W streams of one process on ONE GPU.
+ *
+ * For every case and call: every rank's push on its stream, then every
+ * rank's merge on its stream (the merge grids capped so that all of them
+ * are resident together), wait (bounded), and compare each rank's rows_out,
+ * valid_out, ids_out and sat_word with dcpx_ref_call (common/ref.c). After
+ * the last call of a case the per-row epochs, seq2 and stats of every
+ * workspace are checked against what the calls must have left.
+ *
+ * The matrix: random and adversarial rows (all equal, few distinct values,
+ * ties at the K-th value, NaN/inf/-0/+0, sorted, all NaN, empty rows, rows
+ * shorter than N, one rank holding the whole top-K, every rank saturated,
+ * fewer than K elements), W in {1,2,3,8,16}, N in {1,31,100,512} (and the
+ * global-memory fallback shapes), K in {64,2048,4096}, lengths up to
+ * 131072, B > 1, I > 1, misaligned logits and odd strides, capped grids;
+ * epochs and seq2 started just below the wrap and run 40 calls through
+ * it; the fault hook (a rank stalls past the timeout: the others record,
+ * alarm, fail and end) and an abort (the others end at once), each followed
+ * by a recovery and exact calls.
+ *
+ * Prints one line per case and "gpu-exact: P/T cases"; exits 0 only if all
+ * are exact. DCPX_TEST_SEED overrides the base seed; DCPX_TEST_ONLY=<substr>
+ * runs only cases whose name contains it.
+ */
+#include <math.h>
+#include <pthread.h>
+
+#include "gpu_group.h"
+
+/* ---- PRNG and bf16 -------------------------------------------------------- */
+
+static uint64_t g_seed = 0xDC9C0FFEE5EEDull;
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static uint32_t rnd_below(uint64_t *s, uint32_t n) {
+  return n ? (uint32_t)(((splitmix64(s) >> 32) * (uint64_t)n) >> 32) : 0;
+}
+
+static double rnd_unit(uint64_t *s) {
+  return (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double rnd_normal(uint64_t *s) {
+  double u = rnd_unit(s), v = rnd_unit(s);
+  if (u < 1e-300)
+    u = 1e-300;
+  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+    return 0x7FC0;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* ---- data ------------------------------------------------------------------ */
+
+enum gen {
+  G_RANDOM,
+  G_FEWVALS,  /* a handful of values: ties everywhere, at the K-th too */
+  G_ALLEQ,    /* one value on every rank */
+  G_SPECIAL,  /* NaN payloads, +-inf, -0/+0, extremes, denormals */
+  G_DOMINANT, /* one rank far above the others: it holds the top-K */
+  G_INTS,     /* small integers: heavy ties */
+  G_ALLNAN,   /* no candidates at all */
+  G_DESC,     /* descending with l (top at the start, bf16 ties) */
+  G_ASC,      /* ascending with l (top at the end) */
+  G_TIEK,     /* few large values per rank, the rest one tied value */
+  NGEN,
+  G_MIX = 100 /* row t of call c uses gen (t + c) % NGEN */
+};
+
+static const char *gen_name(int gen) {
+  static const char *n[] = {"random", "fewvals", "alleq", "special",
+                            "dominant", "ints", "allnan", "desc",
+                            "asc", "tiek"};
+  return gen == G_MIX ? "mix" : n[gen];
+}
+
+enum lenmode { LEN_FULL, LEN_MIX };
+
+static const uint16_t specials[] = {
+    0x7FC0, 0xFFC0, 0x7F81, 0xFFFF, 0x7FFF, /* NaNs */
+    0x7F80, 0xFF80,                         /* +-inf */
+    0x0000, 0x8000,                         /* +-0 */
+    0x7F7F, 0xFF7F, 0x0001, 0x8001, 0x0080, 0x3F80, 0xBF80};
+
+static uint16_t gen_value(int gen, uint64_t *s, uint32_t r, uint32_t l,
+                          uint32_t dom, uint32_t K, uint32_t W, uint32_t len) {
+  switch (gen) {
+  case G_RANDOM:
+    return f2bf((float)(rnd_normal(s) * 3.0));
+  case G_FEWVALS: {
+    static const float v[] = {1.0f, 0.5f, -2.0f, 1.0078125f, 3.0f};
+    uint32_t x = rnd_below(s, 100);
+    return f2bf(v[x < 50 ? 0 : x < 75 ? 1 : x < 90 ? 2 : x < 97 ? 3 : 4]);
+  }
+  case G_ALLEQ:
+    return 0x3F80;
+  case G_SPECIAL:
+    if (rnd_below(s, 10) < 4)
+      return specials[rnd_below(s, sizeof(specials) / sizeof(specials[0]))];
+    return f2bf((float)rnd_normal(s));
+  case G_DOMINANT:
+    return f2bf((float)(rnd_normal(s) + (r == dom ? 60.0 : 0.0)));
+  case G_INTS:
+    return f2bf((float)((int)rnd_below(s, 9) - 4));
+  case G_ALLNAN:
+    return (uint16_t)(0x7F81 + rnd_below(s, 0x7E)) |
+           (uint16_t)(rnd_below(s, 2) << 15);
+  case G_DESC:
+    return f2bf(100.0f - 0.01f * (float)l);
+  case G_ASC:
+    return f2bf(-100.0f + 0.01f * (float)l);
+  case G_TIEK:
+    /* about K / 2W large values per rank: the K-th value is the tie */
+    if (rnd_below(s, len) < K / (2 * W) + 1)
+      return f2bf((float)(10.0 + rnd_normal(s)));
+    return 0x3F80;
+  }
+  return 0;
+}
+
+typedef struct tcase {
+  const char *name;
+  uint32_t W, N, K, max_local, rows, B, I;
+  int gen, lenmode;
+  uint32_t calls;
+  uint32_t max_blocks; /* 0: automatic */
+  uint32_t lofs;       /* logits pointer misalignment, elements */
+  uint32_t spad;       /* stride = max_local + spad */
+  int rescue;          /* 1: must rescue, 0: don't care, -1: must not */
+  uint32_t epoch0;     /* start epochs and seq2 here (0: fresh) */
+} tcase;
+
+/* Fills every rank's rows for call `call`. */
+static void gen_call(gg *g, const tcase *tc, uint64_t seed, uint32_t call) {
+  const uint32_t W = g->W, N = g->sh.local_topk, K = g->sh.topk;
+  const uint32_t ML = g->sh.max_local;
+  uint64_t s = seed ^ ((uint64_t)call * 0x9E3779B97F4A7C15ull);
+  splitmix64(&s);
+  for (uint32_t t = 0; t < g->rows; t++) {
+    int gen = tc->gen == G_MIX ? (int)((t + call) % NGEN) : tc->gen;
+    uint32_t dom = (t * 7 + call) % W;
+    for (uint32_t r = 0; r < W; r++) {
+      uint32_t len = ML;
+      if (tc->lenmode == LEN_MIX) {
+        switch (rnd_below(&s, 8)) {
+        case 0:
+        case 1:
+          len = ML;
+          break;
+        case 2:
+          len = rnd_below(&s, ML + 1);
+          break;
+        case 3:
+          len = rnd_below(&s, N < ML ? N : ML);
+          break;
+        case 4:
+          len = 0;
+          break;
+        case 5:
+          len = N;
+          break;
+        case 6:
+          len = N + 1;
+          break;
+        default:
+          len = K - 1;
+          break;
+        }
+        if (len > ML)
+          len = ML;
+      }
+      g->h_ends[r][t] = (int32_t)len;
+      uint16_t *row = g->h_logits[r] + g->lofs + (uint64_t)t * g->stride;
+      for (uint32_t l = 0; l < len; l++)
+        row[l] = gen_value(gen, &s, r, l, dom, K, W, len);
+      /* past the row end: values that would win if they were read */
+      for (uint64_t l = len; l < g->stride; l++)
+        row[l] = (l & 1) ? 0x7F80 : 0x7F7F;
+    }
+  }
+  for (uint32_t r = 0; r < W; r++) {
+    for (uint32_t t = 0; t < g->rows; t++)
+      g->h_req[r][t] = (int32_t)rnd_below(&s, g->bt_rows);
+    const uint32_t B = g->sh.block_size;
+    uint32_t bmax = (uint32_t)(INT32_MAX / B) - 1;
+    if (bmax > (1u << 20))
+      bmax = 1u << 20;
+    for (size_t i = 0; i < (size_t)g->bt_rows * g->bt_cols; i++)
+      g->h_bt[r][i] = (int32_t)rnd_below(&s, bmax);
+  }
+}
+
+/* ---- the reference, one thread per rank ------------------------------------ */
+
+typedef struct refjob {
+  gg *g;
+  uint32_t r;
+  int32_t *rows, *valid, *ids;
+  uint32_t *sat;
+  dcpx_ref_stats st;
+  int ret;
+  pthread_t th;
+} refjob;
+
+static void *ref_thread(void *p) {
+  refjob *j = (refjob *)p;
+  gg *g = j->g;
+  const uint16_t *lg[DCPX_MAX_WORLD];
+  const int32_t *ends[DCPX_MAX_WORLD];
+  for (uint32_t s = 0; s < g->W; s++) {
+    lg[s] = g->h_logits[s] + g->lofs;
+    ends[s] = g->h_ends[s];
+  }
+  memset(&j->st, 0, sizeof(j->st));
+  j->ret = dcpx_ref_call(&g->sh, g->rows, lg, g->stride, ends, j->r,
+                         g->h_req[j->r], g->h_bt[j->r], g->bt_rows,
+                         g->bt_cols, j->rows, j->valid, j->ids, j->sat,
+                         &j->st);
+  return NULL;
+}
+
+typedef struct refset {
+  refjob job[DCPX_MAX_WORLD];
+} refset;
+
+static void ref_alloc(refset *rs, gg *g) {
+  const size_t nout = (size_t)g->rows * g->sh.topk;
+  memset(rs, 0, sizeof(*rs));
+  for (uint32_t r = 0; r < g->W; r++) {
+    refjob *j = &rs->job[r];
+    j->g = g;
+    j->r = r;
+    j->rows = (int32_t *)calloc(nout, 4);
+    j->ids = (int32_t *)calloc(nout, 4);
+    j->valid = (int32_t *)calloc(g->rows, 4);
+    j->sat = (uint32_t *)calloc(g->rows, 4);
+    if (!j->rows || !j->ids || !j->valid || !j->sat) {
+      fprintf(stderr, "%s:%d: out of host memory\n", __FILE__, __LINE__);
+      _exit(2);
+    }
+  }
+}
+
+static void ref_free(refset *rs, uint32_t W) {
+  for (uint32_t r = 0; r < W; r++) {
+    free(rs->job[r].rows);
+    free(rs->job[r].ids);
+    free(rs->job[r].valid);
+    free(rs->job[r].sat);
+  }
+}
+
+static int ref_run(refset *rs, gg *g) {
+  for (uint32_t r = 0; r < g->W; r++)
+    if (pthread_create(&rs->job[r].th, NULL, ref_thread, &rs->job[r])) {
+      fprintf(stderr, "%s:%d: pthread_create failed\n", __FILE__, __LINE__);
+      _exit(2);
+    }
+  int ret = 0;
+  for (uint32_t r = 0; r < g->W; r++) {
+    pthread_join(rs->job[r].th, NULL);
+    if (rs->job[r].ret < 0) {
+      fprintf(stderr, "  reference failed for rank %u: %d (%s)\n", r,
+              rs->job[r].ret, dcpx_strerror(rs->job[r].ret));
+      ret = -1;
+    }
+  }
+  return ret;
+}
+
+/* ---- comparison -------------------------------------------------------------- */
+
+/* Compares rank r's GPU outputs of rows [0, rows) with the reference; a
+ * row listed in `lenient` may instead be a failed row (valid -1, all -1).
+ * Returns the number of mismatching rows (details for the first few). */
+static uint32_t compare_rank(gg *g, const refjob *j, uint32_t r,
+                             const char *what, uint32_t call,
+                             const uint8_t *lenient, uint32_t *ret_failed) {
+  const uint32_t K = g->sh.topk;
+  uint32_t bad = 0, failed = 0;
+  static uint32_t printed;
+  for (uint32_t t = 0; t < g->rows; t++) {
+    const int32_t *gr = g->g_rows[r] + (size_t)t * K;
+    const int32_t *gi = g->g_ids[r] + (size_t)t * K;
+    const int32_t *rr = j->rows + (size_t)t * K;
+    const int32_t *ri = j->ids + (size_t)t * K;
+    if (lenient && lenient[t] && g->g_valid[r][t] == -1) {
+      int allneg = 1;
+      for (uint32_t i = 0; i < K; i++)
+        allneg &= gr[i] == -1 && gi[i] == -1;
+      if (allneg) {
+        failed++;
+        continue;
+      }
+    }
+    const char *field = NULL;
+    uint32_t idx = 0;
+    int64_t got = 0, want = 0;
+    if (g->g_valid[r][t] != j->valid[t]) {
+      field = "valid_out";
+      got = g->g_valid[r][t];
+      want = j->valid[t];
+    } else if (g->g_sat[r][t] != j->sat[t]) {
+      field = "sat_word";
+      got = g->g_sat[r][t];
+      want = j->sat[t];
+    } else {
+      for (uint32_t i = 0; i < K && !field; i++) {
+        if (gr[i] != rr[i]) {
+          field = "rows_out";
+          idx = i;
+          got = gr[i];
+          want = rr[i];
+        } else if (gi[i] != ri[i]) {
+          field = "ids_out";
+          idx = i;
+          got = gi[i];
+          want = ri[i];
+        }
+      }
+    }
+    if (field) {
+      bad++;
+      if (printed < 12) {
+        printed++;
+        printf("  MISMATCH %s call %u rank %u row %u: %s[%u] = %" PRId64
+               " (0x%" PRIx64 "), want %" PRId64 " (0x%" PRIx64
+               "); valid %d/%d sat 0x%08x/0x%08x row_end %d\n",
+               what, call, r, t, field, idx, got, (uint64_t)got, want,
+               (uint64_t)want, g->g_valid[r][t], j->valid[t], g->g_sat[r][t],
+               j->sat[t], g->h_ends[r][t]);
+      }
+    }
+  }
+  if (ret_failed)
+    *ret_failed = failed;
+  return bad;
+}
+
+/* ---- the cases ----------------------------------------------------------------- */
+
+static const tcase cases[] = {
+    /* name, W, N, K, max_local, rows, B, I, gen, len, calls, mb, lofs, spad,
+       rescue, epoch0 */
+    {"w1-n1-k64", 1, 1, 64, 1000, 8, 1, 1, G_MIX, LEN_MIX, 3, 0, 0, 0, 1, 0},
+    {"w1-n31-k64-b16", 1, 31, 64, 4096, 8, 16, 1, G_MIX, LEN_MIX, 2, 0, 1, 3,
+     1, 0},
+    {"w2-n31-k64-short", 2, 31, 64, 300, 12, 4, 2, G_MIX, LEN_MIX, 3, 0, 0, 1,
+     0, 0},
+    {"w2-n100-k2048-allsat", 2, 100, 2048, 5000, 8, 64, 1, G_RANDOM, LEN_FULL,
+     2, 0, 0, 0, 1, 0},
+    {"w3-n100-k2048-mix", 3, 100, 2048, 16384, 10, 16, 4, G_MIX, LEN_MIX, 2,
+     0, 3, 5, 1, 0},
+    {"w3-n31-k4096-len131072", 3, 31, 4096, 131072, 4, 64, 2, G_MIX,
+     LEN_FULL, 2, 0, 5, 1, 1, 0},
+    {"w8-n512-k2048-random", 8, 512, 2048, 16384, 16, 64, 1, G_RANDOM,
+     LEN_FULL, 2, 0, 0, 0, -1, 0},
+    {"w8-n512-k2048-mix-65536", 8, 512, 2048, 65536, 10, 64, 1, G_MIX,
+     LEN_MIX, 2, 0, 0, 8, 1, 0},
+    {"w8-n512-k4096-len131072", 8, 512, 4096, 131072, 4, 64, 2, G_MIX,
+     LEN_FULL, 2, 0, 1, 0, 1, 0},
+    {"w8-n512-k2048-alleq", 8, 512, 2048, 8192, 6, 64, 1, G_ALLEQ, LEN_FULL,
+     2, 0, 0, 0, 1, 0},
+    {"w8-n512-k2048-dominant", 8, 512, 2048, 16384, 8, 64, 1, G_DOMINANT,
+     LEN_FULL, 2, 0, 0, 0, 1, 0},
+    {"w8-n512-k2048-tiek", 8, 512, 2048, 16384, 8, 64, 1, G_TIEK, LEN_FULL,
+     2, 0, 2, 2, 0, 0},
+    {"w8-n512-k2048-special", 8, 512, 2048, 20000, 8, 64, 1, G_SPECIAL,
+     LEN_MIX, 2, 0, 0, 1, 0, 0},
+    {"w8-n100-k4096-fewerK", 8, 100, 4096, 300, 8, 8, 1, G_MIX, LEN_MIX, 2, 0,
+     0, 0, 1, 0},
+    {"w8-n31-k64-capped", 8, 31, 64, 2048, 24, 4, 2, G_MIX, LEN_MIX, 3, 3, 0,
+     0, 1, 0},
+    {"w16-n1-k64", 16, 1, 64, 2048, 8, 1, 1, G_MIX, LEN_MIX, 2, 0, 0, 0, 1,
+     0},
+    {"w16-n31-k64-ints", 16, 31, 64, 4096, 8, 16, 4, G_INTS, LEN_FULL, 2, 0,
+     0, 0, 0, 0},
+    {"w16-n100-k2048-allsat", 16, 100, 2048, 8192, 6, 64, 1, G_MIX, LEN_FULL,
+     2, 0, 0, 0, 1, 0},
+    {"w16-n512-k2048-mix", 16, 512, 2048, 16384, 8, 64, 2, G_MIX, LEN_MIX, 2,
+     0, 0, 0, 1, 0},
+    {"w16-n512-k4096-mix", 16, 512, 4096, 32768, 6, 64, 1, G_MIX, LEN_MIX, 2,
+     0, 7, 3, 1, 0},
+    /* W lists larger than the merge's shared-memory budget: the words are
+     * re-read from the LL slots. */
+    {"w16-n2047-k4096-global", 16, 2047, 4096, 8192, 4, 64, 1, G_MIX,
+     LEN_MIX, 2, 0, 0, 0, 1, 0},
+    {"w16-n4095-k4096-global-alleq", 16, 4095, 4096, 4200, 3, 16, 1, G_ALLEQ,
+     LEN_FULL, 2, 0, 0, 0, 1, 0},
+    {"w16-n4095-k4096-global-mix", 16, 4095, 4096, 12000, 4, 16, 3, G_MIX,
+     LEN_MIX, 2, 0, 0, 0, 1, 0},
+    /* epochs and seq2 through the wrap: 0xFFFFFFF0 + 40 calls */
+    {"wrap-w4-n64-k256", 4, 64, 256, 4096, 6, 16, 1, G_MIX, LEN_MIX, 40, 0, 0,
+     0, 1, 0xFFFFFFF0u},
+    {"wrap-w8-n512-k2048", 8, 512, 2048, 8192, 4, 64, 1, G_DOMINANT,
+     LEN_FULL, 40, 2, 0, 0, 1, 0xFFFFFFF0u},
+};
+
+static const char *g_only;
+
+/* Runs one case; returns 1 if exact. */
+static int run_case(const tcase *tc, uint64_t seed) {
+  gg g;
+  refset rs;
+  const double t0 = gg_now();
+  const uint32_t R = tc->rows + 3;
+  gg_init(&g, tc->W, R, tc->rows, tc->N, tc->K, tc->B, tc->I, tc->max_local,
+          (uint64_t)tc->max_local + tc->spad, tc->lofs, 0);
+  const uint32_t mb = tc->max_blocks ? tc->max_blocks : gg_auto_max_blocks(&g);
+  gg_set_max_blocks(&g, mb);
+  ref_alloc(&rs, &g);
+
+  uint32_t *ep = (uint32_t *)calloc(R, 4), *sq = (uint32_t *)calloc(R, 4);
+  uint64_t *calls_t = (uint64_t *)calloc(R, 8), *resc_t = (uint64_t *)calloc(R, 8);
+  uint32_t *buf = (uint32_t *)calloc(R, 4);
+  uint64_t *sbuf = (uint64_t *)calloc(2 * (size_t)R, 8);
+  for (uint32_t t = 0; t < R; t++)
+    ep[t] = sq[t] = tc->epoch0;
+  if (tc->epoch0)
+    for (uint32_t r = 0; r < g.W; r++) {
+      gg_ws_write(&g, r, g.L.off_epoch, ep, 4 * (size_t)R);
+      gg_ws_write(&g, r, g.L.off_seq2, sq, 4 * (size_t)R);
+    }
+
+  uint64_t rescue_rows = 0, total_rows = 0;
+  uint32_t bad = 0;
+  int hung = 0;
+  for (uint32_t call = 0; call < tc->calls && !bad && !hung; call++) {
+    gen_call(&g, tc, seed, call);
+    gg_upload(&g);
+    gg_poison(&g);
+    for (uint32_t r = 0; r < g.W; r++)
+      CK(cudaStreamSynchronize(g.st[r]));
+    const uint64_t tag = ((uint64_t)seed << 16) ^ call;
+    gg_call(&g, tag);
+    if (gg_wait(&g, 60.0, gg_now(), NULL) < 0)
+      hung = 1;
+    CK(cudaGetLastError());
+    gg_download(&g);
+    if (ref_run(&rs, &g) < 0) {
+      bad++;
+      break;
+    }
+    rescue_rows += rs.job[0].st.rescue_rows;
+    total_rows += rs.job[0].st.rows;
+    for (uint32_t r = 0; r < g.W; r++)
+      bad += compare_rank(&g, &rs.job[r], r, tc->name, call, NULL, NULL);
+    for (uint32_t t = 0; t < g.rows; t++) {
+      ep[t] = dcpx_epoch_next(ep[t]);
+      calls_t[t]++;
+      if (rs.job[0].sat[t] >> 16) {
+        sq[t] = dcpx_epoch_next(sq[t]);
+        resc_t[t]++;
+      }
+    }
+    for (uint32_t r = 0; r < g.W; r++) {
+      if (g.health[r].alarm || g.health[r].failed) {
+        printf("  %s call %u: rank %u raised alarm=%u failed=%u\n", tc->name,
+               call, r, g.health[r].alarm, g.health[r].failed);
+        bad++;
+      }
+    }
+  }
+
+  /* What the calls must have left in every workspace. */
+  for (uint32_t r = 0; r < g.W && !bad && !hung; r++) {
+    gg_ws_read(&g, r, g.L.off_epoch, buf, 4 * (size_t)R);
+    for (uint32_t t = 0; t < R; t++)
+      if (buf[t] != ep[t]) {
+        printf("  %s: rank %u epoch[%u] = 0x%08x, want 0x%08x\n", tc->name, r,
+               t, buf[t], ep[t]);
+        bad++;
+        break;
+      }
+    gg_ws_read(&g, r, g.L.off_seq2, buf, 4 * (size_t)R);
+    for (uint32_t t = 0; t < R; t++)
+      if (buf[t] != sq[t]) {
+        printf("  %s: rank %u seq2[%u] = 0x%08x, want 0x%08x\n", tc->name, r,
+               t, buf[t], sq[t]);
+        bad++;
+        break;
+      }
+    gg_ws_read(&g, r, g.L.off_stats, sbuf, 16 * (size_t)R);
+    for (uint32_t t = 0; t < R; t++)
+      if (sbuf[2 * t] != calls_t[t] || sbuf[2 * t + 1] != resc_t[t]) {
+        printf("  %s: rank %u stats[%u] = (%" PRIu64 ", %" PRIu64
+               "), want (%" PRIu64 ", %" PRIu64 ")\n",
+               tc->name, r, t, sbuf[2 * t], sbuf[2 * t + 1], calls_t[t],
+               resc_t[t]);
+        bad++;
+        break;
+      }
+    gg_ws_read(&g, r, g.L.off_sat, buf, 4 * (size_t)g.rows);
+    for (uint32_t t = 0; t < g.rows; t++)
+      if (buf[t] != rs.job[0].sat[t]) {
+        printf("  %s: rank %u ws sat_word[%u] = 0x%08x, want 0x%08x\n",
+               tc->name, r, t, buf[t], rs.job[0].sat[t]);
+        bad++;
+        break;
+      }
+  }
+  if (tc->rescue > 0 && rescue_rows == 0) {
+    printf("  %s: expected rescue rows, the reference ran none\n", tc->name);
+    bad++;
+  }
+  if (tc->rescue < 0 && rescue_rows != 0) {
+    printf("  %s: expected no rescue, the reference ran %" PRIu64 "\n",
+           tc->name, rescue_rows);
+    bad++;
+  }
+  const int ok = !bad && !hung;
+  printf("case %-30s W=%-2u N=%-4u K=%-4u L=%-6u rows=%-3u B=%-2u I=%u "
+         "gen=%-8s calls=%-2u mb=%-3u rescue=%" PRIu64 "/%" PRIu64
+         " %5.2fs %s\n",
+         tc->name, tc->W, tc->N, tc->K, tc->max_local, tc->rows, tc->B, tc->I,
+         gen_name(tc->gen), tc->calls, mb, rescue_rows, total_rows,
+         gg_now() - t0, ok ? "exact" : hung ? "HUNG" : "FAIL");
+  fflush(stdout);
+  free(ep);
+  free(sq);
+  free(calls_t);
+  free(resc_t);
+  free(buf);
+  free(sbuf);
+  ref_free(&rs, g.W);
+  gg_free(&g);
+  return ok;
+}
+
+/* ---- fault hook, abort, recovery ------------------------------------------------ */
+
+/* Runs `calls` exact calls on g (recovered state) and compares. */
+static uint32_t exact_calls(gg *g, const tcase *tc, refset *rs, uint64_t seed,
+                            uint32_t calls, const char *what) {
+  uint32_t bad = 0;
+  for (uint32_t call = 0; call < calls && !bad; call++) {
+    gen_call(g, tc, seed, 1000 + call);
+    gg_upload(g);
+    gg_poison(g);
+    for (uint32_t r = 0; r < g->W; r++)
+      CK(cudaStreamSynchronize(g->st[r]));
+    gg_call(g, 0xABC000 + call);
+    if (gg_wait(g, 30.0, gg_now(), NULL) < 0)
+      return 1;
+    gg_download(g);
+    if (ref_run(rs, g) < 0)
+      return 1;
+    for (uint32_t r = 0; r < g->W; r++)
+      bad += compare_rank(g, &rs->job[r], r, what, call, NULL, NULL);
+  }
+  return bad;
+}
+
+/* Rank 1 dominates every row, so every other rank waits for its rescue
+ * flags; rank 1's block 0 stalls past the timeout. */
+static const tcase fault_tc = {"fault", 4, 64, 256, 2048, 8, 16, 1,
+                               G_DOMINANT, LEN_FULL, 1, 0, 0, 0, 1, 0};
+
+static void gen_dominant_rank1(gg *g, uint64_t seed) {
+  uint64_t s = seed;
+  for (uint32_t r = 0; r < g->W; r++) {
+    for (uint32_t t = 0; t < g->rows; t++) {
+      uint16_t *row = g->h_logits[r] + g->lofs + (uint64_t)t * g->stride;
+      g->h_ends[r][t] = (int32_t)g->sh.max_local;
+      for (uint32_t l = 0; l < g->sh.max_local; l++)
+        row[l] = f2bf((float)(rnd_normal(&s) + (r == 1 ? 60.0 : 0.0)));
+      g->h_req[r][t] = (int32_t)rnd_below(&s, g->bt_rows);
+    }
+    for (size_t i = 0; i < (size_t)g->bt_rows * g->bt_cols; i++)
+      g->h_bt[r][i] = (int32_t)rnd_below(&s, 1u << 16);
+  }
+}
+
+static int run_fault(uint64_t seed) {
+  const tcase *tc = &fault_tc;
+  gg g;
+  refset rs;
+  uint32_t bad = 0;
+  const double t0 = gg_now();
+  const uint32_t R = tc->rows;
+  gg_init(&g, tc->W, R, tc->rows, tc->N, tc->K, tc->B, tc->I, tc->max_local,
+          tc->max_local, 0, 0); /* grid = rows: block 0 owns row 0 only */
+  ref_alloc(&rs, &g);
+
+  /* ---- 1. timeout: the others record, alarm, fail and end ---- */
+  const uint64_t timeout = 150000000ull, ticks = 600000000ull;
+  const uint64_t tag = 0xFA017000ull;
+  g.hdr->timeout_ns = timeout;
+  g.health[1].fault_epoch = 0;
+  g.health[1].fault_call = ~0ull;
+  g.health[1].fault_ticks = ticks;
+  g.health[1].fault_fired = 0;
+  __sync_synchronize();
+  g.health[1].fault_armed = 1;
+  gen_dominant_rank1(&g, seed);
+  gg_upload(&g);
+  gg_poison(&g);
+  for (uint32_t r = 0; r < g.W; r++)
+    CK(cudaStreamSynchronize(g.st[r]));
+  double done[DCPX_MAX_WORLD];
+  const double ts = gg_now();
+  gg_call(&g, tag);
+  if (gg_wait(&g, 20.0, ts, done) < 0) {
+    printf("  fault: the call needed an abort to end\n");
+    bad++;
+  }
+  gg_download(&g);
+  if (ref_run(&rs, &g) < 0)
+    bad++;
+  uint8_t lenient[64];
+  memset(lenient, 1, sizeof(lenient));
+  for (uint32_t r = 0; r < g.W; r++) {
+    uint32_t failed = 0;
+    bad += compare_rank(&g, &rs.job[r], r, "fault", 0, r == 1 ? NULL : lenient,
+                        &failed);
+    const dcpx_wait_record *rec = &g.rec[(size_t)r * R + 0];
+    const dcpx_rank_health *h = &g.health[r];
+    printf("  fault: rank %u done %.3fs failed_rows=%u alarm=%u failed=%u "
+           "fired=%u record{kind=%u region=%u index=%u expected=%u seen=%u "
+           "block=%u call=0x%" PRIx64 " gen=%u rank=%u}\n",
+           r, done[r], failed, h->alarm, h->failed, h->fault_fired, rec->kind,
+           rec->region, rec->index, rec->expected, rec->seen, rec->block,
+           rec->call_tag, rec->generation, rec->rank);
+    if (r == 1) {
+      if (h->alarm || h->failed || !h->fault_fired || rec->kind) {
+        printf("  fault: rank 1 (the stalled one) must fire and not fail\n");
+        bad++;
+      }
+      continue;
+    }
+    if (g.g_valid[r][0] != -1) {
+      printf("  fault: rank %u row 0 valid_out = %d, want -1\n", r,
+             g.g_valid[r][0]);
+      bad++;
+    }
+    if (!h->alarm || !h->failed) {
+      printf("  fault: rank %u must have alarm and failed set\n", r);
+      bad++;
+    }
+    if (rec->kind != DCPX_REC_TIMEOUT || rec->region != DCPX_REGION_RESCUE_FLAGS ||
+        rec->index != 1u * R + 0 || rec->expected != 1 || rec->seen != 0 ||
+        rec->block != 0 || rec->call_tag != tag || rec->rank != r ||
+        rec->generation != g.hdr->generation || !rec->time_ns) {
+      printf("  fault: rank %u record is wrong\n", r);
+      bad++;
+    }
+    for (uint32_t t = 1; t < R; t++)
+      if (g.rec[(size_t)r * R + t].kind != DCPX_REC_EMPTY) {
+        printf("  fault: rank %u row %u has a record (only row 0 timed out)\n",
+               r, t);
+        bad++;
+      }
+    if (done[r] > 0.15 + 2.0) {
+      printf("  fault: rank %u took %.3fs to end\n", r, done[r]);
+      bad++;
+    }
+  }
+
+  /* ---- 2. recovery, then exact calls ---- */
+  gg_recover(&g);
+  g.hdr->timeout_ns = 2000000000ull;
+  bad += exact_calls(&g, tc, &rs, seed, 3, "fault-recovered");
+
+  /* ---- 3. abort: a stalled rank, a long timeout, the operator aborts ---- */
+  gg_recover(&g);
+  g.hdr->timeout_ns = 30000000000ull;
+  g.health[1].fault_epoch = 0;
+  g.health[1].fault_call = ~0ull;
+  g.health[1].fault_ticks = ticks;
+  g.health[1].fault_fired = 0;
+  __sync_synchronize();
+  g.health[1].fault_armed = 1;
+  gen_dominant_rank1(&g, seed + 1);
+  gg_upload(&g);
+  gg_poison(&g);
+  for (uint32_t r = 0; r < g.W; r++)
+    CK(cudaStreamSynchronize(g.st[r]));
+  const double ta = gg_now();
+  gg_call(&g, tag + 1);
+  usleep(100000);
+  g.hdr->abort = DCPX_ABORT_OPERATOR;
+  __sync_synchronize();
+  gg_wait(&g, 20.0, ta, done);
+  gg_download(&g);
+  if (ref_run(&rs, &g) < 0)
+    bad++;
+  for (uint32_t r = 0; r < g.W; r++) {
+    uint32_t failed = 0;
+    bad += compare_rank(&g, &rs.job[r], r, "abort", 0, r == 1 ? NULL : lenient,
+                        &failed);
+    const dcpx_rank_health *h = &g.health[r];
+    printf("  abort: rank %u done %.3fs failed_rows=%u alarm=%u failed=%u "
+           "record kind=%u\n",
+           r, done[r], failed, h->alarm, h->failed,
+           g.rec[(size_t)r * R].kind);
+    if (r == 1)
+      continue;
+    if (g.g_valid[r][0] != -1 || h->alarm || h->failed ||
+        g.rec[(size_t)r * R].kind != DCPX_REC_EMPTY || done[r] > 3.0) {
+      printf("  abort: rank %u must end early with row 0 failed, no record, "
+             "no alarm\n",
+             r);
+      bad++;
+    }
+  }
+
+  /* ---- 4. recovery again, exact calls ---- */
+  gg_recover(&g);
+  g.hdr->timeout_ns = 2000000000ull;
+  bad += exact_calls(&g, tc, &rs, seed + 7, 3, "abort-recovered");
+
+  printf("case %-30s W=%-2u N=%-4u K=%-4u timeout=%" PRIu64 "ms stall=%" PRIu64
+         "ms %5.2fs %s\n",
+         "fault-abort-recover", tc->W, tc->N, tc->K, timeout / 1000000,
+         ticks / 1000000, gg_now() - t0, bad ? "FAIL" : "exact");
+  fflush(stdout);
+  ref_free(&rs, g.W);
+  gg_free(&g);
+  return bad == 0;
+}
+
+/* ---- bad arguments --------------------------------------------------------------- */
+
+static int run_args(void) {
+  gg g;
+  uint32_t bad = 0;
+  gg_init(&g, 2, 4, 4, 8, 16, 1, 1, 64, 64, 0, 0);
+  dcpx_kctx c = g.kc[0];
+#define EXPECT_RC(call, rc)                                                   \
+  do {                                                                        \
+    int r_ = (call);                                                          \
+    if (r_ != (rc)) {                                                         \
+      printf("  args: %s = %d, want %d\n", #call, r_, rc);                    \
+      bad++;                                                                  \
+    }                                                                         \
+  } while (0)
+  EXPECT_RC(dcpx_k_push(NULL, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], 0, 0),
+            DCPX_E_INVAL);
+  EXPECT_RC(dcpx_k_push(&c, 5, gg_dlogits(&g, 0), 64, g.d_ends[0], 0, 0),
+            DCPX_E_INVAL);
+  EXPECT_RC(dcpx_k_push(&c, 1, NULL, 64, g.d_ends[0], 0, 0), DCPX_E_INVAL);
+  EXPECT_RC(dcpx_k_push(&c, 0, gg_dlogits(&g, 0), 64, g.d_ends[0], 0, 0), 0);
+  c.L.rw_n++;
+  EXPECT_RC(dcpx_k_push(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], 0, 0),
+            DCPX_E_INVAL);
+  c = g.kc[0];
+  c.rank = 2;
+  EXPECT_RC(dcpx_k_merge(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0],
+                         g.d_req[0], g.d_bt[0], g.bt_rows, g.bt_cols,
+                         g.d_rows[0], g.d_valid[0], NULL, NULL, 0, 0),
+            DCPX_E_INVAL);
+  c = g.kc[0];
+  EXPECT_RC(dcpx_k_merge(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], NULL,
+                         g.d_bt[0], g.bt_rows, g.bt_cols, g.d_rows[0],
+                         g.d_valid[0], NULL, NULL, 0, 0),
+            DCPX_E_INVAL);
+#undef EXPECT_RC
+  printf("case %-30s %s\n", "bad-arguments", bad ? "FAIL" : "exact");
+  gg_free(&g);
+  return bad == 0;
+}
+
+int main(void) {
+  const char *es = getenv("DCPX_TEST_SEED");
+  if (es && *es)
+    g_seed = strtoull(es, NULL, 0);
+  g_only = getenv("DCPX_TEST_ONLY");
+  if (g_only && !*g_only)
+    g_only = NULL;
+
+  int dev = 0, n = 0;
+  CK(cudaGetDeviceCount(&n));
+  if (n < 1) {
+    fprintf(stderr, "no CUDA device\n");
+    return 77;
+  }
+  struct cudaDeviceProp prop;
+  CK(cudaGetDevice(&dev));
+  CK(cudaGetDeviceProperties(&prop, dev));
+  printf("device %d: %s, %d SMs, cc %d.%d; seed 0x%" PRIx64 "\n", dev,
+         prop.name, prop.multiProcessorCount, prop.major, prop.minor, g_seed);
+  KCK(dcpx_k_prepare());
+
+  uint32_t pass = 0, total = 0;
+  const double t0 = gg_now();
+  if (!g_only || strstr("bad-arguments", g_only)) {
+    total++;
+    pass += (uint32_t)run_args();
+  }
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    if (g_only && !strstr(cases[i].name, g_only))
+      continue;
+    uint64_t s = g_seed ^ ((uint64_t)(i + 1) * 0x100000001B3ull);
+    total++;
+    pass += (uint32_t)run_case(&cases[i], splitmix64(&s));
+  }
+  if (!g_only || strstr("fault-abort-recover", g_only)) {
+    total++;
+    pass += (uint32_t)run_fault(g_seed ^ 0xFA17);
+  }
+  printf("gpu-exact: %u/%u cases (%.1f s)\n", pass, total, gg_now() - t0);
+  return pass == total ? 0 : 1;
+}

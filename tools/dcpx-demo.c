@@ -1,0 +1,426 @@
+/* dcpx-demo - the main job: W rank processes merge their top-K through
+ * dcpxd, every call checked against the CPU reference.
+ *
+ *   dcpx-demo [--world W] [--rows R] [--calls C] [--topk K] [--local-topk N]
+ *             [--local-len L] [--socket PATH] [--dcpxd PATH] [--seed S]
+ *             [--epoch-start E] [--group NAME] [--quiet]
+ *
+ * Without --socket it starts a private dcpxd in a fresh runtime folder
+ * (found next to this program as ../daemon/dcpxd, or $DCPXD) and stops it
+ * at the end. It then forks W ranks that join one group and run C calls of
+ * R rows on DSA-like logits: a heavy-tailed bulk, a few hot runs of
+ * positions, and rows in which one rank holds most of the best scores (so
+ * the rescue round runs). Each call starts at a barrier, is timed from push
+ * to merge return, and then each rank checks its outputs (rows_out,
+ * valid_out, ids_out, sat_word) bit for bit against dcpx_ref_call. It prints
+ * latency percentiles, the rescue rate, and `exact: n/C calls`; the exit
+ * status is 0 only if every call was exact.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dcpx.h"
+
+typedef struct opts {
+  uint32_t world, rows, calls, topk, local_topk, local_len, block_size,
+      interleave;
+  uint64_t seed;
+  uint32_t epoch_start;
+  const char *socket, *dcpxd, *group;
+  int quiet;
+} opts;
+
+/* Shared between the parent and the ranks (MAP_SHARED before fork). */
+typedef struct shared {
+  pthread_barrier_t barrier;
+  int32_t status[DCPX_MAX_WORLD];      /* first error, or 0 */
+  uint64_t rescue_rows, rows;          /* rank 0's reference counts */
+  uint8_t *bad;                        /* [calls]: some rank mismatched */
+  double lat_us[];                     /* [world][calls] */
+} shared;
+
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double unif(uint64_t *s) {
+  return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+
+/* Rank r's logits and row ends of call c: deterministic in (seed, c, r),
+ * so every rank can rebuild every rank's inputs for the reference. */
+static void gen_inputs(const opts *o, uint32_t c, uint32_t r, uint16_t *lg,
+                       int32_t *ends) {
+  for (uint32_t t = 0; t < o->rows; t++) {
+    uint64_t rs = o->seed ^ ((uint64_t)c << 40) ^ ((uint64_t)t << 20) ^ 0x5151;
+    uint64_t s = rs ^ ((uint64_t)r << 8);
+    /* Row-wide choices (same on every rank): who is hot, and length. */
+    uint32_t hot_rank = (uint32_t)(splitmix(&rs) % o->world);
+    int one_rank_hot = unif(&rs) < 0.25;
+    double scale = 0.5 + 2.0 * unif(&rs);
+    uint32_t len = o->local_len;
+    double u = unif(&s);
+    if (u < 0.05)
+      len = (uint32_t)(splitmix(&s) % (o->local_topk + 1)); /* short row */
+    else
+      len -= (uint32_t)(splitmix(&s) % (o->local_len / 4 + 1));
+    ends[t] = (int32_t)len;
+    double shift = (one_rank_hot && r == hot_rank) ? 3.0 : 0.0;
+    uint16_t *row = lg + (size_t)t * o->local_len;
+    uint32_t hot_at = (uint32_t)(splitmix(&s) % (len ? len : 1));
+    for (uint32_t l = 0; l < o->local_len; l++) {
+      double g = sqrt(-2.0 * log(unif(&s) + 1e-300)) *
+                 cos(6.283185307179586 * unif(&s));
+      double x = g * scale + shift;
+      if (l >= hot_at && l < hot_at + 64) /* a hot run of positions */
+        x += 2.5;
+      if (unif(&s) < 0.001) /* heavy tail */
+        x += 6.0 * unif(&s);
+      row[l] = to_bf16((float)x);
+    }
+  }
+}
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static int run_rank(const opts *o, uint32_t rank, shared *sh) {
+  const uint32_t W = o->world, R = o->rows, K = o->topk;
+  const uint32_t B = o->block_size;
+  const uint32_t bt_cols = (o->local_len + B - 1) / B;
+  dcpx_shape shape = DCPX_SHAPE_INIT;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *cl = NULL;
+  dcpx_member *m = NULL;
+  int r;
+
+  shape.world = W;
+  shape.rows = R;
+  shape.topk = K;
+  shape.local_topk = o->local_topk;
+  shape.block_size = B;
+  shape.interleave = o->interleave;
+  shape.max_local = o->local_len;
+  jo.rank = rank;
+  jo.group = o->group;
+  jo.timeout_ns = 5000000000ull;
+
+  size_t per = (size_t)R * o->local_len;
+  uint16_t *all = malloc(sizeof(uint16_t) * per * W);
+  int32_t *ends = malloc(sizeof(int32_t) * R * W);
+  int32_t *req = malloc(sizeof(int32_t) * R);
+  int32_t *bt = malloc(sizeof(int32_t) * (size_t)R * bt_cols);
+  int32_t *rows_out = malloc(sizeof(int32_t) * (size_t)R * K);
+  int32_t *ids_out = malloc(sizeof(int32_t) * (size_t)R * K);
+  int32_t *valid = malloc(sizeof(int32_t) * R);
+  uint32_t *sat = malloc(sizeof(uint32_t) * R);
+  int32_t *x_rows = malloc(sizeof(int32_t) * (size_t)R * K);
+  int32_t *x_ids = malloc(sizeof(int32_t) * (size_t)R * K);
+  int32_t *x_valid = malloc(sizeof(int32_t) * R);
+  uint32_t *x_sat = malloc(sizeof(uint32_t) * R);
+  if (!all || !ends || !req || !bt || !rows_out || !ids_out || !valid ||
+      !sat || !x_rows || !x_ids || !x_valid || !x_sat) {
+    r = DCPX_E_NOMEM;
+    goto out;
+  }
+  /* This rank's block table: a permutation of block ids per request. */
+  uint64_t bs = o->seed ^ (0xB10Cull << 32) ^ rank;
+  for (uint32_t t = 0; t < R; t++) {
+    req[t] = (int32_t)((t * 7u) % R);
+    for (uint32_t b = 0; b < bt_cols; b++)
+      bt[(size_t)t * bt_cols + b] = (int32_t)(t * bt_cols + b);
+    for (uint32_t b = bt_cols; b > 1; b--) {
+      uint32_t k = (uint32_t)(splitmix(&bs) % b);
+      int32_t tmp = bt[(size_t)t * bt_cols + b - 1];
+      bt[(size_t)t * bt_cols + b - 1] = bt[(size_t)t * bt_cols + k];
+      bt[(size_t)t * bt_cols + k] = tmp;
+    }
+  }
+
+  r = dcpx_connect(o->socket, &cl);
+  if (r < 0)
+    goto out;
+  r = dcpx_join(cl, &shape, &jo, &m);
+  if (r < 0)
+    goto out;
+
+  const uint16_t *lg[DCPX_MAX_WORLD];
+  const int32_t *en[DCPX_MAX_WORLD];
+  for (uint32_t s = 0; s < W; s++) {
+    lg[s] = all + per * s;
+    en[s] = ends + (size_t)R * s;
+  }
+  for (uint32_t c = 0; c < o->calls; c++) {
+    uint64_t tag = c;
+    for (uint32_t s = 0; s < W; s++)
+      gen_inputs(o, c, s, (uint16_t *)lg[s], (int32_t *)en[s]);
+    pthread_barrier_wait(&sh->barrier);
+    double t0 = now_us();
+    r = dcpx_push(m, R, lg[rank], o->local_len, en[rank], tag, NULL);
+    if (r == 0)
+      r = dcpx_merge(m, R, lg[rank], o->local_len, en[rank], req, bt, R,
+                     bt_cols, rows_out, valid, ids_out, sat, tag, NULL);
+    sh->lat_us[(size_t)rank * o->calls + c] = now_us() - t0;
+    if (r < 0)
+      goto out;
+    dcpx_ref_stats st = {0, 0, 0};
+    r = dcpx_ref_call(&shape, R, lg, o->local_len, en, rank, req, bt, R,
+                      bt_cols, x_rows, x_valid, x_ids, x_sat, &st);
+    if (r < 0)
+      goto out;
+    if (memcmp(rows_out, x_rows, sizeof(int32_t) * (size_t)R * K) ||
+        memcmp(ids_out, x_ids, sizeof(int32_t) * (size_t)R * K) ||
+        memcmp(valid, x_valid, sizeof(int32_t) * R) ||
+        memcmp(sat, x_sat, sizeof(uint32_t) * R))
+      sh->bad[c] = 1;
+    if (rank == 0) {
+      sh->rescue_rows += st.rescue_rows;
+      sh->rows += st.rows;
+    }
+  }
+  r = 0;
+out:
+  sh->status[rank] = r;
+  if (r < 0)
+    fprintf(stderr, "dcpx-demo: rank %u: %s (%d)\n", rank, dcpx_strerror(r),
+            r);
+  dcpx_leave(m);
+  dcpx_disconnect(cl);
+  free(all);
+  free(ends);
+  free(req);
+  free(bt);
+  free(rows_out);
+  free(ids_out);
+  free(valid);
+  free(sat);
+  free(x_rows);
+  free(x_ids);
+  free(x_valid);
+  free(x_sat);
+  return r < 0 ? 1 : 0;
+}
+
+/* Starts a private dcpxd; returns its pid, with the socket path in sock. */
+static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n) {
+  char state[700], exe[600], self[512];
+  const char *bin = o->dcpxd ? o->dcpxd : getenv("DCPXD");
+  pid_t pid;
+
+  if (!bin) {
+    ssize_t k = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (k < 0)
+      return -1;
+    self[k] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+      *slash = 0;
+    /* tools/dcpx-demo -> daemon/dcpxd; libtool puts us in tools/.libs. */
+    snprintf(exe, sizeof(exe), "%s/../daemon/dcpxd", self);
+    if (access(exe, X_OK) != 0)
+      snprintf(exe, sizeof(exe), "%s/../../daemon/dcpxd", self);
+    if (access(exe, X_OK) != 0)
+      snprintf(exe, sizeof(exe), "dcpxd");
+    bin = exe;
+  }
+  snprintf(sock, n, "%s/dcpxd.sock", dir);
+  snprintf(state, sizeof(state), "%s/state", dir);
+  pid = fork();
+  if (pid == 0) {
+    execlp(bin, bin, "--socket", sock, "--state-dir", state, (char *)NULL);
+    fprintf(stderr, "dcpx-demo: cannot run %s: %s\n", bin, strerror(errno));
+    _exit(127);
+  }
+  if (pid < 0)
+    return -1;
+  /* Wait until it accepts connections. */
+  for (int i = 0; i < 500; i++) {
+    dcpx_client *c;
+    if (dcpx_connect(sock, &c) == 0) {
+      dcpx_disconnect(c);
+      return pid;
+    }
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid)
+      return -1;
+    usleep(10000);
+  }
+  kill(pid, SIGTERM);
+  return -1;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag,
+                    struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: dcpx-demo [--world W] [--rows R] [--calls C] [--topk K]\n"
+          "                 [--local-topk N] [--local-len L] [--block-size B]\n"
+          "                 [--interleave I] [--socket PATH] [--dcpxd PATH]\n"
+          "                 [--seed S] [--group NAME] [--quiet]\n");
+}
+
+int main(int argc, char **argv) {
+  opts o = {8, 64, 100, 2048, 512, 16384, 64, 1, 1, 0, NULL, NULL, NULL, 0};
+  static const struct option lo[] = {
+      {"world", 1, 0, 'w'},      {"rows", 1, 0, 'r'},
+      {"calls", 1, 0, 'c'},      {"topk", 1, 0, 'k'},
+      {"local-topk", 1, 0, 'n'}, {"local-len", 1, 0, 'l'},
+      {"block-size", 1, 0, 'b'}, {"interleave", 1, 0, 'i'},
+      {"socket", 1, 0, 's'},     {"dcpxd", 1, 0, 'd'},
+      {"seed", 1, 0, 'S'},       {"group", 1, 0, 'g'},
+      {"quiet", 0, 0, 'q'},      {"help", 0, 0, 'h'},
+      {0, 0, 0, 0}};
+  char dir[] = "/tmp/dcpx-demo.XXXXXX", sock[600], group[64];
+  pid_t daemon_pid = 0;
+  int ch, rc = 1;
+
+  while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    unsigned long v = optarg ? strtoul(optarg, NULL, 0) : 0;
+    switch (ch) {
+    case 'w': o.world = (uint32_t)v; break;
+    case 'r': o.rows = (uint32_t)v; break;
+    case 'c': o.calls = (uint32_t)v; break;
+    case 'k': o.topk = (uint32_t)v; break;
+    case 'n': o.local_topk = (uint32_t)v; break;
+    case 'l': o.local_len = (uint32_t)v; break;
+    case 'b': o.block_size = (uint32_t)v; break;
+    case 'i': o.interleave = (uint32_t)v; break;
+    case 's': o.socket = optarg; break;
+    case 'd': o.dcpxd = optarg; break;
+    case 'S': o.seed = strtoull(optarg, NULL, 0); break;
+    case 'g': o.group = optarg; break;
+    case 'q': o.quiet = 1; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  dcpx_shape probe = DCPX_SHAPE_INIT;
+  probe.world = o.world;
+  probe.rows = o.rows;
+  probe.topk = o.topk;
+  probe.local_topk = o.local_topk;
+  probe.block_size = o.block_size ? o.block_size : 1;
+  probe.interleave = o.interleave;
+  probe.max_local = o.local_len;
+  int sc = dcpx_shape_check(&probe);
+  if (sc < 0 || !o.calls || !o.block_size) {
+    fprintf(stderr, "dcpx-demo: bad shape: %s\n",
+            sc < 0 ? dcpx_strerror(sc) : "calls and block size must be > 0");
+    return 2;
+  }
+  if (!o.group) {
+    snprintf(group, sizeof(group), "demo-%d", (int)getpid());
+    o.group = group;
+  }
+  if (!o.socket) {
+    if (!mkdtemp(dir)) {
+      perror("dcpx-demo: mkdtemp");
+      return 1;
+    }
+    daemon_pid = start_daemon(&o, dir, sock, sizeof(sock));
+    if (daemon_pid < 0) {
+      fprintf(stderr, "dcpx-demo: could not start dcpxd\n");
+      return 1;
+    }
+    o.socket = sock;
+  }
+
+  size_t latbytes = sizeof(double) * o.world * o.calls;
+  size_t shbytes = sizeof(shared) + latbytes + o.calls;
+  shared *sh = mmap(NULL, shbytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (sh == MAP_FAILED) {
+    perror("dcpx-demo: mmap");
+    goto out;
+  }
+  sh->bad = (uint8_t *)sh + sizeof(shared) + latbytes;
+  pthread_barrierattr_t ba;
+  pthread_barrierattr_init(&ba);
+  pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+  pthread_barrier_init(&sh->barrier, &ba, o.world);
+
+  double t_start = now_us();
+  pid_t kids[DCPX_MAX_WORLD];
+  for (uint32_t r = 0; r < o.world; r++) {
+    kids[r] = fork();
+    if (kids[r] == 0)
+      _exit(run_rank(&o, r, sh));
+  }
+  int failed = 0;
+  for (uint32_t r = 0; r < o.world; r++) {
+    int st;
+    if (waitpid(kids[r], &st, 0) < 0 || !WIFEXITED(st) ||
+        WEXITSTATUS(st) != 0)
+      failed++;
+  }
+  double wall = (now_us() - t_start) / 1e6;
+
+  uint32_t exact = 0;
+  for (uint32_t c = 0; c < o.calls && !failed; c++)
+    exact += !sh->bad[c];
+  size_t n = (size_t)o.world * o.calls;
+  qsort(sh->lat_us, n, sizeof(double), cmp_double);
+  printf("dcpx-demo: W=%u rows=%u N=%u K=%u local=%u calls=%u backend=host "
+         "(%.1f s)\n",
+         o.world, o.rows, o.local_topk, o.topk, o.local_len, o.calls, wall);
+  printf("call latency (push+merge, per rank, us): p50 %.1f  p90 %.1f  "
+         "p99 %.1f  max %.1f\n",
+         sh->lat_us[n / 2], sh->lat_us[n * 9 / 10], sh->lat_us[n * 99 / 100],
+         sh->lat_us[n - 1]);
+  printf("rescue rate: %.2f%% of rows (%llu of %llu)\n",
+         sh->rows ? 100.0 * (double)sh->rescue_rows / (double)sh->rows : 0.0,
+         (unsigned long long)sh->rescue_rows, (unsigned long long)sh->rows);
+  if (failed)
+    printf("ranks failed: %d\n", failed);
+  printf("exact: %u/%u calls\n", exact, o.calls);
+  rc = (!failed && exact == o.calls) ? 0 : 1;
+  munmap(sh, shbytes);
+out:
+  if (daemon_pid > 0) {
+    int st;
+    kill(daemon_pid, SIGTERM);
+    waitpid(daemon_pid, &st, 0);
+    if (nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+      fprintf(stderr, "dcpx-demo: could not remove %s\n", dir);
+  }
+  return rc;
+}
