@@ -24,12 +24,11 @@
  *
  * Pass protocol (every thread of the block calls each step):
  *   dcpx_dev_sel_zero            zero the histograms      (then barrier)
- *   pass A over all keys         dcpx_dev_hist_add*(S->hist, ord >> 4)
- *                                per-warp non-empty count -> S->wnz[warp]
- *   dcpx_dev_sel_after_a         -> all (1: fewer than need non-empty)
- *   pass B (if !all)             keys in bucket S->hb: dcpx_dev_hist_add*
- *                                (S->h16 + 16*warp, ord & 15); per-warp count
- *                                of keys in buckets above hb -> S->wgtb[warp]
+ *   pass A over all keys         dcpx_dev_hist_add*(S->hist, key)
+ *   dcpx_dev_sel_after_a         -> all (1: fewer than need non-empty), nz
+ *   pass B over all keys         lim = all ? 0 : S->hb << 4;
+ *                                dcpx_dev_passb*(S->h16 + 16*warp, key, lim)
+ *                                summed per warp -> S->wgtb[warp]
  *   dcpx_dev_sel_finish          -> S->T, S->take, per-warp bases
  *                                S->wgt[w], S->weq[w] (index nwarps: totals)
  *   pass C                       placement, warp by warp
@@ -58,6 +57,7 @@
 #define DCPX_FULL 0xFFFFFFFFu
 
 #define DCPX_HI_BINS 4096u /* buckets of ord >> 4 */
+#define DCPX_K_CAND 8192u  /* fast-path candidate buffer entries (48 KiB) */
 #define DCPX_MAX_WARPS 32u
 
 /* ---- the order and the wire --------------------------------------------- */
@@ -80,6 +80,19 @@ DCPX_D uint32_t dcpx_dev_row_words(uint32_t c) {
 
 DCPX_D int32_t dcpx_dev_gid(uint32_t l, uint32_t r, uint32_t W, uint32_t I) {
   return (int32_t)((l / I) * I * W + r * I + l % I);
+}
+
+/* x / d for x < 2^22 with rcp = 1.0f / d: the float quotient is off by at
+ * most one, and one correction step fixes it (a runtime integer division
+ * costs ~30 dependent instructions). */
+DCPX_D uint32_t dcpx_dev_div(uint32_t x, uint32_t d, float rcp) {
+  uint32_t q = __float2uint_rz(__uint2float_rz(x) * rcp);
+  const int32_t r = (int32_t)(x - q * d);
+  if (r < 0)
+    q--;
+  else if (r >= (int32_t)d)
+    q++;
+  return q;
 }
 
 /* ---- memory operations --------------------------------------------------- */
@@ -169,10 +182,10 @@ typedef struct dcpx_sel_smem {
   uint32_t hist[DCPX_HI_BINS];        /* pass A: keys per ord >> 4 */
   uint32_t h16[DCPX_MAX_WARPS * 16];  /* pass B: per warp, keys of bucket hb */
   uint32_t scan[DCPX_MAX_WARPS];
-  uint32_t wnz[DCPX_MAX_WARPS];       /* per warp: non-empty keys */
   uint32_t wgtb[DCPX_MAX_WARPS];      /* per warp: keys above bucket hb */
   uint32_t wgt[DCPX_MAX_WARPS + 1];   /* per warp: keys > T before it */
   uint32_t weq[DCPX_MAX_WARPS + 1];   /* per warp: keys == T before it */
+  uint32_t wcnt[DCPX_MAX_WARPS];      /* per warp: candidates (fast path) */
   uint32_t hb, above, T, take;
 } dcpx_sel_smem;
 
@@ -183,76 +196,58 @@ DCPX_D void dcpx_dev_sel_zero(dcpx_sel_smem *S) {
     S->h16[i] = 0;
 }
 
-/* Adds up to 8 keys of this lane to histogram h: key e counts when bit e of
- * vmask is set, in bin[e]. Called by all 32 lanes. A warp whose counted keys
- * all share one bin adds once (all-equal rows would otherwise serialise on
- * one shared-memory address); otherwise each lane adds its runs. */
-DCPX_D void dcpx_dev_hist_add8(uint32_t *h, const uint32_t bin[8],
-                               uint32_t vmask) {
-  const uint32_t lane = threadIdx.x & 31u;
-  uint32_t first = 0xFFFFFFFFu, same = 1;
-#pragma unroll
-  for (uint32_t e = 0; e < 8; e++) {
-    if ((vmask >> e) & 1u) {
-      if (first == 0xFFFFFFFFu)
-        first = bin[e];
-      else
-        same &= bin[e] == first;
-    }
-  }
-  const uint32_t any = __ballot_sync(DCPX_FULL, vmask != 0);
-  if (!any)
-    return;
-  const uint32_t leader = __ffs(any) - 1;
-  const uint32_t ref = __shfl_sync(DCPX_FULL, first, leader);
-  if (__all_sync(DCPX_FULL, vmask == 0 || (same && first == ref))) {
-    uint32_t tot = __reduce_add_sync(DCPX_FULL, (uint32_t)__popc(vmask));
-    if (lane == leader)
-      atomicAdd(h + ref, tot);
-    return;
-  }
-  uint32_t cb = 0xFFFFFFFFu, cc = 0;
-#pragma unroll
-  for (uint32_t e = 0; e < 8; e++) {
-    if ((vmask >> e) & 1u) {
-      if (bin[e] == cb) {
-        cc++;
-      } else {
-        if (cc)
-          atomicAdd(h + cb, cc);
-        cb = bin[e];
-        cc = 1;
-      }
-    }
-  }
-  if (cc)
-    atomicAdd(h + cb, cc);
+/* Pass A, one key. */
+DCPX_D void dcpx_dev_hist_add(uint32_t *hist, uint32_t key) {
+  if (key)
+    atomicAdd(hist + (key >> 4), 1u);
 }
 
-/* One key per lane: lanes with equal bins add once (match.any). */
-DCPX_D void dcpx_dev_hist_add1(uint32_t *h, uint32_t bin, int valid) {
-  const uint32_t lane = threadIdx.x & 31u;
-  const uint32_t act = __ballot_sync(DCPX_FULL, valid);
-  if (valid) {
-    uint32_t m = __match_any_sync(act, bin);
-    if (lane == (uint32_t)(__ffs(m) - 1))
-      atomicAdd(h + bin, (uint32_t)__popc(m));
+/* Pass A, 8 keys packed two per word. A lane whose eight keys are equal
+ * (all-equal rows) adds once. */
+DCPX_D void dcpx_dev_hist_add8(uint32_t *hist, uint4 k) {
+  if (k.x == k.y && k.x == k.z && k.x == k.w && (k.x >> 16) == (k.x & 0xFFFFu)) {
+    if (k.x)
+      atomicAdd(hist + ((k.x & 0xFFFFu) >> 4), 8u);
+    return;
   }
+  dcpx_dev_hist_add(hist, k.x & 0xFFFFu);
+  dcpx_dev_hist_add(hist, k.x >> 16);
+  dcpx_dev_hist_add(hist, k.y & 0xFFFFu);
+  dcpx_dev_hist_add(hist, k.y >> 16);
+  dcpx_dev_hist_add(hist, k.z & 0xFFFFu);
+  dcpx_dev_hist_add(hist, k.z >> 16);
+  dcpx_dev_hist_add(hist, k.w & 0xFFFFu);
+  dcpx_dev_hist_add(hist, k.w >> 16);
 }
 
-/* After pass A: 1 if fewer than `need` keys are non-empty (select all),
- * else finds the bucket hb holding the need-th best key (S->hb, and
- * S->above = keys in higher buckets). *ret_nz: non-empty keys. */
+/* Pass B, one key: lim = hb << 4. Returns 1 if the key lies above bucket
+ * hb; a key inside it goes to this warp's 16 bins h16w. (In the
+ * select-all case hb = 0: every non-empty key lies above it.) */
+DCPX_D uint32_t dcpx_dev_passb(uint32_t *h16w, uint32_t key, uint32_t lim) {
+  if (key - lim < 16u)
+    atomicAdd(h16w + (key & 15u), 1u);
+  return key >= lim + 16u;
+}
+
+DCPX_D uint32_t dcpx_dev_passb8(uint32_t *h16w, uint4 k, uint32_t lim) {
+  return dcpx_dev_passb(h16w, k.x & 0xFFFFu, lim) +
+         dcpx_dev_passb(h16w, k.x >> 16, lim) +
+         dcpx_dev_passb(h16w, k.y & 0xFFFFu, lim) +
+         dcpx_dev_passb(h16w, k.y >> 16, lim) +
+         dcpx_dev_passb(h16w, k.z & 0xFFFFu, lim) +
+         dcpx_dev_passb(h16w, k.z >> 16, lim) +
+         dcpx_dev_passb(h16w, k.w & 0xFFFFu, lim) +
+         dcpx_dev_passb(h16w, k.w >> 16, lim);
+}
+
+/* After pass A: returns 1 if fewer than `need` keys are non-empty (select
+ * all; pass B then runs with hb = 0), else 0 with S->hb the bucket holding
+ * the need-th best key and S->above the keys in higher buckets.
+ * *ret_nz: non-empty keys. Every thread must call it. */
 DCPX_D int dcpx_dev_sel_after_a(dcpx_sel_smem *S, uint32_t need,
                                 uint32_t *ret_nz) {
-  const uint32_t nw = blockDim.x >> 5;
-  uint32_t nz = 0, total;
+  uint32_t total;
   __syncthreads();
-  for (uint32_t w = 0; w < nw; w++)
-    nz += S->wnz[w];
-  *ret_nz = nz;
-  if (nz < need)
-    return 1;
   /* Thread i owns buckets [top - per, top), thread 0 the highest. */
   const uint32_t per = DCPX_HI_BINS / blockDim.x;
   const uint32_t top = DCPX_HI_BINS - threadIdx.x * per;
@@ -260,6 +255,9 @@ DCPX_D int dcpx_dev_sel_after_a(dcpx_sel_smem *S, uint32_t need,
   for (uint32_t b = top - per; b < top; b++)
     sum += S->hist[b];
   uint32_t above = dcpx_dev_block_excl(sum, S->scan, &total);
+  *ret_nz = total;
+  if (total < need)
+    return 1;
   if (above < need && above + sum >= need) {
     for (uint32_t b = top; b-- > top - per;) {
       if (above + S->hist[b] >= need) {
@@ -304,10 +302,8 @@ DCPX_D void dcpx_dev_sel_finish(dcpx_sel_smem *S, uint32_t need, int all) {
       T = (S->hb << 4) | lo;
     }
     if (lane < nw) {
-      if (all) {
-        gt = S->wnz[lane];
-      } else {
-        gt = S->wgtb[lane];
+      gt = S->wgtb[lane];
+      if (!all) {
         for (uint32_t x = lo + 1; x < 16; x++)
           gt += S->h16[lane * 16 + x];
         eq = S->h16[lane * 16 + lo];
@@ -346,143 +342,144 @@ DCPX_D int dcpx_dev_sel_place(uint32_t o, uint32_t T, uint32_t take,
   return 0;
 }
 
+/* Pass C counts of one key: (key > T) << 16 | (key == T, T != 0). teq is T,
+ * or a value no key has when T == 0. */
+DCPX_D uint32_t dcpx_dev_passc(uint32_t key, uint32_t T, uint32_t teq) {
+  return ((uint32_t)(key > T) << 16) | (uint32_t)(key == teq);
+}
+
 /* ---- the local list (DESIGN.md section 3) -------------------------------- */
 
-/* 8 ord16 keys of group g: elements v = 8g .. 8g+7 of the 16-byte-aligned
- * view base[] of a row that starts at element a; l = v - a; out-of-row and
- * NaN elements give 0. */
-DCPX_D void dcpx_dev_group_load(const uint16_t *base, uint32_t a, uint32_t len,
-                                uint32_t g, uint32_t o[8]) {
-  const uint32_t v0 = g * 8u;
-  if (v0 >= a && v0 + 8u <= a + len) {
-    uint4 r = __ldg((const uint4 *)base + g);
-    o[0] = dcpx_dev_key(r.x);
-    o[1] = dcpx_dev_key(r.x >> 16);
-    o[2] = dcpx_dev_key(r.y);
-    o[3] = dcpx_dev_key(r.y >> 16);
-    o[4] = dcpx_dev_key(r.z);
-    o[5] = dcpx_dev_key(r.z >> 16);
-    o[6] = dcpx_dev_key(r.w);
-    o[7] = dcpx_dev_key(r.w >> 16);
-    return;
-  }
+/* Two bf16 (one per half word) -> two ord16 keys, NaN -> 0:
+ * ord16 = b ^ (negative ? 0xFFFF : 0x8000), and a half is NaN iff
+ * (b & 0x7FFF) + 0x7F carries into bit 15. */
+DCPX_D uint32_t dcpx_dev_key2(uint32_t x) {
+  const uint32_t neg = (x >> 15) & 0x00010001u;
+  const uint32_t nan = (((x & 0x7FFF7FFFu) + 0x007F007Fu) >> 15) & 0x00010001u;
+  return (x ^ (0x80008000u | (neg * 0x7FFFu))) & ~(nan * 0xFFFFu);
+}
+
+/* The same without the NaN test: NaN halves map outside [0x7F, 0xFF80]. */
+DCPX_D uint32_t dcpx_dev_ord2(uint32_t x) {
+  return x ^ (0x80008000u | (((x >> 15) & 0x00010001u) * 0x7FFFu));
+}
+
+DCPX_D uint4 dcpx_dev_key8(uint4 r) {
+  return make_uint4(dcpx_dev_key2(r.x), dcpx_dev_key2(r.y),
+                    dcpx_dev_key2(r.z), dcpx_dev_key2(r.w));
+}
+
+DCPX_D int dcpx_dev_group_full(uint32_t a, uint32_t len, uint32_t g) {
+  return g * 8u >= a && g * 8u + 8u <= a + len;
+}
+
+/* The 8 keys (two per word) of group g: elements v = 8g .. 8g+7 of the
+ * 16-byte-aligned view base[] of a row that starts at element a (l = v - a);
+ * out-of-row and NaN elements give 0. */
+DCPX_D uint4 dcpx_dev_group_load(const uint16_t *base, uint32_t a,
+                                 uint32_t len, uint32_t g) {
+  if (dcpx_dev_group_full(a, len, g))
+    return dcpx_dev_key8(__ldg((const uint4 *)base + g));
+  uint32_t k[8];
 #pragma unroll
   for (uint32_t e = 0; e < 8; e++) {
-    uint32_t v = v0 + e;
-    o[e] = (v >= a && v < a + len) ? dcpx_dev_key(base[v]) : 0u;
+    uint32_t v = g * 8u + e;
+    k[e] = (v >= a && v < a + len) ? dcpx_dev_key(base[v]) : 0u;
   }
-}
-
-DCPX_D uint4 dcpx_dev_pack8(const uint32_t o[8]) {
-  return make_uint4(o[0] | (o[1] << 16), o[2] | (o[3] << 16),
-                    o[4] | (o[5] << 16), o[6] | (o[7] << 16));
-}
-
-DCPX_D void dcpx_dev_unpack8(uint4 r, uint32_t o[8]) {
-  o[0] = r.x & 0xFFFFu;
-  o[1] = r.x >> 16;
-  o[2] = r.y & 0xFFFFu;
-  o[3] = r.y >> 16;
-  o[4] = r.z & 0xFFFFu;
-  o[5] = r.z >> 16;
-  o[6] = r.w & 0xFFFFu;
-  o[7] = r.w >> 16;
+  return make_uint4(k[0] | (k[1] << 16), k[2] | (k[3] << 16),
+                    k[4] | (k[5] << 16), k[6] | (k[7] << 16));
 }
 
 /* Group g's keys from the shared-memory cache (g < ncache) or the row. */
-DCPX_D void dcpx_dev_group_get(const uint16_t *base, uint32_t a, uint32_t len,
-                               const uint4 *cache, uint32_t ncache, uint32_t g,
-                               uint32_t o[8]) {
-  if (g < ncache)
-    dcpx_dev_unpack8(cache[g], o);
-  else
-    dcpx_dev_group_load(base, a, len, g, o);
+DCPX_D uint4 dcpx_dev_group_get(const uint16_t *base, uint32_t a,
+                                uint32_t len, const uint4 *cache,
+                                uint32_t ncache, uint32_t g) {
+  return g < ncache ? cache[g] : dcpx_dev_group_load(base, a, len, g);
 }
 
-/* The local top-`cap` list of row[0..len) into words[0..row_words(cap))
- * (shared memory): the cap best non-NaN elements in ascending l, then
- * zeros, then the bit-16 plane. cache: up to cache_groups groups of 8 keys
- * kept in shared memory between the passes (may be 0). Every thread must
- * call it; it ends with a barrier. */
-DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
-                                uint32_t len, uint32_t cap, uint32_t *words,
-                                uint4 *cache, uint32_t cache_groups) {
-  const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
-  const uint32_t nw = blockDim.x >> 5;
-  const uint32_t a = len ? (uint32_t)(((uintptr_t)row & 15u) >> 1) : 0u;
-  const uint16_t *base = row - a;
-  const uint32_t G = len ? (len + a + 7u) >> 3 : 0u;
-  const uint32_t ncache = min(G, cache_groups);
-  const uint32_t gpw = (G + nw - 1) / nw;
-  const uint32_t gbeg = min(G, warp * gpw), gend = min(G, gbeg + gpw);
-  const uint32_t rw = dcpx_dev_row_words(cap);
-  uint32_t o[8], bin[8], nz = 0, total;
+DCPX_D uint32_t dcpx_dev_u4get(uint4 k, uint32_t e) {
+  const uint32_t w = e < 2 ? k.x : e < 4 ? k.y : e < 6 ? k.z : k.w;
+  return (e & 1u) ? w >> 16 : w & 0xFFFFu;
+}
 
-  for (uint32_t i = tid; i < rw; i += blockDim.x)
-    words[i] = 0;
-  dcpx_dev_sel_zero(S);
-  __syncthreads();
+/* Candidates found in pass C of one warp step: key e of this lane is
+ * placed when selected. Shared by the exact and the fast path. */
+DCPX_D void dcpx_dev_place(uint32_t *words, uint32_t cap, uint32_t o,
+                           uint32_t l, uint32_t T, uint32_t take,
+                           uint32_t *gb, uint32_t *qb) {
+  uint32_t pos;
+  if (dcpx_dev_sel_place(o, T, take, gb, qb, &pos)) {
+    words[pos] = (o << 16) | (l & 0xFFFFu);
+    if (l >> 16)
+      atomicOr(words + cap + (pos >> 5), 1u << (pos & 31u));
+  }
+}
 
-  /* Pass A: read the row once (4 groups in flight per lane), cache it,
-   * histogram ord >> 4. */
+/* Geometry of a row split into groups of 8 elements, one contiguous range
+ * of groups per warp. */
+typedef struct dcpx_rowgeo {
+  const uint16_t *base; /* 16-byte aligned, = row - a */
+  uint32_t a, len, G, gbeg, gend, ncache;
+} dcpx_rowgeo;
+
+DCPX_D dcpx_rowgeo dcpx_dev_rowgeo(const uint16_t *row, uint32_t len,
+                                   uint32_t cache_groups) {
+  dcpx_rowgeo r;
+  const uint32_t nw = blockDim.x >> 5, warp = threadIdx.x >> 5;
+  r.a = len ? (uint32_t)(((uintptr_t)row & 15u) >> 1) : 0u;
+  r.base = row - r.a;
+  r.len = len;
+  r.G = len ? (len + r.a + 7u) >> 3 : 0u;
+  r.ncache = min(r.G, cache_groups);
+  const uint32_t gpw = (r.G + nw - 1) >> (__ffs(nw) - 1); /* nw: 2^k */
+  r.gbeg = min(r.G, warp * gpw);
+  r.gend = min(r.G, r.gbeg + gpw);
+  return r;
+}
+
+/* The exact path: pass A (reading the row, filling the cache), pass B and
+ * pass C (from the cache where it holds the group) over every group.
+ * Expects the histograms and words zeroed. */
+DCPX_D void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
+                                 uint32_t cap, uint32_t *words, uint4 *cache) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t a = R->a, len = R->len, gbeg = R->gbeg, gend = R->gend;
+  const uint32_t ncache = R->ncache;
+  const uint16_t *base = R->base;
+  uint32_t nz;
+
+  /* Pass A: histogram ord >> 4 (4 groups in flight per lane). */
   for (uint32_t g0 = gbeg; g0 < gend; g0 += 128) {
     uint4 raw[4];
 #pragma unroll
     for (uint32_t u = 0; u < 4; u++) {
-      uint32_t g = g0 + 32u * u + lane;
-      if (g < gend && g * 8u >= a && g * 8u + 8u <= a + len)
+      const uint32_t g = g0 + 32u * u + lane;
+      if (g < gend && dcpx_dev_group_full(a, len, g))
         raw[u] = __ldg((const uint4 *)base + g);
     }
 #pragma unroll
     for (uint32_t u = 0; u < 4; u++) {
-      uint32_t g = g0 + 32u * u + lane, vmask = 0;
+      const uint32_t g = g0 + 32u * u + lane;
       if (g < gend) {
-        if (g * 8u >= a && g * 8u + 8u <= a + len) {
-          o[0] = dcpx_dev_key(raw[u].x);
-          o[1] = dcpx_dev_key(raw[u].x >> 16);
-          o[2] = dcpx_dev_key(raw[u].y);
-          o[3] = dcpx_dev_key(raw[u].y >> 16);
-          o[4] = dcpx_dev_key(raw[u].z);
-          o[5] = dcpx_dev_key(raw[u].z >> 16);
-          o[6] = dcpx_dev_key(raw[u].w);
-          o[7] = dcpx_dev_key(raw[u].w >> 16);
-        } else {
-          dcpx_dev_group_load(base, a, len, g, o);
-        }
+        const uint4 k = dcpx_dev_group_full(a, len, g)
+                            ? dcpx_dev_key8(raw[u])
+                            : dcpx_dev_group_load(base, a, len, g);
         if (g < ncache)
-          cache[g] = dcpx_dev_pack8(o);
-#pragma unroll
-        for (uint32_t e = 0; e < 8; e++) {
-          bin[e] = o[e] >> 4;
-          vmask |= (o[e] != 0) << e;
-        }
+          cache[g] = k;
+        dcpx_dev_hist_add8(S->hist, k);
       }
-      dcpx_dev_hist_add8(S->hist, bin, vmask);
-      nz += __popc(vmask);
     }
   }
-  nz = __reduce_add_sync(DCPX_FULL, nz);
-  if (lane == 0)
-    S->wnz[warp] = nz;
-  const int all = dcpx_dev_sel_after_a(S, cap, &total);
+  const int all = dcpx_dev_sel_after_a(S, cap, &nz);
 
-  /* Pass B: the low 4 bits inside bucket hb. */
-  if (!all) {
-    const uint32_t hb = S->hb;
+  /* Pass B: keys above bucket hb per warp, and the low 4 bits inside it. */
+  {
+    const uint32_t lim = all ? 0u : S->hb << 4;
+    uint32_t *h16w = S->h16 + 16u * warp;
     uint32_t gtb = 0;
-    for (uint32_t g0 = gbeg; g0 < gend; g0 += 32) {
-      uint32_t g = g0 + lane, vmask = 0;
-      if (g < gend) {
-        dcpx_dev_group_get(base, a, len, cache, ncache, g, o);
-#pragma unroll
-        for (uint32_t e = 0; e < 8; e++) {
-          bin[e] = o[e] & 15u;
-          vmask |= (o[e] != 0 && (o[e] >> 4) == hb) << e;
-          gtb += (o[e] >> 4) > hb;
-        }
-      }
-      dcpx_dev_hist_add8(S->h16 + 16u * warp, bin, vmask);
-    }
+    for (uint32_t g = gbeg + lane; g < gend; g += 32)
+      gtb += dcpx_dev_passb8(
+          h16w, dcpx_dev_group_get(base, a, len, cache, ncache, g), lim);
     gtb = __reduce_add_sync(DCPX_FULL, gtb);
     if (lane == 0)
       S->wgtb[warp] = gtb;
@@ -490,38 +487,37 @@ DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
   dcpx_dev_sel_finish(S, cap, all);
 
   /* Pass C: place the selected elements, in ascending l, warp by warp. */
-  const uint32_t T = S->T, take = S->take;
+  const uint32_t T = S->T, take = S->take, teq = T ? T : 0xFFFFFFFFu;
   uint32_t rg = S->wgt[warp], rq = S->weq[warp];
   const uint32_t quota = (S->wgt[warp + 1] - rg) +
                          (min(S->weq[warp + 1], take) - min(rq, take));
   uint32_t placed = 0;
   for (uint32_t g0 = gbeg; g0 < gend && placed < quota; g0 += 32) {
-    uint32_t g = g0 + lane, cg = 0, ce = 0;
+    const uint32_t g = g0 + lane;
+    uint4 k = make_uint4(0, 0, 0, 0);
+    uint32_t packed = 0;
     if (g < gend) {
-      dcpx_dev_group_get(base, a, len, cache, ncache, g, o);
-    } else {
-#pragma unroll
-      for (uint32_t e = 0; e < 8; e++)
-        o[e] = 0;
+      k = dcpx_dev_group_get(base, a, len, cache, ncache, g);
+      packed = dcpx_dev_passc(k.x & 0xFFFFu, T, teq) +
+               dcpx_dev_passc(k.x >> 16, T, teq) +
+               dcpx_dev_passc(k.y & 0xFFFFu, T, teq) +
+               dcpx_dev_passc(k.y >> 16, T, teq) +
+               dcpx_dev_passc(k.z & 0xFFFFu, T, teq) +
+               dcpx_dev_passc(k.z >> 16, T, teq) +
+               dcpx_dev_passc(k.w & 0xFFFFu, T, teq) +
+               dcpx_dev_passc(k.w >> 16, T, teq);
     }
-#pragma unroll
-    for (uint32_t e = 0; e < 8; e++) {
-      cg += o[e] > T;
-      ce += o[e] == T && T != 0;
-    }
-    const uint32_t packed = (cg << 16) | ce;
+    if (!__any_sync(DCPX_FULL, packed))
+      continue;
     const uint32_t incl = dcpx_dev_warp_incl(packed);
     const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
-    const uint32_t ex = incl - packed;
-    uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos;
+    if (packed) {
+      const uint32_t ex = incl - packed;
+      uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu);
 #pragma unroll
-    for (uint32_t e = 0; e < 8; e++) {
-      if (dcpx_dev_sel_place(o[e], T, take, &gb, &qb, &pos)) {
-        uint32_t l = g * 8u + e - a;
-        words[pos] = (o[e] << 16) | (l & 0xFFFFu);
-        if (l >> 16)
-          atomicOr(words + cap + (pos >> 5), 1u << (pos & 31u));
-      }
+      for (uint32_t e = 0; e < 8; e++)
+        dcpx_dev_place(words, cap, dcpx_dev_u4get(k, e), g * 8u + e - a, T,
+                       take, &gb, &qb);
     }
     const uint32_t nrq = rq + (tot & 0xFFFFu);
     placed += (tot >> 16) + (min(nrq, take) - min(rq, take));
@@ -529,6 +525,191 @@ DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
     rq = nrq;
   }
   __syncthreads();
+}
+
+/* The fast path. One sampled key per thread gives a lower bound tau on the
+ * cap-th best key (the bucket of the r-th best sample, r about twice the
+ * expected count plus a margin); one pass over the row then appends every
+ * key >= tau, in order, to its warp's candidate buffer, testing raw ord16
+ * values against [tau, 0xFF80] (which also rejects NaN: their ord16 lie
+ * outside it); the exact selection runs on the candidates only. The top
+ * `cap` of the row are the top `cap` of the candidates whenever there are at
+ * least cap of them, so the result is exact by construction. Returns 1 when
+ * done, else 0 (block-uniformly: too few non-empty samples, too few
+ * candidates, or a buffer ran full) with the histograms zero, and the
+ * caller runs the exact path. ckey/cl: cand_max entries, split evenly among
+ * the warps. */
+DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
+                               const uint16_t *row, uint32_t cap,
+                               uint32_t r_samp, uint32_t *words,
+                               uint16_t *ckey, uint32_t *cl,
+                               uint32_t cand_max) {
+  const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+  const uint32_t nt = blockDim.x, nw = nt >> 5;
+  const uint32_t a = R->a, len = R->len, gbeg = R->gbeg, gend = R->gend;
+  const uint16_t *base = R->base;
+  const uint32_t cw = cand_max / nw;
+  uint16_t *wk = ckey + warp * cw;
+  uint32_t *wl = cl + warp * cw;
+
+  /* 1. tau: bucket of the r_samp-th best of nt evenly spaced samples
+   * ((2 tid + 1) len / 2nt < 2^32 for len <= 2^17, nt <= 1024). */
+  dcpx_dev_hist_add(S->hist,
+                    dcpx_dev_key(__ldg(row + (((2u * tid + 1u) * len) >>
+                                              __ffs(nt)))));
+  __syncthreads();
+  {
+    const uint32_t per = DCPX_HI_BINS / nt;
+    const uint32_t top = DCPX_HI_BINS - tid * per;
+    uint32_t h[8], sum = 0, total;
+#pragma unroll
+    for (uint32_t i = 0; i < 8; i++) {
+      h[i] = 0;
+      if (i < per) {
+        h[i] = S->hist[top - 1 - i];
+        S->hist[top - 1 - i] = 0; /* this thread's bins only */
+        sum += h[i];
+      }
+    }
+    uint32_t above = dcpx_dev_block_excl(sum, S->scan, &total);
+    if (total < r_samp)
+      return 0; /* uniform: too few non-empty samples */
+    if (above < r_samp && above + sum >= r_samp) {
+#pragma unroll
+      for (uint32_t i = 0; i < 8; i++) {
+        if (i < per && above + h[i] >= r_samp) {
+          S->hb = top - 1 - i;
+          break;
+        }
+        above += h[i];
+      }
+    }
+  }
+  __syncthreads();
+  const uint32_t tau = max(S->hb << 4, 0x7Fu), span = 0xFF80u - tau;
+
+  /* 2. One pass over the row, appending candidates in order. */
+  uint32_t wc = 0;
+  for (uint32_t g0 = gbeg; g0 < gend; g0 += 128) {
+    uint4 raw[4];
+#pragma unroll
+    for (uint32_t u = 0; u < 4; u++) {
+      const uint32_t g = g0 + 32u * u + lane;
+      if (g < gend && dcpx_dev_group_full(a, len, g))
+        raw[u] = __ldg((const uint4 *)base + g);
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < 4; u++) {
+      const uint32_t g = g0 + 32u * u + lane;
+      uint4 k = make_uint4(0, 0, 0, 0);
+      uint32_t m = 0;
+      if (g < gend) {
+        if (dcpx_dev_group_full(a, len, g))
+          k = make_uint4(dcpx_dev_ord2(raw[u].x), dcpx_dev_ord2(raw[u].y),
+                         dcpx_dev_ord2(raw[u].z), dcpx_dev_ord2(raw[u].w));
+        else
+          k = dcpx_dev_group_load(base, a, len, g);
+#pragma unroll
+        for (uint32_t e = 0; e < 8; e++)
+          m |= (uint32_t)(dcpx_dev_u4get(k, e) - tau <= span) << e;
+      }
+      const uint32_t c = __popc(m);
+      if (!__any_sync(DCPX_FULL, c))
+        continue;
+      const uint32_t incl = dcpx_dev_warp_incl(c);
+      if (m) {
+        uint32_t pos = wc + incl - c;
+#pragma unroll
+        for (uint32_t e = 0; e < 8; e++) {
+          if ((m >> e) & 1u) {
+            if (pos < cw) {
+              wk[pos] = (uint16_t)dcpx_dev_u4get(k, e);
+              wl[pos] = g * 8u + e - a;
+            }
+            pos++;
+          }
+        }
+      }
+      wc += __shfl_sync(DCPX_FULL, incl, 31);
+    }
+  }
+  if (lane == 0)
+    S->wcnt[warp] = wc;
+  __syncthreads();
+  uint32_t total = 0, over = 0;
+  for (uint32_t w = 0; w < nw; w++) {
+    total += S->wcnt[w];
+    over |= S->wcnt[w] > cw;
+  }
+  if (over || total < cap)
+    return 0; /* uniform */
+
+  /* 3. The exact selection over the candidates (warp w's buffer is its
+   * segment of the order). */
+  for (uint32_t i = lane; i < wc; i += 32)
+    dcpx_dev_hist_add(S->hist, wk[i]);
+  uint32_t nz;
+  dcpx_dev_sel_after_a(S, cap, &nz); /* nz = total >= cap: never all */
+  {
+    const uint32_t lim = S->hb << 4;
+    uint32_t *h16w = S->h16 + 16u * warp;
+    uint32_t gtb = 0;
+    for (uint32_t i = lane; i < wc; i += 32)
+      gtb += dcpx_dev_passb(h16w, wk[i], lim);
+    gtb = __reduce_add_sync(DCPX_FULL, gtb);
+    if (lane == 0)
+      S->wgtb[warp] = gtb;
+  }
+  dcpx_dev_sel_finish(S, cap, 0);
+  const uint32_t T = S->T, take = S->take;
+  uint32_t rg = S->wgt[warp], rq = S->weq[warp];
+  for (uint32_t i0 = 0; i0 < wc; i0 += 32) {
+    const uint32_t i = i0 + lane;
+    const uint32_t o = i < wc ? wk[i] : 0u;
+    const uint32_t packed = dcpx_dev_passc(o, T, T);
+    const uint32_t incl = dcpx_dev_warp_incl(packed);
+    const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
+    const uint32_t ex = incl - packed;
+    uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu);
+    if (packed)
+      dcpx_dev_place(words, cap, o, wl[i], T, take, &gb, &qb);
+    rg += tot >> 16;
+    rq += tot & 0xFFFFu;
+  }
+  __syncthreads();
+  return 1;
+}
+
+/* The local top-`cap` list of row[0..len) into words[0..row_words(cap))
+ * (shared memory): the cap best non-NaN elements in ascending l, then
+ * zeros, then the bit-16 plane. cache: up to cache_groups groups of 8 keys
+ * kept in shared memory between passes (may be 0). ckey/cl: candidate
+ * buffers of cand_max entries for the fast path (NULL: exact path only).
+ * Every thread must call it; it ends with a barrier. */
+DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
+                                uint32_t len, uint32_t cap, uint32_t *words,
+                                uint4 *cache, uint32_t cache_groups,
+                                uint16_t *ckey, uint32_t *cl,
+                                uint32_t cand_max) {
+  const uint32_t nt = blockDim.x;
+  const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len, cache_groups);
+  const uint32_t rw = dcpx_dev_row_words(cap);
+
+  for (uint32_t i = threadIdx.x; i < rw; i += nt)
+    words[i] = 0;
+  dcpx_dev_sel_zero(S);
+  __syncthreads();
+
+  /* The sample must be small against the row, and the expected candidates
+   * (r / nt of the row) well inside the buffers. */
+  if (ckey && len >= 2048u) {
+    const uint32_t r = (2u * cap * nt + len - 1u) / len + 8u;
+    if (r <= nt / 2u &&
+        (uint64_t)r * len <= (uint64_t)nt * (cand_max / 4u * 3u) &&
+        dcpx_dev_local_fast(S, &R, row, cap, r, words, ckey, cl, cand_max))
+      return;
+  }
+  dcpx_dev_local_exact(S, &R, cap, words, cache);
 }
 
 /* ---- bounded waits (DESIGN.md section 6) --------------------------------- */

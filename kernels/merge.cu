@@ -5,16 +5,17 @@
  *
  *   1. Poll: every thread loads LL pairs of the W lists of row t from its
  *      own ll_slots[p][s][t] and waits (bounded) until both halves carry
- *      tag e. The words go to shared memory when the W lists fit
- *      (W * row_words(N) * 4 <= DCPX_MERGE_WORDS_SMEM), else the later
- *      passes re-read them from the slots (they cannot change before this
- *      merge has set epoch[t]: section 4).
+ *      tag e. When the W lists fit (W * row_words(N) * 4 <=
+ *      DCPX_MERGE_WORDS_SMEM) the entry words go to a flat shared array
+ *      keys1[s * N + j] (key f = s * N + j, the flat (r, l) order) and the
+ *      bit-16 planes beside it; else the later passes re-read them from the
+ *      slots (they cannot change before this merge has set epoch[t]:
+ *      section 4).
  *   2. Round 1: exact top-K of the W*N keys in flat (r, l) order
  *      (dcpx_device.cuh's selection). The placement pass writes, per
- *      selected key, (r << 17 | l) at its output position in `list`, the
- *      S1 membership bits, and the number of selected keys before each
- *      rank's first key (`bound`), so rank s holds bound[s+1] - bound[s]
- *      selected keys, and it is saturated iff that is N.
+ *      selected key, (r << 17 | l) at its output position in `list` and the
+ *      S1 membership bits; rank s is saturated iff all N of its bits are
+ *      set, and the selected keys of ranks before `me` give me's offset.
  *   3. No saturated rank: `list` is the answer.
  *   4. Rescue: a saturated `me` computes its local top-K list (capacity K)
  *      from its own logits, stores it into rescue slot
@@ -33,8 +34,9 @@
  * leaves epoch, seq2 and stats alone: the group is recovered by zeroing.
  *
  * Shared memory: the selection state (static, ~19 KB) plus, dynamic,
- * list [row_words(K)] | S1 bits [ceil(W*N/32), to 4] | W lists [W][rw_n]
- * (the last only when it fits).
+ * list [row_words(K)] | S1 bits [ceil(W*N/32), to 4] | keys1 [W*N] and
+ * planes [W][rw_n - N] (only when they fit) | the rescue's candidate
+ * buffers (DCPX_K_CAND entries, see dcpx_dev_local_list).
  */
 #include "dcpx_device.cuh"
 
@@ -42,38 +44,87 @@
 #define MW (MT / 32)
 #define DCPX_MERGE_WORDS_SMEM (96u * 1024u)
 
-/* Dynamic shared memory plan of a context: word counts of each region. */
+/* Dynamic shared memory plan of a context (word counts of each region),
+ * and reciprocals for dcpx_dev_div, computed once on the host. */
 typedef struct merge_plan {
-  uint32_t list_words, bits_words, lists_words;
+  uint32_t list_words, bits_words, keys_words, lists_words;
+  float rcp_n, rcp_p, rcp_b, rcp_i;
 } merge_plan;
 
 static __host__ merge_plan plan_of(uint32_t W, uint32_t N, uint32_t rw_n,
-                                   uint32_t rw_k) {
+                                   uint32_t rw_k, uint32_t P, uint32_t B,
+                                   uint32_t I) {
   merge_plan p;
   p.list_words = rw_k; /* > K; a multiple of 4 */
   p.bits_words = ((W * N + 31) / 32 + 3) & ~3u;
-  p.lists_words =
-      (uint64_t)W * rw_n * 4 <= DCPX_MERGE_WORDS_SMEM ? W * rw_n : 0;
+  p.keys_words = (W * N + 3) & ~3u; /* padded with zero keys */
+  p.lists_words = p.keys_words + W * (rw_n - N);
+  if ((uint64_t)p.lists_words * 4 > DCPX_MERGE_WORDS_SMEM)
+    p.keys_words = p.lists_words = 0;
+  p.rcp_n = 1.0f / (float)N;
+  p.rcp_p = 1.0f / (float)P;
+  p.rcp_b = 1.0f / (float)B;
+  p.rcp_i = 1.0f / (float)I;
   return p;
 }
 
-/* Word j of round-1 list s (shared copy, or the LL slot's half). */
-DCPX_D uint32_t r1_word(const uint32_t *lists, uint32_t rw_n, const char *ll,
-                        uint64_t src_stride, uint32_t s, uint32_t j) {
-  if (lists)
-    return lists[s * rw_n + j];
-  return dcpx_dev_ld_volatile(ll + s * src_stride + (uint64_t)(j >> 1) * 16u +
-                              (j & 1u) * 8u);
+/* Where round 1's words are: the flat shared copy (keys != NULL) or the
+ * LL slots of row t (source s at ll + s * src_stride). */
+typedef struct r1_src {
+  const uint32_t *keys;   /* [W*N] */
+  const uint32_t *planes; /* [W][pwn] */
+  const char *ll;
+  uint64_t src_stride;
+  uint32_t N, pwn;
+  float rcp_n;
+} r1_src;
+
+DCPX_D uint32_t ll_word(const r1_src *q, uint32_t s, uint32_t j) {
+  return dcpx_dev_ld_volatile(q->ll + s * q->src_stride +
+                              (uint64_t)(j >> 1) * 16u + (j & 1u) * 8u);
+}
+
+/* Word j (an entry when j < N, a plane word after) of list s. */
+DCPX_D uint32_t r1_word(const r1_src *q, uint32_t s, uint32_t j) {
+  if (q->keys)
+    return j < q->N ? q->keys[s * q->N + j] : q->planes[s * q->pwn + j - q->N];
+  return ll_word(q, s, j);
+}
+
+/* Key f's word (flat order). */
+DCPX_D uint32_t r1_key(const r1_src *q, uint32_t f) {
+  if (q->keys)
+    return q->keys[f];
+  const uint32_t s = dcpx_dev_div(f, q->N, q->rcp_n);
+  return ll_word(q, s, f - s * q->N);
+}
+
+/* Keys f .. f+3 (f a multiple of 4, f < fend); keys at or past fend read
+ * as empty. In shared memory they are the padding or the next segment's,
+ * which a segment end that is not the list's end never cuts (segments are
+ * multiples of 128 keys). */
+DCPX_D uint4 r1_key4(const r1_src *q, uint32_t f, uint32_t fend) {
+  if (q->keys)
+    return *(const uint4 *)(q->keys + f);
+  uint4 k;
+  k.x = r1_key(q, f);
+  k.y = f + 1 < fend ? r1_key(q, f + 1) : 0u;
+  k.z = f + 2 < fend ? r1_key(q, f + 2) : 0u;
+  k.w = f + 3 < fend ? r1_key(q, f + 3) : 0u;
+  return k;
+}
+
+DCPX_D uint32_t r1_hi(const r1_src *q, uint32_t s, uint32_t j) {
+  return (r1_word(q, s, q->N + (j >> 5)) >> (j & 31u)) & 1u;
 }
 
 /* Everything round 2 needs to fetch key f. */
 typedef struct r2_src {
+  const r1_src *r1;
   const uint32_t *off2;  /* shared [W+1]: first key of each rank */
   const uint32_t *bits1; /* shared S1 bits */
-  const uint32_t *lists;
-  const char *ll, *resc; /* row t's slots (parity p, source 0) / rescue row */
-  uint64_t src_stride;
-  uint32_t W, N, K, rw_n, rw_k, mask;
+  const char *resc;      /* rescue row t */
+  uint32_t W, N, K, rw_k, mask;
 } r2_src;
 
 /* Round-2 key f: its word (0 = empty), rank *ret_s, index *ret_j. */
@@ -93,54 +144,62 @@ DCPX_D uint32_t r2_word(const r2_src *q, uint32_t f, uint32_t *ret_s,
   const uint32_t fl = s * q->N + j;
   if (!((q->bits1[fl >> 5] >> (fl & 31u)) & 1u))
     return 0;
-  return r1_word(q->lists, q->rw_n, q->ll, q->src_stride, s, j);
+  return r1_word(q->r1, s, j);
 }
 
 /* Bit 16 of round-2 key (s, j)'s local index. */
 DCPX_D uint32_t r2_hi(const r2_src *q, uint32_t s, uint32_t j) {
-  uint32_t w;
   if ((q->mask >> s) & 1u) {
     const uint32_t slot = __popc(q->mask & ((1u << s) - 1u));
-    w = dcpx_dev_ld_volatile(q->resc +
-                             ((uint64_t)slot * q->rw_k + q->K + (j >> 5)) * 4u);
-  } else {
-    w = r1_word(q->lists, q->rw_n, q->ll, q->src_stride, s, q->N + (j >> 5));
+    const uint32_t w = dcpx_dev_ld_volatile(
+        q->resc + ((uint64_t)slot * q->rw_k + q->K + (j >> 5)) * 4u);
+    return (w >> (j & 31u)) & 1u;
   }
-  return (w >> (j & 31u)) & 1u;
+  return r1_hi(q->r1, s, j);
 }
 
-/* Outputs of row t from list[0..bound[W]) (entries r << 17 | l, in (r, l)
- * order); rank me's entries are list[bound[me] .. bound[me+1]). */
-DCPX_D void merge_outputs(uint32_t K, uint32_t W, uint32_t me, uint32_t B,
-                          uint32_t I, uint32_t t, const uint32_t *list,
-                          const uint32_t *bound, const int32_t *req_id,
-                          const int32_t *block_table, uint32_t bt_rows,
-                          uint32_t bt_cols, int32_t *rows_out,
-                          int32_t *valid_out, int32_t *ids_out) {
-  const uint32_t base = bound[me], cnt = bound[me + 1] - base;
-  const uint32_t total = bound[W];
-  const int32_t req = req_id[t];
-  const int req_ok = req >= 0 && (uint32_t)req < bt_rows;
-  int32_t *ro = rows_out + (uint64_t)t * K;
+/* What the output stage needs besides the row's selection. */
+typedef struct out_args {
+  const int32_t *block_table;
+  int32_t *rows_out, *valid_out, *ids_out;
+  uint32_t K, W, me, B, I, bt_rows, bt_cols;
+  float rcp_b, rcp_i;
+} out_args;
+
+DCPX_D uint32_t u4get(uint4 k, uint32_t e) {
+  return e == 0 ? k.x : e == 1 ? k.y : e == 2 ? k.z : k.w;
+}
+
+/* Outputs of row t from list[0..total) (entries r << 17 | l, in (r, l)
+ * order); rank me's entries are list[base .. base + cnt). */
+DCPX_D void merge_outputs(const out_args *o, uint32_t t, int32_t req,
+                          const uint32_t *list, uint32_t base, uint32_t cnt,
+                          uint32_t total) {
+  const uint32_t K = o->K, B = o->B, I = o->I;
+  const int req_ok = req >= 0 && (uint32_t)req < o->bt_rows;
+  const int32_t *bt = o->block_table + (uint64_t)(req_ok ? req : 0) * o->bt_cols;
+  int32_t *ro = o->rows_out + (uint64_t)t * K;
   int bad = 0;
 
   for (uint32_t p = threadIdx.x; p < K; p += MT) {
-    if (ids_out) {
+    if (o->ids_out) {
       int32_t g = -1;
       if (p < total) {
-        const uint32_t x = list[p];
-        g = dcpx_dev_gid(x & 0x1FFFFu, x >> 17, W, I);
+        const uint32_t x = list[p], l = x & 0x1FFFFu;
+        const uint32_t q = dcpx_dev_div(l, I, o->rcp_i);
+        g = (int32_t)(q * I * o->W + (x >> 17) * I + (l - q * I));
       }
-      ids_out[(uint64_t)t * K + p] = g;
+      o->ids_out[(uint64_t)t * K + p] = g;
     }
     int32_t v = -1;
     if (p < cnt) {
-      const uint32_t l = list[base + p] & 0x1FFFFu, col = l / B;
-      if (!req_ok || col >= bt_cols) {
+      const uint32_t l = list[base + p] & 0x1FFFFu;
+      const uint32_t col = dcpx_dev_div(l, B, o->rcp_b);
+      if (!req_ok || col >= o->bt_cols) {
         bad = 1;
       } else {
-        const int64_t blk = block_table[(uint64_t)req * bt_cols + col];
-        const int64_t kv = blk * B + l % B;
+        const int64_t blk = bt[col];
+        const int64_t kv = blk * B + (l - col * B);
         if (blk < 0 || kv > INT32_MAX)
           bad = 1;
         v = (int32_t)kv;
@@ -155,37 +214,23 @@ DCPX_D void merge_outputs(uint32_t K, uint32_t W, uint32_t me, uint32_t B,
       ro[p] = -1;
   }
   if (threadIdx.x == 0)
-    valid_out[t] = bad ? -1 : (int32_t)cnt;
+    o->valid_out[t] = bad ? -1 : (int32_t)cnt;
 }
 
-/* Pass A of a selection over keys of this warp's segment [fbeg, fend):
- * KEY(f) evaluates to key f's word. Written as a macro so that both rounds
- * share it without templates. */
+/* Passes A and B of a selection over the keys of this warp's segment
+ * [fbeg, fend): KEY evaluates to key f's word (ord16 in the high half).
+ * Macros, so that both rounds share them without templates. */
 #define MERGE_PASS_A(KEY)                                                     \
   do {                                                                        \
-    uint32_t nz_ = 0;                                                         \
-    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {                           \
-      const uint32_t f = f0 + lane;                                           \
-      const uint32_t o = f < fend ? (KEY) >> 16 : 0u;                         \
-      dcpx_dev_hist_add1(S.hist, o >> 4, o != 0);                             \
-      nz_ += o != 0;                                                          \
-    }                                                                         \
-    nz_ = __reduce_add_sync(DCPX_FULL, nz_);                                  \
-    if (lane == 0)                                                            \
-      S.wnz[warp] = nz_;                                                      \
+    for (uint32_t f = fbeg + lane; f < fend; f += 32)                         \
+      dcpx_dev_hist_add(S.hist, (KEY) >> 16);                                 \
   } while (0)
 
-#define MERGE_PASS_B(KEY)                                                     \
+#define MERGE_PASS_B(KEY, LIM)                                                \
   do {                                                                        \
-    const uint32_t hb_ = S.hb;                                                \
     uint32_t gtb_ = 0;                                                        \
-    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {                           \
-      const uint32_t f = f0 + lane;                                           \
-      const uint32_t o = f < fend ? (KEY) >> 16 : 0u;                         \
-      dcpx_dev_hist_add1(S.h16 + 16u * warp, o & 15u,                         \
-                         o != 0 && (o >> 4) == hb_);                          \
-      gtb_ += (o >> 4) > hb_;                                                 \
-    }                                                                         \
+    for (uint32_t f = fbeg + lane; f < fend; f += 32)                         \
+      gtb_ += dcpx_dev_passb(S.h16 + 16u * warp, (KEY) >> 16, (LIM));         \
     gtb_ = __reduce_add_sync(DCPX_FULL, gtb_);                                \
     if (lane == 0)                                                            \
       S.wgtb[warp] = gtb_;                                                    \
@@ -203,7 +248,7 @@ static __global__ void __launch_bounds__(MT)
   __shared__ dcpx_sel_smem S;
   __shared__ uint32_t bound[DCPX_MAX_WORLD + 1];
   __shared__ uint32_t off2[DCPX_MAX_WORLD + 1];
-  __shared__ char *peer[DCPX_MAX_WORLD];
+  __shared__ uint32_t rcnt[DCPX_MAX_WORLD];
   __shared__ volatile uint32_t fail;
   extern __shared__ uint4 dyn[];
 
@@ -211,10 +256,13 @@ static __global__ void __launch_bounds__(MT)
   const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
   const uint32_t R = c.rows_max, P = c.L.pairs, rw_n = c.L.rw_n;
   const uint32_t rw_k = c.L.rw_k, nslots = c.L.rescue_slots;
+  const uint32_t pwn = rw_n - N;
   uint32_t *list = (uint32_t *)dyn;
   uint32_t *bits1 = list + plan.list_words;
-  uint32_t *lists_w = plan.lists_words ? bits1 + plan.bits_words : NULL;
-  const uint32_t *lists = lists_w;
+  uint32_t *keys_w = plan.lists_words ? bits1 + plan.bits_words : NULL;
+  uint32_t *planes_w = keys_w ? keys_w + plan.keys_words : NULL;
+  uint32_t *cl = bits1 + plan.bits_words + plan.lists_words;
+  uint16_t *ckey = (uint16_t *)(cl + DCPX_K_CAND);
   char *ws = c.ws;
   uint32_t *epoch = (uint32_t *)(ws + c.L.off_epoch);
   uint32_t *seq2 = (uint32_t *)(ws + c.L.off_seq2);
@@ -223,15 +271,44 @@ static __global__ void __launch_bounds__(MT)
   const uint64_t src_stride = (uint64_t)R * P * 16u;
   const uint32_t max_len =
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
+  const float rcp_p = plan.rcp_p;
 
-  if (tid < W)
-    peer[tid] = c.peers[tid];
+  out_args oa;
+  oa.block_table = block_table;
+  oa.rows_out = rows_out;
+  oa.valid_out = valid_out;
+  oa.ids_out = ids_out;
+  oa.K = K;
+  oa.W = W;
+  oa.me = me;
+  oa.B = c.block_size;
+  oa.I = c.interleave;
+  oa.bt_rows = bt_rows;
+  oa.bt_cols = bt_cols;
+  oa.rcp_b = plan.rcp_b;
+  oa.rcp_i = plan.rcp_i;
+
+  r1_src q1;
+  q1.keys = keys_w;
+  q1.planes = planes_w;
+  q1.src_stride = src_stride;
+  q1.N = N;
+  q1.pwn = pwn;
+  q1.rcp_n = plan.rcp_n;
+
+  /* The fault hook's word lives in host memory (a PCIe round trip): ask
+   * now, look when the first poll loads are in flight. */
+  uint32_t armed = 0;
+  if (blockIdx.x == 0 && tid == 0)
+    armed = c.health[me].fault_armed;
 
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t e = dcpx_dev_epoch_next(epoch[t]);
+    const int32_t req = req_id[t];
     const uint32_t par = e & 1u;
     const uint64_t ll_row = c.L.off_ll + ((uint64_t)par * W * R + t) * P * 16u;
     const char *ll = ws + ll_row; /* source 0; source s at + s * src_stride */
+    q1.ll = ll;
     dcpx_wctx wc;
     wc.ctl = c.ctl;
     wc.health = c.health + me;
@@ -245,97 +322,155 @@ static __global__ void __launch_bounds__(MT)
 
     if (tid == 0)
       fail = 0;
+    if (keys_w && tid < plan.keys_words - W * N)
+      keys_w[W * N + tid] = 0; /* the padding keys */
     dcpx_dev_sel_zero(&S);
     __syncthreads();
 
     do {
       /* ---- 1. poll the W lists ---- */
-#ifndef DCPX_K_NO_FAULT_HOOK /* TEMP bench */
-      if (t == 0 && tid == 0)
-        dcpx_dev_fault_hook(c.health + me, e, call_tag);
-#endif
       const uint32_t npairs = W * P;
-      for (uint32_t x0 = 0; x0 < npairs && !fail; x0 += 4 * MT) {
-        uint64_t a[4], b[4];
+      for (uint32_t x0 = 0; x0 < npairs && !fail; x0 += 8 * MT) {
+        uint64_t a[8], b[8];
+        uint32_t ps[8], pi[8];
 #pragma unroll
-        for (uint32_t u = 0; u < 4; u++) {
+        for (uint32_t u = 0; u < 8; u++) {
           const uint32_t x = x0 + u * MT + tid;
-          if (x < npairs) {
-            const uint32_t s = x / P, i = x - s * P;
-            dcpx_dev_ll_load(ll + s * src_stride + (uint64_t)i * 16u, &a[u],
-                             &b[u]);
-          }
+          ps[u] = dcpx_dev_div(x, P, rcp_p);
+          pi[u] = x - ps[u] * P;
+          if (x < npairs)
+            dcpx_dev_ll_load(ll + ps[u] * src_stride + (uint64_t)pi[u] * 16u,
+                             &a[u], &b[u]);
+        }
+        if (armed) { /* block 0, thread 0, first row: before any wait */
+          armed = 0;
+          dcpx_dev_fault_hook(c.health + me, e, call_tag);
         }
 #pragma unroll
-        for (uint32_t u = 0; u < 4; u++) {
+        for (uint32_t u = 0; u < 8; u++) {
           const uint32_t x = x0 + u * MT + tid;
           if (x >= npairs)
             break;
-          const uint32_t s = x / P, i = x - s * P;
+          const uint32_t s = ps[u], i = pi[u];
           if ((uint32_t)(a[u] >> 32) != e || (uint32_t)(b[u] >> 32) != e) {
             const uint64_t off = s * src_stride + (uint64_t)i * 16u;
             const uint32_t index = (uint32_t)((ll_row - c.L.off_ll + off) / 8u);
             if (!dcpx_dev_wait_ll(&wc, ll + off, e, index, &a[u], &b[u]))
               break;
           }
-          if (lists_w) {
-            lists_w[s * rw_n + 2 * i] = (uint32_t)a[u];
-            lists_w[s * rw_n + 2 * i + 1] = (uint32_t)b[u];
+          if (keys_w) {
+            const uint32_t j = 2 * i;
+            if (j < N)
+              keys_w[s * N + j] = (uint32_t)a[u];
+            else
+              planes_w[s * pwn + j - N] = (uint32_t)a[u];
+            if (j + 1 < N)
+              keys_w[s * N + j + 1] = (uint32_t)b[u];
+            else
+              planes_w[s * pwn + j + 1 - N] = (uint32_t)b[u];
           }
         }
       }
+      armed = 0;
       __syncthreads();
       if (fail)
         break;
 
-      /* ---- 2. round 1 ---- */
+      /* ---- 2. round 1 (4 keys per lane, 128 per warp step) ---- */
       const uint32_t n1 = W * N;
-      uint32_t kpw = (((n1 + MW - 1) / MW) + 31u) & ~31u;
+      uint32_t kpw = (((n1 + MW - 1) / MW) + 127u) & ~127u;
       uint32_t fbeg = min(n1, warp * kpw), fend = min(n1, fbeg + kpw);
-#define R1_KEY r1_word(lists, rw_n, ll, src_stride, f / N, f - (f / N) * N)
-      MERGE_PASS_A(R1_KEY);
+      for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
+        const uint4 k = r1_key4(&q1, f, fend);
+        dcpx_dev_hist_add(S.hist, k.x >> 16);
+        dcpx_dev_hist_add(S.hist, k.y >> 16);
+        dcpx_dev_hist_add(S.hist, k.z >> 16);
+        dcpx_dev_hist_add(S.hist, k.w >> 16);
+      }
       uint32_t nz;
       int all = dcpx_dev_sel_after_a(&S, K, &nz);
-      if (!all)
-        MERGE_PASS_B(R1_KEY);
-#undef R1_KEY
+      {
+        const uint32_t lim = all ? 0u : S.hb << 4;
+        uint32_t *h16w = S.h16 + 16u * warp, gtb = 0;
+        for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
+          const uint4 k = r1_key4(&q1, f, fend);
+          gtb += dcpx_dev_passb(h16w, k.x >> 16, lim) +
+                 dcpx_dev_passb(h16w, k.y >> 16, lim) +
+                 dcpx_dev_passb(h16w, k.z >> 16, lim) +
+                 dcpx_dev_passb(h16w, k.w >> 16, lim);
+        }
+        gtb = __reduce_add_sync(DCPX_FULL, gtb);
+        if (lane == 0)
+          S.wgtb[warp] = gtb;
+      }
       dcpx_dev_sel_finish(&S, K, all);
       {
-        const uint32_t T = S.T, take = S.take;
+        const uint32_t T = S.T, take = S.take, teq = T ? T : 0xFFFFFFFFu;
         uint32_t rg = S.wgt[warp], rq = S.weq[warp];
-        if (tid == 0)
-          bound[W] = all ? nz : K;
-        for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
-          const uint32_t f = f0 + lane;
-          const int v = f < fend;
-          const uint32_t s = f / N, j = f - s * N;
-          const uint32_t w = v ? r1_word(lists, rw_n, ll, src_stride, s, j) : 0;
-          const uint32_t o = w >> 16;
-          const uint32_t packed = ((uint32_t)(o > T) << 16) | (o == T && T);
+        for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
+          const uint32_t f = f0 + 4u * lane;
+          const uint4 k = f < fend ? r1_key4(&q1, f, fend) : make_uint4(0, 0, 0, 0);
+          const uint32_t packed = dcpx_dev_passc(k.x >> 16, T, teq) +
+                                  dcpx_dev_passc(k.y >> 16, T, teq) +
+                                  dcpx_dev_passc(k.z >> 16, T, teq) +
+                                  dcpx_dev_passc(k.w >> 16, T, teq);
           const uint32_t incl = dcpx_dev_warp_incl(packed);
           const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
-          const uint32_t ex = incl - packed;
-          uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
-          if (v && j == 0)
-            bound[s] = gb + min(qb, take);
-          const int sel = dcpx_dev_sel_place(o, T, take, &gb, &qb, &pos);
-          if (sel) {
-            const uint32_t hi =
-                (r1_word(lists, rw_n, ll, src_stride, s, N + (j >> 5)) >>
-                 (j & 31u)) & 1u;
-            list[pos] = (s << 17) | (hi << 16) | (w & 0xFFFFu);
+          uint32_t nib = 0;
+          if (packed) {
+            const uint32_t ex = incl - packed;
+            uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
+#pragma unroll
+            for (uint32_t e = 0; e < 4; e++) {
+              const uint32_t w = u4get(k, e);
+              if (dcpx_dev_sel_place(w >> 16, T, take, &gb, &qb, &pos)) {
+                const uint32_t s = dcpx_dev_div(f + e, N, q1.rcp_n);
+                const uint32_t j = f + e - s * N;
+                list[pos] =
+                    (s << 17) | (r1_hi(&q1, s, j) << 16) | (w & 0xFFFFu);
+                nib |= 1u << e;
+              }
+            }
           }
-          const uint32_t bal = __ballot_sync(DCPX_FULL, sel);
-          if (lane == 0)
-            bits1[f0 >> 5] = bal;
+          /* S1 bits: lanes 8m .. 8m+7 make word f0 / 32 + m. */
+          uint32_t v = nib << (4u * (lane & 7u));
+          v |= __shfl_xor_sync(DCPX_FULL, v, 1);
+          v |= __shfl_xor_sync(DCPX_FULL, v, 2);
+          v |= __shfl_xor_sync(DCPX_FULL, v, 4);
+          if ((lane & 7u) == 0)
+            bits1[(f0 >> 5) + (lane >> 3)] = v;
           rg += tot >> 16;
           rq += tot & 0xFFFFu;
         }
         __syncthreads();
-        for (uint32_t s = 0; s < W; s++)
-          if (bound[s + 1] - bound[s] == N)
+        /* Selected keys per rank: warp s counts rank s's S1 bits. */
+        if (warp < W) {
+          const uint32_t lo = warp * N, hi = lo + N;
+          uint32_t cnt = 0;
+          for (uint32_t wi = (lo >> 5) + lane; wi <= ((hi - 1) >> 5); wi += 32) {
+            uint32_t m = bits1[wi];
+            const uint32_t b0 = wi * 32u;
+            if (b0 < lo)
+              m &= ~0u << (lo - b0);
+            if (hi - b0 < 32u)
+              m &= (1u << (hi - b0)) - 1u;
+            cnt += __popc(m);
+          }
+          cnt = __reduce_add_sync(DCPX_FULL, cnt);
+          if (lane == 0)
+            rcnt[warp] = cnt;
+        }
+        __syncthreads();
+        uint32_t base = 0;
+        for (uint32_t s = 0; s < W; s++) {
+          const uint32_t x = rcnt[s];
+          if (x == N)
             mask |= 1u << s;
+          base += s < me ? x : 0u;
+        }
         sw = (mask << 16) | (all ? 0u : T);
+        if (!mask)
+          merge_outputs(&oa, t, req, list, base, rcnt[me], all ? nz : K);
       }
 
       /* ---- 3.-5. rescue and round 2 ---- */
@@ -344,24 +479,24 @@ static __global__ void __launch_bounds__(MT)
         const uint64_t resc_row =
             c.L.off_rescue + (uint64_t)t * nslots * rw_k * 4u;
         if ((mask >> me) & 1u) {
-          int32_t re = row_ends[t];
+          const int32_t re = row_ends[t];
           const uint32_t len =
               re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
           dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, K, list,
-                              NULL, 0);
+                              NULL, 0, ckey, cl, DCPX_K_CAND);
           const uint32_t slot = __popc(mask & ((1u << me) - 1u));
           const uint64_t dst = resc_row + (uint64_t)slot * rw_k * 4u;
-          const uint32_t n4 = rw_k / 4, total = W * n4;
-          for (uint32_t x = tid; x < total; x += MT) {
-            const uint32_t d = x / n4, v = x - d * n4;
-            *(uint4 *)(peer[d] + dst + (uint64_t)v * 16u) =
-                ((const uint4 *)list)[v];
+          const uint32_t n4 = rw_k / 4;
+          for (uint32_t d = 0; d < W; d++) {
+            char *pd = c.peers[d] + dst;
+            for (uint32_t v = tid; v < n4; v += MT)
+              *(uint4 *)(pd + (uint64_t)v * 16u) = ((const uint4 *)list)[v];
           }
           __syncthreads();
           if (tid < W) {
+            char *pf = c.peers[tid] + c.L.off_flags + ((uint64_t)me * R + t) * 4u;
             __threadfence_system();
-            dcpx_dev_st_release_sys(
-                peer[tid] + c.L.off_flags + ((uint64_t)me * R + t) * 4u, q2);
+            dcpx_dev_st_release_sys(pf, q2);
           }
         }
         if (tid < W && ((mask >> tid) & 1u))
@@ -382,16 +517,13 @@ static __global__ void __launch_bounds__(MT)
           break;
 
         r2_src q;
+        q.r1 = &q1;
         q.off2 = off2;
         q.bits1 = bits1;
-        q.lists = lists;
-        q.ll = ll;
         q.resc = ws + resc_row;
-        q.src_stride = src_stride;
         q.W = W;
         q.N = N;
         q.K = K;
-        q.rw_n = rw_n;
         q.rw_k = rw_k;
         q.mask = mask;
         const uint32_t n2 = off2[W];
@@ -399,14 +531,11 @@ static __global__ void __launch_bounds__(MT)
         fbeg = min(n2, warp * kpw);
         fend = min(n2, fbeg + kpw);
         uint32_t ks, kj;
-#define R2_KEY r2_word(&q, f, &ks, &kj)
-        MERGE_PASS_A(R2_KEY);
+        MERGE_PASS_A(r2_word(&q, f, &ks, &kj));
         all = dcpx_dev_sel_after_a(&S, K, &nz);
-        if (!all)
-          MERGE_PASS_B(R2_KEY);
-#undef R2_KEY
+        MERGE_PASS_B(r2_word(&q, f, &ks, &kj), all ? 0u : S.hb << 4);
         dcpx_dev_sel_finish(&S, K, all);
-        const uint32_t T = S.T, take = S.take;
+        const uint32_t T = S.T, take = S.take, teq = T ? T : 0xFFFFFFFFu;
         uint32_t rg = S.wgt[warp], rq = S.weq[warp];
         if (tid == 0)
           bound[W] = all ? nz : K;
@@ -416,7 +545,7 @@ static __global__ void __launch_bounds__(MT)
           uint32_t s = 0, j = 1;
           const uint32_t w = v ? r2_word(&q, f, &s, &j) : 0;
           const uint32_t o = w >> 16;
-          const uint32_t packed = ((uint32_t)(o > T) << 16) | (o == T && T);
+          const uint32_t packed = dcpx_dev_passc(o, T, teq);
           const uint32_t incl = dcpx_dev_warp_incl(packed);
           const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
           const uint32_t ex = incl - packed;
@@ -429,14 +558,13 @@ static __global__ void __launch_bounds__(MT)
           rq += tot & 0xFFFFu;
         }
         __syncthreads();
+        merge_outputs(&oa, t, req, list, bound[me], bound[me + 1] - bound[me],
+                      bound[W]);
         if (tid == 0)
           seq2[t] = q2;
       }
 
-      /* ---- 6. outputs ---- */
-      merge_outputs(K, W, me, c.block_size, c.interleave, t, list, bound,
-                    req_id, block_table, bt_rows, bt_cols, rows_out,
-                    valid_out, ids_out);
+      /* ---- 6. the row's state ---- */
       if (tid == 0) {
         satw[t] = sw;
         if (sat_out)
@@ -469,17 +597,21 @@ static __global__ void __launch_bounds__(MT)
 /* ---- host side ------------------------------------------------------------ */
 
 static merge_plan plan_ctx(const dcpx_kctx *c) {
-  return plan_of(c->world, c->local_topk, c->L.rw_n, c->L.rw_k);
+  return plan_of(c->world, c->local_topk, c->L.rw_n, c->L.rw_k, c->L.pairs,
+                 c->block_size, c->interleave);
 }
 
 size_t dcpx_k_merge_smem(const dcpx_kctx *c) {
   merge_plan p = plan_ctx(c);
-  return 4u * ((size_t)p.list_words + p.bits_words + p.lists_words);
+  return 4u * ((size_t)p.list_words + p.bits_words + p.lists_words) +
+         6u * (size_t)DCPX_K_CAND;
 }
 
 int dcpx_k_merge_prepare(void) {
-  /* The largest plan: list 4224 words, bits 2048, lists up to the budget. */
-  const int max_dyn = 4 * (4224 + 2048) + (int)DCPX_MERGE_WORDS_SMEM;
+  /* The largest plan: list 4224 words, bits 2048, keys and planes up to
+   * the budget. */
+  const int max_dyn = 4 * (4224 + 2048) + (int)DCPX_MERGE_WORDS_SMEM +
+                      6 * (int)DCPX_K_CAND;
   if (cudaFuncSetAttribute(dcpx_merge_kernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_dyn) != cudaSuccess)

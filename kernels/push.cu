@@ -14,9 +14,10 @@
  * them (DESIGN.md section 4).
  *
  * Shared memory: the selection state (static) plus, dynamic, the list
- * [row_words(N)] and a cache of the row's ord16 keys (up to
- * DCPX_PUSH_CACHE_GROUPS groups of 8), so that the second and third passes
- * over the row read shared memory instead of L2.
+ * [row_words(N)], a cache of the row's ord16 keys (up to
+ * DCPX_PUSH_CACHE_GROUPS groups of 8; the exact path's later passes read it
+ * instead of L2), and the fast path's candidate buffers (DCPX_K_CAND
+ * entries of a 16-bit key and a 32-bit index).
  */
 #include "dcpx_device.cuh"
 
@@ -36,6 +37,9 @@ static __global__ void __launch_bounds__(PT)
   const uint32_t R = c.rows_max, P = c.L.pairs, rw_n = c.L.rw_n;
   uint32_t *words = (uint32_t *)dyn;
   uint4 *cache = dyn + rw_n / 4;
+  uint32_t *cl = (uint32_t *)(cache + cache_groups);
+  uint16_t *ckey = (uint16_t *)(cl + DCPX_K_CAND);
+  const float rcp_p = 1.0f / (float)P;
   const uint32_t *epoch = (const uint32_t *)(c.ws + c.L.off_epoch);
   const uint32_t max_len =
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
@@ -52,11 +56,11 @@ static __global__ void __launch_bounds__(PT)
         c.L.off_ll + ((((uint64_t)(e & 1u) * W + me) * R + t) * P) * 16u;
 
     dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, N, words,
-                        cache, cache_groups);
+                        cache, cache_groups, ckey, cl, DCPX_K_CAND);
 
     const uint32_t n = W * P;
     for (uint32_t x = tid; x < n; x += PT) {
-      const uint32_t d = x / P, i = x - d * P;
+      const uint32_t d = dcpx_dev_div(x, P, rcp_p), i = x - d * P;
       const uint2 w = ((const uint2 *)words)[i];
       dcpx_dev_ll_store(peer[d] + slot + (uint64_t)i * 16u, w.x, w.y, e);
     }
@@ -73,11 +77,13 @@ static uint32_t push_cache_groups(const dcpx_kctx *c) {
 }
 
 size_t dcpx_k_push_smem(const dcpx_kctx *c) {
-  return 4u * (size_t)c->L.rw_n + 16u * (size_t)push_cache_groups(c);
+  return 4u * (size_t)c->L.rw_n + 16u * (size_t)push_cache_groups(c) +
+         6u * (size_t)DCPX_K_CAND;
 }
 
 int dcpx_k_push_prepare(void) {
-  const int max_dyn = 4 * 4224 + 16 * (int)DCPX_PUSH_CACHE_GROUPS;
+  const int max_dyn =
+      4 * 4224 + 16 * (int)DCPX_PUSH_CACHE_GROUPS + 6 * (int)DCPX_K_CAND;
   if (cudaFuncSetAttribute(dcpx_push_kernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_dyn) != cudaSuccess)

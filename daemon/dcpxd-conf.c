@@ -1,0 +1,465 @@
+/* dcpxd-conf.c - defaults, config file and flags (dcpxd-conf.h).
+ *
+ * The config file is a list of "key = value" lines; blank lines and lines
+ * whose first non-blank character is '#' are ignored, and so is the rest of
+ * a line from a '#' that follows a blank. A value may be "double quoted".
+ * Keys are the long flag names; '_' is accepted for '-'.
+ *
+ * Loading runs getopt twice: the first pass only looks for --config,
+ * --help and --version; then the file is read; then the second pass applies
+ * every other flag over it. Every setting goes through conf_set(), which
+ * validates it and names its source in any error.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <dcpx/version.h>
+
+#include "dcpx.h"
+#include "dcpxd-conf.h"
+#include "dcpxd-log.h"
+#include "dcpxd-util.h"
+#include "frame.h"
+
+enum { SRC_DEFAULT = 0, SRC_FILE = 1, SRC_FLAG = 2 };
+
+/* The id lists are parsed as uint32_t (as uid_t and gid_t are on Linux). */
+_Static_assert(sizeof(uid_t) == sizeof(uint32_t) &&
+                   sizeof(gid_t) == sizeof(uint32_t),
+               "uid_t and gid_t are 32-bit");
+
+/* Flags that are settings use their index in this table + OPT_SETTING as
+ * getopt value; the table's name is then the setting's key. */
+enum {
+  OPT_SETTING = 0x100,
+  OPT_CONFIG = 'c',
+  OPT_HELP = 'h',
+  OPT_VERSION = 'V'
+};
+static const struct option long_options[] = {
+    {"socket", required_argument, NULL, OPT_SETTING + 0},
+    {"socket-mode", required_argument, NULL, OPT_SETTING + 1},
+    {"state-dir", required_argument, NULL, OPT_SETTING + 2},
+    {"poll-ms", required_argument, NULL, OPT_SETTING + 3},
+    {"join-timeout-ms", required_argument, NULL, OPT_SETTING + 4},
+    {"allow-uid", required_argument, NULL, OPT_SETTING + 5},
+    {"allow-gid", required_argument, NULL, OPT_SETTING + 6},
+    {"enable-fault-injection", optional_argument, NULL, OPT_SETTING + 7},
+    {"records-max-bytes", required_argument, NULL, OPT_SETTING + 8},
+    {"log-level", required_argument, NULL, OPT_SETTING + 9},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"help", no_argument, NULL, OPT_HELP},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+#define N_SETTINGS 10
+
+static void help(void) {
+  printf("Usage: dcpxd [OPTION]...\n"
+         "The dcpx node daemon: rendezvous, shared buffers, health and "
+         "recovery\nof dcpx groups.\n"
+         "\n"
+         "Every option can also be set in the config file as \"name = "
+         "value\";\n"
+         "options given here override the file.\n"
+         "\n"
+         "  -c, --config=FILE            read FILE (default %s\n"
+         "                               if it exists; --config= reads none)\n"
+         "      --socket=PATH            listening socket (default %s;\n"
+         "                               ignored under socket activation)\n"
+         "      --socket-mode=MODE       its permission bits, octal "
+         "(default 0660)\n"
+         "      --state-dir=DIR          durable timeout records (default "
+         "%s)\n"
+         "      --poll-ms=N              alarm scan period, 1..%u ms "
+         "(default %u)\n"
+         "      --join-timeout-ms=N      default join timeout (default "
+         "%u)\n"
+         "      --allow-uid=LIST         users who may connect, by uid or "
+         "name,\n"
+         "                               comma separated (root and the "
+         "daemon's\n"
+         "                               own user always may)\n"
+         "      --allow-gid=LIST         groups whose members may connect\n"
+         "      --enable-fault-injection[=BOOL]\n"
+         "                               allow dcpxctl fault stall (off by "
+         "default)\n"
+         "      --records-max-bytes=SIZE rotate records.log beyond SIZE "
+         "(K, M, G\n"
+         "                               suffixes; default 4M)\n"
+         "      --log-level=LEVEL        err, warning, notice, info (default) "
+         "or debug\n"
+         "  -h, --help                   this text\n"
+         "  -V, --version                the version\n"
+         "\n"
+         "Exit status: 0 after a clean shutdown (SIGTERM, SIGINT), 1 on a "
+         "runtime\n"
+         "failure, 2 on a bad option or config file.\n",
+         DCPXD_DEFAULT_CONFIG, DCPXD_DEFAULT_SOCKET, DCPXD_DEFAULT_STATE_DIR,
+         DCPXD_MAX_POLL_MS, DCPXD_DEFAULT_POLL_MS,
+         DCPXD_DEFAULT_JOIN_TIMEOUT_MS);
+}
+
+static void version(void) {
+  printf("dcpxd %s (protocol %u, %s)\n", DCPX_VERSION_STRING,
+         DCPX_PROTO_VERSION,
+#ifdef HAVE_LIBSYSTEMD
+         "+libsystemd"
+#else
+         "-libsystemd"
+#endif
+  );
+}
+
+static int parse_bool(const char *v) {
+  static const char *const yes[] = {"1", "yes", "true", "on"};
+  static const char *const no[] = {"0", "no", "false", "off"};
+  for (size_t i = 0; i < ELEMENTSOF(yes); i++) {
+    if (strcasecmp(v, yes[i]) == 0)
+      return 1;
+    if (strcasecmp(v, no[i]) == 0)
+      return 0;
+  }
+  return -EINVAL;
+}
+
+/* "4194304", "4M", "4MiB", "512K", "1G" (binary units). */
+static int parse_size(const char *v, uint64_t *ret) {
+  char *end;
+  unsigned long long n;
+  uint64_t mul = 1;
+
+  if (!isdigit((unsigned char)*v))
+    return -EINVAL;
+  errno = 0;
+  n = strtoull(v, &end, 10);
+  if (errno)
+    return -errno;
+  switch (toupper((unsigned char)*end)) {
+  case '\0':
+    break;
+  case 'K':
+    mul = 1ull << 10;
+    end++;
+    break;
+  case 'M':
+    mul = 1ull << 20;
+    end++;
+    break;
+  case 'G':
+    mul = 1ull << 30;
+    end++;
+    break;
+  default:
+    return -EINVAL;
+  }
+  if (mul > 1 && (strcasecmp(end, "ib") == 0 || strcasecmp(end, "b") == 0))
+    end += strlen(end);
+  if (*end)
+    return -EINVAL;
+  if (n > UINT64_MAX / mul)
+    return -ERANGE;
+  *ret = n * mul;
+  return 0;
+}
+
+/* Appends the ids of a comma/blank separated list of numbers or names. */
+static int parse_id_list(const char *v, bool group, uint32_t **list, size_t *n,
+                         const char *where) {
+  _cleanup_free_ char *copy = strdup(v);
+  char *save = NULL;
+
+  if (!copy)
+    return -ENOMEM;
+  for (char *tok = strtok_r(copy, ", \t", &save); tok;
+       tok = strtok_r(NULL, ", \t", &save)) {
+    uint32_t id;
+    if (dcpxd_parse_u32(tok, 10, &id) < 0) {
+      if (group) {
+        struct group *g = getgrnam(tok);
+        if (!g)
+          return log_error_errno(-EINVAL, "%s: unknown group '%s'", where, tok);
+        id = (uint32_t)g->gr_gid;
+      } else {
+        struct passwd *p = getpwnam(tok);
+        if (!p)
+          return log_error_errno(-EINVAL, "%s: unknown user '%s'", where, tok);
+        id = (uint32_t)p->pw_uid;
+      }
+    }
+    uint32_t *nl = realloc(*list, (*n + 1) * sizeof(**list));
+    if (!nl)
+      return -ENOMEM;
+    nl[(*n)++] = id;
+    *list = nl;
+  }
+  return 0;
+}
+
+static int set_string(char **dst, const char *v) {
+  char *s = strdup(v);
+  if (!s)
+    return -ENOMEM;
+  free(*dst);
+  *dst = s;
+  return 0;
+}
+
+/* Applies one setting. `where` names its source for error messages. */
+static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
+                    const char *where) {
+  uint64_t u = 0;
+  int r;
+
+  if (strcmp(key, "socket") == 0) {
+    if (!*v || strlen(v) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+      return log_error_errno(-EINVAL,
+                             "%s: socket path must be 1..%zu bytes long", where,
+                             sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+    return set_string(&c->socket_path, v);
+  }
+  if (strcmp(key, "socket-mode") == 0) {
+    if (dcpxd_parse_u64(v, 8, &u) < 0 || u > 07777)
+      return log_error_errno(
+          -EINVAL, "%s: socket-mode '%s' is not an octal mode", where, v);
+    c->socket_mode = (mode_t)u;
+    return 0;
+  }
+  if (strcmp(key, "state-dir") == 0) {
+    if (!*v)
+      return log_error_errno(-EINVAL, "%s: state-dir is empty", where);
+    return set_string(&c->state_dir, v);
+  }
+  if (strcmp(key, "poll-ms") == 0) {
+    if (dcpxd_parse_u64(v, 10, &u) < 0 || u < 1 || u > DCPXD_MAX_POLL_MS)
+      return log_error_errno(
+          -EINVAL,
+          "%s: poll-ms '%s' must be 1..%u (the alarm scan bounds how soon "
+          "a group aborts after a timeout)",
+          where, v, DCPXD_MAX_POLL_MS);
+    c->poll_ms = (uint32_t)u;
+    return 0;
+  }
+  if (strcmp(key, "join-timeout-ms") == 0) {
+    if (dcpxd_parse_u64(v, 10, &u) < 0 || u < 1 || u > 86400000u)
+      return log_error_errno(
+          -EINVAL, "%s: join-timeout-ms '%s' must be 1..86400000", where, v);
+    c->join_timeout_ms = (uint32_t)u;
+    return 0;
+  }
+  if (strcmp(key, "allow-uid") == 0 || strcmp(key, "allow-gid") == 0) {
+    bool group = key[6] == 'g';
+    int *src = group ? &c->gids_source : &c->uids_source;
+    uint32_t **list =
+        group ? (uint32_t **)&c->allow_gids : (uint32_t **)&c->allow_uids;
+    size_t *n = group ? &c->n_allow_gids : &c->n_allow_uids;
+    if (*src != source) { /* a later source replaces the list */
+      free(*list);
+      *list = NULL;
+      *n = 0;
+      *src = source;
+    }
+    return parse_id_list(v, group, list, n, where);
+  }
+  if (strcmp(key, "enable-fault-injection") == 0) {
+    r = parse_bool(v);
+    if (r < 0)
+      return log_error_errno(-EINVAL, "%s: '%s' is not a boolean", where, v);
+    c->fault_injection = r;
+    return 0;
+  }
+  if (strcmp(key, "records-max-bytes") == 0) {
+    if (parse_size(v, &u) < 0 || u < 4096 || u > (1ull << 40))
+      return log_error_errno(
+          -EINVAL, "%s: records-max-bytes '%s' must be a size from 4K to 1T",
+          where, v);
+    c->records_max_bytes = u;
+    return 0;
+  }
+  if (strcmp(key, "log-level") == 0) {
+    r = dcpxd_log_level_from_string(v);
+    if (r < 0)
+      return log_error_errno(-EINVAL, "%s: unknown log-level '%s'", where, v);
+    c->log_level = r;
+    return 0;
+  }
+  return log_error_errno(-EINVAL, "%s: unknown setting '%s'", where, key);
+}
+
+static char *strip(char *s) {
+  char *e;
+  while (isspace((unsigned char)*s))
+    s++;
+  e = s + strlen(s);
+  while (e > s && isspace((unsigned char)e[-1]))
+    *--e = '\0';
+  return s;
+}
+
+static int conf_load_file(dcpxd_conf *c, const char *path, bool must_exist) {
+  _cleanup_fclose_ FILE *f = fopen(path, "re");
+  _cleanup_free_ char *line = NULL;
+  size_t cap = 0;
+  unsigned lineno = 0;
+  ssize_t len;
+
+  if (!f) {
+    if (errno == ENOENT && !must_exist)
+      return 0;
+    return log_error_errno(-errno, "Cannot read config file %s: %m", path);
+  }
+  while ((len = getline(&line, &cap, f)) >= 0) {
+    char where[PATH_MAX + 32], *key, *val, *eq, *hash;
+    lineno++;
+    dcpxd_bprintf(where, "%s:%u", path, lineno);
+    if ((size_t)len != strlen(line))
+      return log_error_errno(-EINVAL, "%s: NUL byte in line", where);
+    key = strip(line);
+    if (!*key || *key == '#')
+      continue;
+    eq = strchr(key, '=');
+    if (!eq)
+      return log_error_errno(-EINVAL, "%s: expected 'key = value'", where);
+    *eq = '\0';
+    val = strip(eq + 1);
+    key = strip(key);
+    for (char *p = key; *p; p++)
+      if (*p == '_')
+        *p = '-';
+    if (*val == '"') {
+      char *q = strchr(val + 1, '"');
+      if (!q)
+        return log_error_errno(-EINVAL, "%s: unterminated quote", where);
+      *q = '\0';
+      if (*strip(q + 1) && *strip(q + 1) != '#')
+        return log_error_errno(-EINVAL, "%s: text after closing quote", where);
+      val++;
+    } else {
+      for (hash = val; (hash = strchr(hash, '#')); hash++)
+        if (hash > val && isspace((unsigned char)hash[-1])) {
+          *hash = '\0';
+          val = strip(val);
+          break;
+        }
+    }
+    if (!*key)
+      return log_error_errno(-EINVAL, "%s: missing key", where);
+    if (strcmp(key, "config") == 0)
+      return log_error_errno(-EINVAL, "%s: 'config' cannot be set in a file",
+                             where);
+    int r = conf_set(c, key, val, SRC_FILE, where);
+    if (r < 0)
+      return r;
+  }
+  if (ferror(f))
+    return log_error_errno(-EIO, "Cannot read config file %s: %m", path);
+  return 0;
+}
+
+static void conf_defaults(dcpxd_conf *c) {
+  memset(c, 0, sizeof(*c));
+  c->socket_mode = 0660;
+  c->poll_ms = DCPXD_DEFAULT_POLL_MS;
+  c->join_timeout_ms = DCPXD_DEFAULT_JOIN_TIMEOUT_MS;
+  c->records_max_bytes = DCPXD_DEFAULT_RECORDS_MAX_BYTES;
+  c->log_level = LOG_INFO;
+}
+
+int dcpxd_conf_load(dcpxd_conf *c, int argc, char **argv) {
+  const char *config = NULL;
+  bool explicit_config = false;
+  int opt, idx, r;
+
+  conf_defaults(c);
+  if (set_string(&c->socket_path, DCPXD_DEFAULT_SOCKET) < 0 ||
+      set_string(&c->state_dir, DCPXD_DEFAULT_STATE_DIR) < 0)
+    return -ENOMEM;
+
+  /* Pass 1: --config, --help, --version (getopt is silent here; pass 2
+   * reports bad flags). */
+  opterr = 0;
+  optind = 0;
+  while ((opt = getopt_long(argc, argv, "c:hV", long_options, &idx)) != -1) {
+    if (opt == OPT_HELP) {
+      help();
+      return DCPXD_CONF_EXIT;
+    }
+    if (opt == OPT_VERSION) {
+      version();
+      return DCPXD_CONF_EXIT;
+    }
+    if (opt == OPT_CONFIG) {
+      config = optarg;
+      explicit_config = true;
+    }
+  }
+
+  if (!explicit_config)
+    config = DCPXD_DEFAULT_CONFIG;
+  if (config && *config) {
+    r = conf_load_file(c, config, explicit_config);
+    if (r < 0)
+      return -EINVAL;
+    if (explicit_config || access(config, F_OK) == 0)
+      if (set_string(&c->config_path, config) < 0)
+        return -ENOMEM;
+  }
+
+  /* Pass 2: every setting flag, over the file. */
+  opterr = 1;
+  optind = 0;
+  while ((opt = getopt_long(argc, argv, "c:hV", long_options, &idx)) != -1) {
+    if (opt == '?' || opt == ':')
+      return -EINVAL; /* getopt printed why */
+    if (opt >= OPT_SETTING && opt < OPT_SETTING + N_SETTINGS) {
+      const char *key = long_options[opt - OPT_SETTING].name;
+      char where[64];
+      dcpxd_bprintf(where, "--%s", key);
+      r = conf_set(c, key, optarg ? optarg : "yes", SRC_FLAG, where);
+      if (r < 0)
+        return -EINVAL;
+    }
+  }
+  if (optind < argc)
+    return log_error_errno(
+        -EINVAL, "Unexpected argument '%s' (see dcpxd --help)", argv[optind]);
+  return DCPXD_CONF_RUN;
+}
+
+void dcpxd_conf_done(dcpxd_conf *c) {
+  free(c->socket_path);
+  free(c->state_dir);
+  free(c->allow_uids);
+  free(c->allow_gids);
+  free(c->config_path);
+  memset(c, 0, sizeof(*c));
+}
+
+bool dcpxd_conf_peer_allowed(const dcpxd_conf *c, uid_t uid, const gid_t *gids,
+                             size_t n_gids) {
+  if (uid == 0 || uid == getuid())
+    return true;
+  for (size_t i = 0; i < c->n_allow_uids; i++)
+    if (c->allow_uids[i] == uid)
+      return true;
+  for (size_t i = 0; i < c->n_allow_gids; i++)
+    for (size_t j = 0; j < n_gids; j++)
+      if (c->allow_gids[i] == gids[j])
+        return true;
+  return false;
+}

@@ -1,0 +1,940 @@
+/* dcpxd-group.c - a dcpx group's life in the daemon: rendezvous, memory,
+ * abort, recovery (DESIGN.md sections 6 and 7).
+ *
+ * A group is named and has W ranks. It is created by its first Join, whose
+ * shape (the 7 shape fields, backend, transport and wait timeout) becomes
+ * the group's; every later Join must match it field for field.
+ *
+ *   FORMING --all W joined--> READY --alarm, member gone, reset,--> ABORTED
+ *      |     (memory made,       ^      unprompted RecoverAck          |
+ *      |      JoinReply + fds    |                                     |
+ *      |      to every rank)     |              first RecoverAck, a    |
+ *      |                         |              replacement or reset:  |
+ *      |                         |              RESET_REQUESTED to all v
+ *      |                         +------ RESET_DONE ---------- RECOVERING
+ *      |                  every rank live and acknowledged: workspaces,
+ *      |                  health blocks and records zeroed, generation + 1,
+ *      v                  abort word 0
+ *   destroyed when its last member leaves or goes away (from any state)
+ *
+ * A Leave of one rank of a formed group aborts it (reason "dead") just like
+ * a disconnect: the other ranks would otherwise wait on pushes that never
+ * come. Once every member is gone the group and its memory are freed.
+ *
+ * Invariants:
+ *   1. A member link is two pointers, group->member[r].conn and
+ *      conn->group/rank; member_attach/member_detach change both.
+ *   2. Memory (control page + W workspaces) exists from formation until
+ *      the group is destroyed; its fds go to each member in its JoinReply,
+ *      in the order "ctl", "ws0".."ws{W-1}".
+ *   3. The daemon writes the control page header and the health blocks'
+ *      joined/pid/fault words; clients write alarm/failed/stats and the
+ *      records. All plain stores: the daemon sets abort with a store and a
+ *      full fence, and clears it only after everything else was zeroed and
+ *      the generation bumped.
+ *   4. Once the abort word is set, it stays set until a recovery completes,
+ *      and a recovery completes only when every rank is held by a live
+ *      process that acknowledged (drained) in this round. A process that
+ *      joins as a rank whose holder is gone replaces it and counts as
+ *      acknowledged (it has nothing in flight).
+ *   5. Workspaces are zeroed on a libuv worker thread (they can be GiBs);
+ *      while that runs the group is `zeroing`, and a destroy only marks it
+ *      `doomed`: the work's completion frees it.
+ *   6. A forming group holds no memory; a Join that times out, or a client
+ *      that goes away, simply leaves it, and the others keep waiting on
+ *      their own timers.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcpxd-log.h"
+#include "dcpxd-util.h"
+#include "dcpxd.h"
+
+/* Region ids beyond the two layout.h names for wait records. */
+#define DCPXD_REGION_RESCUE 3u
+#define DCPXD_REGION_EPOCH 4u
+#define DCPXD_REGION_SEQ2 5u
+#define DCPXD_REGION_SAT_WORD 6u
+#define DCPXD_REGION_STATS 7u
+
+#define NCCL_ID_MAX 128
+
+/* ---- names --------------------------------------------------------------- */
+
+const char *dcpxd_region_name(uint32_t id) {
+  switch (id) {
+  case DCPX_REGION_LL_SLOTS:
+    return "ll_slots";
+  case DCPX_REGION_RESCUE_FLAGS:
+    return "flags";
+  case DCPXD_REGION_RESCUE:
+    return "rescue";
+  case DCPXD_REGION_EPOCH:
+    return "epoch";
+  case DCPXD_REGION_SEQ2:
+    return "seq2";
+  case DCPXD_REGION_SAT_WORD:
+    return "sat_word";
+  case DCPXD_REGION_STATS:
+    return "stats";
+  default:
+    return "unknown";
+  }
+}
+
+const char *dcpxd_abort_reason_name(uint32_t reason) {
+  switch (reason) {
+  case 0:
+    return "none";
+  case DCPX_ABORT_ALARM:
+    return "alarm";
+  case DCPX_ABORT_DEAD:
+    return "dead";
+  case DCPX_ABORT_OPERATOR:
+    return "operator";
+  default:
+    return "unknown";
+  }
+}
+
+const char *dcpxd_group_state_name(const dcpxd_group *g) {
+  switch (g->state) {
+  case DCPXD_GROUP_FORMING:
+    return "forming";
+  case DCPXD_GROUP_READY:
+    return "ready";
+  case DCPXD_GROUP_ABORTED:
+    return "aborted";
+  case DCPXD_GROUP_RECOVERING:
+    return "recovering";
+  }
+  return "unknown";
+}
+
+static const char *transport_name(int t) {
+  switch (t) {
+  case DCPX__TRANSPORT__TRANSPORT_AUTO:
+    return "auto";
+  case DCPX__TRANSPORT__TRANSPORT_LL:
+    return "ll";
+  case DCPX__TRANSPORT__TRANSPORT_NCCL:
+    return "nccl";
+  default:
+    return "unknown";
+  }
+}
+
+static const char *backend_name(int b) {
+  switch (b) {
+  case DCPX__BACKEND__BACKEND_HOST:
+    return "host";
+  case DCPX__BACKEND__BACKEND_CUDA:
+    return "cuda";
+  default:
+    return "unknown";
+  }
+}
+
+dcpxd_group *dcpxd_group_find(dcpxd_manager *m, const char *name) {
+  dcpxd_group *g;
+  TAILQ_FOREACH(g, &m->groups, link) {
+    if (strcmp(g->name, name) == 0)
+      return g;
+  }
+  return NULL;
+}
+
+/* Group names go into logs (group=NAME), file entries and JSON: keep them
+ * short and free of blanks, quotes and control characters. */
+static bool valid_group_name(const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  if (n == 0 || n > DCPXD_GROUP_NAME_MAX)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    char ch = s[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+          (ch >= '0' && ch <= '9') || strchr("-_.:@/+=", ch)))
+      return false;
+  }
+  return true;
+}
+
+/* ---- events and replies -------------------------------------------------- */
+
+static void send_event(dcpxd_group *g, dcpxd_conn *c, int kind, uint32_t reason,
+                       int32_t rank, const char *detail) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Event ev = DCPX__EVENT__INIT;
+
+  ev.kind = kind;
+  ev.group = g->name;
+  ev.reason = reason;
+  ev.generation = g->generation;
+  ev.rank = rank;
+  ev.detail = (char *)(detail ? detail : "");
+  f.msg_case = DCPX__FRAME__MSG_EVENT;
+  f.event = &ev;
+  dcpxd_conn_send(c, &f, NULL, 0);
+}
+
+static void broadcast_event(dcpxd_group *g, int kind, uint32_t reason,
+                            int32_t rank, const char *detail) {
+  for (uint32_t r = 0; r < g->shape.world; r++)
+    if (dcpxd_member_live(&g->member[r]))
+      send_event(g, g->member[r].conn, kind, reason, rank, detail);
+}
+
+static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__JoinReply jr = DCPX__JOIN_REPLY__INIT;
+  Dcpx__Reply rep = DCPX__REPLY__INIT;
+  char msg[384];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  log_notice("conn %" PRIu64 " (pid %d): join refused (%s): %s", c->id,
+             (int)c->pid, dcpx_strerror(status), msg);
+  rep.status = status;
+  rep.error = msg;
+  rep.version = DCPX_PROTO_VERSION;
+  jr.reply = &rep;
+  f.msg_case = DCPX__FRAME__MSG_JOIN_REPLY;
+  f.join_reply = &jr;
+  dcpxd_conn_send(c, &f, NULL, 0);
+}
+
+/* The JoinReply of a formed group, with its fds (invariant 2). */
+static void send_join_reply(dcpxd_group *g, uint32_t rank) {
+  static const uint32_t region_ids[7] = {
+      DCPX_REGION_LL_SLOTS, DCPXD_REGION_RESCUE, DCPX_REGION_RESCUE_FLAGS,
+      DCPXD_REGION_EPOCH,   DCPXD_REGION_SEQ2,   DCPXD_REGION_SAT_WORD,
+      DCPXD_REGION_STATS};
+  const dcpx_layout *L = &g->L;
+  const uint32_t W = g->shape.world, R = g->shape.rows;
+  const uint64_t offsets[7] = {L->off_ll,    L->off_rescue, L->off_flags,
+                               L->off_epoch, L->off_seq2,   L->off_sat,
+                               L->off_stats};
+  const uint64_t sizes[7] = {2ull * W * R * 4 * L->pairs * 4,
+                             4ull * R * L->rescue_slots * L->rw_k,
+                             4ull * W * R,
+                             4ull * R,
+                             4ull * R,
+                             4ull * R,
+                             16ull * R};
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__JoinReply jr = DCPX__JOIN_REPLY__INIT;
+  Dcpx__Reply rep = DCPX__REPLY__INIT;
+  Dcpx__Shape sh = DCPX__SHAPE__INIT;
+  Dcpx__Region regs[7], *regp[7];
+  char names[DCPX_MAX_WORLD + 1][8], *namep[DCPX_MAX_WORLD + 1];
+  int fds[DCPX_MAX_WORLD + 1];
+  int32_t devices[DCPX_MAX_WORLD];
+
+  rep.version = DCPX_PROTO_VERSION;
+  jr.reply = &rep;
+  jr.generation = g->generation;
+  sh.world = W;
+  sh.rows = R;
+  sh.topk = g->shape.topk;
+  sh.local_topk = g->shape.local_topk;
+  sh.block_size = g->shape.block_size;
+  sh.interleave = g->shape.interleave;
+  sh.max_local = g->shape.max_local;
+  jr.shape = &sh;
+  jr.transport = g->transport;
+  jr.backend = g->backend;
+  jr.timeout_ns = g->timeout_ns;
+  jr.ws_bytes = L->ws_bytes;
+  jr.ctl_bytes = L->ctl_bytes;
+  for (int i = 0; i < 7; i++) {
+    dcpx__region__init(&regs[i]);
+    regs[i].name = (char *)dcpxd_region_name(region_ids[i]);
+    regs[i].id = region_ids[i];
+    regs[i].offset = offsets[i];
+    regs[i].bytes = sizes[i];
+    regp[i] = &regs[i];
+  }
+  jr.n_regions = 7;
+  jr.regions = regp;
+  dcpxd_bprintf(names[0], "ctl");
+  fds[0] = g->ctl->fd;
+  for (uint32_t r = 0; r < W; r++) {
+    dcpxd_bprintf(names[r + 1], "ws%u", r);
+    fds[r + 1] = g->ws[r]->fd;
+    devices[r] = g->member[r].device;
+  }
+  for (uint32_t i = 0; i <= W; i++)
+    namep[i] = names[i];
+  jr.n_fds = W + 1;
+  jr.fds = namep;
+  jr.n_devices = W;
+  jr.devices = devices;
+  jr.nccl_id.len = g->nccl_id_len;
+  jr.nccl_id.data = g->nccl_id;
+  f.msg_case = DCPX__FRAME__MSG_JOIN_REPLY;
+  f.join_reply = &jr;
+  dcpxd_conn_send(g->member[rank].conn, &f, fds, (int)W + 1);
+}
+
+/* ---- creation and destruction -------------------------------------------- */
+
+static void group_free(dcpxd_group *g) {
+  for (uint32_t r = 0; r < DCPX_MAX_WORLD; r++)
+    g->ws[r] = dcpxd_buf_free(g->ws[r]);
+  g->ctl = dcpxd_buf_free(g->ctl); /* unmaps hdr */
+  free(g->harvested);
+  free(g);
+}
+
+static void member_detach(dcpxd_group *g, uint32_t rank) {
+  dcpxd_member *mb = &g->member[rank];
+  dcpxd_conn *c = mb->conn;
+
+  if (!c)
+    return;
+  uv_timer_stop(&c->join_timer);
+  c->group = NULL;
+  mb->conn = NULL;
+  mb->acked = false;
+  g->live--;
+}
+
+static void group_destroy(dcpxd_group *g) {
+  dcpxd_manager *m = g->m;
+
+  for (uint32_t r = 0; r < g->shape.world; r++)
+    member_detach(g, r);
+  if (g->hdr)
+    dcpxd_health_harvest(g); /* late records */
+  TAILQ_REMOVE(&m->groups, g, link);
+  log_info("group=%s destroyed (gen %u, %" PRIu64 " aborts, %" PRIu64
+           " recoveries)",
+           g->name, g->generation, g->aborts, g->recoveries);
+  if (g->zeroing) {
+    g->doomed = true; /* invariant 5: freed by zero_done() */
+    return;
+  }
+  group_free(g);
+}
+
+static void member_attach(dcpxd_group *g, uint32_t rank, dcpxd_conn *c,
+                          const Dcpx__Join *j) {
+  dcpxd_member *mb = &g->member[rank];
+  size_t k = 0;
+
+  mb->conn = c;
+  mb->pid = c->pid;
+  mb->device = j->device;
+  mb->acked = false;
+  for (const char *p = j->node ? j->node : ""; *p && k + 1 < sizeof(mb->node);
+       p++)
+    mb->node[k++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
+  mb->node[k] = '\0';
+  c->group = g;
+  c->rank = rank;
+  g->live++;
+}
+
+/* Allocates the memory of a group whose W ranks all joined, fills the
+ * control page, and answers every member (invariant 2). On failure every
+ * member gets the error and the group is destroyed. */
+static void group_form(dcpxd_group *g) {
+  const uint32_t W = g->shape.world;
+  char label[96];
+  void *map;
+  int r;
+
+  dcpxd_bprintf(label, "dcpx-ctl:%s", g->name);
+  r = dcpxd_buf_alloc(&dcpxd_mem_host, -1, g->L.ctl_bytes, label, &g->ctl);
+  if (r < 0)
+    goto fail;
+  r = dcpxd_mem_host.map(g->ctl, &map);
+  if (r < 0)
+    goto fail;
+  for (uint32_t i = 0; i < W; i++) {
+    dcpxd_bprintf(label, "dcpx-ws%u:%s", i, g->name);
+    r = dcpxd_buf_alloc(g->mem, g->member[i].device, g->L.ws_bytes, label,
+                        &g->ws[i]);
+    if (r < 0)
+      goto fail;
+  }
+  g->harvested = calloc(((size_t)W * g->shape.rows + 7) / 8, 1);
+  if (!g->harvested) {
+    r = -ENOMEM;
+    goto fail;
+  }
+
+  g->hdr = map;
+  g->generation = 1;
+  g->hdr->magic = DCPX_CTL_MAGIC;
+  g->hdr->version = DCPX_CTL_VERSION;
+  g->hdr->world = W;
+  g->hdr->rows = g->shape.rows;
+  g->hdr->timeout_ns = g->timeout_ns;
+  g->hdr->generation = g->generation;
+  g->hdr->abort = 0;
+  g->hdr->recovering = 0;
+  for (uint32_t i = 0; i < W; i++) {
+    dcpx_rank_health *h = dcpxd_group_health(g, i);
+    h->pid = (uint32_t)g->member[i].pid;
+    h->joined = 1;
+  }
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  g->state = DCPXD_GROUP_READY;
+
+  log_info("group=%s formed: world %u rows %u topk %u local_topk %u, %s "
+           "transport, %s backend, workspace %" PRIu64
+           " bytes per rank, control page %" PRIu64 " bytes",
+           g->name, W, g->shape.rows, g->shape.topk, g->shape.local_topk,
+           transport_name(g->transport), backend_name(g->backend),
+           g->L.ws_bytes, g->L.ctl_bytes);
+  for (uint32_t i = 0; i < W; i++) {
+    uv_timer_stop(&g->member[i].conn->join_timer);
+    send_join_reply(g, i);
+  }
+  return;
+
+fail:
+  log_error_errno(r, "group=%s: cannot allocate its memory: %m", g->name);
+  for (uint32_t i = 0; i < W; i++)
+    if (g->member[i].conn)
+      join_refuse(g->member[i].conn, r, "cannot allocate group memory: %s",
+                  dcpx_strerror(r));
+  group_destroy(g);
+}
+
+/* ---- Join ---------------------------------------------------------------- */
+
+/* The message for a shape dcpx_shape_check refused, naming the field. */
+static int shape_explain(const dcpx_shape *s, char *buf, size_t n) {
+  int r = dcpx_shape_check(s);
+  if (r == 0)
+    return 0;
+  if (!s->world || !s->rows || !s->topk || !s->local_topk || !s->block_size ||
+      !s->interleave || !s->max_local)
+    snprintf(buf, n,
+             "every shape field must be >= 1 (world %u rows %u topk "
+             "%u local_topk %u block_size %u interleave %u "
+             "max_local %u)",
+             s->world, s->rows, s->topk, s->local_topk, s->block_size,
+             s->interleave, s->max_local);
+  else if (s->world > DCPX_MAX_WORLD)
+    snprintf(buf, n, "world %u exceeds the limit of %u", s->world,
+             DCPX_MAX_WORLD);
+  else if (s->rows > DCPX_MAX_ROWS)
+    snprintf(buf, n, "rows %u exceeds the limit of %u", s->rows, DCPX_MAX_ROWS);
+  else if (s->topk > DCPX_MAX_TOPK)
+    snprintf(buf, n, "topk %u exceeds the limit of %u", s->topk, DCPX_MAX_TOPK);
+  else if (s->max_local > DCPX_MAX_LOCAL)
+    snprintf(buf, n, "max_local %u exceeds the limit of %u", s->max_local,
+             DCPX_MAX_LOCAL);
+  else if (s->local_topk >= s->topk)
+    snprintf(buf, n, "local_topk %u must be less than topk %u", s->local_topk,
+             s->topk);
+  else
+    snprintf(buf, n,
+             "max_local %u x interleave %u x world %u overflows the "
+             "32-bit token ids",
+             s->max_local, s->interleave, s->world);
+  return r;
+}
+
+/* Compares a Join with the group; 0 if identical, else DCPX_E_SHAPE with
+ * the first differing field and both values in buf. */
+static int group_compare(const dcpxd_group *g, const dcpx_shape *s,
+                         int transport, int backend, uint64_t timeout_ns,
+                         char *buf, size_t n) {
+  const struct {
+    const char *name;
+    uint32_t mine, theirs;
+  } f[] = {
+      {"world", s->world, g->shape.world},
+      {"rows", s->rows, g->shape.rows},
+      {"topk", s->topk, g->shape.topk},
+      {"local_topk", s->local_topk, g->shape.local_topk},
+      {"block_size", s->block_size, g->shape.block_size},
+      {"interleave", s->interleave, g->shape.interleave},
+      {"max_local", s->max_local, g->shape.max_local},
+  };
+  for (size_t i = 0; i < ELEMENTSOF(f); i++)
+    if (f[i].mine != f[i].theirs) {
+      snprintf(buf, n, "%s %u differs from group '%s': %s %u", f[i].name,
+               f[i].mine, g->name, f[i].name, f[i].theirs);
+      return DCPX_E_SHAPE;
+    }
+  if (backend != g->backend) {
+    snprintf(buf, n, "backend %s differs from group '%s': backend %s",
+             backend_name(backend), g->name, backend_name(g->backend));
+    return DCPX_E_SHAPE;
+  }
+  if (transport != g->transport) {
+    snprintf(buf, n, "transport %s differs from group '%s': transport %s",
+             transport_name(transport), g->name, transport_name(g->transport));
+    return DCPX_E_SHAPE;
+  }
+  if (timeout_ns != g->timeout_ns) {
+    snprintf(buf, n,
+             "timeout_ns %" PRIu64 " differs from group '%s': timeout_ns "
+             "%" PRIu64,
+             timeout_ns, g->name, g->timeout_ns);
+    return DCPX_E_SHAPE;
+  }
+  return 0;
+}
+
+static void on_join_timeout(uv_timer_t *t) {
+  dcpxd_conn *c = t->data;
+  dcpxd_group *g = c->group;
+  dcpxd_manager *m = c->m;
+  char have[3 * DCPX_MAX_WORLD + 1] = "";
+  uint32_t rank = c->rank, joined;
+  size_t k = 0;
+
+  if (!g || g->state != DCPXD_GROUP_FORMING)
+    return;
+  member_detach(g, rank);
+  joined = g->live;
+  for (uint32_t r = 0; r < g->shape.world; r++)
+    if (g->member[r].conn)
+      k +=
+          (size_t)snprintf(have + k, sizeof(have) - k, "%s%u", k ? "," : "", r);
+  join_refuse(c, DCPX_E_TIMEDOUT,
+              "group '%s' did not form in time: %u of %u ranks joined "
+              "(ranks %s)",
+              g->name, joined, g->shape.world, k ? have : "none");
+  if (g->live == 0)
+    group_destroy(g);
+  dcpxd_manager_update(m);
+}
+
+static void group_recover_maybe(dcpxd_group *g);
+static void group_request_reset(dcpxd_group *g, const char *detail);
+
+void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j) {
+  dcpxd_manager *m = c->m;
+  dcpx_shape shape = DCPX_SHAPE_INIT;
+  const dcpxd_mem_ops *mem;
+  const char *why = NULL;
+  dcpxd_group *g;
+  int transport, r;
+  uint32_t timeout_ms;
+  char msg[256];
+
+  if (c->group)
+    return join_refuse(c, DCPX_E_STATE,
+                       "this connection already holds rank %u of group '%s'",
+                       c->rank, c->group->name);
+  if (!valid_group_name(j->group))
+    return join_refuse(c, DCPX_E_INVAL,
+                       "group name must be 1..%d characters of [A-Za-z0-9] "
+                       "and -_.:@/+=",
+                       DCPXD_GROUP_NAME_MAX);
+  if (!j->shape)
+    return join_refuse(c, DCPX_E_INVAL, "Join without a shape");
+  shape.world = j->shape->world;
+  shape.rows = j->shape->rows;
+  shape.topk = j->shape->topk;
+  shape.local_topk = j->shape->local_topk;
+  shape.block_size = j->shape->block_size;
+  shape.interleave = j->shape->interleave;
+  shape.max_local = j->shape->max_local;
+  r = shape_explain(&shape, msg, sizeof(msg));
+  if (r < 0)
+    return join_refuse(c, r, "%s", msg);
+  if (j->rank >= shape.world)
+    return join_refuse(c, DCPX_E_BADRANK, "rank %u out of range for world %u",
+                       j->rank, shape.world);
+
+  switch ((int)j->transport) {
+  case DCPX__TRANSPORT__TRANSPORT_AUTO:
+  case DCPX__TRANSPORT__TRANSPORT_LL:
+    transport = DCPX__TRANSPORT__TRANSPORT_LL;
+    break;
+  case DCPX__TRANSPORT__TRANSPORT_NCCL:
+    transport = DCPX__TRANSPORT__TRANSPORT_NCCL;
+    break;
+  default:
+    return join_refuse(c, DCPX_E_INVAL, "unknown transport %d",
+                       (int)j->transport);
+  }
+  mem = dcpxd_mem_backend((int)j->backend, &why);
+  if (!mem)
+    return join_refuse(c,
+                       j->backend == DCPX__BACKEND__BACKEND_CUDA ? DCPX_E_NOSYS
+                                                                 : DCPX_E_INVAL,
+                       "%s (backend %d)", why, (int)j->backend);
+  if (j->timeout_ns == 0)
+    return join_refuse(c, DCPX_E_INVAL, "timeout_ns must be > 0");
+  if (j->nccl_id.len > NCCL_ID_MAX)
+    return join_refuse(c, DCPX_E_INVAL, "nccl_id longer than %d bytes",
+                       NCCL_ID_MAX);
+  if (transport == DCPX__TRANSPORT__TRANSPORT_NCCL && j->rank == 0 &&
+      j->nccl_id.len == 0)
+    return join_refuse(c, DCPX_E_INVAL,
+                       "rank 0 of an nccl group must send its nccl_id");
+
+  g = dcpxd_group_find(m, j->group);
+  if (g) {
+    dcpxd_member *mb = &g->member[j->rank < g->shape.world ? j->rank : 0];
+
+    r = group_compare(g, &shape, transport, (int)j->backend, j->timeout_ns, msg,
+                      sizeof(msg));
+    if (r < 0)
+      return join_refuse(c, r, "shape mismatch: %s", msg);
+    if (mb->conn && mb->conn->closing) {
+      /* Its holder hung up and the reaper has not run yet: retire it now,
+       * then look again (that may have destroyed the group). */
+      dcpxd_group_member_gone(mb->conn);
+      g = dcpxd_group_find(m, j->group);
+    }
+  }
+  if (g && dcpxd_member_live(&g->member[j->rank]))
+    return join_refuse(c, DCPX_E_DUPRANK,
+                       "rank %u of group '%s' is already held by pid %d",
+                       j->rank, g->name, (int)g->member[j->rank].pid);
+
+  if (g && g->state != DCPXD_GROUP_FORMING) {
+    /* A replacement for a rank whose process is gone (invariant 4). */
+    dcpx_rank_health *h = dcpxd_group_health(g, j->rank);
+    member_attach(g, j->rank, c, j);
+    g->member[j->rank].acked = true;
+    h->pid = (uint32_t)c->pid;
+    h->joined = 1;
+    log_notice("group=%s gen=%u rank=%u: replaced by pid %d (%s), %u/%u "
+               "ranks live",
+               g->name, g->generation, j->rank, (int)c->pid,
+               dcpxd_group_state_name(g), g->live, g->shape.world);
+    send_join_reply(g, j->rank);
+    if (g->state == DCPXD_GROUP_ABORTED) {
+      dcpxd_bprintf(msg, "rank %u was replaced; drain and acknowledge",
+                    j->rank);
+      group_request_reset(g, msg);
+    }
+    group_recover_maybe(g);
+    return;
+  }
+
+  if (!g) {
+    g = calloc(1, sizeof(*g));
+    if (!g)
+      return join_refuse(c, DCPX_E_NOMEM, "out of memory");
+    g->m = m;
+    memcpy(g->name, j->group, strlen(j->group) + 1);
+    g->shape = shape;
+    g->transport = transport;
+    g->backend = (int)j->backend;
+    g->timeout_ns = j->timeout_ns;
+    g->mem = mem;
+    g->state = DCPXD_GROUP_FORMING;
+    dcpx_layout_compute(&g->L, shape.world, shape.rows, shape.topk,
+                        shape.local_topk);
+    TAILQ_INSERT_TAIL(&m->groups, g, link);
+    log_info("group=%s forming: world %u, first rank %u (pid %d)", g->name,
+             shape.world, j->rank, (int)c->pid);
+  }
+  if (j->rank == 0 && j->nccl_id.len) {
+    memcpy(g->nccl_id, j->nccl_id.data, j->nccl_id.len);
+    g->nccl_id_len = j->nccl_id.len;
+  }
+  member_attach(g, j->rank, c, j);
+  timeout_ms =
+      j->join_timeout_ms ? j->join_timeout_ms : m->conf->join_timeout_ms;
+  uv_timer_start(&c->join_timer, on_join_timeout, timeout_ms, 0);
+  log_info("group=%s rank=%u joined (pid %d, node '%s', device %d): %u/%u",
+           g->name, j->rank, (int)c->pid, g->member[j->rank].node,
+           (int)j->device, g->live, shape.world);
+  /* Retire members whose connection is closing but not yet reaped, so
+   * that the group forms only with live processes. */
+  for (uint32_t i = 0; i < shape.world; i++)
+    if (g->member[i].conn && g->member[i].conn->closing)
+      dcpxd_group_member_gone(g->member[i].conn);
+  if (g->live == shape.world)
+    group_form(g);
+}
+
+/* ---- abort --------------------------------------------------------------- */
+
+void dcpxd_group_abort(dcpxd_group *g, uint32_t reason, int32_t rank,
+                       const char *detail) {
+  if (g->state == DCPXD_GROUP_FORMING || !g->hdr)
+    return;
+  if (g->hdr->abort == 0) {
+    g->hdr->abort = reason;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    g->aborts++;
+    if (g->state == DCPXD_GROUP_READY)
+      g->state = DCPXD_GROUP_ABORTED;
+    log_warning("group=%s gen=%u aborted: reason=%s rank=%d: %s", g->name,
+                g->generation, dcpxd_abort_reason_name(reason), (int)rank,
+                detail);
+  } else {
+    log_info("group=%s gen=%u (already aborted): reason=%s rank=%d: %s",
+             g->name, g->generation, dcpxd_abort_reason_name(reason), (int)rank,
+             detail);
+  }
+  dcpxd_health_harvest(g);
+  broadcast_event(g, DCPX__EVENT__KIND__ABORT, reason, rank, detail);
+}
+
+void dcpxd_group_abort_all(dcpxd_manager *m, const char *detail) {
+  dcpxd_group *g;
+  TAILQ_FOREACH(g, &m->groups, link) {
+    dcpxd_group_abort(g, DCPX_ABORT_OPERATOR, -1, detail);
+  }
+}
+
+/* ---- recovery ------------------------------------------------------------ */
+
+/* ABORTED -> RECOVERING: ask every member to drain and acknowledge. */
+static void group_request_reset(dcpxd_group *g, const char *detail) {
+  if (g->state == DCPXD_GROUP_ABORTED) {
+    g->state = DCPXD_GROUP_RECOVERING;
+    g->hdr->recovering = 1;
+    log_info("group=%s gen=%u recovering: %s", g->name, g->generation, detail);
+  }
+  broadcast_event(g, DCPX__EVENT__KIND__RESET_REQUESTED, g->hdr->abort, -1,
+                  detail);
+}
+
+static void zero_work(uv_work_t *req) {
+  dcpxd_group *g = req->data;
+  g->zero_status = 0;
+  for (uint32_t r = 0; r < g->shape.world; r++) {
+    int k = dcpxd_buf_zero(g->ws[r]);
+    if (k < 0 && g->zero_status == 0)
+      g->zero_status = k;
+  }
+}
+
+static bool group_all_acked(const dcpxd_group *g) {
+  for (uint32_t r = 0; r < g->shape.world; r++)
+    if (!dcpxd_member_live(&g->member[r]) || !g->member[r].acked)
+      return false;
+  return true;
+}
+
+/* The workspaces are zero: finish (invariant 3's order). */
+static void group_recovered(dcpxd_group *g) {
+  const uint32_t W = g->shape.world;
+
+  for (uint32_t r = 0; r < W; r++) {
+    dcpx_rank_health *h = dcpxd_group_health(g, r);
+    uint32_t joined = h->joined, pid = h->pid;
+    memset((void *)h, 0, sizeof(*h));
+    h->joined = joined;
+    h->pid = pid;
+    g->member[r].acked = false;
+  }
+  memset((uint8_t *)g->hdr + g->L.off_records, 0,
+         sizeof(dcpx_wait_record) * (size_t)W * g->shape.rows);
+  memset(g->harvested, 0, ((size_t)W * g->shape.rows + 7) / 8);
+  g->generation = g->generation + 1 ? g->generation + 1 : 1;
+  g->hdr->generation = g->generation;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  g->hdr->recovering = 0;
+  g->hdr->abort = 0;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  g->state = DCPXD_GROUP_READY;
+  g->recoveries++;
+  log_notice("group=%s recovered: generation %u", g->name, g->generation);
+  broadcast_event(g, DCPX__EVENT__KIND__RESET_DONE, 0, -1, "");
+}
+
+static void zero_done(uv_work_t *req, int status) {
+  dcpxd_group *g = req->data;
+  dcpxd_manager *m = g->m;
+
+  g->zeroing = false;
+  if (g->doomed) {
+    group_free(g);
+    dcpxd_manager_update(m);
+    return;
+  }
+  if (status < 0 && g->zero_status == 0)
+    g->zero_status = status == UV_ECANCELED ? -ECANCELED : status;
+  if (g->zero_status < 0) {
+    char detail[160];
+    dcpxd_bprintf(detail, "recovery failed: cannot zero the workspaces: %s",
+                  dcpx_strerror(g->zero_status));
+    log_error("group=%s: %s", g->name, detail);
+    for (uint32_t r = 0; r < g->shape.world; r++)
+      g->member[r].acked = false;
+    broadcast_event(g, DCPX__EVENT__KIND__ABORT, g->hdr->abort, -1, detail);
+  } else if (group_all_acked(g)) {
+    group_recovered(g);
+  } else {
+    /* A member went away meanwhile: wait for its replacement; the zeroing
+     * runs again then. */
+    log_info("group=%s: a rank was lost during recovery; waiting for it",
+             g->name);
+  }
+  dcpxd_manager_update(m);
+}
+
+static void group_recover_maybe(dcpxd_group *g) {
+  int r;
+
+  if (g->state != DCPXD_GROUP_RECOVERING || g->zeroing || !group_all_acked(g))
+    return;
+  dcpxd_health_harvest(g); /* store late records before they are zeroed */
+  log_info("group=%s gen=%u: every rank drained, zeroing %u workspaces of "
+           "%" PRIu64 " bytes",
+           g->name, g->generation, g->shape.world, g->L.ws_bytes);
+  g->zeroing = true;
+  g->zero_work.data = g;
+  r = uv_queue_work(g->m->loop, &g->zero_work, zero_work, zero_done);
+  if (r < 0) {
+    log_warning("group=%s: cannot queue the zeroing (%s); doing it inline",
+                g->name, uv_strerror(r));
+    zero_work(&g->zero_work);
+    zero_done(&g->zero_work, 0);
+  }
+}
+
+void dcpxd_group_recover_ack(dcpxd_conn *c, const Dcpx__RecoverAck *a) {
+  dcpxd_group *g = c->group;
+  dcpxd_member *mb;
+
+  if (!g) {
+    dcpxd_conn_reply(c, DCPX_E_STATE, "not a member of any group");
+    return;
+  }
+  mb = &g->member[c->rank];
+  if (g->state == DCPXD_GROUP_FORMING) {
+    dcpxd_conn_reply(c, DCPX_E_STATE, "group '%s' is still forming", g->name);
+    return;
+  }
+  if (a->generation != g->generation) {
+    dcpxd_conn_reply(c, DCPX_E_STATE,
+                     "stale generation %u (group '%s' is at %u)", a->generation,
+                     g->name, g->generation);
+    return;
+  }
+  if (g->state == DCPXD_GROUP_READY) {
+    /* Unprompted: the rank asks for a recovery after a failed call. */
+    const dcpx_rank_health *h = dcpxd_group_health(g, c->rank);
+    char detail[96];
+    dcpxd_bprintf(detail, "rank %u asked for a recovery", c->rank);
+    dcpxd_group_abort(
+        g, (h->alarm || h->failed) ? DCPX_ABORT_ALARM : DCPX_ABORT_OPERATOR,
+        (int32_t)c->rank, detail);
+  }
+  mb->acked = true;
+  dcpxd_conn_reply(c, 0, NULL);
+  log_info("group=%s gen=%u rank=%u drained and acknowledged", g->name,
+           g->generation, c->rank);
+  if (g->state == DCPXD_GROUP_ABORTED) {
+    char detail[96];
+    dcpxd_bprintf(detail, "rank %u acknowledged; drain and acknowledge",
+                  c->rank);
+    group_request_reset(g, detail);
+  }
+  group_recover_maybe(g);
+}
+
+int dcpxd_group_reset(dcpxd_group *g, char *err, size_t errlen) {
+  if (g->state == DCPXD_GROUP_FORMING) {
+    snprintf(err, errlen, "group '%s' is still forming", g->name);
+    return DCPX_E_STATE;
+  }
+  if (g->state == DCPXD_GROUP_READY)
+    dcpxd_group_abort(g, DCPX_ABORT_OPERATOR, -1, "reset by the operator");
+  group_request_reset(g, "reset by the operator: drain and acknowledge");
+  group_recover_maybe(g);
+  return 0;
+}
+
+/* ---- members leaving ----------------------------------------------------- */
+
+/* Common end of Leave and of a connection going away. */
+static void member_leaves(dcpxd_conn *c, bool graceful) {
+  dcpxd_group *g = c->group;
+  uint32_t rank = c->rank;
+  char detail[224];
+
+  member_detach(g, rank);
+  if (g->state == DCPXD_GROUP_FORMING) {
+    log_info("group=%s rank=%u %s while forming: %u/%u", g->name, rank,
+             graceful ? "left" : "went away", g->live, g->shape.world);
+    if (g->live == 0)
+      group_destroy(g);
+    return;
+  }
+  dcpxd_group_health(g, rank)->joined = 0;
+  if (g->live == 0) {
+    log_info("group=%s: its last member %s", g->name,
+             graceful ? "left" : "went away");
+    group_destroy(g);
+    return;
+  }
+  if (g->m->stopping)
+    return;
+  dcpxd_bprintf(detail, "rank %u (pid %d) %s", rank, (int)c->pid,
+                graceful ? "left the group" : c->close_reason);
+  dcpxd_group_abort(g, DCPX_ABORT_DEAD, (int32_t)rank, detail);
+}
+
+void dcpxd_group_leave(dcpxd_conn *c) {
+  if (!c->group) {
+    dcpxd_conn_reply(c, DCPX_E_STATE, "not a member of any group");
+    return;
+  }
+  member_leaves(c, true);
+  dcpxd_conn_reply(c, 0, NULL);
+}
+
+void dcpxd_group_member_gone(dcpxd_conn *c) {
+  if (c->group)
+    member_leaves(c, false);
+}
+
+/* ---- fault hook ---------------------------------------------------------- */
+
+int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
+                            bool has_call, uint64_t call, uint64_t ticks,
+                            char *err, size_t errlen) {
+  dcpx_rank_health *h;
+
+  if (g->state == DCPXD_GROUP_FORMING) {
+    snprintf(err, errlen, "group '%s' is still forming", g->name);
+    return DCPX_E_STATE;
+  }
+  if (rank < 0 || (uint32_t)rank >= g->shape.world) {
+    snprintf(err, errlen, "rank %d out of range for world %u", (int)rank,
+             g->shape.world);
+    return DCPX_E_BADRANK;
+  }
+  if (ticks == 0) {
+    snprintf(err, errlen, "ticks must be > 0");
+    return DCPX_E_INVAL;
+  }
+  /* Disarm, write the parameters, then arm: a stalling block reads them
+   * only after it saw fault_armed. */
+  h = dcpxd_group_health(g, (uint32_t)rank);
+  h->fault_armed = 0;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  h->fault_epoch = epoch;
+  h->fault_call = has_call ? call : ~(uint64_t)0;
+  h->fault_ticks = ticks;
+  h->fault_fired = 0;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  h->fault_armed = 1;
+  log_notice("group=%s gen=%u rank=%d: fault armed: stall %" PRIu64
+             " ns at epoch %u call %s",
+             g->name, g->generation, (int)rank, ticks, epoch,
+             has_call ? "tagged" : "any");
+  return 0;
+}

@@ -1,0 +1,148 @@
+/* dcpxd-health.c - the alarm scan and the harvest of wait records
+ * (DESIGN.md section 6).
+ *
+ * The scan. Every poll-ms (a uv_timer that runs only while some group is
+ * ready), the daemon reads the W alarm words of every ready group's
+ * control page. On the first non-zero one it aborts the group
+ * (dcpxd_group_abort): a plain store of DCPX_ABORT_ALARM into the header's
+ * abort word, which every waiting block of every rank polls, so the other
+ * ranks stop at once instead of each at its own timeout. The cost is W
+ * loads per group per tick; the records are read only after an alarm.
+ *
+ * The harvest. A waiter that timed out fills its record slot (d, t) and
+ * writes `kind` last; the daemon loads `kind` with acquire semantics and
+ * then the other fields. A bitmap remembers which slots were already
+ * stored, so the same record is never stored twice, and the group is
+ * harvested again before a recovery zeroes the records (late ones, written
+ * after the abort by ranks still finishing their wait) and before the group
+ * is destroyed.
+ *
+ * Bounds. One harvest stores at most HARVEST_KEEP records (the earliest by
+ * time: the first timeout is the cause, the rest its echo) and logs at most
+ * HARVEST_LOG lines; the rest are counted in one summary line. The store
+ * itself keeps a bounded ring (dcpxd-records.c). So a W=16, R=4096 group in
+ * which every row timed out costs one scan of its records, not 65536 log
+ * lines and unbounded memory.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcpxd-log.h"
+#include "dcpxd-util.h"
+#include "dcpxd.h"
+
+#define HARVEST_KEEP 1024
+#define HARVEST_LOG 32
+
+static int cmp_time(const void *a, const void *b) {
+  const dcpxd_record *x = a, *y = b;
+  if (x->time_ns != y->time_ns)
+    return x->time_ns < y->time_ns ? -1 : 1;
+  if (x->rank != y->rank)
+    return x->rank < y->rank ? -1 : 1;
+  return x->block < y->block ? -1 : x->block > y->block;
+}
+
+static const char *kind_name(uint32_t kind) {
+  return kind == DCPX_REC_TIMEOUT ? "timeout" : "unknown";
+}
+
+size_t dcpxd_health_harvest(dcpxd_group *g) {
+  const uint32_t W = g->shape.world, R = g->shape.rows;
+  dcpxd_record *recs = NULL;
+  size_t n = 0, cap = 0, keep;
+
+  if (!g->hdr || !g->harvested)
+    return 0;
+  for (uint32_t d = 0; d < W; d++)
+    for (uint32_t t = 0; t < R; t++) {
+      size_t bit = (size_t)d * R + t;
+      dcpx_wait_record *w;
+      uint32_t kind;
+
+      if (g->harvested[bit / 8] & (1u << (bit % 8)))
+        continue;
+      w = dcpxd_group_record(g, d, t);
+      kind = __atomic_load_n(&w->kind, __ATOMIC_ACQUIRE);
+      if (kind == DCPX_REC_EMPTY)
+        continue;
+      g->harvested[bit / 8] |= (uint8_t)(1u << (bit % 8));
+      if (n == cap) {
+        size_t ncap = cap ? 2 * cap : 64;
+        dcpxd_record *nr = realloc(recs, ncap * sizeof(*recs));
+        if (!nr) {
+          log_error("group=%s: out of memory reading wait records; "
+                    "%zu kept",
+                    g->name, n);
+          goto done_scan;
+        }
+        recs = nr;
+        cap = ncap;
+      }
+      dcpxd_record *r = &recs[n++];
+      memset(r, 0, sizeof(*r));
+      memcpy(r->group, g->name, sizeof(r->group));
+      r->generation = g->generation;
+      r->rank = d; /* the slot says whose record it is */
+      r->kind = kind;
+      r->region = w->region;
+      r->index = w->index;
+      r->expected = w->expected;
+      r->seen = w->seen;
+      r->block = w->block;
+      r->time_ns = w->time_ns;
+      r->call_tag = w->call_tag;
+    }
+done_scan:
+  if (n == 0) {
+    free(recs);
+    return 0;
+  }
+  qsort(recs, n, sizeof(*recs), cmp_time);
+  keep = n < HARVEST_KEEP ? n : HARVEST_KEEP;
+  for (size_t i = 0; i < keep && i < HARVEST_LOG; i++) {
+    const dcpxd_record *r = &recs[i];
+    log_warning("wait record group=%s gen=%u rank=%u kind=%s region=%s "
+                "index=%u expected=%u seen=%u block=%u call=%" PRIu64
+                " time=%" PRIu64,
+                r->group, r->generation, r->rank, kind_name(r->kind),
+                dcpxd_region_name(r->region), r->index, r->expected, r->seen,
+                r->block, r->call_tag, r->time_ns);
+  }
+  if (keep > HARVEST_LOG)
+    log_warning("group=%s gen=%u: %zu more wait records stored, not logged",
+                g->name, g->generation, keep - HARVEST_LOG);
+  if (n > keep)
+    log_warning("group=%s gen=%u: %zu later wait records dropped (at most %d "
+                "are stored per scan)",
+                g->name, g->generation, n - keep, HARVEST_KEEP);
+  (void)dcpxd_records_append(g->m->records, recs, keep);
+  /* The newest stored one is the group's last record. */
+  g->last_record = recs[keep - 1];
+  g->has_last_record = true;
+  free(recs);
+  return n;
+}
+
+void dcpxd_health_scan(dcpxd_manager *m) {
+  dcpxd_group *g;
+
+  TAILQ_FOREACH(g, &m->groups, link) {
+    if (g->state != DCPXD_GROUP_READY || !g->hdr || g->hdr->abort)
+      continue;
+    for (uint32_t r = 0; r < g->shape.world; r++) {
+      dcpx_rank_health *h = dcpxd_group_health(g, r);
+      if (h->alarm) {
+        char detail[96];
+        dcpxd_bprintf(detail, "rank %u raised its alarm (a wait timed out)", r);
+        dcpxd_group_abort(g, DCPX_ABORT_ALARM, (int32_t)r, detail);
+        break;
+      }
+    }
+  }
+}

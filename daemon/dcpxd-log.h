@@ -1,0 +1,49 @@
+/* dcpxd-log.h - the daemon's logging: one line per message on stderr with a
+ * syslog priority prefix ("<3>" error, "<4>" warning, "<5>" notice, "<6>"
+ * info, "<7>" debug), which journald turns into the message's priority.
+ *
+ * Like systemd's log_*_errno(), the _errno variants take a negative error
+ * code (negative errno or DCPX_E_*), expand "%m" in the format to its text
+ * (dcpx_strerror), and return the code, so that a failure is logged and
+ * returned in one step:
+ *
+ *     return log_error_errno(r, "Failed to map group %s: %m", name);
+ */
+#ifndef DCPXD_LOG_H
+#define DCPXD_LOG_H
+
+#include <stdlib.h>
+#include <syslog.h>
+
+/* Messages above this priority (numerically greater) are dropped. */
+extern int dcpxd_log_max_level;
+
+/* Logs and returns -abs(error) (0 stays 0). */
+int dcpxd_log_internal(int level, int error, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Parses "err", "warning", "notice", "info", "debug" or a number 0..7. */
+int dcpxd_log_level_from_string(const char *s);
+const char *dcpxd_log_level_to_string(int level);
+
+#define log_full_errno(level, error, ...)                                      \
+  ({                                                                           \
+    int _level = (level), _e = (error);                                        \
+    _level <= dcpxd_log_max_level                                              \
+        ? dcpxd_log_internal(_level, _e, __VA_ARGS__)                          \
+        : -abs(_e);                                                            \
+  })
+#define log_full(level, ...) ((void)log_full_errno(level, 0, __VA_ARGS__))
+
+#define log_debug(...) log_full(LOG_DEBUG, __VA_ARGS__)
+#define log_info(...) log_full(LOG_INFO, __VA_ARGS__)
+#define log_notice(...) log_full(LOG_NOTICE, __VA_ARGS__)
+#define log_warning(...) log_full(LOG_WARNING, __VA_ARGS__)
+#define log_error(...) log_full(LOG_ERR, __VA_ARGS__)
+
+#define log_debug_errno(e, ...) log_full_errno(LOG_DEBUG, e, __VA_ARGS__)
+#define log_info_errno(e, ...) log_full_errno(LOG_INFO, e, __VA_ARGS__)
+#define log_warning_errno(e, ...) log_full_errno(LOG_WARNING, e, __VA_ARGS__)
+#define log_error_errno(e, ...) log_full_errno(LOG_ERR, e, __VA_ARGS__)
+
+#endif /* DCPXD_LOG_H */

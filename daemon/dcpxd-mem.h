@@ -1,0 +1,63 @@
+/* dcpxd-mem.h - the memory behind a group: one buffer per rank workspace
+ * and one for the control page, each exported to clients as a file
+ * descriptor.
+ *
+ * A backend is a table of operations (NCCL-transport style: one backend,
+ * one file). The host backend (dcpxd-mem.c) hands out sealed memfds; a CUDA
+ * backend (dcpxd-mem-cuda.c, to come) would allocate with cuMemCreate on
+ * the rank's device and export a POSIX fd. The group code only ever sees
+ * this interface:
+ *
+ *   alloc  a buffer of `bytes` on `device`, zero-filled, with an fd that
+ *          can be passed by SCM_RIGHTS;
+ *   zero   fill it with zeros again; may run on a libuv worker thread, and
+ *          is only called while no client touches the buffer (every rank
+ *          drained and acknowledged, DESIGN.md section 6);
+ *   map    (host memory only) map it read-write into the daemon;
+ *   free   release it (the fd is closed; clients keep their own mapping).
+ */
+#ifndef DCPXD_MEM_H
+#define DCPXD_MEM_H
+
+#include <stdint.h>
+
+typedef struct dcpxd_buf dcpxd_buf;
+
+typedef struct dcpxd_mem_ops {
+  const char *name;
+  int (*alloc)(int device, uint64_t bytes, const char *label, dcpxd_buf **ret);
+  int (*zero)(dcpxd_buf *b);
+  int (*map)(dcpxd_buf *b, void **ret); /* NULL: not host-mappable */
+  void (*free)(dcpxd_buf *b);
+} dcpxd_mem_ops;
+
+struct dcpxd_buf {
+  const dcpxd_mem_ops *ops;
+  int fd;         /* exported handle; owned by the buffer */
+  uint64_t bytes; /* as asked */
+  int device;     /* -1 for host memory */
+  void *map;      /* the daemon's mapping, if map() was called */
+  void *priv;     /* backend's own state */
+};
+
+/* The host backend: memfd, sealed against resizing. Always built. */
+extern const dcpxd_mem_ops dcpxd_mem_host;
+
+/* The backend for a Join's Backend value (dcpx.proto), or NULL with
+ * *ret_why set when this build lacks it. */
+const dcpxd_mem_ops *dcpxd_mem_backend(int backend, const char **ret_why);
+
+static inline int dcpxd_buf_alloc(const dcpxd_mem_ops *ops, int device,
+                                  uint64_t bytes, const char *label,
+                                  dcpxd_buf **ret) {
+  return ops->alloc(device, bytes, label, ret);
+}
+static inline int dcpxd_buf_zero(dcpxd_buf *b) { return b->ops->zero(b); }
+/* Accepts NULL; returns NULL for `p = dcpxd_buf_free(p)`. */
+static inline dcpxd_buf *dcpxd_buf_free(dcpxd_buf *b) {
+  if (b)
+    b->ops->free(b);
+  return NULL;
+}
+
+#endif /* DCPXD_MEM_H */

@@ -1,0 +1,299 @@
+/* dcpxd-query.c - the operator side: Query (groups, health, stats, records)
+ * and Command (reset, fault stall), as sent by dcpxctl.
+ *
+ * Every Query gets a QueryReply, every Command a Reply. Replies are built
+ * on the stack or in one allocation per group and freed once sent; nothing
+ * here changes a group except through dcpxd-group.c.
+ *
+ * A reply must fit one packet: the frame limit (DCPX_FRAME_MAX) and, on
+ * kernels with the default wmem_max, the socket's send buffer (about
+ * 200 KiB). Replies are therefore held under REPLY_BUDGET bytes: a records
+ * answer drops its oldest entries (and says so in records_note), a groups
+ * answer its last groups.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcpxd-log.h"
+#include "dcpxd-util.h"
+#include "dcpxd.h"
+
+#define REPLY_BUDGET (128u * 1024u)
+
+typedef struct ginfo {
+  Dcpx__GroupInfo gi;
+  Dcpx__Shape shape;
+  Dcpx__RankInfo ri[DCPX_MAX_WORLD];
+  Dcpx__RankInfo *rip[DCPX_MAX_WORLD];
+  Dcpx__Record last;
+} ginfo;
+
+static void fill_record(Dcpx__Record *out, const dcpxd_record *r) {
+  dcpx__record__init(out);
+  out->group = (char *)r->group;
+  out->generation = r->generation;
+  out->rank = r->rank;
+  out->kind = r->kind;
+  out->region = r->region;
+  out->region_name = (char *)dcpxd_region_name(r->region);
+  out->index = r->index;
+  out->expected = r->expected;
+  out->seen = r->seen;
+  out->block = r->block;
+  out->time_ns = r->time_ns;
+  out->call_tag = r->call_tag;
+}
+
+static void fill_group(ginfo *x, dcpxd_group *g) {
+  Dcpx__GroupInfo *gi = &x->gi;
+
+  dcpx__group_info__init(gi);
+  dcpx__shape__init(&x->shape);
+  x->shape.world = g->shape.world;
+  x->shape.rows = g->shape.rows;
+  x->shape.topk = g->shape.topk;
+  x->shape.local_topk = g->shape.local_topk;
+  x->shape.block_size = g->shape.block_size;
+  x->shape.interleave = g->shape.interleave;
+  x->shape.max_local = g->shape.max_local;
+  gi->name = g->name;
+  gi->shape = &x->shape;
+  gi->transport = g->transport;
+  gi->backend = g->backend;
+  gi->state = (char *)dcpxd_group_state_name(g);
+  gi->generation = g->generation;
+  gi->abort = g->hdr ? g->hdr->abort : 0;
+  gi->joined = g->live;
+  gi->timeout_ns = g->timeout_ns;
+  gi->aborts = g->aborts;
+  gi->recoveries = g->recoveries;
+  for (uint32_t r = 0; r < g->shape.world; r++) {
+    Dcpx__RankInfo *ri = &x->ri[r];
+    dcpx__rank_info__init(ri);
+    ri->rank = r;
+    ri->device = g->member[r].device;
+    if (g->hdr) {
+      const dcpx_rank_health *h = dcpxd_group_health(g, r);
+      ri->joined = h->joined != 0;
+      ri->pid = h->pid;
+      ri->alarm = h->alarm != 0;
+      ri->failed = h->failed != 0;
+      ri->calls = h->calls;
+      ri->rows = h->rows;
+      ri->rescue_rows = h->rescue_rows;
+      ri->failed_calls = h->failed_calls;
+    } else {
+      ri->joined = g->member[r].conn != NULL;
+      ri->pid = ri->joined ? (uint32_t)g->member[r].pid : 0;
+    }
+    x->rip[r] = ri;
+  }
+  gi->n_ranks = g->shape.world;
+  gi->ranks = x->rip;
+  if (g->has_last_record) {
+    fill_record(&x->last, &g->last_record);
+    gi->last_record = &x->last;
+  }
+}
+
+static void send_query_reply(dcpxd_conn *c, Dcpx__QueryReply *qr) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  int r;
+
+  f.msg_case = DCPX__FRAME__MSG_QUERY_REPLY;
+  f.query_reply = qr;
+  r = dcpxd_conn_send(c, &f, NULL, 0);
+  if (r == DCPX_E_MSGSIZE) {
+    /* Still too big for this socket: answer with the reason instead. */
+    Dcpx__QueryReply err = DCPX__QUERY_REPLY__INIT;
+    Dcpx__Reply rep = DCPX__REPLY__INIT;
+    rep.status = DCPX_E_MSGSIZE;
+    rep.error = "reply too large for one packet; narrow the query";
+    rep.version = DCPX_PROTO_VERSION;
+    err.reply = &rep;
+    f.query_reply = &err;
+    dcpxd_conn_send(c, &f, NULL, 0);
+  }
+}
+
+static void query_error(dcpxd_conn *c, int status, const char *msg) {
+  Dcpx__QueryReply qr = DCPX__QUERY_REPLY__INIT;
+  Dcpx__Reply rep = DCPX__REPLY__INIT;
+  rep.status = status;
+  rep.error = (char *)msg;
+  rep.version = DCPX_PROTO_VERSION;
+  qr.reply = &rep;
+  send_query_reply(c, &qr);
+}
+
+static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
+  dcpxd_manager *m = c->m;
+  Dcpx__QueryReply qr = DCPX__QUERY_REPLY__INIT;
+  Dcpx__Reply rep = DCPX__REPLY__INIT;
+  _cleanup_free_ ginfo *infos = NULL;
+  _cleanup_free_ Dcpx__GroupInfo **ptrs = NULL;
+  char note[128] = "", msg[128];
+  dcpxd_group *g;
+  size_t n = 0, total;
+
+  if (q->group && *q->group) {
+    if (!dcpxd_group_find(m, q->group)) {
+      dcpxd_bprintf(msg, "no group '%.*s'", DCPXD_GROUP_NAME_MAX, q->group);
+      return query_error(c, DCPX_E_NOENT, msg);
+    }
+  }
+  TAILQ_FOREACH(g, &m->groups, link) {
+    n++;
+  }
+  infos = calloc(n ? n : 1, sizeof(*infos));
+  ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+  if (!infos || !ptrs)
+    return query_error(c, DCPX_E_NOMEM, "out of memory");
+  n = 0;
+  TAILQ_FOREACH(g, &m->groups, link) {
+    if (q->group && *q->group && strcmp(q->group, g->name) != 0)
+      continue;
+    fill_group(&infos[n], g);
+    ptrs[n] = &infos[n].gi;
+    n++;
+  }
+  rep.version = DCPX_PROTO_VERSION;
+  qr.reply = &rep;
+  qr.groups = ptrs;
+  qr.n_groups = n;
+  total = n;
+  while (qr.n_groups > 0 &&
+         dcpx__query_reply__get_packed_size(&qr) > REPLY_BUDGET)
+    qr.n_groups--;
+  if (qr.n_groups < total)
+    dcpxd_bprintf(note, "showing %zu of %zu groups (reply size limit)",
+                  qr.n_groups, total);
+  qr.records_note = note;
+  send_query_reply(c, &qr);
+}
+
+static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
+  dcpxd_manager *m = c->m;
+  Dcpx__QueryReply qr = DCPX__QUERY_REPLY__INIT;
+  Dcpx__Reply rep = DCPX__REPLY__INIT;
+  const dcpxd_records *s = m->records;
+  const size_t count = dcpxd_records_count(s);
+  const bool by_group = q->group && *q->group;
+  const uint64_t until = q->until_ns ? q->until_ns : UINT64_MAX;
+  _cleanup_free_ const dcpxd_record **sel = NULL;
+  _cleanup_free_ Dcpx__Record *recs = NULL;
+  _cleanup_free_ Dcpx__Record **ptrs = NULL;
+  size_t n = 0, start = 0, limit = q->limit ? q->limit : count;
+  char note[768], msg[128];
+  const char *store_note = dcpxd_records_note(s);
+
+  sel = calloc(count ? count : 1, sizeof(*sel));
+  if (!sel)
+    return query_error(c, DCPX_E_NOMEM, "out of memory");
+  /* Newest first, up to the limit; then put them back in time order. */
+  for (size_t i = count; i-- > 0 && n < limit;) {
+    const dcpxd_record *r = dcpxd_records_get(s, i);
+    if (by_group && strcmp(r->group, q->group) != 0)
+      continue;
+    if (q->rank >= 0 && r->rank != (uint32_t)q->rank)
+      continue;
+    if (r->time_ns < q->since_ns || r->time_ns > until)
+      continue;
+    sel[n++] = r;
+  }
+  if (n == 0 && by_group && !dcpxd_group_find(m, q->group)) {
+    dcpxd_bprintf(msg, "no group '%.*s' and no records of it",
+                  DCPXD_GROUP_NAME_MAX, q->group);
+    return query_error(c, DCPX_E_NOENT, msg);
+  }
+  recs = calloc(n ? n : 1, sizeof(*recs));
+  ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+  if (!recs || !ptrs)
+    return query_error(c, DCPX_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    fill_record(&recs[i], sel[n - 1 - i]);
+    ptrs[i] = &recs[i];
+  }
+  rep.version = DCPX_PROTO_VERSION;
+  qr.reply = &rep;
+  qr.records = ptrs;
+  qr.n_records = n;
+  while (qr.n_records > 0 &&
+         dcpx__query_reply__get_packed_size(&qr) > REPLY_BUDGET) {
+    size_t drop = qr.n_records / 8 ? qr.n_records / 8 : 1;
+    start += drop;
+    qr.records = ptrs + start;
+    qr.n_records -= drop;
+  }
+  if (start)
+    dcpxd_bprintf(note,
+                  "%s%sshowing the newest %zu of %zu matching records "
+                  "(reply size limit; use --limit or --since)",
+                  store_note, *store_note ? "; " : "", qr.n_records, n);
+  else
+    dcpxd_bprintf(note, "%s", store_note);
+  qr.records_note = note;
+  send_query_reply(c, &qr);
+}
+
+void dcpxd_query(dcpxd_conn *c, const Dcpx__Query *q) {
+  char msg[64];
+
+  switch ((int)q->what) {
+  case DCPX__QUERY__WHAT__GROUPS:
+  case DCPX__QUERY__WHAT__HEALTH:
+  case DCPX__QUERY__WHAT__STATS:
+    return query_groups(c, q);
+  case DCPX__QUERY__WHAT__RECORDS:
+    return query_records(c, q);
+  default:
+    dcpxd_bprintf(msg, "unknown query %d", (int)q->what);
+    return query_error(c, DCPX_E_INVAL, msg);
+  }
+}
+
+void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
+  dcpxd_group *g;
+  char err[256] = "";
+  int r;
+
+  switch ((int)cmd->kind) {
+  case DCPX__COMMAND__KIND__RESET:
+  case DCPX__COMMAND__KIND__FAULT_STALL:
+    break;
+  default:
+    dcpxd_conn_reply(c, DCPX_E_INVAL, "unknown command %d", (int)cmd->kind);
+    return;
+  }
+  if (cmd->kind == DCPX__COMMAND__KIND__FAULT_STALL &&
+      !c->m->conf->fault_injection) {
+    log_notice("conn %" PRIu64 " (pid %d uid %u): fault stall refused: "
+               "fault injection is disabled",
+               c->id, (int)c->pid, (unsigned)c->uid);
+    dcpxd_conn_reply(c, DCPX_E_PERM,
+                     "fault injection is disabled (start dcpxd with "
+                     "--enable-fault-injection)");
+    return;
+  }
+  g = cmd->group ? dcpxd_group_find(c->m, cmd->group) : NULL;
+  if (!g) {
+    dcpxd_conn_reply(c, DCPX_E_NOENT, "no group '%.*s'", DCPXD_GROUP_NAME_MAX,
+                     cmd->group ? cmd->group : "");
+    return;
+  }
+  if (cmd->kind == DCPX__COMMAND__KIND__RESET) {
+    log_notice("group=%s: reset requested by pid %d uid %u", g->name,
+               (int)c->pid, (unsigned)c->uid);
+    r = dcpxd_group_reset(g, err, sizeof(err));
+  } else {
+    r = dcpxd_group_fault_stall(g, cmd->rank, cmd->epoch, cmd->has_call_tag,
+                                cmd->call_tag, cmd->ticks, err, sizeof(err));
+  }
+  dcpxd_conn_reply(c, r, "%s", r < 0 ? err : "");
+}

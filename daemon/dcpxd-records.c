@@ -1,0 +1,385 @@
+/* dcpxd-records.c - durable, bounded storage of wait records.
+ *
+ * File format. STATE_DIR/records.log is an append-only sequence of fixed
+ * 128-byte entries, little-endian:
+ *
+ *     off  size  field
+ *       0     4  magic 0x52504344 ("DCPR")
+ *       4     2  format version (1)
+ *       6     2  entry size (128)
+ *       8    64  group name, NUL padded
+ *      72  8x4   generation, rank, kind, region, index, expected, seen,
+ *                block
+ *     104     8  time_ns
+ *     112     8  call_tag
+ *     120     4  reserved (0)
+ *     124     4  CRC-32 (zlib) of bytes 0..123
+ *
+ * Invariants:
+ *   1. Every append is written and fdatasync'd before it returns, so a
+ *      record the daemon logged as stored survives a crash.
+ *   2. Entries sit at multiples of 128 from the start of their file. A
+ *      torn write can leave a partial entry only at the end; at startup
+ *      such a tail is counted and cut off (ftruncate), so that later
+ *      appends stay aligned.
+ *   3. records.log never grows past max_bytes: before an append that would,
+ *      it is renamed to records.log.1 (replacing the previous one) and a new
+ *      records.log is started. The disk use is therefore at most
+ *      2 * max_bytes.
+ *   4. Reading never fails on content: an entry with a bad magic, version,
+ *      size or CRC is skipped and counted; the count is logged and reported
+ *      to queries (dcpxd_records_note).
+ *   5. Memory is bounded: only the newest `ring` records are kept (a ring
+ *      buffer), however many alarms arrive.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "dcpx.h"
+#include "dcpxd-log.h"
+#include "dcpxd-records.h"
+#include "dcpxd-util.h"
+
+#define REC_MAGIC 0x52504344u /* "DCPR" */
+#define REC_VERSION 1u
+#define REC_SIZE 128u
+#define REC_CRC_OFF 124u
+
+struct dcpxd_records {
+  char *dir, *path, *path_old;
+  int fd;
+  uint64_t size, max_bytes;
+  dcpxd_record *ring;
+  size_t cap, head, count; /* head: index of the oldest */
+  uint64_t corrupt, truncated, loaded;
+  char note[512];
+};
+
+static void put32(uint8_t *p, uint32_t v) {
+  v = htole32(v);
+  memcpy(p, &v, 4);
+}
+static void put64(uint8_t *p, uint64_t v) {
+  v = htole64(v);
+  memcpy(p, &v, 8);
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return le32toh(v);
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return le64toh(v);
+}
+
+static uint32_t crc_of(const uint8_t *e) {
+  return (uint32_t)crc32(crc32(0L, Z_NULL, 0), e, REC_CRC_OFF);
+}
+
+static void encode(uint8_t e[REC_SIZE], const dcpxd_record *r) {
+  memset(e, 0, REC_SIZE);
+  put32(e + 0, REC_MAGIC);
+  e[4] = REC_VERSION & 0xff;
+  e[5] = REC_VERSION >> 8;
+  e[6] = REC_SIZE & 0xff;
+  e[7] = REC_SIZE >> 8;
+  memcpy(e + 8, r->group, strnlen(r->group, DCPXD_GROUP_NAME_MAX));
+  put32(e + 72, r->generation);
+  put32(e + 76, r->rank);
+  put32(e + 80, r->kind);
+  put32(e + 84, r->region);
+  put32(e + 88, r->index);
+  put32(e + 92, r->expected);
+  put32(e + 96, r->seen);
+  put32(e + 100, r->block);
+  put64(e + 104, r->time_ns);
+  put64(e + 112, r->call_tag);
+  put32(e + REC_CRC_OFF, crc_of(e));
+}
+
+/* 0 and *r filled for a valid entry, -EBADMSG otherwise. */
+static int decode(const uint8_t e[REC_SIZE], dcpxd_record *r) {
+  if (get32(e) != REC_MAGIC || (e[4] | e[5] << 8) != REC_VERSION ||
+      (e[6] | e[7] << 8) != REC_SIZE || get32(e + REC_CRC_OFF) != crc_of(e))
+    return -EBADMSG;
+  memset(r, 0, sizeof(*r));
+  memcpy(r->group, e + 8, DCPXD_GROUP_NAME_MAX);
+  r->group[DCPXD_GROUP_NAME_MAX] = '\0';
+  r->generation = get32(e + 72);
+  r->rank = get32(e + 76);
+  r->kind = get32(e + 80);
+  r->region = get32(e + 84);
+  r->index = get32(e + 88);
+  r->expected = get32(e + 92);
+  r->seen = get32(e + 96);
+  r->block = get32(e + 100);
+  r->time_ns = get64(e + 104);
+  r->call_tag = get64(e + 112);
+  return 0;
+}
+
+static void ring_push(dcpxd_records *s, const dcpxd_record *r) {
+  if (s->count < s->cap) {
+    s->ring[(s->head + s->count) % s->cap] = *r;
+    s->count++;
+  } else {
+    s->ring[s->head] = *r;
+    s->head = (s->head + 1) % s->cap;
+  }
+}
+
+/* Loads every valid entry of one file into the ring. A partial tail is
+ * counted; for the live file (`fix_tail`) it is also cut off. */
+static void load_file(dcpxd_records *s, const char *path, bool fix_tail) {
+  _cleanup_close_ int fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY);
+  uint8_t buf[REC_SIZE * 256];
+  uint64_t off = 0, bad = 0, good = 0;
+  size_t have = 0;
+  ssize_t n;
+
+  if (fd < 0) {
+    if (errno != ENOENT)
+      log_warning_errno(-errno, "Cannot read records file %s: %m", path);
+    return;
+  }
+  for (;;) {
+    n = read(fd, buf + have, sizeof(buf) - have);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      log_warning_errno(-errno, "Error reading records file %s: %m", path);
+      return;
+    }
+    have += (size_t)n;
+    size_t whole = have / REC_SIZE * REC_SIZE;
+    for (size_t i = 0; i < whole; i += REC_SIZE) {
+      dcpxd_record r;
+      if (decode(buf + i, &r) < 0) {
+        bad++;
+        continue;
+      }
+      ring_push(s, &r);
+      good++;
+    }
+    off += whole;
+    memmove(buf, buf + whole, have - whole);
+    have -= whole;
+    if (n == 0)
+      break;
+  }
+  if (bad)
+    log_warning("Records file %s: skipped %" PRIu64
+                " corrupted entr%s (bad magic or CRC)",
+                path, bad, bad == 1 ? "y" : "ies");
+  if (have) {
+    s->truncated++;
+    log_warning("Records file %s: skipped a truncated entry of %zu bytes "
+                "at offset %" PRIu64 "%s",
+                path, have, off, fix_tail ? "; cutting it off" : "");
+    if (fix_tail && ftruncate(fd, (off_t)off) < 0)
+      log_warning_errno(-errno, "Cannot truncate %s: %m", path);
+  }
+  s->corrupt += bad;
+  s->loaded += good;
+}
+
+static char *path_join(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p)
+    snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+static int fsync_dir(const char *dir) {
+  _cleanup_close_ int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  return fsync(fd) < 0 ? -errno : 0;
+}
+
+static int open_live(dcpxd_records *s) {
+  struct stat st;
+  int fd =
+      open(s->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+  if (fd < 0)
+    return -errno;
+  if (fstat(fd, &st) < 0) {
+    int r = -errno;
+    close(fd);
+    return r;
+  }
+  s->fd = fd;
+  s->size = (uint64_t)st.st_size;
+  return 0;
+}
+
+static int rotate(dcpxd_records *s) {
+  int r;
+
+  if (s->fd >= 0) {
+    if (fdatasync(s->fd) < 0)
+      log_warning_errno(-errno, "fdatasync(%s) failed: %m", s->path);
+    close(s->fd);
+    s->fd = -1;
+  }
+  if (rename(s->path, s->path_old) < 0 && errno != ENOENT)
+    return log_error_errno(-errno, "Cannot rotate %s to %s: %m", s->path,
+                           s->path_old);
+  r = open_live(s);
+  if (r < 0)
+    return log_error_errno(r, "Cannot create %s: %m", s->path);
+  (void)fsync_dir(s->dir);
+  log_info("Rotated %s to %s", s->path, s->path_old);
+  return 0;
+}
+
+static void update_note(dcpxd_records *s, const char *extra) {
+  size_t n = 0;
+  s->note[0] = '\0';
+  if (s->corrupt || s->truncated)
+    n = (size_t)snprintf(s->note, sizeof(s->note),
+                         "at startup skipped %" PRIu64 " corrupted and %" PRIu64
+                         " truncated record entries in %s",
+                         s->corrupt, s->truncated, s->dir);
+  if (extra && n < sizeof(s->note))
+    snprintf(s->note + n, sizeof(s->note) - n, "%s%s", n ? "; " : "", extra);
+}
+
+int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
+                       dcpxd_records **ret) {
+  dcpxd_records *s;
+  struct stat st;
+  int r;
+
+  if (mkdir(state_dir, 0750) < 0 && errno != EEXIST)
+    return log_error_errno(-errno, "Cannot create state dir %s: %m", state_dir);
+  if (stat(state_dir, &st) < 0)
+    return log_error_errno(-errno, "Cannot use state dir %s: %m", state_dir);
+  if (!S_ISDIR(st.st_mode))
+    return log_error_errno(-ENOTDIR, "State dir %s: %m", state_dir);
+
+  s = calloc(1, sizeof(*s));
+  if (!s)
+    return log_error_errno(-ENOMEM, "Cannot open records: %m");
+  s->fd = -1;
+  s->max_bytes = max_bytes < REC_SIZE ? REC_SIZE : max_bytes;
+  s->cap = ring ? ring : 1;
+  s->dir = strdup(state_dir);
+  s->ring = calloc(s->cap, sizeof(*s->ring));
+  s->path = path_join(state_dir, "records.log");
+  s->path_old = path_join(state_dir, "records.log.1");
+  if (!s->dir || !s->ring || !s->path || !s->path_old) {
+    dcpxd_records_free(s);
+    return log_error_errno(-ENOMEM, "Cannot open records: %m");
+  }
+
+  load_file(s, s->path_old, false);
+  load_file(s, s->path, true);
+  r = open_live(s);
+  if (r < 0) {
+    log_error_errno(r, "Cannot open records file %s: %m", s->path);
+    dcpxd_records_free(s);
+    return r;
+  }
+  (void)fsync_dir(s->dir);
+  update_note(s, NULL);
+  log_info("Records: %s, %" PRIu64 " loaded, %zu kept in memory%s%s", s->path,
+           s->loaded, s->count, s->note[0] ? "; " : "", s->note);
+  *ret = s;
+  return 0;
+}
+
+int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
+  uint8_t buf[REC_SIZE * 64];
+  size_t i = 0;
+  int r = 0;
+
+  for (size_t k = 0; k < n; k++)
+    ring_push(s, &recs[k]);
+
+  while (i < n) {
+    uint64_t room;
+    size_t chunk;
+
+    if (s->fd < 0 || s->size + REC_SIZE > s->max_bytes) {
+      r = rotate(s);
+      if (r < 0)
+        break;
+    }
+    room = (s->max_bytes - s->size) / REC_SIZE;
+    chunk = n - i;
+    if (chunk > room)
+      chunk = (size_t)room;
+    if (chunk > sizeof(buf) / REC_SIZE)
+      chunk = sizeof(buf) / REC_SIZE;
+    for (size_t k = 0; k < chunk; k++)
+      encode(buf + k * REC_SIZE, &recs[i + k]);
+    size_t len = chunk * REC_SIZE, off = 0;
+    while (off < len) {
+      ssize_t w = write(s->fd, buf + off, len - off);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w < 0) {
+        r = -errno;
+        break;
+      }
+      off += (size_t)w;
+    }
+    s->size += off;
+    if (r < 0)
+      break;
+    i += chunk;
+  }
+  if (r == 0 && s->fd >= 0 && fdatasync(s->fd) < 0)
+    r = -errno;
+  if (r < 0) {
+    char why[256];
+    dcpxd_bprintf(why,
+                  "writing %s failed (%s); %zu record(s) kept in memory "
+                  "only",
+                  s->path, dcpx_strerror(r), n - i);
+    update_note(s, why);
+    return log_error_errno(r, "Cannot store %zu record(s) in %s: %m", n - i,
+                           s->path);
+  }
+  return 0;
+}
+
+size_t dcpxd_records_count(const dcpxd_records *s) { return s->count; }
+
+const dcpxd_record *dcpxd_records_get(const dcpxd_records *s, size_t i) {
+  if (i >= s->count)
+    return NULL;
+  return &s->ring[(s->head + i) % s->cap];
+}
+
+const char *dcpxd_records_note(const dcpxd_records *s) { return s->note; }
+
+dcpxd_records *dcpxd_records_free(dcpxd_records *s) {
+  if (!s)
+    return NULL;
+  if (s->fd >= 0)
+    close(s->fd);
+  free(s->dir);
+  free(s->path);
+  free(s->path_old);
+  free(s->ring);
+  free(s);
+  return NULL;
+}

@@ -1,0 +1,44 @@
+/* dcpxd-records.h - the timeout records the daemon keeps: durably in
+ * STATE_DIR/records.log (+ records.log.1), and the newest few thousand in
+ * memory for queries. See dcpxd-records.c for the file format. */
+#ifndef DCPXD_RECORDS_H
+#define DCPXD_RECORDS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Group names are at most this long (bytes, without the NUL). */
+#define DCPXD_GROUP_NAME_MAX 63
+
+/* Records kept in memory for queries. */
+#define DCPXD_RECORDS_RING 4096
+
+typedef struct dcpxd_record {
+  char group[DCPXD_GROUP_NAME_MAX + 1];
+  uint32_t generation, rank, kind, region, index, expected, seen, block;
+  uint64_t time_ns, call_tag;
+} dcpxd_record;
+
+typedef struct dcpxd_records dcpxd_records;
+
+/* Opens (creating) STATE_DIR and its records files, and loads the newest
+ * `ring` records into memory. Corrupted or truncated entries are skipped,
+ * counted and logged, never fatal; only an unusable state dir fails. */
+int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
+                       dcpxd_records **ret);
+
+/* Appends n records: to the file (write + fdatasync, rotating first if it
+ * would grow past max_bytes) and to the ring. On a file error the records
+ * are still kept in memory; the error is returned (and noted for queries). */
+int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *r, size_t n);
+
+/* Records in memory, oldest first: i in 0..count-1. */
+size_t dcpxd_records_count(const dcpxd_records *s);
+const dcpxd_record *dcpxd_records_get(const dcpxd_records *s, size_t i);
+
+/* A note for QueryReply.records_note ("" when all is well). */
+const char *dcpxd_records_note(const dcpxd_records *s);
+
+dcpxd_records *dcpxd_records_free(dcpxd_records *s);
+
+#endif /* DCPXD_RECORDS_H */

@@ -1,0 +1,667 @@
+/* dcpxd-server.c - the listening socket and the client connections.
+ *
+ * Sockets. One AF_UNIX SOCK_SEQPACKET listening socket, bound here (path and
+ * mode from the settings) or passed by systemd socket activation. libuv's
+ * stream API cannot carry SCM_RIGHTS on a SEQPACKET socket, so the daemon
+ * watches the raw fds with uv_poll and does accept4/sendmsg/recvmsg itself
+ * (proto/frame.c); every socket is non-blocking.
+ *
+ * A connection's life:
+ *
+ *   accepted --(SO_PEERCRED refused)--> Reply ACCES, closing
+ *      |
+ *      v
+ *   wait Hello --(other frame, bad version)--> Reply error, closing
+ *      |
+ *      v
+ *   open: Join / Leave / RecoverAck / Query / Command, any number
+ *      |
+ *      v (EOF, HUP, error, malformed or unexpected frame, send failure)
+ *   closing --(reaper, next loop turn)--> removed from its group, handles
+ *                                         closed, fd closed, freed
+ *
+ * Invariants:
+ *   1. Client input never crashes the daemon: every received frame comes
+ *      through dcpx__frame_recv (size-bounded, unpacked by protobuf-c), and
+ *      every handler checks the message pointers it uses.
+ *   2. An error on one connection closes that connection only.
+ *   3. Sends never block the loop: a frame that does not fit in the socket
+ *      is queued (fds dup'ed) and sent when the socket is writable; a peer
+ *      that lets DCPXD_OUT_MAX bytes pile up is cut off.
+ *   4. Nothing is freed under a running handler (dcpxd.h, re-entrancy).
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "dcpxd-log.h"
+#include "dcpxd-notify.h"
+#include "dcpxd-util.h"
+#include "dcpxd.h"
+
+#define ACCEPT_BATCH 64
+#define RECV_BATCH 32
+#define ACCEPT_RETRY_MS 100
+
+/* ---- sending ------------------------------------------------------------- */
+
+/* A peer that hung up before reading its answer (libdcpx's Leave does not
+ * wait for the Reply) is routine; other send errors are worth a line. */
+static int send_error_level(int r) {
+  return r == -EPIPE || r == DCPX_E_CONNRESET ? LOG_DEBUG : LOG_INFO;
+}
+
+static void outmsg_free(dcpxd_outmsg *o) {
+  for (int i = 0; i < o->nfds; i++)
+    if (o->fds[i] >= 0)
+      close(o->fds[i]);
+  free(o);
+}
+
+static void on_conn_io(uv_poll_t *h, int status, int events);
+
+static void conn_set_events(dcpxd_conn *c, unsigned events) {
+  if (c->closing || c->poll_events == events)
+    return;
+  if (uv_poll_start(&c->poll, (int)events, on_conn_io) == 0)
+    c->poll_events = events;
+}
+
+/* Sends one queued message; 0 sent, -EAGAIN full, else an error. */
+static int outmsg_send(int fd, const dcpxd_outmsg *o) {
+  struct iovec iov = {.iov_base = (void *)o->data, .iov_len = o->len};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * DCPX_FRAME_MAX_FDS)];
+    struct cmsghdr align;
+  } ctl;
+  ssize_t n;
+
+  if (o->nfds) {
+    struct cmsghdr *cm;
+    memset(&ctl, 0, sizeof(ctl));
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)o->nfds);
+    cm = CMSG_FIRSTHDR(&mh);
+    if (!cm)
+      return -EINVAL;
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)o->nfds);
+    memcpy(CMSG_DATA(cm), o->fds, sizeof(int) * (size_t)o->nfds);
+  }
+  do
+    n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return (errno == EWOULDBLOCK) ? -EAGAIN : -errno;
+  return (size_t)n == o->len ? 0 : -EIO;
+}
+
+void dcpxd_conn_flush(dcpxd_conn *c) {
+  while (c->out_head && !c->closing) {
+    dcpxd_outmsg *o = c->out_head;
+    int r = outmsg_send(c->fd, o);
+    if (r == -EAGAIN)
+      return;
+    if (r < 0) {
+      dcpxd_conn_close(c, send_error_level(r), "send failed: %s",
+                       dcpx_strerror(r));
+      return;
+    }
+    c->out_head = o->next;
+    if (!c->out_head)
+      c->out_tail = NULL;
+    c->out_bytes -= o->len;
+    outmsg_free(o);
+  }
+  if (!c->out_head)
+    conn_set_events(c, UV_READABLE | UV_DISCONNECT);
+}
+
+static int conn_enqueue(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
+                        int nfds) {
+  size_t len = dcpx__frame__get_packed_size(f);
+  dcpxd_outmsg *o;
+
+  if (c->out_bytes + len > DCPXD_OUT_MAX) {
+    dcpxd_conn_close(c, LOG_WARNING,
+                     "peer is not reading its socket (%zu bytes queued)",
+                     c->out_bytes);
+    return -ENOBUFS;
+  }
+  o = malloc(sizeof(*o) + (len ? len : 1));
+  if (!o) {
+    dcpxd_conn_close(c, LOG_ERR, "out of memory queueing a message");
+    return -ENOMEM;
+  }
+  o->next = NULL;
+  o->len = len;
+  dcpx__frame__pack(f, o->data);
+  o->nfds = 0;
+  for (int i = 0; i < nfds; i++) {
+    int d = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+    if (d < 0) {
+      int r = -errno;
+      outmsg_free(o);
+      dcpxd_conn_close(c, LOG_ERR, "cannot queue descriptors: %s",
+                       dcpx_strerror(r));
+      return r;
+    }
+    o->fds[o->nfds++] = d;
+  }
+  if (c->out_tail)
+    c->out_tail->next = o;
+  else
+    c->out_head = o;
+  c->out_tail = o;
+  c->out_bytes += len;
+  conn_set_events(c, UV_READABLE | UV_WRITABLE | UV_DISCONNECT);
+  return 0;
+}
+
+int dcpxd_conn_send(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
+                    int nfds) {
+  int r;
+
+  if (c->closing)
+    return DCPX_E_NOTCONN;
+  if (dcpx__frame__get_packed_size(f) > DCPX_FRAME_MAX)
+    return DCPX_E_MSGSIZE;
+  if (!c->out_head) {
+    r = dcpx__frame_send(c->fd, f, fds, nfds);
+    if (r == 0)
+      return 0;
+    if (r == DCPX_E_MSGSIZE) /* over the socket's send buffer */
+      return r;
+    if (r != -EAGAIN && r != -ENOBUFS) {
+      dcpxd_conn_close(c, send_error_level(r), "send failed: %s",
+                       dcpx_strerror(r));
+      return r;
+    }
+  }
+  return conn_enqueue(c, f, fds, nfds);
+}
+
+int dcpxd_conn_reply(dcpxd_conn *c, int status, const char *fmt, ...) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Reply rep = DCPX__REPLY__INIT;
+  char msg[512] = "";
+
+  if (fmt) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+  }
+  rep.status = status;
+  rep.error = msg;
+  rep.version = DCPX_PROTO_VERSION;
+  f.msg_case = DCPX__FRAME__MSG_REPLY;
+  f.reply = &rep;
+  return dcpxd_conn_send(c, &f, NULL, 0);
+}
+
+/* ---- closing ------------------------------------------------------------- */
+
+static void on_conn_handle_closed(uv_handle_t *h) {
+  dcpxd_conn *c = h->data;
+  if (--c->open_handles > 0)
+    return;
+  close(c->fd);
+  free(c);
+}
+
+/* The reaper: runs on the loop turn after connections were marked closing;
+ * this is the only place where a connection leaves its group because it
+ * went away, and where connections are freed. */
+static void on_reap(uv_idle_t *h) {
+  dcpxd_manager *m = h->data;
+  dcpxd_conn *c;
+
+  while ((c = TAILQ_FIRST(&m->reap))) {
+    TAILQ_REMOVE(&m->reap, c, reap_link);
+    if (c->group)
+      dcpxd_group_member_gone(c);
+    while (c->out_head) {
+      dcpxd_outmsg *o = c->out_head;
+      c->out_head = o->next;
+      outmsg_free(o);
+    }
+    c->out_tail = NULL;
+    TAILQ_REMOVE(&m->conns, c, link);
+    m->n_conns--;
+    uv_close((uv_handle_t *)&c->poll, on_conn_handle_closed);
+    uv_close((uv_handle_t *)&c->join_timer, on_conn_handle_closed);
+  }
+  uv_idle_stop(h);
+  if (m->stopping && TAILQ_EMPTY(&m->conns) && !uv_is_closing((uv_handle_t *)h))
+    uv_close((uv_handle_t *)h, NULL);
+  dcpxd_manager_update(m);
+}
+
+void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...) {
+  va_list ap;
+
+  if (c->closing)
+    return;
+  c->closing = true;
+  va_start(ap, fmt);
+  vsnprintf(c->close_reason, sizeof(c->close_reason), fmt, ap);
+  va_end(ap);
+  log_full(level, "conn %" PRIu64 " (pid %d uid %u%s%s): closing: %s", c->id,
+           (int)c->pid, (unsigned)c->uid, c->agent[0] ? ", " : "", c->agent,
+           c->close_reason);
+  uv_poll_stop(&c->poll);
+  uv_timer_stop(&c->join_timer);
+  TAILQ_INSERT_TAIL(&c->m->reap, c, reap_link);
+  if (!uv_is_closing((uv_handle_t *)&c->m->reaper))
+    uv_idle_start(&c->m->reaper, on_reap);
+}
+
+/* ---- receiving ----------------------------------------------------------- */
+
+static const char *frame_name(int msg_case) {
+  switch (msg_case) {
+  case DCPX__FRAME__MSG_HELLO:
+    return "Hello";
+  case DCPX__FRAME__MSG_REPLY:
+    return "Reply";
+  case DCPX__FRAME__MSG_JOIN:
+    return "Join";
+  case DCPX__FRAME__MSG_JOIN_REPLY:
+    return "JoinReply";
+  case DCPX__FRAME__MSG_LEAVE:
+    return "Leave";
+  case DCPX__FRAME__MSG_EVENT:
+    return "Event";
+  case DCPX__FRAME__MSG_RECOVER_ACK:
+    return "RecoverAck";
+  case DCPX__FRAME__MSG_QUERY:
+    return "Query";
+  case DCPX__FRAME__MSG_QUERY_REPLY:
+    return "QueryReply";
+  case DCPX__FRAME__MSG_COMMAND:
+    return "Command";
+  default:
+    return "unknown message";
+  }
+}
+
+/* Replies with a protocol error and closes the connection. */
+static void conn_protocol_error(dcpxd_conn *c, int status, const char *why) {
+  dcpxd_conn_reply(c, status, "%s", why);
+  dcpxd_conn_close(c, LOG_WARNING, "%s", why);
+}
+
+static void conn_hello(dcpxd_conn *c, const Dcpx__Hello *h) {
+  char why[128];
+  size_t k = 0;
+
+  if (!h)
+    return conn_protocol_error(c, DCPX_E_PROTO, "Hello without content");
+  if (h->version != DCPX_PROTO_VERSION) {
+    dcpxd_bprintf(why, "protocol version %u not supported (dcpxd speaks %u)",
+                  h->version, DCPX_PROTO_VERSION);
+    return conn_protocol_error(c, DCPX_E_VERSION, why);
+  }
+  /* Keep a printable copy of the agent string for logs. */
+  for (const char *p = h->agent ? h->agent : ""; *p && k + 1 < sizeof(c->agent);
+       p++)
+    c->agent[k++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
+  c->agent[k] = '\0';
+  c->hello = true;
+  log_debug("conn %" PRIu64 " (pid %d): hello from '%s'", c->id, (int)c->pid,
+            c->agent);
+  dcpxd_conn_reply(c, 0, NULL);
+}
+
+static void conn_dispatch(dcpxd_conn *c, const Dcpx__Frame *f) {
+  char why[128];
+
+  if (!c->hello && f->msg_case != DCPX__FRAME__MSG_HELLO) {
+    dcpxd_bprintf(why, "expected Hello first, got %s", frame_name(f->msg_case));
+    return conn_protocol_error(c, DCPX_E_PROTO, why);
+  }
+  switch (f->msg_case) {
+  case DCPX__FRAME__MSG_HELLO:
+    if (c->hello)
+      return conn_protocol_error(c, DCPX_E_PROTO, "duplicate Hello");
+    return conn_hello(c, f->hello);
+  case DCPX__FRAME__MSG_JOIN:
+    if (!f->join)
+      return conn_protocol_error(c, DCPX_E_PROTO, "Join without content");
+    return dcpxd_group_join(c, f->join);
+  case DCPX__FRAME__MSG_LEAVE:
+    return dcpxd_group_leave(c);
+  case DCPX__FRAME__MSG_RECOVER_ACK:
+    if (!f->recover_ack)
+      return conn_protocol_error(c, DCPX_E_PROTO, "RecoverAck without content");
+    return dcpxd_group_recover_ack(c, f->recover_ack);
+  case DCPX__FRAME__MSG_QUERY:
+    if (!f->query)
+      return conn_protocol_error(c, DCPX_E_PROTO, "Query without content");
+    return dcpxd_query(c, f->query);
+  case DCPX__FRAME__MSG_COMMAND:
+    if (!f->command)
+      return conn_protocol_error(c, DCPX_E_PROTO, "Command without content");
+    return dcpxd_command(c, f->command);
+  default:
+    dcpxd_bprintf(why, "unexpected %s from a client", frame_name(f->msg_case));
+    return conn_protocol_error(c, DCPX_E_PROTO, why);
+  }
+}
+
+static void on_conn_io(uv_poll_t *h, int status, int events) {
+  dcpxd_conn *c = h->data;
+
+  if (c->closing)
+    return;
+  if (status < 0) {
+    /* libuv reports POLLERR as UV_EBADF. On a Unix socket that is the
+     * pending socket error, typically ECONNRESET: the peer closed with
+     * frames it had not read. Report that instead. */
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (status == UV_EBADF &&
+        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err)
+      dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
+                       "connection error: %s", strerror(err));
+    else
+      dcpxd_conn_close(c, LOG_INFO, "poll error: %s", uv_strerror(status));
+    goto out;
+  }
+  if (events & UV_WRITABLE)
+    dcpxd_conn_flush(c);
+  if (!(events & (UV_READABLE | UV_DISCONNECT)))
+    goto out;
+  for (int i = 0; i < RECV_BATCH && !c->closing; i++) {
+    Dcpx__Frame *f = NULL;
+    int r = dcpx__frame_recv(c->fd, &f, NULL, 0, NULL);
+    if (r == -EAGAIN)
+      break;
+    if (r == DCPX_E_CONNRESET) {
+      dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
+                       "connection closed by peer");
+      break;
+    }
+    if (r == DCPX_E_MSGSIZE) {
+      char why[96];
+      dcpxd_bprintf(why, "frame larger than %u bytes", DCPX_FRAME_MAX);
+      conn_protocol_error(c, r, why);
+      break;
+    }
+    if (r == DCPX_E_PROTO) {
+      conn_protocol_error(c, r, "malformed frame (not a dcpx Frame)");
+      break;
+    }
+    if (r < 0) {
+      dcpxd_conn_close(c, LOG_INFO, "receive failed: %s", dcpx_strerror(r));
+      break;
+    }
+    conn_dispatch(c, f);
+    dcpx__frame_free(f);
+  }
+out:
+  dcpxd_manager_update(c->m);
+}
+
+/* ---- accepting ----------------------------------------------------------- */
+
+/* The peer's supplementary groups (SO_PEERGROUPS, Linux >= 4.13), plus its
+ * primary group. Returns the count stored in gids (at most max). */
+static size_t peer_groups(int fd, gid_t primary, gid_t *gids, size_t max) {
+  socklen_t len = (socklen_t)((max - 1) * sizeof(gid_t));
+  size_t n = 0;
+
+  gids[n++] = primary;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, gids + 1, &len) == 0)
+    n += len / sizeof(gid_t);
+  return n;
+}
+
+static void conn_new(dcpxd_manager *m, int fd) {
+  struct ucred uc;
+  socklen_t len = sizeof(uc);
+  gid_t gids[129];
+  size_t ngids;
+  dcpxd_conn *c;
+  int sndbuf = 2 * DCPX_FRAME_MAX;
+
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0) {
+    log_warning_errno(-errno, "Cannot read peer credentials, dropping "
+                              "connection: %m");
+    close(fd);
+    return;
+  }
+  /* So that frames up to DCPX_FRAME_MAX fit (capped by wmem_max). */
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+
+  c = calloc(1, sizeof(*c));
+  if (!c) {
+    log_error("Out of memory accepting a connection");
+    close(fd);
+    return;
+  }
+  c->m = m;
+  c->fd = fd;
+  c->id = ++m->next_conn_id;
+  c->pid = uc.pid;
+  c->uid = uc.uid;
+  c->gid = uc.gid;
+  uv_poll_init(m->loop, &c->poll, fd);
+  uv_timer_init(m->loop, &c->join_timer);
+  c->poll.data = c;
+  c->join_timer.data = c;
+  c->open_handles = 2;
+  TAILQ_INSERT_TAIL(&m->conns, c, link);
+  m->n_conns++;
+
+  ngids = peer_groups(fd, uc.gid, gids, ELEMENTSOF(gids));
+  if (!dcpxd_conf_peer_allowed(m->conf, uc.uid, gids, ngids)) {
+    dcpxd_conn_reply(c, DCPX_E_ACCES, "uid %u not allowed", (unsigned)uc.uid);
+    dcpxd_conn_close(c, LOG_WARNING, "uid %u not allowed", (unsigned)uc.uid);
+    return;
+  }
+  if (m->n_conns > DCPXD_MAX_CONNS) {
+    dcpxd_conn_reply(c, DCPX_E_BUSY, "too many connections (%u)",
+                     DCPXD_MAX_CONNS);
+    dcpxd_conn_close(c, LOG_WARNING, "too many connections");
+    return;
+  }
+  c->poll_events = UV_READABLE | UV_DISCONNECT;
+  uv_poll_start(&c->poll, (int)c->poll_events, on_conn_io);
+  log_debug("conn %" PRIu64 ": accepted pid %d uid %u gid %u", c->id,
+            (int)uc.pid, (unsigned)uc.uid, (unsigned)uc.gid);
+}
+
+static void on_listen(uv_poll_t *h, int status, int events);
+
+static void on_accept_retry(uv_timer_t *t) {
+  dcpxd_manager *m = t->data;
+  if (!m->stopping && m->listening)
+    uv_poll_start(&m->listen_poll, UV_READABLE, on_listen);
+}
+
+static void on_listen(uv_poll_t *h, int status, int events) {
+  dcpxd_manager *m = h->data;
+
+  if (status < 0) {
+    log_error("Listening socket error: %s", uv_strerror(status));
+    return;
+  }
+  for (int i = 0; i < ACCEPT_BATCH; i++) {
+    int fd = accept4(m->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        break;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        /* The pending connection stays readable: stop watching for a
+         * moment rather than spin. */
+        log_warning_errno(-errno, "accept() failed, pausing %d ms: %m",
+                          ACCEPT_RETRY_MS);
+        uv_poll_stop(&m->listen_poll);
+        uv_timer_start(&m->accept_retry, on_accept_retry, ACCEPT_RETRY_MS, 0);
+        break;
+      }
+      log_error_errno(-errno, "accept() failed: %m");
+      break;
+    }
+    conn_new(m, fd);
+  }
+  dcpxd_manager_update(m);
+}
+
+/* ---- the listening socket ------------------------------------------------ */
+
+static int use_activated_socket(dcpxd_manager *m, int n) {
+  int fd = DCPXD_LISTEN_FDS_START, type = 0, domain = 0, acc = 0;
+  socklen_t len = sizeof(int);
+
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len) < 0)
+    return log_error_errno(-errno, "Passed fd %d is not a socket: %m", fd);
+  if (type != SOCK_SEQPACKET || domain != AF_UNIX || !acc)
+    return log_error_errno(-EINVAL,
+                           "Passed fd %d is not a listening AF_UNIX "
+                           "SOCK_SEQPACKET socket "
+                           "(ListenSequentialPacket= in dcpxd.socket)",
+                           fd);
+  for (int extra = fd + 1; extra < fd + n; extra++) {
+    log_warning("Ignoring extra socket-activation fd %d", extra);
+    close(extra);
+  }
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)
+    return log_error_errno(-errno, "Cannot make fd %d non-blocking: %m", fd);
+  m->listen_fd = fd;
+  m->socket_created = false;
+  log_info("Listening on the socket passed by the service manager (fd %d)", fd);
+  return 0;
+}
+
+/* Removes a socket file nobody listens on any more (a crashed daemon's);
+ * refuses to touch anything else. */
+static int clear_stale_socket(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct stat st;
+  _cleanup_close_ int probe = -1;
+
+  if (lstat(path, &st) < 0)
+    return errno == ENOENT ? 0 : -errno;
+  if (!S_ISSOCK(st.st_mode))
+    return log_error_errno(-EEXIST, "%s exists and is not a socket", path);
+  probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (probe < 0)
+    return -errno;
+  strncpy(sa.sun_path, path, sizeof(sa.sun_path) - 1);
+  if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+    return log_error_errno(-EADDRINUSE,
+                           "Another dcpxd is already listening on %s", path);
+  if (errno != ECONNREFUSED)
+    return log_error_errno(-errno, "Cannot probe %s: %m", path);
+  log_notice("Removing stale socket %s", path);
+  if (unlink(path) < 0 && errno != ENOENT)
+    return log_error_errno(-errno, "Cannot remove stale socket %s: %m", path);
+  return 0;
+}
+
+static int create_socket(dcpxd_manager *m) {
+  const char *path = m->conf->socket_path;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  _cleanup_close_ int fd = -1;
+  char dir[PATH_MAX];
+  mode_t old;
+  int r;
+
+  if (strlen(path) >= sizeof(sa.sun_path))
+    return log_error_errno(-ENAMETOOLONG, "Socket path %s: %m", path);
+  strcpy(sa.sun_path, path);
+
+  /* Create the socket's directory if it is missing (one level; under
+   * systemd, RuntimeDirectory= does it). */
+  dcpxd_bprintf(dir, "%s", path);
+  if (mkdir(dirname(dir), 0755) < 0 && errno != EEXIST)
+    return log_error_errno(-errno, "Cannot create directory %s: %m", dir);
+
+  r = clear_stale_socket(path);
+  if (r < 0)
+    return r;
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return log_error_errno(-errno, "Cannot create socket: %m");
+  /* Bind with a umask that already gives the final mode, so that the
+   * socket is never reachable with wider permissions; chmod makes it
+   * exact. */
+  old = umask(~m->conf->socket_mode & 0777);
+  r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+  umask(old);
+  if (r < 0)
+    return log_error_errno(-errno, "Cannot bind %s: %m", path);
+  m->socket_created = true;
+  if (chmod(path, m->conf->socket_mode) < 0)
+    return log_error_errno(-errno, "Cannot chmod %s: %m", path);
+  if (listen(fd, 128) < 0)
+    return log_error_errno(-errno, "Cannot listen on %s: %m", path);
+  m->listen_fd = TAKE_FD(fd);
+  log_info("Listening on %s (mode %04o)", path, (unsigned)m->conf->socket_mode);
+  return 0;
+}
+
+int dcpxd_server_listen(dcpxd_manager *m) {
+  int n, r;
+
+  n = dcpxd_listen_fds();
+  if (n < 0)
+    return log_error_errno(n, "Bad socket activation environment: %m");
+  r = n > 0 ? use_activated_socket(m, n) : create_socket(m);
+  if (r < 0)
+    return r;
+  uv_poll_init(m->loop, &m->listen_poll, m->listen_fd);
+  m->listen_poll.data = m;
+  uv_timer_init(m->loop, &m->accept_retry);
+  m->accept_retry.data = m;
+  m->listening = true;
+  uv_poll_start(&m->listen_poll, UV_READABLE, on_listen);
+  return 0;
+}
+
+static void on_listen_closed(uv_handle_t *h) {
+  dcpxd_manager *m = h->data;
+  if (m->listen_fd >= 0)
+    close(m->listen_fd);
+  m->listen_fd = -1;
+}
+
+void dcpxd_server_stop(dcpxd_manager *m) {
+  if (m->listening) {
+    m->listening = false;
+    uv_close((uv_handle_t *)&m->listen_poll, on_listen_closed);
+    uv_close((uv_handle_t *)&m->accept_retry, NULL);
+  } else if (m->listen_fd >= 0) {
+    close(m->listen_fd);
+    m->listen_fd = -1;
+  }
+  if (m->socket_created) {
+    if (unlink(m->conf->socket_path) < 0 && errno != ENOENT)
+      log_warning_errno(-errno, "Cannot remove %s: %m", m->conf->socket_path);
+    m->socket_created = false;
+  }
+}

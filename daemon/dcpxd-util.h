@@ -1,0 +1,85 @@
+/* dcpxd-util.h - small helpers shared by the daemon's files: cleanup
+ * attributes (systemd's _cleanup_ idiom), clocks, and strict number parsing.
+ * Header-only; nothing here logs. */
+#ifndef DCPXD_UTIL_H
+#define DCPXD_UTIL_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define _cleanup_(f) __attribute__((cleanup(f)))
+
+static inline void freep(void *p) { free(*(void **)p); }
+static inline void closep(int *fd) {
+  if (*fd >= 0)
+    close(*fd);
+}
+static inline void fclosep(FILE **f) {
+  if (*f)
+    fclose(*f);
+}
+#define _cleanup_free_ _cleanup_(freep)
+#define _cleanup_close_ _cleanup_(closep)
+#define _cleanup_fclose_ _cleanup_(fclosep)
+
+/* Hands ownership out of a _cleanup_ variable. */
+#define TAKE_PTR(p)                                                            \
+  ({                                                                           \
+    __typeof__(p) _p = (p);                                                    \
+    (p) = NULL;                                                                \
+    _p;                                                                        \
+  })
+#define TAKE_FD(fd)                                                            \
+  ({                                                                           \
+    int _fd = (fd);                                                            \
+    (fd) = -1;                                                                 \
+    _fd;                                                                       \
+  })
+
+#define ELEMENTSOF(a) (sizeof(a) / sizeof((a)[0]))
+
+static inline uint64_t dcpxd_now_ns(clockid_t clk) {
+  struct timespec ts;
+  clock_gettime(clk, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Parses a whole string as an unsigned integer in `base` (0: C rules).
+ * No sign, no trailing garbage, no overflow. */
+static inline int dcpxd_parse_u64(const char *s, int base, uint64_t *ret) {
+  char *end;
+  unsigned long long v;
+  if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
+    return -EINVAL;
+  errno = 0;
+  v = strtoull(s, &end, base);
+  if (errno) /* constants, so the compiler sees every error is < 0 */
+    return errno == ERANGE ? -ERANGE : -EINVAL;
+  if (*end)
+    return -EINVAL;
+  *ret = v;
+  return 0;
+}
+
+static inline int dcpxd_parse_u32(const char *s, int base, uint32_t *ret) {
+  uint64_t v;
+  int r = dcpxd_parse_u64(s, base, &v);
+  if (r < 0)
+    return r;
+  if (v > UINT32_MAX)
+    return -ERANGE;
+  *ret = (uint32_t)v;
+  return 0;
+}
+
+/* snprintf that always terminates and never reports truncation as an
+ * error (the callers format log and error texts). */
+#define dcpxd_bprintf(buf, ...) ((void)snprintf(buf, sizeof(buf), __VA_ARGS__))
+
+#endif /* DCPXD_UTIL_H */

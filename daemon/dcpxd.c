@@ -1,0 +1,216 @@
+/* dcpxd.c - the dcpx node daemon: main loop, signals, service manager.
+ *
+ * dcpxd owns, per group, the shared memory the ranks exchange through and
+ * the control page they report health in; it does the rendezvous, watches
+ * the alarm words, aborts and recovers groups, and keeps timeout records
+ * (DESIGN.md section 7). It is never on the data path: a rank's calls touch
+ * only memory it mapped from the fds the daemon handed out.
+ *
+ * One thread runs one libuv loop with these handles:
+ *
+ *   listen_poll    the listening socket          (dcpxd-server.c)
+ *   conn->poll     each connection               (dcpxd-server.c)
+ *   conn->join_timer  a join waiting for its group  (dcpxd-group.c)
+ *   reaper         idle: retires closed conns    (dcpxd-server.c)
+ *   health_timer   every poll-ms while some group is ready
+ *   watchdog_timer WATCHDOG=1 at half of WATCHDOG_USEC
+ *   signals        SIGTERM, SIGINT: shut down; SIGHUP: ignored (logged)
+ *
+ * plus one worker-thread job per recovery that zeroes the workspaces.
+ *
+ * Startup: settings (exit 2 if bad), the records store (exit 1 if the
+ * state dir is unusable; never because of damaged records), the socket,
+ * then READY=1. Shutdown: STOPPING=1, every formed group aborted with
+ * DCPX_ABORT_OPERATOR (members get Event ABORT), every connection closed,
+ * the socket unlinked if we made it, the loop drained, everything freed.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <dcpx/version.h>
+
+#include "dcpxd-log.h"
+#include "dcpxd-notify.h"
+#include "dcpxd-util.h"
+#include "dcpxd.h"
+
+static void on_health_tick(uv_timer_t *t) {
+  dcpxd_manager *m = t->data;
+  dcpxd_health_scan(m);
+  dcpxd_manager_update(m);
+}
+
+void dcpxd_manager_update(dcpxd_manager *m) {
+  unsigned n[4] = {0, 0, 0, 0}, groups = 0, members = 0;
+  char status[sizeof(m->status)];
+  dcpxd_group *g;
+
+  TAILQ_FOREACH(g, &m->groups, link) {
+    n[g->state]++;
+    groups++;
+    members += g->live;
+  }
+  /* Not the connection count: dcpxctl polls would make it churn. */
+  dcpxd_bprintf(status,
+                "STATUS=%u group%s (%u ready, %u forming, %u aborted, %u "
+                "recovering), %u member%s",
+                groups, groups == 1 ? "" : "s", n[DCPXD_GROUP_READY],
+                n[DCPXD_GROUP_FORMING], n[DCPXD_GROUP_ABORTED],
+                n[DCPXD_GROUP_RECOVERING], members, members == 1 ? "" : "s");
+  if (strcmp(status, m->status) != 0) {
+    memcpy(m->status, status, sizeof(status));
+    (void)dcpxd_notify(status);
+  }
+
+  /* The alarm scan runs only while there is something to scan. */
+  if (m->stopping)
+    return;
+  if (n[DCPXD_GROUP_READY] && !m->health_active) {
+    uv_timer_start(&m->health_timer, on_health_tick, m->conf->poll_ms,
+                   m->conf->poll_ms);
+    m->health_active = true;
+  } else if (!n[DCPXD_GROUP_READY] && m->health_active) {
+    uv_timer_stop(&m->health_timer);
+    m->health_active = false;
+  }
+}
+
+static void on_watchdog(uv_timer_t *t) { (void)dcpxd_notify("WATCHDOG=1"); }
+
+/* Begins the orderly shutdown; the loop ends once every handle closed and
+ * every recovery job returned. */
+static void manager_stop(dcpxd_manager *m, const char *why) {
+  dcpxd_conn *c, *next;
+
+  if (m->stopping)
+    return;
+  log_info("Shutting down (%s)", why);
+  (void)dcpxd_notify("STOPPING=1");
+  dcpxd_group_abort_all(m, "dcpxd is shutting down");
+  m->stopping = true;
+  dcpxd_server_stop(m);
+  for (c = TAILQ_FIRST(&m->conns); c; c = next) {
+    next = TAILQ_NEXT(c, link);
+    dcpxd_conn_flush(c); /* the ABORT events, best effort */
+    dcpxd_conn_close(c, LOG_DEBUG, "dcpxd is shutting down");
+  }
+  if (TAILQ_EMPTY(&m->conns))
+    uv_close((uv_handle_t *)&m->reaper, NULL);
+  uv_close((uv_handle_t *)&m->health_timer, NULL);
+  uv_close((uv_handle_t *)&m->watchdog_timer, NULL);
+  uv_close((uv_handle_t *)&m->sig_term, NULL);
+  uv_close((uv_handle_t *)&m->sig_int, NULL);
+  uv_close((uv_handle_t *)&m->sig_hup, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  dcpxd_manager *m = h->data;
+  if (signum == SIGHUP) {
+    log_info("SIGHUP ignored: restart dcpxd to apply new settings");
+    return;
+  }
+  manager_stop(m, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void start_signal(dcpxd_manager *m, uv_signal_t *h, int signum) {
+  uv_signal_init(m->loop, h);
+  h->data = m;
+  uv_signal_start(h, on_signal, signum);
+}
+
+int main(int argc, char **argv) {
+  dcpxd_conf conf;
+  dcpxd_manager mgr, *m = &mgr;
+  uv_loop_t loop;
+  uint64_t wd_usec;
+  int r, ret = EXIT_FAILURE;
+
+  r = dcpxd_conf_load(&conf, argc, argv);
+  if (r != DCPXD_CONF_RUN) {
+    dcpxd_conf_done(&conf);
+    return r == DCPXD_CONF_EXIT ? EXIT_SUCCESS : 2;
+  }
+  dcpxd_log_max_level = conf.log_level;
+  signal(SIGPIPE, SIG_IGN); /* sends use MSG_NOSIGNAL; belt and braces */
+
+  memset(m, 0, sizeof(*m));
+  m->conf = &conf;
+  m->listen_fd = -1;
+  TAILQ_INIT(&m->conns);
+  TAILQ_INIT(&m->reap);
+  TAILQ_INIT(&m->groups);
+
+  log_info("dcpxd %s starting (protocol %u, config %s, state dir %s, "
+           "poll %u ms, fault injection %s)",
+           DCPX_VERSION_STRING, DCPX_PROTO_VERSION,
+           conf.config_path ? conf.config_path : "none", conf.state_dir,
+           conf.poll_ms, conf.fault_injection ? "ENABLED" : "off");
+
+  r = dcpxd_records_open(conf.state_dir, conf.records_max_bytes,
+                         DCPXD_RECORDS_RING, &m->records);
+  if (r < 0)
+    goto out_conf;
+
+  r = uv_loop_init(&loop);
+  if (r < 0) {
+    log_error("Cannot create the event loop: %s", uv_strerror(r));
+    goto out_records;
+  }
+  m->loop = &loop;
+  uv_idle_init(m->loop, &m->reaper);
+  m->reaper.data = m;
+  uv_timer_init(m->loop, &m->health_timer);
+  m->health_timer.data = m;
+  uv_timer_init(m->loop, &m->watchdog_timer);
+  m->watchdog_timer.data = m;
+  start_signal(m, &m->sig_term, SIGTERM);
+  start_signal(m, &m->sig_int, SIGINT);
+  start_signal(m, &m->sig_hup, SIGHUP);
+
+  r = dcpxd_server_listen(m);
+  if (r < 0) {
+    dcpxd_server_stop(m); /* unlinks a half-made socket */
+    manager_stop(m, "startup failed");
+    uv_run(m->loop, UV_RUN_DEFAULT);
+    goto out_loop;
+  }
+
+  wd_usec = dcpxd_watchdog_usec();
+  if (wd_usec) {
+    uint64_t ms = wd_usec / 2000 ? wd_usec / 2000 : 1;
+    uv_timer_start(&m->watchdog_timer, on_watchdog, ms, ms);
+    log_info("Watchdog: WATCHDOG=1 every %" PRIu64 " ms", ms);
+  }
+  dcpxd_manager_update(m);
+  (void)dcpxd_notify("READY=1");
+  log_info("Ready");
+
+  uv_run(m->loop, UV_RUN_DEFAULT);
+  ret = EXIT_SUCCESS;
+  log_info("Stopped");
+
+out_loop:
+  /* Every member left when its connection closed, so no group is left;
+   * this only guards against a bug leaking them. */
+  while (!TAILQ_EMPTY(&m->groups)) {
+    dcpxd_group *g = TAILQ_FIRST(&m->groups);
+    log_warning("group=%s still present at exit", g->name);
+    TAILQ_REMOVE(&m->groups, g, link);
+  }
+  if (uv_loop_close(m->loop) < 0)
+    log_warning("Event loop still had open handles at exit");
+out_records:
+  m->records = dcpxd_records_free(m->records);
+out_conf:
+  dcpxd_conf_done(&conf);
+  return ret;
+}

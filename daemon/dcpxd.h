@@ -1,0 +1,246 @@
+/* dcpxd.h - the daemon's internal objects and how its files divide the work.
+ *
+ *   dcpxd.c          main(): settings, the libuv loop, signals, sd_notify
+ *                    READY/STATUS/WATCHDOG, orderly shutdown
+ *   dcpxd-conf.c     defaults, config file, flags
+ *   dcpxd-server.c   the listening socket and the connections: accept,
+ *                    peer credentials, framing, send queue, Hello, dispatch
+ *   dcpxd-group.c    groups: rendezvous (Join), memory, abort, recovery,
+ *                    Leave and dead members, operator reset, fault hook
+ *   dcpxd-health.c   the alarm scan of every ready group's control page and
+ *                    the harvest of its wait records
+ *   dcpxd-query.c    Query and Command (dcpxctl)
+ *   dcpxd-records.c  durable, bounded record storage
+ *   dcpxd-mem.c      buffer backends (host memfd; CUDA to come)
+ *   dcpxd-notify.c   systemd notify / watchdog / socket activation
+ *   dcpxd-log.c      logging
+ *
+ * Ownership: the manager owns every connection and every group. A group
+ * points at its members' connections and a member connection back at its
+ * group; both links are cut together (dcpxd-group.c), never one alone.
+ *
+ * Re-entrancy rule: nothing closes a connection synchronously. A failed
+ * send, a protocol error or a hang-up only marks the connection closing
+ * (dcpxd_conn_close); the "reaper" idle handle then removes it from its
+ * group on the next loop turn. So group code may send to all members in a
+ * loop without members vanishing under it.
+ */
+#ifndef DCPXD_H
+#define DCPXD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "dcpx.h"
+#include "dcpxd-conf.h"
+#include "dcpxd-mem.h"
+#include "dcpxd-records.h"
+#include "frame.h"
+#include "layout.h"
+
+typedef struct dcpxd_manager dcpxd_manager;
+typedef struct dcpxd_conn dcpxd_conn;
+typedef struct dcpxd_group dcpxd_group;
+
+/* ---- connections (dcpxd-server.c) ------------------------------------- */
+
+#define DCPXD_MAX_CONNS 4096
+/* Bytes a connection may have queued (peer not reading) before it is cut. */
+#define DCPXD_OUT_MAX (2u << 20)
+
+typedef struct dcpxd_outmsg {
+  struct dcpxd_outmsg *next;
+  size_t len;
+  int nfds;
+  int fds[DCPX_FRAME_MAX_FDS]; /* our dups, closed once sent */
+  uint8_t data[];
+} dcpxd_outmsg;
+
+struct dcpxd_conn {
+  dcpxd_manager *m;
+  uint64_t id; /* for logs: "conn 7" */
+  int fd;
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  uv_poll_t poll;
+  uv_timer_t join_timer; /* armed while waiting in a forming group */
+  int open_handles;      /* freed when both handles have closed */
+  unsigned poll_events;
+  bool hello;   /* Hello accepted */
+  bool closing; /* dcpxd_conn_close() called; in the reap list */
+  char agent[64];
+  char close_reason[160];
+
+  /* Membership: group != NULL iff group->member[rank].conn == this. */
+  dcpxd_group *group;
+  uint32_t rank;
+
+  dcpxd_outmsg *out_head, *out_tail;
+  size_t out_bytes;
+
+  TAILQ_ENTRY(dcpxd_conn) link;      /* manager->conns */
+  TAILQ_ENTRY(dcpxd_conn) reap_link; /* manager->reap, while closing */
+};
+
+int dcpxd_server_listen(dcpxd_manager *m);
+void dcpxd_server_stop(dcpxd_manager *m);
+
+/* Sends a frame (and fds, which stay the caller's), queueing it if the
+ * socket is full. A broken connection is marked closing. Returns 0 or a
+ * negative code; DCPX_E_MSGSIZE leaves the connection open. */
+int dcpxd_conn_send(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
+                    int nfds);
+/* Sends Reply{status, formatted error}. */
+int dcpxd_conn_reply(dcpxd_conn *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Marks c closing (logged at `level` with the reason); see the
+ * re-entrancy rule above. Idempotent. */
+void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Tries to send what is queued (at shutdown, before closing). */
+void dcpxd_conn_flush(dcpxd_conn *c);
+
+/* ---- groups (dcpxd-group.c) -------------------------------------------- */
+
+typedef enum dcpxd_group_state {
+  DCPXD_GROUP_FORMING,    /* waiting for all W ranks; no memory yet */
+  DCPXD_GROUP_READY,      /* formed, abort word 0 */
+  DCPXD_GROUP_ABORTED,    /* abort word set; waiting for a recovery */
+  DCPXD_GROUP_RECOVERING, /* ranks asked to drain; collecting acks, then
+                             zeroing */
+} dcpxd_group_state;
+
+typedef struct dcpxd_member {
+  dcpxd_conn *conn; /* NULL: no live process holds this rank */
+  pid_t pid;        /* of the last process that held it */
+  int32_t device;
+  bool acked; /* drained, for the recovery in progress */
+  char node[64];
+} dcpxd_member;
+
+struct dcpxd_group {
+  dcpxd_manager *m;
+  char name[DCPXD_GROUP_NAME_MAX + 1];
+  dcpx_shape shape;
+  int transport; /* resolved: never TRANSPORT_AUTO */
+  int backend;
+  uint64_t timeout_ns;
+  dcpx_layout L;
+
+  dcpxd_group_state state;
+  uint32_t generation;
+  uint32_t live; /* members with a connection */
+  dcpxd_member member[DCPX_MAX_WORLD];
+  uint8_t nccl_id[128];
+  size_t nccl_id_len;
+
+  /* Memory, from formation on. */
+  const dcpxd_mem_ops *mem;
+  dcpxd_buf *ctl;
+  dcpxd_buf *ws[DCPX_MAX_WORLD];
+  dcpx_ctl_header *hdr; /* the daemon's mapping of ctl */
+  uint8_t *harvested;   /* bit per record slot already stored */
+
+  /* Recovery: the workspaces are zeroed on a worker thread. */
+  uv_work_t zero_work;
+  bool zeroing;
+  bool doomed; /* destroyed while zeroing: freed when the work returns */
+  int zero_status;
+
+  uint64_t aborts, recoveries;
+  bool has_last_record;
+  dcpxd_record last_record;
+
+  TAILQ_ENTRY(dcpxd_group) link;
+};
+
+static inline dcpx_rank_health *dcpxd_group_health(dcpxd_group *g, uint32_t r) {
+  return (dcpx_rank_health *)((uint8_t *)g->hdr + g->L.off_ranks +
+                              (uint64_t)r * sizeof(dcpx_rank_health));
+}
+static inline dcpx_wait_record *dcpxd_group_record(dcpxd_group *g, uint32_t d,
+                                                   uint32_t t) {
+  return (dcpx_wait_record *)((uint8_t *)g->hdr + g->L.off_records +
+                              ((uint64_t)d * g->L.rows + t) *
+                                  sizeof(dcpx_wait_record));
+}
+static inline bool dcpxd_member_live(const dcpxd_member *mb) {
+  return mb->conn && !mb->conn->closing;
+}
+
+dcpxd_group *dcpxd_group_find(dcpxd_manager *m, const char *name);
+const char *dcpxd_group_state_name(const dcpxd_group *g);
+const char *dcpxd_region_name(uint32_t id);
+const char *dcpxd_abort_reason_name(uint32_t reason);
+
+/* Frame handlers. Each sends the reply. */
+void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j);
+void dcpxd_group_leave(dcpxd_conn *c);
+void dcpxd_group_recover_ack(dcpxd_conn *c, const Dcpx__RecoverAck *a);
+/* The reaper: c (closing) was a member. */
+void dcpxd_group_member_gone(dcpxd_conn *c);
+
+/* Sets the abort word (if 0) to `reason`, stores the group's wait records,
+ * and sends Event ABORT to every live member. rank: the rank concerned or
+ * -1. */
+void dcpxd_group_abort(dcpxd_group *g, uint32_t reason, int32_t rank,
+                       const char *detail);
+void dcpxd_group_abort_all(dcpxd_manager *m, const char *detail);
+
+/* Operator commands: 0, or a negative code with a message in err. */
+int dcpxd_group_reset(dcpxd_group *g, char *err, size_t errlen);
+int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
+                            bool has_call, uint64_t call, uint64_t ticks,
+                            char *err, size_t errlen);
+
+/* ---- health (dcpxd-health.c) ------------------------------------------ */
+
+/* Called every poll-ms while some group is ready. */
+void dcpxd_health_scan(dcpxd_manager *m);
+/* Reads the group's not-yet-stored wait records, logs them, stores them
+ * durably and in memory. Returns how many were new. */
+size_t dcpxd_health_harvest(dcpxd_group *g);
+
+/* ---- ops (dcpxd-query.c) ---------------------------------------------- */
+
+void dcpxd_query(dcpxd_conn *c, const Dcpx__Query *q);
+void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd);
+
+/* ---- the manager (dcpxd.c) -------------------------------------------- */
+
+struct dcpxd_manager {
+  uv_loop_t *loop;
+  const dcpxd_conf *conf;
+  dcpxd_records *records;
+
+  int listen_fd;
+  bool socket_created; /* we bound it, so we unlink it */
+  bool listening;
+  uv_poll_t listen_poll;
+  uv_timer_t accept_retry; /* after EMFILE: pause accepting a moment */
+
+  TAILQ_HEAD(, dcpxd_conn) conns;
+  TAILQ_HEAD(, dcpxd_conn) reap;
+  TAILQ_HEAD(, dcpxd_group) groups;
+  uv_idle_t reaper;
+  uint64_t next_conn_id;
+  unsigned n_conns;
+
+  uv_timer_t health_timer;
+  bool health_active;
+  uv_timer_t watchdog_timer;
+  uv_signal_t sig_term, sig_int, sig_hup;
+
+  bool stopping;
+  char status[256];
+};
+
+/* Recomputes STATUS= (sent when it changed) and starts or stops the alarm
+ * scan with the number of ready groups. Cheap; called after changes. */
+void dcpxd_manager_update(dcpxd_manager *m);
+
+#endif /* DCPXD_H */

@@ -1,0 +1,501 @@
+/* check_daemon.c - dcpxd and libdcpx end to end, over a private socket.
+ *
+ * Each test starts its own dcpxd ($DCPXD, default ./daemon/dcpxd) in a
+ * fresh folder, forks rank processes that join through libdcpx and run
+ * calls checked against dcpx_ref_call, and talks raw frames to the daemon
+ * where a well-behaved client could not misbehave (bad joins, garbage,
+ * oversized frames, a wrong version, a disconnect mid-join). After every
+ * abuse the daemon must still form a group and run it exactly.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dcpx.h"
+#include "frame.h"
+#include "member.h"
+
+static char g_dir[64], g_sock[128];
+static pid_t g_daemon;
+
+static int rm_entry(const char *p, const struct stat *st, int fl,
+                    struct FTW *f) {
+  (void)st;
+  (void)fl;
+  (void)f;
+  return remove(p);
+}
+
+static void daemon_start(void) {
+  const char *bin = getenv("DCPXD");
+  char state[160];
+  if (!bin)
+    bin = "./daemon/dcpxd";
+  strcpy(g_dir, "/tmp/dcpx-check.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  snprintf(g_sock, sizeof(g_sock), "%s/d.sock", g_dir);
+  snprintf(state, sizeof(state), "%s/state", g_dir);
+  g_daemon = fork();
+  if (g_daemon == 0) {
+    execl(bin, bin, "--socket", g_sock, "--state-dir", state,
+          "--join-timeout-ms", "20000", "--enable-fault-injection",
+          (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 500; i++) {
+    dcpx_client *c;
+    if (dcpx_connect(g_sock, &c) == 0) {
+      dcpx_disconnect(c);
+      return;
+    }
+    usleep(10000);
+  }
+  ck_abort_msg("dcpxd (%s) did not come up", bin);
+}
+
+static void daemon_stop(void) {
+  int st;
+  if (g_daemon > 0) {
+    kill(g_daemon, SIGTERM);
+    waitpid(g_daemon, &st, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "dcpxd did not exit cleanly (status 0x%x)", st);
+  }
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  g_daemon = 0;
+}
+
+static uint64_t mix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+typedef struct spec {
+  const char *group;
+  uint32_t W, R, K, N, L, calls;
+  uint32_t epoch_start; /* 0: leave zeroed */
+  pthread_barrier_t *barrier;
+} spec;
+
+static void shape_of(const spec *sp, dcpx_shape *sh) {
+  dcpx_shape s = DCPX_SHAPE_INIT;
+  s.world = sp->W;
+  s.rows = sp->R;
+  s.topk = sp->K;
+  s.local_topk = sp->N;
+  s.block_size = 4;
+  s.interleave = 2;
+  s.max_local = sp->L;
+  *sh = s;
+}
+
+/* Every rank's inputs of call c, the same in every process. */
+static void inputs(const spec *sp, uint32_t c, uint16_t **lg, int32_t **en) {
+  for (uint32_t d = 0; d < sp->W; d++) {
+    uint64_t s = ((uint64_t)c << 32) ^ (d * 7919u) ^ 0xD0D0;
+    for (uint32_t t = 0; t < sp->R; t++) {
+      int hot = (c + t) % 3 == 0 && d == (c + t) % sp->W; /* rescues */
+      en[d][t] = (int32_t)(mix(&s) % (sp->L + 1));
+      for (uint32_t l = 0; l < sp->L; l++)
+        lg[d][t * sp->L + l] =
+            (uint16_t)((hot ? 0x4100 : 0x3F00) + mix(&s) % 0x60);
+    }
+  }
+}
+
+/* A rank process: join, run the calls, check each. Exit status 0 if all
+ * exact, else 1 (and a line on stderr). */
+static int rank_proc(const spec *sp, uint32_t rank) {
+  dcpx_shape sh;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *c = NULL;
+  dcpx_member *m = NULL;
+  uint16_t *lg[DCPX_MAX_WORLD];
+  int32_t *en[DCPX_MAX_WORLD];
+  const uint32_t K = sp->K, R = sp->R, bt_cols = (sp->L + 3) / 4;
+  int32_t *req = calloc(R, 4), *bt = calloc((size_t)R * bt_cols, 4);
+  int32_t *ro = calloc((size_t)R * K, 4), *xo = calloc((size_t)R * K, 4);
+  int32_t *io = calloc((size_t)R * K, 4), *xi = calloc((size_t)R * K, 4);
+  int32_t *vo = calloc(R, 4), *xv = calloc(R, 4);
+  uint32_t *so = calloc(R, 4), *xs = calloc(R, 4);
+  int r, bad = 0;
+
+  shape_of(sp, &sh);
+  jo.group = sp->group;
+  jo.rank = rank;
+  jo.timeout_ns = 5000000000ull;
+  for (uint32_t d = 0; d < sp->W; d++) {
+    lg[d] = calloc((size_t)R * sp->L, 2);
+    en[d] = calloc(R, 4);
+  }
+  for (uint32_t t = 0; t < R; t++) {
+    req[t] = (int32_t)t;
+    for (uint32_t b = 0; b < bt_cols; b++)
+      bt[t * bt_cols + b] = (int32_t)(rank * 100000 + t * bt_cols + b);
+  }
+  r = dcpx_connect(g_sock, &c);
+  if (r == 0)
+    r = dcpx_join(c, &sh, &jo, &m);
+  if (r < 0) {
+    fprintf(stderr, "rank %u: join: %s\n", rank, dcpx_strerror(r));
+    return 1;
+  }
+  if (sp->epoch_start) {
+    uint32_t *ep = (uint32_t *)(m->ws[rank] + m->L.off_epoch);
+    uint32_t *sq = (uint32_t *)(m->ws[rank] + m->L.off_seq2);
+    for (uint32_t t = 0; t < R; t++) {
+      ep[t] = sp->epoch_start + t;
+      sq[t] = sp->epoch_start;
+    }
+    pthread_barrier_wait(sp->barrier);
+  }
+  for (uint32_t cl = 0; cl < sp->calls && !bad; cl++) {
+    inputs(sp, cl, lg, en);
+    r = dcpx_push(m, R, lg[rank], sp->L, en[rank], cl, NULL);
+    if (r == 0)
+      r = dcpx_merge(m, R, lg[rank], sp->L, en[rank], req, bt, R, bt_cols,
+                     ro, vo, io, so, cl, NULL);
+    if (r < 0) {
+      fprintf(stderr, "rank %u call %u: %s\n", rank, cl, dcpx_strerror(r));
+      bad = 1;
+      break;
+    }
+    r = dcpx_ref_call(&sh, R, (const uint16_t *const *)lg, sp->L,
+                      (const int32_t *const *)en, rank, req, bt, R, bt_cols,
+                      xo, xv, xi, xs, NULL);
+    if (r < 0 || memcmp(ro, xo, (size_t)R * K * 4) ||
+        memcmp(io, xi, (size_t)R * K * 4) || memcmp(vo, xv, R * 4) ||
+        memcmp(so, xs, R * 4)) {
+      fprintf(stderr, "rank %u call %u: not exact\n", rank, cl);
+      bad = 1;
+    }
+  }
+  if (sp->epoch_start && !bad) {
+    uint32_t *ep = (uint32_t *)(m->ws[rank] + m->L.off_epoch);
+    if (ep[0] >= sp->epoch_start) {
+      fprintf(stderr, "rank %u: epoch did not wrap (%u)\n", rank, ep[0]);
+      bad = 1;
+    }
+  }
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  return bad;
+}
+
+/* Runs a group of W rank processes; returns how many failed. */
+static int run_group(spec *sp) {
+  pid_t kids[DCPX_MAX_WORLD];
+  pthread_barrier_t *bar = mmap(NULL, sizeof(*bar), PROT_READ | PROT_WRITE,
+                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  pthread_barrierattr_t ba;
+  pthread_barrierattr_init(&ba);
+  pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+  pthread_barrier_init(bar, &ba, sp->W);
+  sp->barrier = bar;
+  for (uint32_t r = 0; r < sp->W; r++) {
+    kids[r] = fork();
+    if (kids[r] == 0)
+      _exit(rank_proc(sp, r));
+  }
+  int failed = 0;
+  for (uint32_t r = 0; r < sp->W; r++) {
+    int st;
+    waitpid(kids[r], &st, 0);
+    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  munmap(bar, sizeof(*bar));
+  return failed;
+}
+
+/* ---- raw frames ------------------------------------------------------- */
+
+static int raw_connect(void) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  strcpy(sa.sun_path, g_sock);
+  ck_assert_int_eq(connect(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  return s;
+}
+
+static int raw_hello(int s, uint32_t version) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Hello h = DCPX__HELLO__INIT;
+  h.version = version;
+  f.msg_case = DCPX__FRAME__MSG_HELLO;
+  f.hello = &h;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  int r = dcpx__frame_recv(s, &rep, NULL, 0, NULL);
+  if (r < 0)
+    return r;
+  ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_REPLY);
+  r = rep->reply->status;
+  dcpx__frame_free(rep);
+  return r;
+}
+
+/* Sends a Join and returns the JoinReply's status (closing any fds). */
+static int raw_join(int s, const char *group, uint32_t rank,
+                    const dcpx_shape *sh, int wait_reply) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Join j = DCPX__JOIN__INIT;
+  Dcpx__Shape ps = DCPX__SHAPE__INIT;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  ps.world = sh->world;
+  ps.rows = sh->rows;
+  ps.topk = sh->topk;
+  ps.local_topk = sh->local_topk;
+  ps.block_size = sh->block_size;
+  ps.interleave = sh->interleave;
+  ps.max_local = sh->max_local;
+  j.group = (char *)group;
+  j.shape = &ps;
+  j.rank = rank;
+  j.timeout_ns = 5000000000ull;
+  j.device = -1;
+  j.join_timeout_ms = 20000;
+  f.msg_case = DCPX__FRAME__MSG_JOIN;
+  f.join = &j;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  if (!wait_reply)
+    return 0;
+  int r = dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, &nfds);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  if (r < 0)
+    return r;
+  if (rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY && rep->join_reply->reply)
+    r = rep->join_reply->reply->status;
+  else if (rep->msg_case == DCPX__FRAME__MSG_REPLY)
+    r = rep->reply->status;
+  else
+    r = DCPX_E_PROTO;
+  dcpx__frame_free(rep);
+  return r;
+}
+
+static spec small(const char *group, uint32_t W) {
+  spec sp = {group, W, 4, 64, 16, 300, 6, 0, NULL};
+  return sp;
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+START_TEST(test_groups_of_w) {
+  static const uint32_t Ws[] = {1, 2, 8, 16};
+  daemon_start();
+  for (unsigned i = 0; i < 4; i++) {
+    char name[32];
+    snprintf(name, sizeof(name), "w%u", Ws[i]);
+    spec sp = small(name, Ws[i]);
+    ck_assert_msg(run_group(&sp) == 0, "group of W=%u failed", Ws[i]);
+  }
+  daemon_stop();
+}
+END_TEST
+
+START_TEST(test_concurrent_groups) {
+  daemon_start();
+  pid_t a = fork();
+  if (a == 0) {
+    spec sp = small("left", 3);
+    _exit(run_group(&sp) != 0);
+  }
+  pid_t b = fork();
+  if (b == 0) {
+    spec sp = small("right", 4);
+    sp.K = 100;
+    sp.N = 7;
+    _exit(run_group(&sp) != 0);
+  }
+  int sa, sb;
+  waitpid(a, &sa, 0);
+  waitpid(b, &sb, 0);
+  ck_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0);
+  ck_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
+  daemon_stop();
+}
+END_TEST
+
+START_TEST(test_epoch_wrap) {
+  daemon_start();
+  spec sp = small("wrap", 3);
+  sp.epoch_start = 0xFFFFFFF8u;
+  sp.calls = 20;
+  ck_assert_int_eq(run_group(&sp), 0);
+  daemon_stop();
+}
+END_TEST
+
+START_TEST(test_bad_joins) {
+  dcpx_shape sh, other;
+  spec sp = small("bad", 2);
+  daemon_start();
+  shape_of(&sp, &sh);
+
+  int s0 = raw_connect();
+  ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
+  raw_join(s0, "bad", 0, &sh, 0); /* waits for rank 1 */
+
+  /* Shape mismatch. */
+  other = sh;
+  other.topk = 128;
+  int s1 = raw_connect();
+  ck_assert_int_eq(raw_hello(s1, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_join(s1, "bad", 1, &other, 1), DCPX_E_SHAPE);
+  close(s1);
+  /* Duplicate rank. */
+  s1 = raw_connect();
+  ck_assert_int_eq(raw_hello(s1, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_join(s1, "bad", 0, &sh, 1), DCPX_E_DUPRANK);
+  close(s1);
+  /* Rank >= W. */
+  s1 = raw_connect();
+  ck_assert_int_eq(raw_hello(s1, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_join(s1, "bad", 2, &sh, 1), DCPX_E_BADRANK);
+  close(s1);
+  /* W > 16, and a shape over the limits. */
+  other = sh;
+  other.world = 17;
+  s1 = raw_connect();
+  ck_assert_int_eq(raw_hello(s1, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_join(s1, "big", 0, &other, 1), DCPX_E_LIMIT);
+  other = sh;
+  other.topk = 8192;
+  ck_assert_int_lt(raw_join(s1, "big2", 0, &other, 1), 0);
+  other = sh;
+  other.local_topk = other.topk;
+  ck_assert_int_lt(raw_join(s1, "big3", 0, &other, 1), 0);
+  close(s1);
+  /* A client that disconnects mid-join frees its rank. */
+  close(s0);
+  usleep(100000);
+  ck_assert_int_eq(run_group(&sp), 0);
+  daemon_stop();
+}
+END_TEST
+
+START_TEST(test_daemon_survives_abuse) {
+  daemon_start();
+  /* Wrong version: a clear error. */
+  int s = raw_connect();
+  ck_assert_int_eq(raw_hello(s, 999), DCPX_E_VERSION);
+  close(s);
+  /* Random garbage. */
+  uint64_t seed = 7;
+  for (int i = 0; i < 50; i++) {
+    uint8_t junk[512];
+    size_t n = 1 + mix(&seed) % sizeof(junk);
+    for (size_t k = 0; k < n; k++)
+      junk[k] = (uint8_t)mix(&seed);
+    s = raw_connect();
+    if (i % 2)
+      raw_hello(s, DCPX_PROTO_VERSION);
+    ssize_t w = send(s, junk, n, MSG_NOSIGNAL);
+    (void)w;
+    close(s);
+  }
+  /* A malformed frame: a Join with no shape. */
+  s = raw_connect();
+  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
+  {
+    Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+    Dcpx__Join j = DCPX__JOIN__INIT;
+    j.group = (char *)"noshape";
+    f.msg_case = DCPX__FRAME__MSG_JOIN;
+    f.join = &j;
+    ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+    int fds[4], nfds = 0;
+    int r = dcpx__frame_recv(s, &rep, fds, 4, &nfds);
+    if (r == 0) {
+      int st = rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY &&
+                       rep->join_reply->reply
+                   ? rep->join_reply->reply->status
+                   : rep->msg_case == DCPX__FRAME__MSG_REPLY
+                         ? rep->reply->status
+                         : 0;
+      ck_assert_int_lt(st, 0);
+      dcpx__frame_free(rep);
+    }
+  }
+  close(s);
+  /* An oversized frame. */
+  s = raw_connect();
+  size_t big = 300 * 1024;
+  char *buf = calloc(1, big);
+  ssize_t w = send(s, buf, big, MSG_NOSIGNAL);
+  (void)w;
+  free(buf);
+  close(s);
+  /* A frame before hello. */
+  s = raw_connect();
+  {
+    dcpx_shape sh;
+    spec sp = small("early", 1);
+    shape_of(&sp, &sh);
+    ck_assert_int_lt(raw_join(s, "early", 0, &sh, 1), 0);
+  }
+  close(s);
+  /* Still serving. */
+  spec sp = small("after", 3);
+  ck_assert_int_eq(run_group(&sp), 0);
+  daemon_stop();
+}
+END_TEST
+
+START_TEST(test_client_side_errors) {
+  dcpx_client *c;
+  dcpx_member *m;
+  dcpx_shape sh;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  spec sp = small("cl", 2);
+  shape_of(&sp, &sh);
+  /* No daemon. */
+  ck_assert_int_eq(dcpx_connect("/nonexistent/dcpx.sock", &c),
+                   DCPX_E_CONNREFUSED);
+  daemon_start();
+  ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
+  jo.group = "bad name!";
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
+  jo.group = "ok";
+  jo.rank = 2;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_BADRANK);
+  jo.rank = 0;
+  jo.join_timeout_ms = 300; /* rank 1 never comes */
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_TIMEDOUT);
+  dcpx_disconnect(c);
+  daemon_stop();
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("daemon");
+  TCase *tc = tcase_create("end-to-end");
+  tcase_set_timeout(tc, 180);
+  tcase_add_test(tc, test_groups_of_w);
+  tcase_add_test(tc, test_concurrent_groups);
+  tcase_add_test(tc, test_epoch_wrap);
+  tcase_add_test(tc, test_bad_joins);
+  tcase_add_test(tc, test_daemon_survives_abuse);
+  tcase_add_test(tc, test_client_side_errors);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,1061 @@
+/* dcpxctl - the operator's tool for dcpxd: groups, health, stats, timeout
+ * records, reset and fault injection, as a human-readable tree or --json.
+ *
+ * It opens an "ops connection" (dcpx.proto: Hello, then one Query or
+ * Command), prints the answer and exits with a status that monitoring can
+ * act on:
+ *
+ *   0  ok (for health: every group healthy)
+ *   1  unhealthy (health: a group aborted or recovering, or a rank dead,
+ *      alarmed or failed)
+ *   2  usage error
+ *   3  cannot reach the daemon (not running, no permission, version
+ *      mismatch, no answer)
+ *   4  the daemon answered with an error (unknown group, refused command)
+ *
+ * The JSON writer is the small one below (no dependency): compact output,
+ * strings escaped per RFC 8259, bytes outside ASCII written as \u00XX, so
+ * the output is always valid JSON whatever the daemon sent.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <langinfo.h>
+#include <locale.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <dcpx/version.h>
+
+#include "dcpx.h"
+#include "frame.h"
+#include "layout.h"
+
+#define DEFAULT_SOCKET "/run/dcpx/dcpxd.sock"
+
+enum {
+  EXIT_OK = 0,
+  EXIT_UNHEALTHY = 1,
+  EXIT_USAGE = 2,
+  EXIT_UNREACHABLE = 3,
+  EXIT_DAEMON_ERROR = 4,
+};
+
+static const char *arg_socket;
+static bool arg_json;
+static int arg_timeout_ms = 10000;
+
+/* ---- JSON writer --------------------------------------------------------- */
+
+typedef struct jw {
+  FILE *f;
+  int depth;
+  bool first[32];
+} jw;
+
+static void jw_string(jw *w, const char *s) {
+  fputc('"', w->f);
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+    switch (*p) {
+    case '"':
+      fputs("\\\"", w->f);
+      break;
+    case '\\':
+      fputs("\\\\", w->f);
+      break;
+    case '\n':
+      fputs("\\n", w->f);
+      break;
+    case '\r':
+      fputs("\\r", w->f);
+      break;
+    case '\t':
+      fputs("\\t", w->f);
+      break;
+    default:
+      if (*p < 0x20 || *p >= 0x7f)
+        fprintf(w->f, "\\u%04x", *p);
+      else
+        fputc(*p, w->f);
+    }
+  }
+  fputc('"', w->f);
+}
+
+/* Separator and key of the next value (key NULL inside arrays). */
+static void jw_prefix(jw *w, const char *key) {
+  if (!w->first[w->depth])
+    fputc(',', w->f);
+  w->first[w->depth] = false;
+  if (key) {
+    jw_string(w, key);
+    fputc(':', w->f);
+  }
+}
+
+static void jw_open(jw *w, const char *key, char ch) {
+  jw_prefix(w, key);
+  fputc(ch, w->f);
+  if (w->depth < 31)
+    w->depth++;
+  w->first[w->depth] = true;
+}
+static void jw_close(jw *w, char ch) {
+  fputc(ch, w->f);
+  if (w->depth > 0)
+    w->depth--;
+}
+#define jw_obj(w, key) jw_open(w, key, '{')
+#define jw_obj_end(w) jw_close(w, '}')
+#define jw_arr(w, key) jw_open(w, key, '[')
+#define jw_arr_end(w) jw_close(w, ']')
+
+static void jw_str(jw *w, const char *key, const char *v) {
+  jw_prefix(w, key);
+  jw_string(w, v);
+}
+static void jw_u64(jw *w, const char *key, uint64_t v) {
+  jw_prefix(w, key);
+  fprintf(w->f, "%" PRIu64, v);
+}
+static void jw_i64(jw *w, const char *key, int64_t v) {
+  jw_prefix(w, key);
+  fprintf(w->f, "%" PRId64, v);
+}
+static void jw_bool(jw *w, const char *key, bool v) {
+  jw_prefix(w, key);
+  fputs(v ? "true" : "false", w->f);
+}
+static void jw_null(jw *w, const char *key) {
+  jw_prefix(w, key);
+  fputs("null", w->f);
+}
+static void jw_double(jw *w, const char *key, double v) {
+  jw_prefix(w, key);
+  fprintf(w->f, "%.6g", v);
+}
+
+static jw jw_start(void) {
+  jw w = {.f = stdout, .depth = 0};
+  w.first[0] = true;
+  return w;
+}
+
+/* ---- parsing helpers ----------------------------------------------------- */
+
+static int usage_error(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  fputs("dcpxctl: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputs(" (see dcpxctl --help)\n", stderr);
+  return EXIT_USAGE;
+}
+
+static bool parse_u64(const char *s, uint64_t *ret) {
+  char *end;
+  if (!s || !*s || *s == '-' || *s == '+')
+    return false;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 0);
+  if (errno || *end)
+    return false;
+  *ret = v;
+  return true;
+}
+
+static bool parse_i32(const char *s, int32_t *ret) {
+  char *end;
+  if (!s || !*s)
+    return false;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < INT32_MIN || v > INT32_MAX)
+    return false;
+  *ret = (int32_t)v;
+  return true;
+}
+
+/* A duration: "500" (ns), "500ns", "20us", "5ms", "2s", "3m", "1h", "1d". */
+static bool parse_duration_ns(const char *s, uint64_t *ret) {
+  static const struct {
+    const char *suffix;
+    uint64_t mul;
+  } units[] = {{"ns", 1},
+               {"us", 1000ull},
+               {"ms", 1000000ull},
+               {"s", 1000000000ull},
+               {"m", 60000000000ull},
+               {"h", 3600000000000ull},
+               {"d", 86400000000000ull},
+               {"", 1}};
+  char *end;
+  if (!s || !*s || *s == '-' || *s == '+')
+    return false;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s)
+    return false;
+  for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+    if (strcmp(end, units[i].suffix) == 0) {
+      if (v > UINT64_MAX / units[i].mul)
+        return false;
+      *ret = v * units[i].mul;
+      return true;
+    }
+  return false;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A point in time: "now", "10m" (that long ago), "@1700000000" (unix
+ * seconds), "2025-11-29T15:00:00Z" (UTC), or plain ns since the epoch. */
+static bool parse_time_ns(const char *s, uint64_t *ret) {
+  uint64_t v;
+  struct tm tm;
+  const char *end;
+
+  if (!s || !*s)
+    return false;
+  if (strcmp(s, "now") == 0) {
+    *ret = now_ns();
+    return true;
+  }
+  if (s[0] == '@')
+    return parse_u64(s + 1, &v) && v <= UINT64_MAX / 1000000000ull &&
+           ((*ret = v * 1000000000ull), true);
+  memset(&tm, 0, sizeof(tm));
+  end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+  if (!end)
+    end = strptime(s, "%Y-%m-%d %H:%M:%S", &tm);
+  if (end && (*end == '\0' || strcmp(end, "Z") == 0)) {
+    time_t t = timegm(&tm);
+    if (t < 0)
+      return false;
+    *ret = (uint64_t)t * 1000000000ull;
+    return true;
+  }
+  if (parse_u64(s, &v)) {
+    *ret = v;
+    return true;
+  }
+  if (parse_duration_ns(s, &v)) {
+    uint64_t now = now_ns();
+    *ret = v > now ? 0 : now - v;
+    return true;
+  }
+  return false;
+}
+
+static void format_time(uint64_t ns, char *buf, size_t n) {
+  time_t t = (time_t)(ns / 1000000000ull);
+  struct tm tm;
+  if (ns == 0 || !gmtime_r(&t, &tm)) {
+    snprintf(buf, n, "-");
+    return;
+  }
+  size_t k = strftime(buf, n, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf + k, n - k, ".%09" PRIu64 "Z", (uint64_t)(ns % 1000000000ull));
+}
+
+/* ---- talking to dcpxd ---------------------------------------------------- */
+
+static int sock_fd = -1;
+
+static int die_unreachable(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static int die_unreachable(const char *fmt, ...) {
+  va_list ap;
+  fputs("dcpxctl: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  return EXIT_UNREACHABLE;
+}
+
+/* Receives the next frame that is not an Event; NULL on failure (printed). */
+static Dcpx__Frame *recv_answer(void) {
+  for (;;) {
+    struct pollfd p = {.fd = sock_fd, .events = POLLIN};
+    Dcpx__Frame *f = NULL;
+    int r = poll(&p, 1, arg_timeout_ms);
+    if (r == 0) {
+      die_unreachable("no answer from dcpxd within %d ms", arg_timeout_ms);
+      return NULL;
+    }
+    r = dcpx__frame_recv(sock_fd, &f, NULL, 0, NULL);
+    if (r == -EAGAIN || r == -EINTR)
+      continue;
+    if (r < 0) {
+      die_unreachable("receiving from dcpxd: %s", dcpx_strerror(r));
+      return NULL;
+    }
+    if (f->msg_case != DCPX__FRAME__MSG_EVENT)
+      return f;
+    dcpx__frame_free(f);
+  }
+}
+
+static int send_frame(const Dcpx__Frame *f) {
+  int r = dcpx__frame_send(sock_fd, f, NULL, 0);
+  if (r < 0)
+    return die_unreachable("sending to dcpxd: %s", dcpx_strerror(r));
+  return 0;
+}
+
+/* Connects and says Hello. Returns 0 or an exit status. */
+static int connect_daemon(void) {
+  const char *path = arg_socket;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  Dcpx__Frame f = DCPX__FRAME__INIT, *in;
+  Dcpx__Hello h = DCPX__HELLO__INIT;
+  int st;
+
+  if (!path)
+    path = getenv("DCPX_SOCKET");
+  if (!path || !*path)
+    path = DEFAULT_SOCKET;
+  if (strlen(path) >= sizeof(sa.sun_path))
+    return usage_error("socket path too long: %s", path);
+  strcpy(sa.sun_path, path);
+  sock_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (sock_fd < 0)
+    return die_unreachable("socket: %s", strerror(errno));
+  if (connect(sock_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+    return die_unreachable("cannot reach dcpxd at %s: %s", path,
+                           strerror(errno));
+
+  h.version = DCPX_PROTO_VERSION;
+  h.agent = "dcpxctl " DCPX_VERSION_STRING;
+  f.msg_case = DCPX__FRAME__MSG_HELLO;
+  f.hello = &h;
+  if (send_frame(&f) < 0)
+    return EXIT_UNREACHABLE;
+  in = recv_answer();
+  if (!in)
+    return EXIT_UNREACHABLE;
+  if (in->msg_case != DCPX__FRAME__MSG_REPLY || !in->reply) {
+    dcpx__frame_free(in);
+    return die_unreachable("dcpxd at %s answered Hello with an unexpected "
+                           "message",
+                           path);
+  }
+  st = in->reply->status;
+  if (st < 0) {
+    die_unreachable("dcpxd at %s refused the connection: %s (%s)", path,
+                    in->reply->error, dcpx_strerror(st));
+    dcpx__frame_free(in);
+    return EXIT_UNREACHABLE;
+  }
+  dcpx__frame_free(in);
+  return 0;
+}
+
+/* Prints a daemon error (human or JSON) and returns EXIT_DAEMON_ERROR. */
+static int daemon_error(int status, const char *msg) {
+  if (arg_json) {
+    jw w = jw_start();
+    jw_obj(&w, NULL);
+    jw_i64(&w, "status", status);
+    jw_str(&w, "error", msg && *msg ? msg : dcpx_strerror(status));
+    jw_obj_end(&w);
+    fputc('\n', stdout);
+  }
+  fprintf(stderr, "dcpxctl: dcpxd: %s (%s)\n",
+          msg && *msg ? msg : dcpx_strerror(status), dcpx_strerror(status));
+  return EXIT_DAEMON_ERROR;
+}
+
+static int run_query(Dcpx__Query *q, Dcpx__Frame **ret) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *in;
+  int r = connect_daemon();
+  if (r)
+    return r;
+  f.msg_case = DCPX__FRAME__MSG_QUERY;
+  f.query = q;
+  if (send_frame(&f) < 0)
+    return EXIT_UNREACHABLE;
+  in = recv_answer();
+  if (!in)
+    return EXIT_UNREACHABLE;
+  if (in->msg_case == DCPX__FRAME__MSG_REPLY && in->reply) {
+    r = daemon_error(in->reply->status ? in->reply->status : DCPX_E_PROTO,
+                     in->reply->error);
+    dcpx__frame_free(in);
+    return r;
+  }
+  if (in->msg_case != DCPX__FRAME__MSG_QUERY_REPLY || !in->query_reply ||
+      !in->query_reply->reply) {
+    dcpx__frame_free(in);
+    return die_unreachable("unexpected answer from dcpxd");
+  }
+  if (in->query_reply->reply->status < 0) {
+    r = daemon_error(in->query_reply->reply->status,
+                     in->query_reply->reply->error);
+    dcpx__frame_free(in);
+    return r;
+  }
+  *ret = in;
+  return 0;
+}
+
+static int run_command(Dcpx__Command *cmd) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *in;
+  int r = connect_daemon();
+  if (r)
+    return r;
+  f.msg_case = DCPX__FRAME__MSG_COMMAND;
+  f.command = cmd;
+  if (send_frame(&f) < 0)
+    return EXIT_UNREACHABLE;
+  in = recv_answer();
+  if (!in)
+    return EXIT_UNREACHABLE;
+  if (in->msg_case != DCPX__FRAME__MSG_REPLY || !in->reply) {
+    dcpx__frame_free(in);
+    return die_unreachable("unexpected answer from dcpxd");
+  }
+  if (in->reply->status < 0) {
+    r = daemon_error(in->reply->status, in->reply->error);
+    dcpx__frame_free(in);
+    return r;
+  }
+  dcpx__frame_free(in);
+  if (arg_json)
+    printf("{\"status\":0}\n");
+  return EXIT_OK;
+}
+
+/* ---- rendering ----------------------------------------------------------- */
+
+static const char *transport_name(int t) {
+  return t == DCPX__TRANSPORT__TRANSPORT_NCCL ? "nccl"
+         : t == DCPX__TRANSPORT__TRANSPORT_LL ? "ll"
+                                              : "auto";
+}
+static const char *backend_name(int b) {
+  return b == DCPX__BACKEND__BACKEND_CUDA ? "cuda" : "host";
+}
+static const char *abort_name(uint32_t a) {
+  switch (a) {
+  case 0:
+    return "none";
+  case DCPX_ABORT_ALARM:
+    return "alarm";
+  case DCPX_ABORT_DEAD:
+    return "dead";
+  case DCPX_ABORT_OPERATOR:
+    return "operator";
+  default:
+    return "unknown";
+  }
+}
+
+/* A rank's state; the bad ones in capitals for humans (`shout`), all in
+ * lower case for JSON. */
+static const char *rank_state(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
+                              bool shout) {
+  if (r->failed)
+    return shout ? "FAILED" : "failed";
+  if (r->alarm)
+    return shout ? "ALARM" : "alarm";
+  if (!r->joined)
+    return strcmp(g->state, "forming") == 0 ? "waiting"
+           : shout                          ? "DEAD"
+                                            : "dead";
+  return "live";
+}
+
+static bool rank_healthy(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r) {
+  if (strcmp(g->state, "forming") == 0)
+    return true;
+  return r->joined && !r->alarm && !r->failed;
+}
+
+static bool group_healthy(const Dcpx__GroupInfo *g) {
+  if (!g->state || strcmp(g->state, "aborted") == 0 ||
+      strcmp(g->state, "recovering") == 0 || g->abort)
+    return false;
+  for (size_t i = 0; i < g->n_ranks; i++)
+    if (g->ranks[i] && !rank_healthy(g, g->ranks[i]))
+      return false;
+  return true;
+}
+
+static double rescue_rate(uint64_t rescue, uint64_t rows) {
+  return rows ? (double)rescue / (double)rows : 0.0;
+}
+
+static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
+  char t[64];
+  format_time(r->time_ns, t, sizeof(t));
+  jw_obj(w, key);
+  jw_str(w, "group", r->group);
+  jw_u64(w, "generation", r->generation);
+  jw_u64(w, "rank", r->rank);
+  jw_str(w, "kind", r->kind == DCPX_REC_TIMEOUT ? "timeout" : "unknown");
+  jw_u64(w, "region", r->region);
+  jw_str(w, "region_name", r->region_name);
+  jw_u64(w, "index", r->index);
+  jw_u64(w, "expected", r->expected);
+  jw_u64(w, "seen", r->seen);
+  jw_u64(w, "block", r->block);
+  jw_u64(w, "call_tag", r->call_tag);
+  jw_u64(w, "time_ns", r->time_ns);
+  jw_str(w, "time", t);
+  jw_obj_end(w);
+}
+
+static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
+  jw w = jw_start();
+  bool all_ok = true;
+
+  jw_obj(&w, NULL);
+  jw_arr(&w, "groups");
+  for (size_t i = 0; i < qr->n_groups; i++) {
+    const Dcpx__GroupInfo *g = qr->groups[i];
+    uint64_t rows = 0, rescue = 0, calls = 0;
+    bool ok = group_healthy(g);
+    all_ok = all_ok && ok;
+    jw_obj(&w, NULL);
+    jw_str(&w, "name", g->name);
+    jw_str(&w, "state", g->state);
+    jw_bool(&w, "healthy", ok);
+    jw_u64(&w, "generation", g->generation);
+    jw_u64(&w, "abort", g->abort);
+    jw_str(&w, "abort_reason", abort_name(g->abort));
+    jw_u64(&w, "joined", g->joined);
+    if (g->shape) {
+      jw_u64(&w, "world", g->shape->world);
+      jw_obj(&w, "shape");
+      jw_u64(&w, "world", g->shape->world);
+      jw_u64(&w, "rows", g->shape->rows);
+      jw_u64(&w, "topk", g->shape->topk);
+      jw_u64(&w, "local_topk", g->shape->local_topk);
+      jw_u64(&w, "block_size", g->shape->block_size);
+      jw_u64(&w, "interleave", g->shape->interleave);
+      jw_u64(&w, "max_local", g->shape->max_local);
+      jw_obj_end(&w);
+    }
+    jw_str(&w, "transport", transport_name(g->transport));
+    jw_str(&w, "backend", backend_name(g->backend));
+    jw_u64(&w, "timeout_ns", g->timeout_ns);
+    jw_u64(&w, "aborts", g->aborts);
+    jw_u64(&w, "recoveries", g->recoveries);
+    jw_arr(&w, "ranks");
+    for (size_t k = 0; k < g->n_ranks; k++) {
+      const Dcpx__RankInfo *r = g->ranks[k];
+      if (!r)
+        continue;
+      jw_obj(&w, NULL);
+      jw_u64(&w, "rank", r->rank);
+      jw_str(&w, "state", rank_state(g, r, false));
+      jw_bool(&w, "joined", r->joined);
+      jw_u64(&w, "pid", r->pid);
+      jw_i64(&w, "device", r->device);
+      jw_bool(&w, "alarm", r->alarm);
+      jw_bool(&w, "failed", r->failed);
+      jw_u64(&w, "calls", r->calls);
+      jw_u64(&w, "rows", r->rows);
+      jw_u64(&w, "rescue_rows", r->rescue_rows);
+      jw_u64(&w, "failed_calls", r->failed_calls);
+      jw_double(&w, "rescue_rate", rescue_rate(r->rescue_rows, r->rows));
+      jw_obj_end(&w);
+      rows += r->rows;
+      rescue += r->rescue_rows;
+      calls += r->calls;
+    }
+    jw_arr_end(&w);
+    jw_obj(&w, "totals");
+    jw_u64(&w, "calls", calls);
+    jw_u64(&w, "rows", rows);
+    jw_u64(&w, "rescue_rows", rescue);
+    jw_double(&w, "rescue_rate", rescue_rate(rescue, rows));
+    jw_obj_end(&w);
+    if (g->last_record)
+      json_record(&w, "last_record", g->last_record);
+    else
+      jw_null(&w, "last_record");
+    jw_obj_end(&w);
+  }
+  jw_arr_end(&w);
+  if (with_health)
+    jw_bool(&w, "healthy", all_ok);
+  if (qr->records_note && *qr->records_note)
+    jw_str(&w, "note", qr->records_note);
+  jw_obj_end(&w);
+  fputc('\n', stdout);
+}
+
+static void print_shape(const Dcpx__GroupInfo *g) {
+  if (!g->shape)
+    return;
+  printf("rows=%u topk=%u local_topk=%u block=%u interleave=%u "
+         "max_local=%u",
+         g->shape->rows, g->shape->topk, g->shape->local_topk,
+         g->shape->block_size, g->shape->interleave, g->shape->max_local);
+}
+
+static void human_groups(const Dcpx__QueryReply *qr) {
+  if (qr->n_groups == 0) {
+    printf("no groups\n");
+    return;
+  }
+  printf("%-24s %-10s %5s %6s %-9s %-7s %s\n", "GROUP", "STATE", "GEN", "RANKS",
+         "TRANSPORT", "BACKEND", "SHAPE");
+  for (size_t i = 0; i < qr->n_groups; i++) {
+    const Dcpx__GroupInfo *g = qr->groups[i];
+    char ranks[32];
+    snprintf(ranks, sizeof(ranks), "%u/%u", g->joined,
+             g->shape ? g->shape->world : 0);
+    printf("%-24s %-10s %5u %6s %-9s %-7s ", g->name, g->state, g->generation,
+           ranks, transport_name(g->transport), backend_name(g->backend));
+    print_shape(g);
+    putchar('\n');
+  }
+}
+
+static void human_health(const Dcpx__QueryReply *qr, bool stats) {
+  const bool utf8 = strcmp(nl_langinfo(CODESET), "UTF-8") == 0;
+  const char *tee = utf8 ? "\u251c\u2500" : "|-";
+  const char *elbow = utf8 ? "\u2514\u2500" : "`-";
+
+  if (qr->n_groups == 0) {
+    printf("no groups\n");
+    return;
+  }
+  for (size_t i = 0; i < qr->n_groups; i++) {
+    const Dcpx__GroupInfo *g = qr->groups[i];
+    uint64_t rows = 0, rescue = 0, calls = 0, failed = 0;
+    bool ok = group_healthy(g);
+
+    for (size_t k = 0; k < g->n_ranks; k++)
+      if (g->ranks[k]) {
+        rows += g->ranks[k]->rows;
+        rescue += g->ranks[k]->rescue_rows;
+        calls += g->ranks[k]->calls;
+        failed += g->ranks[k]->failed_calls;
+      }
+    printf("%s %s: %s, generation %u, %u/%u ranks", ok ? "*" : "!", g->name,
+           g->state, g->generation, g->joined, g->shape ? g->shape->world : 0);
+    if (g->abort)
+      printf(", abort=%s", abort_name(g->abort));
+    printf(", %" PRIu64 " abort%s, %" PRIu64 " recover%s\n", g->aborts,
+           g->aborts == 1 ? "" : "s", g->recoveries,
+           g->recoveries == 1 ? "y" : "ies");
+    printf("  %s transport, %s backend, wait timeout %.3f ms, ",
+           transport_name(g->transport), backend_name(g->backend),
+           (double)g->timeout_ns / 1e6);
+    print_shape(g);
+    putchar('\n');
+    if (stats)
+      printf("  totals: %" PRIu64 " calls, %" PRIu64 " rows, %" PRIu64
+             " rescued (%.2f%%), %" PRIu64 " failed calls\n",
+             calls, rows, rescue, 100.0 * rescue_rate(rescue, rows), failed);
+    for (size_t k = 0; k < g->n_ranks; k++) {
+      const Dcpx__RankInfo *r = g->ranks[k];
+      bool last = k + 1 == g->n_ranks && !g->last_record;
+      if (!r)
+        continue;
+      printf("  %s rank %-2u %-7s pid %-7u device %-3d calls %-10" PRIu64,
+             last ? elbow : tee, r->rank, rank_state(g, r, true), r->pid,
+             (int)r->device, r->calls);
+      if (r->rows)
+        printf(" rescue %6.2f%%", 100.0 * rescue_rate(r->rescue_rows, r->rows));
+      else
+        printf(" rescue      -");
+      if (stats)
+        printf("  rows %" PRIu64 " rescued %" PRIu64 " failed_calls %" PRIu64,
+               r->rows, r->rescue_rows, r->failed_calls);
+      else if (r->failed_calls)
+        printf("  failed_calls %" PRIu64, r->failed_calls);
+      putchar('\n');
+    }
+    if (g->last_record) {
+      const Dcpx__Record *rec = g->last_record;
+      char t[64];
+      format_time(rec->time_ns, t, sizeof(t));
+      printf("  %s last record: gen %u rank %u waited on %s[%u] for tag %u, "
+             "saw %u (block %u, call %" PRIu64 ") at %s\n",
+             elbow, rec->generation, rec->rank, rec->region_name, rec->index,
+             rec->expected, rec->seen, rec->block, rec->call_tag, t);
+    }
+  }
+  if (qr->records_note && *qr->records_note)
+    fprintf(stderr, "note: %s\n", qr->records_note);
+}
+
+/* ---- commands ------------------------------------------------------------ */
+
+/* Handles a global option (--socket, --json, --timeout), accepted before
+ * the command and among its own options. */
+static int global_opt(int opt) {
+  uint64_t v;
+  switch (opt) {
+  case 'S':
+    arg_socket = optarg;
+    return 0;
+  case 'J':
+    arg_json = true;
+    return 0;
+  case 'T':
+    if (!parse_u64(optarg, &v) || v == 0 || v > 3600)
+      return usage_error("--timeout must be 1..3600 seconds");
+    arg_timeout_ms = (int)v * 1000;
+    return 0;
+  default:
+    return EXIT_USAGE;
+  }
+}
+
+static int cmd_groups_like(int argc, char **argv, int what) {
+  static const struct option opts[] = {
+      {"socket", required_argument, NULL, 'S'},
+      {"json", no_argument, NULL, 'J'},
+      {"timeout", required_argument, NULL, 'T'},
+      {NULL, 0, NULL, 0}};
+  Dcpx__Query q = DCPX__QUERY__INIT;
+  Dcpx__Frame *in = NULL;
+  int opt, r;
+
+  while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+    if (opt == '?')
+      return EXIT_USAGE;
+    if ((r = global_opt(opt)))
+      return r;
+  }
+  if (argc - optind > (what == DCPX__QUERY__WHAT__GROUPS ? 0 : 1))
+    return usage_error("too many arguments");
+  q.what = what;
+  q.group = optind < argc ? argv[optind] : "";
+  q.rank = -1;
+  r = run_query(&q, &in);
+  if (r)
+    return r;
+  const Dcpx__QueryReply *qr = in->query_reply;
+  bool healthy = true;
+  for (size_t i = 0; i < qr->n_groups; i++)
+    healthy = healthy && group_healthy(qr->groups[i]);
+  if (arg_json)
+    json_groups(qr, what == DCPX__QUERY__WHAT__HEALTH);
+  else if (what == DCPX__QUERY__WHAT__GROUPS)
+    human_groups(qr);
+  else
+    human_health(qr, what == DCPX__QUERY__WHAT__STATS);
+  dcpx__frame_free(in);
+  if (what == DCPX__QUERY__WHAT__HEALTH && !healthy)
+    return EXIT_UNHEALTHY;
+  return EXIT_OK;
+}
+
+static int cmd_records(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"group", required_argument, NULL, 'g'},
+      {"rank", required_argument, NULL, 'r'},
+      {"since", required_argument, NULL, 's'},
+      {"until", required_argument, NULL, 'u'},
+      {"limit", required_argument, NULL, 'l'},
+      {"socket", required_argument, NULL, 'S'},
+      {"json", no_argument, NULL, 'J'},
+      {"timeout", required_argument, NULL, 'T'},
+      {NULL, 0, NULL, 0}};
+  Dcpx__Query q = DCPX__QUERY__INIT;
+  Dcpx__Frame *in = NULL;
+  uint64_t v;
+  int opt, r;
+
+  q.what = DCPX__QUERY__WHAT__RECORDS;
+  q.group = "";
+  q.rank = -1;
+  while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'g':
+      q.group = optarg;
+      break;
+    case 'r':
+      if (!parse_i32(optarg, &q.rank) || q.rank < -1)
+        return usage_error("--rank must be a rank number (or -1 for any)");
+      break;
+    case 's':
+      if (!parse_time_ns(optarg, &q.since_ns))
+        return usage_error("--since: cannot parse time '%s'", optarg);
+      break;
+    case 'u':
+      if (!parse_time_ns(optarg, &q.until_ns))
+        return usage_error("--until: cannot parse time '%s'", optarg);
+      break;
+    case 'l':
+      if (!parse_u64(optarg, &v) || v > UINT32_MAX)
+        return usage_error("--limit must be a number");
+      q.limit = (uint32_t)v;
+      break;
+    case '?':
+      return EXIT_USAGE;
+    default:
+      if ((r = global_opt(opt)))
+        return r;
+    }
+  }
+  if (optind < argc)
+    return usage_error("unexpected argument '%s'", argv[optind]);
+  r = run_query(&q, &in);
+  if (r)
+    return r;
+  const Dcpx__QueryReply *qr = in->query_reply;
+  if (arg_json) {
+    jw w = jw_start();
+    jw_obj(&w, NULL);
+    jw_arr(&w, "records");
+    for (size_t i = 0; i < qr->n_records; i++)
+      json_record(&w, NULL, qr->records[i]);
+    jw_arr_end(&w);
+    jw_str(&w, "note", qr->records_note);
+    jw_obj_end(&w);
+    fputc('\n', stdout);
+  } else if (qr->n_records == 0) {
+    printf("no records\n");
+  } else {
+    printf("%-30s %-16s %4s %4s %-8s %-9s %6s %10s %10s %5s %s\n", "TIME (UTC)",
+           "GROUP", "GEN", "RANK", "KIND", "REGION", "INDEX", "EXPECTED",
+           "SEEN", "BLOCK", "CALL");
+    for (size_t i = 0; i < qr->n_records; i++) {
+      const Dcpx__Record *rec = qr->records[i];
+      char t[64];
+      format_time(rec->time_ns, t, sizeof(t));
+      printf("%-30s %-16s %4u %4u %-8s %-9s %6u %10u %10u %5u %" PRIu64 "\n", t,
+             rec->group, rec->generation, rec->rank,
+             rec->kind == DCPX_REC_TIMEOUT ? "timeout" : "unknown",
+             rec->region_name, rec->index, rec->expected, rec->seen, rec->block,
+             rec->call_tag);
+    }
+  }
+  if (!arg_json && qr->records_note && *qr->records_note)
+    fprintf(stderr, "note: %s\n", qr->records_note);
+  dcpx__frame_free(in);
+  return EXIT_OK;
+}
+
+static int cmd_reset(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"group", required_argument, NULL, 'g'},
+      {"socket", required_argument, NULL, 'S'},
+      {"json", no_argument, NULL, 'J'},
+      {"timeout", required_argument, NULL, 'T'},
+      {NULL, 0, NULL, 0}};
+  Dcpx__Command cmd = DCPX__COMMAND__INIT;
+  int opt, r;
+
+  cmd.kind = DCPX__COMMAND__KIND__RESET;
+  cmd.group = NULL;
+  cmd.rank = -1;
+  while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+    if (opt == 'g')
+      cmd.group = optarg;
+    else if (opt == '?')
+      return EXIT_USAGE;
+    else if ((r = global_opt(opt)))
+      return r;
+  }
+  if (!cmd.group || !*cmd.group)
+    return usage_error("reset needs --group GROUP");
+  if (optind < argc)
+    return usage_error("unexpected argument '%s'", argv[optind]);
+  r = run_command(&cmd);
+  if (r == EXIT_OK && !arg_json)
+    printf("reset of group %s requested: its ranks drain, acknowledge, and "
+           "resume at the next generation\n",
+           cmd.group);
+  return r;
+}
+
+static int cmd_fault(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"group", required_argument, NULL, 'g'},
+      {"rank", required_argument, NULL, 'r'},
+      {"epoch", required_argument, NULL, 'e'},
+      {"call", required_argument, NULL, 'c'},
+      {"ticks", required_argument, NULL, 't'},
+      {"socket", required_argument, NULL, 'S'},
+      {"json", no_argument, NULL, 'J'},
+      {"timeout", required_argument, NULL, 'T'},
+      {NULL, 0, NULL, 0}};
+  Dcpx__Command cmd = DCPX__COMMAND__INIT;
+  bool have_rank = false, have_ticks = false;
+  uint64_t v;
+  int opt, r;
+
+  if (argc < 2 || strcmp(argv[1], "stall") != 0)
+    return usage_error("usage: fault stall --group G --rank R [--epoch E] "
+                       "[--call C] --ticks T");
+  argc--;
+  argv++;
+  cmd.kind = DCPX__COMMAND__KIND__FAULT_STALL;
+  cmd.group = NULL;
+  cmd.call_tag = UINT64_MAX;
+  while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'g':
+      cmd.group = optarg;
+      break;
+    case 'r':
+      if (!parse_i32(optarg, &cmd.rank) || cmd.rank < 0)
+        return usage_error("--rank must be a rank number");
+      have_rank = true;
+      break;
+    case 'e':
+      if (!parse_u64(optarg, &v) || v > UINT32_MAX)
+        return usage_error("--epoch must be a 32-bit number (0: any)");
+      cmd.epoch = (uint32_t)v;
+      break;
+    case 'c':
+      if (!parse_u64(optarg, &cmd.call_tag))
+        return usage_error("--call must be a 64-bit number");
+      cmd.has_call_tag = true;
+      break;
+    case 't':
+      if (!parse_duration_ns(optarg, &cmd.ticks) || cmd.ticks == 0)
+        return usage_error("--ticks must be a duration > 0 (ns, or with "
+                           "ns/us/ms/s)");
+      have_ticks = true;
+      break;
+    case '?':
+      return EXIT_USAGE;
+    default:
+      if ((r = global_opt(opt)))
+        return r;
+    }
+  }
+  if (!cmd.group || !*cmd.group || !have_rank || !have_ticks)
+    return usage_error("fault stall needs --group, --rank and --ticks");
+  if (optind < argc)
+    return usage_error("unexpected argument '%s'", argv[optind]);
+  r = run_command(&cmd);
+  if (r == EXIT_OK && !arg_json)
+    printf("fault armed: group %s rank %d stalls %" PRIu64
+           " ns once, at epoch %u, call %s\n",
+           cmd.group, (int)cmd.rank, cmd.ticks, cmd.epoch,
+           cmd.has_call_tag ? "tagged" : "any");
+  return r;
+}
+
+static void help(void) {
+  printf(
+      "Usage: dcpxctl [--socket PATH] [--json] [--timeout SEC] COMMAND ...\n"
+      "Query and control dcpxd, the dcpx node daemon.\n"
+      "\n"
+      "Commands:\n"
+      "  groups                    list the groups\n"
+      "  health [GROUP]            the groups' ranks: state, pid, calls, "
+      "rescue rate\n"
+      "  stats [GROUP]             per-rank calls, rows, rescued rows, "
+      "failed calls\n"
+      "  records [--group G] [--rank R] [--since T] [--until T] [--limit N]\n"
+      "                            timeout records, oldest first (--limit N: "
+      "the\n                            newest N)\n"
+      "  reset --group G           abort the group and recover it (the ranks "
+      "drain,\n"
+      "                            acknowledge and resume at the next "
+      "generation)\n"
+      "  fault stall --group G --rank R [--epoch E] [--call C] --ticks T\n"
+      "                            stall block 0 of rank R once for T (needs "
+      "dcpxd\n"
+      "                            --enable-fault-injection)\n"
+      "\n"
+      "Options:\n"
+      "  --socket PATH   dcpxd's socket (default $DCPX_SOCKET, else\n"
+      "                  %s)\n"
+      "  --json          machine-readable output\n"
+      "  --timeout SEC   wait at most SEC seconds for an answer (default 10)\n"
+      "  -h, --help      this text;  -V, --version  the version\n"
+      "\n"
+      "Times (T): now, 10m / 2h / 1d (that long ago), @UNIXSECONDS,\n"
+      "2025-01-31T12:00:00Z, or nanoseconds since the epoch.\n"
+      "Durations (--ticks): nanoseconds, or a number with ns, us, ms or s.\n"
+      "\n"
+      "Exit status:\n"
+      "  0  ok (health: every group healthy)\n"
+      "  1  unhealthy (health: a group aborted or recovering, or a rank dead, "
+      "alarmed\n"
+      "     or failed)\n"
+      "  2  usage error\n"
+      "  3  cannot reach dcpxd (not running, no permission, version "
+      "mismatch,\n     no answer)\n"
+      "  4  dcpxd answered with an error (unknown group, refused command)\n",
+      DEFAULT_SOCKET);
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"socket", required_argument, NULL, 'S'},
+      {"json", no_argument, NULL, 'J'},
+      {"timeout", required_argument, NULL, 'T'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {NULL, 0, NULL, 0}};
+  const char *cmd;
+  int opt, r;
+
+  setlocale(LC_CTYPE, "");
+  while ((opt = getopt_long(argc, argv, "+hV", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'h':
+      help();
+      return EXIT_OK;
+    case 'V':
+      printf("dcpxctl %s (protocol %u)\n", DCPX_VERSION_STRING,
+             DCPX_PROTO_VERSION);
+      return EXIT_OK;
+    case '?':
+      return EXIT_USAGE;
+    default:
+      if ((r = global_opt(opt)))
+        return r;
+    }
+  }
+  if (optind >= argc)
+    return usage_error("missing command");
+  cmd = argv[optind];
+  argc -= optind;
+  argv += optind;
+  optind = 0; /* reset getopt: the command's own options follow its name */
+
+  if (strcmp(cmd, "groups") == 0)
+    r = cmd_groups_like(argc, argv, DCPX__QUERY__WHAT__GROUPS);
+  else if (strcmp(cmd, "health") == 0)
+    r = cmd_groups_like(argc, argv, DCPX__QUERY__WHAT__HEALTH);
+  else if (strcmp(cmd, "stats") == 0)
+    r = cmd_groups_like(argc, argv, DCPX__QUERY__WHAT__STATS);
+  else if (strcmp(cmd, "records") == 0)
+    r = cmd_records(argc, argv);
+  else if (strcmp(cmd, "reset") == 0)
+    r = cmd_reset(argc, argv);
+  else if (strcmp(cmd, "fault") == 0)
+    r = cmd_fault(argc, argv);
+  else
+    r = usage_error("unknown command '%s'", cmd);
+  if (sock_fd >= 0)
+    close(sock_fd);
+  return r;
+}
