@@ -43,6 +43,23 @@
  *   6. A forming group holds no memory; a Join that times out, or a client
  *      that goes away, simply leaves it, and the others keep waiting on
  *      their own timers.
+ *   7. dcpxd's own exit is not a member's death: at shutdown the daemon
+ *      lets go of its groups without aborting them or writing their
+ *      control pages, because the ranks keep calling (the daemon is not on
+ *      the data path) and reattach to the next dcpxd.
+ *
+ * Reattach (docs/ARCHITECTURE.md, "Daemon restart"). A member whose
+ * connection broke reconnects and sends a Join with reattach set and its
+ * ctl + W workspace fds. For a group this daemon does not know, the first
+ * such Join recreates it from that memory ("adopted"): the control page is
+ * checked against the shape (magic, version, world, rows, sizes, seals),
+ * the state follows its abort and recovering words, the generation is the
+ * page's, and the ranks the page says were held are awaited. Later
+ * reattaches must match the shape and bring the very same control page
+ * (same inode). An awaited rank whose pid is gone is dead: the group is
+ * aborted and waits for a replacement, as for any dead rank. A replacement
+ * Join for an awaited rank whose process still lives is refused as a
+ * duplicate.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -50,10 +67,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dcpxd-log.h"
 #include "dcpxd-util.h"
@@ -216,8 +235,9 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
   dcpxd_conn_send(c, &f, NULL, 0);
 }
 
-/* The JoinReply of a formed group, with its fds (invariant 2). */
-static void send_join_reply(dcpxd_group *g, uint32_t rank) {
+/* The JoinReply of a formed group, with its fds (invariant 2); a
+ * reattaching member already holds them and gets none. */
+static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   static const uint32_t region_ids[7] = {
       DCPX_REGION_LL_SLOTS, DCPXD_REGION_RESCUE, DCPX_REGION_RESCUE_FLAGS,
       DCPXD_REGION_EPOCH,   DCPXD_REGION_SEQ2,   DCPXD_REGION_SAT_WORD,
@@ -278,7 +298,7 @@ static void send_join_reply(dcpxd_group *g, uint32_t rank) {
   }
   for (uint32_t i = 0; i <= W; i++)
     namep[i] = names[i];
-  jr.n_fds = W + 1;
+  jr.n_fds = with_fds ? W + 1 : 0;
   jr.fds = namep;
   jr.n_devices = W;
   jr.devices = devices;
@@ -286,7 +306,11 @@ static void send_join_reply(dcpxd_group *g, uint32_t rank) {
   jr.nccl_id.data = g->nccl_id;
   f.msg_case = DCPX__FRAME__MSG_JOIN_REPLY;
   f.join_reply = &jr;
-  dcpxd_conn_send(g->member[rank].conn, &f, fds, (int)W + 1);
+  dcpxd_conn_send(g->member[rank].conn, &f, fds, with_fds ? (int)W + 1 : 0);
+}
+
+static void send_join_reply(dcpxd_group *g, uint32_t rank) {
+  send_join_reply_fds(g, rank, true);
 }
 
 /* ---- creation and destruction -------------------------------------------- */
@@ -346,6 +370,8 @@ static void member_attach(dcpxd_group *g, uint32_t rank, dcpxd_conn *c,
   c->group = g;
   c->rank = rank;
   g->live++;
+  g->awaiting &= ~(1u << rank);
+  (void)dcpxd_conn_watch_pid(c);
 }
 
 /* Allocates the memory of a group whose W ranks all joined, fills the
@@ -523,7 +549,233 @@ static void on_join_timeout(uv_timer_t *t) {
 static void group_recover_maybe(dcpxd_group *g);
 static void group_request_reset(dcpxd_group *g, const char *detail);
 
-void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j) {
+/* ---- reattach ------------------------------------------------------------ */
+
+static bool pid_alive(pid_t pid) {
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+/* 1 if both fds name the same file (the same memfd), else 0. */
+static bool same_file(int a, int b) {
+  struct stat x, y;
+  return fstat(a, &x) == 0 && fstat(b, &y) == 0 && x.st_dev == y.st_dev &&
+         x.st_ino == y.st_ino;
+}
+
+/* An awaited rank of an adopted group will not come back. */
+static void awaited_rank_dead(dcpxd_group *g, uint32_t r) {
+  char detail[160];
+
+  g->awaiting &= ~(1u << r);
+  dcpxd_group_health(g, r)->joined = 0;
+  dcpxd_bprintf(detail,
+                "rank %u (pid %d) died while dcpxd was away, before "
+                "reattaching",
+                r, (int)g->member[r].pid);
+  dcpxd_group_abort(g, DCPX_ABORT_DEAD, (int32_t)r, detail);
+}
+
+void dcpxd_group_check_awaiting(dcpxd_group *g) {
+  for (uint32_t r = 0; r < g->shape.world && g->awaiting; r++)
+    if ((g->awaiting >> r) & 1u && !pid_alive(g->member[r].pid))
+      awaited_rank_dead(g, r);
+}
+
+/* The reattached member learns what it missed: a recovery in progress asks
+ * it to drain and acknowledge again (acks do not survive a restart). */
+static void reattach_done(dcpxd_group *g, dcpxd_conn *c, uint32_t rank) {
+  send_join_reply_fds(g, rank, false);
+  if (g->state == DCPXD_GROUP_RECOVERING)
+    send_event(g, c, DCPX__EVENT__KIND__RESET_REQUESTED, g->hdr->abort, -1,
+               "dcpxd restarted during a recovery: drain and acknowledge");
+  else if (g->state == DCPXD_GROUP_ABORTED)
+    send_event(g, c, DCPX__EVENT__KIND__ABORT, g->hdr->abort, -1,
+               "the group is aborted");
+}
+
+/* Recreates a group from the memory of its first reattaching member. Takes
+ * every fd. */
+static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
+                        const dcpx_shape *shape, int transport,
+                        const dcpxd_mem_ops *mem, int *fds) {
+  const uint32_t W = shape->world, rank = j->rank;
+  dcpxd_manager *m = c->m;
+  dcpxd_group *g;
+  dcpx_ctl_header *hdr;
+  char awaited[3 * DCPX_MAX_WORLD + 1] = "";
+  void *map;
+  size_t k = 0;
+  int r;
+
+  g = calloc(1, sizeof(*g));
+  if (!g) {
+    for (uint32_t i = 0; i <= W; i++)
+      close(TAKE_FD(fds[i]));
+    return join_refuse(c, DCPX_E_NOMEM, "out of memory");
+  }
+  g->m = m;
+  memcpy(g->name, j->group, strlen(j->group) + 1);
+  g->shape = *shape;
+  g->transport = transport;
+  g->backend = (int)j->backend;
+  g->timeout_ns = j->timeout_ns;
+  g->mem = mem;
+  dcpx_layout_compute(&g->L, W, shape->rows, shape->topk, shape->local_topk);
+
+  r = dcpxd_buf_adopt(&dcpxd_mem_host, TAKE_FD(fds[0]), g->L.ctl_bytes, -1,
+                      &g->ctl);
+  if (r < 0) {
+    uint64_t bytes = g->L.ctl_bytes;
+    for (uint32_t i = 1; i <= W; i++)
+      close(TAKE_FD(fds[i]));
+    group_free(g);
+    return join_refuse(c, r,
+                       "cannot adopt the control page of group '%s' "
+                       "(%" PRIu64 " bytes, a sealed memfd expected): %s",
+                       j->group, bytes, dcpx_strerror(r));
+  }
+  for (uint32_t i = 0; i < W; i++) {
+    int fd = TAKE_FD(fds[1 + i]);
+    if (r == 0)
+      r = dcpxd_buf_adopt(mem, fd, g->L.ws_bytes, i == rank ? j->device : -1,
+                          &g->ws[i]);
+    else
+      close(fd);
+  }
+  if (r < 0) {
+    uint64_t bytes = g->L.ws_bytes;
+    group_free(g);
+    return join_refuse(c, r,
+                       "cannot adopt the workspaces of group '%s' (%" PRIu64
+                       " bytes each): %s",
+                       j->group, bytes, dcpx_strerror(r));
+  }
+  r = dcpxd_mem_host.map(g->ctl, &map);
+  if (r < 0) {
+    group_free(g);
+    return join_refuse(c, r, "cannot map the control page: %s",
+                       dcpx_strerror(r));
+  }
+  hdr = map;
+  if (hdr->magic != DCPX_CTL_MAGIC || hdr->version != DCPX_CTL_VERSION ||
+      hdr->world != W || hdr->rows != shape->rows) {
+    int bad_version = hdr->magic == DCPX_CTL_MAGIC &&
+                      hdr->version != DCPX_CTL_VERSION;
+    char why[160];
+    dcpxd_bprintf(why,
+                  "magic 0x%08x version %u world %u rows %u, expected "
+                  "0x%08x %u %u %u",
+                  hdr->magic, hdr->version, hdr->world, hdr->rows,
+                  DCPX_CTL_MAGIC, DCPX_CTL_VERSION, W, shape->rows);
+    group_free(g);
+    return join_refuse(c, bad_version ? DCPX_E_VERSION : DCPX_E_SHAPE,
+                       "the control page does not match the group: %s", why);
+  }
+  g->harvested = calloc(((size_t)W * shape->rows + 7) / 8, 1);
+  if (!g->harvested) {
+    group_free(g);
+    return join_refuse(c, DCPX_E_NOMEM, "out of memory");
+  }
+  g->hdr = hdr;
+  g->generation = hdr->generation;
+  g->adopted = true;
+  if (hdr->abort)
+    g->state = hdr->recovering ? DCPXD_GROUP_RECOVERING : DCPXD_GROUP_ABORTED;
+  else
+    g->state = DCPXD_GROUP_READY;
+  if (hdr->timeout_ns != j->timeout_ns)
+    log_warning("group=%s: the control page says timeout %" PRIu64
+                " ns, rank %u's reattach %" PRIu64 " ns; using the latter",
+                g->name, (uint64_t)hdr->timeout_ns, rank, j->timeout_ns);
+  for (uint32_t i = 0; i < W; i++) {
+    const dcpx_rank_health *h = dcpxd_group_health(g, i);
+    g->member[i].pid = (pid_t)h->pid;
+    g->member[i].device = -1;
+    if (h->joined && i != rank) {
+      g->awaiting |= 1u << i;
+      k += (size_t)snprintf(awaited + k, sizeof(awaited) - k, "%s%u",
+                            k ? "," : "", i);
+    }
+  }
+  TAILQ_INSERT_TAIL(&m->groups, g, link);
+  dcpxd_health_adopt(g);
+  member_attach(g, rank, c, j);
+  dcpxd_group_health(g, rank)->pid = (uint32_t)c->pid;
+  dcpxd_group_health(g, rank)->joined = 1;
+  log_notice("group=%s adopted after a dcpxd restart: rank %u (pid %d) "
+             "brought back its memory; generation %u, %s, abort=%s; "
+             "awaiting ranks %s",
+             g->name, rank, (int)c->pid, g->generation,
+             dcpxd_group_state_name(g), dcpxd_abort_reason_name(hdr->abort),
+             k ? awaited : "none");
+  if (j->generation && j->generation != g->generation)
+    log_info("group=%s: rank %u saw generation %u, the page says %u",
+             g->name, rank, j->generation, g->generation);
+  reattach_done(g, c, rank);
+  /* Records written while no daemon watched (their alarms too). */
+  if (hdr->abort)
+    dcpxd_health_harvest(g);
+  dcpxd_group_check_awaiting(g);
+  g->next_pid_check_ns =
+      dcpxd_now_ns(CLOCK_MONOTONIC) + DCPXD_PID_CHECK_MS * 1000000ull;
+}
+
+/* A Join with reattach set (see the top of this file). Takes every fd. */
+static void group_reattach(dcpxd_conn *c, const Dcpx__Join *j,
+                           const dcpx_shape *shape, int transport,
+                           const dcpxd_mem_ops *mem, int *fds, int nfds) {
+  const uint32_t W = shape->world, rank = j->rank;
+  dcpxd_group *g;
+  dcpxd_member *mb;
+  char msg[256];
+  int r;
+
+  if (nfds != (int)W + 1)
+    return join_refuse(c, DCPX_E_PROTO,
+                       "a reattach carries %u fds (ctl, ws0..ws%u), not %d",
+                       W + 1, W - 1, nfds);
+  g = dcpxd_group_find(c->m, j->group);
+  if (g) {
+    r = group_compare(g, shape, transport, (int)j->backend, j->timeout_ns,
+                      msg, sizeof(msg));
+    if (r < 0)
+      return join_refuse(c, r, "shape mismatch: %s", msg);
+    mb = &g->member[rank];
+    if (mb->conn && mb->conn->closing) {
+      dcpxd_group_member_gone(mb->conn);
+      g = dcpxd_group_find(c->m, j->group);
+    }
+  }
+  if (!g)
+    return group_adopt(c, j, shape, transport, mem, fds);
+
+  mb = &g->member[rank];
+  if (g->state == DCPXD_GROUP_FORMING || !g->ctl)
+    return join_refuse(c, DCPX_E_STATE,
+                       "group '%s' is forming anew; this member's memory "
+                       "belongs to an earlier instance of it",
+                       g->name);
+  if (!same_file(fds[0], g->ctl->fd))
+    return join_refuse(c, DCPX_E_STATE,
+                       "this member's control page is not that of group "
+                       "'%s' (another instance of the group)",
+                       g->name);
+  if (dcpxd_member_live(mb))
+    return join_refuse(c, DCPX_E_DUPRANK,
+                       "rank %u of group '%s' is already held by pid %d", rank,
+                       g->name, (int)mb->pid);
+  member_attach(g, rank, c, j);
+  dcpxd_group_health(g, rank)->pid = (uint32_t)c->pid;
+  dcpxd_group_health(g, rank)->joined = 1;
+  log_notice("group=%s gen=%u rank=%u reattached (pid %d, %s): %u/%u ranks "
+             "live%s",
+             g->name, g->generation, rank, (int)c->pid,
+             dcpxd_group_state_name(g), g->live, W,
+             g->awaiting ? ", more awaited" : "");
+  reattach_done(g, c, rank);
+}
+
+void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
   dcpxd_manager *m = c->m;
   dcpx_shape shape = DCPX_SHAPE_INIT;
   const dcpxd_mem_ops *mem;
@@ -581,6 +833,8 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j) {
   if (j->nccl_id.len > NCCL_ID_MAX)
     return join_refuse(c, DCPX_E_INVAL, "nccl_id longer than %d bytes",
                        NCCL_ID_MAX);
+  if (j->reattach)
+    return group_reattach(c, j, &shape, transport, mem, fds, nfds);
   if (transport == DCPX__TRANSPORT__TRANSPORT_NCCL && j->rank == 0 &&
       j->nccl_id.len == 0)
     return join_refuse(c, DCPX_E_INVAL,
@@ -605,6 +859,15 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j) {
     return join_refuse(c, DCPX_E_DUPRANK,
                        "rank %u of group '%s' is already held by pid %d",
                        j->rank, g->name, (int)g->member[j->rank].pid);
+  if (g && ((g->awaiting >> j->rank) & 1u)) {
+    /* Awaited since a restart: a replacement only if its holder died. */
+    dcpxd_group_check_awaiting(g);
+    if ((g->awaiting >> j->rank) & 1u)
+      return join_refuse(c, DCPX_E_DUPRANK,
+                         "rank %u of group '%s' is still held by pid %d, "
+                         "which has not reattached since dcpxd restarted",
+                         j->rank, g->name, (int)g->member[j->rank].pid);
+  }
 
   if (g && g->state != DCPXD_GROUP_FORMING) {
     /* A replacement for a rank whose process is gone (invariant 4). */
@@ -687,13 +950,6 @@ void dcpxd_group_abort(dcpxd_group *g, uint32_t reason, int32_t rank,
   }
   dcpxd_health_harvest(g);
   broadcast_event(g, DCPX__EVENT__KIND__ABORT, reason, rank, detail);
-}
-
-void dcpxd_group_abort_all(dcpxd_manager *m, const char *detail) {
-  dcpxd_group *g;
-  TAILQ_FOREACH(g, &m->groups, link) {
-    dcpxd_group_abort(g, DCPX_ABORT_OPERATOR, -1, detail);
-  }
 }
 
 /* ---- recovery ------------------------------------------------------------ */
@@ -866,6 +1122,12 @@ static void member_leaves(dcpxd_conn *c, bool graceful) {
   char detail[224];
 
   member_detach(g, rank);
+  if (g->m->stopping) {
+    /* Invariant 7: the rank lives on; leave its control page alone. */
+    if (g->live == 0)
+      group_destroy(g);
+    return;
+  }
   if (g->state == DCPXD_GROUP_FORMING) {
     log_info("group=%s rank=%u %s while forming: %u/%u", g->name, rank,
              graceful ? "left" : "went away", g->live, g->shape.world);
@@ -880,8 +1142,6 @@ static void member_leaves(dcpxd_conn *c, bool graceful) {
     group_destroy(g);
     return;
   }
-  if (g->m->stopping)
-    return;
   dcpxd_bprintf(detail, "rank %u (pid %d) %s", rank, (int)c->pid,
                 graceful ? "left the group" : c->close_reason);
   dcpxd_group_abort(g, DCPX_ABORT_DEAD, (int32_t)rank, detail);

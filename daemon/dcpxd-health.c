@@ -17,6 +17,12 @@
  * after the abort by ranks still finishing their wait) and before the group
  * is destroyed.
  *
+ * After a restart. An adopted group's control page may hold records the
+ * previous daemon already stored; dcpxd_health_adopt marks those slots as
+ * harvested by matching (rank, block, time, call) against the records the
+ * store loaded, so a restart neither loses nor doubles a record (as far as
+ * the in-memory ring reaches back).
+ *
  * Bounds. One harvest stores at most HARVEST_KEEP records (the earliest by
  * time: the first timeout is the cause, the rest its echo) and logs at most
  * HARVEST_LOG lines; the rest are counted in one summary line. The store
@@ -129,8 +135,79 @@ done_scan:
   return n;
 }
 
+/* Identity of a stored record, for matching it with a record slot. */
+typedef struct rkey {
+  uint32_t rank, block;
+  uint64_t time_ns, call_tag;
+} rkey;
+
+static int cmp_rkey(const void *a, const void *b) {
+  const rkey *x = a, *y = b;
+  if (x->rank != y->rank)
+    return x->rank < y->rank ? -1 : 1;
+  if (x->block != y->block)
+    return x->block < y->block ? -1 : 1;
+  if (x->time_ns != y->time_ns)
+    return x->time_ns < y->time_ns ? -1 : 1;
+  return x->call_tag < y->call_tag ? -1 : x->call_tag > y->call_tag;
+}
+
+void dcpxd_health_adopt(dcpxd_group *g) {
+  const dcpxd_records *s = g->m->records;
+  const size_t count = dcpxd_records_count(s);
+  const uint32_t W = g->shape.world, R = g->shape.rows;
+  rkey *keys;
+  size_t n = 0, marked = 0;
+
+  if (!g->hdr || !g->harvested || count == 0)
+    return;
+  keys = malloc(count * sizeof(*keys));
+  if (!keys)
+    return; /* at worst some records are stored twice */
+  for (size_t i = 0; i < count; i++) {
+    const dcpxd_record *r = dcpxd_records_get(s, i);
+    if (strcmp(r->group, g->name) != 0)
+      continue;
+    keys[n++] = (rkey){r->rank, r->block, r->time_ns, r->call_tag};
+  }
+  qsort(keys, n, sizeof(*keys), cmp_rkey);
+  for (uint32_t d = 0; d < W && n; d++)
+    for (uint32_t t = 0; t < R; t++) {
+      const dcpx_wait_record *w = dcpxd_group_record(g, d, t);
+      size_t bit = (size_t)d * R + t;
+      rkey k;
+      if (__atomic_load_n(&w->kind, __ATOMIC_ACQUIRE) == DCPX_REC_EMPTY)
+        continue;
+      k = (rkey){d, w->block, w->time_ns, w->call_tag};
+      if (bsearch(&k, keys, n, sizeof(*keys), cmp_rkey)) {
+        g->harvested[bit / 8] |= (uint8_t)(1u << (bit % 8));
+        marked++;
+      }
+    }
+  free(keys);
+  if (marked)
+    log_info("group=%s: %zu wait record%s in its control page already "
+             "stored before the restart",
+             g->name, marked, marked == 1 ? "" : "s");
+}
+
 void dcpxd_health_scan(dcpxd_manager *m) {
-  dcpxd_group *g;
+  dcpxd_group *g, *next;
+  uint64_t now = 0;
+
+  /* Awaited ranks (adopted groups): a dead pid aborts its group, which
+   * cannot free it from the list, so the walk is safe. */
+  for (g = TAILQ_FIRST(&m->groups); g; g = next) {
+    next = TAILQ_NEXT(g, link);
+    if (!g->awaiting)
+      continue;
+    if (!now)
+      now = dcpxd_now_ns(CLOCK_MONOTONIC);
+    if (now < g->next_pid_check_ns)
+      continue;
+    g->next_pid_check_ns = now + DCPXD_PID_CHECK_MS * 1000000ull;
+    dcpxd_group_check_awaiting(g);
+  }
 
   TAILQ_FOREACH(g, &m->groups, link) {
     if (g->state != DCPXD_GROUP_READY || !g->hdr || g->hdr->abort)

@@ -10,6 +10,12 @@
  * zeroes workspaces, and a client that truncated its copy of the fd would
  * otherwise make the daemon fault (SIGBUS) on the next access.
  *
+ * adopt() is the way back after a daemon restart (docs/ARCHITECTURE.md,
+ * "Daemon restart"): a client returns the fds it was given. Only a memfd
+ * sealed against shrinking and growing, of exactly the expected size, is
+ * accepted, for the same reason as above: the daemon maps the control page
+ * and must never fault on it, whoever sent the fd.
+ *
  * zero() writes zeros through a temporary mapping rather than punching a
  * hole: a client that registered the pages for device access holds them
  * pinned, and after a hole punch its device mapping would keep the old
@@ -24,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dcpx.h"
@@ -92,23 +99,60 @@ static void host_free(dcpxd_buf *b) {
   free(b);
 }
 
+static int host_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
+  _cleanup_close_ int owned = fd;
+  const int need = F_SEAL_SHRINK | F_SEAL_GROW;
+  struct stat st;
+  dcpxd_buf *b;
+  int seals;
+
+  if (fstat(fd, &st) < 0)
+    return -errno;
+  if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes)
+    return DCPX_E_SHAPE; /* not the buffer of this shape */
+  seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & need) != need)
+    return DCPX_E_PERM; /* not a sealed memfd: could shrink under us */
+  b = calloc(1, sizeof(*b));
+  if (!b)
+    return -ENOMEM;
+  b->ops = &dcpxd_mem_host;
+  b->fd = TAKE_FD(owned);
+  b->bytes = bytes;
+  b->device = device;
+  *ret = b;
+  return 0;
+}
+
 const dcpxd_mem_ops dcpxd_mem_host = {
     .name = "host",
     .alloc = host_alloc,
     .zero = host_zero,
     .map = host_map,
     .free = host_free,
+    .adopt = host_adopt,
 };
+
+int dcpxd_buf_adopt(const dcpxd_mem_ops *ops, int fd, uint64_t bytes,
+                    int device, dcpxd_buf **ret) {
+  if (!ops->adopt) {
+    close(fd);
+    return DCPX_E_NOSYS;
+  }
+  return ops->adopt(fd, bytes, device, ret);
+}
 
 const dcpxd_mem_ops *dcpxd_mem_backend(int backend, const char **ret_why) {
   switch (backend) {
   case DCPX__BACKEND__BACKEND_HOST:
     return &dcpxd_mem_host;
   case DCPX__BACKEND__BACKEND_CUDA:
-    /* dcpxd-mem-cuda.c: cuMemCreate + cuMemExportToShareableHandle
-     * (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR). */
+#ifdef HAVE_CUDA
+    return &dcpxd_mem_cuda; /* dcpxd-mem-cuda.c */
+#else
     *ret_why = "CUDA backend not built";
     return NULL;
+#endif
   default:
     *ret_why = "unknown backend";
     return NULL;

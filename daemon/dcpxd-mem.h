@@ -14,7 +14,12 @@
  *          is only called while no client touches the buffer (every rank
  *          drained and acknowledged, DESIGN.md section 6);
  *   map    (host memory only) map it read-write into the daemon;
- *   free   release it (the fd is closed; clients keep their own mapping).
+ *   free   release it (the fd is closed; clients keep their own mapping);
+ *   adopt  (may be NULL: not supported) take over a buffer that a client
+ *          hands back after a daemon restart (its fd, passed by
+ *          SCM_RIGHTS): check that it is one this backend could have made,
+ *          of exactly `bytes`, and wrap it. The fd becomes the buffer's,
+ *          also on failure.
  */
 #ifndef DCPXD_MEM_H
 #define DCPXD_MEM_H
@@ -29,6 +34,7 @@ typedef struct dcpxd_mem_ops {
   int (*zero)(dcpxd_buf *b);
   int (*map)(dcpxd_buf *b, void **ret); /* NULL: not host-mappable */
   void (*free)(dcpxd_buf *b);
+  int (*adopt)(int fd, uint64_t bytes, int device, dcpxd_buf **ret);
 } dcpxd_mem_ops;
 
 struct dcpxd_buf {
@@ -43,6 +49,12 @@ struct dcpxd_buf {
 /* The host backend: memfd, sealed against resizing. Always built. */
 extern const dcpxd_mem_ops dcpxd_mem_host;
 
+#ifdef HAVE_CUDA
+/* The CUDA backend: VMM allocations exported as POSIX fds
+ * (dcpxd-mem-cuda.c). */
+extern const dcpxd_mem_ops dcpxd_mem_cuda;
+#endif
+
 /* The backend for a Join's Backend value (dcpx.proto), or NULL with
  * *ret_why set when this build lacks it. */
 const dcpxd_mem_ops *dcpxd_mem_backend(int backend, const char **ret_why);
@@ -53,6 +65,9 @@ static inline int dcpxd_buf_alloc(const dcpxd_mem_ops *ops, int device,
   return ops->alloc(device, bytes, label, ret);
 }
 static inline int dcpxd_buf_zero(dcpxd_buf *b) { return b->ops->zero(b); }
+/* DCPX_E_NOSYS when the backend cannot adopt memory. Consumes fd. */
+int dcpxd_buf_adopt(const dcpxd_mem_ops *ops, int fd, uint64_t bytes,
+                    int device, dcpxd_buf **ret);
 /* Accepts NULL; returns NULL for `p = dcpxd_buf_free(p)`. */
 static inline dcpxd_buf *dcpxd_buf_free(dcpxd_buf *b) {
   if (b)

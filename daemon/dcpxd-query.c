@@ -73,6 +73,8 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
   gi->timeout_ns = g->timeout_ns;
   gi->aborts = g->aborts;
   gi->recoveries = g->recoveries;
+  gi->awaiting_reattach = g->awaiting;
+  gi->adopted = g->adopted;
   for (uint32_t r = 0; r < g->shape.world; r++) {
     Dcpx__RankInfo *ri = &x->ri[r];
     dcpx__rank_info__init(ri);

@@ -29,6 +29,10 @@
  *      is queued (fds dup'ed) and sent when the socket is writable; a peer
  *      that lets DCPXD_OUT_MAX bytes pile up is cut off.
  *   4. Nothing is freed under a running handler (dcpxd.h, re-entrancy).
+ *   5. A member's death is seen two ways, whichever comes first: its socket
+ *      hangs up (the kernel closes it when the process dies), or its pidfd
+ *      turns readable (the process exited, though a child it forked may
+ *      still hold the socket open). Both end in dcpxd_conn_close.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -45,6 +49,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -52,6 +57,10 @@
 #include "dcpxd-notify.h"
 #include "dcpxd-util.h"
 #include "dcpxd.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434 /* the same on every architecture */
+#endif
 
 #define ACCEPT_BATCH 64
 #define RECV_BATCH 32
@@ -223,6 +232,8 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   if (--c->open_handles > 0)
     return;
   close(c->fd);
+  if (c->pidfd >= 0)
+    close(c->pidfd);
   free(c);
 }
 
@@ -247,6 +258,8 @@ static void on_reap(uv_idle_t *h) {
     m->n_conns--;
     uv_close((uv_handle_t *)&c->poll, on_conn_handle_closed);
     uv_close((uv_handle_t *)&c->join_timer, on_conn_handle_closed);
+    if (c->pidfd >= 0)
+      uv_close((uv_handle_t *)&c->pid_poll, on_conn_handle_closed);
   }
   uv_idle_stop(h);
   if (m->stopping && TAILQ_EMPTY(&m->conns) && !uv_is_closing((uv_handle_t *)h))
@@ -268,9 +281,50 @@ void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...) {
            c->close_reason);
   uv_poll_stop(&c->poll);
   uv_timer_stop(&c->join_timer);
+  if (c->pidfd >= 0)
+    uv_poll_stop(&c->pid_poll);
   TAILQ_INSERT_TAIL(&c->m->reap, c, reap_link);
   if (!uv_is_closing((uv_handle_t *)&c->m->reaper))
     uv_idle_start(&c->m->reaper, on_reap);
+}
+
+/* ---- the peer process ------------------------------------------------------ */
+
+static void on_pid_exit(uv_poll_t *h, int status, int events) {
+  dcpxd_conn *c = h->data;
+
+  uv_poll_stop(h);
+  if (c->closing)
+    return;
+  dcpxd_conn_close(c, LOG_INFO, "process %d exited", (int)c->pid);
+  dcpxd_manager_update(c->m);
+}
+
+int dcpxd_conn_watch_pid(dcpxd_conn *c) {
+  int fd, r;
+
+  if (c->pidfd >= 0 || c->pid <= 0 || c->closing)
+    return 0;
+  fd = (int)syscall(SYS_pidfd_open, c->pid, 0);
+  if (fd < 0) {
+    r = -errno;
+    log_debug("conn %" PRIu64 ": cannot watch pid %d (%s); relying on its "
+              "socket",
+              c->id, (int)c->pid, strerror(-r));
+    return r;
+  }
+  (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+  r = uv_poll_init(c->m->loop, &c->pid_poll, fd);
+  if (r < 0) {
+    close(fd);
+    return r;
+  }
+  c->pid_poll.data = c;
+  c->pidfd = fd;
+  c->open_handles++;
+  /* A pidfd is readable once the process has exited. */
+  uv_poll_start(&c->pid_poll, UV_READABLE, on_pid_exit);
+  return 0;
 }
 
 /* ---- receiving ----------------------------------------------------------- */
@@ -330,7 +384,8 @@ static void conn_hello(dcpxd_conn *c, const Dcpx__Hello *h) {
   dcpxd_conn_reply(c, 0, NULL);
 }
 
-static void conn_dispatch(dcpxd_conn *c, const Dcpx__Frame *f) {
+static void conn_dispatch(dcpxd_conn *c, const Dcpx__Frame *f, int *fds,
+                          int nfds) {
   char why[128];
 
   if (!c->hello && f->msg_case != DCPX__FRAME__MSG_HELLO) {
@@ -345,7 +400,7 @@ static void conn_dispatch(dcpxd_conn *c, const Dcpx__Frame *f) {
   case DCPX__FRAME__MSG_JOIN:
     if (!f->join)
       return conn_protocol_error(c, DCPX_E_PROTO, "Join without content");
-    return dcpxd_group_join(c, f->join);
+    return dcpxd_group_join(c, f->join, fds, nfds);
   case DCPX__FRAME__MSG_LEAVE:
     return dcpxd_group_leave(c);
   case DCPX__FRAME__MSG_RECOVER_ACK:
@@ -391,7 +446,9 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
     goto out;
   for (int i = 0; i < RECV_BATCH && !c->closing; i++) {
     Dcpx__Frame *f = NULL;
-    int r = dcpx__frame_recv(c->fd, &f, NULL, 0, NULL);
+    int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+    /* Only a reattaching Join carries fds; any others are closed. */
+    int r = dcpx__frame_recv(c->fd, &f, fds, DCPX_FRAME_MAX_FDS, &nfds);
     if (r == -EAGAIN)
       break;
     if (r == DCPX_E_CONNRESET) {
@@ -413,7 +470,10 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
       dcpxd_conn_close(c, LOG_INFO, "receive failed: %s", dcpx_strerror(r));
       break;
     }
-    conn_dispatch(c, f);
+    conn_dispatch(c, f, fds, nfds);
+    for (int k = 0; k < nfds; k++)
+      if (fds[k] >= 0)
+        close(fds[k]);
     dcpx__frame_free(f);
   }
 out:
@@ -468,6 +528,7 @@ static void conn_new(dcpxd_manager *m, int fd) {
   c->poll.data = c;
   c->join_timer.data = c;
   c->open_handles = 2;
+  c->pidfd = -1;
   TAILQ_INSERT_TAIL(&m->conns, c, link);
   m->n_conns++;
 

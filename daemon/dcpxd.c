@@ -12,7 +12,8 @@
  *   conn->poll     each connection               (dcpxd-server.c)
  *   conn->join_timer  a join waiting for its group  (dcpxd-group.c)
  *   reaper         idle: retires closed conns    (dcpxd-server.c)
- *   health_timer   every poll-ms while some group is ready
+ *   health_timer   every poll-ms while some group is ready (or awaits
+ *                  a rank's reattach after a restart)
  *   watchdog_timer WATCHDOG=1 at half of WATCHDOG_USEC
  *   signals        SIGTERM, SIGINT: shut down; SIGHUP: ignored (logged)
  *
@@ -20,9 +21,12 @@
  *
  * Startup: settings (exit 2 if bad), the records store (exit 1 if the
  * state dir is unusable; never because of damaged records), the socket,
- * then READY=1. Shutdown: STOPPING=1, every formed group aborted with
- * DCPX_ABORT_OPERATOR (members get Event ABORT), every connection closed,
- * the socket unlinked if we made it, the loop drained, everything freed.
+ * then READY=1. Shutdown: STOPPING=1, every connection closed, the socket
+ * unlinked if we made it, the loop drained, everything freed. Groups are
+ * not aborted: the ranks keep calling on the memory they mapped, see their
+ * connection close, and reattach to the next dcpxd, which adopts the
+ * groups from their memory (dcpxd-group.c; docs/ARCHITECTURE.md, "Daemon
+ * restart"). A SIGKILLed or crashed daemon is the same to them.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -50,7 +54,7 @@ static void on_health_tick(uv_timer_t *t) {
 }
 
 void dcpxd_manager_update(dcpxd_manager *m) {
-  unsigned n[4] = {0, 0, 0, 0}, groups = 0, members = 0;
+  unsigned n[4] = {0, 0, 0, 0}, groups = 0, members = 0, awaiting = 0;
   char status[sizeof(m->status)];
   dcpxd_group *g;
 
@@ -58,6 +62,7 @@ void dcpxd_manager_update(dcpxd_manager *m) {
     n[g->state]++;
     groups++;
     members += g->live;
+    awaiting += g->awaiting != 0;
   }
   /* Not the connection count: dcpxctl polls would make it churn. */
   dcpxd_bprintf(status,
@@ -71,14 +76,16 @@ void dcpxd_manager_update(dcpxd_manager *m) {
     (void)dcpxd_notify(status);
   }
 
-  /* The alarm scan runs only while there is something to scan. */
+  /* The alarm scan runs only while there is something to scan: a ready
+   * group's alarms, or the pids of ranks awaited since a restart. */
   if (m->stopping)
     return;
-  if (n[DCPXD_GROUP_READY] && !m->health_active) {
+  bool scan = n[DCPXD_GROUP_READY] || awaiting;
+  if (scan && !m->health_active) {
     uv_timer_start(&m->health_timer, on_health_tick, m->conf->poll_ms,
                    m->conf->poll_ms);
     m->health_active = true;
-  } else if (!n[DCPXD_GROUP_READY] && m->health_active) {
+  } else if (!scan && m->health_active) {
     uv_timer_stop(&m->health_timer);
     m->health_active = false;
   }
@@ -95,7 +102,21 @@ static void manager_stop(dcpxd_manager *m, const char *why) {
     return;
   log_info("Shutting down (%s)", why);
   (void)dcpxd_notify("STOPPING=1");
-  dcpxd_group_abort_all(m, "dcpxd is shutting down");
+  /* Groups are not aborted: their ranks keep calling on the memory they
+   * mapped, and reattach to the next dcpxd (docs/ARCHITECTURE.md, "Daemon
+   * restart"). */
+  {
+    unsigned n = 0;
+    dcpxd_group *g;
+    TAILQ_FOREACH(g, &m->groups, link) {
+      if (g->state != DCPXD_GROUP_FORMING)
+        n++;
+    }
+    if (n)
+      log_notice("Leaving %u group%s running; their members reattach to the "
+                 "next dcpxd",
+                 n, n == 1 ? "" : "s");
+  }
   m->stopping = true;
   dcpxd_server_stop(m);
   for (c = TAILQ_FIRST(&m->conns); c; c = next) {

@@ -68,7 +68,11 @@ struct dcpxd_conn {
   gid_t gid;
   uv_poll_t poll;
   uv_timer_t join_timer; /* armed while waiting in a forming group */
-  int open_handles;      /* freed when both handles have closed */
+  /* A member's process, watched through a pidfd: its death is noticed
+   * even when its socket stays open (inherited by a child). -1: none. */
+  int pidfd;
+  uv_poll_t pid_poll;
+  int open_handles; /* freed when every handle has closed */
   unsigned poll_events;
   bool hello;   /* Hello accepted */
   bool closing; /* dcpxd_conn_close() called; in the reap list */
@@ -103,6 +107,10 @@ void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Tries to send what is queued (at shutdown, before closing). */
 void dcpxd_conn_flush(dcpxd_conn *c);
+/* Watches the peer process (member connections): when it exits, the
+ * connection is closed as if it had hung up. 0, or a negative code when
+ * the kernel has no pidfd (then only the socket's hang-up tells). */
+int dcpxd_conn_watch_pid(dcpxd_conn *c);
 
 /* ---- groups (dcpxd-group.c) -------------------------------------------- */
 
@@ -151,6 +159,14 @@ struct dcpxd_group {
   bool doomed; /* destroyed while zeroing: freed when the work returns */
   int zero_status;
 
+  /* Adopted: recreated from a reattaching member's memory after a daemon
+   * restart (dcpxd-group.c, "reattach"). `awaiting`: ranks that held the
+   * group before and have not reattached; their pids (member[r].pid) are
+   * checked for liveness every DCPXD_PID_CHECK_MS. */
+  bool adopted;
+  uint32_t awaiting;
+  uint64_t next_pid_check_ns;
+
   uint64_t aborts, recoveries;
   bool has_last_record;
   dcpxd_record last_record;
@@ -177,8 +193,10 @@ const char *dcpxd_group_state_name(const dcpxd_group *g);
 const char *dcpxd_region_name(uint32_t id);
 const char *dcpxd_abort_reason_name(uint32_t reason);
 
-/* Frame handlers. Each sends the reply. */
-void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j);
+/* Frame handlers. Each sends the reply. A Join may come with fds (a
+ * reattach): the handler takes those it keeps by setting them to -1; the
+ * caller closes the rest. */
+void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds);
 void dcpxd_group_leave(dcpxd_conn *c);
 void dcpxd_group_recover_ack(dcpxd_conn *c, const Dcpx__RecoverAck *a);
 /* The reaper: c (closing) was a member. */
@@ -189,7 +207,9 @@ void dcpxd_group_member_gone(dcpxd_conn *c);
  * -1. */
 void dcpxd_group_abort(dcpxd_group *g, uint32_t reason, int32_t rank,
                        const char *detail);
-void dcpxd_group_abort_all(dcpxd_manager *m, const char *detail);
+/* Adopted groups: checks whether the ranks still awaited are alive; a dead
+ * one aborts the group (DCPX_ABORT_DEAD). */
+void dcpxd_group_check_awaiting(dcpxd_group *g);
 
 /* Operator commands: 0, or a negative code with a message in err. */
 int dcpxd_group_reset(dcpxd_group *g, char *err, size_t errlen);
@@ -199,8 +219,15 @@ int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
 
 /* ---- health (dcpxd-health.c) ------------------------------------------ */
 
-/* Called every poll-ms while some group is ready. */
+/* How often the pids of ranks awaiting reattach are checked. */
+#define DCPXD_PID_CHECK_MS 50
+
+/* Called every poll-ms while some group is ready or awaits a reattach. */
 void dcpxd_health_scan(dcpxd_manager *m);
+/* After adopting a group's control page: marks the record slots whose
+ * records the store already holds (from before the restart) as harvested,
+ * so that they are not stored twice. */
+void dcpxd_health_adopt(dcpxd_group *g);
 /* Reads the group's not-yet-stored wait records, logs them, stores them
  * durably and in memory. Returns how many were new. */
 size_t dcpxd_health_harvest(dcpxd_group *g);

@@ -193,7 +193,10 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, uint32_t rows,
  *
  * Lifetime: dcpx_connect -> dcpx_join (blocks until all W ranks joined with
  * an identical shape, or the join times out) -> any number of
- * dcpx_push/dcpx_merge pairs -> dcpx_leave -> dcpx_disconnect.
+ * dcpx_push/dcpx_merge pairs, with dcpx_poll (or dcpx_health) once in a
+ * while off the hot path, e.g. once per step -> dcpx_leave ->
+ * dcpx_disconnect. A failed call (DCPX_E_FAILED, DCPX_E_ABORTED) is
+ * followed by dcpx_recover before the next call.
  *
  * The call path (dcpx_push, dcpx_merge) never allocates and never enters
  * the kernel except in a wait that has spun without success (it then
@@ -277,16 +280,39 @@ typedef struct dcpx_health_info {
   uint32_t world, rank;
   uint32_t backend, transport;
   uint64_t calls, rows, rescue_rows, failed_calls; /* this rank's */
+  /* Appended fields: a caller whose `size` ends before them gets the
+   * fields above only. */
+  uint32_t daemon_link; /* 1: attached to dcpxd; 0: not (it is restarting,
+                           and dcpx_poll reattaches) */
+  uint32_t reattaches;  /* times this member reattached to a new dcpxd */
 } dcpx_health_info;
 
-/* This member's view of its group, read from the control page (no
- * syscall). */
+/* This member's view of its group, read from the control page; calls
+ * dcpx_poll first. */
 DCPX_API int dcpx_health(dcpx_member *m, dcpx_health_info *ret);
+
+/* Keeps the member's link to dcpxd alive; call it periodically off the hot
+ * path, e.g. once per engine step (dcpx_health and dcpx_recover call it
+ * too). Never blocks: it drains the daemon's pending events and, when the
+ * daemon went away (restart, crash), reconnects to the same socket and
+ * reattaches: it hands the group's memory back (the fds it was given), so
+ * the new daemon adopts the running group and watches it again. Calls keep
+ * running meanwhile: dcpx_push and dcpx_merge never touch the socket.
+ *
+ * Returns 0 when attached; DCPX_E_NOTCONN while a reattach is under way
+ * (call again later); DCPX_E_CONNREFUSED while no daemon listens; or the
+ * code with which a restarted daemon refused the reattach (retried after a
+ * second). None of these affects the calls; they only mean that nothing
+ * watches this rank's health until the member is attached again. */
+DCPX_API int dcpx_poll(dcpx_member *m);
 
 /* After a failed call: acknowledge to dcpxd (the host backend has nothing
  * in flight; the CUDA backend synchronizes `stream` first), then wait up to
- * timeout_ms for the group to be reset. Returns 0 when the group runs
- * again, DCPX_E_TIMEDOUT, or a connection error. */
+ * timeout_ms for the group to be reset. Returns 0 at once if there is
+ * nothing to recover (the group is not aborted and this rank has not
+ * failed: e.g. a replacement that joined after the reset). Survives a
+ * daemon restart meanwhile (it reattaches and acknowledges again).
+ * Returns 0 when the group runs again, DCPX_E_TIMEDOUT, or an error. */
 DCPX_API int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms);
 
 #ifdef __cplusplus

@@ -9,20 +9,26 @@
  *   keys are described by a threshold T and a tie count `take`: a key is
  *   selected iff ord > T, or ord == T != 0 and it is among the first `take`
  *   keys equal to T. With fewer than `need` non-empty keys, T = take = 0
- *   and every non-empty key is selected. T is found with two histograms,
- *   4096 buckets over ord >> 4 and 16 over ord & 15 (any split finds the
- *   same T; this one spreads real logits over many buckets).
+ *   and every non-empty key is selected. (T and take are a property of the
+ *   keys, not of the algorithm, so any histogram split finds the same.)
+ *   T is found by one of:
+ *     - two-level: 4096 buckets over ord >> 4, then 16 over ord & 15 inside
+ *       the bucket that holds the need-th key (any keys);
+ *     - single-level: 4096 buckets over ord - kmin when every key lies in
+ *       [kmin, kmin + 4096) (the usual case for candidates and merged
+ *       lists, which are all near the top): the scan gives T directly and
+ *       the second pass only counts.
  *
  *   Work is split into one contiguous segment of the order per warp, so
  *   the placement pass needs no block barrier: each warp knows, from the
- *   per-warp counts of the histogram passes, how many keys > T and == T lie
+ *   per-warp counts of the second pass, how many keys > T and == T lie
  *   before its segment, and walks its segment in order with warp scans.
  *   A selected key's output position is then
  *       (keys > T before it) + min(keys == T before it, take),
  *   which is also its position in the flat order of the selection, so the
  *   outputs come out in (r, l) order with no sort.
  *
- * Pass protocol (every thread of the block calls each step):
+ * Two-level pass protocol (every thread of the block calls each step):
  *   dcpx_dev_sel_zero            zero the histograms      (then barrier)
  *   pass A over all keys         dcpx_dev_hist_add*(S->hist, key)
  *   dcpx_dev_sel_after_a         -> all (1: fewer than need non-empty), nz
@@ -32,6 +38,14 @@
  *   dcpx_dev_sel_finish          -> S->T, S->take, per-warp bases
  *                                S->wgt[w], S->weq[w] (index nwarps: totals)
  *   pass C                       placement, warp by warp
+ * Single-level: pass A adds hist[key - kmin]; dcpx_dev_sel1_pick -> T,
+ * take; the counting pass writes S->wgtb (> T) and S->weqc (== T);
+ * dcpx_dev_sel1_bases -> S->wgt, S->weq; pass C as above.
+ *
+ * The local list (push, rescue): a sampled fast path (dcpx_dev_local_fast)
+ * reads the row once and runs the selection on ~2N candidates only, and an
+ * exact path (three passes over the row) takes over whenever the sample
+ * was not good enough. Both give the same words.
  *
  * Memory ordering (DESIGN.md sections 4-6):
  *   - LL pairs are one 16-byte store of two 8-byte (word, tag) halves,
@@ -157,23 +171,21 @@ DCPX_D uint32_t dcpx_dev_warp_incl(uint32_t v) {
 
 /* Exclusive block scan of v in thread order; *ret_total = sum over the
  * block. scratch: DCPX_MAX_WARPS words of shared memory. Contains two
- * barriers; every thread must call it. */
+ * barriers; every thread must call it. The warp totals are scanned with
+ * shuffles (one shared load per lane), not a loop of dependent loads. */
 DCPX_D uint32_t dcpx_dev_block_excl(uint32_t v, uint32_t *scratch,
                                     uint32_t *ret_total) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t nw = blockDim.x >> 5;
-  uint32_t incl = dcpx_dev_warp_incl(v), base = 0, total = 0;
+  const uint32_t incl = dcpx_dev_warp_incl(v);
   __syncthreads(); /* scratch may still be read by a previous scan */
   if (lane == 31)
     scratch[warp] = incl;
   __syncthreads();
-  for (uint32_t w = 0; w < nw; w++) {
-    uint32_t x = scratch[w];
-    base += w < warp ? x : 0;
-    total += x;
-  }
-  *ret_total = total;
-  return base + incl - v;
+  const uint32_t x = lane < nw ? scratch[lane] : 0u;
+  const uint32_t xi = dcpx_dev_warp_incl(x);
+  *ret_total = __shfl_sync(DCPX_FULL, xi, 31);
+  return __shfl_sync(DCPX_FULL, xi - x, warp) + incl - v;
 }
 
 /* ---- selection ------------------------------------------------------------ */
@@ -186,10 +198,13 @@ typedef struct dcpx_sel_smem {
   uint32_t wgt[DCPX_MAX_WARPS + 1];   /* per warp: keys > T before it */
   uint32_t weq[DCPX_MAX_WARPS + 1];   /* per warp: keys == T before it */
   uint32_t wcnt[DCPX_MAX_WARPS];      /* per warp: candidates (fast path) */
-  uint32_t hb, above, T, take;
+  uint32_t weqc[DCPX_MAX_WARPS];      /* per warp: keys == T (single level) */
+  uint32_t hb, above, T, take, kmax;
 } dcpx_sel_smem;
 
 DCPX_D void dcpx_dev_sel_zero(dcpx_sel_smem *S) {
+  if (threadIdx.x == 0)
+    S->kmax = 0;
   for (uint32_t i = threadIdx.x; i < DCPX_HI_BINS; i += blockDim.x)
     S->hist[i] = 0;
   for (uint32_t i = threadIdx.x; i < DCPX_MAX_WARPS * 16; i += blockDim.x)
@@ -324,6 +339,65 @@ DCPX_D void dcpx_dev_sel_finish(dcpx_sel_smem *S, uint32_t need, int all) {
   __syncthreads();
 }
 
+/* Single-level selection, for keys known to lie in [kmin, kmin + 4096):
+ * pass A histograms key - kmin, so the scan finds T itself; pass B only
+ * counts, per warp, the keys > T and == T (no atomics).
+ *
+ * After pass A: returns 1 if fewer than `need` keys are non-empty (select
+ * all: T = take = 0), else 0 with S->T, S->take. Every thread calls it. */
+DCPX_D int dcpx_dev_sel1_pick(dcpx_sel_smem *S, uint32_t need, uint32_t kmin,
+                              uint32_t *ret_nz) {
+  uint32_t total;
+  __syncthreads();
+  const uint32_t per = DCPX_HI_BINS / blockDim.x;
+  const uint32_t top = DCPX_HI_BINS - threadIdx.x * per;
+  uint32_t h[8], sum = 0;
+#pragma unroll
+  for (uint32_t i = 0; i < 8; i++) {
+    h[i] = i < per ? S->hist[top - 1 - i] : 0u;
+    sum += h[i];
+  }
+  uint32_t above = dcpx_dev_block_excl(sum, S->scan, &total);
+  *ret_nz = total;
+  if (total < need)
+    return 1;
+  if (above < need && above + sum >= need) {
+#pragma unroll
+    for (uint32_t i = 0; i < 8; i++) {
+      if (i < per && above + h[i] >= need) {
+        S->T = kmin + top - 1 - i;
+        S->take = need - above;
+        break;
+      }
+      above += h[i];
+    }
+  }
+  __syncthreads();
+  return 0;
+}
+
+/* After the counting pass (per-warp keys > T in S->wgtb, == T in S->weqc):
+ * each warp's bases S->wgt/weq (index nwarps: totals). */
+DCPX_D void dcpx_dev_sel1_bases(dcpx_sel_smem *S) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t nw = blockDim.x >> 5;
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t gt = lane < nw ? S->wgtb[lane] : 0u;
+    const uint32_t eq = lane < nw ? S->weqc[lane] : 0u;
+    const uint32_t ig = dcpx_dev_warp_incl(gt), iq = dcpx_dev_warp_incl(eq);
+    if (lane < nw) {
+      S->wgt[lane] = ig - gt;
+      S->weq[lane] = iq - eq;
+    }
+    if (lane == 31) {
+      S->wgt[nw] = ig;
+      S->weq[nw] = iq;
+    }
+  }
+  __syncthreads();
+}
+
 /* Output position bookkeeping of one key in pass C. *gb / *qb: keys > T
  * and == T before it (in order); returns 1 and *pos if it is selected. */
 DCPX_D int dcpx_dev_sel_place(uint32_t o, uint32_t T, uint32_t take,
@@ -390,11 +464,8 @@ DCPX_D uint4 dcpx_dev_group_load(const uint16_t *base, uint32_t a,
                     k[4] | (k[5] << 16), k[6] | (k[7] << 16));
 }
 
-/* Group g's keys from the shared-memory cache (g < ncache) or the row. */
-DCPX_D uint4 dcpx_dev_group_get(const uint16_t *base, uint32_t a,
-                                uint32_t len, const uint4 *cache,
-                                uint32_t ncache, uint32_t g) {
-  return g < ncache ? cache[g] : dcpx_dev_group_load(base, a, len, g);
+DCPX_D uint32_t dcpx_dev_u4word(uint4 k, uint32_t i) {
+  return i == 0 ? k.x : i == 1 ? k.y : i == 2 ? k.z : k.w;
 }
 
 DCPX_D uint32_t dcpx_dev_u4get(uint4 k, uint32_t e) {
@@ -419,33 +490,41 @@ DCPX_D void dcpx_dev_place(uint32_t *words, uint32_t cap, uint32_t o,
  * of groups per warp. */
 typedef struct dcpx_rowgeo {
   const uint16_t *base; /* 16-byte aligned, = row - a */
-  uint32_t a, len, G, gbeg, gend, ncache;
+  uint32_t a, len, G, gbeg, gend;
 } dcpx_rowgeo;
 
-DCPX_D dcpx_rowgeo dcpx_dev_rowgeo(const uint16_t *row, uint32_t len,
-                                   uint32_t cache_groups) {
+DCPX_D dcpx_rowgeo dcpx_dev_rowgeo(const uint16_t *row, uint32_t len) {
   dcpx_rowgeo r;
   const uint32_t nw = blockDim.x >> 5, warp = threadIdx.x >> 5;
   r.a = len ? (uint32_t)(((uintptr_t)row & 15u) >> 1) : 0u;
   r.base = row - r.a;
   r.len = len;
   r.G = len ? (len + r.a + 7u) >> 3 : 0u;
-  r.ncache = min(r.G, cache_groups);
   const uint32_t gpw = (r.G + nw - 1) >> (__ffs(nw) - 1); /* nw: 2^k */
   r.gbeg = min(r.G, warp * gpw);
   r.gend = min(r.G, r.gbeg + gpw);
   return r;
 }
 
-/* The exact path: pass A (reading the row, filling the cache), pass B and
- * pass C (from the cache where it holds the group) over every group.
- * Expects the histograms and words zeroed. */
+/* Raw bf16 of a group wholly inside the row. */
+DCPX_D uint4 dcpx_dev_group_raw(const dcpx_rowgeo *R, uint32_t g) {
+  return __ldg((const uint4 *)R->base + g);
+}
+
+/* The 8 keys of any group g. */
+DCPX_D uint4 dcpx_dev_group_get(const dcpx_rowgeo *R, uint32_t g) {
+  if (dcpx_dev_group_full(R->a, R->len, g))
+    return dcpx_dev_key8(dcpx_dev_group_raw(R, g));
+  return dcpx_dev_group_load(R->base, R->a, R->len, g);
+}
+
+/* The exact path: pass A, pass B and pass C over every group of the row
+ * (the later passes re-read it from L2). Expects the histograms and words
+ * zeroed. */
 DCPX_D void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
-                                 uint32_t cap, uint32_t *words, uint4 *cache) {
+                                 uint32_t cap, uint32_t *words) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t a = R->a, len = R->len, gbeg = R->gbeg, gend = R->gend;
-  const uint32_t ncache = R->ncache;
-  const uint16_t *base = R->base;
   uint32_t nz;
 
   /* Pass A: histogram ord >> 4 (4 groups in flight per lane). */
@@ -455,19 +534,16 @@ DCPX_D void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
     for (uint32_t u = 0; u < 4; u++) {
       const uint32_t g = g0 + 32u * u + lane;
       if (g < gend && dcpx_dev_group_full(a, len, g))
-        raw[u] = __ldg((const uint4 *)base + g);
+        raw[u] = dcpx_dev_group_raw(R, g);
     }
 #pragma unroll
     for (uint32_t u = 0; u < 4; u++) {
       const uint32_t g = g0 + 32u * u + lane;
-      if (g < gend) {
-        const uint4 k = dcpx_dev_group_full(a, len, g)
-                            ? dcpx_dev_key8(raw[u])
-                            : dcpx_dev_group_load(base, a, len, g);
-        if (g < ncache)
-          cache[g] = k;
-        dcpx_dev_hist_add8(S->hist, k);
-      }
+      if (g < gend)
+        dcpx_dev_hist_add8(S->hist,
+                           dcpx_dev_group_full(a, len, g)
+                               ? dcpx_dev_key8(raw[u])
+                               : dcpx_dev_group_load(R->base, a, len, g));
     }
   }
   const int all = dcpx_dev_sel_after_a(S, cap, &nz);
@@ -478,8 +554,7 @@ DCPX_D void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
     uint32_t *h16w = S->h16 + 16u * warp;
     uint32_t gtb = 0;
     for (uint32_t g = gbeg + lane; g < gend; g += 32)
-      gtb += dcpx_dev_passb8(
-          h16w, dcpx_dev_group_get(base, a, len, cache, ncache, g), lim);
+      gtb += dcpx_dev_passb8(h16w, dcpx_dev_group_get(R, g), lim);
     gtb = __reduce_add_sync(DCPX_FULL, gtb);
     if (lane == 0)
       S->wgtb[warp] = gtb;
@@ -497,7 +572,7 @@ DCPX_D void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
     uint4 k = make_uint4(0, 0, 0, 0);
     uint32_t packed = 0;
     if (g < gend) {
-      k = dcpx_dev_group_get(base, a, len, cache, ncache, g);
+      k = dcpx_dev_group_get(R, g);
       packed = dcpx_dev_passc(k.x & 0xFFFFu, T, teq) +
                dcpx_dev_passc(k.x >> 16, T, teq) +
                dcpx_dev_passc(k.y & 0xFFFFu, T, teq) +
@@ -555,8 +630,8 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
   /* 1. tau: bucket of the r_samp-th best of nt evenly spaced samples
    * ((2 tid + 1) len / 2nt < 2^32 for len <= 2^17, nt <= 1024). */
   dcpx_dev_hist_add(S->hist,
-                    dcpx_dev_key(__ldg(row + (((2u * tid + 1u) * len) >>
-                                              __ffs(nt)))));
+                      dcpx_dev_key(__ldg(row + (((2u * tid + 1u) * len) >>
+                                                __ffs(nt)))));
   __syncthreads();
   {
     const uint32_t per = DCPX_HI_BINS / nt;
@@ -587,6 +662,14 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
   }
   __syncthreads();
   const uint32_t tau = max(S->hb << 4, 0x7Fu), span = 0xFF80u - tau;
+  /* With tau >= 0x8000 (a positive threshold) the test runs on raw bf16
+   * halves: ord16 >= tau and not NaN <=> b in [tau - 0x8000, 0x7F80], one
+   * subtract and compare per half (th, tw: that range in the high half),
+   * and a candidate's key is b | 0x8000. */
+  const int quick = tau >= 0x8000u;
+  const uint32_t th = (tau - 0x8000u) << 16;
+  const uint32_t tw = (0x7F81u - (tau - 0x8000u)) << 16;
+  uint32_t kmax = 0;
 
   /* 2. One pass over the row, appending candidates in order. */
   uint32_t wc = 0;
@@ -596,71 +679,104 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
     for (uint32_t u = 0; u < 4; u++) {
       const uint32_t g = g0 + 32u * u + lane;
       if (g < gend && dcpx_dev_group_full(a, len, g))
-        raw[u] = __ldg((const uint4 *)base + g);
+        raw[u] = dcpx_dev_group_raw(R, g);
     }
 #pragma unroll
     for (uint32_t u = 0; u < 4; u++) {
       const uint32_t g = g0 + 32u * u + lane;
-      uint4 k = make_uint4(0, 0, 0, 0);
+      uint4 k = raw[u];
       uint32_t m = 0;
       if (g < gend) {
-        if (dcpx_dev_group_full(a, len, g))
-          k = make_uint4(dcpx_dev_ord2(raw[u].x), dcpx_dev_ord2(raw[u].y),
-                         dcpx_dev_ord2(raw[u].z), dcpx_dev_ord2(raw[u].w));
-        else
-          k = dcpx_dev_group_load(base, a, len, g);
+        if (quick && dcpx_dev_group_full(a, len, g)) {
+          m = (uint32_t)((k.x << 16) - th < tw) |
+              ((uint32_t)(k.x - th < tw) << 1) |
+              ((uint32_t)((k.y << 16) - th < tw) << 2) |
+              ((uint32_t)(k.y - th < tw) << 3) |
+              ((uint32_t)((k.z << 16) - th < tw) << 4) |
+              ((uint32_t)(k.z - th < tw) << 5) |
+              ((uint32_t)((k.w << 16) - th < tw) << 6) |
+              ((uint32_t)(k.w - th < tw) << 7);
+          k.x |= 0x80008000u; /* ord16 of the candidates (positive) */
+          k.y |= 0x80008000u;
+          k.z |= 0x80008000u;
+          k.w |= 0x80008000u;
+        } else {
+          if (dcpx_dev_group_full(a, len, g))
+            k = make_uint4(dcpx_dev_ord2(k.x), dcpx_dev_ord2(k.y),
+                           dcpx_dev_ord2(k.z), dcpx_dev_ord2(k.w));
+          else
+            k = dcpx_dev_group_load(base, a, len, g);
 #pragma unroll
-        for (uint32_t e = 0; e < 8; e++)
-          m |= (uint32_t)(dcpx_dev_u4get(k, e) - tau <= span) << e;
+          for (uint32_t e = 0; e < 8; e++)
+            m |= (uint32_t)(dcpx_dev_u4get(k, e) - tau <= span) << e;
+        }
       }
       const uint32_t c = __popc(m);
       if (!__any_sync(DCPX_FULL, c))
         continue;
       const uint32_t incl = dcpx_dev_warp_incl(c);
-      if (m) {
-        uint32_t pos = wc + incl - c;
-#pragma unroll
-        for (uint32_t e = 0; e < 8; e++) {
-          if ((m >> e) & 1u) {
-            if (pos < cw) {
-              wk[pos] = (uint16_t)dcpx_dev_u4get(k, e);
-              wl[pos] = g * 8u + e - a;
-            }
-            pos++;
-          }
+      uint32_t pos = wc + incl - c;
+      while (m) {
+        const uint32_t e = __ffs(m) - 1;
+        m &= m - 1;
+        const uint32_t w = dcpx_dev_u4word(k, e >> 1);
+        const uint32_t key = (e & 1u) ? w >> 16 : w & 0xFFFFu;
+        kmax = max(kmax, key);
+        if (pos < cw) {
+          wk[pos] = (uint16_t)key;
+          wl[pos] = g * 8u + e - a;
         }
+        pos++;
       }
       wc += __shfl_sync(DCPX_FULL, incl, 31);
     }
   }
+  kmax = __reduce_max_sync(DCPX_FULL, kmax);
+  if (lane == 0)
+    atomicMax(&S->kmax, kmax);
   if (lane == 0)
     S->wcnt[warp] = wc;
   __syncthreads();
-  uint32_t total = 0, over = 0;
-  for (uint32_t w = 0; w < nw; w++) {
-    total += S->wcnt[w];
-    over |= S->wcnt[w] > cw;
-  }
+  const uint32_t wcl = lane < nw ? S->wcnt[lane] : 0u;
+  const uint32_t total = __reduce_add_sync(DCPX_FULL, wcl);
+  const uint32_t over = __any_sync(DCPX_FULL, wcl > cw);
   if (over || total < cap)
     return 0; /* uniform */
 
   /* 3. The exact selection over the candidates (warp w's buffer is its
-   * segment of the order). */
-  for (uint32_t i = lane; i < wc; i += 32)
-    dcpx_dev_hist_add(S->hist, wk[i]);
+   * segment of the order): single-level when they span < 4096 values. */
   uint32_t nz;
-  dcpx_dev_sel_after_a(S, cap, &nz); /* nz = total >= cap: never all */
-  {
+  if (S->kmax - tau < DCPX_HI_BINS) {
+    for (uint32_t i = lane; i < wc; i += 32)
+      atomicAdd(S->hist + (wk[i] - tau), 1u);
+    dcpx_dev_sel1_pick(S, cap, tau, &nz); /* nz = total >= cap: never all */
+    const uint32_t T = S->T;
+    uint32_t gt = 0, eq = 0;
+    for (uint32_t i = lane; i < wc; i += 32) {
+      gt += wk[i] > T;
+      eq += wk[i] == T;
+    }
+    gt = __reduce_add_sync(DCPX_FULL, gt);
+    eq = __reduce_add_sync(DCPX_FULL, eq);
+    if (lane == 0) {
+      S->wgtb[warp] = gt;
+      S->weqc[warp] = eq;
+    }
+    dcpx_dev_sel1_bases(S);
+  } else {
+    for (uint32_t i0 = 0; i0 < wc; i0 += 32)
+      dcpx_dev_hist_add(S->hist, i0 + lane < wc ? wk[i0 + lane] : 0u);
+    dcpx_dev_sel_after_a(S, cap, &nz); /* nz = total >= cap: never all */
     const uint32_t lim = S->hb << 4;
     uint32_t *h16w = S->h16 + 16u * warp;
     uint32_t gtb = 0;
-    for (uint32_t i = lane; i < wc; i += 32)
-      gtb += dcpx_dev_passb(h16w, wk[i], lim);
+    for (uint32_t i0 = 0; i0 < wc; i0 += 32)
+      gtb += dcpx_dev_passb(h16w, i0 + lane < wc ? wk[i0 + lane] : 0u, lim);
     gtb = __reduce_add_sync(DCPX_FULL, gtb);
     if (lane == 0)
       S->wgtb[warp] = gtb;
+    dcpx_dev_sel_finish(S, cap, 0);
   }
-  dcpx_dev_sel_finish(S, cap, 0);
   const uint32_t T = S->T, take = S->take;
   uint32_t rg = S->wgt[warp], rq = S->weq[warp];
   for (uint32_t i0 = 0; i0 < wc; i0 += 32) {
@@ -682,17 +798,15 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
 
 /* The local top-`cap` list of row[0..len) into words[0..row_words(cap))
  * (shared memory): the cap best non-NaN elements in ascending l, then
- * zeros, then the bit-16 plane. cache: up to cache_groups groups of 8 keys
- * kept in shared memory between passes (may be 0). ckey/cl: candidate
- * buffers of cand_max entries for the fast path (NULL: exact path only).
- * Every thread must call it; it ends with a barrier. */
+ * zeros, then the bit-16 plane. ckey/cl: candidate buffers of cand_max
+ * entries for the fast path (NULL: exact path only). Every thread must
+ * call it; it ends with a barrier. */
 DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
                                 uint32_t len, uint32_t cap, uint32_t *words,
-                                uint4 *cache, uint32_t cache_groups,
                                 uint16_t *ckey, uint32_t *cl,
                                 uint32_t cand_max) {
   const uint32_t nt = blockDim.x;
-  const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len, cache_groups);
+  const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len);
   const uint32_t rw = dcpx_dev_row_words(cap);
 
   for (uint32_t i = threadIdx.x; i < rw; i += nt)
@@ -709,7 +823,7 @@ DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
         dcpx_dev_local_fast(S, &R, row, cap, r, words, ckey, cl, cand_max))
       return;
   }
-  dcpx_dev_local_exact(S, &R, cap, words, cache);
+  dcpx_dev_local_exact(S, &R, cap, words);
 }
 
 /* ---- bounded waits (DESIGN.md section 6) --------------------------------- */

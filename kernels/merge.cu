@@ -12,10 +12,17 @@
  *      slots (they cannot change before this merge has set epoch[t]:
  *      section 4).
  *   2. Round 1: exact top-K of the W*N keys in flat (r, l) order
- *      (dcpx_device.cuh's selection). The placement pass writes, per
- *      selected key, (r << 17 | l) at its output position in `list` and the
- *      S1 membership bits; rank s is saturated iff all N of its bits are
- *      set, and the selected keys of ranks before `me` give me's offset.
+ *      (dcpx_device.cuh's selection: single-level when the keys, whose
+ *      range the poll tracks, span fewer than 4096 values, else
+ *      two-level; 4 keys per lane, 128 per warp step). The placement pass
+ *      writes, per selected key, (r << 17 | l) at its output position in
+ *      `list` and the S1 membership bits; rank s is saturated iff all N of
+ *      its bits are set, and the selected keys of ranks before `me` give
+ *      me's offset.
+ *   The fault hook (block 0, first row) is checked at the row's first
+ *   unsatisfied poll, before its rescue, or at its end, whichever comes
+ *   first: always before any wait, and its control-page read (a PCIe round
+ *   trip) overlaps the row's work.
  *   3. No saturated rank: `list` is the answer.
  *   4. Rescue: a saturated `me` computes its local top-K list (capacity K)
  *      from its own logits, stores it into rescue slot
@@ -42,6 +49,9 @@
 
 #define MT DCPX_K_MERGE_THREADS
 #define MW (MT / 32)
+#if DCPX_MAX_TOPK > 8 * MT
+#error "merge_outputs assumes K <= 8 * DCPX_K_MERGE_THREADS"
+#endif
 #define DCPX_MERGE_WORDS_SMEM (96u * 1024u)
 
 /* Dynamic shared memory plan of a context (word counts of each region),
@@ -171,7 +181,9 @@ DCPX_D uint32_t u4get(uint4 k, uint32_t e) {
 }
 
 /* Outputs of row t from list[0..total) (entries r << 17 | l, in (r, l)
- * order); rank me's entries are list[base .. base + cnt). */
+ * order); rank me's entries are list[base .. base + cnt). Each thread owns
+ * entries p = tid + u * MT (u < 8, K <= 4096): its block-table loads are
+ * all issued before the first store. */
 DCPX_D void merge_outputs(const out_args *o, uint32_t t, int32_t req,
                           const uint32_t *list, uint32_t base, uint32_t cnt,
                           uint32_t total) {
@@ -179,31 +191,46 @@ DCPX_D void merge_outputs(const out_args *o, uint32_t t, int32_t req,
   const int req_ok = req >= 0 && (uint32_t)req < o->bt_rows;
   const int32_t *bt = o->block_table + (uint64_t)(req_ok ? req : 0) * o->bt_cols;
   int32_t *ro = o->rows_out + (uint64_t)t * K;
+  int32_t *io = o->ids_out ? o->ids_out + (uint64_t)t * K : NULL;
+  int32_t blk[8];
+  uint32_t lv[8];
   int bad = 0;
 
-  for (uint32_t p = threadIdx.x; p < K; p += MT) {
-    if (o->ids_out) {
+#pragma unroll
+  for (uint32_t u = 0; u < 8; u++) {
+    const uint32_t p = threadIdx.x + u * MT;
+    blk[u] = -1;
+    lv[u] = 0;
+    if (p < cnt) {
+      const uint32_t l = list[base + p] & 0x1FFFFu;
+      const uint32_t col = dcpx_dev_div(l, B, o->rcp_b);
+      lv[u] = l - col * B;
+      if (req_ok && col < o->bt_cols)
+        blk[u] = __ldg(bt + col);
+      else
+        bad = 1;
+    }
+  }
+#pragma unroll
+  for (uint32_t u = 0; u < 8; u++) {
+    const uint32_t p = threadIdx.x + u * MT;
+    if (p >= K)
+      break;
+    if (io) {
       int32_t g = -1;
       if (p < total) {
         const uint32_t x = list[p], l = x & 0x1FFFFu;
         const uint32_t q = dcpx_dev_div(l, I, o->rcp_i);
         g = (int32_t)(q * I * o->W + (x >> 17) * I + (l - q * I));
       }
-      o->ids_out[(uint64_t)t * K + p] = g;
+      io[p] = g;
     }
     int32_t v = -1;
     if (p < cnt) {
-      const uint32_t l = list[base + p] & 0x1FFFFu;
-      const uint32_t col = dcpx_dev_div(l, B, o->rcp_b);
-      if (!req_ok || col >= o->bt_cols) {
+      const int64_t kv = (int64_t)blk[u] * B + lv[u];
+      if (blk[u] < 0 || kv > INT32_MAX)
         bad = 1;
-      } else {
-        const int64_t blk = bt[col];
-        const int64_t kv = blk * B + (l - col * B);
-        if (blk < 0 || kv > INT32_MAX)
-          bad = 1;
-        v = (int32_t)kv;
-      }
+      v = (int32_t)kv;
     }
     ro[p] = v;
   }
@@ -222,15 +249,20 @@ DCPX_D void merge_outputs(const out_args *o, uint32_t t, int32_t req,
  * Macros, so that both rounds share them without templates. */
 #define MERGE_PASS_A(KEY)                                                     \
   do {                                                                        \
-    for (uint32_t f = fbeg + lane; f < fend; f += 32)                         \
-      dcpx_dev_hist_add(S.hist, (KEY) >> 16);                                 \
+    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {                           \
+      const uint32_t f = f0 + lane;                                           \
+      dcpx_dev_hist_add(S.hist, f < fend ? (KEY) >> 16 : 0u);               \
+    }                                                                         \
   } while (0)
 
 #define MERGE_PASS_B(KEY, LIM)                                                \
   do {                                                                        \
     uint32_t gtb_ = 0;                                                        \
-    for (uint32_t f = fbeg + lane; f < fend; f += 32)                         \
-      gtb_ += dcpx_dev_passb(S.h16 + 16u * warp, (KEY) >> 16, (LIM));         \
+    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {                           \
+      const uint32_t f = f0 + lane;                                           \
+      gtb_ += dcpx_dev_passb(S.h16 + 16u * warp,                            \
+                               f < fend ? (KEY) >> 16 : 0u, (LIM));           \
+    }                                                                         \
     gtb_ = __reduce_add_sync(DCPX_FULL, gtb_);                                \
     if (lane == 0)                                                            \
       S.wgtb[warp] = gtb_;                                                    \
@@ -249,6 +281,7 @@ static __global__ void __launch_bounds__(MT)
   __shared__ uint32_t bound[DCPX_MAX_WORLD + 1];
   __shared__ uint32_t off2[DCPX_MAX_WORLD + 1];
   __shared__ uint32_t rcnt[DCPX_MAX_WORLD];
+  __shared__ uint32_t kmin_s;
   __shared__ volatile uint32_t fail;
   extern __shared__ uint4 dyn[];
 
@@ -271,7 +304,6 @@ static __global__ void __launch_bounds__(MT)
   const uint64_t src_stride = (uint64_t)R * P * 16u;
   const uint32_t max_len =
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
-  const float rcp_p = plan.rcp_p;
 
   out_args oa;
   oa.block_table = block_table;
@@ -296,16 +328,26 @@ static __global__ void __launch_bounds__(MT)
   q1.pwn = pwn;
   q1.rcp_n = plan.rcp_n;
 
-  /* The fault hook's word lives in host memory (a PCIe round trip): ask
-   * now, look when the first poll loads are in flight. */
-  uint32_t armed = 0;
-  if (blockIdx.x == 0 && tid == 0)
+  /* The fault hook (block 0, thread 0, its first row): its word lives in
+   * host memory, a PCIe round trip, so it is asked for now and looked at
+   * only at the row's first wait, before its rescue push, or at the row's
+   * end, whichever comes first: the stall always precedes any wait and
+   * anything this rank publishes after its push. */
+  uint32_t armed = 0, hook = 0;
+  if (blockIdx.x == 0 && tid == 0) {
     armed = c.health[me].fault_armed;
+    hook = 1;
+  }
 
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t e = dcpx_dev_epoch_next(epoch[t]);
     const int32_t req = req_id[t];
     const uint32_t par = e & 1u;
+    /* The request's block-table row, read at the end: into L1 now. */
+    if (req >= 0 && (uint32_t)req < bt_rows)
+      for (uint32_t x = tid * 32u; x < bt_cols; x += MT * 32u)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(
+            block_table + (uint64_t)req * bt_cols + x));
     const uint64_t ll_row = c.L.off_ll + ((uint64_t)par * W * R + t) * P * 16u;
     const char *ll = ws + ll_row; /* source 0; source s at + s * src_stride */
     q1.ll = ll;
@@ -320,58 +362,72 @@ static __global__ void __launch_bounds__(MT)
     uint32_t sw = 0, mask = 0;
     int ok = 0;
 
-    if (tid == 0)
+    if (tid == 0) {
       fail = 0;
+      kmin_s = 0xFFFFu;
+    }
     if (keys_w && tid < plan.keys_words - W * N)
       keys_w[W * N + tid] = 0; /* the padding keys */
     dcpx_dev_sel_zero(&S);
     __syncthreads();
 
     do {
-      /* ---- 1. poll the W lists ---- */
-      const uint32_t npairs = W * P;
-      for (uint32_t x0 = 0; x0 < npairs && !fail; x0 += 8 * MT) {
-        uint64_t a[8], b[8];
-        uint32_t ps[8], pi[8];
+      /* ---- 1. poll the W lists: pair i of every source s ---- */
+      uint32_t kmn = 0xFFFFu, kmx = 0; /* range of the non-empty keys */
+      for (uint32_t i = tid; i < P && !fail; i += MT) {
+        for (uint32_t s0 = 0; s0 < W; s0 += 8) {
+          uint64_t a[8], b[8];
 #pragma unroll
-        for (uint32_t u = 0; u < 8; u++) {
-          const uint32_t x = x0 + u * MT + tid;
-          ps[u] = dcpx_dev_div(x, P, rcp_p);
-          pi[u] = x - ps[u] * P;
-          if (x < npairs)
-            dcpx_dev_ll_load(ll + ps[u] * src_stride + (uint64_t)pi[u] * 16u,
-                             &a[u], &b[u]);
-        }
-        if (armed) { /* block 0, thread 0, first row: before any wait */
-          armed = 0;
-          dcpx_dev_fault_hook(c.health + me, e, call_tag);
-        }
+          for (uint32_t u = 0; u < 8; u++)
+            if (s0 + u < W)
+              dcpx_dev_ll_load(ll + (s0 + u) * src_stride + (uint64_t)i * 16u,
+                               &a[u], &b[u]);
 #pragma unroll
-        for (uint32_t u = 0; u < 8; u++) {
-          const uint32_t x = x0 + u * MT + tid;
-          if (x >= npairs)
-            break;
-          const uint32_t s = ps[u], i = pi[u];
-          if ((uint32_t)(a[u] >> 32) != e || (uint32_t)(b[u] >> 32) != e) {
-            const uint64_t off = s * src_stride + (uint64_t)i * 16u;
-            const uint32_t index = (uint32_t)((ll_row - c.L.off_ll + off) / 8u);
-            if (!dcpx_dev_wait_ll(&wc, ll + off, e, index, &a[u], &b[u]))
+          for (uint32_t u = 0; u < 8; u++) {
+            const uint32_t s = s0 + u;
+            if (s >= W)
               break;
-          }
-          if (keys_w) {
-            const uint32_t j = 2 * i;
-            if (j < N)
-              keys_w[s * N + j] = (uint32_t)a[u];
-            else
-              planes_w[s * pwn + j - N] = (uint32_t)a[u];
-            if (j + 1 < N)
-              keys_w[s * N + j + 1] = (uint32_t)b[u];
-            else
-              planes_w[s * pwn + j + 1 - N] = (uint32_t)b[u];
+            if ((uint32_t)(a[u] >> 32) != e || (uint32_t)(b[u] >> 32) != e) {
+              if (hook) { /* block 0, thread 0, first row: before a wait */
+                hook = 0;
+                if (armed)
+                  dcpx_dev_fault_hook(c.health + me, e, call_tag);
+              }
+              const uint64_t off = s * src_stride + (uint64_t)i * 16u;
+              const uint32_t index =
+                  (uint32_t)((ll_row - c.L.off_ll + off) / 8u);
+              if (!dcpx_dev_wait_ll(&wc, ll + off, e, index, &a[u], &b[u]))
+                break;
+            }
+            const uint32_t j = 2 * i, k0 = (uint32_t)a[u] >> 16;
+            const uint32_t k1 = (uint32_t)b[u] >> 16;
+            if (j < N && k0) {
+              kmn = min(kmn, k0);
+              kmx = max(kmx, k0);
+            }
+            if (j + 1 < N && k1) {
+              kmn = min(kmn, k1);
+              kmx = max(kmx, k1);
+            }
+            if (keys_w) {
+              if (j < N)
+                keys_w[s * N + j] = (uint32_t)a[u];
+              else
+                planes_w[s * pwn + j - N] = (uint32_t)a[u];
+              if (j + 1 < N)
+                keys_w[s * N + j + 1] = (uint32_t)b[u];
+              else
+                planes_w[s * pwn + j + 1 - N] = (uint32_t)b[u];
+            }
           }
         }
       }
-      armed = 0;
+      kmn = __reduce_min_sync(DCPX_FULL, kmn);
+      kmx = __reduce_max_sync(DCPX_FULL, kmx);
+      if (lane == 0) {
+        atomicMin(&kmin_s, kmn);
+        atomicMax(&S.kmax, kmx);
+      }
       __syncthreads();
       if (fail)
         break;
@@ -380,32 +436,80 @@ static __global__ void __launch_bounds__(MT)
       const uint32_t n1 = W * N;
       uint32_t kpw = (((n1 + MW - 1) / MW) + 127u) & ~127u;
       uint32_t fbeg = min(n1, warp * kpw), fend = min(n1, fbeg + kpw);
-      for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
-        const uint4 k = r1_key4(&q1, f, fend);
-        dcpx_dev_hist_add(S.hist, k.x >> 16);
-        dcpx_dev_hist_add(S.hist, k.y >> 16);
-        dcpx_dev_hist_add(S.hist, k.z >> 16);
-        dcpx_dev_hist_add(S.hist, k.w >> 16);
-      }
-      uint32_t nz;
-      int all = dcpx_dev_sel_after_a(&S, K, &nz);
-      {
+      /* Single-level selection when the keys span < 4096 values (the usual
+       * case: they are every rank's best), else the two-level one. */
+      const uint32_t kmax = S.kmax;
+      const uint32_t kmin = kmax < kmin_s ? 0u : kmin_s;
+      uint32_t nz, T, take;
+      int all;
+      if (kmax - kmin < DCPX_HI_BINS) {
+        for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
+          const uint32_t f = f0 + 4u * lane;
+          if (f < fend) {
+            const uint4 k = r1_key4(&q1, f, fend);
+#pragma unroll
+            for (uint32_t e = 0; e < 4; e++) {
+              const uint32_t o = u4get(k, e) >> 16;
+              if (o)
+                atomicAdd(S.hist + (o - kmin), 1u);
+            }
+          }
+        }
+        all = dcpx_dev_sel1_pick(&S, K, kmin, &nz);
+        T = all ? 0u : S.T;
+        take = all ? 0u : S.take;
+        const uint32_t teq = T ? T : 0xFFFFFFFFu;
+        uint32_t gt = 0, eq = 0;
+        for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
+          const uint32_t f = f0 + 4u * lane;
+          if (f < fend) {
+            const uint4 k = r1_key4(&q1, f, fend);
+#pragma unroll
+            for (uint32_t e = 0; e < 4; e++) {
+              const uint32_t o = u4get(k, e) >> 16;
+              gt += o > T;
+              eq += o == teq;
+            }
+          }
+        }
+        gt = __reduce_add_sync(DCPX_FULL, gt);
+        eq = __reduce_add_sync(DCPX_FULL, eq);
+        if (lane == 0) {
+          S.wgtb[warp] = gt;
+          S.weqc[warp] = eq;
+        }
+        dcpx_dev_sel1_bases(&S);
+      } else {
+        for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
+          const uint32_t f = f0 + 4u * lane;
+          const uint4 k =
+              f < fend ? r1_key4(&q1, f, fend) : make_uint4(0, 0, 0, 0);
+          dcpx_dev_hist_add(S.hist, k.x >> 16);
+          dcpx_dev_hist_add(S.hist, k.y >> 16);
+          dcpx_dev_hist_add(S.hist, k.z >> 16);
+          dcpx_dev_hist_add(S.hist, k.w >> 16);
+        }
+        all = dcpx_dev_sel_after_a(&S, K, &nz);
         const uint32_t lim = all ? 0u : S.hb << 4;
         uint32_t *h16w = S.h16 + 16u * warp, gtb = 0;
-        for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
-          const uint4 k = r1_key4(&q1, f, fend);
-          gtb += dcpx_dev_passb(h16w, k.x >> 16, lim) +
-                 dcpx_dev_passb(h16w, k.y >> 16, lim) +
-                 dcpx_dev_passb(h16w, k.z >> 16, lim) +
-                 dcpx_dev_passb(h16w, k.w >> 16, lim);
+        for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
+          const uint32_t f = f0 + 4u * lane;
+          const uint4 k =
+              f < fend ? r1_key4(&q1, f, fend) : make_uint4(0, 0, 0, 0);
+          gtb += dcpx_dev_passb(h16w, k.x >> 16, lim);
+          gtb += dcpx_dev_passb(h16w, k.y >> 16, lim);
+          gtb += dcpx_dev_passb(h16w, k.z >> 16, lim);
+          gtb += dcpx_dev_passb(h16w, k.w >> 16, lim);
         }
         gtb = __reduce_add_sync(DCPX_FULL, gtb);
         if (lane == 0)
           S.wgtb[warp] = gtb;
+        dcpx_dev_sel_finish(&S, K, all);
+        T = S.T;
+        take = S.take;
       }
-      dcpx_dev_sel_finish(&S, K, all);
       {
-        const uint32_t T = S.T, take = S.take, teq = T ? T : 0xFFFFFFFFu;
+        const uint32_t teq = T ? T : 0xFFFFFFFFu;
         uint32_t rg = S.wgt[warp], rq = S.weq[warp];
         for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
           const uint32_t f = f0 + 4u * lane;
@@ -418,16 +522,23 @@ static __global__ void __launch_bounds__(MT)
           const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
           uint32_t nib = 0;
           if (packed) {
+            /* The entries' (rank, l), independent of each other, first. */
+            uint32_t ent[4];
+#pragma unroll
+            for (uint32_t e = 0; e < 4; e++) {
+              const uint32_t fe = min(f + e, fend - 1); /* past fend: unused */
+              const uint32_t s = dcpx_dev_div(fe, N, q1.rcp_n);
+              const uint32_t j = fe - s * N;
+              ent[e] = (s << 17) | (r1_hi(&q1, s, j) << 16) |
+                       (u4get(k, e) & 0xFFFFu);
+            }
             const uint32_t ex = incl - packed;
             uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
 #pragma unroll
             for (uint32_t e = 0; e < 4; e++) {
-              const uint32_t w = u4get(k, e);
-              if (dcpx_dev_sel_place(w >> 16, T, take, &gb, &qb, &pos)) {
-                const uint32_t s = dcpx_dev_div(f + e, N, q1.rcp_n);
-                const uint32_t j = f + e - s * N;
-                list[pos] =
-                    (s << 17) | (r1_hi(&q1, s, j) << 16) | (w & 0xFFFFu);
+              if (dcpx_dev_sel_place(u4get(k, e) >> 16, T, take, &gb, &qb,
+                                     &pos)) {
+                list[pos] = ent[e];
                 nib |= 1u << e;
               }
             }
@@ -461,20 +572,22 @@ static __global__ void __launch_bounds__(MT)
             rcnt[warp] = cnt;
         }
         __syncthreads();
-        uint32_t base = 0;
-        for (uint32_t s = 0; s < W; s++) {
-          const uint32_t x = rcnt[s];
-          if (x == N)
-            mask |= 1u << s;
-          base += s < me ? x : 0u;
-        }
+        const uint32_t rc = lane < W ? rcnt[lane] : 0u;
+        mask = __ballot_sync(DCPX_FULL, lane < W && rc == N);
+        const uint32_t base = __reduce_add_sync(DCPX_FULL, lane < me ? rc : 0u);
+        const uint32_t own = __shfl_sync(DCPX_FULL, rc, me);
         sw = (mask << 16) | (all ? 0u : T);
         if (!mask)
-          merge_outputs(&oa, t, req, list, base, rcnt[me], all ? nz : K);
+          merge_outputs(&oa, t, req, list, base, own, all ? nz : K);
       }
 
       /* ---- 3.-5. rescue and round 2 ---- */
       if (mask) {
+        if (hook) {
+          hook = 0;
+          if (armed)
+            dcpx_dev_fault_hook(c.health + me, e, call_tag);
+        }
         const uint32_t q2 = dcpx_dev_epoch_next(seq2[t]);
         const uint64_t resc_row =
             c.L.off_rescue + (uint64_t)t * nslots * rw_k * 4u;
@@ -483,7 +596,7 @@ static __global__ void __launch_bounds__(MT)
           const uint32_t len =
               re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
           dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, K, list,
-                              NULL, 0, ckey, cl, DCPX_K_CAND);
+                              ckey, cl, DCPX_K_CAND);
           const uint32_t slot = __popc(mask & ((1u << me) - 1u));
           const uint64_t dst = resc_row + (uint64_t)slot * rw_k * 4u;
           const uint32_t n4 = rw_k / 4;
@@ -587,12 +700,19 @@ static __global__ void __launch_bounds__(MT)
           sat_out[t] = sw;
       }
     }
+    if (hook) {
+      hook = 0;
+      if (armed)
+        dcpx_dev_fault_hook(c.health + me, e, call_tag);
+    }
     /* Every thread has read row t's words: the next call's epoch. */
     __syncthreads();
     if (ok && tid == 0)
       epoch[t] = e;
   }
 }
+
+
 
 /* ---- host side ------------------------------------------------------------ */
 

@@ -3,7 +3,8 @@
  * Per row t of rank `me`: e = next(epoch[t]) from the own workspace (the
  * merge of the previous call wrote it; stream order makes it visible);
  * the local top-N list of logits[t][0 .. row_end) in wire words (ascending
- * l, zeros, bit-16 plane), built in shared memory by dcpx_dev_local_list;
+ * l, zeros, bit-16 plane), built in shared memory by dcpx_dev_local_list
+ * (one sampled pass over the row in the common case, see dcpx_device.cuh);
  * then, for every rank d (itself included) and pair i, one 16-byte LL store
  * (w[2i], e, w[2i+1], e) at peers[d] + off_ll + ll_offset(e & 1, me, t, i).
  * No flag and no fence: a reader accepts each 8-byte half by its tag.
@@ -14,20 +15,17 @@
  * them (DESIGN.md section 4).
  *
  * Shared memory: the selection state (static) plus, dynamic, the list
- * [row_words(N)], a cache of the row's ord16 keys (up to
- * DCPX_PUSH_CACHE_GROUPS groups of 8; the exact path's later passes read it
- * instead of L2), and the fast path's candidate buffers (DCPX_K_CAND
- * entries of a 16-bit key and a 32-bit index).
+ * [row_words(N)] and the fast path's candidate buffers (DCPX_K_CAND entries
+ * of a 16-bit key and a 32-bit index, 48 KiB).
  */
 #include "dcpx_device.cuh"
 
 #define PT DCPX_K_PUSH_THREADS
-#define DCPX_PUSH_CACHE_GROUPS 8192u /* 64 Ki keys, 128 KiB */
 
 static __global__ void __launch_bounds__(PT)
     dcpx_push_kernel(const dcpx_kctx c, uint32_t rows,
                      const uint16_t *logits, uint64_t stride,
-                     const int32_t *row_ends, uint32_t cache_groups) {
+                     const int32_t *row_ends) {
   __shared__ dcpx_sel_smem S;
   __shared__ char *peer[DCPX_MAX_WORLD];
   extern __shared__ uint4 dyn[];
@@ -36,10 +34,8 @@ static __global__ void __launch_bounds__(PT)
   const uint32_t W = c.world, N = c.local_topk, me = c.rank;
   const uint32_t R = c.rows_max, P = c.L.pairs, rw_n = c.L.rw_n;
   uint32_t *words = (uint32_t *)dyn;
-  uint4 *cache = dyn + rw_n / 4;
-  uint32_t *cl = (uint32_t *)(cache + cache_groups);
+  uint32_t *cl = words + rw_n; /* rw_n: a multiple of 4 */
   uint16_t *ckey = (uint16_t *)(cl + DCPX_K_CAND);
-  const float rcp_p = 1.0f / (float)P;
   const uint32_t *epoch = (const uint32_t *)(c.ws + c.L.off_epoch);
   const uint32_t max_len =
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
@@ -56,13 +52,13 @@ static __global__ void __launch_bounds__(PT)
         c.L.off_ll + ((((uint64_t)(e & 1u) * W + me) * R + t) * P) * 16u;
 
     dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, N, words,
-                        cache, cache_groups, ckey, cl, DCPX_K_CAND);
+                        ckey, cl, DCPX_K_CAND);
 
-    const uint32_t n = W * P;
-    for (uint32_t x = tid; x < n; x += PT) {
-      const uint32_t d = dcpx_dev_div(x, P, rcp_p), i = x - d * P;
+    /* rw_n is a multiple of 4, so the list is exactly P pairs. */
+    for (uint32_t i = tid; i < P; i += PT) {
       const uint2 w = ((const uint2 *)words)[i];
-      dcpx_dev_ll_store(peer[d] + slot + (uint64_t)i * 16u, w.x, w.y, e);
+      for (uint32_t d = 0; d < W; d++)
+        dcpx_dev_ll_store(peer[d] + slot + (uint64_t)i * 16u, w.x, w.y, e);
     }
     __syncthreads(); /* words are rewritten by the next row */
   }
@@ -70,20 +66,12 @@ static __global__ void __launch_bounds__(PT)
 
 /* ---- host side ------------------------------------------------------------ */
 
-static uint32_t push_cache_groups(const dcpx_kctx *c) {
-  /* a row of max_local keys starting anywhere in a 16-byte line */
-  uint32_t g = (c->max_local + 14u) / 8u;
-  return g < DCPX_PUSH_CACHE_GROUPS ? g : DCPX_PUSH_CACHE_GROUPS;
-}
-
 size_t dcpx_k_push_smem(const dcpx_kctx *c) {
-  return 4u * (size_t)c->L.rw_n + 16u * (size_t)push_cache_groups(c) +
-         6u * (size_t)DCPX_K_CAND;
+  return 4u * (size_t)c->L.rw_n + 6u * (size_t)DCPX_K_CAND;
 }
 
 int dcpx_k_push_prepare(void) {
-  const int max_dyn =
-      4 * 4224 + 16 * (int)DCPX_PUSH_CACHE_GROUPS + 6 * (int)DCPX_K_CAND;
+  const int max_dyn = 4 * 4224 + 6 * (int)DCPX_K_CAND;
   if (cudaFuncSetAttribute(dcpx_push_kernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_dyn) != cudaSuccess)
@@ -102,8 +90,8 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
     return DCPX_E_INVAL;
   if (rows == 0)
     return 0;
-  dcpx_push_kernel<<<rows, PT, dcpx_k_push_smem(c), s>>>(
-      *c, rows, logits, stride, row_ends, push_cache_groups(c));
+  dcpx_push_kernel<<<rows, PT, dcpx_k_push_smem(c), s>>>(*c, rows, logits,
+                                                         stride, row_ends);
   if (cudaGetLastError() != cudaSuccess)
     return DCPX_E_CUDA;
   return 0;

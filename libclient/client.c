@@ -4,11 +4,25 @@
  * Every membership has its own connection to dcpxd, so that the daemon
  * sees a rank die when its socket closes, whatever else the process holds.
  * After the JoinReply the connection carries only events (abort, reset
- * requested/done), which libdcpx reads in dcpx_recover; the call path never
- * touches the socket. Health is read from the mapped control page.
+ * requested/done), which libdcpx reads in dcpx_poll and dcpx_recover; the
+ * call path never touches the socket. Health is read from the mapped
+ * control page.
+ *
+ * The link (member.h, DCPX__LINK_*). dcpxd may restart while a group runs
+ * (docs/ARCHITECTURE.md, "Daemon restart"): the member's socket then reads
+ * EOF, and dcpx_poll reconnects to the same path, without blocking: a
+ * non-blocking connect, then Hello and a Join with reattach set, carrying
+ * the ctl and W workspace fds that the member kept open since its join;
+ * the answers are read by later dcpx_poll calls. The new daemon adopts the
+ * group from that memory. Nothing here touches the mappings, so the calls
+ * in between run on as before.
  */
 #define _GNU_SOURCE
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +40,13 @@
 #define DEFAULT_JOIN_WAIT_MS 30000
 /* Slack on top of the join timeout for the daemon's own answer. */
 #define JOIN_SLACK_MS 10000
+/* Reconnecting: next attempt after no daemon listened, after a daemon
+ * refused the reattach, and how long a reattach's answers may take. */
+#define RETRY_DOWN_MS 10
+#define RETRY_REFUSED_MS 1000
+#define REATTACH_ANSWER_MS 5000
+/* dcpx_poll handles at most this many frames per call. */
+#define POLL_BATCH 64
 
 static uint64_t now_ms(void) {
   struct timespec ts;
@@ -139,13 +160,30 @@ static void member_unmap(dcpx_member *m) {
   }
 }
 
+/* A new member's fds and link: none yet. */
+static void member_link_init(dcpx_member *m) {
+  m->sock = -1;
+  m->link = DCPX__LINK_NONE;
+  m->ctl_fd = -1;
+  for (uint32_t d = 0; d < DCPX_MAX_WORLD; d++)
+    m->ws_fd[d] = -1;
+}
+
 static void member_free(dcpx_member *m) {
   if (!m)
     return;
+#ifdef HAVE_CUDA
+  dcpx__cuda_fini(m);
+#endif
   dcpx__host_fini(m);
   member_unmap(m);
   if (m->sock >= 0)
     close(m->sock);
+  if (m->ctl_fd >= 0)
+    close(m->ctl_fd);
+  for (uint32_t d = 0; d < DCPX_MAX_WORLD; d++)
+    if (m->ws_fd[d] >= 0)
+      close(m->ws_fd[d]);
   free(m);
 }
 
@@ -179,7 +217,8 @@ static int member_map(dcpx_member *m, const Dcpx__JoinReply *jr,
   r = map_fd(fds[0], m->ctl_bytes, &m->ctl);
   if (r < 0)
     return r;
-  for (uint32_t d = 0; d < W; d++) {
+  /* CUDA workspaces are VMM handles: cuda.c maps them for the device. */
+  for (uint32_t d = 0; d < W && m->backend == DCPX_BACKEND_HOST; d++) {
     r = map_fd(fds[1 + d], m->ws_bytes, (void **)&m->ws[d]);
     if (r < 0)
       return r;
@@ -191,6 +230,15 @@ static int member_map(dcpx_member *m, const Dcpx__JoinReply *jr,
       m->hdr->world != W || m->hdr->rows != m->shape.rows)
     return DCPX_E_PROTO;
   return 0;
+}
+
+/* Keeps the fds of a successful JoinReply (ctl, ws0..) open: a restarted
+ * daemon gets them back. The link is up from here on. */
+static void member_keep_fds(dcpx_member *m, const int *fds, int nfds) {
+  m->ctl_fd = fds[0];
+  for (int i = 1; i < nfds && i <= DCPX_MAX_WORLD; i++)
+    m->ws_fd[i - 1] = fds[i];
+  m->link = DCPX__LINK_UP;
 }
 
 int dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
@@ -205,7 +253,7 @@ int dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
   m = calloc(1, sizeof(*m));
   if (!m)
     return DCPX_E_NOMEM;
-  m->sock = -1;
+  member_link_init(m);
   m->shape = *shape;
   m->rank = rank;
   m->timeout_ns = timeout_ns;
@@ -250,15 +298,25 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     return DCPX_E_INVAL;
   if (o->rank >= shape->world)
     return DCPX_E_BADRANK;
+#ifdef HAVE_CUDA
+  if (o->backend != DCPX_BACKEND_HOST && o->backend != DCPX_BACKEND_CUDA)
+    return DCPX_E_INVAL;
+  if (o->backend == DCPX_BACKEND_CUDA && o->device < 0)
+    return DCPX_E_INVAL;
+#else
   if (o->backend != DCPX_BACKEND_HOST)
     return DCPX_E_NOSYS; /* the CUDA backend is not in this build */
+#endif
   if (o->transport == DCPX_TRANSPORT_NCCL)
     return DCPX_E_TRANSPORT;
 
   m = calloc(1, sizeof(*m));
   if (!m)
     return DCPX_E_NOMEM;
-  m->sock = -1;
+  member_link_init(m);
+  memcpy(m->path, c->path, sizeof(m->path));
+  m->device = o->device;
+  m->join_timeout_ms = o->join_timeout_ms;
   m->shape = *shape;
   m->shape.size = sizeof(dcpx_shape);
   m->rank = o->rank;
@@ -336,11 +394,17 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     goto fail;
   if (rep->join_reply->timeout_ns)
     m->timeout_ns = rep->join_reply->timeout_ns;
-  r = dcpx__host_init(m);
+  member_keep_fds(m, fds, nfds); /* for a reattach; see dcpx_poll */
+  nfds = 0;
+#ifdef HAVE_CUDA
+  if (m->backend == DCPX_BACKEND_CUDA)
+    r = dcpx__cuda_init(m, rep->join_reply->devices,
+                        (uint32_t)rep->join_reply->n_devices);
+  else
+#endif
+    r = dcpx__host_init(m);
   if (r < 0)
     goto fail;
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
   dcpx__frame_free(rep);
   *ret_member = m;
   return 0;
@@ -372,9 +436,14 @@ int dcpx_leave(dcpx_member *m) {
 int dcpx_push(dcpx_member *m, uint32_t rows, const uint16_t *logits,
               uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
               void *stream) {
-  (void)stream;
   if (!m)
     return DCPX_E_INVAL;
+#ifdef HAVE_CUDA
+  if (m->cuda)
+    return dcpx__cuda_push(m, rows, logits, stride, row_ends, call_tag,
+                           stream);
+#endif
+  (void)stream;
   return dcpx__host_push(m, rows, logits, stride, row_ends, call_tag);
 }
 
@@ -383,20 +452,236 @@ int dcpx_merge(dcpx_member *m, uint32_t rows, const uint16_t *logits,
                const int32_t *block_table, uint32_t bt_rows, uint32_t bt_cols,
                int32_t *rows_out, int32_t *valid_out, int32_t *ids_out,
                uint32_t *sat_word, uint64_t call_tag, void *stream) {
-  (void)stream;
   if (!m)
     return DCPX_E_INVAL;
+#ifdef HAVE_CUDA
+  if (m->cuda)
+    return dcpx__cuda_merge(m, rows, logits, stride, row_ends, req_id,
+                            block_table, bt_rows, bt_cols, rows_out,
+                            valid_out, ids_out, sat_word, call_tag, stream);
+#endif
+  (void)stream;
   return dcpx__host_merge(m, rows, logits, stride, row_ends, req_id,
                           block_table, bt_rows, bt_cols, rows_out, valid_out,
                           ids_out, sat_word, call_tag);
 }
 
+/* ---- the link: reconnect and reattach (dcpx_poll) --------------------- */
+
+static void link_down(dcpx_member *m, uint64_t retry_in_ms) {
+  if (m->sock >= 0)
+    close(m->sock);
+  m->sock = -1;
+  m->link = DCPX__LINK_DOWN;
+  m->retry_at_ms = now_ms() + retry_in_ms;
+}
+
+/* Connects without blocking and sends Hello and the reattach Join, with
+ * the member's fds; the answers come later (link_frame). */
+static int link_reattach_start(dcpx_member *m) {
+  struct sockaddr_un sa;
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Hello hello = DCPX__HELLO__INIT;
+  Dcpx__Join j = DCPX__JOIN__INIT;
+  Dcpx__Shape sh = DCPX__SHAPE__INIT;
+  const uint32_t W = m->shape.world;
+  int fds[DCPX_MAX_WORLD + 1];
+  char node[256];
+  int s, r;
+
+  if (m->ctl_fd < 0)
+    return DCPX_E_STATE; /* nothing to hand back */
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, m->path, sizeof(m->path));
+  s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s < 0)
+    return -errno;
+  if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    /* EAGAIN: the backlog is full; like no daemon, try again soon. */
+    r = errno == ECONNREFUSED || errno == ENOENT || errno == EAGAIN
+            ? DCPX_E_CONNREFUSED
+            : -errno;
+    close(s);
+    return r;
+  }
+  /* Connected: two small frames fit the empty socket buffer, and the rest
+   * of libdcpx expects a blocking socket. */
+  (void)fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK);
+  hello.version = DCPX_PROTO_VERSION;
+  hello.agent = (char *)"libdcpx " DCPX_VERSION_STRING;
+  f.msg_case = DCPX__FRAME__MSG_HELLO;
+  f.hello = &hello;
+  r = dcpx__frame_send(s, &f, NULL, 0);
+  if (r < 0)
+    goto fail;
+
+  sh.world = W;
+  sh.rows = m->shape.rows;
+  sh.topk = m->shape.topk;
+  sh.local_topk = m->shape.local_topk;
+  sh.block_size = m->shape.block_size;
+  sh.interleave = m->shape.interleave;
+  sh.max_local = m->shape.max_local;
+  if (gethostname(node, sizeof(node)) < 0)
+    strcpy(node, "?");
+  node[sizeof(node) - 1] = 0;
+  j.group = m->group;
+  j.shape = &sh;
+  j.transport = (Dcpx__Transport)m->transport;
+  j.timeout_ns = m->timeout_ns;
+  j.rank = m->rank;
+  j.device = m->device;
+  j.node = node;
+  j.backend = (Dcpx__Backend)m->backend;
+  j.join_timeout_ms = m->join_timeout_ms;
+  j.reattach = 1;
+  j.generation = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+  fds[0] = m->ctl_fd;
+  for (uint32_t d = 0; d < W; d++)
+    fds[1 + d] = m->ws_fd[d];
+  f.msg_case = DCPX__FRAME__MSG_JOIN;
+  f.join = &j;
+  r = dcpx__frame_send(s, &f, fds, (int)W + 1);
+  if (r < 0)
+    goto fail;
+  m->sock = s;
+  m->link = DCPX__LINK_REATTACHING;
+  m->reattach_step = 0;
+  m->link_sent_ms = now_ms();
+  return 0;
+fail:
+  close(s);
+  return r;
+}
+
+/* Handles a frame that answers the reattach. Returns 0 (consumed), or a
+ * negative code after which the link is down. */
+static int link_reattach_frame(dcpx_member *m, const Dcpx__Frame *f,
+                               int nfds) {
+  if (m->reattach_step == 0) { /* the Hello's answer */
+    if (f->msg_case != DCPX__FRAME__MSG_REPLY || !f->reply)
+      goto proto;
+    if (f->reply->status < 0) {
+      link_down(m, RETRY_REFUSED_MS);
+      return f->reply->status;
+    }
+    m->reattach_step = 1;
+    return 0;
+  }
+  if (f->msg_case == DCPX__FRAME__MSG_REPLY && f->reply &&
+      f->reply->status < 0) {
+    link_down(m, RETRY_REFUSED_MS);
+    return f->reply->status;
+  }
+  if (f->msg_case != DCPX__FRAME__MSG_JOIN_REPLY || !f->join_reply ||
+      !f->join_reply->reply)
+    goto proto;
+  if (f->join_reply->reply->status < 0) {
+    link_down(m, RETRY_REFUSED_MS);
+    return f->join_reply->reply->status;
+  }
+  /* A daemon that gives out memory did not adopt ours (it predates
+   * reattach): our calls would run on memory it does not watch. */
+  if (nfds > 0 || f->join_reply->n_fds > 0)
+    goto proto;
+  m->link = DCPX__LINK_UP;
+  m->reattaches++;
+  return 0;
+proto:
+  link_down(m, RETRY_REFUSED_MS);
+  return DCPX_E_PROTO;
+}
+
+/* One step of the link. If it is down and a retry is due, starts a
+ * reattach; if down and not due, sleeps up to wait_ms. Then receives at
+ * most one frame within wait_ms and handles the reattach's answers itself.
+ * Returns 1 with *ret_frame (to free) for a frame for the caller (an Event,
+ * or a Reply while up); 0 if nothing came or the frame was the link's own;
+ * or a negative code: the link is down or the daemon refused the reattach
+ * (DCPX_E_NOTCONN: a reattach is still waiting for its answers). */
+static int link_step(dcpx_member *m, int wait_ms, Dcpx__Frame **ret_frame) {
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
+  Dcpx__Frame *f = NULL;
+  uint64_t now = now_ms();
+
+  if (m->link == DCPX__LINK_DOWN) {
+    if (now < m->retry_at_ms) {
+      uint64_t nap = m->retry_at_ms - now;
+      if (wait_ms <= 0)
+        return DCPX_E_CONNREFUSED;
+      (void)poll(NULL, 0, nap < (uint64_t)wait_ms ? (int)nap : wait_ms);
+      return DCPX_E_CONNREFUSED;
+    }
+    r = link_reattach_start(m);
+    if (r < 0) {
+      m->retry_at_ms = now + RETRY_DOWN_MS;
+      return r;
+    }
+  }
+  r = recv_within(m->sock, wait_ms, &f, fds, DCPX_FRAME_MAX_FDS, &nfds);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]); /* no answer here carries fds we want */
+  if (r == DCPX_E_TIMEDOUT) {
+    if (m->link == DCPX__LINK_REATTACHING) {
+      if (now_ms() - m->link_sent_ms > REATTACH_ANSWER_MS) {
+        link_down(m, RETRY_REFUSED_MS);
+        return DCPX_E_TIMEDOUT;
+      }
+      return DCPX_E_NOTCONN;
+    }
+    return 0;
+  }
+  if (r < 0) {
+    /* EOF: the daemon went away. Reconnect at once (it may be back). */
+    link_down(m, 0);
+    return r == -ECONNRESET || r == -EPIPE ? DCPX_E_CONNRESET : r;
+  }
+  if (m->link == DCPX__LINK_REATTACHING) {
+    r = link_reattach_frame(m, f, nfds);
+    dcpx__frame_free(f);
+    if (r < 0)
+      return r;
+    return m->link == DCPX__LINK_UP ? 0 : DCPX_E_NOTCONN;
+  }
+  *ret_frame = f;
+  return 1;
+}
+
+int dcpx_poll(dcpx_member *m) {
+  int r = 0;
+
+  if (!m)
+    return DCPX_E_INVAL;
+  if (m->link == DCPX__LINK_NONE)
+    return 0;
+  for (int i = 0; i < POLL_BATCH; i++) {
+    Dcpx__Frame *f = NULL;
+    r = link_step(m, 0, &f);
+    /* Events need no action here: the control page already says what
+     * they say, and dcpx_recover looks at it. */
+    dcpx__frame_free(f);
+    if (r == 0 && m->link == DCPX__LINK_UP)
+      break; /* drained */
+    if (r == DCPX_E_CONNRESET)
+      continue; /* went down just now: one attempt to reattach */
+    if (r < 0)
+      break;
+  }
+  if (r == 1 || (r == 0 && m->link == DCPX__LINK_UP))
+    return 0;
+  return r < 0 ? r : DCPX_E_NOTCONN;
+}
+
 int dcpx_health(dcpx_member *m, dcpx_health_info *ret) {
   dcpx_health_info h;
-  if (!m || !ret || ret->size < sizeof(dcpx_health_info))
+  size_t n;
+  if (!m || !ret || ret->size < offsetof(dcpx_health_info, daemon_link))
     return DCPX_E_INVAL;
+  (void)dcpx_poll(m); /* keeps the link, as documented */
+  n = ret->size < sizeof(h) ? ret->size : sizeof(h);
   memset(&h, 0, sizeof(h));
-  h.size = sizeof(h);
+  h.size = (uint32_t)n;
   h.generation = m->hdr->generation;
   h.abort = m->hdr->abort;
   h.world = m->shape.world;
@@ -413,44 +698,102 @@ int dcpx_health(dcpx_member *m, dcpx_health_info *ret) {
   h.rows = m->health[m->rank].rows;
   h.rescue_rows = m->health[m->rank].rescue_rows;
   h.failed_calls = m->health[m->rank].failed_calls;
-  *ret = h;
+  h.daemon_link = m->link == DCPX__LINK_UP;
+  h.reattaches = m->reattaches;
+  memcpy(ret, &h, n);
   return 0;
 }
 
-int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
-  Dcpx__Frame f = DCPX__FRAME__INIT, *ev = NULL;
-  Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
-  uint32_t gen;
-  int r;
+/* Whether this rank has anything to recover: the group is aborted or being
+ * recovered, or this rank failed (and the daemon has not noticed yet). */
+static int needs_recovery(const dcpx_member *m) {
+  return __atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_ACQUIRE);
+}
 
-  (void)stream; /* host backend: nothing is in flight once a call returned */
+/* The recovery that gen was acknowledged for is complete: dcpxd bumps the
+ * generation before it clears the abort word. */
+static int recovered_since(const dcpx_member *m, uint32_t gen) {
+  return !__atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE) &&
+         __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE) != gen;
+}
+
+int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
+  const uint64_t end = now_ms() + timeout_ms;
+  Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
+  Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
+  uint32_t gen = 0;
+  int acked = 0, reacks = 0, r;
+
   if (!m)
     return DCPX_E_INVAL;
-  gen = m->hdr->generation;
-  ack.generation = gen;
-  f.msg_case = DCPX__FRAME__MSG_RECOVER_ACK;
-  f.recover_ack = &ack;
-  r = dcpx__frame_send(m->sock, &f, NULL, 0);
-  if (r < 0)
+#ifdef HAVE_CUDA
+  /* Drain: the acknowledgement says nothing of ours still runs. */
+  if (m->cuda && (r = dcpx__cuda_sync(m, stream)) < 0)
     return r;
-
-  uint64_t end = now_ms() + timeout_ms;
+#endif
+  (void)stream; /* host backend: nothing is in flight once a call returned */
+  if (m->link == DCPX__LINK_NONE)
+    return DCPX_E_NOTCONN;
+  (void)dcpx_poll(m); /* drain old events; reattach if the daemon is new */
   for (;;) {
+    if (acked && recovered_since(m, gen))
+      return 0;
+    if (!acked && m->link == DCPX__LINK_UP) {
+      if (!needs_recovery(m))
+        return 0;
+      /* Acknowledge for the generation being recovered. A daemon that
+       * restarted since forgot earlier acks, so this runs again after
+       * every reattach. */
+      gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+      ack.generation = gen;
+      f.msg_case = DCPX__FRAME__MSG_RECOVER_ACK;
+      f.recover_ack = &ack;
+      r = dcpx__frame_send(m->sock, &f, NULL, 0);
+      if (r < 0) {
+        link_down(m, 0);
+        continue;
+      }
+      acked = 1;
+    }
     uint64_t now = now_ms();
     if (now >= end)
       return DCPX_E_TIMEDOUT;
-    r = recv_within(m->sock, (int)(end - now), &ev, NULL, 0, NULL);
-    if (r < 0)
-      return r;
-    int done = ev->msg_case == DCPX__FRAME__MSG_EVENT &&
-               ev->event->kind == DCPX__EVENT__KIND__RESET_DONE &&
-               ev->event->generation != gen;
-    if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply->status < 0)
-      r = ev->reply->status;
-    dcpx__frame_free(ev);
-    if (r < 0)
-      return r;
-    if (done)
+    /* Short slices, so that the control page is looked at too. */
+    int slice = (int)(end - now < 50u ? end - now : 50u);
+    ev = NULL;
+    r = link_step(m, slice, &ev);
+    if (r < 0) {
+      /* Down, or reattaching: the ack (if any) died with the old daemon.
+       * A refusal other than "not there yet" ends the recovery. */
+      acked = 0;
+      if (r != DCPX_E_CONNREFUSED && r != DCPX_E_NOTCONN &&
+          r != DCPX_E_CONNRESET && r != DCPX_E_TIMEDOUT)
+        return r;
+      continue;
+    }
+    if (r == 0)
+      continue;
+    if (ev->msg_case == DCPX__FRAME__MSG_EVENT && ev->event && acked &&
+        ev->event->kind == DCPX__EVENT__KIND__RESET_DONE &&
+        (int32_t)(ev->event->generation - gen) > 0) {
+      dcpx__frame_free(ev);
       return 0;
+    }
+    if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply &&
+        ev->reply->status < 0 && acked) {
+      r = ev->reply->status;
+      dcpx__frame_free(ev);
+      if (recovered_since(m, gen))
+        return 0;
+      if (r == DCPX_E_STATE && reacks++ < 8) {
+        /* Our ack raced with a generation change: acknowledge again. */
+        acked = 0;
+        continue;
+      }
+      return r;
+    }
+    dcpx__frame_free(ev);
   }
 }

@@ -16,6 +16,8 @@ struct dcpx_client {
   char path[108]; /* sun_path */
 };
 
+struct dcpx__cuda; /* cuda.c */
+
 struct dcpx_member {
   int sock;
   char group[64];
@@ -33,12 +35,39 @@ struct dcpx_member {
   dcpx_rank_health *health;   /* [W] */
   dcpx_wait_record *records;  /* [W][R] */
 
+  /* CUDA backend state (cuda.c), NULL with the host backend. */
+  struct dcpx__cuda *cuda;
+
   /* Host backend scratch, sized at join. */
   dcpx__merge_ws mws;
   uint32_t *lists_buf; /* [W][rw_n] */
   uint32_t *klist;     /* [rw_k] */
   const uint32_t *lists[DCPX_MAX_WORLD];
+
+  /* The link to dcpxd (client.c). The socket path and the join's own
+   * settings are kept so that dcpx_poll can reconnect after a daemon
+   * restart, and so are the fds dcpxd passed (-1: none): a restarted
+   * daemon adopts the group's memory from them. A backend must leave them
+   * open. */
+  int link; /* DCPX__LINK_* */
+  char path[108];
+  int32_t device;
+  uint32_t join_timeout_ms;
+  int ctl_fd;
+  int ws_fd[DCPX_MAX_WORLD];
+  uint64_t retry_at_ms;   /* DOWN: next reconnect attempt */
+  uint64_t link_sent_ms;  /* REATTACHING: when the Join went out */
+  uint32_t reattach_step; /* REATTACHING: 0 Hello answer due, 1 JoinReply */
+  uint32_t reattaches;    /* successful reattaches so far */
 };
+
+/* Link states. NONE: no daemon (dcpx__member_attach). UP: joined or
+ * reattached. REATTACHING: Hello + Join{reattach} sent, answers pending.
+ * DOWN: no connection; dcpx_poll reconnects from retry_at_ms on. */
+#define DCPX__LINK_NONE 0
+#define DCPX__LINK_UP 1
+#define DCPX__LINK_REATTACHING 2
+#define DCPX__LINK_DOWN 3
 
 /* client.c: a member over memory the caller mapped (tests, no daemon).
  * detach frees the member, not the memory. */
@@ -48,6 +77,27 @@ dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
                     struct dcpx_member **ret_member);
 __attribute__((visibility("hidden"))) void
 dcpx__member_detach(struct dcpx_member *m);
+
+/* cuda.c (HAVE_CUDA only): init after the join mapped the control page
+ * and kept the workspace fds; devices[r] is rank r's device. */
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
+                uint32_t ndevices);
+__attribute__((visibility("hidden"))) void
+dcpx__cuda_fini(struct dcpx_member *m);
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_push(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
+                uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
+                void *stream);
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
+                 uint64_t stride, const int32_t *row_ends,
+                 const int32_t *req_id, const int32_t *block_table,
+                 uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
+                 int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
+                 uint64_t call_tag, void *stream);
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_sync(struct dcpx_member *m, void *stream);
 
 /* host.c */
 __attribute__((visibility("hidden"))) int

@@ -34,6 +34,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifdef HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "dcpx.h"
 
 typedef struct opts {
@@ -43,12 +50,16 @@ typedef struct opts {
   uint32_t epoch_start;
   const char *socket, *dcpxd, *group;
   int quiet;
+  int cuda;   /* 1: CUDA backend on `device` (one GPU for all ranks) */
+  int device;
 } opts;
 
 /* Shared between the parent and the ranks (MAP_SHARED before fork). */
 typedef struct shared {
   pthread_barrier_t barrier;
   int32_t status[DCPX_MAX_WORLD];      /* first error, or 0 */
+  double join_start[DCPX_MAX_WORLD];   /* when dcpx_join was called, us */
+  double join_end[DCPX_MAX_WORLD];     /* when it returned */
   uint64_t rescue_rows, rows;          /* rank 0's reference counts */
   uint8_t *bad;                        /* [calls]: some rank mismatched */
   double lat_us[];                     /* [world][calls] */
@@ -117,7 +128,18 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* A rank's device buffers (CUDA backend). */
+typedef struct gpu_bufs {
+#ifdef HAVE_CUDA
+  cudaStream_t st;
+#endif
+  uint16_t *lg;
+  int32_t *en, *req, *bt, *rows, *ids, *valid;
+  uint32_t *sat;
+} gpu_bufs;
+
 static int run_rank(const opts *o, uint32_t rank, shared *sh) {
+  gpu_bufs g;
   const uint32_t W = o->world, R = o->rows, K = o->topk;
   const uint32_t B = o->block_size;
   const uint32_t bt_cols = (o->local_len + B - 1) / B;
@@ -127,6 +149,7 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
   dcpx_member *m = NULL;
   int r;
 
+  memset(&g, 0, sizeof(g));
   shape.world = W;
   shape.rows = R;
   shape.topk = K;
@@ -137,6 +160,10 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
   jo.rank = rank;
   jo.group = o->group;
   jo.timeout_ns = 5000000000ull;
+  if (o->cuda) {
+    jo.backend = DCPX_BACKEND_CUDA;
+    jo.device = o->device;
+  }
 
   size_t per = (size_t)R * o->local_len;
   uint16_t *all = malloc(sizeof(uint16_t) * per * W);
@@ -170,10 +197,37 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
     }
   }
 
+#ifdef HAVE_CUDA
+  if (o->cuda) {
+    if (cudaSetDevice(o->device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&g.st, cudaStreamNonBlocking) !=
+            cudaSuccess ||
+        cudaMalloc((void **)&g.lg, sizeof(uint16_t) * per) != cudaSuccess ||
+        cudaMalloc((void **)&g.en, sizeof(int32_t) * R) != cudaSuccess ||
+        cudaMalloc((void **)&g.req, sizeof(int32_t) * R) != cudaSuccess ||
+        cudaMalloc((void **)&g.bt, sizeof(int32_t) * (size_t)R * bt_cols) !=
+            cudaSuccess ||
+        cudaMalloc((void **)&g.rows, sizeof(int32_t) * (size_t)R * K) !=
+            cudaSuccess ||
+        cudaMalloc((void **)&g.ids, sizeof(int32_t) * (size_t)R * K) !=
+            cudaSuccess ||
+        cudaMalloc((void **)&g.valid, sizeof(int32_t) * R) != cudaSuccess ||
+        cudaMalloc((void **)&g.sat, sizeof(uint32_t) * R) != cudaSuccess ||
+        cudaMemcpy(g.req, req, sizeof(int32_t) * R, cudaMemcpyHostToDevice) !=
+            cudaSuccess ||
+        cudaMemcpy(g.bt, bt, sizeof(int32_t) * (size_t)R * bt_cols,
+                   cudaMemcpyHostToDevice) != cudaSuccess) {
+      r = DCPX_E_CUDA;
+      goto out;
+    }
+  }
+#endif
   r = dcpx_connect(o->socket, &cl);
   if (r < 0)
     goto out;
+  sh->join_start[rank] = now_us();
   r = dcpx_join(cl, &shape, &jo, &m);
+  sh->join_end[rank] = now_us();
   if (r < 0)
     goto out;
 
@@ -187,15 +241,51 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
     uint64_t tag = c;
     for (uint32_t s = 0; s < W; s++)
       gen_inputs(o, c, s, (uint16_t *)lg[s], (int32_t *)en[s]);
+    if (o->cuda) {
+#ifdef HAVE_CUDA
+      if (cudaMemcpy(g.lg, lg[rank], sizeof(uint16_t) * per,
+                     cudaMemcpyHostToDevice) != cudaSuccess ||
+          cudaMemcpy(g.en, en[rank], sizeof(int32_t) * R,
+                     cudaMemcpyHostToDevice) != cudaSuccess) {
+        r = DCPX_E_CUDA;
+        goto out;
+      }
+#endif
+    }
     pthread_barrier_wait(&sh->barrier);
     double t0 = now_us();
-    r = dcpx_push(m, R, lg[rank], o->local_len, en[rank], tag, NULL);
-    if (r == 0)
-      r = dcpx_merge(m, R, lg[rank], o->local_len, en[rank], req, bt, R,
-                     bt_cols, rows_out, valid, ids_out, sat, tag, NULL);
+    if (!o->cuda) {
+      r = dcpx_push(m, R, lg[rank], o->local_len, en[rank], tag, NULL);
+      if (r == 0)
+        r = dcpx_merge(m, R, lg[rank], o->local_len, en[rank], req, bt, R,
+                       bt_cols, rows_out, valid, ids_out, sat, tag, NULL);
+    } else {
+#ifdef HAVE_CUDA
+      r = dcpx_push(m, R, g.lg, o->local_len, g.en, tag, g.st);
+      if (r == 0)
+        r = dcpx_merge(m, R, g.lg, o->local_len, g.en, g.req, g.bt, R,
+                       bt_cols, g.rows, g.valid, g.ids, g.sat, tag, g.st);
+      if (r == 0 && cudaStreamSynchronize(g.st) != cudaSuccess)
+        r = DCPX_E_CUDA;
+#endif
+    }
     sh->lat_us[(size_t)rank * o->calls + c] = now_us() - t0;
     if (r < 0)
       goto out;
+#ifdef HAVE_CUDA
+    if (o->cuda &&
+        (cudaMemcpy(rows_out, g.rows, sizeof(int32_t) * (size_t)R * K,
+                    cudaMemcpyDeviceToHost) != cudaSuccess ||
+         cudaMemcpy(ids_out, g.ids, sizeof(int32_t) * (size_t)R * K,
+                    cudaMemcpyDeviceToHost) != cudaSuccess ||
+         cudaMemcpy(valid, g.valid, sizeof(int32_t) * R,
+                    cudaMemcpyDeviceToHost) != cudaSuccess ||
+         cudaMemcpy(sat, g.sat, sizeof(uint32_t) * R,
+                    cudaMemcpyDeviceToHost) != cudaSuccess)) {
+      r = DCPX_E_CUDA;
+      goto out;
+    }
+#endif
     dcpx_ref_stats st = {0, 0, 0};
     r = dcpx_ref_call(&shape, R, lg, o->local_len, en, rank, req, bt, R,
                       bt_cols, x_rows, x_valid, x_ids, x_sat, &st);
@@ -231,6 +321,20 @@ out:
   free(x_ids);
   free(x_valid);
   free(x_sat);
+#ifdef HAVE_CUDA
+  if (o->cuda) {
+    cudaFree(g.lg);
+    cudaFree(g.en);
+    cudaFree(g.req);
+    cudaFree(g.bt);
+    cudaFree(g.rows);
+    cudaFree(g.ids);
+    cudaFree(g.valid);
+    cudaFree(g.sat);
+    if (g.st)
+      cudaStreamDestroy(g.st);
+  }
+#endif
   return r < 0 ? 1 : 0;
 }
 
@@ -260,7 +364,13 @@ static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n) {
   snprintf(state, sizeof(state), "%s/state", dir);
   pid = fork();
   if (pid == 0) {
-    execlp(bin, bin, "--socket", sock, "--state-dir", state, (char *)NULL);
+    /* The daemon's log goes to the runtime folder, not the report. */
+    char log[700];
+    snprintf(log, sizeof(log), "%s/dcpxd.log", dir);
+    if (!freopen(log, "w", stderr))
+      _exit(126);
+    execlp(bin, bin, "--socket", sock, "--state-dir", state, "--config=",
+           (char *)NULL);
     fprintf(stderr, "dcpx-demo: cannot run %s: %s\n", bin, strerror(errno));
     _exit(127);
   }
@@ -295,11 +405,13 @@ static void usage(FILE *f) {
           "usage: dcpx-demo [--world W] [--rows R] [--calls C] [--topk K]\n"
           "                 [--local-topk N] [--local-len L] [--block-size B]\n"
           "                 [--interleave I] [--socket PATH] [--dcpxd PATH]\n"
-          "                 [--seed S] [--group NAME] [--quiet]\n");
+          "                 [--seed S] [--group NAME] [--quiet]\n"
+          "                 [--backend host|cuda] [--device N]\n");
 }
 
 int main(int argc, char **argv) {
-  opts o = {8, 64, 100, 2048, 512, 16384, 64, 1, 1, 0, NULL, NULL, NULL, 0};
+  opts o = {8, 64, 100, 2048, 512, 16384, 64, 1, 1, 0, NULL, NULL, NULL,
+            0, 0, 0};
   static const struct option lo[] = {
       {"world", 1, 0, 'w'},      {"rows", 1, 0, 'r'},
       {"calls", 1, 0, 'c'},      {"topk", 1, 0, 'k'},
@@ -308,6 +420,7 @@ int main(int argc, char **argv) {
       {"socket", 1, 0, 's'},     {"dcpxd", 1, 0, 'd'},
       {"seed", 1, 0, 'S'},       {"group", 1, 0, 'g'},
       {"quiet", 0, 0, 'q'},      {"help", 0, 0, 'h'},
+      {"backend", 1, 0, 'B'},    {"device", 1, 0, 'D'},
       {0, 0, 0, 0}};
   char dir[] = "/tmp/dcpx-demo.XXXXXX", sock[600], group[64];
   pid_t daemon_pid = 0;
@@ -329,6 +442,17 @@ int main(int argc, char **argv) {
     case 'S': o.seed = strtoull(optarg, NULL, 0); break;
     case 'g': o.group = optarg; break;
     case 'q': o.quiet = 1; break;
+    case 'B':
+      if (!strcmp(optarg, "cuda"))
+        o.cuda = 1;
+      else if (!strcmp(optarg, "host"))
+        o.cuda = 0;
+      else {
+        fprintf(stderr, "dcpx-demo: --backend host|cuda\n");
+        return 2;
+      }
+      break;
+    case 'D': o.device = (int)v; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -399,9 +523,10 @@ int main(int argc, char **argv) {
     exact += !sh->bad[c];
   size_t n = (size_t)o.world * o.calls;
   qsort(sh->lat_us, n, sizeof(double), cmp_double);
-  printf("dcpx-demo: W=%u rows=%u N=%u K=%u local=%u calls=%u backend=host "
+  printf("dcpx-demo: W=%u rows=%u N=%u K=%u local=%u calls=%u backend=%s "
          "(%.1f s)\n",
-         o.world, o.rows, o.local_topk, o.topk, o.local_len, o.calls, wall);
+         o.world, o.rows, o.local_topk, o.topk, o.local_len, o.calls,
+         o.cuda ? "cuda" : "host", wall);
   printf("call latency (push+merge, per rank, us): p50 %.1f  p90 %.1f  "
          "p99 %.1f  max %.1f\n",
          sh->lat_us[n / 2], sh->lat_us[n * 9 / 10], sh->lat_us[n * 99 / 100],
@@ -409,6 +534,17 @@ int main(int argc, char **argv) {
   printf("rescue rate: %.2f%% of rows (%llu of %llu)\n",
          sh->rows ? 100.0 * (double)sh->rescue_rows / (double)sh->rows : 0.0,
          (unsigned long long)sh->rescue_rows, (unsigned long long)sh->rows);
+  /* Join-to-ready: from the last rank's dcpx_join call (the moment the
+   * group can form) to the last rank's return (all members mapped). */
+  double last_call = 0, last_ret = 0;
+  for (uint32_t r = 0; r < o.world; r++) {
+    if (sh->join_start[r] > last_call)
+      last_call = sh->join_start[r];
+    if (sh->join_end[r] > last_ret)
+      last_ret = sh->join_end[r];
+  }
+  printf("join-to-ready: %.0f us (last join call to last member ready)\n",
+         last_ret - last_call);
   if (failed)
     printf("ranks failed: %d\n", failed);
   printf("exact: %u/%u calls\n", exact, o.calls);

@@ -564,6 +564,8 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
     jw_u64(&w, "timeout_ns", g->timeout_ns);
     jw_u64(&w, "aborts", g->aborts);
     jw_u64(&w, "recoveries", g->recoveries);
+    jw_bool(&w, "adopted", g->adopted);
+    jw_u64(&w, "awaiting_reattach", g->awaiting_reattach);
     jw_arr(&w, "ranks");
     for (size_t k = 0; k < g->n_ranks; k++) {
       const Dcpx__RankInfo *r = g->ranks[k];
@@ -662,9 +664,19 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
            g->state, g->generation, g->joined, g->shape ? g->shape->world : 0);
     if (g->abort)
       printf(", abort=%s", abort_name(g->abort));
-    printf(", %" PRIu64 " abort%s, %" PRIu64 " recover%s\n", g->aborts,
+    printf(", %" PRIu64 " abort%s, %" PRIu64 " recover%s", g->aborts,
            g->aborts == 1 ? "" : "s", g->recoveries,
            g->recoveries == 1 ? "y" : "ies");
+    if (g->adopted)
+      printf(", adopted after a dcpxd restart");
+    if (g->awaiting_reattach) {
+      printf(" (awaiting ranks");
+      for (uint32_t k = 0; k < 32; k++)
+        if ((g->awaiting_reattach >> k) & 1u)
+          printf(" %u", k);
+      printf(")");
+    }
+    putchar('\n');
     printf("  %s transport, %s backend, wait timeout %.3f ms, ",
            transport_name(g->transport), backend_name(g->backend),
            (double)g->timeout_ns / 1e6);
@@ -740,7 +752,8 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   Dcpx__Frame *in = NULL;
   int opt, r;
 
-  while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+  /* Options may follow the group name ("health GROUP --json"). */
+  while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     if (opt == '?')
       return EXIT_USAGE;
     if ((r = global_opt(opt)))

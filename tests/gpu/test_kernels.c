@@ -9,11 +9,12 @@
  * workspace are checked against what the calls must have left.
  *
  * The matrix: random and adversarial rows (all equal, few distinct values,
- * ties at the K-th value, NaN/inf/-0/+0, sorted, all NaN, empty rows, rows
- * shorter than N, one rank holding the whole top-K, every rank saturated,
- * fewer than K elements), W in {1,2,3,8,16}, N in {1,31,100,512} (and the
- * global-memory fallback shapes), K in {64,2048,4096}, lengths up to
- * 131072, B > 1, I > 1, misaligned logits and odd strides, capped grids;
+ * ties at the K-th value, NaN/inf/-0/+0, sorted, all NaN, all negative,
+ * empty rows, rows shorter than N, one rank holding the whole top-K, every
+ * rank saturated, fewer than K elements), W in {1,2,3,8,16}, N in
+ * {1,31,100,512} (and the global-memory fallback shapes), K in
+ * {64,2048,4096}, lengths up to 131072, B > 1, I > 1, misaligned logits
+ * and odd strides, capped grids;
  * epochs and seq2 started just below the wrap and run 40 calls through
  * it; the fault hook (a rank stalls past the timeout: the others record,
  * alarm, fail and end) and an abort (the others end at once), each followed
@@ -76,6 +77,7 @@ enum gen {
   G_DESC,     /* descending with l (top at the start, bf16 ties) */
   G_ASC,      /* ascending with l (top at the end) */
   G_TIEK,     /* few large values per rank, the rest one tied value */
+  G_NEG,      /* every value negative: the threshold is below -0 */
   NGEN,
   G_MIX = 100 /* row t of call c uses gen (t + c) % NGEN */
 };
@@ -83,7 +85,7 @@ enum gen {
 static const char *gen_name(int gen) {
   static const char *n[] = {"random", "fewvals", "alleq", "special",
                             "dominant", "ints", "allnan", "desc",
-                            "asc", "tiek"};
+                            "asc", "tiek", "neg"};
   return gen == G_MIX ? "mix" : n[gen];
 }
 
@@ -127,6 +129,8 @@ static uint16_t gen_value(int gen, uint64_t *s, uint32_t r, uint32_t l,
     if (rnd_below(s, len) < K / (2 * W) + 1)
       return f2bf((float)(10.0 + rnd_normal(s)));
     return 0x3F80;
+  case G_NEG:
+    return f2bf((float)(-1.0 - fabs(rnd_normal(s) * 4.0)));
   }
   return 0;
 }
@@ -380,6 +384,8 @@ static const tcase cases[] = {
      2, 0, 2, 2, 0, 0},
     {"w8-n512-k2048-special", 8, 512, 2048, 20000, 8, 64, 1, G_SPECIAL,
      LEN_MIX, 2, 0, 0, 1, 0, 0},
+    {"w8-n512-k2048-negative", 8, 512, 2048, 65536, 6, 64, 1, G_NEG,
+     LEN_FULL, 2, 0, 3, 0, -1, 0},
     {"w8-n100-k4096-fewerK", 8, 100, 4096, 300, 8, 8, 1, G_MIX, LEN_MIX, 2, 0,
      0, 0, 1, 0},
     {"w8-n31-k64-capped", 8, 31, 64, 2048, 24, 4, 2, G_MIX, LEN_MIX, 3, 3, 0,

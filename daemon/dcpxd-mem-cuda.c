@@ -1,0 +1,298 @@
+/* dcpxd-mem-cuda.c - the CUDA memory backend: one VMM allocation per rank
+ * workspace, on that rank's device, exported as a POSIX fd.
+ *
+ * Why VMM (cuMemCreate) rather than cudaMalloc + IPC handles: the handle is
+ * a plain file descriptor, so it rides SCM_RIGHTS like the host backend's
+ * memfds, dies with its last reference, and can be handed back to a
+ * restarted daemon (adopt). Where the device reports fabric handle support
+ * and a probe allocation with it succeeds, allocations also carry the
+ * fabric handle type (for multi-node NVLink); otherwise POSIX fds only.
+ *
+ * Sizes are rounded up to the allocation granularity. Clients compute the
+ * same rounding from the imported handle's properties, so the protocol
+ * keeps carrying the layout's unrounded ws_bytes.
+ *
+ * The driver API is reached through cudaGetDriverEntryPointByVersion: the
+ * daemon links only the static CUDA runtime, so the same binary starts (and
+ * serves host-backend groups) on machines with no NVIDIA driver; a CUDA
+ * join there gets DCPX_E_CUDA.
+ *
+ * zero() maps the allocation into the daemon (reserve, map, set access for
+ * its device) and runs cudaMemset on it, on the libuv worker thread that
+ * calls it; the primary context of the device is made current there.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dcpx.h"
+#include "dcpxd-log.h"
+#include "dcpxd-mem.h"
+
+typedef struct drv {
+  CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t,
+                         const CUmemAllocationProp *, unsigned long long);
+  CUresult (*mem_release)(CUmemGenericAllocationHandle);
+  CUresult (*export_fd)(void *, CUmemGenericAllocationHandle,
+                        CUmemAllocationHandleType, unsigned long long);
+  CUresult (*import_fd)(CUmemGenericAllocationHandle *, void *,
+                        CUmemAllocationHandleType);
+  CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
+                          CUmemAllocationGranularity_flags);
+  CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                      unsigned long long);
+  CUresult (*addr_free)(CUdeviceptr, size_t);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                  unsigned long long);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *,
+                         size_t);
+  CUresult (*attr)(int *, CUdevice_attribute, CUdevice);
+} drv;
+
+static drv D;
+static int D_status = 1; /* 1: not loaded, 0: loaded, < 0: unavailable */
+static pthread_once_t D_once = PTHREAD_ONCE_INIT;
+
+static int load1(const char *sym, void **fn) {
+  enum cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(sym, fn, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess || !*fn)
+    return DCPX_E_CUDA;
+  return 0;
+}
+
+static void drv_load_once(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    D_status = DCPX_E_CUDA;
+    return;
+  }
+  int r = 0;
+  r |= load1("cuMemCreate", (void **)&D.mem_create);
+  r |= load1("cuMemRelease", (void **)&D.mem_release);
+  r |= load1("cuMemExportToShareableHandle", (void **)&D.export_fd);
+  r |= load1("cuMemImportFromShareableHandle", (void **)&D.import_fd);
+  r |= load1("cuMemGetAllocationGranularity", (void **)&D.granularity);
+  r |= load1("cuMemGetAllocationPropertiesFromHandle", (void **)&D.props);
+  r |= load1("cuMemAddressReserve", (void **)&D.reserve);
+  r |= load1("cuMemAddressFree", (void **)&D.addr_free);
+  r |= load1("cuMemMap", (void **)&D.map);
+  r |= load1("cuMemUnmap", (void **)&D.unmap);
+  r |= load1("cuMemSetAccess", (void **)&D.set_access);
+  r |= load1("cuDeviceGetAttribute", (void **)&D.attr);
+  D_status = r ? DCPX_E_CUDA : 0;
+}
+
+static int drv_get(void) {
+  pthread_once(&D_once, drv_load_once);
+  return D_status;
+}
+
+typedef struct cuda_priv {
+  CUmemGenericAllocationHandle h;
+  size_t size; /* rounded to the granularity */
+} cuda_priv;
+
+static void prop_init(CUmemAllocationProp *p, int device,
+                      CUmemAllocationHandleType types) {
+  memset(p, 0, sizeof(*p));
+  p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p->location.id = device;
+  p->requestedHandleTypes = types;
+}
+
+static size_t round_up(size_t x, size_t g) { return (x + g - 1) / g * g; }
+
+/* POSIX fd, plus fabric where the device has it and a probe works. */
+static CUmemAllocationHandleType handle_types(int device) {
+  static int fabric_ok[64]; /* 0 unknown, 1 yes, -1 no */
+  CUmemAllocationHandleType fd = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemAllocationHandleType both =
+      (CUmemAllocationHandleType)(fd | CU_MEM_HANDLE_TYPE_FABRIC);
+  if (device < 0 || device >= 64)
+    return fd;
+  if (!fabric_ok[device]) {
+    int sup = 0;
+    CUmemAllocationProp p;
+    size_t g = 0;
+    CUmemGenericAllocationHandle h;
+    fabric_ok[device] = -1;
+    if (D.attr(&sup, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+               device) == CUDA_SUCCESS &&
+        sup) {
+      prop_init(&p, device, both);
+      if (D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+              CUDA_SUCCESS &&
+          D.mem_create(&h, g, &p, 0) == CUDA_SUCCESS) {
+        D.mem_release(h);
+        fabric_ok[device] = 1;
+      }
+    }
+    log_info("device %d: workspace handles: POSIX fd%s", device,
+             fabric_ok[device] > 0 ? " + fabric" : " (fabric probe failed)");
+  }
+  return fabric_ok[device] > 0 ? both : fd;
+}
+
+static int cuda_zero(dcpxd_buf *b);
+
+static int cuda_alloc(int device, uint64_t bytes, const char *label,
+                      dcpxd_buf **ret) {
+  CUmemAllocationProp p;
+  CUmemGenericAllocationHandle h;
+  cuda_priv *pv;
+  dcpxd_buf *b;
+  size_t g = 0;
+  int fd = -1, r;
+  (void)label;
+
+  r = drv_get();
+  if (r < 0)
+    return r;
+  if (device < 0 || bytes == 0)
+    return DCPX_E_INVAL;
+  /* The driver needs a context on this thread for some of the calls. */
+  if (cudaSetDevice(device) != cudaSuccess || cudaFree(NULL) != cudaSuccess)
+    return DCPX_E_CUDA;
+  prop_init(&p, device, handle_types(device));
+  if (D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+    return DCPX_E_CUDA;
+  size_t size = round_up((size_t)bytes, g);
+  if (D.mem_create(&h, size, &p, 0) != CUDA_SUCCESS)
+    return DCPX_E_NOMEM;
+  if (D.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+      CUDA_SUCCESS) {
+    D.mem_release(h);
+    return DCPX_E_CUDA;
+  }
+  pv = calloc(1, sizeof(*pv));
+  b = calloc(1, sizeof(*b));
+  if (!pv || !b) {
+    free(pv);
+    free(b);
+    close(fd);
+    D.mem_release(h);
+    return -ENOMEM;
+  }
+  pv->h = h;
+  pv->size = size;
+  b->ops = &dcpxd_mem_cuda;
+  b->fd = fd;
+  b->bytes = bytes;
+  b->device = device;
+  b->priv = pv;
+  /* cuMemCreate does not promise zeroed memory; the protocol needs it. */
+  r = cuda_zero(b);
+  if (r < 0) {
+    dcpxd_mem_cuda.free(b);
+    return r;
+  }
+  *ret = b;
+  return 0;
+}
+
+static int cuda_zero(dcpxd_buf *b) {
+  cuda_priv *pv = b->priv;
+  CUdeviceptr va = 0;
+  CUmemAccessDesc acc;
+  int r = 0;
+
+  if (cudaSetDevice(b->device) != cudaSuccess || cudaFree(NULL) != cudaSuccess)
+    return DCPX_E_CUDA;
+  if (D.reserve(&va, pv->size, 0, 0, 0) != CUDA_SUCCESS)
+    return DCPX_E_CUDA;
+  if (D.map(va, pv->size, 0, pv->h, 0) != CUDA_SUCCESS) {
+    D.addr_free(va, pv->size);
+    return DCPX_E_CUDA;
+  }
+  memset(&acc, 0, sizeof(acc));
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = b->device;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (D.set_access(va, pv->size, &acc, 1) != CUDA_SUCCESS ||
+      cudaMemset((void *)(uintptr_t)va, 0, pv->size) != cudaSuccess ||
+      cudaDeviceSynchronize() != cudaSuccess)
+    r = DCPX_E_CUDA;
+  D.unmap(va, pv->size);
+  D.addr_free(va, pv->size);
+  return r;
+}
+
+static void cuda_free(dcpxd_buf *b) {
+  cuda_priv *pv = b->priv;
+  if (pv) {
+    D.mem_release(pv->h);
+    free(pv);
+  }
+  if (b->fd >= 0)
+    close(b->fd);
+  free(b);
+}
+
+static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
+  CUmemGenericAllocationHandle h;
+  CUmemAllocationProp p;
+  size_t g = 0;
+  cuda_priv *pv;
+  dcpxd_buf *b;
+  int r = drv_get();
+
+  if (r < 0) {
+    close(fd);
+    return r;
+  }
+  if (D.import_fd(&h, (void *)(uintptr_t)fd,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
+    close(fd);
+    return DCPX_E_PERM; /* not a CUDA allocation handle */
+  }
+  if (D.props(&p, h) != CUDA_SUCCESS ||
+      p.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      (device >= 0 && p.location.id != device) ||
+      D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+          CUDA_SUCCESS) {
+    D.mem_release(h);
+    close(fd);
+    return DCPX_E_SHAPE;
+  }
+  pv = calloc(1, sizeof(*pv));
+  b = calloc(1, sizeof(*b));
+  if (!pv || !b) {
+    free(pv);
+    free(b);
+    D.mem_release(h);
+    close(fd);
+    return -ENOMEM;
+  }
+  pv->h = h;
+  pv->size = round_up((size_t)bytes, g);
+  b->ops = &dcpxd_mem_cuda;
+  b->fd = fd;
+  b->bytes = bytes;
+  b->device = p.location.id;
+  b->priv = pv;
+  *ret = b;
+  return 0;
+}
+
+const dcpxd_mem_ops dcpxd_mem_cuda = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .zero = cuda_zero,
+    .map = NULL,
+    .free = cuda_free,
+    .adopt = cuda_adopt,
+};

@@ -1,0 +1,261 @@
+/* cuda.c - libdcpx's CUDA backend: maps the group's memory for the GPU and
+ * enqueues the push and merge kernels (kernels/dcpx_kernels.h).
+ *
+ * At join (never on the call path):
+ *   - every rank's workspace fd (a VMM allocation dcpxd made on that rank's
+ *     device) is imported, mapped at a reserved address range, and made
+ *     readable and writable by this rank's device. A peer on another GPU
+ *     needs P2P access to that GPU (NVLink); ranks sharing a GPU need none;
+ *   - the control page (host memory, a memfd this process already mapped)
+ *     is registered with cudaHostRegister(Mapped | Portable), so the
+ *     kernels write records, alarm and FAILED with plain system-scope
+ *     stores and dcpxd sees them without a copy;
+ *   - the peer pointer table is copied to device memory once.
+ * Per call: dcpx_k_push / dcpx_k_merge on the caller's stream, kernel
+ * arguments by value: no sync, no allocation, no syscall, capturable into
+ * a CUDA graph.
+ *
+ * When several ranks of the group share this rank's GPU (tests, MPS), every
+ * merge grid must be co-resident with the others, so the grid is capped to
+ * a share of what the GPU holds (kernels/dcpx_kernels.h, max_blocks).
+ *
+ * The driver's VMM calls come through cudaGetDriverEntryPointByVersion, so
+ * libdcpx links only the static CUDA runtime and loads on machines without
+ * a driver (where a CUDA join fails with DCPX_E_CUDA).
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcpx_kernels.h"
+#include "member.h"
+
+struct dcpx__cuda {
+  int device;
+  dcpx_kctx k;
+  CUmemGenericAllocationHandle h[DCPX_MAX_WORLD];
+  CUdeviceptr va[DCPX_MAX_WORLD];
+  size_t size[DCPX_MAX_WORLD];
+  char **peers; /* device array [W] */
+  int registered;
+};
+
+static struct {
+  CUresult (*import_fd)(CUmemGenericAllocationHandle *, void *,
+                        CUmemAllocationHandleType);
+  CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+  CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
+                          CUmemAllocationGranularity_flags);
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                      unsigned long long);
+  CUresult (*addr_free)(CUdeviceptr, size_t);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                  unsigned long long);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *,
+                         size_t);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+} D;
+static int D_status = 1;
+static pthread_once_t D_once = PTHREAD_ONCE_INIT;
+
+static int load1(const char *sym, void **fn) {
+  enum cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(sym, fn, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess || !*fn)
+    return 1;
+  return 0;
+}
+
+static void load_once(void) {
+  int bad = 0;
+  bad |= load1("cuMemImportFromShareableHandle", (void **)&D.import_fd);
+  bad |= load1("cuMemGetAllocationPropertiesFromHandle", (void **)&D.props);
+  bad |= load1("cuMemGetAllocationGranularity", (void **)&D.granularity);
+  bad |= load1("cuMemAddressReserve", (void **)&D.reserve);
+  bad |= load1("cuMemAddressFree", (void **)&D.addr_free);
+  bad |= load1("cuMemMap", (void **)&D.map);
+  bad |= load1("cuMemUnmap", (void **)&D.unmap);
+  bad |= load1("cuMemSetAccess", (void **)&D.set_access);
+  bad |= load1("cuMemRelease", (void **)&D.release);
+  D_status = bad ? DCPX_E_CUDA : 0;
+}
+
+void dcpx__cuda_fini(struct dcpx_member *m) {
+  struct dcpx__cuda *cu = m->cuda;
+  int prev = -1;
+  if (!cu)
+    return;
+  cudaGetDevice(&prev);
+  cudaSetDevice(cu->device);
+  cudaDeviceSynchronize(); /* nothing of ours may still run */
+  if (cu->peers)
+    cudaFree(cu->peers);
+  if (cu->registered)
+    cudaHostUnregister(m->ctl);
+  for (uint32_t d = 0; d < DCPX_MAX_WORLD; d++) {
+    if (cu->va[d]) {
+      D.unmap(cu->va[d], cu->size[d]);
+      D.addr_free(cu->va[d], cu->size[d]);
+    }
+    if (cu->h[d])
+      D.release(cu->h[d]);
+  }
+  if (prev >= 0)
+    cudaSetDevice(prev);
+  free(cu);
+  m->cuda = NULL;
+}
+
+/* Imports and maps rank d's workspace for this device. */
+static int map_ws(struct dcpx__cuda *cu, uint32_t d, int fd, size_t bytes) {
+  CUmemAllocationProp p;
+  CUmemAccessDesc acc;
+  size_t g = 0;
+
+  if (D.import_fd(&cu->h[d], (void *)(uintptr_t)fd,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS)
+    return DCPX_E_CUDA;
+  if (D.props(&p, cu->h[d]) != CUDA_SUCCESS ||
+      D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+    return DCPX_E_CUDA;
+  cu->size[d] = (bytes + g - 1) / g * g;
+  if (D.reserve(&cu->va[d], cu->size[d], g, 0, 0) != CUDA_SUCCESS) {
+    cu->va[d] = 0;
+    return DCPX_E_NOMEM;
+  }
+  if (D.map(cu->va[d], cu->size[d], 0, cu->h[d], 0) != CUDA_SUCCESS) {
+    D.addr_free(cu->va[d], cu->size[d]);
+    cu->va[d] = 0;
+    return DCPX_E_CUDA;
+  }
+  memset(&acc, 0, sizeof(acc));
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = cu->device;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  /* Fails for a peer GPU without P2P access: the transport must then be
+   * NCCL, not LL. */
+  if (D.set_access(cu->va[d], cu->size[d], &acc, 1) != CUDA_SUCCESS)
+    return DCPX_E_TRANSPORT;
+  return 0;
+}
+
+int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
+                    uint32_t ndevices) {
+  const uint32_t W = m->shape.world;
+  struct dcpx__cuda *cu;
+  int prev = -1, r = 0, n = 0;
+
+  pthread_once(&D_once, load_once);
+  if (D_status < 0)
+    return D_status;
+  if (m->device < 0 || cudaGetDeviceCount(&n) != cudaSuccess ||
+      m->device >= n)
+    return DCPX_E_CUDA;
+  cu = calloc(1, sizeof(*cu));
+  if (!cu)
+    return DCPX_E_NOMEM;
+  m->cuda = cu;
+  cu->device = m->device;
+  cudaGetDevice(&prev);
+  if (cudaSetDevice(cu->device) != cudaSuccess) {
+    r = DCPX_E_CUDA;
+    goto out;
+  }
+  for (uint32_t d = 0; d < W && r == 0; d++)
+    r = map_ws(cu, d, m->ws_fd[d], m->L.ws_bytes);
+  if (r < 0)
+    goto out;
+  if (cudaHostRegister(m->ctl, m->ctl_bytes,
+                       cudaHostRegisterMapped | cudaHostRegisterPortable) !=
+      cudaSuccess) {
+    r = DCPX_E_CUDA;
+    goto out;
+  }
+  cu->registered = 1;
+  void *ctl_dev = NULL;
+  if (cudaHostGetDevicePointer(&ctl_dev, m->ctl, 0) != cudaSuccess ||
+      cudaMalloc((void **)&cu->peers, sizeof(char *) * W) != cudaSuccess ||
+      cudaMemcpy(cu->peers, cu->va, sizeof(char *) * W,
+                 cudaMemcpyHostToDevice) != cudaSuccess) {
+    r = DCPX_E_CUDA;
+    goto out;
+  }
+  dcpx_kctx *k = &cu->k;
+  k->world = W;
+  k->rank = m->rank;
+  k->rows_max = m->shape.rows;
+  k->topk = m->shape.topk;
+  k->local_topk = m->shape.local_topk;
+  k->block_size = m->shape.block_size;
+  k->interleave = m->shape.interleave;
+  k->max_local = m->shape.max_local;
+  k->L = m->L;
+  k->peers = cu->peers;
+  k->ws = (char *)(uintptr_t)cu->va[m->rank];
+  k->ctl = (dcpx_ctl_header *)ctl_dev;
+  k->health = (dcpx_rank_health *)((char *)ctl_dev + m->L.off_ranks);
+  k->records = (dcpx_wait_record *)((char *)ctl_dev + m->L.off_records);
+  r = dcpx_k_prepare();
+  if (r < 0)
+    goto out;
+
+  /* Ranks sharing this GPU must all fit at once (see the file comment). */
+  uint32_t share = 0;
+  for (uint32_t d = 0; d < W && d < ndevices; d++)
+    share += devices[d] == m->device;
+  if (share > 1) {
+    int bps = 0, sms = 0;
+    if (dcpx_k_merge_occupancy(k, &bps) < 0 ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                               cu->device) != cudaSuccess) {
+      r = DCPX_E_CUDA;
+      goto out;
+    }
+    /* One share per rank, and one more left for the push grids. */
+    uint32_t cap = (uint32_t)(sms * (bps > 0 ? bps : 1)) / (share + 1);
+    k->max_blocks = cap ? cap : 1;
+  }
+  r = dcpx_k_ctx_check(k);
+out:
+  if (prev >= 0)
+    cudaSetDevice(prev);
+  if (r < 0)
+    dcpx__cuda_fini(m);
+  return r;
+}
+
+int dcpx__cuda_push(struct dcpx_member *m, uint32_t rows,
+                    const uint16_t *logits, uint64_t stride,
+                    const int32_t *row_ends, uint64_t call_tag,
+                    void *stream) {
+  if (rows > m->shape.rows)
+    return DCPX_E_RANGE;
+  return dcpx_k_push(&m->cuda->k, rows, logits, stride, row_ends, call_tag,
+                     (cudaStream_t)stream);
+}
+
+int dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows,
+                     const uint16_t *logits, uint64_t stride,
+                     const int32_t *row_ends, const int32_t *req_id,
+                     const int32_t *block_table, uint32_t bt_rows,
+                     uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
+                     int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag,
+                     void *stream) {
+  if (rows > m->shape.rows)
+    return DCPX_E_RANGE;
+  return dcpx_k_merge(&m->cuda->k, rows, logits, stride, row_ends, req_id,
+                      block_table, bt_rows, bt_cols, rows_out, valid_out,
+                      ids_out, sat_word, call_tag, (cudaStream_t)stream);
+}
+
+int dcpx__cuda_sync(struct dcpx_member *m, void *stream) {
+  (void)m;
+  return cudaStreamSynchronize((cudaStream_t)stream) == cudaSuccess
+             ? 0
+             : DCPX_E_CUDA;
+}

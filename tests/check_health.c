@@ -1,0 +1,914 @@
+/* check_health.c - the health plane end to end: bounded waits and their
+ * records, alarms and aborts, dead ranks, recovery, daemon restarts, fault
+ * injection, durable records, and dcpxctl's view of all of it.
+ *
+ * Every test starts its own dcpxd ($DCPXD) in a fresh folder and forks
+ * rank processes (tests/health_harness.h) that run calls in a loop, each
+ * checked against dcpx_ref_call. The operator side goes through dcpxctl
+ * ($DCPXCTL): its exit codes and its --json output (checked to be valid
+ * JSON, then read field by field) are part of what is tested.
+ *
+ * Timing bounds are loose enough for a loaded 2-core machine; the measured
+ * figures are printed (see the test log) and bench/bench_health measures
+ * them properly.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <pthread.h>
+
+#include "health_harness.h"
+
+/* Slack on top of a timeout or a stall for "ends within the timeout plus a
+ * small bound" on this class of machine. */
+#define BOUND_NS 150000000ull
+/* kill -9 of a rank: the peers must fail within this. */
+#define DEAD_RANK_NS 100000000ull
+
+static hh_daemon g_d;
+
+static void dump_log(void) {
+  char line[512];
+  FILE *f = g_d.log[0] ? fopen(g_d.log, "r") : NULL;
+  if (!f)
+    return;
+  fprintf(stderr, "---- %s ----\n", g_d.log);
+  while (fgets(line, sizeof(line), f))
+    fputs(line, stderr);
+  fclose(f);
+}
+
+/* ck_assert_msg that first shows the daemon's log. */
+#define HC_ASSERT(cond, ...)                                                 \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      dump_log();                                                            \
+      ck_abort_msg(__VA_ARGS__);                                             \
+    }                                                                        \
+  } while (0)
+
+static void start(const char *const *extra) {
+  HC_ASSERT(hh_daemon_start(&g_d, extra) == 0, "dcpxd did not come up");
+}
+
+static void stop_clean(void) {
+  int st = hh_daemon_stop(&g_d, SIGTERM);
+  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "dcpxd did not exit cleanly (status 0x%x)", st);
+}
+
+static void finish(void) {
+  if (g_d.pid > 0)
+    stop_clean();
+  if (getenv("HEALTH_DUMP")) /* show the daemon's log of a passing test */
+    dump_log();
+  hh_daemon_cleanup(&g_d);
+  memset(&g_d, 0, sizeof(g_d));
+}
+
+static int log_contains(const char *needle) {
+  static char buf[1 << 20];
+  FILE *f = fopen(g_d.log, "r");
+  size_t n;
+  if (!f)
+    return 0;
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  return strstr(buf, needle) != NULL;
+}
+
+static const char *const k_fault[] = {"--enable-fault-injection", NULL};
+
+static hh_spec spec(const char *group, uint32_t W, uint64_t timeout_ns) {
+  hh_spec sp;
+  memset(&sp, 0, sizeof(sp));
+  snprintf(sp.group, sizeof(sp.group), "%s", group);
+  sp.W = W;
+  sp.R = 2;
+  sp.K = 64;
+  sp.N = 16;
+  sp.L = 256;
+  sp.timeout_ns = timeout_ns;
+  return sp;
+}
+
+/* dcpxctl ARGS; asserts the exit code and, with --json, valid JSON. */
+static hh_out g_o;
+#define CTL(want, ...)                                                       \
+  do {                                                                       \
+    int rc_ = hh_ctl(&g_d, &g_o, __VA_ARGS__, (char *)NULL);                 \
+    HC_ASSERT(rc_ == (want), "dcpxctl %s: exit %d, expected %d\n%s%s",      \
+              #__VA_ARGS__, rc_, (want), g_o.out, g_o.err);                  \
+  } while (0)
+#define CTL_JSON(want, ...)                                                  \
+  do {                                                                       \
+    CTL(want, __VA_ARGS__);                                                  \
+    HC_ASSERT(hh_json_valid(g_o.out), "dcpxctl %s: invalid JSON: %s",       \
+              #__VA_ARGS__, g_o.out);                                        \
+  } while (0)
+
+static uint64_t json_u64(const char *key) {
+  uint64_t v = UINT64_MAX;
+  HC_ASSERT(hh_json_u64(g_o.out, NULL, key, &v) == 0, "no \"%s\" in %s", key,
+            g_o.out);
+  return v;
+}
+
+/* Waits until dcpxctl health GROUP --json shows every rank attached. */
+static void wait_attached(const char *group, uint32_t W) {
+  char w[16];
+  snprintf(w, sizeof(w), "\"joined\":%u,", W);
+  for (int i = 0; i < 500; i++) {
+    int rc = hh_ctl(&g_d, &g_o, "health", group, "--json", (char *)NULL);
+    if ((rc == 0 || rc == 1) && strstr(g_o.out, w) &&
+        strstr(g_o.out, "\"awaiting_reattach\":0"))
+      return;
+    hh_sleep_ms(10);
+  }
+  HC_ASSERT(0, "group %s did not get its %u ranks back: %s", group, W,
+            g_o.out);
+}
+
+static void wait_fails(const hh_shared *sh, uint32_t mask, uint32_t n,
+                       unsigned ms) {
+  uint64_t end = hh_mono() + ms * 1000000ull;
+  for (;;) {
+    int all = 1;
+    for (uint32_t r = 0; r < 32; r++)
+      if ((mask >> r) & 1u)
+        all = all && __atomic_load_n(&sh->r[r].nfails, __ATOMIC_ACQUIRE) >= n;
+    if (all)
+      return;
+    HC_ASSERT(hh_mono() < end, "ranks 0x%x did not fail %u time(s) in %u ms%s",
+              mask, n, ms, hh_rank_errors(sh, 16));
+    hh_sleep_ms(1);
+  }
+}
+
+static double ms(uint64_t ns) { return (double)ns / 1e6; }
+
+/* The first call >= from after which, with rank s stopped, the others wait
+ * in `region`. */
+static uint64_t pick_call(const hh_spec *sp, uint64_t first, uint64_t from,
+                          uint32_t s, const char *region, hh_expect *x) {
+  for (uint64_t F = from; F < from + 64; F++) {
+    HC_ASSERT(hh_expect_stop(sp, first, F, s, x) == 0, "reference");
+    if (!strcmp(x->region, region))
+      return F;
+  }
+  HC_ASSERT(0, "no call waits in %s", region);
+  return 0;
+}
+
+/* ---- a stall longer than the timeout --------------------------------------
+ *
+ * Rank 1 stalls (fault hook, armed through dcpxctl) at the start of its
+ * merge of call F for longer than the group's timeout. Ranks 0 and 2 finish
+ * call F, push F+1 and wait for rank 1's list of F+1: they give up at the
+ * timeout, write their records, raise the alarm; dcpxd aborts the group;
+ * rank 1, once its stall is over, fails at once instead of waiting. */
+START_TEST(test_stall_records) {
+  const uint64_t timeout = 300000000ull, ticks = 700000000ull;
+  hh_spec sp = spec("stall", 3, timeout);
+  sp.K = 32; /* W*N > K: rank 1 is not always saturated */
+  hh_shared *sh = hh_shared_new();
+  pid_t pids[3];
+  char callbuf[32], rankbuf[8];
+
+  start(k_fault);
+  sh->recover = 1;
+  sh->hold = 0x7;
+  sh->poll_each = 1;
+  sh->resume_at = 1000000;
+  for (uint32_t r = 0; r < 3; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  HC_ASSERT(hh_wait_progress(sh, 3, 10, 20000) == 0, "ranks did not run: %s",
+            hh_rank_errors(sh, 3));
+
+  /* A call after which the others wait for rank 1's next list (ll_slots);
+   * test_records_durable takes one where they wait for a rescue flag. */
+  hh_expect x;
+  uint64_t F = pick_call(&sp, 0, hh_max_progress(sh, 3) + 5, 1, "ll_slots",
+                         &x);
+  HC_ASSERT(hh_gate(sh, 3, F) == F, "ranks did not reach the gate: %s",
+            hh_rank_errors(sh, 3));
+  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
+  CTL_JSON(0, "fault", "stall", "--group", "stall", "--rank", "1", "--call",
+           callbuf, "--ticks", "700ms", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"status\":0"), "%s", g_o.out);
+  sh->gate_open = 1;
+  wait_fails(sh, 0x7, 1, 10000);
+
+  /* Every call ended within its bound. The waiting ranks gave up at their
+   * timeout (or saw the abort that the first one's alarm caused); the
+   * stalled rank, once its stall was over, either found its inputs there
+   * (its call F succeeded, late) and failed fast at F+1, or failed fast at
+   * F: it never waited another timeout. */
+  int failed = 0;
+  uint64_t t_wait0 = UINT64_MAX;
+  for (uint32_t r = 0; r < 3; r += 2)
+    if (sh->r[r].fails[0].t_merge_ns < t_wait0)
+      t_wait0 = sh->r[r].fails[0].t_merge_ns;
+  for (uint32_t r = 0; r < 3; r++) {
+    const hh_fail *f = &sh->r[r].fails[0];
+    uint64_t took = f->t_fail_ns - f->t_merge_ns;
+    fprintf(stderr, "stall: rank %u call %llu: %s, merge %.1f ms, %.1f ms "
+            "after the others began to wait\n",
+            r, (unsigned long long)f->call, dcpx_strerror(f->rc), ms(took),
+            ms(f->t_fail_ns - t_wait0));
+    if (r == 1) {
+      HC_ASSERT(f->rc == DCPX_E_ABORTED && (f->call == F || f->call == F + 1),
+                "stalled rank: %s at call %llu", dcpx_strerror(f->rc),
+                (unsigned long long)f->call);
+      HC_ASSERT(f->t_fail_ns - t_wait0 <= ticks + BOUND_NS,
+                "stalled rank failed %.1f ms after the others began to wait",
+                ms(f->t_fail_ns - t_wait0));
+    } else {
+      HC_ASSERT(f->call == x.call, "rank %u failed at call %llu, not %llu", r,
+                (unsigned long long)f->call, (unsigned long long)x.call);
+      HC_ASSERT(f->rc == DCPX_E_FAILED || f->rc == DCPX_E_ABORTED, "rank %u: %s",
+                r, dcpx_strerror(f->rc));
+      HC_ASSERT(took <= timeout + BOUND_NS, "rank %u's call took %.1f ms", r,
+                ms(took));
+      if (f->rc == DCPX_E_FAILED) {
+        HC_ASSERT(took >= timeout, "rank %u gave up after %.1f ms", r,
+                  ms(took));
+        failed++;
+      }
+    }
+  }
+  HC_ASSERT(failed >= 1, "no rank timed out itself");
+
+  /* dcpxctl health: unhealthy (exit 1), aborted by an alarm. */
+  CTL_JSON(1, "health", "stall", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"aborted\"") &&
+                strstr(g_o.out, "\"abort_reason\":\"alarm\"") &&
+                strstr(g_o.out, "\"healthy\":false") &&
+                strstr(g_o.out, "\"last_record\":{"),
+            "%s", g_o.out);
+  CTL(1, "health", "stall");
+  HC_ASSERT(strstr(g_o.out, "abort=alarm") && strstr(g_o.out, "last record"),
+            "%s", g_o.out);
+
+  /* The records: the right region, index, tags, call (hh_expect_stop
+   * replays the calls to know where the others had to wait). */
+  hh_rec recs[16];
+  CTL_JSON(0, "records", "--group", "stall", "--json");
+  int n = hh_parse_records(g_o.out, recs, 16);
+  HC_ASSERT(n >= 1 && n == failed, "%d records for %d timeouts: %s", n, failed,
+            g_o.out);
+  for (int i = 0; i < n; i++) {
+    const hh_rec *r = &recs[i];
+    const uint64_t region = strcmp(x.region, "flags") ? 1 : 2;
+    fprintf(stderr,
+            "stall: record rank %llu region %s index %llu expected %llu "
+            "seen %llu block %llu call %llu\n",
+            (unsigned long long)r->rank, r->region_name,
+            (unsigned long long)r->index, (unsigned long long)r->expected,
+            (unsigned long long)r->seen, (unsigned long long)r->block,
+            (unsigned long long)r->call_tag);
+    HC_ASSERT(!strcmp(r->group, "stall") && (r->rank == 0 || r->rank == 2) &&
+                  !strcmp(r->kind, "timeout") &&
+                  !strcmp(r->region_name, x.region) && r->region == region &&
+                  r->index == x.index && r->expected == x.expected &&
+                  r->seen == x.seen && r->block == x.block &&
+                  r->call_tag == x.call && r->generation == 1,
+              "record %d: group %s rank %llu kind %s region %s/%llu index "
+              "%llu expected %llu seen %llu block %llu call %llu gen %llu; "
+              "wanted region %s index %llu expected %llu seen %llu block "
+              "%llu call %llu",
+              i, r->group, (unsigned long long)r->rank, r->kind,
+              r->region_name, (unsigned long long)r->region,
+              (unsigned long long)r->index, (unsigned long long)r->expected,
+              (unsigned long long)r->seen, (unsigned long long)r->block,
+              (unsigned long long)r->call_tag,
+              (unsigned long long)r->generation, x.region,
+              (unsigned long long)x.index, (unsigned long long)x.expected,
+              (unsigned long long)x.seen, (unsigned long long)x.block,
+              (unsigned long long)x.call);
+  }
+  /* Filters: by rank, by time. */
+  snprintf(rankbuf, sizeof(rankbuf), "%llu", (unsigned long long)recs[0].rank);
+  CTL_JSON(0, "records", "--group", "stall", "--rank", rankbuf, "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, recs + 8, 8) == 1, "%s", g_o.out);
+  CTL_JSON(0, "records", "--group", "stall", "--rank", "1", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, recs + 8, 8) == 0, "%s", g_o.out);
+  CTL_JSON(0, "records", "--until", "@1", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, recs + 8, 8) == 0, "%s", g_o.out);
+  CTL_JSON(0, "records", "--since", "1h", "--limit", "1", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, recs + 8, 8) == 1, "%s", g_o.out);
+  CTL(0, "records", "--group", "stall");
+  HC_ASSERT(strstr(g_o.out, x.region) && strstr(g_o.out, "timeout"), "%s",
+            g_o.out);
+  /* One structured log line per record. */
+  char line[128];
+  snprintf(line, sizeof(line), "kind=timeout region=%s index=%llu", x.region,
+           (unsigned long long)x.index);
+  HC_ASSERT(log_contains("wait record group=stall gen=1 rank=") &&
+                log_contains(line),
+            "no structured record line in the daemon's log");
+
+  /* Reset through dcpxctl; the ranks drain, acknowledge and resume. */
+  CTL_JSON(0, "reset", "--group", "stall", "--json");
+  sh->release = 0x7;
+  HC_ASSERT(hh_wait_progress(sh, 3, sh->resume_at + 20, 20000) == 0,
+            "no exact calls after the reset: %s", hh_rank_errors(sh, 3));
+  CTL_JSON(0, "health", "stall", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"ready\"") &&
+                json_u64("generation") == 2 &&
+                strstr(g_o.out, "\"healthy\":true"),
+            "%s", g_o.out);
+  HC_ASSERT(hh_stop_ranks(sh, pids, 3) == 0, "%s", hh_rank_errors(sh, 3));
+  finish();
+}
+END_TEST
+
+/* ---- kill -9 of a rank mid-call -------------------------------------------
+ *
+ * The victim pushed call V and is killed before its merge; the peers have
+ * merged V, pushed V+1 and wait for the victim's V+1 with a 10 s timeout,
+ * so only dcpxd's abort can end their wait. With `hold`, the victim first
+ * forks a child that keeps its socket open: then only its pid tells. */
+static void kill9(uint32_t W, int hold, int replace) {
+  hh_spec sp = spec(hold ? "held" : "kill", W, 10000000000ull);
+  hh_shared *sh = hh_shared_new();
+  const uint32_t victim = W - 1, peers = (1u << victim) - 1;
+  const uint64_t V = 20;
+  pid_t pids[DCPX_MAX_WORLD];
+
+  start(NULL);
+  sh->recover = (uint32_t)replace;
+  sh->victim_rank = (int32_t)victim;
+  sh->victim_call = V;
+  sh->victim_holder = (uint32_t)hold;
+  sh->resume_at = 1000;
+  sh->stop_at = 2000; /* 1,000 exact calls after the recovery */
+  hh_expect x; /* the peers wait in call V or V+1 */
+  HC_ASSERT(hh_expect_stop(&sp, 0, V, victim, &x) == 0, "reference");
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  uint64_t end = hh_mono() + 30000000000ull;
+  for (;;) {
+    int in = sh->victim_ready;
+    for (uint32_t r = 0; r < victim; r++)
+      in = in && sh->r[r].at_merge == x.call + 1;
+    if (in)
+      break;
+    HC_ASSERT(hh_mono() < end, "ranks did not reach call %llu: %s",
+              (unsigned long long)x.call, hh_rank_errors(sh, W));
+    hh_sleep_ms(1);
+  }
+  hh_sleep_ms(30); /* well inside their waits */
+  uint64_t t_kill = hh_mono();
+  kill(pids[victim], SIGKILL);
+  wait_fails(sh, peers, 1, 5000);
+  for (uint32_t r = 0; r < victim; r++) {
+    const hh_fail *f = &sh->r[r].fails[0];
+    fprintf(stderr, "kill -9%s: rank %u failed (%s) %.2f ms after the kill\n",
+            hold ? " (socket held open)" : "", r, dcpx_strerror(f->rc),
+            ms(f->t_fail_ns - t_kill));
+    HC_ASSERT(f->rc == DCPX_E_ABORTED && f->call == x.call,
+              "rank %u: %s at call %llu", r, dcpx_strerror(f->rc),
+              (unsigned long long)f->call);
+    HC_ASSERT(f->t_fail_ns - t_kill < DEAD_RANK_NS,
+              "rank %u failed %.1f ms after the kill", r,
+              ms(f->t_fail_ns - t_kill));
+  }
+  waitpid(pids[victim], NULL, 0);
+  HC_ASSERT(log_contains("aborted: reason=dead") &&
+                (!hold || log_contains("exited")),
+            "the daemon's log does not say how the rank died");
+  if (hold && sh->holder_pid > 0) {
+    kill(sh->holder_pid, SIGKILL);
+    /* not our child: its parent (the victim) is gone; init reaps it */
+  }
+  if (!replace) {
+    for (uint32_t r = 0; r < victim; r++)
+      waitpid(pids[r], NULL, 0);
+    finish();
+    return;
+  }
+  /* A replacement joins as the dead rank; every rank recovers and runs
+   * 1,000 exact calls. */
+  pids[victim] = hh_rank_fork(g_d.sock, &sp, sh, victim, 0, 1);
+  int bad = 0;
+  for (uint32_t r = 0; r < W; r++) {
+    int st;
+    waitpid(pids[r], &st, 0);
+    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  HC_ASSERT(bad == 0, "%d rank(s) failed: %s", bad, hh_rank_errors(sh, W));
+  uint64_t rec0 = UINT64_MAX, rec1 = 0;
+  for (uint32_t r = 0; r < W; r++) {
+    HC_ASSERT(sh->r[r].ok_since_resume == 1000,
+              "rank %u: %llu exact calls after the recovery", r,
+              (unsigned long long)sh->r[r].ok_since_resume);
+    uint64_t a = r == victim ? sh->r[r].t_rep_rec_start_ns
+                             : sh->r[r].fails[0].t_rec_start_ns;
+    uint64_t b = r == victim ? sh->r[r].t_rep_rec_end_ns
+                             : sh->r[r].fails[0].t_rec_end_ns;
+    rec0 = a < rec0 ? a : rec0;
+    rec1 = b > rec1 ? b : rec1;
+  }
+  fprintf(stderr, "kill -9: recovery with a replacement, W=%u: %.2f ms\n", W,
+          ms(rec1 - rec0));
+  finish();
+}
+
+START_TEST(test_kill9_replace) { kill9(4, 0, 1); }
+END_TEST
+
+START_TEST(test_kill9_socket_held) { kill9(3, 1, 0); }
+END_TEST
+
+/* ---- restarting dcpxd under a running group ------------------------------- */
+
+/* Stops (sig) and restarts the daemon; the ranks must keep calling while
+ * it is away, and get back to it. */
+static void restart(hh_shared *sh, uint32_t W, int sig) {
+  int st = hh_daemon_stop(&g_d, sig);
+  if (sig == SIGTERM)
+    HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  uint64_t p0 = hh_min_progress(sh, W);
+  hh_sleep_ms(300);
+  uint64_t p1 = hh_min_progress(sh, W);
+  HC_ASSERT(p1 > p0, "no calls while dcpxd was away (%llu -> %llu): %s",
+            (unsigned long long)p0, (unsigned long long)p1,
+            hh_rank_errors(sh, W));
+  fprintf(stderr, "restart (signal %d): %llu calls per rank while away\n",
+          sig, (unsigned long long)(p1 - p0));
+  start(k_fault);
+}
+
+static int has_record(const hh_rec *rs, int n, const hh_rec *x) {
+  for (int i = 0; i < n; i++)
+    if (rs[i].time_ns == x->time_ns && rs[i].rank == x->rank &&
+        rs[i].call_tag == x->call_tag && rs[i].index == x->index)
+      return 1;
+  return 0;
+}
+
+START_TEST(test_daemon_restart) {
+  const uint32_t W = 3;
+  hh_spec sp = spec("restart", W, 1000000000ull);
+  hh_shared *sh = hh_shared_new();
+  pid_t pids[3];
+  char callbuf[32];
+  hh_rec before[32], after[64];
+
+  start(k_fault);
+  sh->recover = 1;
+  sh->poll_each = 1;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+
+  /* An alarm before the restart: records to keep. */
+  sh->resume_at = 100000;
+  snprintf(callbuf, sizeof(callbuf), "%llu",
+           (unsigned long long)hh_gate(sh, W, hh_max_progress(sh, W) + 5));
+  CTL(0, "fault", "stall", "--group", "restart", "--rank", "1", "--call",
+      callbuf, "--ticks", "1500ms");
+  sh->gate_open = 1;
+  HC_ASSERT(hh_wait_progress(sh, W, 100010, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  CTL_JSON(0, "records", "--group", "restart", "--json");
+  int n_before = hh_parse_records(g_o.out, before, 32);
+  HC_ASSERT(n_before >= 1, "%s", g_o.out);
+
+  /* SIGTERM, then SIGKILL: the ranks never notice but by reattaching. */
+  restart(sh, W, SIGTERM);
+  wait_attached("restart", W);
+  CTL_JSON(0, "health", "restart", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"adopted\":true") &&
+                strstr(g_o.out, "\"state\":\"ready\"") &&
+                json_u64("generation") == 2,
+            "%s", g_o.out);
+  restart(sh, W, SIGKILL);
+  wait_attached("restart", W);
+  CTL_JSON(0, "health", "restart", "--json");
+
+  /* The records from before are still listed. */
+  CTL_JSON(0, "records", "--group", "restart", "--json");
+  int n_after = hh_parse_records(g_o.out, after, 64);
+  HC_ASSERT(n_after == n_before, "%d records after, %d before: %s", n_after,
+            n_before, g_o.out);
+  for (int i = 0; i < n_before; i++)
+    HC_ASSERT(has_record(after, n_after, &before[i]),
+              "record %d lost in the restart", i);
+
+  /* A later alarm is detected by the new daemon, which aborts the group:
+   * the stalled rank fails with DCPX_E_ABORTED. */
+  sh->resume_at = 200000;
+  const uint64_t F2 = hh_gate(sh, W, hh_max_progress(sh, W) + 5);
+  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F2);
+  CTL(0, "fault", "stall", "--group", "restart", "--rank", "1", "--call",
+      callbuf, "--ticks", "1500ms");
+  sh->gate_open = 1;
+  HC_ASSERT(hh_wait_progress(sh, W, 200010, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  HC_ASSERT(sh->r[1].fails[1].rc == DCPX_E_ABORTED &&
+                sh->r[1].fails[1].call >= F2 &&
+                sh->r[1].fails[1].call <= F2 + 1,
+            "stalled rank after the restart: %s at %llu",
+            dcpx_strerror(sh->r[1].fails[1].rc),
+            (unsigned long long)sh->r[1].fails[1].call);
+  hh_expect x;
+  HC_ASSERT(hh_expect_stop(&sp, 100000, F2, 1, &x) == 0, "reference");
+  CTL_JSON(0, "records", "--group", "restart", "--json");
+  n_after = hh_parse_records(g_o.out, after, 64);
+  HC_ASSERT(n_after > n_before && after[n_after - 1].call_tag == x.call &&
+                after[n_after - 1].generation == 2 &&
+                !strcmp(after[n_after - 1].region_name, x.region) &&
+                after[n_after - 1].index == x.index,
+            "%s", g_o.out);
+  CTL_JSON(0, "health", "restart", "--json");
+  HC_ASSERT(json_u64("generation") == 3 && json_u64("aborts") == 1 &&
+                json_u64("recoveries") == 1,
+            "%s", g_o.out);
+
+  HC_ASSERT(hh_stop_ranks(sh, pids, W) == 0, "%s", hh_rank_errors(sh, W));
+  for (uint32_t r = 0; r < W; r++) {
+    HC_ASSERT(sh->r[r].nfails == 2, "rank %u: %u failed calls (2 injected)", r,
+              sh->r[r].nfails);
+    HC_ASSERT(sh->r[r].reattaches == 2, "rank %u reattached %u times", r,
+              sh->r[r].reattaches);
+    HC_ASSERT(sh->r[r].poll_bad == 0, "rank %u: dcpx_poll said %s", r,
+              dcpx_strerror(sh->r[r].poll_bad));
+  }
+  HC_ASSERT(log_contains("adopted after a dcpxd restart"), "no adoption");
+  finish();
+}
+END_TEST
+
+/* dcpxd restarts while a recovery waits for one rank: the acknowledged
+ * ranks, blocked in dcpx_recover, reattach and acknowledge again; the new
+ * daemon adopts the group as recovering and completes the recovery. */
+START_TEST(test_restart_during_recovery) {
+  const uint32_t W = 3;
+  hh_spec sp = spec("midrec", W, 200000000ull);
+  hh_shared *sh = hh_shared_new();
+  pid_t pids[3];
+  char callbuf[32];
+
+  sp.K = 32;
+  start(k_fault);
+  sh->recover = 1;
+  sh->poll_each = 1;
+  sh->hold = 0x4; /* rank 2 holds back its acknowledgement */
+  sh->resume_at = 50000;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  HC_ASSERT(hh_wait_progress(sh, W, 5, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  uint64_t F = hh_gate(sh, W, hh_max_progress(sh, W) + 5);
+  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
+  CTL(0, "fault", "stall", "--group", "midrec", "--rank", "1", "--call",
+      callbuf, "--ticks", "400ms");
+  sh->gate_open = 1;
+  wait_fails(sh, 0x7, 1, 10000);
+  /* Ranks 0 and 1 acknowledged; the group waits for rank 2. */
+  for (int i = 0; i < 500; i++) {
+    if (hh_ctl(&g_d, &g_o, "health", "midrec", "--json", (char *)NULL) == 1 &&
+        strstr(g_o.out, "\"state\":\"recovering\""))
+      break;
+    hh_sleep_ms(5);
+  }
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"recovering\""), "%s", g_o.out);
+  hh_sleep_ms(50);
+  HC_ASSERT(hh_daemon_stop(&g_d, SIGKILL) >= 0, "kill");
+  start(k_fault);
+  /* Rank 0 and 1 come back on their own, from inside dcpx_recover. */
+  for (int i = 0; i < 500; i++) {
+    if (hh_ctl(&g_d, &g_o, "health", "midrec", "--json", (char *)NULL) == 1 &&
+        strstr(g_o.out, "\"awaiting_reattach\":4"))
+      break;
+    hh_sleep_ms(5);
+  }
+  HC_ASSERT(strstr(g_o.out, "\"awaiting_reattach\":4") &&
+                strstr(g_o.out, "\"state\":\"recovering\"") &&
+                strstr(g_o.out, "\"adopted\":true"),
+            "%s", g_o.out);
+  sh->release = 0x4;
+  HC_ASSERT(hh_wait_progress(sh, W, 50010, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  CTL_JSON(0, "health", "midrec", "--json");
+  HC_ASSERT(json_u64("generation") == 2 && json_u64("recoveries") == 1, "%s",
+            g_o.out);
+  HC_ASSERT(hh_stop_ranks(sh, pids, W) == 0, "%s", hh_rank_errors(sh, W));
+  finish();
+}
+END_TEST
+
+/* A rank dies while dcpxd is away. Its peers wait for it until their
+ * timeout (nothing else can tell them), then reattach from dcpx_recover;
+ * the new daemon finds the dead rank's pid gone, aborts the group, and a
+ * replacement completes the recovery. */
+START_TEST(test_rank_dies_while_daemon_away) {
+  const uint32_t W = 3, victim = 2;
+  hh_spec sp = spec("away", W, 1000000000ull);
+  hh_shared *sh = hh_shared_new();
+  pid_t pids[3];
+
+  start(NULL);
+  sh->recover = 1;
+  sh->poll_each = 1;
+  sh->victim_rank = (int32_t)victim;
+  sh->victim_call = 30;
+  sh->resume_at = 1000;
+  sh->stop_at = 1100;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  for (int i = 0; i < 2000 && !sh->victim_ready; i++)
+    hh_sleep_ms(5);
+  HC_ASSERT(sh->victim_ready, "victim: %s", hh_rank_errors(sh, W));
+  stop_clean();
+  kill(pids[victim], SIGKILL);
+  waitpid(pids[victim], NULL, 0);
+  start(NULL);
+  wait_fails(sh, 0x3, 1, 10000);
+  for (uint32_t r = 0; r < victim; r++)
+    HC_ASSERT(sh->r[r].fails[0].rc == DCPX_E_FAILED, "rank %u: %s", r,
+              dcpx_strerror(sh->r[r].fails[0].rc));
+  /* The daemon learns of the death from the first rank that reattaches. */
+  for (int i = 0; i < 500 && !log_contains("died while dcpxd was away"); i++)
+    hh_sleep_ms(5);
+  HC_ASSERT(log_contains("died while dcpxd was away"), "not noticed");
+  pids[victim] = hh_rank_fork(g_d.sock, &sp, sh, victim, 0, 1);
+  int bad = 0;
+  for (uint32_t r = 0; r < W; r++) {
+    int st;
+    waitpid(pids[r], &st, 0);
+    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  HC_ASSERT(bad == 0, "%s", hh_rank_errors(sh, W));
+  for (uint32_t r = 0; r < W; r++)
+    HC_ASSERT(sh->r[r].ok_since_resume == 100, "rank %u: %llu calls", r,
+              (unsigned long long)sh->r[r].ok_since_resume);
+  /* Their timeouts were stored by the new daemon. */
+  CTL_JSON(0, "records", "--group", "away", "--json");
+  hh_rec recs[8];
+  HC_ASSERT(hh_parse_records(g_o.out, recs, 8) == 2, "%s", g_o.out);
+  finish();
+}
+END_TEST
+
+/* ---- durable records, damaged files, refusals and exit codes -------------- */
+
+START_TEST(test_records_durable) {
+  hh_spec sp = spec("dur", 2, 50000000ull);
+  hh_shared *sh = hh_shared_new();
+  const char *const fast[] = {"--enable-fault-injection", "--poll-ms", "1",
+                              NULL};
+  pid_t pids[2];
+  hh_rec before[16], after[16];
+  char path[256];
+
+  start(fast);
+  for (uint32_t r = 0; r < 2; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  HC_ASSERT(hh_wait_progress(sh, 2, 5, 20000) == 0, "%s",
+            hh_rank_errors(sh, 2));
+  hh_expect x;
+  const uint64_t F =
+      pick_call(&sp, 0, hh_max_progress(sh, 2) + 5, 1, "flags", &x);
+  HC_ASSERT(hh_gate(sh, 2, F) == F, "gate: %s", hh_rank_errors(sh, 2));
+  char callbuf[32];
+  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
+  CTL(0, "fault", "stall", "--group", "dur", "--rank", "1", "--call", callbuf,
+      "--ticks", "150ms");
+  sh->gate_open = 1;
+  for (uint32_t r = 0; r < 2; r++)
+    waitpid(pids[r], NULL, 0); /* recover = 0: they stop at the failure */
+  CTL_JSON(0, "records", "--json");
+  int n = hh_parse_records(g_o.out, before, 16);
+  HC_ASSERT(n == 1 && before[0].rank == 0 && before[0].call_tag == x.call &&
+                before[0].index == x.index && before[0].seen == x.seen,
+            "%s", g_o.out);
+
+  /* Restart without fault injection: the records are still there. */
+  stop_clean();
+  start(NULL);
+  CTL_JSON(0, "records", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, after, 16) == 1 &&
+                after[0].time_ns == before[0].time_ns &&
+                strstr(g_o.out, "\"note\":\"\""),
+            "%s", g_o.out);
+
+  /* Fault injection is off: a clear refusal (exit 4). */
+  CTL(4, "fault", "stall", "--group", "dur", "--rank", "0", "--ticks", "1ms");
+  HC_ASSERT(strstr(g_o.err, "fault injection is disabled"), "%s", g_o.err);
+  CTL_JSON(4, "fault", "stall", "--group", "dur", "--rank", "0", "--ticks",
+           "1ms", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"status\":-1,"), "%s", g_o.out);
+  /* Other exit codes: usage (2), daemon error (4). */
+  CTL(2, "fault", "stall", "--group", "dur");
+  CTL(2, "records", "--rank", "x");
+  CTL(2, "frobnicate");
+  CTL(4, "health", "nosuchgroup");
+  CTL(4, "reset", "--group", "nosuchgroup");
+  CTL_JSON(0, "health", "--json"); /* no groups: healthy */
+  HC_ASSERT(strstr(g_o.out, "\"groups\":[]"), "%s", g_o.out);
+
+  /* A damaged file: one corrupted entry, a truncated tail. */
+  stop_clean();
+  snprintf(path, sizeof(path), "%s/records.log", g_d.state);
+  int fd = open(path, O_RDWR);
+  HC_ASSERT(fd >= 0, "no %s", path);
+  struct stat stt;
+  fstat(fd, &stt);
+  HC_ASSERT(stt.st_size == 128, "records.log is %lld bytes",
+            (long long)stt.st_size);
+  /* Two good copies around a bad one, then half an entry. */
+  char e[128], bad[128];
+  HC_ASSERT(pread(fd, e, 128, 0) == 128, "read");
+  memcpy(bad, e, 128);
+  bad[20] ^= 0x5a;
+  HC_ASSERT(pwrite(fd, bad, 128, 128) == 128 && pwrite(fd, e, 128, 256) == 128 &&
+                pwrite(fd, e, 77, 384) == 77,
+            "write");
+  close(fd);
+  start(NULL);
+  CTL_JSON(0, "records", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, after, 16) == 2 &&
+                strstr(g_o.out, "1 corrupted and 1 truncated"),
+            "%s", g_o.out);
+  CTL(0, "records");
+  HC_ASSERT(strstr(g_o.err, "corrupted"), "no note on stderr: %s", g_o.err);
+  stop_clean();
+  /* The tail was cut: the file is whole entries again. */
+  stat(path, &stt);
+  HC_ASSERT(stt.st_size == 384, "records.log is %lld bytes after the fix",
+            (long long)stt.st_size);
+
+  /* Nothing but garbage, in both files. */
+  for (int k = 0; k < 2; k++) {
+    char junk[1000];
+    uint64_t s = 42 + (uint64_t)k;
+    snprintf(path, sizeof(path), "%s/records.log%s", g_d.state,
+             k ? ".1" : "");
+    for (size_t i = 0; i < sizeof(junk); i++)
+      junk[i] = (char)hh_mix(&s);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0640);
+    HC_ASSERT(fd >= 0 && write(fd, junk, sizeof(junk)) == (ssize_t)sizeof(junk),
+              "write %s", path);
+    close(fd);
+  }
+  start(NULL);
+  CTL_JSON(0, "records", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, after, 16) == 0 &&
+                strstr(g_o.out, "corrupted"),
+            "%s", g_o.out);
+  stop_clean();
+
+  /* No daemon: exit 3. */
+  CTL(3, "health");
+  finish();
+}
+END_TEST
+
+/* ---- a flood of alarms ------------------------------------------------------
+ *
+ * W threads hold the W ranks of a group with R = 256 rows; every round the
+ * test fills all W*R record slots and raises every alarm (as W*R timed-out
+ * blocks would), and the ranks recover. dcpxd stores up to 1024 records per
+ * harvest and keeps 4096 in memory; its records files rotate at the limit.
+ * Its resident memory must not grow with the number of rounds. */
+#define FLOOD_W 4
+#define FLOOD_ROUNDS 40
+
+typedef struct flood {
+  dcpx_member *m[FLOOD_W];
+  pthread_barrier_t bar;
+  int rc[FLOOD_W];
+} flood;
+
+static flood g_fl;
+
+static void *flood_join(void *arg) {
+  uint32_t r = (uint32_t)(uintptr_t)arg;
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *c;
+  sh.world = FLOOD_W;
+  sh.rows = 256;
+  sh.topk = 64;
+  sh.local_topk = 16;
+  sh.max_local = 256;
+  jo.group = "flood";
+  jo.rank = r;
+  jo.timeout_ns = 1000000000ull;
+  g_fl.rc[r] = dcpx_connect(g_d.sock, &c);
+  if (g_fl.rc[r] == 0)
+    g_fl.rc[r] = dcpx_join(c, &sh, &jo, &g_fl.m[r]);
+  return NULL;
+}
+
+static void *flood_recover(void *arg) {
+  uint32_t r = (uint32_t)(uintptr_t)arg;
+  g_fl.rc[r] = dcpx_recover(g_fl.m[r], NULL, 20000);
+  return NULL;
+}
+
+static void run_threads(void *(*fn)(void *)) {
+  pthread_t th[FLOOD_W];
+  for (uintptr_t r = 0; r < FLOOD_W; r++)
+    pthread_create(&th[r], NULL, fn, (void *)r);
+  for (uint32_t r = 0; r < FLOOD_W; r++)
+    pthread_join(th[r], NULL);
+}
+
+START_TEST(test_alarm_flood) {
+  const char *const small[] = {"--records-max-bytes", "256K", NULL};
+  long rss_warm = 0, rss_end = 0;
+  char path[256];
+  struct stat st;
+
+  start(small);
+  run_threads(flood_join);
+  for (uint32_t r = 0; r < FLOOD_W; r++)
+    HC_ASSERT(g_fl.rc[r] == 0, "join %u: %s", r, dcpx_strerror(g_fl.rc[r]));
+  dcpx_member *m = g_fl.m[0];
+  const uint32_t R = m->L.rows;
+  for (int round = 0; round < FLOOD_ROUNDS; round++) {
+    uint64_t now = hh_real();
+    for (uint32_t d = 0; d < FLOOD_W; d++) {
+      for (uint32_t t = 0; t < R; t++) {
+        dcpx_wait_record *w = &m->records[(size_t)d * R + t];
+        w->region = DCPX_REGION_LL_SLOTS;
+        w->index = t;
+        w->expected = 7;
+        w->seen = 5;
+        w->block = t;
+        w->time_ns = now + (uint64_t)d * R + t;
+        w->call_tag = (uint64_t)round;
+        w->generation = m->hdr->generation;
+        w->rank = d;
+        __atomic_store_n(&w->kind, DCPX_REC_TIMEOUT, __ATOMIC_RELEASE);
+      }
+      __atomic_store_n(&m->health[d].alarm, 1u, __ATOMIC_RELEASE);
+      __atomic_store_n(&m->health[d].failed, 1u, __ATOMIC_RELEASE);
+    }
+    run_threads(flood_recover);
+    for (uint32_t r = 0; r < FLOOD_W; r++)
+      HC_ASSERT(g_fl.rc[r] == 0, "round %d: recover %u: %s", round, r,
+                dcpx_strerror(g_fl.rc[r]));
+    HC_ASSERT(m->hdr->abort == 0 && m->records[0].kind == 0 &&
+                  m->health[0].alarm == 0,
+              "round %d: the group was not reset", round);
+    if (round == 4)
+      rss_warm = hh_rss_kib(g_d.pid);
+  }
+  rss_end = hh_rss_kib(g_d.pid);
+  fprintf(stderr,
+          "flood: %d rounds x %u records: dcpxd VmRSS %ld KiB after 5, %ld "
+          "KiB after %d\n",
+          FLOOD_ROUNDS, FLOOD_W * R, rss_warm, rss_end, FLOOD_ROUNDS);
+  HC_ASSERT(rss_warm > 0 && rss_end - rss_warm < 1024,
+            "dcpxd grew from %ld to %ld KiB", rss_warm, rss_end);
+  /* The files stay within their bound: two of at most 256 KiB. */
+  snprintf(path, sizeof(path), "%s/records.log", g_d.state);
+  HC_ASSERT(stat(path, &st) == 0 && st.st_size <= 256 * 1024, "records.log");
+  snprintf(path, sizeof(path), "%s/records.log.1", g_d.state);
+  HC_ASSERT(stat(path, &st) == 0 && st.st_size <= 256 * 1024,
+            "records.log.1");
+  CTL_JSON(0, "records", "--limit", "10", "--json");
+  hh_rec recs[16];
+  HC_ASSERT(hh_parse_records(g_o.out, recs, 16) == 10, "%s", g_o.out);
+  HC_ASSERT(recs[9].call_tag == FLOOD_ROUNDS - 1, "newest record is from "
+            "round %llu", (unsigned long long)recs[9].call_tag);
+  CTL_JSON(0, "health", "flood", "--json");
+  HC_ASSERT(json_u64("aborts") == FLOOD_ROUNDS &&
+                json_u64("recoveries") == FLOOD_ROUNDS,
+            "%s", g_o.out);
+  for (uint32_t r = 0; r < FLOOD_W; r++)
+    dcpx_leave(g_fl.m[r]);
+  finish();
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("health");
+  TCase *tc = tcase_create("end-to-end");
+  const char *only = getenv("HEALTH_ONLY"); /* run one test, by name */
+  tcase_set_timeout(tc, 90);
+#define ADD(t)                                                               \
+  if (!only || !strcmp(only, #t))                                            \
+  tcase_add_test(tc, t)
+  ADD(test_stall_records);
+  ADD(test_kill9_replace);
+  ADD(test_kill9_socket_held);
+  ADD(test_daemon_restart);
+  ADD(test_restart_during_recovery);
+  ADD(test_rank_dies_while_daemon_away);
+  ADD(test_records_durable);
+  ADD(test_alarm_flood);
+#undef ADD
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
