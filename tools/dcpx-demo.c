@@ -52,6 +52,10 @@ typedef struct opts {
   int quiet;
   int cuda;   /* 1: CUDA backend on `device` (one GPU for all ranks) */
   int device;
+  int spread; /* CUDA: rank r on device r % (device count) instead */
+  int fault_at; /* call index whose merge stalls fault_rank, or -1 */
+  uint32_t fault_rank;
+  char self_dir[512]; /* where this program lives (dcpxd, dcpxctl) */
 } opts;
 
 /* Shared between the parent and the ranks (MAP_SHARED before fork). */
@@ -62,6 +66,8 @@ typedef struct shared {
   double join_end[DCPX_MAX_WORLD];     /* when it returned */
   uint64_t rescue_rows, rows;          /* rank 0's reference counts */
   uint8_t *bad;                        /* [calls]: some rank mismatched */
+  uint8_t *faulted;                    /* [calls]: failed as injected */
+  double recover_ms[DCPX_MAX_WORLD];   /* dcpx_recover time, last fault */
   double lat_us[];                     /* [world][calls] */
 } shared;
 
@@ -159,11 +165,10 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
   shape.max_local = o->local_len;
   jo.rank = rank;
   jo.group = o->group;
-  jo.timeout_ns = 5000000000ull;
-  if (o->cuda) {
-    jo.backend = DCPX_BACKEND_CUDA;
-    jo.device = o->device;
-  }
+  /* A short bounded wait when a stall is injected, so the demo shows the
+   * whole failure and recovery in well under a second. */
+  jo.timeout_ns = o->fault_at >= 0 ? 300000000ull : 5000000000ull;
+  int device = o->device;
 
   size_t per = (size_t)R * o->local_len;
   uint16_t *all = malloc(sizeof(uint16_t) * per * W);
@@ -198,8 +203,22 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
   }
 
 #ifdef HAVE_CUDA
+  if (o->cuda && o->spread) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+      r = DCPX_E_CUDA;
+      goto out;
+    }
+    device = (int)(rank % (uint32_t)n);
+  }
+#endif
   if (o->cuda) {
-    if (cudaSetDevice(o->device) != cudaSuccess ||
+    jo.backend = DCPX_BACKEND_CUDA;
+    jo.device = device;
+  }
+#ifdef HAVE_CUDA
+  if (o->cuda) {
+    if (cudaSetDevice(device) != cudaSuccess ||
         cudaStreamCreateWithFlags(&g.st, cudaStreamNonBlocking) !=
             cudaSuccess ||
         cudaMalloc((void **)&g.lg, sizeof(uint16_t) * per) != cudaSuccess ||
@@ -252,6 +271,21 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
       }
 #endif
     }
+    if ((int)c == o->fault_at && rank == 0) {
+      /* Arm the fault hook through the operator tool, as an SRE would. */
+      char cmd[1400], ctl[600];
+      /* dcpxctl sits beside us (or one up, from libtool's .libs). */
+      snprintf(ctl, sizeof(ctl), "%s/dcpxctl", o->self_dir);
+      if (access(ctl, X_OK) != 0)
+        snprintf(ctl, sizeof(ctl), "%s/../dcpxctl", o->self_dir);
+      snprintf(cmd, sizeof(cmd),
+               "'%s' --socket '%s' fault stall --group '%s' "
+               "--rank %u --call %u --ticks %llu >/dev/null",
+               ctl, o->socket, o->group, o->fault_rank, c,
+               (unsigned long long)(3 * jo.timeout_ns));
+      if (system(cmd) != 0)
+        fprintf(stderr, "dcpx-demo: arming the fault failed: %s\n", cmd);
+    }
     pthread_barrier_wait(&sh->barrier);
     double t0 = now_us();
     if (!o->cuda) {
@@ -270,10 +304,10 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
 #endif
     }
     sh->lat_us[(size_t)rank * o->calls + c] = now_us() - t0;
-    if (r < 0)
+    if (r < 0 && o->fault_at < 0)
       goto out;
 #ifdef HAVE_CUDA
-    if (o->cuda &&
+    if (o->cuda && r == 0 &&
         (cudaMemcpy(rows_out, g.rows, sizeof(int32_t) * (size_t)R * K,
                     cudaMemcpyDeviceToHost) != cudaSuccess ||
          cudaMemcpy(ids_out, g.ids, sizeof(int32_t) * (size_t)R * K,
@@ -286,6 +320,30 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
       goto out;
     }
 #endif
+    if (o->fault_at >= 0) {
+      /* A failed call (an error; with CUDA, rows marked -1) is recovered
+       * from, and counted as exact only if it was not the injected one. */
+      int failed_call = r < 0;
+      for (uint32_t t = 0; t < R && !failed_call; t++)
+        failed_call = valid[t] < 0;
+      if (failed_call) {
+        double r0 = now_us();
+        sh->faulted[c] = 1;
+        if (!o->quiet)
+          fprintf(stderr, "dcpx-demo: rank %u: call %u failed (%s); "
+                  "recovering\n", rank, c,
+                  r < 0 ? dcpx_strerror(r) : "rows marked failed");
+#ifdef HAVE_CUDA
+        r = dcpx_recover(m, o->cuda ? (void *)g.st : NULL, 20000);
+#else
+        r = dcpx_recover(m, NULL, 20000);
+#endif
+        sh->recover_ms[rank] = (now_us() - r0) / 1e3;
+        if (r < 0)
+          goto out;
+        continue;
+      }
+    }
     dcpx_ref_stats st = {0, 0, 0};
     r = dcpx_ref_call(&shape, R, lg, o->local_len, en, rank, req, bt, R,
                       bt_cols, x_rows, x_valid, x_ids, x_sat, &st);
@@ -370,6 +428,7 @@ static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n) {
     if (!freopen(log, "w", stderr))
       _exit(126);
     execlp(bin, bin, "--socket", sock, "--state-dir", state, "--config=",
+           o->fault_at >= 0 ? "--enable-fault-injection" : "--log-level=info",
            (char *)NULL);
     fprintf(stderr, "dcpx-demo: cannot run %s: %s\n", bin, strerror(errno));
     _exit(127);
@@ -406,12 +465,24 @@ static void usage(FILE *f) {
           "                 [--local-topk N] [--local-len L] [--block-size B]\n"
           "                 [--interleave I] [--socket PATH] [--dcpxd PATH]\n"
           "                 [--seed S] [--group NAME] [--quiet]\n"
-          "                 [--backend host|cuda] [--device N]\n");
+          "                 [--backend host|cuda] [--device N] [--spread]\n"
+          "                 [--fault-at CALL [--fault-rank R]]\n");
 }
 
 int main(int argc, char **argv) {
   opts o = {8, 64, 100, 2048, 512, 16384, 64, 1, 1, 0, NULL, NULL, NULL,
-            0, 0, 0};
+            0, 0, 0, 0, -1, 1, "."};
+  {
+    ssize_t k = readlink("/proc/self/exe", o.self_dir, sizeof(o.self_dir) - 1);
+    if (k > 0) {
+      o.self_dir[k] = 0;
+      char *slash = strrchr(o.self_dir, '/');
+      if (slash)
+        *slash = 0;
+    } else {
+      strcpy(o.self_dir, ".");
+    }
+  }
   static const struct option lo[] = {
       {"world", 1, 0, 'w'},      {"rows", 1, 0, 'r'},
       {"calls", 1, 0, 'c'},      {"topk", 1, 0, 'k'},
@@ -421,6 +492,8 @@ int main(int argc, char **argv) {
       {"seed", 1, 0, 'S'},       {"group", 1, 0, 'g'},
       {"quiet", 0, 0, 'q'},      {"help", 0, 0, 'h'},
       {"backend", 1, 0, 'B'},    {"device", 1, 0, 'D'},
+      {"spread", 0, 0, 'P'},     {"fault-at", 1, 0, 'F'},
+      {"fault-rank", 1, 0, 'R'},
       {0, 0, 0, 0}};
   char dir[] = "/tmp/dcpx-demo.XXXXXX", sock[600], group[64];
   pid_t daemon_pid = 0;
@@ -453,6 +526,9 @@ int main(int argc, char **argv) {
       }
       break;
     case 'D': o.device = (int)v; break;
+    case 'P': o.spread = 1; break;
+    case 'F': o.fault_at = (int)v; break;
+    case 'R': o.fault_rank = (uint32_t)v; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -489,7 +565,7 @@ int main(int argc, char **argv) {
   }
 
   size_t latbytes = sizeof(double) * o.world * o.calls;
-  size_t shbytes = sizeof(shared) + latbytes + o.calls;
+  size_t shbytes = sizeof(shared) + latbytes + 2 * (size_t)o.calls;
   shared *sh = mmap(NULL, shbytes, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) {
@@ -497,6 +573,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   sh->bad = (uint8_t *)sh + sizeof(shared) + latbytes;
+  sh->faulted = sh->bad + o.calls;
   pthread_barrierattr_t ba;
   pthread_barrierattr_init(&ba);
   pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
@@ -518,9 +595,11 @@ int main(int argc, char **argv) {
   }
   double wall = (now_us() - t_start) / 1e6;
 
-  uint32_t exact = 0;
-  for (uint32_t c = 0; c < o.calls && !failed; c++)
-    exact += !sh->bad[c];
+  uint32_t exact = 0, faulted = 0;
+  for (uint32_t c = 0; c < o.calls && !failed; c++) {
+    faulted += sh->faulted[c];
+    exact += !sh->bad[c] && !sh->faulted[c];
+  }
   size_t n = (size_t)o.world * o.calls;
   qsort(sh->lat_us, n, sizeof(double), cmp_double);
   printf("dcpx-demo: W=%u rows=%u N=%u K=%u local=%u calls=%u backend=%s "
@@ -547,8 +626,22 @@ int main(int argc, char **argv) {
          last_ret - last_call);
   if (failed)
     printf("ranks failed: %d\n", failed);
-  printf("exact: %u/%u calls\n", exact, o.calls);
-  rc = (!failed && exact == o.calls) ? 0 : 1;
+  if (o.fault_at >= 0) {
+    double worst = 0;
+    for (uint32_t r = 0; r < o.world; r++)
+      if (sh->recover_ms[r] > worst)
+        worst = sh->recover_ms[r];
+    printf("fault: rank %u stalled in call %d; %u call(s) failed as "
+           "injected; recovery took %.1f ms (slowest rank)\n",
+           o.fault_rank, o.fault_at, faulted, worst);
+  }
+  /* Injected failures are not calls the reference can check. */
+  uint32_t checked = o.calls - faulted;
+  printf("exact: %u/%u calls\n", exact, checked);
+  rc = (!failed && exact == checked &&
+        (o.fault_at < 0 || (faulted == 1 && sh->faulted[o.fault_at])))
+           ? 0
+           : 1;
   munmap(sh, shbytes);
 out:
   if (daemon_pid > 0) {
