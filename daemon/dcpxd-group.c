@@ -690,7 +690,7 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   for (uint32_t i = 0; i < W; i++) {
     const dcpx_rank_health *h = dcpxd_group_health(g, i);
     g->member[i].pid = (pid_t)h->pid;
-    g->member[i].device = -1;
+    g->member[i].device = g->ws[i]->device; /* -1 for host memory */
     if (h->joined && i != rank) {
       g->awaiting |= 1u << i;
       k += (size_t)snprintf(awaited + k, sizeof(awaited) - k, "%s%u",

@@ -147,6 +147,22 @@ static void wait_fails(const hh_shared *sh, uint32_t mask, uint32_t n,
 
 static double ms(uint64_t ns) { return (double)ns / 1e6; }
 
+/* Where every rank is, for failure messages. */
+static const char *states(const hh_shared *sh, uint32_t W) {
+  static char buf[1024];
+  size_t k = 0;
+  for (uint32_t r = 0; r < W && k < sizeof(buf); r++) {
+    const hh_rank_state *x = &sh->r[r];
+    k += (size_t)snprintf(buf + k, sizeof(buf) - k,
+                          "[rank %u: progress %llu, %u fails, at_gate %llu, "
+                          "at_merge %llu, status %u %s] ",
+                          r, (unsigned long long)x->progress, x->nfails,
+                          (unsigned long long)x->at_gate,
+                          (unsigned long long)x->at_merge, x->status, x->err);
+  }
+  return buf;
+}
+
 /* The first call >= from after which, with rank s stopped, the others wait
  * in `region`. */
 static uint64_t pick_call(const hh_spec *sp, uint64_t first, uint64_t from,
@@ -168,7 +184,9 @@ static uint64_t pick_call(const hh_spec *sp, uint64_t first, uint64_t from,
  * timeout, write their records, raise the alarm; dcpxd aborts the group;
  * rank 1, once its stall is over, fails at once instead of waiting. */
 START_TEST(test_stall_records) {
-  const uint64_t timeout = 300000000ull, ticks = 700000000ull;
+  /* The stall exceeds the timeout by far: on a loaded machine the others
+   * may begin to wait well after rank 1 began to stall. */
+  const uint64_t timeout = 300000000ull, ticks = 1200000000ull;
   hh_spec sp = spec("stall", 3, timeout);
   sp.K = 32; /* W*N > K: rank 1 is not always saturated */
   hh_shared *sh = hh_shared_new();
@@ -188,13 +206,13 @@ START_TEST(test_stall_records) {
   /* A call after which the others wait for rank 1's next list (ll_slots);
    * test_records_durable takes one where they wait for a rescue flag. */
   hh_expect x;
-  uint64_t F = pick_call(&sp, 0, hh_max_progress(sh, 3) + 5, 1, "ll_slots",
-                         &x);
-  HC_ASSERT(hh_gate(sh, 3, F) == F, "ranks did not reach the gate: %s",
+  uint64_t G = hh_gate(sh, 3, hh_max_progress(sh, 3) + 5);
+  HC_ASSERT(G != UINT64_MAX, "ranks did not reach the gate: %s",
             hh_rank_errors(sh, 3));
+  uint64_t F = pick_call(&sp, 0, G, 1, "ll_slots", &x);
   snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
   CTL_JSON(0, "fault", "stall", "--group", "stall", "--rank", "1", "--call",
-           callbuf, "--ticks", "700ms", "--json");
+           callbuf, "--ticks", "1200ms", "--json");
   HC_ASSERT(strstr(g_o.out, "\"status\":0"), "%s", g_o.out);
   sh->gate_open = 1;
   wait_fails(sh, 0x7, 1, 10000);
@@ -469,10 +487,10 @@ START_TEST(test_daemon_restart) {
   snprintf(callbuf, sizeof(callbuf), "%llu",
            (unsigned long long)hh_gate(sh, W, hh_max_progress(sh, W) + 5));
   CTL(0, "fault", "stall", "--group", "restart", "--rank", "1", "--call",
-      callbuf, "--ticks", "1500ms");
+      callbuf, "--ticks", "3s");
   sh->gate_open = 1;
-  HC_ASSERT(hh_wait_progress(sh, W, 100010, 20000) == 0, "%s",
-            hh_rank_errors(sh, W));
+  HC_ASSERT(hh_wait_progress(sh, W, 100010, 20000) == 0, "gate %s: %s",
+            callbuf, states(sh, W));
   CTL_JSON(0, "records", "--group", "restart", "--json");
   int n_before = hh_parse_records(g_o.out, before, 32);
   HC_ASSERT(n_before >= 1, "%s", g_o.out);
@@ -504,7 +522,7 @@ START_TEST(test_daemon_restart) {
   const uint64_t F2 = hh_gate(sh, W, hh_max_progress(sh, W) + 5);
   snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F2);
   CTL(0, "fault", "stall", "--group", "restart", "--rank", "1", "--call",
-      callbuf, "--ticks", "1500ms");
+      callbuf, "--ticks", "3s");
   sh->gate_open = 1;
   HC_ASSERT(hh_wait_progress(sh, W, 200010, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
@@ -565,7 +583,7 @@ START_TEST(test_restart_during_recovery) {
   uint64_t F = hh_gate(sh, W, hh_max_progress(sh, W) + 5);
   snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
   CTL(0, "fault", "stall", "--group", "midrec", "--rank", "1", "--call",
-      callbuf, "--ticks", "400ms");
+      callbuf, "--ticks", "1s");
   sh->gate_open = 1;
   wait_fails(sh, 0x7, 1, 10000);
   /* Ranks 0 and 1 acknowledged; the group waits for rank 2. */
@@ -628,9 +646,16 @@ START_TEST(test_rank_dies_while_daemon_away) {
   waitpid(pids[victim], NULL, 0);
   start(NULL);
   wait_fails(sh, 0x3, 1, 10000);
-  for (uint32_t r = 0; r < victim; r++)
-    HC_ASSERT(sh->r[r].fails[0].rc == DCPX_E_FAILED, "rank %u: %s", r,
-              dcpx_strerror(sh->r[r].fails[0].rc));
+  /* The first to time out reattaches, and its abort may end the other's
+   * wait before its own timeout. */
+  int timed_out = 0;
+  for (uint32_t r = 0; r < victim; r++) {
+    int rc = sh->r[r].fails[0].rc;
+    HC_ASSERT(rc == DCPX_E_FAILED || rc == DCPX_E_ABORTED, "rank %u: %s", r,
+              dcpx_strerror(rc));
+    timed_out += rc == DCPX_E_FAILED;
+  }
+  HC_ASSERT(timed_out >= 1, "no rank timed out");
   /* The daemon learns of the death from the first rank that reattaches. */
   for (int i = 0; i < 500 && !log_contains("died while dcpxd was away"); i++)
     hh_sleep_ms(5);
@@ -649,7 +674,7 @@ START_TEST(test_rank_dies_while_daemon_away) {
   /* Their timeouts were stored by the new daemon. */
   CTL_JSON(0, "records", "--group", "away", "--json");
   hh_rec recs[8];
-  HC_ASSERT(hh_parse_records(g_o.out, recs, 8) == 2, "%s", g_o.out);
+  HC_ASSERT(hh_parse_records(g_o.out, recs, 8) == timed_out, "%s", g_o.out);
   finish();
 }
 END_TEST
@@ -671,13 +696,13 @@ START_TEST(test_records_durable) {
   HC_ASSERT(hh_wait_progress(sh, 2, 5, 20000) == 0, "%s",
             hh_rank_errors(sh, 2));
   hh_expect x;
-  const uint64_t F =
-      pick_call(&sp, 0, hh_max_progress(sh, 2) + 5, 1, "flags", &x);
-  HC_ASSERT(hh_gate(sh, 2, F) == F, "gate: %s", hh_rank_errors(sh, 2));
+  uint64_t G = hh_gate(sh, 2, hh_max_progress(sh, 2) + 5);
+  HC_ASSERT(G != UINT64_MAX, "gate: %s", hh_rank_errors(sh, 2));
+  const uint64_t F = pick_call(&sp, 0, G, 1, "flags", &x);
   char callbuf[32];
   snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
   CTL(0, "fault", "stall", "--group", "dur", "--rank", "1", "--call", callbuf,
-      "--ticks", "150ms");
+      "--ticks", "600ms");
   sh->gate_open = 1;
   for (uint32_t r = 0; r < 2; r++)
     waitpid(pids[r], NULL, 0); /* recover = 0: they stop at the failure */

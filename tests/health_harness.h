@@ -716,7 +716,10 @@ static int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
     first = resumed_at = sh->resume_at;
   }
   for (uint64_t cl = first; cl < sh->stop_at; cl++) {
-    if (cl == sh->gate_at && !sh->gate_open) {
+    /* The first call at or past the gate: if the parent set it late, all
+     * ranks still stop at one call (none can be a call ahead of a peer
+     * that has not pushed). */
+    if (cl >= sh->gate_at && !sh->gate_open) {
       st->at_gate = cl + 1;
       while (!sh->gate_open)
         hh_sleep_ms(1);
@@ -867,20 +870,24 @@ static int hh_wait_progress(const hh_shared *sh, uint32_t W, uint64_t p,
   return 0;
 }
 
-/* Closes a gate at call `at` (which no rank may have started yet: pick it
- * a few calls past hh_max_progress), and waits until every rank stands at
- * it. Returns `at`, or UINT64_MAX if the ranks did not get there in 20 s. */
+/* Closes a gate at call `at` (a few calls past hh_max_progress; if the
+ * ranks are already past it, at their next call), and waits until every
+ * rank stands at it. Returns the call they stopped before, or UINT64_MAX if
+ * they did not all get there in 20 s. */
 static uint64_t hh_gate(hh_shared *sh, uint32_t W, uint64_t at) {
   uint64_t end = hh_mono() + 20000000000ull;
+  sh->gate_at = UINT64_MAX; /* the old gate must not catch anyone */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
   sh->gate_open = 0;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   sh->gate_at = at;
   for (;;) {
-    int all = 1;
-    for (uint32_t r = 0; r < W; r++)
-      all = all && sh->r[r].at_gate == at + 1;
+    uint64_t g = sh->r[0].at_gate;
+    int all = g != 0;
+    for (uint32_t r = 1; r < W; r++)
+      all = all && sh->r[r].at_gate == g;
     if (all)
-      return at;
+      return g - 1;
     if (hh_mono() > end)
       return UINT64_MAX;
     hh_sleep_ms(1);
