@@ -99,6 +99,12 @@ static void gen_inputs(const opts *o, uint32_t c, uint32_t r, uint16_t *lg,
     /* Row-wide choices (same on every rank): who is hot, and length. */
     uint32_t hot_rank = (uint32_t)(splitmix(&rs) % o->world);
     int one_rank_hot = unif(&rs) < 0.25;
+    if ((int)c == o->fault_at) {
+      /* The stalled rank holds every row's best: its peers must wait for
+       * its rescue, so the stall is felt (and the timeout fires). */
+      hot_rank = o->fault_rank;
+      one_rank_hot = 1;
+    }
     double scale = 0.5 + 2.0 * unif(&rs);
     uint32_t len = o->local_len;
     double u = unif(&s);
@@ -322,17 +328,25 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
 #endif
     if (o->fault_at >= 0) {
       /* A failed call (an error; with CUDA, rows marked -1) is recovered
-       * from, and counted as exact only if it was not the injected one. */
+       * from, and counted as exact only if it was not the injected one.
+       * A rank can finish a call its peers failed (the stalled rank, whose
+       * own waits were satisfied), so the ranks agree on the outcome here,
+       * as an engine would through its own collective, and recover
+       * together. */
       int failed_call = r < 0;
       for (uint32_t t = 0; t < R && !failed_call; t++)
         failed_call = valid[t] < 0;
-      if (failed_call) {
-        double r0 = now_us();
+      if (failed_call)
         sh->faulted[c] = 1;
+      pthread_barrier_wait(&sh->barrier);
+      if (sh->faulted[c]) {
+        double r0 = now_us();
         if (!o->quiet)
-          fprintf(stderr, "dcpx-demo: rank %u: call %u failed (%s); "
-                  "recovering\n", rank, c,
-                  r < 0 ? dcpx_strerror(r) : "rows marked failed");
+          fprintf(stderr, "dcpx-demo: rank %u: call %u %s; recovering\n",
+                  rank, c,
+                  r < 0 ? dcpx_strerror(r)
+                        : failed_call ? "failed (rows marked failed)"
+                                      : "failed on a peer");
 #ifdef HAVE_CUDA
         r = dcpx_recover(m, o->cuda ? (void *)g.st : NULL, 20000);
 #else
