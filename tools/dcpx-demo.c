@@ -484,7 +484,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  opts o = {8, 64, 100, 2048, 512, 16384, 64, 1, 1, 0, NULL, NULL, NULL,
+  opts o = {8, 64, 50, 2048, 512, 16384, 64, 1, 1, 0, NULL, NULL, NULL,
             0, 0, 0, 0, -1, 1, "."};
   {
     ssize_t k = readlink("/proc/self/exe", o.self_dir, sizeof(o.self_dir) - 1);
