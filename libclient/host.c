@@ -130,44 +130,25 @@ static void fault_hook(struct dcpx_member *m, uint32_t e, uint64_t call_tag) {
     sched_yield();
 }
 
-/* Waits until the tag of the 8-byte half at p is e; returns its word. */
-static int wait_half(struct dcpx_member *m, const uint64_t *p, uint32_t e,
-                     uint32_t index, uint32_t t, uint64_t call_tag,
-                     uint32_t *ret_word) {
-  uint64_t v, t0 = 0;
-  for (uint32_t it = 0;; it++) {
-    v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
-    if ((uint32_t)(v >> 32) == e) {
-      *ret_word = (uint32_t)v;
-      return 0;
-    }
-    int r = stop_reason(m);
-    if (r)
-      return r;
-    if (it < SPIN_ITERS) {
-      cpu_relax();
-      continue;
-    }
-    uint64_t now = clock_ns(CLOCK_MONOTONIC);
-    if (!t0)
-      t0 = now;
-    else if (now - t0 > m->timeout_ns) {
-      give_up(m, DCPX_REGION_LL_SLOTS, index, e, (uint32_t)(v >> 32), t,
-              call_tag);
-      return DCPX_E_FAILED;
-    }
-    sched_yield();
-  }
-}
-
-/* Waits until flag p holds q (acquire). */
-static int wait_flag(struct dcpx_member *m, const uint32_t *p, uint32_t q,
-                     uint32_t index, uint32_t t, uint64_t call_tag) {
+/* Waits until the tag at p equals `expected`: for an LL pair half (an
+ * 8-byte (word, tag) element, region ll_slots) the tag is its high half and
+ * *ret_word gets its word; for a rescue flag (region rescue_flags) the tag
+ * is the 4-byte flag itself, loaded with acquire. */
+static int wait_tag(struct dcpx_member *m, uint32_t region, const void *p,
+                    uint32_t expected, uint32_t index, uint32_t t,
+                    uint64_t call_tag, uint32_t *ret_word) {
+  const int half = region == DCPX_REGION_LL_SLOTS;
   uint64_t t0 = 0;
-  uint32_t v;
+  uint32_t seen;
   for (uint32_t it = 0;; it++) {
-    v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
-    if (v == q)
+    if (half) {
+      uint64_t v = __atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE);
+      seen = (uint32_t)(v >> 32);
+      *ret_word = (uint32_t)v;
+    } else {
+      seen = __atomic_load_n((const uint32_t *)p, __ATOMIC_ACQUIRE);
+    }
+    if (seen == expected)
       return 0;
     int r = stop_reason(m);
     if (r)
@@ -180,7 +161,7 @@ static int wait_flag(struct dcpx_member *m, const uint32_t *p, uint32_t q,
     if (!t0)
       t0 = now;
     else if (now - t0 > m->timeout_ns) {
-      give_up(m, DCPX_REGION_RESCUE_FLAGS, index, q, v, t, call_tag);
+      give_up(m, region, index, expected, seen, t, call_tag);
       return DCPX_E_FAILED;
     }
     sched_yield();
@@ -279,7 +260,8 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const uint16_t *row,
       /* Record index: the 8-byte half within the ll_slots region. */
       uint32_t index =
           (uint32_t)(dcpx_ll_offset(L, e & 1, s, t, 0) / 8u) + h;
-      r = wait_half(m, &src[h], e, index, t, call_tag, &w[h]);
+      r = wait_tag(m, DCPX_REGION_LL_SLOTS, &src[h], e, index, t, call_tag,
+                   &w[h]);
       if (r < 0)
         return r;
     }
@@ -295,7 +277,8 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const uint16_t *row,
       if (!((mask >> s) & 1u))
         continue;
       const uint32_t *flag = ws_u32(m, me, L->off_flags) + (size_t)s * L->rows + t;
-      r = wait_flag(m, flag, q, s * L->rows + t, t, call_tag);
+      r = wait_tag(m, DCPX_REGION_RESCUE_FLAGS, flag, q, s * L->rows + t, t,
+                   call_tag, NULL);
       if (r < 0)
         return r;
       klists[s] = ws_u32(m, me, L->off_rescue) +
