@@ -37,11 +37,18 @@ static void dump_log(void) {
   fclose(f);
 }
 
-/* ck_assert_msg that first shows the daemon's log. */
+/* The test's ranks, for failure messages. */
+static const hh_shared *g_sh;
+static uint32_t g_W;
+static const char *states(const hh_shared *sh, uint32_t W);
+
+/* ck_assert_msg that first shows the daemon's log and the ranks. */
 #define HC_ASSERT(cond, ...)                                                 \
   do {                                                                       \
     if (!(cond)) {                                                           \
       dump_log();                                                            \
+      if (g_sh)                                                              \
+        fprintf(stderr, "ranks: %s\n", states(g_sh, g_W));                   \
       ck_abort_msg(__VA_ARGS__);                                             \
     }                                                                        \
   } while (0)
@@ -190,6 +197,8 @@ START_TEST(test_stall_records) {
   hh_spec sp = spec("stall", 3, timeout);
   sp.K = 32; /* W*N > K: rank 1 is not always saturated */
   hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = 3;
   pid_t pids[3];
   char callbuf[32], rankbuf[8];
 
@@ -350,6 +359,8 @@ END_TEST
 static void kill9(uint32_t W, int hold, int replace) {
   hh_spec sp = spec(hold ? "held" : "kill", W, 10000000000ull);
   hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
   const uint32_t victim = W - 1, peers = (1u << victim) - 1;
   const uint64_t V = 20;
   pid_t pids[DCPX_MAX_WORLD];
@@ -470,6 +481,8 @@ START_TEST(test_daemon_restart) {
   const uint32_t W = 3;
   hh_spec sp = spec("restart", W, 1000000000ull);
   hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
   pid_t pids[3];
   char callbuf[32];
   hh_rec before[32], after[64];
@@ -567,6 +580,8 @@ START_TEST(test_restart_during_recovery) {
   const uint32_t W = 3;
   hh_spec sp = spec("midrec", W, 200000000ull);
   hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
   pid_t pids[3];
   char callbuf[32];
 
@@ -627,6 +642,8 @@ START_TEST(test_rank_dies_while_daemon_away) {
   const uint32_t W = 3, victim = 2;
   hh_spec sp = spec("away", W, 1000000000ull);
   hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
   pid_t pids[3];
 
   start(NULL);
@@ -684,6 +701,8 @@ END_TEST
 START_TEST(test_records_durable) {
   hh_spec sp = spec("dur", 2, 50000000ull);
   hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = 2;
   const char *const fast[] = {"--enable-fault-injection", "--poll-ms", "1",
                               NULL};
   pid_t pids[2];

@@ -44,16 +44,19 @@
 #include "layout.h"
 #include "member.h"
 
+/* Every function: the test and the benchmark each use a part. */
+#define HH_FN static __attribute__((unused))
+
 /* ---- clocks ------------------------------------------------------------- */
 
-static inline uint64_t hh_ns(clockid_t clk) {
+HH_FN inline uint64_t hh_ns(clockid_t clk) {
   struct timespec ts;
   clock_gettime(clk, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
-static inline uint64_t hh_mono(void) { return hh_ns(CLOCK_MONOTONIC); }
-static inline uint64_t hh_real(void) { return hh_ns(CLOCK_REALTIME); }
-static inline void hh_sleep_ms(unsigned ms) { usleep(ms * 1000u); }
+HH_FN inline uint64_t hh_mono(void) { return hh_ns(CLOCK_MONOTONIC); }
+HH_FN inline uint64_t hh_real(void) { return hh_ns(CLOCK_REALTIME); }
+HH_FN inline void hh_sleep_ms(unsigned ms) { usleep(ms * 1000u); }
 
 /* ---- a private dcpxd ---------------------------------------------------- */
 
@@ -65,7 +68,7 @@ typedef struct hh_daemon {
   pid_t pid;
 } hh_daemon;
 
-static int hh_rm_entry(const char *p, const struct stat *st, int fl,
+HH_FN int hh_rm_entry(const char *p, const struct stat *st, int fl,
                        struct FTW *f) {
   (void)st;
   (void)fl;
@@ -74,7 +77,7 @@ static int hh_rm_entry(const char *p, const struct stat *st, int fl,
 }
 
 /* Whether a client can say Hello to the daemon now. */
-static int hh_daemon_up(const hh_daemon *d) {
+HH_FN int hh_daemon_up(const hh_daemon *d) {
   dcpx_client *c;
   if (dcpx_connect(d->sock, &c) == 0) {
     dcpx_disconnect(c);
@@ -86,7 +89,7 @@ static int hh_daemon_up(const hh_daemon *d) {
 /* Starts dcpxd ($DCPXD) on d's socket and state dir, with the extra
  * arguments (NULL-terminated list), and waits until it answers. The first
  * start makes the folder. Returns 0, or -1 if it did not come up in 5 s. */
-static int hh_daemon_start(hh_daemon *d, const char *const *extra) {
+HH_FN int hh_daemon_start(hh_daemon *d, const char *const *extra) {
   const char *bin = getenv("DCPXD");
   const char *argv[32];
   int n = 0;
@@ -138,7 +141,7 @@ static int hh_daemon_start(hh_daemon *d, const char *const *extra) {
 }
 
 /* Stops it with sig and reaps it. Returns the wait status, or -1. */
-static int hh_daemon_stop(hh_daemon *d, int sig) {
+HH_FN int hh_daemon_stop(hh_daemon *d, int sig) {
   int st = -1;
   if (d->pid > 0) {
     kill(d->pid, sig);
@@ -148,7 +151,7 @@ static int hh_daemon_stop(hh_daemon *d, int sig) {
   return st;
 }
 
-static void hh_daemon_cleanup(hh_daemon *d) {
+HH_FN void hh_daemon_cleanup(hh_daemon *d) {
   if (d->pid > 0)
     hh_daemon_stop(d, SIGKILL);
   if (d->dir[0])
@@ -157,7 +160,7 @@ static void hh_daemon_cleanup(hh_daemon *d) {
 }
 
 /* The daemon's resident set, in KiB (-1 if unreadable). */
-static long hh_rss_kib(pid_t pid) {
+HH_FN long hh_rss_kib(pid_t pid) {
   char path[64], line[256];
   long kib = -1;
   FILE *f;
@@ -183,7 +186,7 @@ typedef struct hh_out {
 /* Runs $DCPXCTL --socket d->sock ARGS... (NULL-terminated); fills o with
  * its stdout and stderr. Returns its exit status (0..255), or -1 if it did
  * not exit normally. */
-static int hh_ctl(const hh_daemon *d, hh_out *o, ...) {
+HH_FN int hh_ctl(const hh_daemon *d, hh_out *o, ...) {
   const char *bin = getenv("DCPXCTL");
   const char *argv[40];
   int po[2], pe[2], n = 0, st;
@@ -249,15 +252,15 @@ static int hh_ctl(const hh_daemon *d, hh_out *o, ...) {
 /* ---- a small JSON checker ------------------------------------------------- */
 
 /* Recursive descent over RFC 8259 values; returns the end, or NULL. */
-static const char *hh_json_value(const char *p, int depth);
+HH_FN const char *hh_json_value(const char *p, int depth);
 
-static const char *hh_json_ws(const char *p) {
+HH_FN const char *hh_json_ws(const char *p) {
   while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
     p++;
   return p;
 }
 
-static const char *hh_json_string(const char *p) {
+HH_FN const char *hh_json_string(const char *p) {
   if (*p++ != '"')
     return NULL;
   while (*p && *p != '"') {
@@ -279,7 +282,7 @@ static const char *hh_json_string(const char *p) {
   return *p == '"' ? p + 1 : NULL;
 }
 
-static const char *hh_json_number(const char *p) {
+HH_FN const char *hh_json_number(const char *p) {
   const char *s = p;
   if (*p == '-')
     p++;
@@ -309,7 +312,7 @@ static const char *hh_json_number(const char *p) {
   return p > s ? p : NULL;
 }
 
-static const char *hh_json_value(const char *p, int depth) {
+HH_FN const char *hh_json_value(const char *p, int depth) {
   if (depth > 64)
     return NULL;
   p = hh_json_ws(p);
@@ -351,14 +354,14 @@ static const char *hh_json_value(const char *p, int depth) {
 }
 
 /* 1 if s is exactly one JSON value (and whitespace). */
-static int hh_json_valid(const char *s) {
+HH_FN int hh_json_valid(const char *s) {
   const char *e = hh_json_value(s, 0);
   return e && *hh_json_ws(e) == 0;
 }
 
 /* The number after "key": at or after p (before `end`, if given); 0 and
  * *v set, or -1. */
-static int hh_json_u64(const char *p, const char *end, const char *key,
+HH_FN int hh_json_u64(const char *p, const char *end, const char *key,
                        uint64_t *v) {
   char pat[64];
   snprintf(pat, sizeof(pat), "\"%s\":", key);
@@ -373,7 +376,7 @@ static int hh_json_u64(const char *p, const char *end, const char *key,
 }
 
 /* The string after "key": (copied into buf); 0, or -1. */
-static int hh_json_str(const char *p, const char *end, const char *key,
+HH_FN int hh_json_str(const char *p, const char *end, const char *key,
                        char *buf, size_t n) {
   char pat[64];
   size_t k = 0;
@@ -397,7 +400,7 @@ typedef struct hh_rec {
 
 /* Parses the records of `dcpxctl records --json` output; returns how many
  * (at most max), or -1 if a record lacks a field. */
-static int hh_parse_records(const char *json, hh_rec *recs, int max) {
+HH_FN int hh_parse_records(const char *json, hh_rec *recs, int max) {
   const char *p = strstr(json, "\"records\":[");
   int n = 0;
   if (!p)
@@ -489,7 +492,7 @@ typedef struct hh_shared {
   hh_rank_state r[DCPX_MAX_WORLD];
 } hh_shared;
 
-static hh_shared *hh_shared_new(void) {
+HH_FN hh_shared *hh_shared_new(void) {
   hh_shared *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (s == MAP_FAILED)
@@ -503,14 +506,14 @@ static hh_shared *hh_shared_new(void) {
   return s;
 }
 
-static uint64_t hh_mix(uint64_t *s) {
+HH_FN uint64_t hh_mix(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
 
-static void hh_shape(const hh_spec *sp, dcpx_shape *sh) {
+HH_FN void hh_shape(const hh_spec *sp, dcpx_shape *sh) {
   dcpx_shape s = DCPX_SHAPE_INIT;
   s.world = sp->W;
   s.rows = sp->R;
@@ -523,7 +526,7 @@ static void hh_shape(const hh_spec *sp, dcpx_shape *sh) {
 }
 
 /* Every rank's inputs of call c, the same in every process. */
-static void hh_inputs(const hh_spec *sp, uint64_t c, uint16_t **lg,
+HH_FN void hh_inputs(const hh_spec *sp, uint64_t c, uint16_t **lg,
                       int32_t **en) {
   for (uint32_t d = 0; d < sp->W; d++) {
     uint64_t s = (c << 20) ^ (d * 7919u) ^ 0x4EA1;
@@ -539,7 +542,7 @@ static void hh_inputs(const hh_spec *sp, uint64_t c, uint16_t **lg,
 
 /* The saturation masks (sat_word >> 16) of call c's rows, as every rank
  * computes them. 0 or a negative code. */
-static int hh_ref_masks(const hh_spec *sp, uint64_t c, uint32_t *masks) {
+HH_FN int hh_ref_masks(const hh_spec *sp, uint64_t c, uint32_t *masks) {
   const uint32_t R = sp->R, K = sp->K, bt_cols = (sp->L + 3) / 4;
   uint16_t *lg[DCPX_MAX_WORLD];
   int32_t *en[DCPX_MAX_WORLD];
@@ -585,7 +588,7 @@ typedef struct hh_expect {
   const char *region;
 } hh_expect;
 
-static int hh_expect_stop(const hh_spec *sp, uint64_t first, uint64_t F,
+HH_FN int hh_expect_stop(const hh_spec *sp, uint64_t first, uint64_t F,
                           uint32_t s, hh_expect *x) {
   uint32_t seq2[64] = {0}, flag[64] = {0}, masks[64];
   dcpx_layout L;
@@ -625,7 +628,7 @@ static int hh_expect_stop(const hh_spec *sp, uint64_t first, uint64_t F,
 
 /* Measurement after this rank's own timeout: when the abort word is set
  * (the daemon saw the alarm), and when the ABORT event arrives. */
-static void hh_measure(dcpx_member *m, hh_fail *f) {
+HH_FN void hh_measure(dcpx_member *m, hh_fail *f) {
   const dcpx_wait_record *rec = NULL;
   uint64_t until = hh_mono() + 2000000000ull;
   for (uint32_t t = 0; t < m->shape.rows; t++) {
@@ -663,7 +666,7 @@ static void hh_measure(dcpx_member *m, hh_fail *f) {
 
 /* A rank process's body; returns its exit status. replacement: join as a
  * replacement of a dead rank, recover, and start at resume_at. */
-static int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
+HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
                         uint32_t rank, uint64_t first, int replacement) {
   hh_rank_state *st = &sh->r[rank];
   const uint32_t K = sp->K, R = sp->R, bt_cols = (sp->L + 3) / 4;
@@ -828,7 +831,7 @@ static int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
 }
 
 /* Forks a rank process. */
-static pid_t hh_rank_fork(const char *sock, const hh_spec *sp, hh_shared *sh,
+HH_FN pid_t hh_rank_fork(const char *sock, const hh_spec *sp, hh_shared *sh,
                           uint32_t rank, uint64_t first, int replacement) {
   pid_t p = fork();
   if (p == 0) {
@@ -839,14 +842,14 @@ static pid_t hh_rank_fork(const char *sock, const hh_spec *sp, hh_shared *sh,
 }
 
 /* The highest progress of ranks 0..W-1, and the lowest. */
-static uint64_t hh_max_progress(const hh_shared *sh, uint32_t W) {
+HH_FN uint64_t hh_max_progress(const hh_shared *sh, uint32_t W) {
   uint64_t m = 0;
   for (uint32_t r = 0; r < W; r++)
     if (sh->r[r].progress > m)
       m = sh->r[r].progress;
   return m;
 }
-static uint64_t hh_min_progress(const hh_shared *sh, uint32_t W) {
+HH_FN uint64_t hh_min_progress(const hh_shared *sh, uint32_t W) {
   uint64_t m = UINT64_MAX;
   for (uint32_t r = 0; r < W; r++)
     if (sh->r[r].progress < m)
@@ -856,7 +859,7 @@ static uint64_t hh_min_progress(const hh_shared *sh, uint32_t W) {
 
 /* Waits until every rank's progress is >= p (or one of them errs).
  * Returns 0, or -1 after timeout_ms. */
-static int hh_wait_progress(const hh_shared *sh, uint32_t W, uint64_t p,
+HH_FN int hh_wait_progress(const hh_shared *sh, uint32_t W, uint64_t p,
                             unsigned timeout_ms) {
   uint64_t end = hh_mono() + timeout_ms * 1000000ull;
   while (hh_min_progress(sh, W) < p) {
@@ -874,7 +877,7 @@ static int hh_wait_progress(const hh_shared *sh, uint32_t W, uint64_t p,
  * ranks are already past it, at their next call), and waits until every
  * rank stands at it. Returns the call they stopped before, or UINT64_MAX if
  * they did not all get there in 20 s. */
-static uint64_t hh_gate(hh_shared *sh, uint32_t W, uint64_t at) {
+HH_FN uint64_t hh_gate(hh_shared *sh, uint32_t W, uint64_t at) {
   uint64_t end = hh_mono() + 20000000000ull;
   sh->gate_at = UINT64_MAX; /* the old gate must not catch anyone */
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -896,7 +899,7 @@ static uint64_t hh_gate(hh_shared *sh, uint32_t W, uint64_t at) {
 
 /* Asks every rank to stop a little after the furthest one, and reaps them.
  * Returns how many did not exit 0. */
-static int hh_stop_ranks(hh_shared *sh, const pid_t *pids, uint32_t W) {
+HH_FN int hh_stop_ranks(hh_shared *sh, const pid_t *pids, uint32_t W) {
   int bad = 0;
   sh->stop_at = hh_max_progress(sh, W) + 2;
   for (uint32_t r = 0; r < W; r++) {
@@ -910,7 +913,7 @@ static int hh_stop_ranks(hh_shared *sh, const pid_t *pids, uint32_t W) {
 }
 
 /* The first rank error text, or "". */
-static const char *hh_rank_errors(const hh_shared *sh, uint32_t W) {
+HH_FN const char *hh_rank_errors(const hh_shared *sh, uint32_t W) {
   for (uint32_t r = 0; r < W; r++)
     if (sh->r[r].err[0])
       return sh->r[r].err;
@@ -920,8 +923,7 @@ static const char *hh_rank_errors(const hh_shared *sh, uint32_t W) {
 /* Sends a Command frame to the daemon (what dcpxctl fault/reset do), for
  * the benchmark, which should not fork dcpxctl in timed loops. Returns the
  * reply's status. */
-__attribute__((unused)) static int
-hh_command(const char *sock, int kind, const char *group,
+HH_FN int hh_command(const char *sock, int kind, const char *group,
                       int32_t rank, uint64_t call_tag, uint64_t ticks) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
@@ -929,7 +931,12 @@ hh_command(const char *sock, int kind, const char *group,
   Dcpx__Command cmd = DCPX__COMMAND__INIT;
   int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), r;
 
-  strncpy(sa.sun_path, sock, sizeof(sa.sun_path) - 1);
+  if (strlen(sock) >= sizeof(sa.sun_path)) {
+    if (s >= 0)
+      close(s);
+    return DCPX_E_RANGE;
+  }
+  memcpy(sa.sun_path, sock, strlen(sock) + 1);
   if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
     if (s >= 0)
       close(s);
