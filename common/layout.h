@@ -80,7 +80,12 @@ typedef struct dcpx_rank_health {
   /* Written by the client at the end of each call (single writer). */
   volatile uint64_t calls, rows, rescue_rows, failed_calls;
   volatile uint64_t last_call_tag;
-  uint32_t pad1[10];
+  /* Written by the client at join: the transport this rank resolved and
+   * uses (DCPX_TRANSPORT_LL or _NCCL; 0 = not yet known). dcpxd reports it
+   * and keeps it across a recovery; with transport AUTO the ranks compare
+   * their words before the first call (common/transport.h). */
+  volatile uint32_t transport;
+  uint32_t pad1[9];
 } dcpx_rank_health;
 
 /* A wait record (48 bytes). `kind` is written last. */
@@ -156,6 +161,53 @@ static inline void dcpx_layout_compute(dcpx_layout *L, uint32_t world,
 static inline uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,
                                       uint32_t s, uint32_t t, uint32_t i) {
   return ((((uint64_t)p * L->world + s) * L->rows + t) * L->pairs + i) * 16u;
+}
+
+/* ---- the NCCL transport's buffers -----------------------------------------
+ *
+ * With transport nccl the exchange does not use the LL slots, the rescue
+ * area or the flags: each rank cudaMallocs, at join, one buffer of
+ * `bytes` on its own device with these regions (each 256-byte aligned; all
+ * words uint32; R = rows_max, and a call of `rows` rows uses the first
+ * rows * ... words of each, packed with `rows`, not R, as the row count):
+ *
+ *   send   [R][rw_n]     this rank's local top-N lists, the wire words of
+ *                        DESIGN.md section 3 (no LL tags)
+ *   recv   [W][R][rw_n]  ncclAllGather of every rank's send:
+ *                        rank s's row t at (s * rows + t) * rw_n
+ *   rsend  [R][rw_k]     this rank's local top-K list of each row in which
+ *                        it is saturated (other rows: not written)
+ *   rrecv  [W][R][rw_k]  ncclAllGather of every rank's rsend
+ *   mask   [R]           round 1's saturation mask of each row
+ *   bits   [R][bw]       round 1's S1 membership, bit f = key s * N + j,
+ *                        bw = ceil(W*N/32) rounded up to a multiple of 4
+ *
+ * sat_word and stats stay in the workspace (its other regions are unused).
+ */
+typedef struct dcpx_nccl_layout {
+  uint32_t bits_words; /* bw */
+  uint64_t off_send, off_recv, off_rsend, off_rrecv, off_mask, off_bits,
+      bytes;
+} dcpx_nccl_layout;
+
+static inline void dcpx_nccl_layout_compute(dcpx_nccl_layout *N,
+                                            const dcpx_layout *L) {
+  uint64_t o = 0;
+  const uint64_t W = L->world, R = L->rows;
+  N->bits_words = ((L->world * L->local_topk + 31u) / 32u + 3u) & ~3u;
+  N->off_send = o;
+  o = dcpx__align(o + 4ull * R * L->rw_n);
+  N->off_recv = o;
+  o = dcpx__align(o + 4ull * W * R * L->rw_n);
+  N->off_rsend = o;
+  o = dcpx__align(o + 4ull * R * L->rw_k);
+  N->off_rrecv = o;
+  o = dcpx__align(o + 4ull * W * R * L->rw_k);
+  N->off_mask = o;
+  o = dcpx__align(o + 4ull * R);
+  N->off_bits = o;
+  o = dcpx__align(o + 4ull * R * N->bits_words);
+  N->bytes = o;
 }
 
 #endif /* DCPX_COMMON_LAYOUT_H */

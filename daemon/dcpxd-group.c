@@ -810,8 +810,16 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
     return join_refuse(c, DCPX_E_BADRANK, "rank %u out of range for world %u",
                        j->rank, shape.world);
 
+  /* auto stays auto for the CUDA backend: each rank resolves it from the
+   * devices and its peer access (libclient/cuda.c; this daemon has no
+   * CUDA context to ask) and writes the result into its health block,
+   * where queries read it. The host backend always uses ll. */
   switch ((int)j->transport) {
   case DCPX__TRANSPORT__TRANSPORT_AUTO:
+    transport = j->backend == DCPX__BACKEND__BACKEND_CUDA
+                    ? DCPX__TRANSPORT__TRANSPORT_AUTO
+                    : DCPX__TRANSPORT__TRANSPORT_LL;
+    break;
   case DCPX__TRANSPORT__TRANSPORT_LL:
     transport = DCPX__TRANSPORT__TRANSPORT_LL;
     break;
@@ -835,6 +843,10 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
                        NCCL_ID_MAX);
   if (j->reattach)
     return group_reattach(c, j, &shape, transport, mem, fds, nfds);
+  if (transport == DCPX__TRANSPORT__TRANSPORT_NCCL &&
+      j->backend != DCPX__BACKEND__BACKEND_CUDA)
+    return join_refuse(c, DCPX_E_TRANSPORT,
+                       "transport nccl needs the cuda backend");
   if (transport == DCPX__TRANSPORT__TRANSPORT_NCCL && j->rank == 0 &&
       j->nccl_id.len == 0)
     return join_refuse(c, DCPX_E_INVAL,
@@ -988,10 +1000,11 @@ static void group_recovered(dcpxd_group *g) {
 
   for (uint32_t r = 0; r < W; r++) {
     dcpx_rank_health *h = dcpxd_group_health(g, r);
-    uint32_t joined = h->joined, pid = h->pid;
+    uint32_t joined = h->joined, pid = h->pid, transport = h->transport;
     memset((void *)h, 0, sizeof(*h));
     h->joined = joined;
     h->pid = pid;
+    h->transport = transport; /* resolved at join, still in use */
     g->member[r].acked = false;
   }
   memset((uint8_t *)g->hdr + g->L.off_records, 0,

@@ -65,6 +65,15 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
   gi->name = g->name;
   gi->shape = &x->shape;
   gi->transport = g->transport;
+  if (g->transport == DCPX__TRANSPORT__TRANSPORT_AUTO && g->hdr) {
+    /* auto: the transport the ranks resolved, once all agree */
+    uint32_t t = dcpxd_group_health(g, 0)->transport;
+    for (uint32_t r = 1; r < g->shape.world && t; r++)
+      if (dcpxd_group_health(g, r)->transport != t)
+        t = 0;
+    if (t == DCPX_TRANSPORT_LL || t == DCPX_TRANSPORT_NCCL)
+      gi->transport = (Dcpx__Transport)t;
+  }
   gi->backend = g->backend;
   gi->state = (char *)dcpxd_group_state_name(g);
   gi->generation = g->generation;

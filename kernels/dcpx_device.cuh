@@ -949,4 +949,79 @@ DCPX_D void dcpx_dev_fault_hook(dcpx_rank_health *h, uint32_t e,
     __nanosleep(1000);
 }
 
+/* ---- outputs (DESIGN.md section 5.6) ------------------------------------ */
+
+/* What the output stage needs besides the row's selection. */
+typedef struct dcpx_out_args {
+  const int32_t *block_table;
+  int32_t *rows_out, *valid_out, *ids_out;
+  uint32_t K, W, me, B, I, bt_rows, bt_cols;
+  float rcp_b, rcp_i;
+} dcpx_out_args;
+
+/* Outputs of row t from list[0..total) (entries r << 17 | l, in (r, l)
+ * order); rank me's entries are list[base .. base + cnt). Each thread owns
+ * entries p = tid + u * DCPX_K_MERGE_THREADS (u < 8, K <= 4096): its block-table loads are
+ * all issued before the first store. Blocks of DCPX_K_MERGE_THREADS
+ * threads (the merge, and the NCCL transport's round kernels). */
+DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
+                          const uint32_t *list, uint32_t base, uint32_t cnt,
+                          uint32_t total) {
+  const uint32_t K = o->K, B = o->B, I = o->I;
+  const int req_ok = req >= 0 && (uint32_t)req < o->bt_rows;
+  const int32_t *bt = o->block_table + (uint64_t)(req_ok ? req : 0) * o->bt_cols;
+  int32_t *ro = o->rows_out + (uint64_t)t * K;
+  int32_t *io = o->ids_out ? o->ids_out + (uint64_t)t * K : NULL;
+  int32_t blk[8];
+  uint32_t lv[8];
+  int bad = 0;
+
+#pragma unroll
+  for (uint32_t u = 0; u < 8; u++) {
+    const uint32_t p = threadIdx.x + u * DCPX_K_MERGE_THREADS;
+    blk[u] = -1;
+    lv[u] = 0;
+    if (p < cnt) {
+      const uint32_t l = list[base + p] & 0x1FFFFu;
+      const uint32_t col = dcpx_dev_div(l, B, o->rcp_b);
+      lv[u] = l - col * B;
+      if (req_ok && col < o->bt_cols)
+        blk[u] = __ldg(bt + col);
+      else
+        bad = 1;
+    }
+  }
+#pragma unroll
+  for (uint32_t u = 0; u < 8; u++) {
+    const uint32_t p = threadIdx.x + u * DCPX_K_MERGE_THREADS;
+    if (p >= K)
+      break;
+    if (io) {
+      int32_t g = -1;
+      if (p < total) {
+        const uint32_t x = list[p], l = x & 0x1FFFFu;
+        const uint32_t q = dcpx_dev_div(l, I, o->rcp_i);
+        g = (int32_t)(q * I * o->W + (x >> 17) * I + (l - q * I));
+      }
+      io[p] = g;
+    }
+    int32_t v = -1;
+    if (p < cnt) {
+      const int64_t kv = (int64_t)blk[u] * B + lv[u];
+      if (blk[u] < 0 || kv > INT32_MAX)
+        bad = 1;
+      v = (int32_t)kv;
+    }
+    ro[p] = v;
+  }
+  /* An own element outside the table costs the row its rows_out (as the
+   * host backend does), never a wild read. */
+  if (__syncthreads_or(bad)) {
+    for (uint32_t p = threadIdx.x; p < K; p += DCPX_K_MERGE_THREADS)
+      ro[p] = -1;
+  }
+  if (threadIdx.x == 0)
+    o->valid_out[t] = bad ? -1 : (int32_t)cnt;
+}
+
 #endif /* DCPX_DEVICE_CUH */

@@ -133,6 +133,108 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
                  int32_t *valid_out, int32_t *ids_out, uint32_t *sat_out,
                  uint64_t call_tag, cudaStream_t s);
 
+/* ---- the NCCL transport (nccl.cu) ----------------------------------------
+ *
+ * For ranks without P2P access (DESIGN.md section 7). The context names
+ * this rank's workspace (only sat_word and stats are used) and its NCCL
+ * buffer (common/layout.h, dcpx_nccl_layout: send, recv, rsend, rrecv,
+ * mask, bits), both device memory of this rank's GPU. The caller
+ * (libclient/nccl.c) enqueues on one stream, per call of `rows` rows:
+ *
+ *   dcpx_kn_lists    local top-N lists -> send [rows][rw_n]
+ *   ncclAllGather    send -> recv, rows * rw_n uint32 per rank
+ *   dcpx_kn_round1   round 1, mask, sat_word, stats; outputs of rows
+ *                    without a saturated rank; a saturated rank's K-lists
+ *                    -> rsend [rows][rw_k]
+ *   ncclAllGather    rsend -> rrecv, rows * rw_k uint32 per rank
+ *   dcpx_kn_round2   round 2 and the outputs of the other rows
+ *
+ * The outputs are those of dcpx_k_merge (and dcpx_ref_call), bit for bit;
+ * valid_out is never -1 for a failed wait (there are none), only for an
+ * own element outside block_table. No host sync, no allocation: the whole
+ * sequence can be captured into a CUDA graph. dcpx_kn_prepare() runs once
+ * per device before the first launch, outside any capture. */
+typedef struct dcpx_nkctx {
+  uint32_t world, rank, rows_max, topk, local_topk, block_size, interleave,
+      max_local;
+  dcpx_layout L;       /* dcpx_layout_compute(world, rows_max, topk, N) */
+  dcpx_nccl_layout NL; /* dcpx_nccl_layout_compute(&NL, &L) */
+  char *ws;            /* this rank's workspace (device) */
+  char *buf;           /* this rank's NCCL buffer, NL.bytes (device) */
+} dcpx_nkctx;
+
+static inline int dcpx_kn_ctx_check(const dcpx_nkctx *c) {
+  dcpx_layout L;
+  dcpx_nccl_layout NL;
+  if (!c || !c->ws || !c->buf)
+    return DCPX_E_INVAL;
+  if (c->world < 1 || c->world > DCPX_MAX_WORLD || c->rank >= c->world ||
+      c->rows_max < 1 || c->rows_max > DCPX_MAX_ROWS || c->local_topk < 1 ||
+      c->local_topk >= c->topk || c->topk > DCPX_MAX_TOPK ||
+      c->block_size < 1 || c->interleave < 1 || c->max_local < 1 ||
+      c->max_local > DCPX_MAX_LOCAL)
+    return DCPX_E_INVAL;
+  dcpx_layout_compute(&L, c->world, c->rows_max, c->topk, c->local_topk);
+  dcpx_nccl_layout_compute(&NL, &L);
+  if (L.rw_n != c->L.rw_n || L.rw_k != c->L.rw_k ||
+      L.off_sat != c->L.off_sat || L.off_stats != c->L.off_stats ||
+      NL.bits_words != c->NL.bits_words || NL.off_recv != c->NL.off_recv ||
+      NL.off_rsend != c->NL.off_rsend || NL.off_rrecv != c->NL.off_rrecv ||
+      NL.off_mask != c->NL.off_mask || NL.off_bits != c->NL.off_bits ||
+      NL.bytes != c->NL.bytes)
+    return DCPX_E_INVAL;
+  return 0;
+}
+
+/* Fills a context's shape and layouts (ws and buf are the caller's). */
+static inline void dcpx_kn_ctx_init(dcpx_nkctx *c, const dcpx_shape *sh,
+                                    uint32_t rank) {
+  c->world = sh->world;
+  c->rank = rank;
+  c->rows_max = sh->rows;
+  c->topk = sh->topk;
+  c->local_topk = sh->local_topk;
+  c->block_size = sh->block_size;
+  c->interleave = sh->interleave;
+  c->max_local = sh->max_local;
+  dcpx_layout_compute(&c->L, sh->world, sh->rows, sh->topk, sh->local_topk);
+  dcpx_nccl_layout_compute(&c->NL, &c->L);
+  c->ws = NULL;
+  c->buf = NULL;
+}
+
+/* The all-gathers' buffers and counts (uint32 elements per rank). */
+static inline uint32_t *dcpx_kn_send(const dcpx_nkctx *c) {
+  return (uint32_t *)(c->buf + c->NL.off_send);
+}
+static inline uint32_t *dcpx_kn_recv(const dcpx_nkctx *c) {
+  return (uint32_t *)(c->buf + c->NL.off_recv);
+}
+static inline uint32_t *dcpx_kn_rsend(const dcpx_nkctx *c) {
+  return (uint32_t *)(c->buf + c->NL.off_rsend);
+}
+static inline uint32_t *dcpx_kn_rrecv(const dcpx_nkctx *c) {
+  return (uint32_t *)(c->buf + c->NL.off_rrecv);
+}
+
+int dcpx_kn_prepare(void);
+size_t dcpx_kn_lists_smem(const dcpx_nkctx *c);
+size_t dcpx_kn_round1_smem(const dcpx_nkctx *c);
+size_t dcpx_kn_round2_smem(const dcpx_nkctx *c);
+
+int dcpx_kn_lists(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
+                  uint64_t stride, const int32_t *row_ends, cudaStream_t s);
+int dcpx_kn_round1(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
+                   uint64_t stride, const int32_t *row_ends,
+                   const int32_t *req_id, const int32_t *block_table,
+                   uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
+                   int32_t *valid_out, int32_t *ids_out, uint32_t *sat_out,
+                   cudaStream_t s);
+int dcpx_kn_round2(const dcpx_nkctx *c, uint32_t rows, const int32_t *req_id,
+                   const int32_t *block_table, uint32_t bt_rows,
+                   uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
+                   int32_t *ids_out, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

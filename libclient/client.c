@@ -307,8 +307,16 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   if (o->backend != DCPX_BACKEND_HOST)
     return DCPX_E_NOSYS; /* the CUDA backend is not in this build */
 #endif
+  if (o->transport > DCPX_TRANSPORT_NCCL)
+    return DCPX_E_INVAL;
+  /* nccl needs the CUDA backend and a libdcpx built with NCCL: refused
+   * here, before the daemon sees the join (DCPX_E_TRANSPORT). */
+  if (o->transport == DCPX_TRANSPORT_NCCL && o->backend != DCPX_BACKEND_CUDA)
+    return DCPX_E_TRANSPORT;
+#ifndef HAVE_NCCL
   if (o->transport == DCPX_TRANSPORT_NCCL)
     return DCPX_E_TRANSPORT;
+#endif
 
   m = calloc(1, sizeof(*m));
   if (!m)
@@ -321,7 +329,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   m->shape.size = sizeof(dcpx_shape);
   m->rank = o->rank;
   m->backend = o->backend;
-  m->transport = DCPX_TRANSPORT_LL;
+  m->transport = DCPX_TRANSPORT_LL; /* the CUDA backend resolves it */
+  m->transport_req = o->transport;
   m->timeout_ns = o->timeout_ns;
   memcpy(m->group, o->group, strlen(o->group) + 1);
   dcpx_layout_compute(&m->L, shape->world, shape->rows, shape->topk,
@@ -350,6 +359,20 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   j.node = node;
   j.backend = (Dcpx__Backend)o->backend;
   j.join_timeout_ms = o->join_timeout_ms;
+#ifdef HAVE_NCCL
+  /* Rank 0 of a group that may use NCCL makes the unique id; dcpxd relays
+   * it to every rank. With auto, a failure only rules out nccl. */
+  uint8_t nccl_id[DCPX__NCCL_ID_MAX];
+  size_t nccl_id_len = 0;
+  if (o->rank == 0 && o->backend == DCPX_BACKEND_CUDA &&
+      o->transport != DCPX_TRANSPORT_LL) {
+    r = dcpx__nccl_unique_id(nccl_id, sizeof(nccl_id), &nccl_id_len);
+    if (r < 0 && o->transport == DCPX_TRANSPORT_NCCL)
+      goto fail;
+    j.nccl_id.data = nccl_id;
+    j.nccl_id.len = r < 0 ? 0 : nccl_id_len;
+  }
+#endif
   f.msg_case = DCPX__FRAME__MSG_JOIN;
   f.join = &j;
   r = dcpx__frame_send(m->sock, &f, NULL, 0);
@@ -399,10 +422,17 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
 #ifdef HAVE_CUDA
   if (m->backend == DCPX_BACKEND_CUDA)
     r = dcpx__cuda_init(m, rep->join_reply->devices,
-                        (uint32_t)rep->join_reply->n_devices);
+                        (uint32_t)rep->join_reply->n_devices,
+                        rep->join_reply->nccl_id.data,
+                        rep->join_reply->nccl_id.len);
   else
 #endif
+  {
     r = dcpx__host_init(m);
+    /* the host backend always exchanges through shared memory */
+    __atomic_store_n(&m->health[m->rank].transport, DCPX_TRANSPORT_LL,
+                     __ATOMIC_RELEASE);
+  }
   if (r < 0)
     goto fail;
   dcpx__frame_free(rep);
@@ -528,7 +558,7 @@ static int link_reattach_start(dcpx_member *m) {
   node[sizeof(node) - 1] = 0;
   j.group = m->group;
   j.shape = &sh;
-  j.transport = (Dcpx__Transport)m->transport;
+  j.transport = (Dcpx__Transport)m->transport_req; /* the group's setting */
   j.timeout_ns = m->timeout_ns;
   j.rank = m->rank;
   j.device = m->device;

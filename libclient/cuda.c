@@ -15,6 +15,15 @@
  * arguments by value: no sync, no allocation, no syscall, capturable into
  * a CUDA graph.
  *
+ * The transport (common/transport.h) is resolved first: ll as above; nccl
+ * (libclient/nccl.c) maps only this rank's own workspace (for sat_word and
+ * stats) and exchanges through NCCL. With transport auto, each rank
+ * decides from JoinReply.devices and cudaDeviceCanAccessPeer (device
+ * ordinals are taken to be this node's: set the transport explicitly for
+ * a group that spans nodes), writes its choice into its health block, and
+ * waits (bounded by the join timeout) until every rank's choice is there
+ * and the same, else the join fails with DCPX_E_TRANSPORT.
+ *
  * When several ranks of the group share this rank's GPU (tests, MPS), every
  * merge grid must be co-resident with the others, so the grid is capped to
  * a share of what the GPU holds (kernels/dcpx_kernels.h, max_blocks).
@@ -24,14 +33,21 @@
  * a driver (where a CUDA join fails with DCPX_E_CUDA).
  */
 #define _GNU_SOURCE
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dcpx_kernels.h"
 #include "member.h"
+#include "transport.h"
+
+#define DEFAULT_AGREE_MS 30000
 
 struct dcpx__cuda {
   int device;
@@ -41,6 +57,7 @@ struct dcpx__cuda {
   size_t size[DCPX_MAX_WORLD];
   char **peers; /* device array [W] */
   int registered;
+  struct dcpx__nccl *nccl; /* transport nccl */
 };
 
 static struct {
@@ -92,7 +109,19 @@ void dcpx__cuda_fini(struct dcpx_member *m) {
     return;
   cudaGetDevice(&prev);
   cudaSetDevice(cu->device);
+#ifdef HAVE_NCCL
+  if (cu->nccl && m->hdr && m->hdr->abort) {
+    /* An aborted group's collective may never complete: abort first. */
+    dcpx__nccl_fini(cu->nccl, 1);
+    cu->nccl = NULL;
+  }
+#endif
   cudaDeviceSynchronize(); /* nothing of ours may still run */
+#ifdef HAVE_NCCL
+  if (cu->nccl)
+    dcpx__nccl_fini(cu->nccl, 0);
+  cu->nccl = NULL;
+#endif
   if (cu->peers)
     cudaFree(cu->peers);
   if (cu->registered)
@@ -144,8 +173,62 @@ static int map_ws(struct dcpx__cuda *cu, uint32_t d, int fd, size_t bytes) {
   return 0;
 }
 
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The transport of this group (common/transport.h), from the devices of
+ * all ranks and this node's peer access. */
+static int resolve(const struct dcpx_member *m, const int32_t *devices,
+                   uint32_t ndevices, int ndev_local) {
+  const uint32_t W = m->shape.world;
+  uint8_t acc[DCPX_MAX_WORLD * DCPX_MAX_WORLD];
+  if (m->transport_req != DCPX_TRANSPORT_AUTO)
+    return dcpx__transport_resolve(m->transport_req, W, NULL, NULL);
+  if (!devices || ndevices < W)
+    return DCPX_E_PROTO;
+  memset(acc, 0, sizeof(acc));
+  for (uint32_t i = 0; i < W; i++)
+    for (uint32_t j = 0; j < W; j++) {
+      int a = 0;
+      if (i == j || devices[i] == devices[j])
+        continue;
+      if (devices[i] >= 0 && devices[i] < ndev_local && devices[j] >= 0 &&
+          devices[j] < ndev_local &&
+          cudaDeviceCanAccessPeer(&a, devices[i], devices[j]) != cudaSuccess)
+        a = 0;
+      acc[i * W + j] = a != 0;
+    }
+  return dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, W, devices, acc);
+}
+
+/* With transport auto: every rank's choice, through the control page. */
+static int agree(struct dcpx_member *m) {
+  const uint32_t W = m->shape.world;
+  const uint64_t end = now_ms() + (m->join_timeout_ms ? m->join_timeout_ms
+                                                      : DEFAULT_AGREE_MS);
+  for (;;) {
+    uint32_t seen = 0;
+    for (uint32_t d = 0; d < W; d++) {
+      uint32_t t = __atomic_load_n(&m->health[d].transport, __ATOMIC_ACQUIRE);
+      if (t && t != m->transport)
+        return DCPX_E_TRANSPORT; /* the ranks resolved differently */
+      seen += t != 0;
+    }
+    if (seen == W)
+      return 0;
+    if (now_ms() >= end)
+      return DCPX_E_TIMEDOUT;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
-                    uint32_t ndevices) {
+                    uint32_t ndevices, const uint8_t *nccl_id,
+                    size_t nccl_id_len) {
   const uint32_t W = m->shape.world;
   struct dcpx__cuda *cu;
   int prev = -1, r = 0, n = 0;
@@ -156,6 +239,19 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   if (m->device < 0 || cudaGetDeviceCount(&n) != cudaSuccess ||
       m->device >= n)
     return DCPX_E_CUDA;
+  r = resolve(m, devices, ndevices, n);
+  if (r < 0)
+    return r;
+  m->transport = (uint32_t)r;
+  r = 0;
+#ifndef HAVE_NCCL
+  if (m->transport == DCPX_TRANSPORT_NCCL)
+    return DCPX_E_TRANSPORT; /* this libdcpx was built without NCCL */
+#endif
+  __atomic_store_n(&m->health[m->rank].transport, m->transport,
+                   __ATOMIC_RELEASE);
+  if (m->transport_req == DCPX_TRANSPORT_AUTO && (r = agree(m)) < 0)
+    return r;
   cu = calloc(1, sizeof(*cu));
   if (!cu)
     return DCPX_E_NOMEM;
@@ -166,8 +262,10 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     r = DCPX_E_CUDA;
     goto out;
   }
+  /* ll: every rank's workspace; nccl: only the own one. */
   for (uint32_t d = 0; d < W && r == 0; d++)
-    r = map_ws(cu, d, m->ws_fd[d], m->L.ws_bytes);
+    if (m->transport == DCPX_TRANSPORT_LL || d == m->rank)
+      r = map_ws(cu, d, m->ws_fd[d], m->L.ws_bytes);
   if (r < 0)
     goto out;
   if (cudaHostRegister(m->ctl, m->ctl_bytes,
@@ -203,6 +301,16 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   r = dcpx_k_prepare();
   if (r < 0)
     goto out;
+#ifdef HAVE_NCCL
+  if (m->transport == DCPX_TRANSPORT_NCCL) {
+    r = dcpx__nccl_init(&m->shape, m->rank, cu->device, k->ws, nccl_id,
+                        nccl_id_len, &cu->nccl);
+    goto out;
+  }
+#else
+  (void)nccl_id;
+  (void)nccl_id_len;
+#endif
 
   /* Ranks sharing this GPU must all fit at once (see the file comment). */
   uint32_t share = 0;
@@ -235,6 +343,11 @@ int dcpx__cuda_push(struct dcpx_member *m, uint32_t rows,
                     void *stream) {
   if (rows > m->shape.rows)
     return DCPX_E_RANGE;
+#ifdef HAVE_NCCL
+  if (m->cuda->nccl)
+    return dcpx__nccl_push(m->cuda->nccl, rows, logits, stride, row_ends,
+                           stream);
+#endif
   return dcpx_k_push(&m->cuda->k, rows, logits, stride, row_ends, call_tag,
                      (cudaStream_t)stream);
 }
@@ -248,6 +361,12 @@ int dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows,
                      void *stream) {
   if (rows > m->shape.rows)
     return DCPX_E_RANGE;
+#ifdef HAVE_NCCL
+  if (m->cuda->nccl)
+    return dcpx__nccl_merge(m->cuda->nccl, rows, logits, stride, row_ends,
+                            req_id, block_table, bt_rows, bt_cols, rows_out,
+                            valid_out, ids_out, sat_word, stream);
+#endif
   return dcpx_k_merge(&m->cuda->k, rows, logits, stride, row_ends, req_id,
                       block_table, bt_rows, bt_cols, rows_out, valid_out,
                       ids_out, sat_word, call_tag, (cudaStream_t)stream);

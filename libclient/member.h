@@ -17,12 +17,16 @@ struct dcpx_client {
 };
 
 struct dcpx__cuda; /* cuda.c */
+struct dcpx__nccl; /* nccl.c */
+struct dcpx_nkctx; /* kernels/dcpx_kernels.h */
 
 struct dcpx_member {
   int sock;
   char group[64];
   dcpx_shape shape;
-  uint32_t rank, backend, transport;
+  uint32_t rank, backend;
+  uint32_t transport;     /* in use: DCPX_TRANSPORT_LL or _NCCL */
+  uint32_t transport_req; /* the join's setting (AUTO, LL, NCCL) */
   uint64_t timeout_ns;
   dcpx_layout L;
 
@@ -79,10 +83,13 @@ __attribute__((visibility("hidden"))) void
 dcpx__member_detach(struct dcpx_member *m);
 
 /* cuda.c (HAVE_CUDA only): init after the join mapped the control page
- * and kept the workspace fds; devices[r] is rank r's device. */
+ * and kept the workspace fds; devices[r] is rank r's device; nccl_id is
+ * JoinReply.nccl_id (rank 0's NCCL unique id, or empty). Resolves the
+ * transport (m->transport) from m->transport_req. */
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
-                uint32_t ndevices);
+                uint32_t ndevices, const uint8_t *nccl_id,
+                size_t nccl_id_len);
 __attribute__((visibility("hidden"))) void
 dcpx__cuda_fini(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
@@ -98,6 +105,40 @@ dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
                  uint64_t call_tag, void *stream);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_sync(struct dcpx_member *m, void *stream);
+
+/* nccl.c (HAVE_NCCL only). unique_id: an ncclUniqueId (rank 0, before its
+ * Join). init: ncclCommInitRank on `device` (blocks until all W ranks
+ * called it) and the NCCL buffer; ws is this rank's mapped workspace.
+ * The *_k forms take the kernel context and an ncclComm_t (tests). */
+#define DCPX__NCCL_ID_MAX 128
+__attribute__((visibility("hidden"))) int
+dcpx__nccl_unique_id(uint8_t *out, size_t cap, size_t *ret_len);
+__attribute__((visibility("hidden"))) int
+dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device, char *ws,
+                const uint8_t *id, size_t id_len, struct dcpx__nccl **ret);
+__attribute__((visibility("hidden"))) void
+dcpx__nccl_fini(struct dcpx__nccl *n, int abort);
+__attribute__((visibility("hidden"))) int
+dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows, const uint16_t *logits,
+                uint64_t stride, const int32_t *row_ends, void *stream);
+__attribute__((visibility("hidden"))) int
+dcpx__nccl_merge(struct dcpx__nccl *n, uint32_t rows, const uint16_t *logits,
+                 uint64_t stride, const int32_t *row_ends,
+                 const int32_t *req_id, const int32_t *block_table,
+                 uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
+                 int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
+                 void *stream);
+__attribute__((visibility("hidden"))) int
+dcpx__nccl_push_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
+                  const uint16_t *logits, uint64_t stride,
+                  const int32_t *row_ends, void *stream);
+__attribute__((visibility("hidden"))) int
+dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
+                   const uint16_t *logits, uint64_t stride,
+                   const int32_t *row_ends, const int32_t *req_id,
+                   const int32_t *block_table, uint32_t bt_rows,
+                   uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
+                   int32_t *ids_out, uint32_t *sat_word, void *stream);
 
 /* host.c */
 __attribute__((visibility("hidden"))) int

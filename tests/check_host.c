@@ -4,6 +4,9 @@
  * Also the bounded waits: a rank that never comes, an abort, the fault
  * hook, and epochs that start next to the wrap. */
 #define _GNU_SOURCE
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
 #include <check.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -431,6 +434,40 @@ START_TEST(test_bad_inputs) {
 }
 END_TEST
 
+/* The nccl transport is refused before any daemon is asked: with the host
+ * backend always, and in a build without NCCL with any backend
+ * (DCPX_E_TRANSPORT). A nonsense transport is DCPX_E_INVAL. */
+START_TEST(test_join_transport_refused) {
+  dcpx_client c;
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+  dcpx_member *m = NULL;
+  memset(&c, 0, sizeof(c));
+  strcpy(c.path, "/nonexistent/dcpx-test.sock");
+  sh.world = 2;
+  sh.rows = 1;
+  sh.topk = 4;
+  sh.local_topk = 2;
+  sh.max_local = 8;
+  o.group = "nccl-refused";
+  o.transport = DCPX_TRANSPORT_NCCL;
+  o.backend = DCPX_BACKEND_HOST;
+  ck_assert_int_eq(dcpx_join(&c, &sh, &o, &m), DCPX_E_TRANSPORT);
+  o.backend = DCPX_BACKEND_CUDA;
+  o.device = 0;
+#if defined(HAVE_CUDA) && !defined(HAVE_NCCL)
+  ck_assert_int_eq(dcpx_join(&c, &sh, &o, &m), DCPX_E_TRANSPORT);
+#elif !defined(HAVE_CUDA)
+  ck_assert_int_eq(dcpx_join(&c, &sh, &o, &m), DCPX_E_NOSYS);
+#endif
+  o.backend = DCPX_BACKEND_HOST;
+  o.device = -1;
+  o.transport = 3;
+  ck_assert_int_eq(dcpx_join(&c, &sh, &o, &m), DCPX_E_INVAL);
+  ck_assert_ptr_null(m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("host");
   TCase *tc = tcase_create("protocol");
@@ -441,6 +478,7 @@ int main(void) {
   tcase_add_test(tc, test_abort_stops_waits);
   tcase_add_test(tc, test_fault_hook_stall);
   tcase_add_test(tc, test_bad_inputs);
+  tcase_add_test(tc, test_join_transport_refused);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

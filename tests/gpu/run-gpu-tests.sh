@@ -40,6 +40,28 @@ case $rc in
   *) echo "run-gpu-tests: test_kernels failed (exit $rc)" >&2; rc=1 ;;
 esac
 
+# The NCCL transport (built only with NCCL): W=1 on one GPU, W >= 2 when
+# the machine has several; then both transports timed (benchmark hook).
+if [ -x "$BUILD/test_nccl" ]; then
+  echo "run-gpu-tests: test_nccl (limit ${TEST_LIMIT}s) -> $OUT/test_nccl.log"
+  NCCL_NVLS_ENABLE=0 timeout -k 10 "$TEST_LIMIT" "$BUILD/test_nccl" \
+    > "$OUT/test_nccl.log" 2>&1
+  nrc=$?
+  tail -n 40 "$OUT/test_nccl.log"
+  case $nrc in
+    0) ;;
+    77) echo "run-gpu-tests: test_nccl found no GPU: skipped" ;;
+    124|137) echo "run-gpu-tests: test_nccl timed out" >&2; rc=1 ;;
+    *) echo "run-gpu-tests: test_nccl failed (exit $nrc)" >&2; rc=1 ;;
+  esac
+  echo "run-gpu-tests: test_nccl --bench (limit ${BENCH_LIMIT}s) -> $OUT/bench_nccl.md"
+  NCCL_NVLS_ENABLE=0 timeout -k 10 "$BENCH_LIMIT" "$BUILD/test_nccl" --bench \
+    > "$OUT/bench_nccl.md" 2>&1 || echo "run-gpu-tests: test_nccl --bench failed" >&2
+  cat "$OUT/bench_nccl.md"
+else
+  echo "run-gpu-tests: $BUILD/test_nccl not built (no NCCL): skipped"
+fi
+
 echo "run-gpu-tests: bench_kernels (limit ${BENCH_LIMIT}s) -> $OUT/bench_kernels.md"
 timeout -k 10 "$BENCH_LIMIT" "$BUILD/bench_kernels" > "$OUT/bench_kernels.md" 2>&1
 brc=$?

@@ -1,0 +1,30 @@
+/* transport.c - the transport rule (common/transport.h). Pure C. */
+#include "transport.h"
+
+int dcpx__transport_resolve(uint32_t requested, uint32_t world,
+                            const int32_t *devices,
+                            const uint8_t *can_access) {
+  if (world < 1 || world > DCPX_MAX_WORLD)
+    return DCPX_E_INVAL;
+  if (requested == DCPX_TRANSPORT_LL || requested == DCPX_TRANSPORT_NCCL)
+    return (int)requested;
+  if (requested != DCPX_TRANSPORT_AUTO || !devices)
+    return DCPX_E_INVAL;
+  for (uint32_t i = 0; i < world; i++)
+    for (uint32_t j = i + 1; j < world; j++) {
+      if (devices[i] == devices[j])
+        continue;
+      if (!can_access)
+        return DCPX_E_INVAL;
+      if (!can_access[i * world + j] || !can_access[j * world + i])
+        return DCPX_TRANSPORT_NCCL;
+    }
+  return DCPX_TRANSPORT_LL;
+}
+
+const char *dcpx__transport_name(uint32_t t) {
+  return t == DCPX_TRANSPORT_LL     ? "ll"
+         : t == DCPX_TRANSPORT_NCCL ? "nccl"
+         : t == DCPX_TRANSPORT_AUTO ? "auto"
+                                    : "?";
+}

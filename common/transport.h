@@ -1,0 +1,40 @@
+/* transport.h - the choice of transport (DESIGN.md section 7; internal).
+ *
+ * ll needs every rank to load and store every other rank's workspace: two
+ * ranks on one GPU, or on two GPUs with peer access (NVLink / P2P). When
+ * any pair lacks that, the group falls back to nccl (an all-gather of the
+ * candidate rows, then the same merge). A group setting (Join.transport ll
+ * or nccl) overrides the choice.
+ *
+ * The CUDA backend decides at join from JoinReply.devices and
+ * cudaDeviceCanAccessPeer. Every rank decides for itself: the daemon has
+ * no CUDA context to ask, and a rank on another node cannot be asked at
+ * all. Peer access is symmetric in practice, so the ranks agree; the client
+ * still compares the ranks' choices through the control page (each rank's
+ * health block `transport` word) before the first call, and refuses the
+ * join with DCPX_E_TRANSPORT when they differ.
+ */
+#ifndef DCPX_COMMON_TRANSPORT_H
+#define DCPX_COMMON_TRANSPORT_H
+
+#include <stdint.h>
+
+#include "dcpx.h"
+
+/* Resolves `requested` (DCPX_TRANSPORT_*) for a group of `world` ranks on
+ * devices[0..world): LL if requested, NCCL if requested; AUTO gives LL iff
+ * every pair (i, j), i != j, is on the same device (devices[i] ==
+ * devices[j]) or can_access[i * world + j] and can_access[j * world + i]
+ * are both nonzero, else NCCL. can_access may be NULL for AUTO only when
+ * every rank is on the same device. Returns DCPX_TRANSPORT_LL or
+ * DCPX_TRANSPORT_NCCL, or DCPX_E_INVAL (world 0 or > 16, NULL devices, an
+ * unknown request, a needed can_access missing). */
+__attribute__((visibility("hidden"))) int
+dcpx__transport_resolve(uint32_t requested, uint32_t world,
+                        const int32_t *devices, const uint8_t *can_access);
+
+/* "ll", "nccl", "auto", or "?". */
+__attribute__((visibility("hidden"))) const char *
+dcpx__transport_name(uint32_t transport);
+
+#endif /* DCPX_COMMON_TRANSPORT_H */

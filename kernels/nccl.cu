@@ -1,0 +1,474 @@
+/* nccl.cu - the kernels of the NCCL transport (DESIGN.md section 7: "an
+ * NCCL all-gather of the candidate rows, then the same merge"), for ranks
+ * without P2P access to each other. The buffers are common/layout.h's
+ * dcpx_nccl_layout; libclient/nccl.c enqueues, on the caller's stream:
+ *
+ *   push:  lists kernel      row t's local top-N wire words (DESIGN.md
+ *                            section 3, no LL tags) -> send[t]
+ *          ncclAllGather     send [rows][rw_n] -> recv [W][rows][rw_n]
+ *   merge: round-1 kernel    per row: S1 = top-K of the W lists (flat (r, l)
+ *                            order), the saturation mask, sat_word, stats;
+ *                            no saturated rank: the outputs; else the S1
+ *                            bits and the mask to the buffer, and, if this
+ *                            rank is saturated, its local top-K list ->
+ *                            rsend[t]
+ *          ncclAllGather     rsend [rows][rw_k] -> rrecv [W][rows][rw_k],
+ *                            unconditionally: the host cannot know whether
+ *                            any row needs a rescue without a sync. It costs
+ *                            W * rows * rw_k * 4 bytes per call even when no
+ *                            row is saturated.
+ *          round-2 kernel    rows with a mask: top-K of the rank-major keys
+ *                            (a saturated rank's K-list from rrecv, S1
+ *                            entries of the others from recv); outputs.
+ *
+ * The selection, the local lists and the outputs are dcpx_device.cuh's, as
+ * in the LL merge (merge.cu), so both transports give the same outputs bit
+ * for bit: the selection of a set of keys in flat order is a property of
+ * the keys (T and take), not of the code path. No epochs, parities, tags or
+ * waits: NCCL orders the exchange, and stream order orders the kernels. A
+ * failed exchange is NCCL's to report (ncclCommGetAsyncError).
+ *
+ * One block per row; push blocks of DCPX_K_PUSH_THREADS threads, round
+ * blocks of DCPX_K_MERGE_THREADS (dcpx_dev_outputs needs that). Each
+ * warp's keys are one contiguous segment of the flat order, 32 keys per
+ * step, read from global memory (L2) by every pass.
+ */
+#include "dcpx_device.cuh"
+
+#define NT DCPX_K_MERGE_THREADS
+#define NW (NT / 32)
+#define LT DCPX_K_PUSH_THREADS
+
+/* ---- the lists kernel ----------------------------------------------------- */
+
+static __global__ void __launch_bounds__(LT)
+    dcpx_nccl_lists_kernel(const dcpx_nkctx c, uint32_t rows,
+                           const uint16_t *logits, uint64_t stride,
+                           const int32_t *row_ends) {
+  __shared__ dcpx_sel_smem S;
+  extern __shared__ uint4 dyn[];
+  const uint32_t N = c.local_topk, rw_n = c.L.rw_n;
+  uint32_t *words = (uint32_t *)dyn;
+  uint32_t *cl = words + rw_n; /* rw_n: a multiple of 4 */
+  uint16_t *ckey = (uint16_t *)(cl + DCPX_K_CAND);
+  uint32_t *send = (uint32_t *)(c.buf + c.NL.off_send);
+  const uint32_t max_len =
+      (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
+
+  for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
+    const int32_t re = row_ends[t];
+    const uint32_t len =
+        re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+    dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, N, words,
+                        ckey, cl, DCPX_K_CAND);
+    uint4 *dst = (uint4 *)(send + (uint64_t)t * rw_n);
+    for (uint32_t v = threadIdx.x; v < rw_n / 4; v += LT)
+      dst[v] = ((const uint4 *)words)[v];
+    __syncthreads(); /* words are rewritten by the next row */
+  }
+}
+
+/* ---- round 1 -------------------------------------------------------------- */
+
+/* Key f (flat order: s * N + j) of row t: rank s's word j. */
+DCPX_D uint32_t n1_word(const uint32_t *row0, uint64_t sstride, uint32_t f,
+                        uint32_t N, float rcp_n, uint32_t *ret_s,
+                        uint32_t *ret_j) {
+  const uint32_t s = dcpx_dev_div(f, N, rcp_n);
+  const uint32_t j = f - s * N;
+  *ret_s = s;
+  *ret_j = j;
+  return row0[s * sstride + j];
+}
+
+/* Bit 16 of l of entry j of the capacity-cap list at p. */
+DCPX_D uint32_t n_hi(const uint32_t *p, uint32_t cap, uint32_t j) {
+  return (p[cap + (j >> 5)] >> (j & 31u)) & 1u;
+}
+
+static __global__ void __launch_bounds__(NT)
+    dcpx_nccl_round1_kernel(const dcpx_nkctx c, uint32_t rows,
+                            const uint16_t *logits, uint64_t stride,
+                            const int32_t *row_ends, const int32_t *req_id,
+                            const int32_t *block_table, uint32_t bt_rows,
+                            uint32_t bt_cols, int32_t *rows_out,
+                            int32_t *valid_out, int32_t *ids_out,
+                            uint32_t *sat_out, float rcp_n, float rcp_b,
+                            float rcp_i) {
+  __shared__ dcpx_sel_smem S;
+  __shared__ uint32_t rcnt[DCPX_MAX_WORLD];
+  extern __shared__ uint4 dyn[];
+  const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+  const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
+  const uint32_t rw_n = c.L.rw_n, rw_k = c.L.rw_k, bw = c.NL.bits_words;
+  uint32_t *list = (uint32_t *)dyn; /* [rw_k] */
+  uint32_t *bits = list + rw_k;     /* [bw] */
+  uint32_t *cl = bits + bw;
+  uint16_t *ckey = (uint16_t *)(cl + DCPX_K_CAND);
+  const uint32_t *recv = (const uint32_t *)(c.buf + c.NL.off_recv);
+  uint32_t *rsend = (uint32_t *)(c.buf + c.NL.off_rsend);
+  uint32_t *gmask = (uint32_t *)(c.buf + c.NL.off_mask);
+  uint32_t *gbits = (uint32_t *)(c.buf + c.NL.off_bits);
+  uint32_t *satw = (uint32_t *)(c.ws + c.L.off_sat);
+  uint64_t *stats = (uint64_t *)(c.ws + c.L.off_stats);
+  const uint64_t sstride = (uint64_t)rows * rw_n;
+  const uint32_t max_len =
+      (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
+
+  dcpx_out_args oa;
+  oa.block_table = block_table;
+  oa.rows_out = rows_out;
+  oa.valid_out = valid_out;
+  oa.ids_out = ids_out;
+  oa.K = K;
+  oa.W = W;
+  oa.me = me;
+  oa.B = c.block_size;
+  oa.I = c.interleave;
+  oa.bt_rows = bt_rows;
+  oa.bt_cols = bt_cols;
+  oa.rcp_b = rcp_b;
+  oa.rcp_i = rcp_i;
+
+  for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
+    const uint32_t *row0 = recv + (uint64_t)t * rw_n; /* rank s: + s*sstride */
+    if (tid < DCPX_MAX_WORLD)
+      rcnt[tid] = 0;
+    for (uint32_t i = tid; i < bw; i += NT)
+      bits[i] = 0;
+    dcpx_dev_sel_zero(&S);
+    __syncthreads();
+
+    const uint32_t n1 = W * N;
+    const uint32_t kpw = (((n1 + NW - 1) / NW) + 31u) & ~31u;
+    const uint32_t fbeg = min(n1, warp * kpw), fend = min(n1, fbeg + kpw);
+    uint32_t s, j, nz;
+
+    /* pass A */
+    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
+      const uint32_t f = f0 + lane;
+      dcpx_dev_hist_add(
+          S.hist, f < fend ? n1_word(row0, sstride, f, N, rcp_n, &s, &j) >> 16
+                           : 0u);
+    }
+    const int all = dcpx_dev_sel_after_a(&S, K, &nz);
+    /* pass B */
+    {
+      const uint32_t lim = all ? 0u : S.hb << 4;
+      uint32_t gtb = 0;
+      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
+        const uint32_t f = f0 + lane;
+        gtb += dcpx_dev_passb(
+            S.h16 + 16u * warp,
+            f < fend ? n1_word(row0, sstride, f, N, rcp_n, &s, &j) >> 16 : 0u,
+            lim);
+      }
+      gtb = __reduce_add_sync(DCPX_FULL, gtb);
+      if (lane == 0)
+        S.wgtb[warp] = gtb;
+    }
+    dcpx_dev_sel_finish(&S, K, all);
+    /* pass C: S1 in (r, l) order into list, its bits, per-rank counts */
+    {
+      const uint32_t T = S.T, take = S.take, teq = T ? T : 0xFFFFFFFFu;
+      uint32_t rg = S.wgt[warp], rq = S.weq[warp];
+      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
+        const uint32_t f = f0 + lane;
+        s = 0;
+        j = 0;
+        const uint32_t w =
+            f < fend ? n1_word(row0, sstride, f, N, rcp_n, &s, &j) : 0u;
+        const uint32_t o = w >> 16;
+        const uint32_t packed = dcpx_dev_passc(o, T, teq);
+        const uint32_t incl = dcpx_dev_warp_incl(packed);
+        const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
+        const uint32_t ex = incl - packed;
+        uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
+        if (dcpx_dev_sel_place(o, T, take, &gb, &qb, &pos)) {
+          list[pos] = (s << 17) | (n_hi(row0 + s * sstride, N, j) << 16) |
+                      (w & 0xFFFFu);
+          atomicOr(bits + (f >> 5), 1u << (f & 31u));
+          atomicAdd(rcnt + s, 1u);
+        }
+        rg += tot >> 16;
+        rq += tot & 0xFFFFu;
+      }
+    }
+    __syncthreads();
+    const uint32_t rc = lane < W ? rcnt[lane] : 0u;
+    const uint32_t mask = __ballot_sync(DCPX_FULL, lane < W && rc == N);
+    const uint32_t base = __reduce_add_sync(DCPX_FULL, lane < me ? rc : 0u);
+    const uint32_t own = __shfl_sync(DCPX_FULL, rc, me);
+    const uint32_t sw = (mask << 16) | (all ? 0u : S.T);
+    if (tid == 0) {
+      gmask[t] = mask;
+      satw[t] = sw;
+      if (sat_out)
+        sat_out[t] = sw;
+      stats[2u * t] += 1;
+      stats[2u * t + 1] += mask != 0;
+    }
+    if (!mask) {
+      dcpx_dev_outputs(&oa, t, req_id[t], list, base, own, all ? nz : K);
+    } else {
+      for (uint32_t i = tid; i < bw; i += NT)
+        gbits[(uint64_t)t * bw + i] = bits[i];
+      if ((mask >> me) & 1u) {
+        /* S (and list) are free again: the rescue list, capacity K */
+        const int32_t re = row_ends[t];
+        const uint32_t len =
+            re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+        __syncthreads();
+        dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, K, list,
+                            ckey, cl, DCPX_K_CAND);
+        uint4 *dst = (uint4 *)(rsend + (uint64_t)t * rw_k);
+        for (uint32_t v = tid; v < rw_k / 4; v += NT)
+          dst[v] = ((const uint4 *)list)[v];
+      }
+    }
+    __syncthreads(); /* shared state is reused by the next row */
+  }
+}
+
+/* ---- round 2 -------------------------------------------------------------- */
+
+typedef struct n2_src {
+  const uint32_t *row0;  /* recv, row t of rank 0 */
+  const uint32_t *krow0; /* rrecv, row t of rank 0 */
+  uint64_t sstride, kstride;
+  const uint32_t *off2; /* shared [W+1] */
+  const uint32_t *bits; /* shared S1 bits */
+  uint32_t W, N, K, mask;
+} n2_src;
+
+/* Round-2 key f (rank-major: a saturated rank's K-list, the others' N
+ * lists with the keys outside S1 read as empty): word, rank, index, and
+ * bit 16 of l. */
+DCPX_D uint32_t n2_word(const n2_src *q, uint32_t f, uint32_t *ret_s,
+                        uint32_t *ret_j, uint32_t *ret_hi) {
+  uint32_t s = 0;
+  while (s + 1 < q->W && q->off2[s + 1] <= f)
+    s++;
+  const uint32_t j = f - q->off2[s];
+  *ret_s = s;
+  *ret_j = j;
+  if ((q->mask >> s) & 1u) {
+    const uint32_t *p = q->krow0 + s * q->kstride;
+    *ret_hi = n_hi(p, q->K, j);
+    return p[j];
+  }
+  const uint32_t fl = s * q->N + j;
+  const uint32_t *p = q->row0 + s * q->sstride;
+  *ret_hi = n_hi(p, q->N, j);
+  if (!((q->bits[fl >> 5] >> (fl & 31u)) & 1u))
+    return 0;
+  return p[j];
+}
+
+static __global__ void __launch_bounds__(NT)
+    dcpx_nccl_round2_kernel(const dcpx_nkctx c, uint32_t rows,
+                            const int32_t *req_id, const int32_t *block_table,
+                            uint32_t bt_rows, uint32_t bt_cols,
+                            int32_t *rows_out, int32_t *valid_out,
+                            int32_t *ids_out, float rcp_b, float rcp_i) {
+  __shared__ dcpx_sel_smem S;
+  __shared__ uint32_t off2[DCPX_MAX_WORLD + 1];
+  __shared__ uint32_t bound[DCPX_MAX_WORLD + 1];
+  extern __shared__ uint4 dyn[];
+  const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+  const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
+  const uint32_t rw_n = c.L.rw_n, rw_k = c.L.rw_k, bw = c.NL.bits_words;
+  uint32_t *list = (uint32_t *)dyn; /* [rw_k] */
+  uint32_t *bits = list + rw_k;     /* [bw] */
+  const uint32_t *recv = (const uint32_t *)(c.buf + c.NL.off_recv);
+  const uint32_t *rrecv = (const uint32_t *)(c.buf + c.NL.off_rrecv);
+  const uint32_t *gmask = (const uint32_t *)(c.buf + c.NL.off_mask);
+  const uint32_t *gbits = (const uint32_t *)(c.buf + c.NL.off_bits);
+
+  dcpx_out_args oa;
+  oa.block_table = block_table;
+  oa.rows_out = rows_out;
+  oa.valid_out = valid_out;
+  oa.ids_out = ids_out;
+  oa.K = K;
+  oa.W = W;
+  oa.me = me;
+  oa.B = c.block_size;
+  oa.I = c.interleave;
+  oa.bt_rows = bt_rows;
+  oa.bt_cols = bt_cols;
+  oa.rcp_b = rcp_b;
+  oa.rcp_i = rcp_i;
+
+  for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
+    const uint32_t mask = gmask[t];
+    if (!mask)
+      continue; /* block-uniform: round 1 wrote this row's outputs */
+    n2_src q;
+    q.row0 = recv + (uint64_t)t * rw_n;
+    q.krow0 = rrecv + (uint64_t)t * rw_k;
+    q.sstride = (uint64_t)rows * rw_n;
+    q.kstride = (uint64_t)rows * rw_k;
+    q.off2 = off2;
+    q.bits = bits;
+    q.W = W;
+    q.N = N;
+    q.K = K;
+    q.mask = mask;
+    for (uint32_t i = tid; i < bw; i += NT)
+      bits[i] = gbits[(uint64_t)t * bw + i];
+    if (tid == 0) {
+      uint32_t o = 0;
+      for (uint32_t s = 0; s < W; s++) {
+        off2[s] = o;
+        o += ((mask >> s) & 1u) ? K : N;
+      }
+      off2[W] = o;
+    }
+    dcpx_dev_sel_zero(&S);
+    __syncthreads();
+
+    const uint32_t n2 = off2[W];
+    const uint32_t kpw = (((n2 + NW - 1) / NW) + 31u) & ~31u;
+    const uint32_t fbeg = min(n2, warp * kpw), fend = min(n2, fbeg + kpw);
+    uint32_t s, j, hi, nz;
+
+    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
+      const uint32_t f = f0 + lane;
+      dcpx_dev_hist_add(S.hist,
+                        f < fend ? n2_word(&q, f, &s, &j, &hi) >> 16 : 0u);
+    }
+    const int all = dcpx_dev_sel_after_a(&S, K, &nz);
+    {
+      const uint32_t lim = all ? 0u : S.hb << 4;
+      uint32_t gtb = 0;
+      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
+        const uint32_t f = f0 + lane;
+        gtb += dcpx_dev_passb(
+            S.h16 + 16u * warp,
+            f < fend ? n2_word(&q, f, &s, &j, &hi) >> 16 : 0u, lim);
+      }
+      gtb = __reduce_add_sync(DCPX_FULL, gtb);
+      if (lane == 0)
+        S.wgtb[warp] = gtb;
+    }
+    dcpx_dev_sel_finish(&S, K, all);
+    {
+      const uint32_t T = S.T, take = S.take, teq = T ? T : 0xFFFFFFFFu;
+      uint32_t rg = S.wgt[warp], rq = S.weq[warp];
+      if (tid == 0)
+        bound[W] = all ? nz : K;
+      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
+        const uint32_t f = f0 + lane;
+        const int v = f < fend;
+        s = 0;
+        j = 1;
+        hi = 0;
+        const uint32_t w = v ? n2_word(&q, f, &s, &j, &hi) : 0u;
+        const uint32_t o = w >> 16;
+        const uint32_t packed = dcpx_dev_passc(o, T, teq);
+        const uint32_t incl = dcpx_dev_warp_incl(packed);
+        const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
+        const uint32_t ex = incl - packed;
+        uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
+        if (v && j == 0)
+          bound[s] = gb + min(qb, take); /* selected keys before rank s */
+        if (dcpx_dev_sel_place(o, T, take, &gb, &qb, &pos))
+          list[pos] = (s << 17) | (hi << 16) | (w & 0xFFFFu);
+        rg += tot >> 16;
+        rq += tot & 0xFFFFu;
+      }
+    }
+    __syncthreads();
+    dcpx_dev_outputs(&oa, t, req_id[t], list, bound[me],
+                     bound[me + 1] - bound[me], bound[W]);
+    __syncthreads(); /* shared state is reused by the next row */
+  }
+}
+
+/* ---- host side ------------------------------------------------------------ */
+
+size_t dcpx_kn_lists_smem(const dcpx_nkctx *c) {
+  return 4u * (size_t)c->L.rw_n + 6u * (size_t)DCPX_K_CAND;
+}
+
+size_t dcpx_kn_round1_smem(const dcpx_nkctx *c) {
+  return 4u * ((size_t)c->L.rw_k + c->NL.bits_words) +
+         6u * (size_t)DCPX_K_CAND;
+}
+
+size_t dcpx_kn_round2_smem(const dcpx_nkctx *c) {
+  return 4u * ((size_t)c->L.rw_k + c->NL.bits_words);
+}
+
+int dcpx_kn_prepare(void) {
+  /* The largest plans: rw_k <= 4224, bits <= 2048 words (W*N < 16*4096). */
+  const int lists = 4 * 4224 + 6 * (int)DCPX_K_CAND;
+  const int r1 = 4 * (4224 + 2048) + 6 * (int)DCPX_K_CAND;
+  const int r2 = 4 * (4224 + 2048);
+  if (cudaFuncSetAttribute(dcpx_nccl_lists_kernel,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           lists) != cudaSuccess ||
+      cudaFuncSetAttribute(dcpx_nccl_round1_kernel,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           r1) != cudaSuccess ||
+      cudaFuncSetAttribute(dcpx_nccl_round2_kernel,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           r2) != cudaSuccess)
+    return DCPX_E_CUDA;
+  return 0;
+}
+
+int dcpx_kn_lists(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
+                  uint64_t stride, const int32_t *row_ends, cudaStream_t s) {
+  int r = dcpx_kn_ctx_check(c);
+  if (r < 0)
+    return r;
+  if (rows > c->rows_max || !logits || !stride || !row_ends)
+    return DCPX_E_INVAL;
+  if (rows == 0)
+    return 0;
+  dcpx_nccl_lists_kernel<<<rows, LT, dcpx_kn_lists_smem(c), s>>>(
+      *c, rows, logits, stride, row_ends);
+  return cudaGetLastError() == cudaSuccess ? 0 : DCPX_E_CUDA;
+}
+
+int dcpx_kn_round1(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
+                   uint64_t stride, const int32_t *row_ends,
+                   const int32_t *req_id, const int32_t *block_table,
+                   uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
+                   int32_t *valid_out, int32_t *ids_out, uint32_t *sat_out,
+                   cudaStream_t s) {
+  int r = dcpx_kn_ctx_check(c);
+  if (r < 0)
+    return r;
+  if (rows > c->rows_max || !logits || !stride || !row_ends || !req_id ||
+      !block_table || !bt_rows || !bt_cols || !rows_out || !valid_out)
+    return DCPX_E_INVAL;
+  if (rows == 0)
+    return 0;
+  dcpx_nccl_round1_kernel<<<rows, NT, dcpx_kn_round1_smem(c), s>>>(
+      *c, rows, logits, stride, row_ends, req_id, block_table, bt_rows,
+      bt_cols, rows_out, valid_out, ids_out, sat_out,
+      1.0f / (float)c->local_topk, 1.0f / (float)c->block_size,
+      1.0f / (float)c->interleave);
+  return cudaGetLastError() == cudaSuccess ? 0 : DCPX_E_CUDA;
+}
+
+int dcpx_kn_round2(const dcpx_nkctx *c, uint32_t rows, const int32_t *req_id,
+                   const int32_t *block_table, uint32_t bt_rows,
+                   uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
+                   int32_t *ids_out, cudaStream_t s) {
+  int r = dcpx_kn_ctx_check(c);
+  if (r < 0)
+    return r;
+  if (rows > c->rows_max || !req_id || !block_table || !bt_rows ||
+      !bt_cols || !rows_out || !valid_out)
+    return DCPX_E_INVAL;
+  if (rows == 0)
+    return 0;
+  dcpx_nccl_round2_kernel<<<rows, NT, dcpx_kn_round2_smem(c), s>>>(
+      *c, rows, req_id, block_table, bt_rows, bt_cols, rows_out, valid_out,
+      ids_out, 1.0f / (float)c->block_size, 1.0f / (float)c->interleave);
+  return cudaGetLastError() == cudaSuccess ? 0 : DCPX_E_CUDA;
+}

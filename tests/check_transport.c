@@ -1,0 +1,192 @@
+/* check_transport.c - unit tests of the transport rule
+ * (common/transport.c) and of the NCCL transport's buffer layout
+ * (common/layout.h, dcpx_nccl_layout_compute).
+ *
+ * The expected sizes are worked out here from the layout's documented
+ * formula (region sizes, 256-byte alignment), not by calling the code under
+ * test twice.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dcpx.h"
+#include "layout.h"
+#include "transport.h"
+
+static uint64_t up256(uint64_t x) { return (x + 255u) / 256u * 256u; }
+
+START_TEST(test_explicit_wins) {
+  const int32_t dev[3] = {0, 1, 2};
+  const uint8_t none[9] = {0};
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_LL, 3, dev, none),
+                   DCPX_TRANSPORT_LL);
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_NCCL, 3, dev, NULL),
+                   DCPX_TRANSPORT_NCCL);
+  /* nccl even when every pair could use ll */
+  const int32_t same[2] = {0, 0};
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_NCCL, 2, same, NULL),
+                   DCPX_TRANSPORT_NCCL);
+}
+END_TEST
+
+START_TEST(test_auto_same_gpu) {
+  const int32_t dev[4] = {3, 3, 3, 3};
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 4, dev, NULL),
+                   DCPX_TRANSPORT_LL);
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 1, dev, NULL),
+                   DCPX_TRANSPORT_LL);
+}
+END_TEST
+
+START_TEST(test_auto_p2p) {
+  const int32_t dev[3] = {0, 1, 2};
+  uint8_t acc[9];
+  memset(acc, 1, sizeof(acc));
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 3, dev, acc),
+                   DCPX_TRANSPORT_LL);
+  /* one direction of one pair missing: nccl */
+  acc[2 * 3 + 1] = 0;
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 3, dev, acc),
+                   DCPX_TRANSPORT_NCCL);
+  /* the diagonal is never consulted */
+  memset(acc, 1, sizeof(acc));
+  acc[0] = acc[4] = acc[8] = 0;
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 3, dev, acc),
+                   DCPX_TRANSPORT_LL);
+}
+END_TEST
+
+START_TEST(test_auto_mixed) {
+  /* ranks 0, 1 share GPU 0 (no P2P needed); GPU 0 and 1 lack P2P */
+  const int32_t dev[3] = {0, 0, 1};
+  uint8_t acc[9] = {0};
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 3, dev, acc),
+                   DCPX_TRANSPORT_NCCL);
+  /* with P2P between GPU 0 and 1 (rank pairs 0-2 and 1-2): ll */
+  acc[0 * 3 + 2] = acc[2 * 3 + 0] = acc[1 * 3 + 2] = acc[2 * 3 + 1] = 1;
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 3, dev, acc),
+                   DCPX_TRANSPORT_LL);
+  /* two ranks on one GPU each side, one cross pair without access */
+  const int32_t d4[4] = {0, 0, 1, 1};
+  uint8_t a4[16];
+  memset(a4, 1, sizeof(a4));
+  a4[1 * 4 + 3] = 0;
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 4, d4, a4),
+                   DCPX_TRANSPORT_NCCL);
+}
+END_TEST
+
+START_TEST(test_invalid) {
+  const int32_t dev[2] = {0, 1};
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 0, dev, NULL),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 17, dev, NULL),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 2, NULL, NULL),
+                   DCPX_E_INVAL);
+  /* different GPUs and nothing to ask */
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 2, dev, NULL),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx__transport_resolve(7, 2, dev, NULL), DCPX_E_INVAL);
+  ck_assert_str_eq(dcpx__transport_name(DCPX_TRANSPORT_LL), "ll");
+  ck_assert_str_eq(dcpx__transport_name(DCPX_TRANSPORT_NCCL), "nccl");
+  ck_assert_str_eq(dcpx__transport_name(DCPX_TRANSPORT_AUTO), "auto");
+  ck_assert_str_eq(dcpx__transport_name(9), "?");
+}
+END_TEST
+
+/* The NCCL buffer of a shape, from the documented formula. */
+static void expect_nccl(uint32_t W, uint32_t R, uint32_t K, uint32_t N) {
+  dcpx_layout L;
+  dcpx_nccl_layout NL;
+  dcpx_layout_compute(&L, W, R, K, N);
+  dcpx_nccl_layout_compute(&NL, &L);
+  const uint64_t rwn = dcpx_row_words(N), rwk = dcpx_row_words(K);
+  const uint64_t bw = ((W * N + 31) / 32 + 3) / 4 * 4;
+  uint64_t o = 0;
+  ck_assert_uint_eq(NL.bits_words, bw);
+  ck_assert_uint_eq(NL.off_send, o);
+  o = up256(o + 4 * R * rwn);
+  ck_assert_uint_eq(NL.off_recv, o);
+  o = up256(o + 4ull * W * R * rwn);
+  ck_assert_uint_eq(NL.off_rsend, o);
+  o = up256(o + 4 * R * rwk);
+  ck_assert_uint_eq(NL.off_rrecv, o);
+  o = up256(o + 4ull * W * R * rwk);
+  ck_assert_uint_eq(NL.off_mask, o);
+  o = up256(o + 4ull * R);
+  ck_assert_uint_eq(NL.off_bits, o);
+  o = up256(o + 4ull * R * bw);
+  ck_assert_uint_eq(NL.bytes, o);
+  /* every region 256-byte aligned, and in order without overlap */
+  ck_assert_uint_eq(NL.off_recv % 256, 0);
+  ck_assert_uint_eq(NL.off_rrecv % 256, 0);
+  ck_assert_uint_eq(NL.off_bits % 256, 0);
+  ck_assert(NL.off_recv >= NL.off_send + 4 * R * rwn);
+  ck_assert(NL.off_rsend >= NL.off_recv + 4ull * W * R * rwn);
+  ck_assert(NL.off_rrecv >= NL.off_rsend + 4 * R * rwk);
+  ck_assert(NL.off_mask >= NL.off_rrecv + 4ull * W * R * rwk);
+  ck_assert(NL.off_bits >= NL.off_mask + 4ull * R);
+  /* a row's S1 bits hold all W*N keys; the list words hold a row */
+  ck_assert(32ull * NL.bits_words >= (uint64_t)W * N);
+  ck_assert_uint_eq(L.rw_n, rwn);
+  ck_assert_uint_eq(L.rw_k, rwk);
+}
+
+START_TEST(test_nccl_layout) {
+  expect_nccl(1, 1, 2, 1);
+  expect_nccl(1, 64, 2048, 512);
+  expect_nccl(2, 128, 2048, 512);
+  expect_nccl(8, 256, 2048, 512);
+  expect_nccl(3, 17, 100, 31);
+  expect_nccl(16, 4096, 4096, 4095);
+  {
+    /* a worked example: W=2, R=4, K=64, N=8
+     * rw_n = 8 + 1 -> 12, rw_k = 64 + 2 -> 68, bw = 1 -> 4
+     * send 4*4*12 = 192 -> 256; recv 2*192 = 384 -> 256+384 = 640 -> 768;
+     * rsend 4*4*68 = 1088 -> 768+1088 = 1856 -> 2048; rrecv 2176 -> 4224
+     * -> 4352; mask 16 -> 4608; bits 4*4*4 = 64 -> 4864. */
+    dcpx_layout L;
+    dcpx_nccl_layout NL;
+    dcpx_layout_compute(&L, 2, 4, 64, 8);
+    dcpx_nccl_layout_compute(&NL, &L);
+    ck_assert_uint_eq(NL.off_recv, 256);
+    ck_assert_uint_eq(NL.off_rsend, 768);
+    ck_assert_uint_eq(NL.off_rrecv, 2048);
+    ck_assert_uint_eq(NL.off_mask, 4352);
+    ck_assert_uint_eq(NL.off_bits, 4608);
+    ck_assert_uint_eq(NL.bytes, 4864);
+  }
+}
+END_TEST
+
+START_TEST(test_health_block) {
+  /* the transport word took a pad word: the block stays 128 bytes */
+  ck_assert_uint_eq(sizeof(dcpx_rank_health), 128);
+}
+END_TEST
+
+static Suite *transport_suite(void) {
+  Suite *s = suite_create("transport");
+  TCase *tc = tcase_create("rule");
+  tcase_add_test(tc, test_explicit_wins);
+  tcase_add_test(tc, test_auto_same_gpu);
+  tcase_add_test(tc, test_auto_p2p);
+  tcase_add_test(tc, test_auto_mixed);
+  tcase_add_test(tc, test_invalid);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("layout");
+  tcase_add_test(tc, test_nccl_layout);
+  tcase_add_test(tc, test_health_block);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(transport_suite());
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,589 @@
+/* test_nccl.c - the NCCL transport (kernels/nccl.cu, libclient/nccl.c)
+ * against the CPU reference, bit for bit, beside the LL path on the same
+ * inputs; and the benchmark hook that times both transports.
+ *
+ *   test_nccl            exactness: W=1 on GPU 0, then, when there are
+ *                        >= 2 GPUs, W = 2 .. min(#GPUs, 8) with rank r on
+ *                        GPU r (LL too when every pair has P2P access)
+ *   test_nccl --bench    the same shapes, timed per call, both transports,
+ *                        as a markdown table
+ *
+ * NCCL refuses two ranks on one GPU, so W >= 2 needs several GPUs. One
+ * process, one thread per rank (ncclCommInitAll): a thread runs its rank's
+ * push and merge on its own stream, so the NCCL calls of one thread never
+ * need ncclGroupStart. With W=1, a full row's N entries are all of S1, so
+ * the rank is saturated and the rescue round (second all-gather, round 2)
+ * runs on nearly every row.
+ *
+ * Nothing may hang: every wait polls its stream against a wall-clock limit
+ * (DCPX_TEST_LIMIT_S, default 60) and the program exits 3 with a message
+ * when it passes. Exit 0: every case exact; 1: a mismatch; 2: a setup
+ * error; 77: no GPU.
+ */
+#include <math.h>
+/* nccl.h declares some functions without prototypes */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
+#include <pthread.h>
+
+#include "gpu_group.h" /* CK, KCK, gg_now */
+#include "member.h"
+
+#define NCK(call)                                                             \
+  do {                                                                        \
+    ncclResult_t n_ = (call);                                                 \
+    if (n_ != ncclSuccess) {                                                  \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,           \
+              ncclGetErrorString(n_));                                        \
+      fflush(stderr);                                                         \
+      _exit(2);                                                               \
+    }                                                                         \
+  } while (0)
+
+static double g_limit_s = 60.0;
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static uint32_t rnd_below(uint64_t *s, uint32_t n) {
+  return n ? (uint32_t)(((splitmix64(s) >> 32) * (uint64_t)n) >> 32) : 0;
+}
+static double rnd_normal(uint64_t *s) {
+  double u = (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+  double v = (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+  if (u < 1e-300)
+    u = 1e-300;
+  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+    return 0x7FC0;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static const uint16_t specials[] = {0x7FC0, 0xFFC0, 0x7F81, 0x7F80, 0xFF80,
+                                    0x0000, 0x8000, 0x7F7F, 0xFF7F, 0x0001,
+                                    0x3F80, 0xBF80};
+
+/* Row t of rank r: a generator by row, a row end by row. */
+static uint16_t value(uint32_t gen, uint64_t *s, uint32_t r, uint32_t l) {
+  switch (gen % 9) {
+  case 0:
+    return f2bf((float)(rnd_normal(s) * 3.0));
+  case 1: {
+    static const float v[] = {1.0f, 0.5f, -2.0f, 1.0078125f, 3.0f};
+    return f2bf(v[rnd_below(s, 5)]);
+  }
+  case 2:
+    return 0x3F80; /* all equal */
+  case 3:
+    if (rnd_below(s, 10) < 4)
+      return specials[rnd_below(s, sizeof(specials) / 2)];
+    return f2bf((float)rnd_normal(s));
+  case 4:
+    return 0x7FC0; /* all NaN: no candidates */
+  case 5:
+    return f2bf((float)((int)rnd_below(s, 9) - 4));
+  case 6:
+    return f2bf((float)(rnd_normal(s) + (r == 0 ? 60.0 : 0.0))); /* dominant */
+  case 7:
+    return f2bf((float)(100.0 - 0.001 * l)); /* descending, bf16 ties */
+  default:
+    return f2bf((float)(-1.0 - rnd_normal(s) * rnd_normal(s))); /* negative */
+  }
+}
+
+typedef struct tcase {
+  const char *name;
+  uint32_t R, rows, N, K, B, I, max_local;
+  uint64_t stride;
+} tcase;
+
+static const tcase cases[] = {
+    {"small", 16, 16, 8, 64, 4, 1, 700, 701},
+    {"typical", 32, 32, 512, 2048, 64, 1, 32768, 32768},
+    {"k4096", 8, 8, 100, 4096, 16, 2, 20000, 20003},
+    {"n1", 8, 6, 1, 64, 1, 1, 300, 300},
+    {"long", 4, 4, 2048, 4096, 64, 4, 131072, 131072},
+    {"partial", 64, 40, 31, 100, 8, 1, 5000, 5000},
+};
+#define NCASES (sizeof(cases) / sizeof(cases[0]))
+
+/* One rank: its device, inputs, outputs, both transports' state. */
+typedef struct rank_t {
+  uint32_t r;
+  int dev;
+  cudaStream_t st;
+  uint16_t *h_log, *d_log;
+  int32_t *h_end, *d_end, *d_req, *d_bt;
+  int32_t *d_rows, *d_valid, *d_ids;
+  uint32_t *d_sat;
+  int32_t *g_rows, *g_valid, *g_ids;
+  uint32_t *g_sat;
+  char *ws; /* workspace (LL slots etc.; sat/stats for nccl) */
+  dcpx_nkctx nk;
+  ncclComm_t comm;
+  dcpx_kctx kc;
+} rank_t;
+
+typedef struct world_t {
+  uint32_t W;
+  int ll_ok; /* every pair has P2P (or W == 1) */
+  dcpx_shape sh;
+  dcpx_layout L;
+  tcase tc;
+  uint32_t bt_rows, bt_cols;
+  int32_t *h_req, *h_bt;
+  void *ctl_h;
+  char *ctl_d;
+  char **d_peers[DCPX_MAX_WORLD];
+  rank_t rk[DCPX_MAX_WORLD];
+  /* reference outputs of every rank */
+  int32_t *x_rows[DCPX_MAX_WORLD], *x_valid[DCPX_MAX_WORLD],
+      *x_ids[DCPX_MAX_WORLD];
+  uint32_t *x_sat[DCPX_MAX_WORLD];
+  int transport; /* of the current run */
+  int iters;     /* calls per thread run */
+  uint64_t tag;
+} world_t;
+
+static void wait_stream(cudaStream_t st, const char *what) {
+  double t0 = gg_now();
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(st);
+    if (e == cudaSuccess)
+      return;
+    if (e != cudaErrorNotReady) {
+      fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+      _exit(2);
+    }
+    if (gg_now() - t0 > g_limit_s) {
+      fprintf(stderr, "FATAL: %s still running after %.0f s (hang)\n", what,
+              g_limit_s);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(3);
+    }
+    usleep(100);
+  }
+}
+
+static void world_init(world_t *w, uint32_t W, const tcase *tc,
+                       const int *devs) {
+  memset(w, 0, sizeof(*w));
+  dcpx_shape s = DCPX_SHAPE_INIT;
+  s.world = W;
+  s.rows = tc->R;
+  s.topk = tc->K;
+  s.local_topk = tc->N;
+  s.block_size = tc->B;
+  s.interleave = tc->I;
+  s.max_local = tc->max_local;
+  KCK(dcpx_shape_check(&s));
+  w->W = W;
+  w->sh = s;
+  w->tc = *tc;
+  dcpx_layout_compute(&w->L, W, tc->R, tc->K, tc->N);
+  w->bt_rows = tc->rows + 1;
+  w->bt_cols = (tc->max_local + tc->B - 1) / tc->B;
+  w->h_req = calloc(tc->rows, 4);
+  w->h_bt = calloc((size_t)w->bt_rows * w->bt_cols, 4);
+  for (uint32_t t = 0; t < tc->rows; t++)
+    w->h_req[t] = (int32_t)((t * 5u + 1u) % w->bt_rows);
+  for (size_t i = 0; i < (size_t)w->bt_rows * w->bt_cols; i++)
+    w->h_bt[i] = (int32_t)((i * 7919u + 13u) % 200003u);
+
+  /* P2P for LL */
+  w->ll_ok = 1;
+  for (uint32_t i = 0; i < W; i++)
+    for (uint32_t j = 0; j < W; j++) {
+      int a = 1;
+      if (devs[i] != devs[j])
+        CK(cudaDeviceCanAccessPeer(&a, devs[i], devs[j]));
+      if (!a)
+        w->ll_ok = 0;
+    }
+
+  CK(cudaHostAlloc(&w->ctl_h, w->L.ctl_bytes,
+                   cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(w->ctl_h, 0, w->L.ctl_bytes);
+  CK(cudaHostGetDevicePointer((void **)&w->ctl_d, w->ctl_h, 0));
+  dcpx_ctl_header *hdr = (dcpx_ctl_header *)w->ctl_h;
+  hdr->magic = DCPX_CTL_MAGIC;
+  hdr->version = DCPX_CTL_VERSION;
+  hdr->world = W;
+  hdr->rows = tc->R;
+  hdr->timeout_ns = 5000000000ull;
+  hdr->generation = 1;
+
+  const size_t nlog = (size_t)tc->rows * tc->stride + 16;
+  const size_t nout = (size_t)tc->rows * tc->K;
+  int ids[DCPX_MAX_WORLD];
+  ncclComm_t comms[DCPX_MAX_WORLD];
+  char *wsv[DCPX_MAX_WORLD];
+  for (uint32_t r = 0; r < W; r++) {
+    rank_t *k = &w->rk[r];
+    k->r = r;
+    k->dev = devs[r];
+    ids[r] = devs[r];
+    CK(cudaSetDevice(k->dev));
+    CK(dcpx_k_prepare() < 0 ? cudaErrorUnknown : cudaSuccess);
+    CK(dcpx_kn_prepare() < 0 ? cudaErrorUnknown : cudaSuccess);
+    CK(cudaStreamCreateWithFlags(&k->st, cudaStreamNonBlocking));
+    k->h_log = calloc(nlog, 2);
+    k->h_end = calloc(tc->rows, 4);
+    k->g_rows = calloc(nout, 4);
+    k->g_ids = calloc(nout, 4);
+    k->g_valid = calloc(tc->rows, 4);
+    k->g_sat = calloc(tc->rows, 4);
+    w->x_rows[r] = calloc(nout, 4);
+    w->x_ids[r] = calloc(nout, 4);
+    w->x_valid[r] = calloc(tc->rows, 4);
+    w->x_sat[r] = calloc(tc->rows, 4);
+    CK(cudaMalloc((void **)&k->d_log, nlog * 2));
+    CK(cudaMalloc((void **)&k->d_end, tc->rows * 4));
+    CK(cudaMalloc((void **)&k->d_req, tc->rows * 4));
+    CK(cudaMalloc((void **)&k->d_bt, (size_t)w->bt_rows * w->bt_cols * 4));
+    CK(cudaMalloc((void **)&k->d_rows, nout * 4));
+    CK(cudaMalloc((void **)&k->d_ids, nout * 4));
+    CK(cudaMalloc((void **)&k->d_valid, tc->rows * 4));
+    CK(cudaMalloc((void **)&k->d_sat, tc->rows * 4));
+    CK(cudaMalloc((void **)&k->ws, w->L.ws_bytes));
+    CK(cudaMemset(k->ws, 0, w->L.ws_bytes));
+    CK(cudaMemcpy(k->d_req, w->h_req, tc->rows * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(k->d_bt, w->h_bt, (size_t)w->bt_rows * w->bt_cols * 4,
+                  cudaMemcpyHostToDevice));
+    dcpx_kn_ctx_init(&k->nk, &s, r);
+    k->nk.ws = k->ws;
+    CK(cudaMalloc((void **)&k->nk.buf, k->nk.NL.bytes));
+    CK(cudaMemset(k->nk.buf, 0, k->nk.NL.bytes));
+    KCK(dcpx_kn_ctx_check(&k->nk));
+    wsv[r] = k->ws;
+  }
+  if (w->ll_ok) {
+    for (uint32_t i = 0; i < W; i++) {
+      CK(cudaSetDevice(devs[i]));
+      for (uint32_t j = 0; j < W; j++)
+        if (devs[j] != devs[i]) {
+          cudaError_t e = cudaDeviceEnablePeerAccess(devs[j], 0);
+          if (e == cudaErrorPeerAccessAlreadyEnabled)
+            (void)cudaGetLastError();
+          else
+            CK(e);
+        }
+      CK(cudaMalloc((void **)&w->d_peers[i], sizeof(char *) * W));
+      CK(cudaMemcpy(w->d_peers[i], wsv, sizeof(char *) * W,
+                    cudaMemcpyHostToDevice));
+      dcpx_kctx *c = &w->rk[i].kc;
+      c->world = W;
+      c->rank = i;
+      c->rows_max = tc->R;
+      c->topk = tc->K;
+      c->local_topk = tc->N;
+      c->block_size = tc->B;
+      c->interleave = tc->I;
+      c->max_local = tc->max_local;
+      c->L = w->L;
+      c->peers = w->d_peers[i];
+      c->ws = wsv[i];
+      c->ctl = (dcpx_ctl_header *)w->ctl_d;
+      c->health = (dcpx_rank_health *)(w->ctl_d + w->L.off_ranks);
+      c->records = (dcpx_wait_record *)(w->ctl_d + w->L.off_records);
+      KCK(dcpx_k_ctx_check(c));
+    }
+  }
+  for (uint32_t r = 0; r < W; r++) {
+    CK(cudaSetDevice(devs[r]));
+    CK(cudaDeviceSynchronize());
+  }
+  NCK(ncclCommInitAll(comms, (int)W, ids));
+  for (uint32_t r = 0; r < W; r++)
+    w->rk[r].comm = comms[r];
+}
+
+static void world_free(world_t *w) {
+  for (uint32_t r = 0; r < w->W; r++) {
+    rank_t *k = &w->rk[r];
+    CK(cudaSetDevice(k->dev));
+    wait_stream(k->st, "teardown");
+    ncclCommDestroy(k->comm);
+    cudaFree(k->d_log);
+    cudaFree(k->d_end);
+    cudaFree(k->d_req);
+    cudaFree(k->d_bt);
+    cudaFree(k->d_rows);
+    cudaFree(k->d_ids);
+    cudaFree(k->d_valid);
+    cudaFree(k->d_sat);
+    cudaFree(k->ws);
+    cudaFree(k->nk.buf);
+    if (w->d_peers[r])
+      cudaFree(w->d_peers[r]);
+    cudaStreamDestroy(k->st);
+    free(k->h_log);
+    free(k->h_end);
+    free(k->g_rows);
+    free(k->g_ids);
+    free(k->g_valid);
+    free(k->g_sat);
+    free(w->x_rows[r]);
+    free(w->x_ids[r]);
+    free(w->x_valid[r]);
+    free(w->x_sat[r]);
+  }
+  cudaFreeHost(w->ctl_h);
+  free(w->h_req);
+  free(w->h_bt);
+}
+
+/* Inputs of call c (same generator and row end on every rank per row). */
+static void gen_call(world_t *w, uint64_t seed, uint32_t c) {
+  const tcase *tc = &w->tc;
+  for (uint32_t r = 0; r < w->W; r++) {
+    rank_t *k = &w->rk[r];
+    uint64_t s = seed ^ (0x1234567ull * (r + 1)) ^ ((uint64_t)c << 40);
+    for (uint32_t t = 0; t < tc->rows; t++) {
+      const uint32_t gen = t + c;
+      uint32_t len = tc->max_local;
+      switch ((t + 3 * c) % 7) {
+      case 1:
+        len = 0;
+        break;
+      case 2:
+        len = tc->N > 1 ? tc->N - 1 : 1;
+        break;
+      case 3:
+        len = tc->N;
+        break;
+      case 4:
+        len = 1 + rnd_below(&s, tc->max_local);
+        break;
+      default:
+        break;
+      }
+      if (len > tc->max_local)
+        len = tc->max_local;
+      k->h_end[t] = (int32_t)len;
+      uint16_t *row = k->h_log + (size_t)t * tc->stride;
+      for (uint32_t l = 0; l < tc->stride; l++)
+        row[l] = value(gen, &s, r, l);
+    }
+    CK(cudaSetDevice(k->dev));
+    CK(cudaMemcpy(k->d_log, k->h_log,
+                  ((size_t)tc->rows * tc->stride + 16) * 2,
+                  cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(k->d_end, k->h_end, tc->rows * 4, cudaMemcpyHostToDevice));
+  }
+  const uint16_t *lp[DCPX_MAX_WORLD];
+  const int32_t *ep[DCPX_MAX_WORLD];
+  for (uint32_t r = 0; r < w->W; r++) {
+    lp[r] = w->rk[r].h_log;
+    ep[r] = w->rk[r].h_end;
+  }
+  for (uint32_t r = 0; r < w->W; r++)
+    KCK(dcpx_ref_call(&w->sh, tc->rows, lp, tc->stride, ep, r, w->h_req,
+                      w->h_bt, w->bt_rows, w->bt_cols, w->x_rows[r],
+                      w->x_valid[r], w->x_ids[r], w->x_sat[r], NULL));
+}
+
+/* A rank's thread: `iters` calls on the current transport. */
+static void *rank_thread(void *p) {
+  rank_t *k = (rank_t *)p;
+  world_t *w = (world_t *)((char *)(k - k->r) - offsetof(world_t, rk));
+  const tcase *tc = &w->tc;
+  CK(cudaSetDevice(k->dev));
+  for (int i = 0; i < w->iters; i++) {
+    if (w->transport == DCPX_TRANSPORT_NCCL) {
+      KCK(dcpx__nccl_push_k(&k->nk, k->comm, tc->rows, k->d_log, tc->stride,
+                            k->d_end, k->st));
+      KCK(dcpx__nccl_merge_k(&k->nk, k->comm, tc->rows, k->d_log, tc->stride,
+                             k->d_end, k->d_req, k->d_bt, w->bt_rows,
+                             w->bt_cols, k->d_rows, k->d_valid, k->d_ids,
+                             k->d_sat, k->st));
+    } else {
+      KCK(dcpx_k_push(&k->kc, tc->rows, k->d_log, tc->stride, k->d_end,
+                      w->tag, k->st));
+      KCK(dcpx_k_merge(&k->kc, tc->rows, k->d_log, tc->stride, k->d_end,
+                       k->d_req, k->d_bt, w->bt_rows, w->bt_cols, k->d_rows,
+                       k->d_valid, k->d_ids, k->d_sat, w->tag, k->st));
+    }
+  }
+  wait_stream(k->st, w->transport == DCPX_TRANSPORT_NCCL ? "nccl call"
+                                                         : "ll call");
+  return NULL;
+}
+
+/* Runs `iters` calls on every rank; returns the wall time in seconds. */
+static double run_calls(world_t *w, int transport, int iters) {
+  pthread_t th[DCPX_MAX_WORLD];
+  w->transport = transport;
+  w->iters = iters;
+  w->tag++;
+  const double t0 = gg_now();
+  for (uint32_t r = 0; r < w->W; r++)
+    if (pthread_create(&th[r], NULL, rank_thread, &w->rk[r]) != 0) {
+      fprintf(stderr, "pthread_create failed\n");
+      _exit(2);
+    }
+  for (uint32_t r = 0; r < w->W; r++)
+    pthread_join(th[r], NULL);
+  return gg_now() - t0;
+}
+
+static void poison(world_t *w) {
+  const size_t nout = (size_t)w->tc.rows * w->tc.K;
+  for (uint32_t r = 0; r < w->W; r++) {
+    rank_t *k = &w->rk[r];
+    CK(cudaSetDevice(k->dev));
+    CK(cudaMemset(k->d_rows, 0x5A, nout * 4));
+    CK(cudaMemset(k->d_ids, 0x5A, nout * 4));
+    CK(cudaMemset(k->d_valid, 0x5A, w->tc.rows * 4));
+    CK(cudaMemset(k->d_sat, 0x5A, w->tc.rows * 4));
+    CK(cudaDeviceSynchronize());
+  }
+}
+
+/* Compares every rank's outputs with the reference; returns mismatches. */
+static uint64_t compare(world_t *w, const char *what, uint32_t call) {
+  const tcase *tc = &w->tc;
+  const size_t nout = (size_t)tc->rows * tc->K;
+  uint64_t bad = 0;
+  for (uint32_t r = 0; r < w->W; r++) {
+    rank_t *k = &w->rk[r];
+    CK(cudaSetDevice(k->dev));
+    CK(cudaMemcpy(k->g_rows, k->d_rows, nout * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(k->g_ids, k->d_ids, nout * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(k->g_valid, k->d_valid, tc->rows * 4,
+                  cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(k->g_sat, k->d_sat, tc->rows * 4, cudaMemcpyDeviceToHost));
+    for (uint32_t t = 0; t < tc->rows; t++) {
+      int rb = k->g_valid[t] != w->x_valid[r][t] ||
+               k->g_sat[t] != w->x_sat[r][t] ||
+               memcmp(k->g_rows + (size_t)t * tc->K,
+                      w->x_rows[r] + (size_t)t * tc->K, tc->K * 4) ||
+               memcmp(k->g_ids + (size_t)t * tc->K,
+                      w->x_ids[r] + (size_t)t * tc->K, tc->K * 4);
+      if (rb && bad < 5)
+        printf("  MISMATCH %s %s W=%u call %u rank %u row %u: valid %d/%d "
+               "sat %08x/%08x\n",
+               what, tc->name, w->W, call, r, t, k->g_valid[t],
+               w->x_valid[r][t], k->g_sat[t], w->x_sat[r][t]);
+      bad += rb;
+    }
+  }
+  return bad;
+}
+
+/* Exactness of one case at world W; returns 1 if exact. */
+static int run_exact(const tcase *tc, uint32_t W, const int *devs,
+                     uint64_t seed) {
+  world_t *w = calloc(1, sizeof(*w));
+  world_init(w, W, tc, devs);
+  uint64_t bad_n = 0, bad_l = 0;
+  const uint32_t calls = 3;
+  for (uint32_t c = 0; c < calls; c++) {
+    gen_call(w, seed, c);
+    poison(w);
+    run_calls(w, DCPX_TRANSPORT_NCCL, 1);
+    bad_n += compare(w, "nccl", c);
+    if (w->ll_ok) {
+      poison(w);
+      run_calls(w, DCPX_TRANSPORT_LL, 1);
+      bad_l += compare(w, "ll", c);
+    }
+  }
+  /* the stats words: every row counted once per call by both paths */
+  uint64_t st[2];
+  CK(cudaSetDevice(w->rk[0].dev));
+  CK(cudaMemcpy(st, w->rk[0].ws + w->L.off_stats, 16,
+                cudaMemcpyDeviceToHost));
+  const uint64_t want = (uint64_t)calls * (w->ll_ok ? 2 : 1);
+  int stats_ok = st[0] == want;
+  int ok = bad_n == 0 && bad_l == 0 && stats_ok;
+  printf("%s %-8s W=%-2u R=%-3u rows=%-3u N=%-4u K=%-4u len<=%-6u nccl %s, "
+         "ll %s%s\n",
+         ok ? "ok  " : "FAIL", tc->name, W, tc->R, tc->rows, tc->N, tc->K,
+         tc->max_local, bad_n ? "MISMATCH" : "exact",
+         !w->ll_ok ? "skipped (no P2P)" : bad_l ? "MISMATCH" : "exact",
+         stats_ok ? "" : ", stats wrong");
+  fflush(stdout);
+  world_free(w);
+  free(w);
+  return ok;
+}
+
+static void run_bench(const tcase *tc, uint32_t W, const int *devs) {
+  world_t *w = calloc(1, sizeof(*w));
+  world_init(w, W, tc, devs);
+  gen_call(w, 0xBE7C4ull, 0);
+  const int iters = 50;
+  double tn, tl = -1.0;
+  run_calls(w, DCPX_TRANSPORT_NCCL, 5); /* warm-up */
+  tn = run_calls(w, DCPX_TRANSPORT_NCCL, iters) / iters;
+  if (w->ll_ok) {
+    run_calls(w, DCPX_TRANSPORT_LL, 5);
+    tl = run_calls(w, DCPX_TRANSPORT_LL, iters) / iters;
+  }
+  if (tl >= 0)
+    printf("| %-8s | %2u | %4u | %4u | %4u | %8.1f | %8.1f |\n", tc->name, W,
+           tc->rows, tc->N, tc->K, tl * 1e6, tn * 1e6);
+  else
+    printf("| %-8s | %2u | %4u | %4u | %4u | %8s | %8.1f |\n", tc->name, W,
+           tc->rows, tc->N, tc->K, "no P2P", tn * 1e6);
+  fflush(stdout);
+  world_free(w);
+  free(w);
+}
+
+int main(int argc, char **argv) {
+  int ndev = 0, bench = argc > 1 && !strcmp(argv[1], "--bench");
+  const char *e = getenv("DCPX_TEST_LIMIT_S");
+  if (e && atof(e) > 0)
+    g_limit_s = atof(e);
+  setenv("NCCL_NVLS_ENABLE", "0", 0); /* shared/GPU.md: no NVLink multicast */
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+    printf("test_nccl: no GPU: skipped\n");
+    return 77;
+  }
+  int devs[DCPX_MAX_WORLD];
+  for (int i = 0; i < DCPX_MAX_WORLD; i++)
+    devs[i] = i % ndev;
+  uint32_t wmax = ndev >= 8 ? 8u : (uint32_t)ndev;
+  uint64_t seed = 0xDC9C0FFEE5EEDull;
+  if ((e = getenv("DCPX_TEST_SEED")))
+    seed = strtoull(e, NULL, 0);
+  printf("test_nccl: %d GPU(s), NCCL %d.%d.%d, seed 0x%llx, limit %.0f s\n",
+         ndev, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (unsigned long long)seed,
+         g_limit_s);
+  if (bench) {
+    printf("\n| shape    |  W | rows |    N |    K | ll us/call | nccl us/call |\n"
+           "|---|---|---|---|---|---|---|\n");
+    for (uint32_t W = 1; W <= wmax; W *= 2)
+      for (size_t i = 0; i < NCASES; i++)
+        if (!strcmp(cases[i].name, "typical") || !strcmp(cases[i].name, "long"))
+          run_bench(&cases[i], W, devs);
+    return 0;
+  }
+  uint32_t pass = 0, total = 0;
+  for (uint32_t W = 1; W <= wmax; W = W < 2 ? 2 : W * 2) {
+    if (W > 1 && W > wmax)
+      break;
+    for (size_t i = 0; i < NCASES; i++) {
+      total++;
+      pass += (uint32_t)run_exact(&cases[i], W, devs, seed + i);
+    }
+  }
+  if (ndev < 2)
+    printf("test_nccl: one GPU: W >= 2 needs several GPUs (NCCL refuses two "
+           "ranks on one GPU); not run\n");
+  printf("nccl-exact: %u/%u cases\n", pass, total);
+  return pass == total ? 0 : 1;
+}
