@@ -303,7 +303,11 @@ DCPX_API int dcpx_health(dcpx_member *m, dcpx_health_info *ret);
  * (call again later); DCPX_E_CONNREFUSED while no daemon listens; or the
  * code with which a restarted daemon refused the reattach (retried after a
  * second). None of these affects the calls; they only mean that nothing
- * watches this rank's health until the member is attached again. */
+ * watches this rank's health until the member is attached again.
+ *
+ * It touches only the member's link to dcpxd, never what dcpx_push and
+ * dcpx_merge use, so it may run on another thread while they run (not
+ * while dcpx_health, dcpx_recover or dcpx_leave run on the member). */
 DCPX_API int dcpx_poll(dcpx_member *m);
 
 /* After a failed call: acknowledge to dcpxd (the host backend has nothing

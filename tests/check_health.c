@@ -206,6 +206,7 @@ START_TEST(test_stall_records) {
   sh->recover = 1;
   sh->hold = 0x7;
   sh->poll_each = 1;
+  sh->measure = 1; /* a rank that timed out waits for the abort and event */
   sh->resume_at = 1000000;
   for (uint32_t r = 0; r < 3; r++)
     pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
@@ -260,6 +261,17 @@ START_TEST(test_stall_records) {
       if (f->rc == DCPX_E_FAILED) {
         HC_ASSERT(took >= timeout, "rank %u gave up after %.1f ms", r,
                   ms(took));
+        /* dcpxd saw the alarm, aborted, and told the members. */
+        HC_ASSERT(f->rec_time_ns && f->abort_seen_ns && f->event_ns,
+                  "rank %u: record %llu, abort seen %llu, event %llu", r,
+                  (unsigned long long)f->rec_time_ns,
+                  (unsigned long long)f->abort_seen_ns,
+                  (unsigned long long)f->event_ns);
+        fprintf(stderr,
+                "stall: rank %u: record -> abort seen %.2f ms, -> ABORT "
+                "event %.2f ms\n",
+                r, ms(f->abort_seen_ns - f->rec_time_ns),
+                ms(f->event_ns - f->rec_time_ns));
         failed++;
       }
     }
@@ -271,8 +283,17 @@ START_TEST(test_stall_records) {
   HC_ASSERT(strstr(g_o.out, "\"state\":\"aborted\"") &&
                 strstr(g_o.out, "\"abort_reason\":\"alarm\"") &&
                 strstr(g_o.out, "\"healthy\":false") &&
-                strstr(g_o.out, "\"last_record\":{"),
+                strstr(g_o.out, "\"last_record\":{") &&
+                json_u64("generation") == 1,
             "%s", g_o.out);
+  for (uint32_t r = 0; r < 3; r += 2) { /* the ranks that timed out */
+    char want[96];
+    if (sh->r[r].fails[0].rc != DCPX_E_FAILED)
+      continue;
+    snprintf(want, sizeof(want),
+             "{\"rank\":%u,\"state\":\"failed\",\"joined\":true,", r);
+    HC_ASSERT(strstr(g_o.out, want), "no %s in %s", want, g_o.out);
+  }
   CTL(1, "health", "stall");
   HC_ASSERT(strstr(g_o.out, "abort=alarm") && strstr(g_o.out, "last record"),
             "%s", g_o.out);
