@@ -617,11 +617,17 @@ START_TEST(test_restart_during_recovery) {
   HC_ASSERT(hh_wait_progress(sh, W, 5, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
   uint64_t F = hh_gate(sh, W, hh_max_progress(sh, W) + 5);
-  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
-  CTL(0, "fault", "stall", "--group", "midrec", "--rank", "1", "--call",
+  /* By epoch this time: calls began at 0 on zeroed memory, so call F
+   * runs at epoch F + 1. */
+  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F + 1);
+  CTL(0, "fault", "stall", "--group", "midrec", "--rank", "1", "--epoch",
       callbuf, "--ticks", "1s");
   sh->gate_open = 1;
   wait_fails(sh, 0x7, 1, 10000);
+  HC_ASSERT(sh->r[1].fails[0].call == F || sh->r[1].fails[0].call == F + 1,
+            "the stall hit call %llu, not %llu",
+            (unsigned long long)sh->r[1].fails[0].call,
+            (unsigned long long)F);
   /* Ranks 0 and 1 acknowledged; the group waits for rank 2. */
   for (int i = 0; i < 500; i++) {
     if (hh_ctl(&g_d, &g_o, "health", "midrec", "--json", (char *)NULL) == 1 &&
