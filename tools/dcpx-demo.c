@@ -54,6 +54,8 @@ typedef struct opts {
   int device;
   int spread; /* CUDA: rank r on device r % (device count) instead */
   int fault_at; /* call index whose merge stalls fault_rank, or -1 */
+  int kill_at;  /* call index in which fault_rank is killed (-9) after its
+                   push, then replaced by a new process; or -1 */
   uint32_t fault_rank;
   char self_dir[512]; /* where this program lives (dcpxd, dcpxctl) */
 } opts;
@@ -150,7 +152,16 @@ typedef struct gpu_bufs {
   uint32_t *sat;
 } gpu_bufs;
 
-static int run_rank(const opts *o, uint32_t rank, shared *sh) {
+/* The call whose failure is injected (stall or kill), or -1. */
+static int injected_call(const opts *o) {
+  return o->fault_at >= 0 ? o->fault_at : o->kill_at;
+}
+
+/* A rank process. A replacement (for a killed rank) joins, takes the dead
+ * rank's place from call first_call on, where its peers are failing, and
+ * recovers with them. */
+static int run_rank(const opts *o, uint32_t rank, shared *sh,
+                    uint32_t first_call, int replacement) {
   gpu_bufs g;
   const uint32_t W = o->world, R = o->rows, K = o->topk;
   const uint32_t B = o->block_size;
@@ -173,7 +184,7 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
   jo.group = o->group;
   /* A short bounded wait when a stall is injected, so the demo shows the
    * whole failure and recovery in well under a second. */
-  jo.timeout_ns = o->fault_at >= 0 ? 300000000ull : 5000000000ull;
+  jo.timeout_ns = injected_call(o) >= 0 ? 300000000ull : 5000000000ull;
   int device = o->device;
 
   size_t per = (size_t)R * o->local_len;
@@ -262,8 +273,9 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
     lg[s] = all + per * s;
     en[s] = ends + (size_t)R * s;
   }
-  for (uint32_t c = 0; c < o->calls; c++) {
+  for (uint32_t c = first_call; c < o->calls; c++) {
     uint64_t tag = c;
+    int skip = replacement && c == first_call; /* the dead rank's call */
     for (uint32_t s = 0; s < W; s++)
       gen_inputs(o, c, s, (uint16_t *)lg[s], (int32_t *)en[s]);
     if (o->cuda) {
@@ -292,16 +304,25 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
       if (system(cmd) != 0)
         fprintf(stderr, "dcpx-demo: arming the fault failed: %s\n", cmd);
     }
-    pthread_barrier_wait(&sh->barrier);
+    if (!skip)
+      pthread_barrier_wait(&sh->barrier);
     double t0 = now_us();
-    if (!o->cuda) {
+    if (skip) {
+      r = DCPX_E_FAILED;
+    } else if (!o->cuda) {
       r = dcpx_push(m, R, lg[rank], o->local_len, en[rank], tag, NULL);
+      if ((int)c == o->kill_at && rank == o->fault_rank)
+        raise(SIGKILL); /* mid-call: pushed, not merged */
       if (r == 0)
         r = dcpx_merge(m, R, lg[rank], o->local_len, en[rank], req, bt, R,
                        bt_cols, rows_out, valid, ids_out, sat, tag, NULL);
     } else {
 #ifdef HAVE_CUDA
       r = dcpx_push(m, R, g.lg, o->local_len, g.en, tag, g.st);
+      if ((int)c == o->kill_at && rank == o->fault_rank) {
+        cudaStreamSynchronize(g.st);
+        raise(SIGKILL); /* mid-call: pushed, not merged */
+      }
       if (r == 0)
         r = dcpx_merge(m, R, g.lg, o->local_len, g.en, g.req, g.bt, R,
                        bt_cols, g.rows, g.valid, g.ids, g.sat, tag, g.st);
@@ -310,10 +331,10 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
 #endif
     }
     sh->lat_us[(size_t)rank * o->calls + c] = now_us() - t0;
-    if (r < 0 && o->fault_at < 0)
+    if (r < 0 && injected_call(o) < 0)
       goto out;
 #ifdef HAVE_CUDA
-    if (o->cuda && r == 0 &&
+    if (o->cuda && r == 0 && !skip &&
         (cudaMemcpy(rows_out, g.rows, sizeof(int32_t) * (size_t)R * K,
                     cudaMemcpyDeviceToHost) != cudaSuccess ||
          cudaMemcpy(ids_out, g.ids, sizeof(int32_t) * (size_t)R * K,
@@ -326,7 +347,7 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh) {
       goto out;
     }
 #endif
-    if (o->fault_at >= 0) {
+    if (injected_call(o) >= 0) {
       /* A failed call (an error; with CUDA, rows marked -1) is recovered
        * from, and counted as exact only if it was not the injected one.
        * A rank can finish a call its peers failed (the stalled rank, whose
@@ -480,12 +501,13 @@ static void usage(FILE *f) {
           "                 [--interleave I] [--socket PATH] [--dcpxd PATH]\n"
           "                 [--seed S] [--group NAME] [--quiet]\n"
           "                 [--backend host|cuda] [--device N] [--spread]\n"
-          "                 [--fault-at CALL [--fault-rank R]]\n");
+          "                 [--fault-at CALL | --kill-at CALL] "
+          "[--fault-rank R]\n");
 }
 
 int main(int argc, char **argv) {
   opts o = {8, 64, 50, 2048, 512, 16384, 64, 1, 1, 0, NULL, NULL, NULL,
-            0, 0, 0, 0, -1, 1, "."};
+            0, 0, 0, 0, -1, -1, 1, "."};
   {
     ssize_t k = readlink("/proc/self/exe", o.self_dir, sizeof(o.self_dir) - 1);
     if (k > 0) {
@@ -507,7 +529,7 @@ int main(int argc, char **argv) {
       {"quiet", 0, 0, 'q'},      {"help", 0, 0, 'h'},
       {"backend", 1, 0, 'B'},    {"device", 1, 0, 'D'},
       {"spread", 0, 0, 'P'},     {"fault-at", 1, 0, 'F'},
-      {"fault-rank", 1, 0, 'R'},
+      {"fault-rank", 1, 0, 'R'},  {"kill-at", 1, 0, 'K'},
       {0, 0, 0, 0}};
   char dir[] = "/tmp/dcpx-demo.XXXXXX", sock[600], group[64];
   pid_t daemon_pid = 0;
@@ -543,6 +565,7 @@ int main(int argc, char **argv) {
     case 'P': o.spread = 1; break;
     case 'F': o.fault_at = (int)v; break;
     case 'R': o.fault_rank = (uint32_t)v; break;
+    case 'K': o.kill_at = (int)v; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -559,6 +582,13 @@ int main(int argc, char **argv) {
   if (sc < 0 || !o.calls || !o.block_size) {
     fprintf(stderr, "dcpx-demo: bad shape: %s\n",
             sc < 0 ? dcpx_strerror(sc) : "calls and block size must be > 0");
+    return 2;
+  }
+  if ((o.fault_at >= 0 || o.kill_at >= 0) &&
+      (o.fault_rank >= o.world || (o.fault_at >= 0 && o.kill_at >= 0) ||
+       (uint32_t)injected_call(&o) >= o.calls)) {
+    fprintf(stderr, "dcpx-demo: --fault-at/--kill-at need a call < calls, "
+                    "a --fault-rank < world, and only one of them\n");
     return 2;
   }
   if (!o.group) {
@@ -598,13 +628,25 @@ int main(int argc, char **argv) {
   for (uint32_t r = 0; r < o.world; r++) {
     kids[r] = fork();
     if (kids[r] == 0)
-      _exit(run_rank(&o, r, sh));
+      _exit(run_rank(&o, r, sh, 0, 0));
   }
-  int failed = 0;
-  for (uint32_t r = 0; r < o.world; r++) {
+  int failed = 0, replaced = 0;
+  for (uint32_t left = o.world; left > 0;) {
     int st;
-    if (waitpid(kids[r], &st, 0) < 0 || !WIFEXITED(st) ||
-        WEXITSTATUS(st) != 0)
+    pid_t p = waitpid(-1, &st, 0);
+    if (p < 0)
+      break;
+    if (o.kill_at >= 0 && !replaced && p == kids[o.fault_rank] &&
+        WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+      /* The killed rank: a new process joins as that rank. */
+      replaced = 1;
+      kids[o.fault_rank] = fork();
+      if (kids[o.fault_rank] == 0)
+        _exit(run_rank(&o, o.fault_rank, sh, (uint32_t)o.kill_at, 1));
+      continue;
+    }
+    left--;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
       failed++;
   }
   double wall = (now_us() - t_start) / 1e6;
@@ -640,20 +682,23 @@ int main(int argc, char **argv) {
          last_ret - last_call);
   if (failed)
     printf("ranks failed: %d\n", failed);
-  if (o.fault_at >= 0) {
+  if (injected_call(&o) >= 0) {
     double worst = 0;
     for (uint32_t r = 0; r < o.world; r++)
       if (sh->recover_ms[r] > worst)
         worst = sh->recover_ms[r];
-    printf("fault: rank %u stalled in call %d; %u call(s) failed as "
+    printf("fault: rank %u %s in call %d; %u call(s) failed as "
            "injected; recovery took %.1f ms (slowest rank)\n",
-           o.fault_rank, o.fault_at, faulted, worst);
+           o.fault_rank,
+           o.fault_at >= 0 ? "stalled" : "killed (-9) and replaced",
+           injected_call(&o), faulted, worst);
   }
   /* Injected failures are not calls the reference can check. */
   uint32_t checked = o.calls - faulted;
   printf("exact: %u/%u calls\n", exact, checked);
   rc = (!failed && exact == checked &&
-        (o.fault_at < 0 || (faulted == 1 && sh->faulted[o.fault_at])))
+        (injected_call(&o) < 0 ||
+         (faulted == 1 && sh->faulted[injected_call(&o)])))
            ? 0
            : 1;
   munmap(sh, shbytes);
