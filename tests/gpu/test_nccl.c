@@ -5,8 +5,15 @@
  *   test_nccl            exactness: W=1 on GPU 0, then, when there are
  *                        >= 2 GPUs, W = 2 .. min(#GPUs, 8) with rank r on
  *                        GPU r (LL too when every pair has P2P access)
- *   test_nccl --bench    the same shapes, timed per call, both transports,
- *                        as a markdown table
+ *   test_nccl --bench [W]
+ *                        per-call time of both transports in one run, CUDA
+ *                        graphs: W ranks (default: the GPU count, at most
+ *                        8), rank r on GPU r, rows in {1, 8, 64, 256},
+ *                        N=512, K=2048, local length 16384 (see run_gbench);
+ *                        exactness checked on graph-replayed calls
+ *   test_nccl --bench-host
+ *                        the older host-driven timing (threads + a stream
+ *                        sync per run of calls; dominated by the host)
  *
  * NCCL refuses two ranks on one GPU, so W >= 2 needs several GPUs. One
  * process, one thread per rank (ncclCommInitAll): a thread runs its rank's
@@ -132,6 +139,10 @@ typedef struct rank_t {
   dcpx_nkctx nk;
   ncclComm_t comm;
   dcpx_kctx kc;
+  /* graph bench */
+  cudaGraphExec_t ge;
+  cudaEvent_t ea, eb;
+  double *ms; /* per rep: ms per graph launch */
 } rank_t;
 
 typedef struct world_t {
@@ -151,8 +162,11 @@ typedef struct world_t {
       *x_ids[DCPX_MAX_WORLD];
   uint32_t *x_sat[DCPX_MAX_WORLD];
   int transport; /* of the current run */
-  int iters;     /* calls per thread run */
+  int iters;     /* calls per thread run (and per captured graph) */
   uint64_t tag;
+  int bench_in; /* gen_call: full rows (max_local), normal values */
+  uint32_t *gate_h, *gate_d; /* graph bench: start gate (host-mapped) */
+  uint32_t gate_seq;
 } world_t;
 
 static void wait_stream(cudaStream_t st, const char *what) {
@@ -351,9 +365,9 @@ static void gen_call(world_t *w, uint64_t seed, uint32_t c) {
     rank_t *k = &w->rk[r];
     uint64_t s = seed ^ (0x1234567ull * (r + 1)) ^ ((uint64_t)c << 40);
     for (uint32_t t = 0; t < tc->rows; t++) {
-      const uint32_t gen = t + c;
+      const uint32_t gen = w->bench_in ? 0 : t + c;
       uint32_t len = tc->max_local;
-      switch ((t + 3 * c) % 7) {
+      switch (w->bench_in ? 0 : (t + 3 * c) % 7) {
       case 1:
         len = 0;
         break;
@@ -394,28 +408,37 @@ static void gen_call(world_t *w, uint64_t seed, uint32_t c) {
                       w->x_valid[r], w->x_ids[r], w->x_sat[r], NULL));
 }
 
+/* Enqueues one whole call of rank k on its stream: push + merge (LL), or
+ * lists + all-gather + round 1 + all-gather + round 2 (NCCL). */
+static void enqueue_call(world_t *w, rank_t *k) {
+  const tcase *tc = &w->tc;
+  if (w->transport == DCPX_TRANSPORT_NCCL) {
+    KCK(dcpx__nccl_push_k(&k->nk, k->comm, tc->rows, k->d_log, tc->stride,
+                          k->d_end, k->st));
+    KCK(dcpx__nccl_merge_k(&k->nk, k->comm, tc->rows, k->d_log, tc->stride,
+                           k->d_end, k->d_req, k->d_bt, w->bt_rows,
+                           w->bt_cols, k->d_rows, k->d_valid, k->d_ids,
+                           k->d_sat, k->st));
+  } else {
+    KCK(dcpx_k_push(&k->kc, tc->rows, k->d_log, tc->stride, k->d_end,
+                    w->tag, k->st));
+    KCK(dcpx_k_merge(&k->kc, tc->rows, k->d_log, tc->stride, k->d_end,
+                     k->d_req, k->d_bt, w->bt_rows, w->bt_cols, k->d_rows,
+                     k->d_valid, k->d_ids, k->d_sat, w->tag, k->st));
+  }
+}
+
+static world_t *world_of(rank_t *k) {
+  return (world_t *)((char *)(k - k->r) - offsetof(world_t, rk));
+}
+
 /* A rank's thread: `iters` calls on the current transport. */
 static void *rank_thread(void *p) {
   rank_t *k = (rank_t *)p;
-  world_t *w = (world_t *)((char *)(k - k->r) - offsetof(world_t, rk));
-  const tcase *tc = &w->tc;
+  world_t *w = world_of(k);
   CK(cudaSetDevice(k->dev));
-  for (int i = 0; i < w->iters; i++) {
-    if (w->transport == DCPX_TRANSPORT_NCCL) {
-      KCK(dcpx__nccl_push_k(&k->nk, k->comm, tc->rows, k->d_log, tc->stride,
-                            k->d_end, k->st));
-      KCK(dcpx__nccl_merge_k(&k->nk, k->comm, tc->rows, k->d_log, tc->stride,
-                             k->d_end, k->d_req, k->d_bt, w->bt_rows,
-                             w->bt_cols, k->d_rows, k->d_valid, k->d_ids,
-                             k->d_sat, k->st));
-    } else {
-      KCK(dcpx_k_push(&k->kc, tc->rows, k->d_log, tc->stride, k->d_end,
-                      w->tag, k->st));
-      KCK(dcpx_k_merge(&k->kc, tc->rows, k->d_log, tc->stride, k->d_end,
-                       k->d_req, k->d_bt, w->bt_rows, w->bt_cols, k->d_rows,
-                       k->d_valid, k->d_ids, k->d_sat, w->tag, k->st));
-    }
-  }
+  for (int i = 0; i < w->iters; i++)
+    enqueue_call(w, k);
   wait_stream(k->st, w->transport == DCPX_TRANSPORT_NCCL ? "nccl call"
                                                          : "ll call");
   return NULL;
@@ -520,7 +543,7 @@ static int run_exact(const tcase *tc, uint32_t W, const int *devs,
   return ok;
 }
 
-static void run_bench(const tcase *tc, uint32_t W, const int *devs) {
+static void run_bench_host(const tcase *tc, uint32_t W, const int *devs) {
   world_t *w = calloc(1, sizeof(*w));
   world_init(w, W, tc, devs);
   gen_call(w, 0xBE7C4ull, 0);
@@ -543,8 +566,240 @@ static void run_bench(const tcase *tc, uint32_t W, const int *devs) {
   free(w);
 }
 
+/* ---- the graph bench (--bench) -------------------------------------------
+ *
+ * Per call, end to end, without the host in the loop: each rank's whole
+ * call (push + merge for LL; lists + all-gather + round 1 + all-gather +
+ * round 2 for NCCL) is captured ITERS times into one CUDA graph per rank
+ * (one capturing thread per rank, after eager calls of the same size have
+ * set up NCCL's connections). A rep launches every rank's graph (one host
+ * thread, back to back) behind a start gate (dcpx_k_gate) that one host
+ * store opens for all ranks, each graph bracketed by CUDA events on its
+ * stream after the gate; the rank's time per call is its span / ITERS. Per rank: the median over
+ * REPS; per transport: the max over ranks of those medians. Every rank
+ * replays the same number of calls, so the LL epochs (device memory, next()
+ * per call) stay in step. Outputs are checked against dcpx_ref_call after
+ * the eager call, after the first graph launch and after the timed reps. */
+static int g_gb_iters = 50, g_gb_reps = 25;
+
+static void *capture_thread(void *p) {
+  rank_t *k = (rank_t *)p;
+  world_t *w = world_of(k);
+  cudaGraph_t gr;
+  CK(cudaSetDevice(k->dev));
+  CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < w->iters; i++)
+    enqueue_call(w, k);
+  CK(cudaStreamEndCapture(k->st, &gr));
+  CK(cudaGraphInstantiate(&k->ge, gr, 0));
+  CK(cudaGraphDestroy(gr));
+  return NULL;
+}
+
+/* Captures every rank's graph of w->iters calls of `transport`. */
+static void capture_all(world_t *w, int transport) {
+  pthread_t th[DCPX_MAX_WORLD];
+  w->transport = transport;
+  w->iters = g_gb_iters;
+  w->tag++;
+  for (uint32_t r = 0; r < w->W; r++)
+    if (pthread_create(&th[r], NULL, capture_thread, &w->rk[r]) != 0) {
+      fprintf(stderr, "pthread_create failed\n");
+      _exit(2);
+    }
+  for (uint32_t r = 0; r < w->W; r++)
+    pthread_join(th[r], NULL);
+}
+
+/* Launches every rank's graph once behind a start gate, then opens the
+ * gate: every rank starts within a poll of host memory of the others, so
+ * the host's launch skew stays out of the span. rep >= 0: timed into
+ * ms[rep]. */
+static void launch_all(world_t *w, int rep) {
+  const uint32_t v = ++w->gate_seq;
+  for (uint32_t r = 0; r < w->W; r++) {
+    rank_t *k = &w->rk[r];
+    CK(cudaSetDevice(k->dev));
+    KCK(dcpx_k_gate(w->gate_d, v, 10000000000ull, k->st));
+    if (rep >= 0)
+      CK(cudaEventRecord(k->ea, k->st));
+    CK(cudaGraphLaunch(k->ge, k->st));
+    if (rep >= 0)
+      CK(cudaEventRecord(k->eb, k->st));
+  }
+  __atomic_store_n(w->gate_h, v, __ATOMIC_SEQ_CST);
+  for (uint32_t r = 0; r < w->W; r++) {
+    CK(cudaSetDevice(w->rk[r].dev));
+    wait_stream(w->rk[r].st, w->transport == DCPX_TRANSPORT_NCCL
+                                 ? "nccl graph"
+                                 : "ll graph");
+  }
+  if (rep >= 0)
+    for (uint32_t r = 0; r < w->W; r++) {
+      rank_t *k = &w->rk[r];
+      float ms = 0;
+      CK(cudaSetDevice(k->dev));
+      CK(cudaEventElapsedTime(&ms, k->ea, k->eb));
+      k->ms[rep] = ms;
+    }
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Times one transport; returns the max over ranks of the per-rank median
+ * us/call (and the min in *ret_min); *ret_bad: mismatching rows. */
+static double gbench_transport(world_t *w, int transport, double *ret_min,
+                               uint64_t *ret_bad, char *detail, size_t dcap) {
+  const char *name = transport == DCPX_TRANSPORT_NCCL ? "nccl" : "ll";
+  uint64_t bad = 0;
+  capture_all(w, transport);
+  poison(w);
+  launch_all(w, -1);
+  bad += compare(w, name, 1);
+  launch_all(w, -1); /* warm */
+  for (int i = 0; i < g_gb_reps; i++)
+    launch_all(w, i);
+  poison(w);
+  launch_all(w, -1);
+  bad += compare(w, name, 2);
+  double mx = 0, mn = 1e30;
+  size_t n = (size_t)snprintf(detail, dcap, "%s rank medians us/call:", name);
+  for (uint32_t r = 0; r < w->W; r++) {
+    rank_t *k = &w->rk[r];
+    qsort(k->ms, (size_t)g_gb_reps, sizeof(double), cmp_dbl);
+    const double med = k->ms[g_gb_reps / 2] * 1e3 / g_gb_iters;
+    if (med > mx)
+      mx = med;
+    if (med < mn)
+      mn = med;
+    if (n < dcap)
+      n += (size_t)snprintf(detail + n, dcap - n, " %.2f", med);
+    CK(cudaSetDevice(k->dev));
+    CK(cudaGraphExecDestroy(k->ge));
+    k->ge = NULL;
+  }
+  *ret_min = mn;
+  *ret_bad = bad;
+  return mx;
+}
+
+/* One configuration: W ranks, `rows` rows, N=512, K=2048, local length
+ * 16384, B=64. Prints a table row; returns 1 if every check was exact. */
+static int run_gbench(uint32_t W, uint32_t rows, const int *devs,
+                      uint64_t seed, char *notes, size_t ncap) {
+  const tcase tc = {"bench", rows, rows, 512, 2048, 64, 1, 16384, 16384};
+  world_t *w = calloc(1, sizeof(*w));
+  world_init(w, W, &tc, devs);
+  w->bench_in = 1;
+  /* an LL wait that never sees its peer gives up after 2 s (valid -1, so
+   * the check fails), well inside the host's limit */
+  ((dcpx_ctl_header *)w->ctl_h)->timeout_ns = 2000000000ull;
+  CK(cudaHostAlloc((void **)&w->gate_h, 64,
+                   cudaHostAllocMapped | cudaHostAllocPortable));
+  *w->gate_h = 0;
+  CK(cudaHostGetDevicePointer((void **)&w->gate_d, w->gate_h, 0));
+  for (uint32_t r = 0; r < W; r++) {
+    rank_t *k = &w->rk[r];
+    CK(cudaSetDevice(k->dev));
+    CK(cudaEventCreate(&k->ea));
+    CK(cudaEventCreate(&k->eb));
+    k->ms = calloc((size_t)g_gb_reps, sizeof(double));
+  }
+  gen_call(w, seed, 0);
+  /* eager calls: exactness, and NCCL's connections for these sizes */
+  uint64_t bad_n = 0, bad_l = 0;
+  poison(w);
+  run_calls(w, DCPX_TRANSPORT_NCCL, 1);
+  bad_n += compare(w, "nccl eager", 0);
+  run_calls(w, DCPX_TRANSPORT_NCCL, 3);
+  if (w->ll_ok) {
+    poison(w);
+    run_calls(w, DCPX_TRANSPORT_LL, 1);
+    bad_l += compare(w, "ll eager", 0);
+    run_calls(w, DCPX_TRANSPORT_LL, 3);
+  }
+  char dl[512] = "ll: no P2P", dn[512];
+  double ll = -1, ll_min = 0, nc, nc_min;
+  uint64_t b;
+  if (w->ll_ok) {
+    ll = gbench_transport(w, DCPX_TRANSPORT_LL, &ll_min, &b, dl, sizeof(dl));
+    bad_l += b;
+  }
+  nc = gbench_transport(w, DCPX_TRANSPORT_NCCL, &nc_min, &b, dn, sizeof(dn));
+  bad_n += b;
+  char lls[32], ratio[32];
+  if (ll >= 0) {
+    snprintf(lls, sizeof(lls), "%.2f", ll);
+    snprintf(ratio, sizeof(ratio), "%.2f", nc / ll);
+  } else {
+    snprintf(lls, sizeof(lls), "no P2P");
+    snprintf(ratio, sizeof(ratio), "-");
+  }
+  printf("| %4u | %10s | %12.2f | %13s | %-8s | %-8s |\n", rows, lls, nc,
+         ratio, !w->ll_ok ? "-" : bad_l ? "MISMATCH" : "exact",
+         bad_n ? "MISMATCH" : "exact");
+  fflush(stdout);
+  size_t n = strlen(notes);
+  if (n < ncap)
+    snprintf(notes + n, ncap - n, "- W=%u rows=%u: %s; %s\n", W, rows, dl,
+             dn);
+  for (uint32_t r = 0; r < W; r++) {
+    rank_t *k = &w->rk[r];
+    CK(cudaSetDevice(k->dev));
+    CK(cudaEventDestroy(k->ea));
+    CK(cudaEventDestroy(k->eb));
+    free(k->ms);
+  }
+  world_free(w);
+  cudaFreeHost(w->gate_h);
+  free(w);
+  return bad_n == 0 && bad_l == 0;
+}
+
+static int gbench_main(uint32_t W, int ndev, const int *devs, uint64_t seed) {
+  static const uint32_t rows_list[] = {1, 8, 64, 256};
+  const char *e;
+  if ((e = getenv("DCPX_BENCH_ITERS")) && atoi(e) > 0)
+    g_gb_iters = atoi(e);
+  if ((e = getenv("DCPX_BENCH_REPS")) && atoi(e) > 0)
+    g_gb_reps = atoi(e);
+  char gpu[256] = "";
+  struct cudaDeviceProp pr;
+  CK(cudaGetDeviceProperties(&pr, 0));
+  snprintf(gpu, sizeof(gpu), "%s", pr.name);
+  e = getenv("NCCL_NVLS_ENABLE");
+  printf("\n## Per call, CUDA graphs: W=%u (one rank per GPU, %d GPU(s) %s), "
+         "N=512, K=2048, local length 16384, B=64\n\n"
+         "%d calls per graph launch, median of %d launches per rank, max "
+         "over ranks; NCCL_NVLS_ENABLE=%s\n\n",
+         W, ndev, gpu, g_gb_iters, g_gb_reps, e ? e : "(unset)");
+  printf("| rows | LL us/call | NCCL us/call | NCCL/LL ratio | LL check | "
+         "NCCL check |\n|---:|---:|---:|---:|---|---|\n");
+  fflush(stdout);
+  static char notes[8192];
+  notes[0] = 0;
+  int ok = 1;
+  for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); i++)
+    ok &= run_gbench(W, rows_list[i], devs, seed + i, notes, sizeof(notes));
+  printf("\nPer rank (rank 0 first):\n%s", notes);
+  printf("\ngbench: %s\n", ok ? "every call checked was exact"
+                             : "MISMATCH (see above)");
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
-  int ndev = 0, bench = argc > 1 && !strcmp(argv[1], "--bench");
+  int ndev = 0, bench = 0;
+  if (argc > 1 && !strcmp(argv[1], "--bench"))
+    bench = 1;
+  else if (argc > 1 && !strcmp(argv[1], "--bench-host"))
+    bench = 2;
+  else if (argc > 1) {
+    fprintf(stderr, "usage: test_nccl [--bench [W] | --bench-host]\n");
+    return 2;
+  }
   const char *e = getenv("DCPX_TEST_LIMIT_S");
   if (e && atof(e) > 0)
     g_limit_s = atof(e);
@@ -563,13 +818,25 @@ int main(int argc, char **argv) {
   printf("test_nccl: %d GPU(s), NCCL %d.%d.%d, seed 0x%llx, limit %.0f s\n",
          ndev, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (unsigned long long)seed,
          g_limit_s);
-  if (bench) {
+  if (bench == 1) {
+    uint32_t W = wmax;
+    if (argc > 2) {
+      W = (uint32_t)strtoul(argv[2], NULL, 0);
+      if (W < 1 || W > wmax) {
+        fprintf(stderr, "test_nccl --bench: W=%s: 1 .. %u here\n", argv[2],
+                wmax);
+        return 2;
+      }
+    }
+    return gbench_main(W, ndev, devs, seed);
+  }
+  if (bench == 2) {
     printf("\n| shape    |  W | rows |    N |    K | ll us/call | nccl us/call |\n"
            "|---|---|---|---|---|---|---|\n");
     for (uint32_t W = 1; W <= wmax; W *= 2)
       for (size_t i = 0; i < NCASES; i++)
         if (!strcmp(cases[i].name, "typical") || !strcmp(cases[i].name, "long"))
-          run_bench(&cases[i], W, devs);
+          run_bench_host(&cases[i], W, devs);
     return 0;
   }
   uint32_t pass = 0, total = 0;

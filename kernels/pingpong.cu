@@ -1,0 +1,114 @@
+/* pingpong.cu - the LL one-way latency between two GPUs (tests/gpu/pingpong.c),
+ * and a start gate for multi-GPU timings (test_nccl --bench).
+ *
+ * One thread per side, one launch per side for `iters` round trips. The
+ * initiator stores a tagged 16-byte LL pair (dcpx_dev_ll_store: words i, ~i,
+ * tag base + i in both halves, st.volatile.global.v2.u64) into the
+ * responder's slot, in the responder's memory (a peer address, P2P), then
+ * polls its own slot (dcpx_dev_ll_load, ld.volatile.global.v2.u64) until
+ * both halves carry that tag; the responder polls its slot and answers with
+ * the same pair into the initiator's slot. So a round trip is two remote
+ * LL stores, each seen by a local volatile poll: exactly the LL path's
+ * cost of one exchange (a store over the link, a poll in local memory).
+ *
+ * The initiator reads %globaltimer and clock64() before the first store and
+ * after the last answer. Every poll gives up after timeout_ns of
+ * %globaltimer (checked every 64 polls), so a launch always ends.
+ *
+ * out (device, this side's GPU), 4 uint64:
+ *   [0] status: 0 ok, 1 timed out (then [3] is the round trip that failed),
+ *       2 a pair with the right tag but wrong words
+ *   [1] globaltimer ns from the first store to the last answer (initiator)
+ *   [2] clock64 cycles over the same span (initiator)
+ *   [3] round trips done
+ */
+#include "dcpx_device.cuh"
+
+__global__ void dcpx_pingpong_kernel(uint4 *mine, uint4 *peer, uint32_t iters,
+                                     int initiator, uint32_t tag_base,
+                                     uint64_t timeout_ns, uint64_t *out) {
+  if (threadIdx.x != 0 || blockIdx.x != 0)
+    return;
+  uint64_t status = 0, done = 0;
+  const uint64_t g0 = dcpx_dev_now();
+  const long long c0 = clock64();
+  for (uint32_t i = 0; i < iters; i++) {
+    const uint32_t tag = tag_base + i; /* never 0: the caller's base >= 1 */
+    if (initiator)
+      dcpx_dev_ll_store(peer, i, ~i, tag);
+    /* wait for pair i in my slot */
+    uint64_t a, b, start = 0;
+    uint32_t spins = 0;
+    for (;;) {
+      dcpx_dev_ll_load(mine, &a, &b);
+      if ((uint32_t)(a >> 32) == tag && (uint32_t)(b >> 32) == tag)
+        break;
+      if ((++spins & 63u) == 0) {
+        const uint64_t now = dcpx_dev_now();
+        if (!start)
+          start = now;
+        else if (now - start > timeout_ns) {
+          status = 1;
+          break;
+        }
+      }
+    }
+    if (status)
+      break;
+    if ((uint32_t)a != i || (uint32_t)b != ~i) {
+      status = 2;
+      break;
+    }
+    if (!initiator)
+      dcpx_dev_ll_store(peer, i, ~i, tag);
+    done++;
+  }
+  const long long c1 = clock64();
+  const uint64_t g1 = dcpx_dev_now();
+  out[0] = status;
+  out[1] = g1 - g0;
+  out[2] = (uint64_t)(c1 - c0);
+  out[3] = done;
+}
+
+int dcpx_k_pingpong(void *mine, void *peer, uint32_t iters, int initiator,
+                    uint32_t tag_base, uint64_t timeout_ns, uint64_t *out,
+                    cudaStream_t s) {
+  if (!mine || !peer || !out || !iters || !tag_base ||
+      (uint64_t)tag_base + iters > 0xFFFFFFFFull ||
+      ((uintptr_t)mine & 15u) || ((uintptr_t)peer & 15u))
+    return DCPX_E_INVAL;
+  dcpx_pingpong_kernel<<<1, 32, 0, s>>>((uint4 *)mine, (uint4 *)peer, iters,
+                                        initiator, tag_base, timeout_ns, out);
+  if (cudaGetLastError() != cudaSuccess)
+    return DCPX_E_CUDA;
+  return 0;
+}
+
+/* ---- the start gate (tests/gpu/test_nccl.c --bench) ----------------------
+ *
+ * One thread spins on a host-mapped word until (int32_t)(*flag - value) >=
+ * 0, or timeout_ns of %globaltimer: the host enqueues a gate, then timed
+ * work, on every rank's stream, and releases all ranks at once with one
+ * store, so launch skew between ranks stays out of the timings. */
+__global__ void dcpx_gate_kernel(const uint32_t *flag, uint32_t value,
+                                 uint64_t timeout_ns) {
+  if (threadIdx.x != 0 || blockIdx.x != 0)
+    return;
+  const uint64_t t0 = dcpx_dev_now();
+  uint32_t spins = 0;
+  while ((int32_t)(dcpx_dev_ld_acquire_sys(flag) - value) < 0) {
+    if ((++spins & 63u) == 0 && dcpx_dev_now() - t0 > timeout_ns)
+      break;
+  }
+}
+
+int dcpx_k_gate(const uint32_t *flag, uint32_t value, uint64_t timeout_ns,
+                cudaStream_t s) {
+  if (!flag)
+    return DCPX_E_INVAL;
+  dcpx_gate_kernel<<<1, 32, 0, s>>>(flag, value, timeout_ns);
+  if (cudaGetLastError() != cudaSuccess)
+    return DCPX_E_CUDA;
+  return 0;
+}
