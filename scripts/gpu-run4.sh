@@ -58,5 +58,19 @@ say "gpu-run4: pingpong exit $prc ($(( $(date +%s) - t0 )) s)"
 [ $prc -eq 0 ] || [ $prc -eq 77 ] || rc=1
 grep -E "^\| |ll-oneway|FAIL|skipped|FATAL" "$OUT/pingpong.md" | tee -a "$S"
 
+# 3. kill -9 of one rank mid-call, one rank per GPU, through dcpxd: the
+#    peers fail fast, a replacement process joins, the group is exact again.
+ngpu=$(nvidia-smi -L | wc -l)
+if [ "$ngpu" -ge 2 ]; then
+  t0=$(date +%s)
+  DCPXD="$B/daemon/dcpxd" timeout -k 5 60 "$B/tools/dcpx-demo" --backend cuda \
+    --spread --world "$ngpu" --rows 8 --calls 40 --kill-at 15 \
+    --fault-rank $((ngpu - 1)) > "$OUT/kill.txt" 2>&1
+  krc=$?
+  say "gpu-run4: kill -9 run exit $krc ($(( $(date +%s) - t0 )) s)"
+  [ $krc -eq 0 ] || rc=1
+  grep -E "W=|latency|fault:|exact:|rank .*:" "$OUT/kill.txt" | tail -n 12 | tee -a "$S"
+fi
+
 say "gpu-run4: rc=$rc"
 exit $rc
