@@ -38,8 +38,9 @@ extern "C" {
 #define DCPX_MAX_WORLD 16
 #define DCPX_MAX_TOPK 4096
 #define DCPX_MAX_LOCAL (1u << 17)
-/* Upper bound on rows per call that any group may declare. Chosen so that a
- * W=16, N=4095 group's LL slots stay addressable with 32-bit offsets. */
+/* Upper bound on rows per call that any group may declare. The largest
+ * shape's LL slots (W=16, N=4095, R=4096) take about 4.4 GB, so offsets
+ * are 64-bit everywhere. */
 #define DCPX_MAX_ROWS 4096
 
 /* ---- errors ------------------------------------------------------------ */
@@ -258,10 +259,21 @@ DCPX_API int dcpx_push(dcpx_member *m, uint32_t rows, const uint16_t *logits,
 
 /* Merge: the exact top-K of every row, this rank's outputs (the arguments
  * mean what they mean for dcpx_ref_call; logits/row_ends are this rank's
- * and must be those given to the matching dcpx_push). Returns 0, or
- * DCPX_E_FAILED (a wait timed out on this rank), DCPX_E_ABORTED (the group
- * was aborted); on those valid_out[t] = -1 for every row, and the member
- * must dcpx_recover before the next call. */
+ * and must be those given to the matching dcpx_push). Returns 0, or:
+ *   DCPX_E_FAILED   a wait timed out on this rank (or it was FAILED);
+ *   DCPX_E_ABORTED  the group was aborted;
+ *   DCPX_E_INVAL / DCPX_E_RANGE before any work: bad arguments (NULL
+ *                   outputs, rows > R, a row_end outside 0..max_local);
+ *                   the rank then marks itself FAILED, since skipping its
+ *                   part would leave it a call behind its peers;
+ *   DCPX_E_RANGE after the protocol completed (host backend): some row's
+ *                   own element fell outside block_table; that row has
+ *                   valid_out -1, the others are exact, nobody failed.
+ * After FAILED, ABORTED or a refused call, valid_out[t] = -1 for every row
+ * and the member must dcpx_recover before the next call. With the CUDA
+ * backend waits end inside the kernel: the call returns 0 (or a launch
+ * error), and a failed row shows as valid_out[t] = -1 and in
+ * dcpx_health. The same argument rules hold for dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, uint32_t rows, const uint16_t *logits,
                         uint64_t stride, const int32_t *row_ends,
                         const int32_t *req_id, const int32_t *block_table,

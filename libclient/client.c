@@ -382,6 +382,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   uint64_t wait_ms = (o->join_timeout_ms ? o->join_timeout_ms
                                          : DEFAULT_JOIN_WAIT_MS) +
                      JOIN_SLACK_MS;
+  if (wait_ms > INT32_MAX) /* poll() takes an int */
+    wait_ms = INT32_MAX;
   uint64_t end = now_ms() + wait_ms;
   for (;;) {
     uint64_t now = now_ms();
@@ -456,6 +458,11 @@ int dcpx_leave(dcpx_member *m) {
     return 0;
   f.msg_case = DCPX__FRAME__MSG_LEAVE;
   f.leave = &lv;
+#ifdef HAVE_CUDA
+  /* Drain first: the daemon may recover (zero) the group as soon as it
+   * hears we left, and our kernels must not store into it after that. */
+  dcpx__cuda_fini(m);
+#endif
   if (m->sock >= 0)
     r = dcpx__frame_send(m->sock, &f, NULL, 0);
   member_free(m);
@@ -760,7 +767,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
     return DCPX_E_INVAL;
 #ifdef HAVE_CUDA
   /* Drain: the acknowledgement says nothing of ours still runs. */
-  if (m->cuda && (r = dcpx__cuda_sync(m, stream)) < 0)
+  if (m->cuda && (r = dcpx__cuda_sync(m, stream, timeout_ms)) < 0)
     return r;
 #endif
   (void)stream; /* host backend: nothing is in flight once a call returned */

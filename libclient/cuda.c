@@ -41,6 +41,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "dcpx_kernels.h"
@@ -341,15 +342,20 @@ int dcpx__cuda_push(struct dcpx_member *m, uint32_t rows,
                     const uint16_t *logits, uint64_t stride,
                     const int32_t *row_ends, uint64_t call_tag,
                     void *stream) {
+  int r;
   if (rows > m->shape.rows)
-    return DCPX_E_RANGE;
+    r = DCPX_E_RANGE;
 #ifdef HAVE_NCCL
-  if (m->cuda->nccl)
-    return dcpx__nccl_push(m->cuda->nccl, rows, logits, stride, row_ends,
-                           stream);
+  else if (m->cuda->nccl)
+    r = dcpx__nccl_push(m->cuda->nccl, rows, logits, stride, row_ends,
+                        stream);
 #endif
-  return dcpx_k_push(&m->cuda->k, rows, logits, stride, row_ends, call_tag,
-                     (cudaStream_t)stream);
+  else
+    r = dcpx_k_push(&m->cuda->k, rows, logits, stride, row_ends, call_tag,
+                    (cudaStream_t)stream);
+  if (r < 0)
+    dcpx__member_fail(m); /* the call was not enqueued: peers must know */
+  return r;
 }
 
 int dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows,
@@ -359,22 +365,37 @@ int dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows,
                      uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
                      int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag,
                      void *stream) {
+  int r;
   if (rows > m->shape.rows)
-    return DCPX_E_RANGE;
+    r = DCPX_E_RANGE;
 #ifdef HAVE_NCCL
-  if (m->cuda->nccl)
-    return dcpx__nccl_merge(m->cuda->nccl, rows, logits, stride, row_ends,
-                            req_id, block_table, bt_rows, bt_cols, rows_out,
-                            valid_out, ids_out, sat_word, stream);
+  else if (m->cuda->nccl)
+    r = dcpx__nccl_merge(m->cuda->nccl, rows, logits, stride, row_ends,
+                         req_id, block_table, bt_rows, bt_cols, rows_out,
+                         valid_out, ids_out, sat_word, stream);
 #endif
-  return dcpx_k_merge(&m->cuda->k, rows, logits, stride, row_ends, req_id,
-                      block_table, bt_rows, bt_cols, rows_out, valid_out,
-                      ids_out, sat_word, call_tag, (cudaStream_t)stream);
+  else
+    r = dcpx_k_merge(&m->cuda->k, rows, logits, stride, row_ends, req_id,
+                     block_table, bt_rows, bt_cols, rows_out, valid_out,
+                     ids_out, sat_word, call_tag, (cudaStream_t)stream);
+  if (r < 0)
+    dcpx__member_fail(m); /* the call was not enqueued: peers must know */
+  return r;
 }
 
-int dcpx__cuda_sync(struct dcpx_member *m, void *stream) {
+/* Drains the stream, but never for longer than timeout_ms: an NCCL
+ * collective whose peer died can wait forever (it has no timeout of its
+ * own over P2P), and recovery must not hang on it. */
+int dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms) {
   (void)m;
-  return cudaStreamSynchronize((cudaStream_t)stream) == cudaSuccess
-             ? 0
-             : DCPX_E_CUDA;
+  for (uint64_t waited_us = 0;; waited_us += 100) {
+    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+    if (e == cudaSuccess)
+      return 0;
+    if (e != cudaErrorNotReady)
+      return DCPX_E_CUDA;
+    if (waited_us >= (uint64_t)timeout_ms * 1000u)
+      return DCPX_E_TIMEDOUT;
+    usleep(100);
+  }
 }

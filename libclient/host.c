@@ -105,6 +105,18 @@ static void give_up(struct dcpx_member *m, uint32_t region, uint32_t index,
   __atomic_store_n(&h->failed, 1u, __ATOMIC_RELEASE);
 }
 
+/* A call that this rank abandons before doing its part (bad arguments, a
+ * launch that failed) would leave its epochs one call behind its peers',
+ * and the next call would silently pair different calls. So the rank
+ * raises its alarm and sets FAILED, as a timed-out wait does: dcpxd aborts
+ * the group and every rank recovers (DESIGN.md section 6). */
+void dcpx__member_fail(struct dcpx_member *m) {
+  dcpx_rank_health *h = &m->health[m->rank];
+  __atomic_store_n(&h->alarm, 1u, __ATOMIC_RELEASE);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  __atomic_store_n(&h->failed, 1u, __ATOMIC_RELEASE);
+}
+
 /* Why a wait must stop early, or 0. */
 static inline int stop_reason(const struct dcpx_member *m) {
   if (__atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE))
@@ -190,8 +202,10 @@ int dcpx__host_push(struct dcpx_member *m, uint32_t rows,
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
   int r = check_rows(m, rows, logits, stride, row_ends);
   (void)call_tag;
-  if (r < 0)
+  if (r < 0) {
+    dcpx__member_fail(m);
     return r;
+  }
   r = stop_reason(m);
   if (r < 0)
     return r;
@@ -322,11 +336,15 @@ int dcpx__host_merge(struct dcpx_member *m, uint32_t rows,
   uint64_t rescued = 0;
   int r, range = 0;
 
-  if (!req_id || !block_table || !rows_out || !valid_out)
+  if (!req_id || !block_table || !rows_out || !valid_out) {
+    dcpx__member_fail(m);
     return DCPX_E_INVAL;
+  }
   r = check_rows(m, rows, logits, stride, row_ends);
-  if (r < 0)
+  if (r < 0) {
+    dcpx__member_fail(m);
     return r;
+  }
   r = stop_reason(m);
   for (uint32_t t = 0; t < rows && r == 0; t++) {
     int resc = 0;

@@ -104,7 +104,7 @@ dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
                  int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
                  uint64_t call_tag, void *stream);
 __attribute__((visibility("hidden"))) int
-dcpx__cuda_sync(struct dcpx_member *m, void *stream);
+dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms);
 
 /* nccl.c (HAVE_NCCL only). unique_id: an ncclUniqueId (rank 0, before its
  * Join). init: ncclCommInitRank on `device` (blocks until all W ranks
@@ -141,6 +141,8 @@ dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
                    int32_t *ids_out, uint32_t *sat_word, void *stream);
 
 /* host.c */
+__attribute__((visibility("hidden"))) void
+dcpx__member_fail(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
 dcpx__host_init(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) void

@@ -401,11 +401,27 @@ END_TEST
 
 START_TEST(test_bad_inputs) {
   group g;
-  group_init(&g, 1, 2, 32, 8, 1, 1, 100, 1000000000ull);
+  group_init(&g, 2, 2, 32, 8, 1, 1, 100, 1000000000ull);
+  dcpx_rank_health *h = (dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
   fill(&g, 9, 0);
+  /* A call a rank cannot do is refused with a clear code, and the rank
+   * marks itself FAILED (alarm first): had it just returned, its epochs
+   * would lag its peers' and the next call would silently pair rank 0's
+   * call n+1 with rank 1's call n. */
   ck_assert_int_eq(dcpx_push(g.m[0], 3, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
+  ck_assert_uint_eq(h[0].alarm, 1);
+  ck_assert_uint_eq(h[0].failed, 1);
+  ck_assert_uint_eq(h[1].failed, 0);
+  /* Its next call fails at once, and its peer's call fails too (here by
+   * timeout: with a daemon, the alarm aborts the group at once). */
+  g.rows = 2;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
+  ck_assert_int_eq(g.rc[1], DCPX_E_FAILED);
+  ck_assert_int_eq(g.valid[1][0], -1);
+  /* Every other kind of bad argument is refused the same way. */
   g.ends[0][1] = 101;
   ck_assert_int_eq(dcpx_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
@@ -419,14 +435,24 @@ START_TEST(test_bad_inputs) {
                    DCPX_E_INVAL);
   ck_assert_int_eq(dcpx_push(g.m[0], 2, NULL, g.stride, g.ends[0], 0, NULL),
                    DCPX_E_INVAL);
-  /* A request outside the block table costs that row its outputs only; the
-   * protocol goes on and the next call is exact. */
+  ck_assert_int_eq(dcpx_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0],
+                              NULL, g.bt, g.bt_rows, g.bt_cols,
+                              g.rows_out[0], g.valid[0], NULL, NULL, 0, NULL),
+                   DCPX_E_INVAL);
+  group_free(&g);
+
+  /* A request outside the block table costs that row its outputs only:
+   * the protocol completes, nobody fails, and the next call is exact. */
+  group_init(&g, 2, 2, 32, 8, 1, 1, 100, 1000000000ull);
+  h = (dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
+  fill(&g, 9, 0);
   g.ends[0][1] = 50;
   g.rows = 2;
   g.req[1] = 1000;
   run_call(&g);
   ck_assert_int_eq(g.rc[0], DCPX_E_RANGE);
   ck_assert_int_eq(g.valid[0][1], -1);
+  ck_assert_uint_eq(h[0].failed, 0);
   g.req[1] = 0;
   run_call(&g);
   check_exact(&g, "after a bad request id");
