@@ -302,13 +302,20 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const uint16_t *row,
     }
   }
   dcpx__finish(&m->mws, &s1, mask, klists);
-  /* A bad block table costs this row its outputs, not the group its
-   * protocol: the epochs below still advance. */
+  /* A bad block table costs this row its rows_out (-1, valid_out -1), not
+   * the group its protocol: the epochs below still advance. ids_out does
+   * not depend on the table and is written as the kernels write it. */
   r = dcpx__outputs(&m->mws, &m->shape, me, req_id[t], block_table, bt_rows,
                     bt_cols, rows_out, valid_out, ids_out);
   if (r < 0) {
-    for (uint32_t i = 0; i < L->topk; i++)
+    for (uint32_t i = 0; i < L->topk; i++) {
       rows_out[i] = -1;
+      if (ids_out)
+        ids_out[i] = i < m->mws.nsel
+                         ? (int32_t)dcpx_gid(m->mws.sel_l[i], m->mws.sel_r[i],
+                                             L->world, m->shape.interleave)
+                         : -1;
+    }
     *valid_out = -1;
   }
   if (mask)

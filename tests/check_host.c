@@ -452,8 +452,21 @@ START_TEST(test_bad_inputs) {
   run_call(&g);
   ck_assert_int_eq(g.rc[0], DCPX_E_RANGE);
   ck_assert_int_eq(g.valid[0][1], -1);
+  ck_assert_int_eq(g.rows_out[0][32 + 0], -1);
   ck_assert_uint_eq(h[0].failed, 0);
   g.req[1] = 0;
+  {
+    /* ids_out does not depend on the table: the bad row's ids are the
+     * reference's (computed with a valid request). */
+    int32_t xr[2 * 32], xi[2 * 32], xv[2];
+    ck_assert_int_eq(dcpx_ref_call(&g.sh, 2, (const uint16_t *const *)g.logits,
+                                   g.stride, (const int32_t *const *)g.ends, 0,
+                                   g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv,
+                                   xi, NULL, NULL),
+                     0);
+    ck_assert_msg(!memcmp(xi + 32, g.ids[0] + 32, sizeof(int32_t) * 32),
+                  "ids_out of the row with a bad request differ");
+  }
   run_call(&g);
   check_exact(&g, "after a bad request id");
   group_free(&g);
