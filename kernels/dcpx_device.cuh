@@ -959,6 +959,42 @@ typedef struct dcpx_out_args {
   float rcp_b, rcp_i;
 } dcpx_out_args;
 
+/* The output arguments every merge kernel (LL, and the NCCL transport's
+ * round kernels) passes to dcpx_dev_outputs. */
+DCPX_D void dcpx_dev_out_args_init(dcpx_out_args *oa, const int32_t *bt,
+                                   uint32_t bt_rows, uint32_t bt_cols,
+                                   int32_t *rows_out, int32_t *valid_out,
+                                   int32_t *ids_out, uint32_t K, uint32_t W,
+                                   uint32_t me, uint32_t B, uint32_t I,
+                                   float rcp_b, float rcp_i) {
+  oa->block_table = bt;
+  oa->rows_out = rows_out;
+  oa->valid_out = valid_out;
+  oa->ids_out = ids_out;
+  oa->K = K;
+  oa->W = W;
+  oa->me = me;
+  oa->B = B;
+  oa->I = I;
+  oa->bt_rows = bt_rows;
+  oa->bt_cols = bt_cols;
+  oa->rcp_b = rcp_b;
+  oa->rcp_i = rcp_i;
+}
+
+/* Round 2's key offsets (DESIGN.md 5.5, rank-major): rank s contributes
+ * its K-list if saturated, else its N-list's S1 entries; off2[W] is the
+ * total. One thread writes; the caller synchronises. */
+DCPX_D void dcpx_dev_round2_offsets(uint32_t *off2, uint32_t mask, uint32_t W,
+                                    uint32_t K, uint32_t N) {
+  uint32_t o = 0;
+  for (uint32_t s = 0; s < W; s++) {
+    off2[s] = o;
+    o += ((mask >> s) & 1u) ? K : N;
+  }
+  off2[W] = o;
+}
+
 /* Outputs of row t from list[0..total) (entries r << 17 | l, in (r, l)
  * order); rank me's entries are list[base .. base + cnt). Each thread owns
  * entries p = tid + u * DCPX_K_MERGE_THREADS (u < 8, K <= 4096): its block-table loads are

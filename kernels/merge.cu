@@ -234,19 +234,9 @@ static __global__ void __launch_bounds__(MT)
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
 
   dcpx_out_args oa;
-  oa.block_table = block_table;
-  oa.rows_out = rows_out;
-  oa.valid_out = valid_out;
-  oa.ids_out = ids_out;
-  oa.K = K;
-  oa.W = W;
-  oa.me = me;
-  oa.B = c.block_size;
-  oa.I = c.interleave;
-  oa.bt_rows = bt_rows;
-  oa.bt_cols = bt_cols;
-  oa.rcp_b = plan.rcp_b;
-  oa.rcp_i = plan.rcp_i;
+  dcpx_dev_out_args_init(&oa, block_table, bt_rows, bt_cols, rows_out,
+                         valid_out, ids_out, K, W, me, c.block_size,
+                         c.interleave, plan.rcp_b, plan.rcp_i);
 
   r1_src q1;
   q1.keys = keys_w;
@@ -544,14 +534,8 @@ static __global__ void __launch_bounds__(MT)
           dcpx_dev_wait_flag(
               &wc, ws + c.L.off_flags + ((uint64_t)tid * R + t) * 4u, q2,
               tid * R + t);
-        if (tid == 0) {
-          uint32_t o = 0;
-          for (uint32_t s = 0; s < W; s++) {
-            off2[s] = o;
-            o += ((mask >> s) & 1u) ? K : N;
-          }
-          off2[W] = o;
-        }
+        if (tid == 0)
+          dcpx_dev_round2_offsets(off2, mask, W, K, N);
         dcpx_dev_sel_zero(&S);
         __syncthreads();
         if (fail)

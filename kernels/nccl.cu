@@ -116,19 +116,9 @@ static __global__ void __launch_bounds__(NT)
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
 
   dcpx_out_args oa;
-  oa.block_table = block_table;
-  oa.rows_out = rows_out;
-  oa.valid_out = valid_out;
-  oa.ids_out = ids_out;
-  oa.K = K;
-  oa.W = W;
-  oa.me = me;
-  oa.B = c.block_size;
-  oa.I = c.interleave;
-  oa.bt_rows = bt_rows;
-  oa.bt_cols = bt_cols;
-  oa.rcp_b = rcp_b;
-  oa.rcp_i = rcp_i;
+  dcpx_dev_out_args_init(&oa, block_table, bt_rows, bt_cols, rows_out,
+                         valid_out, ids_out, K, W, me, c.block_size,
+                         c.interleave, rcp_b, rcp_i);
 
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t *row0 = recv + (uint64_t)t * rw_n; /* rank s: + s*sstride */
@@ -286,19 +276,9 @@ static __global__ void __launch_bounds__(NT)
   const uint32_t *gbits = (const uint32_t *)(c.buf + c.NL.off_bits);
 
   dcpx_out_args oa;
-  oa.block_table = block_table;
-  oa.rows_out = rows_out;
-  oa.valid_out = valid_out;
-  oa.ids_out = ids_out;
-  oa.K = K;
-  oa.W = W;
-  oa.me = me;
-  oa.B = c.block_size;
-  oa.I = c.interleave;
-  oa.bt_rows = bt_rows;
-  oa.bt_cols = bt_cols;
-  oa.rcp_b = rcp_b;
-  oa.rcp_i = rcp_i;
+  dcpx_dev_out_args_init(&oa, block_table, bt_rows, bt_cols, rows_out,
+                         valid_out, ids_out, K, W, me, c.block_size,
+                         c.interleave, rcp_b, rcp_i);
 
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t mask = gmask[t];
@@ -317,14 +297,8 @@ static __global__ void __launch_bounds__(NT)
     q.mask = mask;
     for (uint32_t i = tid; i < bw; i += NT)
       bits[i] = gbits[(uint64_t)t * bw + i];
-    if (tid == 0) {
-      uint32_t o = 0;
-      for (uint32_t s = 0; s < W; s++) {
-        off2[s] = o;
-        o += ((mask >> s) & 1u) ? K : N;
-      }
-      off2[W] = o;
-    }
+    if (tid == 0)
+      dcpx_dev_round2_offsets(off2, mask, W, K, N);
     dcpx_dev_sel_zero(&S);
     __syncthreads();
 
