@@ -3,7 +3,8 @@
  * of tests/health_harness.h (host backend, small shape, calls checked
  * against the CPU reference).
  *
- *   detection    A rank stalls (fault hook) longer than the timeout; its
+ *   detection    A rank comes late and stalls (fault hook, at most the
+ *                timeout) before its rescue, which its peer awaits; the
  *                peer gives up and writes its wait record (time_ns). The
  *                figures: record time -> the peer sees the group's abort
  *                word set (dcpxd noticed the alarm and aborted), and record
@@ -114,11 +115,21 @@ static void bench_detection(int reps, uint64_t timeout_ns) {
     uint64_t G = hh_gate(sh, 2, hh_max_progress(sh, 2) + 3);
     if (G == UINT64_MAX)
       die("gate");
+    /* A stall rank 0 feels (hh_pick_call); the group last (re)started at
+     * the previous rep's resume_at. */
+    hh_expect x;
+    uint64_t F =
+        hh_pick_call(&sp, 1000000ull * (uint64_t)k, G, 1, "rescue", &x);
+    if (F == UINT64_MAX)
+      die("no call in which rank 0 waits for rank 1's rescue");
     sh->resume_at = 1000000ull * (uint64_t)(k + 1);
     int r = hh_command(g_d.sock, DCPX__COMMAND__KIND__FAULT_STALL, "detect", 1,
-                       G, 5 * timeout_ns);
+                       x.call_seq, 5 * timeout_ns);
     if (r < 0)
       die("fault stall: %s", dcpx_strerror(r));
+    sh->late_rank = 1;
+    sh->late_call = F;
+    sh->late_ms = (uint32_t)(timeout_ns / 3000000u);
     sh->gate_open = 1;
     wait_nfails(sh, 0x3, (uint32_t)k + 1);
     if (hh_wait_progress(sh, 2, sh->resume_at + 3, 20000))

@@ -6,19 +6,29 @@
  * by dcpxd with cuMemCreate; host backend: a memfd). Every region starts on
  * a 256-byte boundary; all words are little-endian 32/64-bit integers:
  *
- *   ll_slots  int32 [2][W][R][4*P]   P = ceil(row_words(N)/2): (parity,
- *                                     source rank, row, (word, tag) pairs)
- *   rescue    uint32 [R][S][row_words(K)], S = min(W, floor(K/N))
- *   flags     uint32 [W][R]          flags[s][t] = seq2 value of s's rescue
+ *   ll_slots  [2][W][R][P] pairs     P = ceil(row_words(N)/2): (parity,
+ *                                     source rank, row, 16-byte LL pair
+ *                                     (word, tag, word, tag))
+ *   rescue    [R][S][PK] pairs       S = min(W, floor(K/N)) slots per row,
+ *                                     PK = row_words(K)/2 LL pairs tagged
+ *                                     with the row's round-2 epoch q2
  *   epoch     uint32 [R]             last epoch merged for row t
- *   seq2      uint32 [R]             last rescue sequence of row t
+ *   seq2      uint32 [R]             last round-2 epoch of row t
  *   sat_word  uint32 [R]             (mask << 16) | ord16 of S1's K-th key
  *   stats     uint64 [R][2]          per row: calls merged, rescues run
+ *   state     dcpx_rank_state        call_seq: calls pushed since the
+ *                                     workspace was zeroed (the call tag of
+ *                                     wait records); CUDA backend: the
+ *                                     device mirror of the control page
  *
- * Writers: ll_slots, rescue and flags are written by every rank's push or
- * merge (remote stores); epoch, seq2, sat_word and stats only by rank d's own
- * merge, one writer per row. Zeroed memory is the initial state: epoch 0 and
- * tag 0 never match (dcpx_epoch_next skips 0).
+ * Writers: ll_slots and rescue are written by every rank's push or merge
+ * (remote LL stores); epoch, seq2, sat_word and stats only by rank d's own
+ * merge, one writer per row; call_seq only by rank d's own push. Zeroed
+ * memory is the initial state: epoch 0 and tag 0 never match
+ * (dcpx_epoch_next skips 0).
+ *
+ * Region ids name the regions in the join reply and in wait records; id 2
+ * (the rescue flags of layout version 1) is retired.
  *
  * Control page (one per group, host memory owned by dcpxd, mapped by every
  * client and registered for device access): a header, then per rank a
@@ -34,12 +44,18 @@
 #include <stdint.h>
 
 #define DCPX_CTL_MAGIC 0x44435058u /* "DCPX" */
-#define DCPX_CTL_VERSION 1u
+#define DCPX_CTL_VERSION 2u
 #define DCPX_ALIGN 256u
 
-/* Region ids named in wait records (DESIGN.md section 6). */
+/* Region ids (join reply, wait records), the index in dcpx_layout.reg. */
 #define DCPX_REGION_LL_SLOTS 1u
-#define DCPX_REGION_RESCUE_FLAGS 2u
+#define DCPX_REGION_RESCUE 3u
+#define DCPX_REGION_EPOCH 4u
+#define DCPX_REGION_SEQ2 5u
+#define DCPX_REGION_SAT_WORD 6u
+#define DCPX_REGION_STATS 7u
+#define DCPX_REGION_CALL_SEQ 8u
+#define DCPX_REGION_MAX 8u
 
 #define DCPX_REC_EMPTY 0u
 #define DCPX_REC_TIMEOUT 1u
@@ -54,9 +70,15 @@ typedef struct dcpx_layout {
   uint32_t rw_n, rw_k; /* row_words(N), row_words(K) */
   uint32_t pairs;      /* P: 16-byte LL stores per list */
   uint32_t rescue_slots;
+  uint32_t rpairs;     /* PK: LL pairs of a rescue slot, row_words(K)/2 */
   /* Byte offsets in a rank's workspace, and its total size. */
-  uint64_t off_ll, off_rescue, off_flags, off_epoch, off_seq2, off_sat,
-      off_stats, ws_bytes;
+  uint64_t off_ll, off_rescue, off_epoch, off_seq2, off_sat, off_stats,
+      off_call, ws_bytes;
+  /* The same regions by id: reg[id] = {offset, bytes}; {0, 0} for the
+   * ids that name no region (0, 2). */
+  struct {
+    uint64_t off, bytes;
+  } reg[DCPX_REGION_MAX + 1];
   /* Control page: offsets of the rank blocks and records, total size. */
   uint64_t off_ranks, off_records, ctl_bytes;
 } dcpx_layout;
@@ -68,16 +90,18 @@ typedef struct dcpx_rank_health {
   volatile uint32_t joined; /* written by dcpxd: a live process holds it */
   volatile uint32_t pid;    /* written by dcpxd */
   /* Fault hook, written by dcpxd only when fault injection is enabled:
-   * block 0 of this rank stalls fault_ticks ns once, in the call whose
-   * epoch (0 = any) and call tag (~0 = any) match. fault_fired is written
-   * by the stalling block. */
+   * block 0 of this rank stalls fault_ticks ns once (at most the group's
+   * wait timeout, less if the group aborts or the rank fails meanwhile),
+   * in the call whose epoch (0 = any) and call_seq (~0 = any) match.
+   * fault_fired is written by the stalling block. */
   volatile uint32_t fault_armed;
   volatile uint32_t fault_epoch;
   volatile uint64_t fault_call;
   volatile uint64_t fault_ticks;
   volatile uint32_t fault_fired;
   volatile uint32_t pad0;
-  /* Written by the client at the end of each call (single writer). */
+  /* Written by the client at the end of each call (single writer);
+   * last_call_tag is the caller's by-value tag, bookkeeping only. */
   volatile uint64_t calls, rows, rescue_rows, failed_calls;
   volatile uint64_t last_call_tag;
   /* Written by the client at join: the transport this rank resolved and
@@ -88,16 +112,32 @@ typedef struct dcpx_rank_health {
   uint32_t pad1[9];
 } dcpx_rank_health;
 
+/* A rank's own state in its workspace (64 bytes, region "state", at
+ * off_call). call_seq is advanced by the rank's push, in every backend.
+ * The other words are the CUDA kernels' device-memory mirror of the
+ * control page, so that no kernel reads host memory on every spin: a
+ * waiting block wins the rank-wide election on ctl_next (an L2 atomic) at
+ * most every 20 us, reads the control page over PCIe, and publishes the
+ * timeout and stop (abort or own FAILED seen); everyone else reads these
+ * words from device memory. Zeroed with the workspace at recovery. */
+typedef struct dcpx_rank_state {
+  volatile uint64_t call_seq;
+  unsigned long long ctl_next; /* globaltimer of the next control-page read */
+  volatile uint64_t timeout_ns; /* the group's wait limit as last read */
+  volatile uint32_t stop;       /* 1: abort or own FAILED seen */
+  uint32_t pad[9];
+} dcpx_rank_state;
+
 /* A wait record (48 bytes). `kind` is written last. */
 typedef struct dcpx_wait_record {
   volatile uint32_t kind;
   volatile uint32_t region;
-  volatile uint32_t index;    /* word or flag index within the region */
+  volatile uint32_t index;    /* 8-byte (word, tag) half within the region */
   volatile uint32_t expected; /* tag awaited */
   volatile uint32_t seen;     /* tag last read */
   volatile uint32_t block;    /* block id (row) */
   volatile uint64_t time_ns;  /* CLOCK_REALTIME ns (host) / globaltimer */
-  volatile uint64_t call_tag;
+  volatile uint64_t call_tag; /* the waiting rank's call_seq */
   volatile uint32_t generation;
   volatile uint32_t rank;
 } dcpx_wait_record;
@@ -121,12 +161,23 @@ static inline uint32_t dcpx__row_words_raw(uint32_t c) {
   return (c + (c + 31u) / 32u + 3u) & ~3u;
 }
 
+static inline uint64_t dcpx__layout_add(dcpx_layout *L, uint32_t id,
+                                        uint64_t *o, uint64_t bytes) {
+  const uint64_t at = *o;
+  L->reg[id].off = at;
+  L->reg[id].bytes = bytes;
+  *o = dcpx__align(at + bytes);
+  return at;
+}
+
 /* Fills *L for a shape already checked by dcpx_shape_check. */
 static inline void dcpx_layout_compute(dcpx_layout *L, uint32_t world,
                                        uint32_t rows, uint32_t topk,
                                        uint32_t local_topk) {
   uint64_t o = 0;
   uint32_t s = topk / local_topk;
+  for (uint32_t i = 0; i <= DCPX_REGION_MAX; i++)
+    L->reg[i].off = L->reg[i].bytes = 0;
   L->world = world;
   L->rows = rows;
   L->topk = topk;
@@ -134,26 +185,34 @@ static inline void dcpx_layout_compute(dcpx_layout *L, uint32_t world,
   L->rw_n = dcpx__row_words_raw(local_topk);
   L->rw_k = dcpx__row_words_raw(topk);
   L->pairs = (L->rw_n + 1) / 2;
+  L->rpairs = L->rw_k / 2;
   L->rescue_slots = s < world ? s : world;
-  L->off_ll = o;
-  o = dcpx__align(o + 2ull * world * rows * 4 * L->pairs * 4);
-  L->off_rescue = o;
-  o = dcpx__align(o + 4ull * rows * L->rescue_slots * L->rw_k);
-  L->off_flags = o;
-  o = dcpx__align(o + 4ull * world * rows);
-  L->off_epoch = o;
-  o = dcpx__align(o + 4ull * rows);
-  L->off_seq2 = o;
-  o = dcpx__align(o + 4ull * rows);
-  L->off_sat = o;
-  o = dcpx__align(o + 4ull * rows);
-  L->off_stats = o;
-  o = dcpx__align(o + 16ull * rows);
+  L->off_ll = dcpx__layout_add(L, DCPX_REGION_LL_SLOTS, &o,
+                               16ull * 2 * world * rows * L->pairs);
+  L->off_rescue = dcpx__layout_add(L, DCPX_REGION_RESCUE, &o,
+                                   16ull * rows * L->rescue_slots * L->rpairs);
+  L->off_epoch = dcpx__layout_add(L, DCPX_REGION_EPOCH, &o, 4ull * rows);
+  L->off_seq2 = dcpx__layout_add(L, DCPX_REGION_SEQ2, &o, 4ull * rows);
+  L->off_sat = dcpx__layout_add(L, DCPX_REGION_SAT_WORD, &o, 4ull * rows);
+  L->off_stats = dcpx__layout_add(L, DCPX_REGION_STATS, &o, 16ull * rows);
+  L->off_call = dcpx__layout_add(L, DCPX_REGION_CALL_SEQ, &o,
+                                 sizeof(dcpx_rank_state));
   L->ws_bytes = o;
   L->off_ranks = sizeof(dcpx_ctl_header);
   L->off_records = L->off_ranks + sizeof(dcpx_rank_health) * world;
   L->ctl_bytes = dcpx__align(L->off_records +
                              sizeof(dcpx_wait_record) * (uint64_t)world * rows);
+}
+
+/* The rescue slot of saturated rank s in a row whose mask is `mask`. */
+static inline uint32_t dcpx_rescue_slot(uint32_t mask, uint32_t s) {
+  return (uint32_t)__builtin_popcount(mask & ((1u << s) - 1u));
+}
+
+/* Byte offset, within the rescue region, of pair i of slot `slot`, row t. */
+static inline uint64_t dcpx_rescue_offset(const dcpx_layout *L, uint32_t t,
+                                          uint32_t slot, uint32_t i) {
+  return (((uint64_t)t * L->rescue_slots + slot) * L->rpairs + i) * 16u;
 }
 
 /* Byte offset, within ll_slots, of the pair i (words 2i, 2i+1) of source s,
@@ -165,9 +224,9 @@ static inline uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,
 
 /* ---- the NCCL transport's buffers -----------------------------------------
  *
- * With transport nccl the exchange does not use the LL slots, the rescue
- * area or the flags: each rank cudaMallocs, at join, one buffer of
- * `bytes` on its own device with these regions (each 256-byte aligned; all
+ * With transport nccl the exchange does not use the LL slots or the rescue
+ * area: each rank cudaMallocs, at join, one buffer of `bytes` on its own
+ * device with these regions (each 256-byte aligned; all
  * words uint32; R = rows_max, and a call of `rows` rows uses the first
  * rows * ... words of each, packed with `rows`, not R, as the row count):
  *

@@ -11,6 +11,8 @@
  *     the saturated ranks' capacity-K lists and the other ranks' S1
  *     entries. Both are top-K selections over keys in flat order, so the
  *     final set is the same whether or not the rescue ran.
+ *  4. A saturated rank's round-2 keys are its rescue list: the entries of
+ *     its local top-K list at or above S1's K-th ord16 (dcpx__rescue_list).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +72,13 @@ void dcpx__select(const uint16_t *ord, uint32_t n, uint32_t k,
   select_keys(ord, n, k, 0, ret);
 }
 
+/* Entry j of a capacity-cap list (section 3); the list was zeroed. */
+static inline void put_entry(uint32_t *words, uint32_t cap, uint32_t j,
+                             uint32_t o, uint32_t l) {
+  words[j] = (o << 16) | (l & 0xFFFFu);
+  words[cap + j / 32] |= (l >> 16) << (j % 32);
+}
+
 uint32_t dcpx__local_list(const uint16_t *logits, uint32_t len, uint32_t cap,
                           uint32_t *words) {
   dcpx__sel sel;
@@ -81,11 +90,36 @@ uint32_t dcpx__local_list(const uint16_t *logits, uint32_t len, uint32_t cap,
   dcpx__sel_iter_init(&it, &sel);
   for (uint32_t l = 0; l < len && j < sel.count; l++) {
     uint32_t o = dcpx__key_of_bf16(logits[l]);
-    if (!o || !dcpx__sel_next(&it, o))
-      continue;
-    words[j] = (o << 16) | (l & 0xFFFFu);
-    words[cap + j / 32] |= (l >> 16) << (j % 32);
-    j++;
+    if (o && dcpx__sel_next(&it, o))
+      put_entry(words, cap, j++, o, l);
+  }
+  return j;
+}
+
+/* Elements with ord16 >= t1 (NaN never counts), counted up to cap + 1. */
+static uint32_t count_at_least(const uint16_t *logits, uint32_t len,
+                               uint32_t cap, uint32_t t1) {
+  uint32_t c = 0;
+  for (uint32_t l = 0; l < len && c <= cap; l++) {
+    uint32_t o = dcpx__key_of_bf16(logits[l]);
+    c += o && o >= t1;
+  }
+  return c;
+}
+
+/* Round 2's K-th key is at least S1's K-th (its keys contain S1), so an
+ * element below t1 is never selected: dropping it leaves round 2 as is. */
+uint32_t dcpx__rescue_list(const uint16_t *logits, uint32_t len, uint32_t cap,
+                           uint32_t t1, uint32_t *words) {
+  uint32_t j = 0;
+
+  if (count_at_least(logits, len, cap, t1) > cap)
+    return dcpx__local_list(logits, len, cap, words);
+  memset(words, 0, sizeof(uint32_t) * dcpx_row_words(cap));
+  for (uint32_t l = 0; l < len; l++) {
+    uint32_t o = dcpx__key_of_bf16(logits[l]);
+    if (o && o >= t1)
+      put_entry(words, cap, j++, o, l);
   }
   return j;
 }

@@ -100,9 +100,10 @@ DCPX__HIDDEN uint32_t dcpx__round1(dcpx__merge_ws *ws,
                                    dcpx__sel *ret_s1, uint32_t *ret_sat_word);
 
 /* Final selection into ws->sel_r/sel_l/nsel. With mask == 0 it is S1;
- * otherwise round 2 over rank-major keys: klists[s] (capacity K) for each
- * saturated s, S1 entries of the others. klists[r] is read only for r in
- * mask. */
+ * otherwise round 2 over rank-major keys: klists[s] (capacity K: the rescue
+ * list of dcpx__rescue_list, or any superset of it within the local top-K)
+ * for each saturated s, S1 entries of the others. klists[r] is read only
+ * for r in mask. */
 DCPX__HIDDEN void dcpx__finish(dcpx__merge_ws *ws, const dcpx__sel *s1,
                                uint32_t mask, const uint32_t *const *klists);
 
@@ -119,5 +120,14 @@ DCPX__HIDDEN int dcpx__outputs(const dcpx__merge_ws *ws, const dcpx_shape *sh,
  * Returns the entry count. */
 DCPX__HIDDEN uint32_t dcpx__local_list(const uint16_t *logits, uint32_t len,
                                        uint32_t cap, uint32_t *words);
+
+/* Rescue list (what a saturated rank sends for round 2): the entries of
+ * the local top-cap list whose ord16 >= t1, packed in ascending l, in the
+ * same capacity-cap words. With c elements at or above t1, c <= cap means
+ * exactly those c (one filter pass), c > cap the whole top-cap list.
+ * Returns the entry count. */
+DCPX__HIDDEN uint32_t dcpx__rescue_list(const uint16_t *logits, uint32_t len,
+                                        uint32_t cap, uint32_t t1,
+                                        uint32_t *words);
 
 #endif /* DCPX_COMMON_MERGE_H */

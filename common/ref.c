@@ -8,13 +8,27 @@
 #include "dcpx.h"
 #include "merge.h"
 
-int dcpx_ref_local_list(const uint16_t *logits, uint32_t len, uint32_t cap,
-                        uint32_t *ret_words) {
+static int check_list(const uint16_t *logits, uint32_t len, uint32_t cap,
+                      const uint32_t *ret_words) {
   if ((!logits && len) || !ret_words || cap == 0 || cap > DCPX_MAX_TOPK)
     return DCPX_E_INVAL;
   if (len > DCPX_MAX_LOCAL)
     return DCPX_E_LIMIT;
-  return (int)dcpx__local_list(logits, len, cap, ret_words);
+  return 0;
+}
+
+int dcpx_ref_local_list(const uint16_t *logits, uint32_t len, uint32_t cap,
+                        uint32_t *ret_words) {
+  int r = check_list(logits, len, cap, ret_words);
+  return r < 0 ? r : (int)dcpx__local_list(logits, len, cap, ret_words);
+}
+
+int dcpx_ref_rescue_list(const uint16_t *logits, uint32_t len, uint32_t cap,
+                         uint32_t t1, uint32_t *ret_words) {
+  int r = check_list(logits, len, cap, ret_words);
+  if (r == 0 && t1 > 0xFFFFu)
+    r = DCPX_E_INVAL;
+  return r < 0 ? r : (int)dcpx__rescue_list(logits, len, cap, t1, ret_words);
 }
 
 static int check_call(const dcpx_shape *sh, uint32_t rows,
@@ -85,8 +99,8 @@ int dcpx_ref_call(const dcpx_shape *sh, uint32_t rows,
     uint32_t mask = dcpx__round1(&ws, lists, &s1, &sw);
     for (uint32_t s = 0; s < W; s++)
       if ((mask >> s) & 1u)
-        dcpx__local_list(logits[s] + t * stride, (uint32_t)row_ends[s][t], K,
-                         (uint32_t *)klists[s]);
+        dcpx__rescue_list(logits[s] + t * stride, (uint32_t)row_ends[s][t], K,
+                          sw & 0xFFFFu, (uint32_t *)klists[s]);
     dcpx__finish(&ws, &s1, mask, klists);
     r = dcpx__outputs(&ws, sh, rank, req_id[t], block_table, bt_rows, bt_cols,
                       rows_out + (uint64_t)t * K, valid_out + t,

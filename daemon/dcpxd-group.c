@@ -78,12 +78,6 @@
 #include "dcpxd-util.h"
 #include "dcpxd.h"
 
-/* Region ids beyond the two layout.h names for wait records. */
-#define DCPXD_REGION_RESCUE 3u
-#define DCPXD_REGION_EPOCH 4u
-#define DCPXD_REGION_SEQ2 5u
-#define DCPXD_REGION_SAT_WORD 6u
-#define DCPXD_REGION_STATS 7u
 
 #define NCCL_ID_MAX 128
 
@@ -93,18 +87,18 @@ const char *dcpxd_region_name(uint32_t id) {
   switch (id) {
   case DCPX_REGION_LL_SLOTS:
     return "ll_slots";
-  case DCPX_REGION_RESCUE_FLAGS:
-    return "flags";
-  case DCPXD_REGION_RESCUE:
+  case DCPX_REGION_RESCUE:
     return "rescue";
-  case DCPXD_REGION_EPOCH:
+  case DCPX_REGION_EPOCH:
     return "epoch";
-  case DCPXD_REGION_SEQ2:
+  case DCPX_REGION_SEQ2:
     return "seq2";
-  case DCPXD_REGION_SAT_WORD:
+  case DCPX_REGION_SAT_WORD:
     return "sat_word";
-  case DCPXD_REGION_STATS:
+  case DCPX_REGION_STATS:
     return "stats";
+  case DCPX_REGION_CALL_SEQ:
+    return "state";
   default:
     return "unknown";
   }
@@ -238,27 +232,14 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
 /* The JoinReply of a formed group, with its fds (invariant 2); a
  * reattaching member already holds them and gets none. */
 static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
-  static const uint32_t region_ids[7] = {
-      DCPX_REGION_LL_SLOTS, DCPXD_REGION_RESCUE, DCPX_REGION_RESCUE_FLAGS,
-      DCPXD_REGION_EPOCH,   DCPXD_REGION_SEQ2,   DCPXD_REGION_SAT_WORD,
-      DCPXD_REGION_STATS};
   const dcpx_layout *L = &g->L;
-  const uint32_t W = g->shape.world, R = g->shape.rows;
-  const uint64_t offsets[7] = {L->off_ll,    L->off_rescue, L->off_flags,
-                               L->off_epoch, L->off_seq2,   L->off_sat,
-                               L->off_stats};
-  const uint64_t sizes[7] = {2ull * W * R * 4 * L->pairs * 4,
-                             4ull * R * L->rescue_slots * L->rw_k,
-                             4ull * W * R,
-                             4ull * R,
-                             4ull * R,
-                             4ull * R,
-                             16ull * R};
+  const uint32_t W = g->shape.world;
   Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__JoinReply jr = DCPX__JOIN_REPLY__INIT;
   Dcpx__Reply rep = DCPX__REPLY__INIT;
   Dcpx__Shape sh = DCPX__SHAPE__INIT;
-  Dcpx__Region regs[7], *regp[7];
+  Dcpx__Region regs[DCPX_REGION_MAX], *regp[DCPX_REGION_MAX];
+  size_t nreg = 0;
   char names[DCPX_MAX_WORLD + 1][8], *namep[DCPX_MAX_WORLD + 1];
   int fds[DCPX_MAX_WORLD + 1];
   int32_t devices[DCPX_MAX_WORLD];
@@ -267,7 +248,7 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   jr.reply = &rep;
   jr.generation = g->generation;
   sh.world = W;
-  sh.rows = R;
+  sh.rows = g->shape.rows;
   sh.topk = g->shape.topk;
   sh.local_topk = g->shape.local_topk;
   sh.block_size = g->shape.block_size;
@@ -279,15 +260,18 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   jr.timeout_ns = g->timeout_ns;
   jr.ws_bytes = L->ws_bytes;
   jr.ctl_bytes = L->ctl_bytes;
-  for (int i = 0; i < 7; i++) {
-    dcpx__region__init(&regs[i]);
-    regs[i].name = (char *)dcpxd_region_name(region_ids[i]);
-    regs[i].id = region_ids[i];
-    regs[i].offset = offsets[i];
-    regs[i].bytes = sizes[i];
-    regp[i] = &regs[i];
+  for (uint32_t id = 1; id <= DCPX_REGION_MAX; id++) {
+    if (!L->reg[id].bytes)
+      continue;
+    dcpx__region__init(&regs[nreg]);
+    regs[nreg].name = (char *)dcpxd_region_name(id);
+    regs[nreg].id = id;
+    regs[nreg].offset = L->reg[id].off;
+    regs[nreg].bytes = L->reg[id].bytes;
+    regp[nreg] = &regs[nreg];
+    nreg++;
   }
-  jr.n_regions = 7;
+  jr.n_regions = nreg;
   jr.regions = regp;
   dcpxd_bprintf(names[0], "ctl");
   fds[0] = g->ctl->fd;
@@ -1206,8 +1190,7 @@ int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   h->fault_armed = 1;
   log_notice("group=%s gen=%u rank=%d: fault armed: stall %" PRIu64
-             " ns at epoch %u call %s",
-             g->name, g->generation, (int)rank, ticks, epoch,
-             has_call ? "tagged" : "any");
+             " ns at epoch %u call_seq %" PRIu64 " (~0: any)",
+             g->name, g->generation, (int)rank, ticks, epoch, h->fault_call);
   return 0;
 }

@@ -151,6 +151,18 @@ DCPX_API int64_t dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
 DCPX_API int dcpx_ref_local_list(const uint16_t *logits, uint32_t len,
                                  uint32_t cap, uint32_t *ret_words);
 
+/* A saturated rank's rescue list of one row (what it sends for round 2):
+ * the entries of its local top-`cap` list whose ord16 >= t1, in ascending
+ * l, packed at the front, then zeros, with the bit-16 plane (the same
+ * dcpx_row_words(cap) words as dcpx_ref_local_list). t1 is the row's
+ * sat_word & 0xFFFF (0: every entry). No element below t1 can be in the
+ * exact top-K, so round 2 gives the same result with these lists as with
+ * the whole top-K lists. Returns the number of entries; the errors of
+ * dcpx_ref_local_list, and DCPX_E_INVAL for t1 > 0xFFFF. */
+DCPX_API int dcpx_ref_rescue_list(const uint16_t *logits, uint32_t len,
+                                  uint32_t cap, uint32_t t1,
+                                  uint32_t *ret_words);
+
 /* Statistics of a reference call. */
 typedef struct dcpx_ref_stats {
   uint64_t rows;        /* rows merged */
@@ -252,7 +264,10 @@ DCPX_API int dcpx_leave(dcpx_member *member);
 /* Push: this rank's local top-N of each of `rows` rows of bf16 `logits`
  * ([rows][stride], row t valid up to row_ends[t]) to every rank.
  * call_tag is the caller's name for the call (e.g. step * layers + layer);
- * it appears in wait records and selects fault injections. */
+ * dcpx_merge keeps it in the rank's health block (last_call_tag). Wait
+ * records and fault injections name a call by its sequence number
+ * instead: 1 for the first push since the join or the last recovery, +1
+ * for each push (kept in device memory, so that CUDA graphs replay it). */
 DCPX_API int dcpx_push(dcpx_member *m, uint32_t rows, const uint16_t *logits,
                        uint64_t stride, const int32_t *row_ends,
                        uint64_t call_tag, void *stream);

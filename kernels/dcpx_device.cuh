@@ -63,6 +63,7 @@
 #define DCPX_DEVICE_CUH
 
 #include <stdint.h>
+#include <string.h>
 
 #include "dcpx_kernels.h"
 #include "layout.h"
@@ -73,6 +74,25 @@
 #define DCPX_HI_BINS 4096u /* buckets of ord >> 4 */
 #define DCPX_K_CAND 8192u  /* fast-path candidate buffer entries (48 KiB) */
 #define DCPX_MAX_WARPS 32u
+
+/* ---- launches (host side) ------------------------------------------------ */
+
+/* The configuration of a plain launch. Every kernel of dcpx is launched
+ * with cudaLaunchKernelEx and judged by its return value alone: an
+ * earlier, unrelated error of the caller's thread (cudaGetLastError's
+ * state) is neither taken as ours nor cleared. */
+static inline __host__ cudaLaunchConfig_t dcpx_launch_cfg(uint32_t grid,
+                                                          uint32_t block,
+                                                          size_t smem,
+                                                          cudaStream_t s) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  return cfg;
+}
 
 /* ---- the order and the wire --------------------------------------------- */
 
@@ -422,6 +442,202 @@ DCPX_D uint32_t dcpx_dev_passc(uint32_t key, uint32_t T, uint32_t teq) {
   return ((uint32_t)(key > T) << 16) | (uint32_t)(key == teq);
 }
 
+DCPX_D uint32_t dcpx_dev_u4word(uint4 k, uint32_t i) {
+  return i == 0 ? k.x : i == 1 ? k.y : i == 2 ? k.z : k.w;
+}
+
+/* ---- selection over a flat key array (merge rounds, the push's N list) -- */
+
+/* Keys f .. f+3 of keys[] (f a multiple of 4, keys 16-byte aligned); keys
+ * at or past n read as empty. */
+DCPX_D uint4 dcpx_dev_key4(const uint32_t *keys, uint32_t f, uint32_t n) {
+  uint4 k = *(const uint4 *)(keys + f);
+  if (f + 4u > n) {
+    k.x = f < n ? k.x : 0u;
+    k.y = f + 1 < n ? k.y : 0u;
+    k.z = f + 2 < n ? k.z : 0u;
+    k.w = 0u;
+  }
+  return k;
+}
+
+/* Exact top-K threshold of the flat keys[0..n) (words: ord16 << 16 | low
+ * bits; 0 = empty; words past n are read as empty), whose non-empty keys
+ * lie in [kmin, kmax]:
+ * S->T, S->take and the per-warp bases S->wgt/weq of the segments
+ * [fbeg, fend) (kpw keys per warp, a multiple of 128). Returns 1 when
+ * fewer than K keys are non-empty (all selected; T = take = 0), *ret_nz the
+ * non-empty keys. Every thread calls it; the histograms must be zero. */
+DCPX_D int dcpx_dev_flat_select(dcpx_sel_smem *S, const uint32_t *keys,
+                                uint32_t n, uint32_t K, uint32_t kmin,
+                                uint32_t kmax, uint32_t fbeg, uint32_t fend,
+                                uint32_t *ret_nz) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  int all;
+  if (kmax < kmin)
+    kmin = 0; /* no key at all */
+  if (kmax - kmin < DCPX_HI_BINS) {
+    for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
+      const uint4 k = dcpx_dev_key4(keys, f, n);
+#pragma unroll
+      for (uint32_t e = 0; e < 4; e++) {
+        const uint32_t o = dcpx_dev_u4word(k, e) >> 16;
+        if (o)
+          atomicAdd(S->hist + (o - kmin), 1u);
+      }
+    }
+    all = dcpx_dev_sel1_pick(S, K, kmin, ret_nz);
+    const uint32_t T = all ? 0u : S->T;
+    const uint32_t teq = all ? 0xFFFFFFFFu : T;
+    uint32_t gt = 0, eq = 0;
+    for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
+      const uint4 k = dcpx_dev_key4(keys, f, n);
+#pragma unroll
+      for (uint32_t e = 0; e < 4; e++) {
+        const uint32_t o = dcpx_dev_u4word(k, e) >> 16;
+        gt += o > T;
+        eq += o == teq;
+      }
+    }
+    gt = __reduce_add_sync(DCPX_FULL, gt);
+    eq = __reduce_add_sync(DCPX_FULL, eq);
+    if (lane == 0) {
+      S->wgtb[warp] = gt;
+      S->weqc[warp] = eq;
+    }
+    if (all && threadIdx.x == 0)
+      S->T = S->take = 0;
+    dcpx_dev_sel1_bases(S);
+    return all;
+  }
+  for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
+    const uint4 k = dcpx_dev_key4(keys, f, n);
+    dcpx_dev_hist_add(S->hist, k.x >> 16);
+    dcpx_dev_hist_add(S->hist, k.y >> 16);
+    dcpx_dev_hist_add(S->hist, k.z >> 16);
+    dcpx_dev_hist_add(S->hist, k.w >> 16);
+  }
+  all = dcpx_dev_sel_after_a(S, K, ret_nz);
+  const uint32_t lim = all ? 0u : S->hb << 4;
+  uint32_t *h16w = S->h16 + 16u * warp, gtb = 0;
+  for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
+    const uint4 k = dcpx_dev_key4(keys, f, n);
+    gtb += dcpx_dev_passb(h16w, k.x >> 16, lim);
+    gtb += dcpx_dev_passb(h16w, k.y >> 16, lim);
+    gtb += dcpx_dev_passb(h16w, k.z >> 16, lim);
+    gtb += dcpx_dev_passb(h16w, k.w >> 16, lim);
+  }
+  gtb = __reduce_add_sync(DCPX_FULL, gtb);
+  if (lane == 0)
+    S->wgtb[warp] = gtb;
+  dcpx_dev_sel_finish(S, K, all);
+  return all;
+}
+
+/* How a flat key index maps back to (rank, l). Round 1: key f is entry
+ * f % N of rank f / N, planes p1. Round 2: rank s's segment starts at
+ * off2[s]; a saturated rank's planes are its rescue slot's in p2. Round 0
+ * (a list's sub-list): key f is entry f of a list of capacity K whose
+ * planes start at p1. */
+typedef struct dcpx_key_map {
+  const uint32_t *p1, *p2, *off2;
+  uint32_t round, W, N, K, pwn, pk2, mask;
+  float rcp_n;
+} dcpx_key_map;
+
+/* (s << 17) | l of key f whose word is w. */
+DCPX_D uint32_t dcpx_dev_entry_of(const dcpx_key_map *m, uint32_t f,
+                                   uint32_t w) {
+  uint32_t s, j;
+  const uint32_t *pl;
+  if (m->round == 1) {
+    s = dcpx_dev_div(f, m->N, m->rcp_n);
+    j = f - s * m->N;
+    pl = m->p1 + s * m->pwn;
+  } else {
+    s = 0;
+    for (uint32_t step = 8; step; step >>= 1)
+      if (s + step < m->W && m->off2[s + step] <= f)
+        s += step;
+    j = f - m->off2[s];
+    if ((m->mask >> s) & 1u)
+      pl = m->p2 + __popc(m->mask & ((1u << s) - 1u)) * m->pk2;
+    else
+      pl = m->p1 + s * m->pwn;
+  }
+  return (s << 17) | (((pl[j >> 5] >> (j & 31u)) & 1u) << 16) | (w & 0xFFFFu);
+}
+
+/* Round 0: key f (word w) of the capacity-K list at m->p1 becomes entry
+ * pos of the capacity-N list `list`. */
+DCPX_D void dcpx_dev_place_word(const dcpx_key_map *m, uint32_t *list,
+                                uint32_t pos, uint32_t f, uint32_t w) {
+  list[pos] = w;
+  if ((m->p1[m->K + (f >> 5)] >> (f & 31u)) & 1u)
+    atomicOr(list + m->N + (pos >> 5), 1u << (pos & 31u));
+}
+
+/* Pass C: the selected keys of this warp's segment, in order, into
+ * list[pos]: as (s << 17 | l) in the merge's rounds (m->round 1, 2), as a
+ * capacity-m->N list's words with their bit-16 plane (m->round 0: the top
+ * N of a capacity-K list m->p1). bits1 (or NULL): S1 membership bits.
+ * Ends with a barrier. */
+DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
+                                uint32_t n, const dcpx_key_map *m,
+                                uint32_t fbeg, uint32_t fend, uint32_t *list,
+                                uint32_t *bits1) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t T = S->T, take = S->take, teq = T ? T : 0xFFFFFFFFu;
+  uint32_t rg = S->wgt[warp], rq = S->weq[warp];
+  for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
+    const uint32_t f = f0 + 4u * lane;
+    const uint4 k = f < fend ? dcpx_dev_key4(keys, f, n) : make_uint4(0, 0, 0, 0);
+    const uint32_t packed = dcpx_dev_passc(k.x >> 16, T, teq) +
+                            dcpx_dev_passc(k.y >> 16, T, teq) +
+                            dcpx_dev_passc(k.z >> 16, T, teq) +
+                            dcpx_dev_passc(k.w >> 16, T, teq);
+    const uint32_t incl = dcpx_dev_warp_incl(packed);
+    const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
+    uint32_t nib = 0;
+    if (packed) {
+      const uint32_t ex = incl - packed;
+      uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
+#pragma unroll
+      for (uint32_t e = 0; e < 4; e++) {
+        const uint32_t w = dcpx_dev_u4word(k, e);
+        if (dcpx_dev_sel_place(w >> 16, T, take, &gb, &qb, &pos)) {
+          if (m->round)
+            list[pos] = dcpx_dev_entry_of(m, f + e, w);
+          else
+            dcpx_dev_place_word(m, list, pos, f + e, w);
+          nib |= 1u << e;
+        }
+      }
+    }
+    if (bits1) { /* lanes 8i .. 8i+7 make word f0 / 32 + i */
+      uint32_t v = nib << (4u * (lane & 7u));
+      v |= __shfl_xor_sync(DCPX_FULL, v, 1);
+      v |= __shfl_xor_sync(DCPX_FULL, v, 2);
+      v |= __shfl_xor_sync(DCPX_FULL, v, 4);
+      if ((lane & 7u) == 0)
+        bits1[(f0 >> 5) + (lane >> 3)] = v;
+    }
+    rg += tot >> 16;
+    rq += tot & 0xFFFFu;
+  }
+  __syncthreads();
+}
+
+/* One warp segment per warp over n keys: multiples of 128 keys. */
+DCPX_D void dcpx_dev_warp_segment(uint32_t n, uint32_t *fbeg, uint32_t *fend) {
+  const uint32_t nw = blockDim.x >> 5;
+  const uint32_t kpw = (((n + nw - 1) / nw) + 127u) & ~127u;
+  const uint32_t warp = threadIdx.x >> 5;
+  *fbeg = min(n, warp * kpw);
+  *fend = min(n, *fbeg + kpw);
+}
+
+
 /* ---- the local list (DESIGN.md section 3) -------------------------------- */
 
 /* Two bf16 (one per half word) -> two ord16 keys, NaN -> 0:
@@ -462,10 +678,6 @@ DCPX_D uint4 dcpx_dev_group_load(const uint16_t *base, uint32_t a,
   }
   return make_uint4(k[0] | (k[1] << 16), k[2] | (k[3] << 16),
                     k[4] | (k[5] << 16), k[6] | (k[7] << 16));
-}
-
-DCPX_D uint32_t dcpx_dev_u4word(uint4 k, uint32_t i) {
-  return i == 0 ? k.x : i == 1 ? k.y : i == 2 ? k.z : k.w;
 }
 
 DCPX_D uint32_t dcpx_dev_u4get(uint4 k, uint32_t e) {
@@ -828,23 +1040,56 @@ DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
 
 /* ---- bounded waits (DESIGN.md section 6) --------------------------------- */
 
+/* How the waits learn of an abort, their own rank's FAILED word and the
+ * timeout without a storm of PCIe reads (the control page is host
+ * memory, and concurrent reads of one host line serialise: about 1 us
+ * each, measured). Every DCPX_BLK_CHECK_NS of waiting, one thread of the
+ * block (elected in shared memory) reads the rank's device-memory mirror
+ * (layout.h dcpx_rank_state); at most every DCPX_CTL_EVERY_NS one thread
+ * of the whole rank (elected by an L2 atomic on ctl_next) reads the
+ * control page itself and updates the mirror. The waiters spin on their
+ * LL pair and look at shared memory only. */
+#define DCPX_BLK_CHECK_NS 2000ull
+#define DCPX_CTL_EVERY_NS 20000ull
+#define DCPX_CTL_STORM_NS 2000ull /* poll_storm: every waiter, every 2 us */
+
+/* A block's shared wait state (one per block, reset at each row). */
+typedef struct dcpx_blkwait {
+  volatile uint32_t fail; /* 0, 1 (FAILED or abort seen), 2 (timed out) */
+  uint32_t pad;
+  unsigned long long next;           /* globaltimer of the next check */
+  volatile unsigned long long limit; /* the group's timeout once known */
+  volatile unsigned long long t0;    /* the row's wait phase began */
+} dcpx_blkwait;
+
 /* What a waiting block needs to give up properly. */
 typedef struct dcpx_wctx {
   dcpx_ctl_header *ctl;
   dcpx_rank_health *health; /* own rank's block */
   dcpx_wait_record *rec;    /* own record slot of this row */
-  uint64_t call_tag;
+  dcpx_rank_state *st;      /* own rank's state (device memory) */
+  uint64_t call_tag;        /* the call sequence (layout.h call_seq) */
   uint32_t rank, t;
-  volatile uint32_t *fail; /* shared: 0, or the block gave up this row */
+  uint32_t storm;           /* 1: the old every-waiter poll (measurement) */
+  uint32_t armed;           /* block 0, thread 0: fault_armed, read early */
+  dcpx_blkwait *bw;         /* shared */
 } dcpx_wctx;
+
+/* Starts row t's wait phase (thread 0; the caller synchronises). */
+DCPX_D void dcpx_dev_wait_begin(dcpx_blkwait *bw) {
+  const uint64_t now = dcpx_dev_now();
+  bw->fail = 0;
+  bw->t0 = now;
+  bw->next = now + DCPX_BLK_CHECK_NS;
+}
 
 /* Gives up after a timeout: the first thread of the block to do so writes
  * the record (if its slot is empty: fields, fence, kind), then the alarm,
- * then, once that drained, FAILED. */
+ * then, once that drained, FAILED (and the device mirror's stop). */
 DCPX_D void dcpx_dev_timeout(const dcpx_wctx *w, uint32_t region,
                              uint32_t index, uint32_t expected,
                              uint32_t seen) {
-  if (atomicCAS((uint32_t *)w->fail, 0u, 2u) != 0u)
+  if (atomicCAS((uint32_t *)&w->bw->fail, 0u, 2u) != 0u)
     return;
   dcpx_wait_record *r = w->rec;
   if (r->kind == DCPX_REC_EMPTY) {
@@ -864,89 +1109,220 @@ DCPX_D void dcpx_dev_timeout(const dcpx_wctx *w, uint32_t region,
   w->health->alarm = 1;
   __threadfence_system();
   w->health->failed = 1;
+  w->st->stop = 1;
   __threadfence_system();
 }
 
-/* The slow path shared by both waits: 1 to keep waiting, 0 to give up.
- * The control page (host memory, a PCIe round trip) is read at most every
- * 2 us; the block's shared give-up word every poll. */
-DCPX_D int dcpx_dev_wait_step(const dcpx_wctx *w, uint64_t start,
-                              uint64_t *limit, uint64_t *checked,
+/* Reads the control page (PCIe) into the mirror and the block: 0 when the
+ * rank must stop. */
+DCPX_D int dcpx_dev_ctl_read(const dcpx_wctx *w) {
+  const uint64_t lim = w->ctl->timeout_ns;
+  const uint32_t stop = w->health->failed || w->ctl->abort;
+  w->st->timeout_ns = lim ? lim : DCPX_K_DEFAULT_TIMEOUT_NS;
+  w->bw->limit = lim ? lim : DCPX_K_DEFAULT_TIMEOUT_NS;
+  if (stop) {
+    w->st->stop = 1;
+    atomicCAS((uint32_t *)&w->bw->fail, 0u, 1u);
+    return 0;
+  }
+  return 1;
+}
+
+/* The block's periodic check (one elected thread): the mirror, and the
+ * control page when this thread wins the rank-wide election. */
+DCPX_D int dcpx_dev_block_check(const dcpx_wctx *w, uint64_t now) {
+  dcpx_rank_state *st = w->st;
+  if (st->stop) {
+    atomicCAS((uint32_t *)&w->bw->fail, 0u, 1u);
+    return 0;
+  }
+  w->bw->limit = st->timeout_ns;
+  const unsigned long long gn =
+      *(volatile unsigned long long *)&st->ctl_next;
+  if (now >= gn && atomicCAS(&st->ctl_next, gn, now + DCPX_CTL_EVERY_NS) == gn)
+    return dcpx_dev_ctl_read(w);
+  return 1;
+}
+
+/* The slow path shared by the waits: 1 to keep waiting, 0 to give up.
+ * *mine: this thread's last poll (poll_storm only). The time bound counts
+ * from the row's wait phase (t0), so a peer that trickles cannot hold a
+ * row for more than one timeout. */
+DCPX_D int dcpx_dev_wait_step(const dcpx_wctx *w, uint64_t *mine,
                               uint32_t region, uint32_t index,
                               uint32_t expected, uint32_t seen) {
-  if (*w->fail)
+  dcpx_blkwait *bw = w->bw;
+  if (bw->fail)
     return 0;
-  uint64_t now = dcpx_dev_now();
-  if (now - *checked < 2000)
-    return 1;
-  *checked = now;
-  if (*limit == 0) {
-    *limit = w->ctl->timeout_ns;
-    if (*limit == 0)
-      *limit = DCPX_K_DEFAULT_TIMEOUT_NS;
+  const uint64_t now = dcpx_dev_now();
+  if (w->storm) {
+    if (now - *mine >= DCPX_CTL_STORM_NS) {
+      *mine = now;
+      if (!dcpx_dev_ctl_read(w))
+        return 0;
+    }
+  } else {
+    const unsigned long long nx = bw->next;
+    if (now >= nx && atomicCAS(&bw->next, nx, now + DCPX_BLK_CHECK_NS) == nx &&
+        !dcpx_dev_block_check(w, now))
+      return 0;
   }
-  if (w->health->failed || w->ctl->abort) {
-    atomicCAS((uint32_t *)w->fail, 0u, 1u);
-    return 0;
-  }
-  if (now - start > *limit) {
+  const uint64_t lim = bw->limit;
+  if (lim && now - bw->t0 > lim) {
     dcpx_dev_timeout(w, region, index, expected, seen);
     return 0;
   }
   return 1;
 }
 
-/* Waits until both halves of the LL pair at p carry tag e. index: the
- * 8-byte half index of p within ll_slots. 1 when satisfied (*a, *b hold the
- * halves), 0 when the block gave up. */
+/* Waits until both halves of the LL pair at p carry tag e. region/index:
+ * the pair's region and the 8-byte half index of p within it. 1 when
+ * satisfied (*a, *b hold the halves), 0 when the block gave up. */
 DCPX_D int dcpx_dev_wait_ll(const dcpx_wctx *w, const void *p, uint32_t e,
-                            uint32_t index, uint64_t *a, uint64_t *b) {
-  const uint64_t start = dcpx_dev_now();
-  uint64_t limit = 0, checked = start;
+                            uint32_t region, uint32_t index, uint64_t *a,
+                            uint64_t *b) {
+  uint64_t mine = dcpx_dev_now();
   for (;;) {
     dcpx_dev_ll_load(p, a, b);
     const uint32_t ta = (uint32_t)(*a >> 32), tb = (uint32_t)(*b >> 32);
     if (ta == e && tb == e)
       return 1;
-    if (!dcpx_dev_wait_step(w, start, &limit, &checked, DCPX_REGION_LL_SLOTS,
-                            ta != e ? index : index + 1, e,
+    if (!dcpx_dev_wait_step(w, &mine, region, ta != e ? index : index + 1, e,
                             ta != e ? ta : tb))
       return 0;
   }
 }
 
-/* Waits until the flag at p (acquire) holds q. index: s * R + t. */
-DCPX_D int dcpx_dev_wait_flag(const dcpx_wctx *w, const void *p, uint32_t q,
-                              uint32_t index) {
-  const uint64_t start = dcpx_dev_now();
-  uint64_t limit = 0, checked = start;
-  for (;;) {
-    const uint32_t v = dcpx_dev_ld_acquire_sys(p);
-    if (v == q)
-      return 1;
-    if (!dcpx_dev_wait_step(w, start, &limit, &checked,
-                            DCPX_REGION_RESCUE_FLAGS, index, q, v))
-      return 0;
-    __nanosleep(32);
-  }
-}
-
 /* The fault hook (tests; armed by dcpxd): stalls fault_ticks ns once, in
- * the call whose epoch (0 = any) and call tag (~0 = any) match. Called by
- * one thread of block 0 before its first wait. */
-DCPX_D void dcpx_dev_fault_hook(dcpx_rank_health *h, uint32_t e,
-                                uint64_t call_tag) {
-  if (!h->fault_armed || h->fault_fired)
+ * the call whose epoch (0 = any) and call sequence (~0 = any) match, by one
+ * thread of block 0 before its first wait or right after its round-1
+ * reads. The stall is capped at the group's timeout and ends early when
+ * the group is aborted or the rank FAILED (read every 20 us). */
+DCPX_D void dcpx_dev_fault_hook(const dcpx_wctx *w, uint32_t e) {
+  dcpx_rank_health *h = w->health;
+  if (!w->armed || !h->fault_armed || h->fault_fired)
     return;
   const uint32_t fe = h->fault_epoch;
   const uint64_t fc = h->fault_call;
-  if ((fe != 0 && fe != e) || (fc != ~0ull && fc != call_tag))
+  if ((fe != 0 && fe != e) || (fc != ~0ull && fc != w->call_tag))
     return;
   h->fault_fired = 1;
   __threadfence_system();
-  const uint64_t ticks = h->fault_ticks, start = dcpx_dev_now();
-  while (dcpx_dev_now() - start < ticks)
+  uint64_t ticks = h->fault_ticks, lim = w->ctl->timeout_ns;
+  if (!lim)
+    lim = DCPX_K_DEFAULT_TIMEOUT_NS;
+  if (ticks > lim)
+    ticks = lim;
+  const uint64_t start = dcpx_dev_now();
+  uint64_t now = start, polled = start;
+  while (now - start < ticks) {
+    if (now - polled >= DCPX_CTL_EVERY_NS) {
+      polled = now;
+      if (w->ctl->abort || h->failed)
+        break;
+    }
     __nanosleep(1000);
+    now = dcpx_dev_now();
+  }
+}
+
+/* ---- the rescue list (DESIGN.md section 5.4, docs/PROTOCOL.md) ----------- */
+
+/* The rescue list from the rank's own local top-K list kl (device memory,
+ * written by this call's push): its entries with ord16 >= t1, in order,
+ * into words[0..row_words(cap)) (shared). Ends with a barrier. */
+DCPX_D void dcpx_dev_rescue_from_klist(dcpx_sel_smem *S, const uint32_t *kl,
+                                       uint32_t cap, uint32_t t1,
+                                       uint32_t *words) {
+  const uint32_t nt = blockDim.x, rw = dcpx_dev_row_words(cap);
+  const uint32_t per = (cap + nt - 1) / nt, j0 = threadIdx.x * per;
+  uint32_t w[8], c = 0, total;
+  for (uint32_t i = threadIdx.x; i < rw; i += nt)
+    words[i] = 0;
+#pragma unroll
+  for (uint32_t u = 0; u < 8; u++) {
+    w[u] = u < per && j0 + u < cap ? kl[j0 + u] : 0u;
+    c += (w[u] >> 16) != 0 && (w[u] >> 16) >= t1;
+  }
+  uint32_t pos = dcpx_dev_block_excl(c, S->scan, &total); /* two barriers */
+#pragma unroll
+  for (uint32_t u = 0; u < 8; u++) {
+    const uint32_t j = j0 + u;
+    if ((w[u] >> 16) == 0 || (w[u] >> 16) < t1)
+      continue;
+    words[pos] = w[u];
+    if ((kl[cap + (j >> 5)] >> (j & 31u)) & 1u)
+      atomicOr(words + cap + (pos >> 5), 1u << (pos & 31u));
+    pos++;
+  }
+  __syncthreads();
+}
+
+/* Qualifying mask of the 8 keys of a group: key != 0 and key >= t1. */
+DCPX_D uint32_t dcpx_dev_ge_mask(uint4 k, uint32_t t1) {
+  uint32_t m = 0;
+#pragma unroll
+  for (uint32_t e = 0; e < 8; e++) {
+    const uint32_t o = dcpx_dev_u4get(k, e);
+    m |= (uint32_t)(o != 0 && o >= t1) << e;
+  }
+  return m;
+}
+
+/* The rescue list of a saturated rank's row into words[0..row_words(cap))
+ * (shared): the entries of its local top-cap list with ord16 >= t1, in
+ * ascending l, then zeros, then the bit-16 plane. When at most cap
+ * elements of the row have ord16 >= t1 (the usual case) that is all of
+ * them: one counting pass and one placing pass over the row. Otherwise the
+ * top-cap list itself (dcpx_dev_local_list, sampled fast path with the
+ * candidate buffers ckey/cl of cand_max entries), whose entries are then
+ * all >= t1. Every thread must call it; it ends with a barrier. */
+DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
+                                 uint32_t len, uint32_t cap, uint32_t t1,
+                                 uint32_t *words, uint16_t *ckey,
+                                 uint32_t *cl, uint32_t cand_max) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t nw = blockDim.x >> 5;
+  const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len);
+  const uint32_t rw = dcpx_dev_row_words(cap);
+
+  for (uint32_t i = threadIdx.x; i < rw; i += blockDim.x)
+    words[i] = 0;
+  uint32_t c = 0;
+  for (uint32_t g = R.gbeg + lane; g < R.gend; g += 32)
+    c += __popc(dcpx_dev_ge_mask(dcpx_dev_group_get(&R, g), t1));
+  c = __reduce_add_sync(DCPX_FULL, c);
+  if (lane == 0)
+    S->wcnt[warp] = c;
+  __syncthreads();
+  const uint32_t wc = lane < nw ? S->wcnt[lane] : 0u;
+  const uint32_t total = __reduce_add_sync(DCPX_FULL, wc);
+  if (total > cap) {
+    dcpx_dev_local_list(S, row, len, cap, words, ckey, cl, cand_max);
+    return;
+  }
+  uint32_t pos = __reduce_add_sync(DCPX_FULL, lane < warp ? wc : 0u);
+  for (uint32_t g0 = R.gbeg; g0 < R.gend; g0 += 32) {
+    const uint32_t g = g0 + lane;
+    uint4 k = make_uint4(0, 0, 0, 0);
+    uint32_t m = 0;
+    if (g < R.gend) {
+      k = dcpx_dev_group_get(&R, g);
+      m = dcpx_dev_ge_mask(k, t1);
+    }
+    const uint32_t n = __popc(m), incl = dcpx_dev_warp_incl(n);
+    uint32_t p = pos + incl - n;
+    while (m) {
+      const uint32_t e = __ffs(m) - 1, l = g * 8u + e - R.a;
+      m &= m - 1;
+      words[p] = (dcpx_dev_u4get(k, e) << 16) | (l & 0xFFFFu);
+      if (l >> 16)
+        atomicOr(words + cap + (p >> 5), 1u << (p & 31u));
+      p++;
+    }
+    pos += __shfl_sync(DCPX_FULL, incl, 31);
+  }
+  __syncthreads();
 }
 
 /* ---- outputs (DESIGN.md section 5.6) ------------------------------------ */

@@ -35,6 +35,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cuda_runtime_api.h>
 
@@ -49,6 +50,12 @@ extern "C" {
 #define DCPX_K_PUSH_THREADS 1024
 #define DCPX_K_MERGE_THREADS 512
 
+/* Phase points of the merge's diagnostic timestamps (kctx.prof): row
+ * start, poll done, round 1 done, rescue list built, rescue stored,
+ * round-2 keys copied, rescue polled, round 2 done, outputs done, row end
+ * (the rescue points stay 0 on a row without a rescue). */
+#define DCPX_K_PROF_POINTS 10
+
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull
 
@@ -56,13 +63,23 @@ typedef struct dcpx_kctx {
   uint32_t world, rank, rows_max, topk, local_topk, block_size, interleave,
       max_local;
   uint32_t max_blocks; /* cap on the merge grid; 0 = one block per row */
-  uint32_t reserved;
+  uint32_t poll_storm; /* 0; 1 = every waiter reads the control page every
+                          2 us (the old behaviour, for measurement only) */
   dcpx_layout L; /* dcpx_layout_compute(world, rows_max, topk, local_topk) */
   char *const *peers; /* DEVICE array [world]: each rank's workspace */
   char *ws;           /* this rank's workspace (device address) */
   dcpx_ctl_header *ctl;       /* device-accessible control page header */
   dcpx_rank_health *health;   /* [world] */
   dcpx_wait_record *records;  /* [world][rows_max] */
+  uint32_t *stage; /* merge staging, dcpx_k_merge_stage_bytes (device), or
+                      NULL when that is 0 */
+  unsigned long long *prof; /* NULL, or (diagnostics) device [rows_max]
+                      [DCPX_K_PROF_POINTS]: the merge's clock64 at the
+                      phase points of merge.cu, thread 0 of each row */
+  uint32_t *klist; /* dcpx_k_klist_bytes (device), or NULL: the push keeps
+                      each row's local top-K list here, so that a rescue
+                      only filters it; with NULL a saturated rank's merge
+                      selects it from the row again (slower) */
 } dcpx_kctx;
 
 /* 0 if the context is complete and its layout matches its shape. */
@@ -80,11 +97,12 @@ static inline int dcpx_k_ctx_check(const dcpx_kctx *c) {
   if (L.world != c->L.world || L.rows != c->L.rows || L.topk != c->L.topk ||
       L.local_topk != c->L.local_topk || L.rw_n != c->L.rw_n ||
       L.rw_k != c->L.rw_k || L.pairs != c->L.pairs ||
-      L.rescue_slots != c->L.rescue_slots || L.off_ll != c->L.off_ll ||
-      L.off_rescue != c->L.off_rescue || L.off_flags != c->L.off_flags ||
-      L.off_epoch != c->L.off_epoch || L.off_seq2 != c->L.off_seq2 ||
-      L.off_sat != c->L.off_sat || L.off_stats != c->L.off_stats)
+      L.rpairs != c->L.rpairs || L.rescue_slots != c->L.rescue_slots ||
+      L.ws_bytes != c->L.ws_bytes)
     return DCPX_E_INVAL;
+  for (uint32_t i = 0; i <= DCPX_REGION_MAX; i++)
+    if (L.reg[i].off != c->L.reg[i].off || L.reg[i].bytes != c->L.reg[i].bytes)
+      return DCPX_E_INVAL;
   return 0;
 }
 
@@ -101,6 +119,28 @@ static inline int dcpx_k_prepare(void) {
 size_t dcpx_k_push_smem(const dcpx_kctx *c);
 size_t dcpx_k_merge_smem(const dcpx_kctx *c);
 
+/* Device memory the merge needs in kctx.stage (bytes): 0 when a row's
+ * staged words (round-1 lists, round-2 keys) fit in shared memory, else
+ * rows_max rows of them. Rank-private; allocate once at join. */
+size_t dcpx_k_merge_stage_bytes(const dcpx_kctx *c);
+
+/* Device memory of kctx.klist: rows_max local top-K lists (bytes). */
+size_t dcpx_k_klist_bytes(const dcpx_kctx *c);
+
+/* Whether a context should have a klist. It costs every push a top-K
+ * selection (+5.7 us at local 16,384 on an H200) and saves a rescued row
+ * its top-K selection from the row (about 13 us), which a rescue needs only
+ * when the saturated rank has more than K elements >= T1: always when
+ * W*N <= K (every full row rescues, T1 = 0), rarely otherwise (the merge
+ * then filters the row in two passes). So: on when W*N <= K. DCPX_KLIST=0
+ * or 1 in the environment overrides (measurement). Host query, at join. */
+static inline int dcpx_k_klist_wanted(const dcpx_kctx *c) {
+  const char *e = getenv("DCPX_KLIST");
+  if (e && (e[0] == '0' || e[0] == '1') && !e[1])
+    return e[0] == '1';
+  return (uint64_t)c->world * c->local_topk <= c->topk;
+}
+
 /* Merge blocks of this context that fit on one multiprocessor
  * (cudaOccupancyMaxActiveBlocksPerMultiprocessor). Host query; not for the
  * call path. */
@@ -109,11 +149,13 @@ int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm);
 /* Push (DESIGN.md sections 3-4): for each row t < rows, this rank's local
  * top-N of logits[t * stride + 0 .. row_ends[t]) in wire words, stored with
  * epoch next(epoch[t]) into every rank's LL slots. row_ends[t] is clamped
- * to [0, min(max_local, stride)]. call_tag is accepted for symmetry (the
- * push never waits, so it never records). */
+ * to [0, min(max_local, stride)]. Block 0 advances the call sequence
+ * (layout.h call_seq, the call tag of wait records: it lives in device
+ * memory, so a CUDA graph replay counts too). The push reads the group's
+ * abort word and its own FAILED word once and, when either is set, stores
+ * nothing into any rank's slots (the call fails in the merge). */
 int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
-                uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
-                cudaStream_t s);
+                uint64_t stride, const int32_t *row_ends, cudaStream_t s);
 
 /* Merge (DESIGN.md sections 4-6) of rows t < rows. Outputs (device):
  *   rows_out  [rows][K]  KV rows of this rank's selected elements, ascending
@@ -125,13 +167,14 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
  *   sat_out   [rows]     or NULL: a copy of sat_word (0 on a row that failed
  *                        before round 1 finished)
  * req_id [rows] indexes block_table [bt_rows][bt_cols]. logits/row_ends are
- * the same as the push's (a saturated rank re-reads its row). */
+ * the same as the push's (a saturated rank re-reads its row for its
+ * rescue list). Wait records carry the call sequence the push advanced. */
 int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
                  uint64_t stride, const int32_t *row_ends,
                  const int32_t *req_id, const int32_t *block_table,
                  uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
                  int32_t *valid_out, int32_t *ids_out, uint32_t *sat_out,
-                 uint64_t call_tag, cudaStream_t s);
+                 cudaStream_t s);
 
 /* ---- the NCCL transport (nccl.cu) ----------------------------------------
  *

@@ -402,9 +402,12 @@ int dcpx_kn_lists(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
     return DCPX_E_INVAL;
   if (rows == 0)
     return 0;
-  dcpx_nccl_lists_kernel<<<rows, LT, dcpx_kn_lists_smem(c), s>>>(
-      *c, rows, logits, stride, row_ends);
-  return cudaGetLastError() == cudaSuccess ? 0 : DCPX_E_CUDA;
+  const cudaLaunchConfig_t cfg =
+      dcpx_launch_cfg(rows, LT, dcpx_kn_lists_smem(c), s);
+  return cudaLaunchKernelEx(&cfg, dcpx_nccl_lists_kernel, *c, rows, logits,
+                            stride, row_ends) == cudaSuccess
+             ? 0
+             : DCPX_E_CUDA;
 }
 
 int dcpx_kn_round1(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
@@ -421,12 +424,16 @@ int dcpx_kn_round1(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
     return DCPX_E_INVAL;
   if (rows == 0)
     return 0;
-  dcpx_nccl_round1_kernel<<<rows, NT, dcpx_kn_round1_smem(c), s>>>(
-      *c, rows, logits, stride, row_ends, req_id, block_table, bt_rows,
-      bt_cols, rows_out, valid_out, ids_out, sat_out,
-      1.0f / (float)c->local_topk, 1.0f / (float)c->block_size,
-      1.0f / (float)c->interleave);
-  return cudaGetLastError() == cudaSuccess ? 0 : DCPX_E_CUDA;
+  const cudaLaunchConfig_t cfg =
+      dcpx_launch_cfg(rows, NT, dcpx_kn_round1_smem(c), s);
+  return cudaLaunchKernelEx(&cfg, dcpx_nccl_round1_kernel, *c, rows, logits,
+                            stride, row_ends, req_id, block_table, bt_rows,
+                            bt_cols, rows_out, valid_out, ids_out, sat_out,
+                            1.0f / (float)c->local_topk,
+                            1.0f / (float)c->block_size,
+                            1.0f / (float)c->interleave) == cudaSuccess
+             ? 0
+             : DCPX_E_CUDA;
 }
 
 int dcpx_kn_round2(const dcpx_nkctx *c, uint32_t rows, const int32_t *req_id,
@@ -441,8 +448,12 @@ int dcpx_kn_round2(const dcpx_nkctx *c, uint32_t rows, const int32_t *req_id,
     return DCPX_E_INVAL;
   if (rows == 0)
     return 0;
-  dcpx_nccl_round2_kernel<<<rows, NT, dcpx_kn_round2_smem(c), s>>>(
-      *c, rows, req_id, block_table, bt_rows, bt_cols, rows_out, valid_out,
-      ids_out, 1.0f / (float)c->block_size, 1.0f / (float)c->interleave);
-  return cudaGetLastError() == cudaSuccess ? 0 : DCPX_E_CUDA;
+  const cudaLaunchConfig_t cfg =
+      dcpx_launch_cfg(rows, NT, dcpx_kn_round2_smem(c), s);
+  return cudaLaunchKernelEx(&cfg, dcpx_nccl_round2_kernel, *c, rows, req_id,
+                            block_table, bt_rows, bt_cols, rows_out,
+                            valid_out, ids_out, 1.0f / (float)c->block_size,
+                            1.0f / (float)c->interleave) == cudaSuccess
+             ? 0
+             : DCPX_E_CUDA;
 }

@@ -22,24 +22,85 @@
 
 #define PT DCPX_K_PUSH_THREADS
 
+/* With kctx.klist: the local top-K list of the row into kw (shared) and
+ * into klist[t] (this rank's device memory, for a rescue of this call:
+ * the merge then only filters it, merge.cu), and the local top-N list, the
+ * top N of kw, into words. The same words as dcpx_dev_local_list(N): the
+ * N best of the row are the N best of its K best, ties included. */
+static __device__ void push_lists(const dcpx_kctx *c, dcpx_sel_smem *S,
+                                  const uint16_t *row, uint32_t len,
+                                  uint32_t t, uint32_t *words, uint32_t *kw,
+                                  uint16_t *ckey, uint32_t *cl,
+                                  uint32_t *kmin_s) {
+  const uint32_t N = c->local_topk, K = c->topk, rw_k = c->L.rw_k;
+  dcpx_dev_local_list(S, row, len, K, kw, ckey, cl, DCPX_K_CAND);
+  uint4 *dst = (uint4 *)(c->klist + (uint64_t)t * rw_k);
+  uint32_t kmn = 0xFFFFu, kmx = 0;
+  for (uint32_t v = threadIdx.x; v < rw_k / 4; v += PT)
+    dst[v] = ((const uint4 *)kw)[v];
+  for (uint32_t i = threadIdx.x; i < c->L.rw_n; i += PT)
+    words[i] = 0;
+  for (uint32_t f = threadIdx.x; f < K; f += PT) {
+    const uint32_t o = kw[f] >> 16;
+    if (o) {
+      kmn = min(kmn, o);
+      kmx = max(kmx, o);
+    }
+  }
+  dcpx_dev_sel_zero(S);
+  if (threadIdx.x == 0)
+    *kmin_s = 0xFFFFu;
+  __syncthreads();
+  kmn = __reduce_min_sync(DCPX_FULL, kmn);
+  kmx = __reduce_max_sync(DCPX_FULL, kmx);
+  if ((threadIdx.x & 31u) == 0) {
+    atomicMin(kmin_s, kmn);
+    atomicMax(&S->kmax, kmx);
+  }
+  __syncthreads();
+  uint32_t fbeg, fend, nz;
+  dcpx_dev_warp_segment(K, &fbeg, &fend);
+  dcpx_dev_flat_select(S, kw, K, N, *kmin_s, S->kmax, fbeg, fend, &nz);
+  dcpx_key_map km;
+  km.round = 0;
+  km.p1 = kw;
+  km.K = K;
+  km.N = N;
+  dcpx_dev_flat_place(S, kw, K, &km, fbeg, fend, words, NULL);
+}
+
 static __global__ void __launch_bounds__(PT)
     dcpx_push_kernel(const dcpx_kctx c, uint32_t rows,
                      const uint16_t *logits, uint64_t stride,
                      const int32_t *row_ends) {
   __shared__ dcpx_sel_smem S;
   __shared__ char *peer[DCPX_MAX_WORLD];
+  __shared__ uint32_t stop, kmin_s;
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
   const uint32_t W = c.world, N = c.local_topk, me = c.rank;
   const uint32_t R = c.rows_max, P = c.L.pairs, rw_n = c.L.rw_n;
+  const uint32_t K = c.topk, rw_k = c.L.rw_k;
   uint32_t *words = (uint32_t *)dyn;
-  uint32_t *cl = words + rw_n; /* rw_n: a multiple of 4 */
+  uint32_t *kw = words + rw_n; /* rw_n, rw_k: multiples of 4 */
+  uint32_t *cl = kw + (c.klist ? rw_k : 0u);
   uint16_t *ckey = (uint16_t *)(cl + DCPX_K_CAND);
   const uint32_t *epoch = (const uint32_t *)(c.ws + c.L.off_epoch);
   const uint32_t max_len =
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
 
+  /* Abort and own FAILED, as this rank's kernels last saw them (the
+   * device mirror, layout.h dcpx_rank_state: no PCIe read per block). A
+   * merge that ended early set it, and only such a merge breaks the
+   * stream-order chain that keeps parity reuse safe (DESIGN.md 4). */
+  dcpx_rank_state *st = (dcpx_rank_state *)(c.ws + c.L.off_call);
+  uint32_t seen = 0;
+  if (tid == 0) {
+    seen = st->stop;
+    if (blockIdx.x == 0)
+      st->call_seq = st->call_seq + 1;
+  }
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after local_list's barriers */
 
@@ -51,8 +112,20 @@ static __global__ void __launch_bounds__(PT)
     const uint64_t slot =
         c.L.off_ll + ((((uint64_t)(e & 1u) * W + me) * R + t) * P) * 16u;
 
-    dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, N, words,
-                        ckey, cl, DCPX_K_CAND);
+    if (c.klist)
+      push_lists(&c, &S, logits + (uint64_t)t * stride, len, t, words, kw,
+                 ckey, cl, &kmin_s);
+    else
+      dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, N, words,
+                          ckey, cl, DCPX_K_CAND);
+    if (t == blockIdx.x) {
+      if (tid == 0)
+        stop = seen;
+      __syncthreads();
+    }
+    /* Aborted or FAILED: store nothing; the merge fails the call. */
+    if (stop)
+      break;
 
     /* rw_n is a multiple of 4, so the list is exactly P pairs. */
     for (uint32_t i = tid; i < P; i += PT) {
@@ -67,11 +140,16 @@ static __global__ void __launch_bounds__(PT)
 /* ---- host side ------------------------------------------------------------ */
 
 size_t dcpx_k_push_smem(const dcpx_kctx *c) {
-  return 4u * (size_t)c->L.rw_n + 6u * (size_t)DCPX_K_CAND;
+  return 4u * ((size_t)c->L.rw_n + (c->klist ? c->L.rw_k : 0u)) +
+         6u * (size_t)DCPX_K_CAND;
+}
+
+size_t dcpx_k_klist_bytes(const dcpx_kctx *c) {
+  return 4u * (size_t)c->L.rw_k * c->rows_max;
 }
 
 int dcpx_k_push_prepare(void) {
-  const int max_dyn = 4 * 4224 + 6 * (int)DCPX_K_CAND;
+  const int max_dyn = 4 * (4224 + 4224) + 6 * (int)DCPX_K_CAND;
   if (cudaFuncSetAttribute(dcpx_push_kernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_dyn) != cudaSuccess)
@@ -80,19 +158,18 @@ int dcpx_k_push_prepare(void) {
 }
 
 int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
-                uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
-                cudaStream_t s) {
+                uint64_t stride, const int32_t *row_ends, cudaStream_t s) {
   int r = dcpx_k_ctx_check(c);
-  (void)call_tag;
   if (r < 0)
     return r;
   if (rows > c->rows_max || !logits || !stride || !row_ends)
     return DCPX_E_INVAL;
   if (rows == 0)
     return 0;
-  dcpx_push_kernel<<<rows, PT, dcpx_k_push_smem(c), s>>>(*c, rows, logits,
-                                                         stride, row_ends);
-  if (cudaGetLastError() != cudaSuccess)
+  const cudaLaunchConfig_t cfg = dcpx_launch_cfg(rows, PT, dcpx_k_push_smem(c), s);
+  /* The launch's own status, not cudaGetLastError's (merge.cu). */
+  if (cudaLaunchKernelEx(&cfg, dcpx_push_kernel, *c, rows, logits, stride,
+                         row_ends) != cudaSuccess)
     return DCPX_E_CUDA;
   return 0;
 }

@@ -57,6 +57,8 @@ struct dcpx__cuda {
   CUdeviceptr va[DCPX_MAX_WORLD];
   size_t size[DCPX_MAX_WORLD];
   char **peers; /* device array [W] */
+  uint32_t *stage; /* the merge's private staging, when it needs one */
+  uint32_t *klist; /* the push's local top-K lists (rank-private) */
   int registered;
   struct dcpx__nccl *nccl; /* transport nccl */
 };
@@ -125,6 +127,10 @@ void dcpx__cuda_fini(struct dcpx_member *m) {
 #endif
   if (cu->peers)
     cudaFree(cu->peers);
+  if (cu->stage)
+    cudaFree(cu->stage);
+  if (cu->klist)
+    cudaFree(cu->klist);
   if (cu->registered)
     cudaHostUnregister(m->ctl);
   for (uint32_t d = 0; d < DCPX_MAX_WORLD; d++) {
@@ -299,6 +305,19 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   k->ctl = (dcpx_ctl_header *)ctl_dev;
   k->health = (dcpx_rank_health *)((char *)ctl_dev + m->L.off_ranks);
   k->records = (dcpx_wait_record *)((char *)ctl_dev + m->L.off_records);
+  k->poll_storm = getenv("DCPX_POLL_STORM") != NULL; /* measurement only */
+  size_t stage = dcpx_k_merge_stage_bytes(k);
+  if (stage && cudaMalloc((void **)&cu->stage, stage) != cudaSuccess) {
+    r = DCPX_E_NOMEM;
+    goto out;
+  }
+  k->stage = cu->stage;
+  if (dcpx_k_klist_wanted(k) &&
+      cudaMalloc((void **)&cu->klist, dcpx_k_klist_bytes(k)) != cudaSuccess) {
+    r = DCPX_E_NOMEM;
+    goto out;
+  }
+  k->klist = cu->klist;
   r = dcpx_k_prepare();
   if (r < 0)
     goto out;
@@ -351,10 +370,12 @@ int dcpx__cuda_push(struct dcpx_member *m, uint32_t rows,
                         stream);
 #endif
   else
-    r = dcpx_k_push(&m->cuda->k, rows, logits, stride, row_ends, call_tag,
+    r = dcpx_k_push(&m->cuda->k, rows, logits, stride, row_ends,
                     (cudaStream_t)stream);
   if (r < 0)
     dcpx__member_fail(m); /* the call was not enqueued: peers must know */
+  else
+    m->health[m->rank].last_call_tag = call_tag; /* host bookkeeping only */
   return r;
 }
 
@@ -366,6 +387,7 @@ int dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows,
                      int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag,
                      void *stream) {
   int r;
+  (void)call_tag; /* records carry the device call sequence (layout.h) */
   if (rows > m->shape.rows)
     r = DCPX_E_RANGE;
 #ifdef HAVE_NCCL
@@ -377,7 +399,7 @@ int dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows,
   else
     r = dcpx_k_merge(&m->cuda->k, rows, logits, stride, row_ends, req_id,
                      block_table, bt_rows, bt_cols, rows_out, valid_out,
-                     ids_out, sat_word, call_tag, (cudaStream_t)stream);
+                     ids_out, sat_word, (cudaStream_t)stream);
   if (r < 0)
     dcpx__member_fail(m); /* the call was not enqueued: peers must know */
   return r;

@@ -4,30 +4,40 @@
  * It is the CUDA kernels' protocol, step for step, with CPU memory
  * ordering:
  *
- *   push   for each row t: e = next(epoch[t]); the local top-N list in wire
- *          words; for every rank d (itself included) and pair i, the tagged
- *          pair (w[2i], e, w[2i+1], e) as two 8-byte atomic stores at
- *          ws[d].ll_slots[e & 1][rank][t][4i]. A reader accepts a half when
- *          its tag is e, so no flag or fence is needed on the send side.
+ *   push   call_seq += 1; for each row t: e = next(epoch[t]); the local
+ *          top-N list in wire words; for every rank d (itself included)
+ *          and pair i, the LL pair (w[2i], e, w[2i+1], e) as two 8-byte
+ *          atomic stores at ws[d].ll_slots[e & 1][rank][t][i]. A reader
+ *          accepts a half when its tag is e, so no flag or fence is needed
+ *          on the send side.
  *   merge  for each row t: wait for all W lists' tags; round 1; if ranks
- *          are saturated, each saturated rank s stores its capacity-K list
- *          into rescue slot popcount(mask & ((1 << s) - 1)) of every rank,
- *          fences, and release-stores next(seq2[t]) into every rank's
- *          flags[s][t]; every rank acquires those flags, runs round 2, and
- *          sets seq2[t]; then the outputs, and last epoch[t] = e.
+ *          are saturated, q = next(seq2[t]): each saturated rank s stores
+ *          its rescue list (dcpx__rescue_list) as LL pairs tagged q into
+ *          rescue slot popcount(mask & ((1 << s) - 1)) of every rank; every
+ *          rank waits until every half of every saturated rank's slot
+ *          carries q, copying the words out as it accepts them; round 2;
+ *          seq2[t] = q; then the outputs, and last epoch[t] = e.
  *
  * Invariants:
  *  1. Synchronous calls give the ordering DESIGN.md section 4 needs for
  *     free: a rank's push of call n+1 starts after its merge of call n
  *     returned, so a parity's slots are never rewritten while a peer reads
- *     them, and the rescue area is never rewritten while a peer reads it.
- *  2. Every wait is bounded (section 6): it spins, then yields the CPU so
+ *     them, and a rescue slot is rewritten only with the next q of its row.
+ *  2. A word is used only from the load whose tag half was accepted; the
+ *     shared slots are never re-read without that check.
+ *  3. Every wait is bounded (section 6): it spins, then yields the CPU so
  *     that W ranks on fewer cores still progress, and gives up when the
- *     group is aborted, this rank is FAILED, or timeout_ns passed. On a
- *     timeout it writes its record slot (if empty), then the alarm word,
- *     then, after a full fence, FAILED.
- *  3. The call path allocates nothing and makes no syscall except
- *     sched_yield in a wait that has already spun (clock_gettime is vDSO).
+ *     group is aborted, this rank is FAILED, or the row's wait phase (from
+ *     the start of the row's first wait in the call) has lasted longer
+ *     than the group's timeout: a peer that trickles pairs in cannot hold
+ *     a row for many timeouts. On a timeout it writes its record slot (if
+ *     empty), then the alarm word, then, after a full fence, FAILED.
+ *  4. Records and the fault hook name a call by call_seq (the workspace
+ *     word that the push counts up), as the kernels do: CUDA graphs freeze
+ *     the by-value call tag, which is only kept as last_call_tag.
+ *  5. The call path allocates nothing and makes no syscall except
+ *     sched_yield in a wait that has already spun (clock_gettime is vDSO),
+ *     and nanosleep in a fault stall (tests only).
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -58,6 +68,17 @@ static inline uint32_t *ws_u32(const struct dcpx_member *m, uint32_t d,
   return (uint32_t *)(m->ws[d] + off);
 }
 
+/* This rank's call_seq: calls pushed since the workspace was zeroed. */
+static inline volatile uint64_t *call_seq(const struct dcpx_member *m) {
+  return &((dcpx_rank_state *)(m->ws[m->rank] + m->L.off_call))->call_seq;
+}
+
+/* The group's wait timeout (the control page's; the join's if unset). */
+static inline uint64_t wait_limit(const struct dcpx_member *m) {
+  const uint64_t v = m->hdr->timeout_ns;
+  return v ? v : m->timeout_ns;
+}
+
 int dcpx__host_init(struct dcpx_member *m) {
   const uint32_t W = m->shape.world;
   int r = dcpx__merge_ws_init(&m->mws, &m->shape);
@@ -65,7 +86,8 @@ int dcpx__host_init(struct dcpx_member *m) {
     return r;
   m->lists_buf = calloc((size_t)W * m->L.rw_n, sizeof(uint32_t));
   m->klist = calloc(m->L.rw_k, sizeof(uint32_t));
-  if (!m->lists_buf || !m->klist) {
+  m->rlists = calloc((size_t)m->L.rescue_slots * m->L.rw_k, sizeof(uint32_t));
+  if (!m->lists_buf || !m->klist || !m->rlists) {
     dcpx__host_fini(m);
     return DCPX_E_NOMEM;
   }
@@ -78,31 +100,8 @@ void dcpx__host_fini(struct dcpx_member *m) {
   dcpx__merge_ws_free(&m->mws);
   free(m->lists_buf);
   free(m->klist);
-  m->lists_buf = m->klist = NULL;
-}
-
-/* Records a timeout, raises the alarm, then sets FAILED (section 6). */
-static void give_up(struct dcpx_member *m, uint32_t region, uint32_t index,
-                    uint32_t expected, uint32_t seen, uint32_t t,
-                    uint64_t call_tag) {
-  dcpx_rank_health *h = &m->health[m->rank];
-  dcpx_wait_record *rec = &m->records[(size_t)m->rank * m->L.rows + t];
-
-  if (__atomic_load_n(&rec->kind, __ATOMIC_ACQUIRE) == DCPX_REC_EMPTY) {
-    rec->region = region;
-    rec->index = index;
-    rec->expected = expected;
-    rec->seen = seen;
-    rec->block = t;
-    rec->time_ns = clock_ns(CLOCK_REALTIME);
-    rec->call_tag = call_tag;
-    rec->generation = m->hdr->generation;
-    rec->rank = m->rank;
-    __atomic_store_n(&rec->kind, DCPX_REC_TIMEOUT, __ATOMIC_RELEASE);
-  }
-  __atomic_store_n(&h->alarm, 1u, __ATOMIC_RELEASE);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  __atomic_store_n(&h->failed, 1u, __ATOMIC_RELEASE);
+  free(m->rlists);
+  m->lists_buf = m->klist = m->rlists = NULL;
 }
 
 /* A call that this rank abandons before doing its part (bad arguments, a
@@ -126,42 +125,79 @@ static inline int stop_reason(const struct dcpx_member *m) {
   return 0;
 }
 
-/* The fault hook: row 0 stalls fault_ticks ns once, in the call whose
- * epoch and call tag match, before its first wait (where the GPU's block 0
- * stalls). */
-static void fault_hook(struct dcpx_member *m, uint32_t e, uint64_t call_tag) {
-  dcpx_rank_health *h = &m->health[m->rank];
-  if (!__atomic_load_n(&h->fault_armed, __ATOMIC_ACQUIRE) || h->fault_fired)
-    return;
-  if ((h->fault_epoch && h->fault_epoch != e) ||
-      (h->fault_call != ~0ull && h->fault_call != call_tag))
-    return;
-  h->fault_fired = 1;
-  uint64_t until = clock_ns(CLOCK_MONOTONIC) + h->fault_ticks;
-  while (clock_ns(CLOCK_MONOTONIC) < until)
-    sched_yield();
+/* The waits of one row in one call. */
+typedef struct row_wait {
+  uint32_t t, e; /* the row and its epoch */
+  uint64_t call; /* call_seq: the records' and the fault hook's call */
+  uint64_t t0;   /* start of the row's first wait (0: none yet) */
+  int hook;      /* 1: the fault hook is still to be checked (row 0) */
+} row_wait;
+
+/* Records a timeout, then alarm and FAILED (section 6). */
+static void give_up(struct dcpx_member *m, const row_wait *w, uint32_t region,
+                    uint32_t index, uint32_t expected, uint32_t seen) {
+  dcpx_wait_record *rec = &m->records[(size_t)m->rank * m->L.rows + w->t];
+
+  if (__atomic_load_n(&rec->kind, __ATOMIC_ACQUIRE) == DCPX_REC_EMPTY) {
+    rec->region = region;
+    rec->index = index;
+    rec->expected = expected;
+    rec->seen = seen;
+    rec->block = w->t;
+    rec->time_ns = clock_ns(CLOCK_REALTIME);
+    rec->call_tag = w->call;
+    rec->generation = m->hdr->generation;
+    rec->rank = m->rank;
+    __atomic_store_n(&rec->kind, DCPX_REC_TIMEOUT, __ATOMIC_RELEASE);
+  }
+  dcpx__member_fail(m);
 }
 
-/* Waits until the tag at p equals `expected`: for an LL pair half (an
- * 8-byte (word, tag) element, region ll_slots) the tag is its high half and
- * *ret_word gets its word; for a rescue flag (region rescue_flags) the tag
- * is the 4-byte flag itself, loaded with acquire. */
-static int wait_tag(struct dcpx_member *m, uint32_t region, const void *p,
-                    uint32_t expected, uint32_t index, uint32_t t,
-                    uint64_t call_tag, uint32_t *ret_word) {
-  const int half = region == DCPX_REGION_LL_SLOTS;
-  uint64_t t0 = 0;
-  uint32_t seen;
+/* Sleeps ns, in steps of at most 1 ms, or until a wait would stop. */
+static void stall(const struct dcpx_member *m, uint64_t ns) {
+  const uint64_t until = clock_ns(CLOCK_MONOTONIC) + ns;
+  for (uint64_t now = clock_ns(CLOCK_MONOTONIC); now < until && !stop_reason(m);
+       now = clock_ns(CLOCK_MONOTONIC)) {
+    const uint64_t step = until - now < 1000000u ? until - now : 1000000u;
+    struct timespec ts = {0, (long)step};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* The fault hook: row 0 stalls once, in the call whose epoch and call_seq
+ * match, for fault_ticks but at most the group's timeout. It is checked
+ * where the GPU's block 0 checks it: at the row's first unsatisfied wait,
+ * or after round 1's reads if none was unsatisfied. */
+static void fault_hook(struct dcpx_member *m, row_wait *w) {
+  dcpx_rank_health *h = &m->health[m->rank];
+  w->hook = 0;
+  if (!__atomic_load_n(&h->fault_armed, __ATOMIC_ACQUIRE) || h->fault_fired)
+    return;
+  if ((h->fault_epoch && h->fault_epoch != w->e) ||
+      (h->fault_call != ~0ull && h->fault_call != w->call))
+    return;
+  h->fault_fired = 1;
+  const uint64_t limit = wait_limit(m);
+  stall(m, h->fault_ticks < limit ? h->fault_ticks : limit);
+}
+
+/* Waits until the LL half at p, an 8-byte (word, tag) element with index
+ * `index` in `region`, carries tag `expected`; *ret_word gets the word of
+ * that very load. */
+static int wait_half(struct dcpx_member *m, row_wait *w, uint32_t region,
+                     const uint64_t *p, uint32_t expected, uint32_t index,
+                     uint32_t *ret_word) {
+  if (!w->t0)
+    w->t0 = clock_ns(CLOCK_MONOTONIC);
   for (uint32_t it = 0;; it++) {
-    if (half) {
-      uint64_t v = __atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE);
-      seen = (uint32_t)(v >> 32);
+    const uint64_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    const uint32_t seen = (uint32_t)(v >> 32);
+    if (seen == expected) {
       *ret_word = (uint32_t)v;
-    } else {
-      seen = __atomic_load_n((const uint32_t *)p, __ATOMIC_ACQUIRE);
-    }
-    if (seen == expected)
       return 0;
+    }
+    if (w->hook)
+      fault_hook(m, w);
     int r = stop_reason(m);
     if (r)
       return r;
@@ -169,14 +205,38 @@ static int wait_tag(struct dcpx_member *m, uint32_t region, const void *p,
       cpu_relax();
       continue;
     }
-    uint64_t now = clock_ns(CLOCK_MONOTONIC);
-    if (!t0)
-      t0 = now;
-    else if (now - t0 > m->timeout_ns) {
-      give_up(m, region, index, expected, seen, t, call_tag);
+    if (clock_ns(CLOCK_MONOTONIC) - w->t0 > wait_limit(m)) {
+      give_up(m, w, region, index, expected, seen);
       return DCPX_E_FAILED;
     }
     sched_yield();
+  }
+}
+
+/* Waits for the n words of a list stored as LL pairs tagged `tag` at byte
+ * offset `off` of region `region` in this rank's workspace, into words. */
+static int wait_list(struct dcpx_member *m, row_wait *w, uint32_t region,
+                     uint64_t off, uint32_t n, uint32_t tag, uint32_t *words) {
+  const uint64_t *src =
+      (const uint64_t *)(m->ws[m->rank] + m->L.reg[region].off + off);
+  for (uint32_t h = 0; h < n; h++) {
+    int r = wait_half(m, w, region, &src[h], tag, (uint32_t)(off / 8u) + h,
+                      &words[h]);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
+/* Stores the n (even) words as n/2 LL pairs tagged `tag` at byte offset
+ * `off` of region `region` in every rank's workspace (itself included). */
+static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
+                         const uint32_t *words, uint32_t n, uint32_t tag) {
+  for (uint32_t d = 0; d < m->L.world; d++) {
+    uint64_t *dst = (uint64_t *)(m->ws[d] + m->L.reg[region].off + off);
+    for (uint32_t h = 0; h < n; h++)
+      __atomic_store_n(&dst[h], ((uint64_t)tag << 32) | words[h],
+                       __ATOMIC_RELAXED);
   }
 }
 
@@ -206,6 +266,7 @@ int dcpx__host_push(struct dcpx_member *m, uint32_t rows,
     dcpx__member_fail(m);
     return r;
   }
+  *call_seq(m) += 1;
   r = stop_reason(m);
   if (r < 0)
     return r;
@@ -214,121 +275,122 @@ int dcpx__host_push(struct dcpx_member *m, uint32_t rows,
     uint32_t e = dcpx_epoch_next(epoch[t]);
     dcpx__local_list(logits + t * stride, (uint32_t)row_ends[t],
                      L->local_topk, w);
-    for (uint32_t d = 0; d < L->world; d++) {
-      uint64_t *dst = (uint64_t *)(m->ws[d] + L->off_ll +
-                                   dcpx_ll_offset(L, e & 1, m->rank, t, 0));
-      /* rw_n is a multiple of 4, so the list is exactly `pairs` pairs. */
-      for (uint32_t i = 0; i < L->pairs; i++) {
-        __atomic_store_n(&dst[2 * i], ((uint64_t)e << 32) | w[2 * i],
-                         __ATOMIC_RELAXED);
-        __atomic_store_n(&dst[2 * i + 1], ((uint64_t)e << 32) | w[2 * i + 1],
-                         __ATOMIC_RELAXED);
-      }
-    }
+    /* rw_n is a multiple of 4, so the list is exactly `pairs` pairs. */
+    ll_store_all(m, DCPX_REGION_LL_SLOTS,
+                 dcpx_ll_offset(L, e & 1, m->rank, t, 0), w, L->rw_n, e);
   }
   return 0;
 }
 
-/* Rescue of row t by this (saturated) rank: its capacity-K list into slot
- * `slot` of every rank's rescue area, then flags[rank][t] = q. */
-static void rescue_push(struct dcpx_member *m, uint32_t t, uint32_t slot,
-                        uint32_t q, const uint16_t *row, uint32_t len) {
+/* What a merge call gives every row. */
+typedef struct merge_args {
+  const uint16_t *logits;
+  uint64_t stride;
+  const int32_t *row_ends, *req_id, *block_table;
+  uint32_t bt_rows, bt_cols;
+  int32_t *rows_out, *valid_out, *ids_out;
+  uint32_t *sat_word;
+} merge_args;
+
+/* Round 1's inputs: the W lists of row t, from this rank's LL slots. */
+static int read_lists(struct dcpx_member *m, row_wait *w) {
   const dcpx_layout *L = &m->L;
-  dcpx__local_list(row, len, L->topk, m->klist);
-  for (uint32_t d = 0; d < L->world; d++) {
-    uint32_t *dst = ws_u32(m, d, L->off_rescue) +
-                    ((size_t)t * L->rescue_slots + slot) * L->rw_k;
-    memcpy(dst, m->klist, sizeof(uint32_t) * L->rw_k);
+  for (uint32_t s = 0; s < L->world; s++) {
+    int r = wait_list(m, w, DCPX_REGION_LL_SLOTS,
+                      dcpx_ll_offset(L, w->e & 1, s, w->t, 0), L->rw_n, w->e,
+                      (uint32_t *)m->lists[s]);
+    if (r < 0)
+      return r;
   }
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  for (uint32_t d = 0; d < L->world; d++) {
-    uint32_t *flag = ws_u32(m, d, L->off_flags) + (size_t)m->rank * L->rows + t;
-    __atomic_store_n(flag, q, __ATOMIC_RELEASE);
-  }
+  if (w->hook)
+    fault_hook(m, w);
+  return 0;
 }
 
-static int merge_row(struct dcpx_member *m, uint32_t t, const uint16_t *row,
-                     uint32_t len, const int32_t *req_id,
-                     const int32_t *block_table, uint32_t bt_rows,
-                     uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
-                     int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag,
-                     int *ret_rescued) {
+/* Round 2's inputs of row t: this rank's rescue list, if it is saturated,
+ * into its slot of every rank, then every saturated rank's list out of
+ * this rank's slots into m->rlists; klists[s] points at rank s's. */
+static int rescue(struct dcpx_member *m, row_wait *w, const merge_args *a,
+                  uint32_t mask, uint32_t sw, uint32_t q,
+                  const uint32_t **klists) {
   const dcpx_layout *L = &m->L;
-  const uint32_t W = L->world, me = m->rank;
-  uint32_t *epoch = ws_u32(m, me, L->off_epoch);
-  uint32_t *seq2 = ws_u32(m, me, L->off_seq2);
-  uint32_t e = dcpx_epoch_next(epoch[t]), sw, mask, q = 0;
+  const uint32_t me = m->rank, t = w->t;
+  if ((mask >> me) & 1u) {
+    dcpx__rescue_list(a->logits + t * a->stride, (uint32_t)a->row_ends[t],
+                      L->topk, sw & 0xFFFFu, m->klist);
+    ll_store_all(m, DCPX_REGION_RESCUE,
+                 dcpx_rescue_offset(L, t, dcpx_rescue_slot(mask, me), 0),
+                 m->klist, L->rw_k, q);
+  }
+  for (uint32_t s = 0; s < L->world; s++) {
+    if (!((mask >> s) & 1u))
+      continue;
+    const uint32_t slot = dcpx_rescue_slot(mask, s);
+    uint32_t *words = m->rlists + (size_t)slot * L->rw_k;
+    int r = wait_list(m, w, DCPX_REGION_RESCUE,
+                      dcpx_rescue_offset(L, t, slot, 0), L->rw_k, q, words);
+    if (r < 0)
+      return r;
+    klists[s] = words;
+  }
+  return 0;
+}
+
+/* Outputs of row t (section 5.6). A bad block table costs the row its
+ * rows_out (-1, valid_out -1), not the group its protocol: the caller
+ * still advances the epochs. ids_out does not depend on the table and is
+ * written as the kernels write it. */
+static int row_outputs(struct dcpx_member *m, uint32_t t, const merge_args *a) {
+  const uint32_t K = m->L.topk;
+  const dcpx__merge_ws *ws = &m->mws;
+  int32_t *rows_out = a->rows_out + (size_t)t * K;
+  int32_t *ids_out = a->ids_out ? a->ids_out + (size_t)t * K : NULL;
+  int r = dcpx__outputs(ws, &m->shape, m->rank, a->req_id[t], a->block_table,
+                        a->bt_rows, a->bt_cols, rows_out, a->valid_out + t,
+                        ids_out);
+  if (r == 0)
+    return 0;
+  for (uint32_t i = 0; i < K; i++) {
+    rows_out[i] = -1;
+    if (ids_out)
+      ids_out[i] = i < ws->nsel
+                       ? (int32_t)dcpx_gid(ws->sel_l[i], ws->sel_r[i],
+                                           m->L.world, m->shape.interleave)
+                       : -1;
+  }
+  a->valid_out[t] = -1;
+  return r;
+}
+
+static int merge_row(struct dcpx_member *m, uint32_t t, const merge_args *a,
+                     uint64_t call, int *ret_rescued) {
+  const dcpx_layout *L = &m->L;
+  uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
+  uint32_t *seq2 = ws_u32(m, m->rank, L->off_seq2);
+  row_wait w = {t, dcpx_epoch_next(epoch[t]), call, 0, t == 0};
   const uint32_t *klists[DCPX_MAX_WORLD];
+  uint32_t sw, q = dcpx_epoch_next(seq2[t]);
   dcpx__sel s1;
-  int r;
 
-  if (t == 0)
-    fault_hook(m, e, call_tag);
-
-  /* LL polls: rank s's list of row t, pair by pair, half by half. */
-  for (uint32_t s = 0; s < W; s++) {
-    const uint64_t *src = (const uint64_t *)(
-        m->ws[me] + L->off_ll + dcpx_ll_offset(L, e & 1, s, t, 0));
-    uint32_t *w = (uint32_t *)m->lists[s];
-    for (uint32_t h = 0; h < 2 * L->pairs; h++) {
-      /* Record index: the 8-byte half within the ll_slots region. */
-      uint32_t index =
-          (uint32_t)(dcpx_ll_offset(L, e & 1, s, t, 0) / 8u) + h;
-      r = wait_tag(m, DCPX_REGION_LL_SLOTS, &src[h], e, index, t, call_tag,
-                   &w[h]);
-      if (r < 0)
-        return r;
-    }
-  }
-
-  mask = dcpx__round1(&m->mws, m->lists, &s1, &sw);
-  if (mask) {
-    q = dcpx_epoch_next(seq2[t]);
-    if ((mask >> me) & 1u)
-      rescue_push(m, t, (uint32_t)__builtin_popcount(mask & ((1u << me) - 1)),
-                  q, row, len);
-    for (uint32_t s = 0; s < W; s++) {
-      if (!((mask >> s) & 1u))
-        continue;
-      const uint32_t *flag = ws_u32(m, me, L->off_flags) + (size_t)s * L->rows + t;
-      r = wait_tag(m, DCPX_REGION_RESCUE_FLAGS, flag, q, s * L->rows + t, t,
-                   call_tag, NULL);
-      if (r < 0)
-        return r;
-      klists[s] = ws_u32(m, me, L->off_rescue) +
-                  ((size_t)t * L->rescue_slots +
-                   (uint32_t)__builtin_popcount(mask & ((1u << s) - 1))) *
-                      L->rw_k;
-    }
-  }
+  int r = read_lists(m, &w);
+  if (r < 0)
+    return r;
+  const uint32_t mask = dcpx__round1(&m->mws, m->lists, &s1, &sw);
+  if (mask && (r = rescue(m, &w, a, mask, sw, q, klists)) < 0)
+    return r;
   dcpx__finish(&m->mws, &s1, mask, klists);
-  /* A bad block table costs this row its rows_out (-1, valid_out -1), not
-   * the group its protocol: the epochs below still advance. ids_out does
-   * not depend on the table and is written as the kernels write it. */
-  r = dcpx__outputs(&m->mws, &m->shape, me, req_id[t], block_table, bt_rows,
-                    bt_cols, rows_out, valid_out, ids_out);
-  if (r < 0) {
-    for (uint32_t i = 0; i < L->topk; i++) {
-      rows_out[i] = -1;
-      if (ids_out)
-        ids_out[i] = i < m->mws.nsel
-                         ? (int32_t)dcpx_gid(m->mws.sel_l[i], m->mws.sel_r[i],
-                                             L->world, m->shape.interleave)
-                         : -1;
-    }
-    *valid_out = -1;
-  }
+  r = row_outputs(m, t, a);
   if (mask)
     seq2[t] = q;
-  ws_u32(m, me, L->off_sat)[t] = sw;
-  if (sat_word)
-    *sat_word = sw;
-  uint64_t *st = (uint64_t *)(m->ws[me] + L->off_stats) + 2 * (size_t)t;
+  ws_u32(m, m->rank, L->off_sat)[t] = sw;
+  if (a->sat_word)
+    a->sat_word[t] = sw;
+  uint64_t *st = (uint64_t *)(m->ws[m->rank] + L->off_stats) + 2 * (size_t)t;
   st[0]++;
   st[1] += mask != 0;
   *ret_rescued = mask != 0;
   /* Last: every word of the row has been read. */
-  __atomic_store_n(&epoch[t], e, __ATOMIC_RELEASE);
+  __atomic_store_n(&epoch[t], w.e, __ATOMIC_RELEASE);
   return r;
 }
 
@@ -338,8 +400,11 @@ int dcpx__host_merge(struct dcpx_member *m, uint32_t rows,
                      const int32_t *block_table, uint32_t bt_rows,
                      uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
                      int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag) {
-  const uint32_t K = m->shape.topk;
+  const merge_args a = {logits,      stride,  row_ends, req_id,
+                        block_table, bt_rows, bt_cols,  rows_out,
+                        valid_out,   ids_out, sat_word};
   dcpx_rank_health *h = &m->health[m->rank];
+  const uint64_t call = *call_seq(m);
   uint64_t rescued = 0;
   int r, range = 0;
 
@@ -355,10 +420,7 @@ int dcpx__host_merge(struct dcpx_member *m, uint32_t rows,
   r = stop_reason(m);
   for (uint32_t t = 0; t < rows && r == 0; t++) {
     int resc = 0;
-    int rr = merge_row(m, t, logits + t * stride, (uint32_t)row_ends[t], req_id,
-                  block_table, bt_rows, bt_cols, rows_out + (size_t)t * K,
-                  valid_out + t, ids_out ? ids_out + (size_t)t * K : NULL,
-                  sat_word ? sat_word + t : NULL, call_tag, &resc);
+    int rr = merge_row(m, t, &a, call, &resc);
     rescued += (uint64_t)resc;
     if (rr == DCPX_E_RANGE)
       range = rr;

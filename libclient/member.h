@@ -45,7 +45,8 @@ struct dcpx_member {
   /* Host backend scratch, sized at join. */
   dcpx__merge_ws mws;
   uint32_t *lists_buf; /* [W][rw_n] */
-  uint32_t *klist;     /* [rw_k] */
+  uint32_t *klist;     /* [rw_k]: this rank's rescue list */
+  uint32_t *rlists;    /* [S][rw_k]: the rescue lists read, by slot */
   const uint32_t *lists[DCPX_MAX_WORLD];
 
   /* The link to dcpxd (client.c). The socket path and the join's own

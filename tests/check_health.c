@@ -170,37 +170,49 @@ static const char *states(const hh_shared *sh, uint32_t W) {
   return buf;
 }
 
-/* The first call >= from after which, with rank s stopped, the others wait
- * in `region`. */
+/* hh_pick_call, which must find one. */
 static uint64_t pick_call(const hh_spec *sp, uint64_t first, uint64_t from,
                           uint32_t s, const char *region, hh_expect *x) {
-  for (uint64_t F = from; F < from + 64; F++) {
-    HC_ASSERT(hh_expect_stop(sp, first, F, s, x) == 0, "reference");
-    if (!strcmp(x->region, region))
-      return F;
-  }
-  HC_ASSERT(0, "no call waits in %s", region);
-  return 0;
+  uint64_t F = hh_pick_call(sp, first, from, s, region, x);
+  HC_ASSERT(F != UINT64_MAX, "no call waits in %s, row 0", region);
+  return F;
+}
+
+/* A stall that the peers feel (hh_pick_call): rank s, armed for call
+ * x->call, where the peers wait in row 0 for its rescue slot, is also late
+ * there by late_ms (less than the timeout). Arms through dcpxctl (by
+ * call_seq, or by epoch when by_epoch: the call's epoch in a group that
+ * started at call 0). */
+static void arm_felt_stall(hh_shared *sh, const char *group, uint32_t s,
+                           const hh_expect *x, unsigned late_ms,
+                           const char *ticks, int by_epoch) {
+  char rankbuf[16], callbuf[32];
+  snprintf(rankbuf, sizeof(rankbuf), "%u", s);
+  snprintf(callbuf, sizeof(callbuf), "%llu",
+           (unsigned long long)(by_epoch ? x->call + 1 : x->call_seq));
+  CTL(0, "fault", "stall", "--group", group, "--rank", rankbuf,
+      by_epoch ? "--epoch" : "--call", callbuf, "--ticks", ticks);
+  sh->late_rank = (int32_t)s;
+  sh->late_call = x->call;
+  sh->late_ms = late_ms;
 }
 
 /* ---- a stall longer than the timeout --------------------------------------
  *
- * Rank 1 stalls (fault hook, armed through dcpxctl) at the start of its
- * merge of call F for longer than the group's timeout. Ranks 0 and 2 finish
- * call F, push F+1 and wait for rank 1's list of F+1: they give up at the
- * timeout, write their records, raise the alarm; dcpxd aborts the group;
- * rank 1, once its stall is over, fails at once instead of waiting. */
+ * Rank 1 comes late to call F and stalls (fault hook, armed through
+ * dcpxctl for longer than the timeout, so capped at it) after its round-1
+ * reads of row 0, before its rescue. Ranks 0 and 2 wait for its rescue
+ * slot of row 0: they give up one timeout after their row began, write
+ * their records, raise the alarm; dcpxd aborts the group; rank 1's stall
+ * ends at the abort, and it fails at once instead of waiting. */
 START_TEST(test_stall_records) {
-  /* The stall exceeds the timeout by far: on a loaded machine the others
-   * may begin to wait well after rank 1 began to stall. */
   const uint64_t timeout = 300000000ull, ticks = 1200000000ull;
-  hh_spec sp = spec("stall", 3, timeout);
-  sp.K = 32; /* W*N > K: rank 1 is not always saturated */
+  hh_spec sp = spec("stall", 3, timeout); /* W*N < K: every row rescues */
   hh_shared *sh = hh_shared_new();
   g_sh = sh;
   g_W = 3;
   pid_t pids[3];
-  char callbuf[32], rankbuf[8];
+  char rankbuf[8];
 
   start(k_fault);
   sh->recover = 1;
@@ -213,25 +225,20 @@ START_TEST(test_stall_records) {
   HC_ASSERT(hh_wait_progress(sh, 3, 10, 20000) == 0, "ranks did not run: %s",
             hh_rank_errors(sh, 3));
 
-  /* A call after which the others wait for rank 1's next list (ll_slots);
-   * test_records_durable takes one where they wait for a rescue flag. */
+  /* A call in which the others wait for rank 1's rescue slot of row 0. */
   hh_expect x;
   uint64_t G = hh_gate(sh, 3, hh_max_progress(sh, 3) + 5);
   HC_ASSERT(G != UINT64_MAX, "ranks did not reach the gate: %s",
             hh_rank_errors(sh, 3));
-  uint64_t F = pick_call(&sp, 0, G, 1, "ll_slots", &x);
-  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
-  CTL_JSON(0, "fault", "stall", "--group", "stall", "--rank", "1", "--call",
-           callbuf, "--ticks", "1200ms", "--json");
-  HC_ASSERT(strstr(g_o.out, "\"status\":0"), "%s", g_o.out);
+  uint64_t F = pick_call(&sp, 0, G, 1, "rescue", &x);
+  arm_felt_stall(sh, "stall", 1, &x, 100, "1200ms", 0);
   sh->gate_open = 1;
   wait_fails(sh, 0x7, 1, 10000);
 
   /* Every call ended within its bound. The waiting ranks gave up at their
    * timeout (or saw the abort that the first one's alarm caused); the
-   * stalled rank, once its stall was over, either found its inputs there
-   * (its call F succeeded, late) and failed fast at F+1, or failed fast at
-   * F: it never waited another timeout. */
+   * stalled rank's stall ended at the abort, and it failed fast at F: it
+   * never waited another timeout. */
   int failed = 0;
   uint64_t t_wait0 = UINT64_MAX;
   for (uint32_t r = 0; r < 3; r += 2)
@@ -307,7 +314,8 @@ START_TEST(test_stall_records) {
             g_o.out);
   for (int i = 0; i < n; i++) {
     const hh_rec *r = &recs[i];
-    const uint64_t region = strcmp(x.region, "flags") ? 1 : 2;
+    const uint64_t region =
+        strcmp(x.region, "rescue") ? DCPX_REGION_LL_SLOTS : DCPX_REGION_RESCUE;
     fprintf(stderr,
             "stall: record rank %llu region %s index %llu expected %llu "
             "seen %llu block %llu call %llu\n",
@@ -320,20 +328,19 @@ START_TEST(test_stall_records) {
                   !strcmp(r->region_name, x.region) && r->region == region &&
                   r->index == x.index && r->expected == x.expected &&
                   r->seen == x.seen && r->block == x.block &&
-                  r->call_tag == x.call && r->generation == 1,
+                  r->call_tag == x.call_seq && r->generation == 1,
               "record %d: group %s rank %llu kind %s region %s/%llu index "
               "%llu expected %llu seen %llu block %llu call %llu gen %llu; "
               "wanted region %s index %llu expected %llu seen %llu block "
               "%llu call %llu",
-              i, r->group, (unsigned long long)r->rank, r->kind,
-              r->region_name, (unsigned long long)r->region,
-              (unsigned long long)r->index, (unsigned long long)r->expected,
-              (unsigned long long)r->seen, (unsigned long long)r->block,
-              (unsigned long long)r->call_tag,
+              i, r->group, (unsigned long long)r->rank, r->kind, r->region_name,
+              (unsigned long long)r->region, (unsigned long long)r->index,
+              (unsigned long long)r->expected, (unsigned long long)r->seen,
+              (unsigned long long)r->block, (unsigned long long)r->call_tag,
               (unsigned long long)r->generation, x.region,
               (unsigned long long)x.index, (unsigned long long)x.expected,
               (unsigned long long)x.seen, (unsigned long long)x.block,
-              (unsigned long long)x.call);
+              (unsigned long long)x.call_seq);
   }
   /* Filters: by rank, by time. */
   snprintf(rankbuf, sizeof(rankbuf), "%llu", (unsigned long long)recs[0].rank);
@@ -505,7 +512,6 @@ START_TEST(test_daemon_restart) {
   g_sh = sh;
   g_W = W;
   pid_t pids[3];
-  char callbuf[32];
   hh_rec before[32], after[64];
 
   start(k_fault);
@@ -517,14 +523,14 @@ START_TEST(test_daemon_restart) {
             hh_rank_errors(sh, W));
 
   /* An alarm before the restart: records to keep. */
+  hh_expect x;
   sh->resume_at = 100000;
-  snprintf(callbuf, sizeof(callbuf), "%llu",
-           (unsigned long long)hh_gate(sh, W, hh_max_progress(sh, W) + 5));
-  CTL(0, "fault", "stall", "--group", "restart", "--rank", "1", "--call",
-      callbuf, "--ticks", "3s");
+  uint64_t F = pick_call(&sp, 0, hh_gate(sh, W, hh_max_progress(sh, W) + 5), 1,
+                         "rescue", &x);
+  arm_felt_stall(sh, "restart", 1, &x, 300, "3s", 0);
   sh->gate_open = 1;
-  HC_ASSERT(hh_wait_progress(sh, W, 100010, 20000) == 0, "gate %s: %s",
-            callbuf, states(sh, W));
+  HC_ASSERT(hh_wait_progress(sh, W, 100010, 20000) == 0, "call %llu: %s",
+            (unsigned long long)F, states(sh, W));
   CTL_JSON(0, "records", "--group", "restart", "--json");
   int n_before = hh_parse_records(g_o.out, before, 32);
   HC_ASSERT(n_before >= 1, "%s", g_o.out);
@@ -551,12 +557,12 @@ START_TEST(test_daemon_restart) {
               "record %d lost in the restart", i);
 
   /* A later alarm is detected by the new daemon, which aborts the group:
-   * the stalled rank fails with DCPX_E_ABORTED. */
+   * the stalled rank fails with DCPX_E_ABORTED. The group recovered at
+   * call 100000: call_seq counts from there. */
   sh->resume_at = 200000;
-  const uint64_t F2 = hh_gate(sh, W, hh_max_progress(sh, W) + 5);
-  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F2);
-  CTL(0, "fault", "stall", "--group", "restart", "--rank", "1", "--call",
-      callbuf, "--ticks", "3s");
+  const uint64_t F2 = pick_call(
+      &sp, 100000, hh_gate(sh, W, hh_max_progress(sh, W) + 5), 1, "rescue", &x);
+  arm_felt_stall(sh, "restart", 1, &x, 300, "3s", 0);
   sh->gate_open = 1;
   HC_ASSERT(hh_wait_progress(sh, W, 200010, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
@@ -566,11 +572,9 @@ START_TEST(test_daemon_restart) {
             "stalled rank after the restart: %s at %llu",
             dcpx_strerror(sh->r[1].fails[1].rc),
             (unsigned long long)sh->r[1].fails[1].call);
-  hh_expect x;
-  HC_ASSERT(hh_expect_stop(&sp, 100000, F2, 1, &x) == 0, "reference");
   CTL_JSON(0, "records", "--group", "restart", "--json");
   n_after = hh_parse_records(g_o.out, after, 64);
-  HC_ASSERT(n_after > n_before && after[n_after - 1].call_tag == x.call &&
+  HC_ASSERT(n_after > n_before && after[n_after - 1].call_tag == x.call_seq &&
                 after[n_after - 1].generation == 2 &&
                 !strcmp(after[n_after - 1].region_name, x.region) &&
                 after[n_after - 1].index == x.index,
@@ -604,9 +608,7 @@ START_TEST(test_restart_during_recovery) {
   g_sh = sh;
   g_W = W;
   pid_t pids[3];
-  char callbuf[32];
 
-  sp.K = 32;
   start(k_fault);
   sh->recover = 1;
   sh->poll_each = 1;
@@ -616,12 +618,12 @@ START_TEST(test_restart_during_recovery) {
     pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
   HC_ASSERT(hh_wait_progress(sh, W, 5, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
-  uint64_t F = hh_gate(sh, W, hh_max_progress(sh, W) + 5);
+  hh_expect x;
+  uint64_t F = pick_call(&sp, 0, hh_gate(sh, W, hh_max_progress(sh, W) + 5), 1,
+                         "rescue", &x);
   /* By epoch this time: calls began at 0 on zeroed memory, so call F
    * runs at epoch F + 1. */
-  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F + 1);
-  CTL(0, "fault", "stall", "--group", "midrec", "--rank", "1", "--epoch",
-      callbuf, "--ticks", "1s");
+  arm_felt_stall(sh, "midrec", 1, &x, 100, "1s", 1);
   sh->gate_open = 1;
   wait_fails(sh, 0x7, 1, 10000);
   HC_ASSERT(sh->r[1].fails[0].call == F || sh->r[1].fails[0].call == F + 1,
@@ -726,7 +728,7 @@ END_TEST
 /* ---- durable records, damaged files, refusals and exit codes -------------- */
 
 START_TEST(test_records_durable) {
-  hh_spec sp = spec("dur", 2, 50000000ull);
+  hh_spec sp = spec("dur", 2, 200000000ull);
   hh_shared *sh = hh_shared_new();
   g_sh = sh;
   g_W = 2;
@@ -744,17 +746,14 @@ START_TEST(test_records_durable) {
   hh_expect x;
   uint64_t G = hh_gate(sh, 2, hh_max_progress(sh, 2) + 5);
   HC_ASSERT(G != UINT64_MAX, "gate: %s", hh_rank_errors(sh, 2));
-  const uint64_t F = pick_call(&sp, 0, G, 1, "flags", &x);
-  char callbuf[32];
-  snprintf(callbuf, sizeof(callbuf), "%llu", (unsigned long long)F);
-  CTL(0, "fault", "stall", "--group", "dur", "--rank", "1", "--call", callbuf,
-      "--ticks", "600ms");
+  pick_call(&sp, 0, G, 1, "rescue", &x);
+  arm_felt_stall(sh, "dur", 1, &x, 100, "600ms", 0);
   sh->gate_open = 1;
   for (uint32_t r = 0; r < 2; r++)
     waitpid(pids[r], NULL, 0); /* recover = 0: they stop at the failure */
   CTL_JSON(0, "records", "--json");
   int n = hh_parse_records(g_o.out, before, 16);
-  HC_ASSERT(n == 1 && before[0].rank == 0 && before[0].call_tag == x.call &&
+  HC_ASSERT(n == 1 && before[0].rank == 0 && before[0].call_tag == x.call_seq &&
                 before[0].index == x.index && before[0].seen == x.seen,
             "%s", g_o.out);
 

@@ -1,8 +1,10 @@
 /* check_host.c - the host backend's protocol (libclient/host.c) without a
  * daemon: W threads are W ranks over one set of workspaces and one control
  * page, and every rank's outputs must equal dcpx_ref_call bit for bit.
- * Also the bounded waits: a rank that never comes, an abort, the fault
- * hook, and epochs that start next to the wrap. */
+ * Also the rescue over LL pairs (every row, some rows, stale tags), the
+ * bounded waits (a rank that never comes, an abort, a peer that trickles
+ * its pairs in), the fault hook, call_seq, and epochs that start next to
+ * the wrap. */
 #define _GNU_SOURCE
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -52,6 +54,7 @@ typedef struct group {
   int rc[DCPX_MAX_WORLD];
   uint64_t tag;
   uint32_t absent; /* mask of ranks that skip the call */
+  uint64_t delay_ns[DCPX_MAX_WORLD]; /* sleep before the push */
   uint64_t elapsed_ns[DCPX_MAX_WORLD];
 } group;
 
@@ -158,11 +161,18 @@ static const dcpx_wait_record *rec_at(const group *g, uint32_t d,
          (size_t)d * g->L.rows + t;
 }
 
+static void sleep_ns(uint64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000ull),
+                        (long)(ns % 1000000000ull)};
+  nanosleep(&ts, NULL);
+}
+
 static void *rank_main(void *arg) {
   group *g = ((void **)arg)[0];
   uint32_t d = (uint32_t)(uintptr_t)((void **)arg)[1];
   uint64_t t0 = mono_ns();
   int r = 0;
+  sleep_ns(g->delay_ns[d]);
   if (!((g->absent >> d) & 1u)) {
     r = dcpx_push(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
                   g->tag, NULL);
@@ -304,7 +314,8 @@ START_TEST(test_absent_rank_times_out) {
     ck_assert_uint_eq(r0->region, DCPX_REGION_LL_SLOTS);
     ck_assert_uint_eq(r0->expected, 1); /* first epoch */
     ck_assert_uint_eq(r0->seen, 0);
-    ck_assert_uint_eq(r0->call_tag, 77);
+    ck_assert_uint_eq(r0->call_tag, 1); /* call_seq, not the tag 77 */
+    ck_assert_uint_eq(h[d].last_call_tag, 77);
     ck_assert_uint_eq(r0->block, 0);
     /* The awaited half is the first of source rank 2's row 0, parity 1. */
     ck_assert_uint_eq(r0->index,
@@ -350,52 +361,376 @@ START_TEST(test_abort_stops_waits) {
 }
 END_TEST
 
+static dcpx_rank_health *health_of(const group *g) {
+  return (dcpx_rank_health *)((char *)g->ctl + g->L.off_ranks);
+}
+
+static uint64_t call_seq_of(const group *g, uint32_t d) {
+  return ((const dcpx_rank_state *)(g->ws[d] + g->L.off_call))->call_seq;
+}
+
+/* The 8-byte (word, tag) half `index` of rank d's rescue region. */
+static uint64_t *rescue_half(const group *g, uint32_t d, uint64_t index) {
+  return (uint64_t *)(g->ws[d] + g->L.off_rescue) + index;
+}
+
+/* Record index of the first half of rescue slot `slot` of row t. */
+static uint32_t rescue_index(const group *g, uint32_t t, uint32_t slot) {
+  return (uint32_t)(dcpx_rescue_offset(&g->L, t, slot, 0) / 8);
+}
+
+/* Every row full on every rank: every rank that is not beaten is
+ * saturated. */
+static void fill_full(group *g) {
+  for (uint32_t d = 0; d < g->sh.world; d++)
+    for (uint32_t t = 0; t < g->rows; t++)
+      g->ends[d][t] = (int32_t)g->sh.max_local;
+}
+
+/* The stall is capped at the timeout and counts in the row's wait phase.
+ * Rank 1, late by D, holds every row's best (all ranks are saturated:
+ * W*N < K, full rows) and stalls in row 0 of call_seq 3 after round 1's
+ * reads. Its peers' row 0 began waiting D earlier, so they give up on its
+ * rescue slot one timeout after their row began, and fail. Rank 1 stalls
+ * one timeout (not the 10 armed), finishes row 0 (every slot is there),
+ * then times out on row 1, whose rescue its failed peers never reached. */
 START_TEST(test_fault_hook_stall) {
-  const uint64_t timeout = 100000000ull;
+  const uint64_t timeout = 200000000ull, D = timeout / 2;
   group g;
   group_init(&g, 3, 2, 32, 8, 1, 1, 100, timeout);
-  dcpx_rank_health *h = (dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
+  dcpx_rank_health *h = health_of(&g);
   g.rows = 2;
   fill(&g, 8, 0);
-  /* Call 0 runs clean. */
-  run_call(&g);
+  run_call(&g); /* call_seq 1 */
   check_exact(&g, "before fault");
-  /* Arm rank 1 for call tag 5 only. */
+  /* Armed for call_seq 3; the by-value tag 3 of call 2 does not count. */
   h[1].fault_epoch = 0;
-  h[1].fault_call = 5;
-  h[1].fault_ticks = 3 * timeout;
+  h[1].fault_call = 3;
+  h[1].fault_ticks = 10 * timeout;
   h[1].fault_armed = 1;
-  g.tag = 4;
+  g.tag = 3;
   run_call(&g);
   check_exact(&g, "fault armed for another call");
   ck_assert_uint_eq(h[1].fault_fired, 0);
-  /* Rank 1 holds every row's best, so it is saturated and its peers wait
-   * for its rescue flags while it stalls: they give up after the timeout
-   * with a record naming the flag. Rank 1 finishes row 0 once the stall
-   * ends, then times out on row 1, whose rescue its failed peers never
-   * reached. */
+  ck_assert_uint_eq(call_seq_of(&g, 1), 2);
+
   fill(&g, 8, 5);
-  g.tag = 5;
-  uint32_t q = dcpx_epoch_next(((uint32_t *)(g.ws[0] + g.L.off_seq2))[0]);
+  fill_full(&g);
+  g.tag = 1000;
+  g.delay_ns[1] = D;
+  uint32_t q[2], seen[3];
+  for (uint32_t t = 0; t < 2; t++)
+    q[t] = dcpx_epoch_next(((uint32_t *)(g.ws[0] + g.L.off_seq2))[t]);
+  for (uint32_t d = 0; d < 3; d++) /* rank 1's slot (1) of row 0, before */
+    seen[d] = (uint32_t)(*rescue_half(&g, d, rescue_index(&g, 0, 1)) >> 32);
   run_call(&g);
   ck_assert_uint_eq(h[1].fault_fired, 1);
+  for (uint32_t d = 0; d < 3; d++)
+    ck_assert_uint_eq(call_seq_of(&g, d), 3);
+
   ck_assert_int_eq(g.rc[1], DCPX_E_FAILED);
-  ck_assert_uint_ge(g.elapsed_ns[1], 4 * timeout);
+  ck_assert_uint_ge(g.elapsed_ns[1], D + 2 * timeout);
+  ck_assert_uint_lt(g.elapsed_ns[1], D + 3 * timeout);
   ck_assert_uint_eq(rec_at(&g, 1, 0)->kind, DCPX_REC_EMPTY);
-  ck_assert_uint_eq(rec_at(&g, 1, 1)->region, DCPX_REGION_RESCUE_FLAGS);
+  const dcpx_wait_record *r1 = rec_at(&g, 1, 1);
+  ck_assert_uint_eq(r1->region, DCPX_REGION_RESCUE);
+  ck_assert_uint_eq(r1->index, rescue_index(&g, 1, 0)); /* rank 0's slot */
+  ck_assert_uint_eq(r1->expected, q[1]);
+  ck_assert_uint_eq(r1->call_tag, 3);
   for (uint32_t d = 0; d < 3; d += 2) {
     ck_assert_int_eq(g.rc[d], DCPX_E_FAILED);
-    ck_assert_uint_lt(g.elapsed_ns[d], 2 * timeout + 100000000ull);
+    ck_assert_uint_ge(g.elapsed_ns[d], timeout);
+    ck_assert_uint_lt(g.elapsed_ns[d], 2 * timeout);
     const dcpx_wait_record *r0 = rec_at(&g, d, 0);
     ck_assert_uint_eq(r0->kind, DCPX_REC_TIMEOUT);
-    ck_assert_uint_eq(r0->region, DCPX_REGION_RESCUE_FLAGS);
-    ck_assert_uint_eq(r0->index, 1 * g.L.rows + 0); /* flags[1][0] */
-    ck_assert_uint_eq(r0->expected, q);
-    ck_assert_uint_eq(r0->seen, q - 1); /* the last rescue's flag */
-    ck_assert_uint_eq(r0->call_tag, 5);
+    ck_assert_uint_eq(r0->region, DCPX_REGION_RESCUE);
+    ck_assert_uint_eq(r0->index, rescue_index(&g, 0, 1));
+    ck_assert_uint_eq(r0->expected, q[0]);
+    ck_assert_uint_eq(r0->seen, seen[d]);
+    ck_assert_uint_ne(r0->seen, q[0]);
+    ck_assert_uint_eq(r0->block, 0);
+    ck_assert_uint_eq(r0->call_tag, 3);
     ck_assert_uint_eq(h[d].failed, 1);
+    ck_assert_uint_eq(h[d].last_call_tag, 1000);
   }
   group_free(&g);
+}
+END_TEST
+
+static void *set_later(void *arg) {
+  volatile uint32_t *w = arg;
+  sleep_ns(100000000ull);
+  __atomic_store_n(w, 1u, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* One rank alone, armed to stall 100 s: the stall lasts the timeout, or
+ * ends within a few ms of the abort word or of its own FAILED word. */
+static uint64_t stall_once(uint64_t timeout, int which) {
+  group g;
+  pthread_t th;
+  group_init(&g, 1, 1, 16, 4, 1, 1, 50, timeout);
+  dcpx_rank_health *h = health_of(&g);
+  volatile uint32_t *stop[2] = {&((dcpx_ctl_header *)g.ctl)->abort,
+                                &h[0].failed};
+  g.rows = 1;
+  fill(&g, 3, 0);
+  h[0].fault_call = ~0ull;
+  h[0].fault_ticks = 100000000000ull;
+  h[0].fault_armed = 1;
+  if (which >= 0)
+    pthread_create(&th, NULL, set_later, (void *)stop[which]);
+  run_call(&g);
+  if (which >= 0)
+    pthread_join(th, NULL);
+  else
+    check_exact(&g, "after a capped stall");
+  ck_assert_uint_eq(h[0].fault_fired, 1);
+  uint64_t took = g.elapsed_ns[0];
+  group_free(&g);
+  return took;
+}
+
+START_TEST(test_fault_stall_bounds) {
+  uint64_t took = stall_once(150000000ull, -1);
+  ck_assert_uint_ge(took, 150000000ull);
+  ck_assert_uint_lt(took, 400000000ull);
+  /* At the first unsatisfied wait (a rank that never comes), the stall is
+   * part of the row's wait phase: the row gives up when it ends. */
+  group g;
+  group_init(&g, 2, 1, 16, 4, 1, 1, 50, 150000000ull);
+  g.rows = 1;
+  fill(&g, 4, 0);
+  g.absent = 1u << 1;
+  health_of(&g)[0].fault_call = ~0ull;
+  health_of(&g)[0].fault_ticks = 100000000000ull;
+  health_of(&g)[0].fault_armed = 1;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
+  ck_assert_uint_eq(health_of(&g)[0].fault_fired, 1);
+  ck_assert_uint_ge(g.elapsed_ns[0], 150000000ull);
+  ck_assert_uint_lt(g.elapsed_ns[0], 250000000ull);
+  group_free(&g);
+  for (int which = 0; which < 2; which++) {
+    took = stall_once(20000000000ull, which); /* a 20 s timeout */
+    ck_assert_msg(took >= 50000000ull && took < 400000000ull,
+                  "stall %s: %llu ns", which ? "failed" : "abort",
+                  (unsigned long long)took);
+  }
+}
+END_TEST
+
+/* Stores rank s's list of row t, as its push would, into rank d's LL
+ * slots with epoch e, pairs [from, to). */
+static void peer_pairs(group *g, uint32_t s, uint32_t d, uint32_t t, uint32_t e,
+                       uint32_t from, uint32_t to) {
+  uint32_t w[4224];
+  ck_assert_int_ge(dcpx_ref_local_list(g->logits[s] + t * g->stride,
+                                       (uint32_t)g->ends[s][t],
+                                       g->sh.local_topk, w),
+                   0);
+  uint64_t *dst = (uint64_t *)(g->ws[d] + g->L.off_ll +
+                               dcpx_ll_offset(&g->L, e & 1, s, t, 0));
+  for (uint32_t h = 2 * from; h < 2 * to; h++)
+    __atomic_store_n(&dst[h], ((uint64_t)e << 32) | w[h], __ATOMIC_RELEASE);
+}
+
+typedef struct trickle {
+  group *g;
+  uint64_t period_ns;
+  volatile int stop;
+} trickle;
+
+/* Rank 1's list of row 0 into rank 0's slots, one pair per period. */
+static void *trickle_main(void *arg) {
+  trickle *tr = arg;
+  for (uint32_t i = 0; i < tr->g->L.pairs && !tr->stop; i++) {
+    for (uint64_t n = 0; n < tr->period_ns && !tr->stop; n += 1000000)
+      sleep_ns(1000000);
+    if (!tr->stop)
+      peer_pairs(tr->g, 1, 0, 0, 1, i, i + 1);
+  }
+  return NULL;
+}
+
+/* A peer whose pairs trickle in, one every 0.6 timeouts (each wait alone
+ * would be satisfied in time): the row gives up one timeout after its
+ * first wait began, at the first pair not yet there. */
+START_TEST(test_wait_phase_trickle) {
+  const uint64_t timeout = 200000000ull;
+  group g;
+  pthread_t th;
+  group_init(&g, 2, 1, 32, 8, 1, 1, 100, timeout);
+  ck_assert_uint_ge(g.L.pairs, 4); /* 4 periods = 2.4 timeouts */
+  g.rows = 1;
+  fill(&g, 11, 0);
+  g.absent = 1u << 1;
+  trickle tr = {&g, timeout * 6 / 10, 0};
+  pthread_create(&th, NULL, trickle_main, &tr);
+  run_call(&g);
+  tr.stop = 1;
+  pthread_join(th, NULL);
+  ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
+  ck_assert_uint_ge(g.elapsed_ns[0], timeout);
+  ck_assert_uint_lt(g.elapsed_ns[0], timeout * 13 / 10);
+  const dcpx_wait_record *r = rec_at(&g, 0, 0);
+  ck_assert_uint_eq(r->region, DCPX_REGION_LL_SLOTS);
+  /* Pair 0 came at 0.6 timeouts, pair 1 was due at 1.2: its first half. */
+  ck_assert_uint_eq(r->index,
+                    (uint32_t)(dcpx_ll_offset(&g.L, 1, 1, 0, 0) / 8) + 2);
+  ck_assert_uint_eq(r->seen, 0);
+  group_free(&g);
+}
+END_TEST
+
+/* What the last call left in every rank's rescue slots: for each row
+ * that rescued, each saturated rank's rescue list (dcpx_ref_rescue_list
+ * with t1 = sat_word & 0xFFFF), every half tagged with the row's seq2. */
+static void check_slots(const group *g) {
+  uint32_t w[4224];
+  for (uint32_t t = 0; t < g->rows; t++) {
+    const uint32_t sw = g->sat[0][t], mask = sw >> 16;
+    for (uint32_t s = 0; s < g->sh.world; s++) {
+      if (!((mask >> s) & 1u))
+        continue;
+      ck_assert_int_ge(dcpx_ref_rescue_list(g->logits[s] + t * g->stride,
+                                            (uint32_t)g->ends[s][t], g->sh.topk,
+                                            sw & 0xFFFFu, w),
+                       0);
+      for (uint32_t d = 0; d < g->sh.world; d++) {
+        const uint32_t q = ((const uint32_t *)(g->ws[d] + g->L.off_seq2))[t];
+        const uint64_t *h =
+            rescue_half(g, d, rescue_index(g, t, dcpx_rescue_slot(mask, s)));
+        for (uint32_t i = 0; i < g->L.rw_k; i++)
+          ck_assert_msg(h[i] == (((uint64_t)q << 32) | w[i]),
+                        "row %u rank %u's slot at rank %u, half %u", t, s, d,
+                        i);
+      }
+    }
+  }
+}
+
+/* Every row rescues, every rank saturated (W*N < K and full rows, so all
+ * S = W slots are used), for several shapes, one with rows beyond 2^16
+ * (bit 16 of l in the rescue lists); then rows of which only some rescue. */
+START_TEST(test_rescue_rows) {
+  static const uint32_t shapes[][5] = {/* W, K, N, max_local, R */
+                                       {3, 64, 8, 300, 4},
+                                       {4, 100, 16, 200, 3},
+                                       {2, 40, 19, 120, 5},
+                                       {8, 256, 31, 400, 2},
+                                       {2, 64, 16, 70000, 2}};
+  uint64_t s = 5;
+  for (unsigned i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+    const uint32_t *x = shapes[i];
+    group g;
+    group_init(&g, x[0], x[4], x[1], x[2], 7, 2, x[3], 5000000000ull);
+    for (int c = 0; c < 4; c++) {
+      g.rows = x[4];
+      fill(&g, mix(&s), c % 2 ? 0 : 2);
+      fill_full(&g);
+      run_call(&g);
+      ck_assert_uint_eq(check_exact(&g, "every row rescues"), g.rows);
+    }
+    group_free(&g);
+  }
+  group g; /* W*N > K: only rows where a rank holds the best rescue */
+  uint64_t rescued = 0, rows = 0;
+  group_init(&g, 4, 8, 48, 16, 4, 1, 200, 5000000000ull);
+  for (int c = 0; c < 12; c++) {
+    g.rows = 8;
+    fill(&g, mix(&s), 4);
+    run_call(&g);
+    rescued += check_exact(&g, "some rows rescue");
+    rows += g.rows;
+    check_slots(&g);
+  }
+  ck_assert_uint_gt(rescued, 0);
+  ck_assert_uint_lt(rescued, rows);
+  group_free(&g);
+}
+END_TEST
+
+/* Stores rank 1's rescue slot (slot 0) of row 0 in rank 0's workspace:
+ * pair i as (w[2i], tag(2i), w[2i+1], tag(2i+1)). */
+static void rescue_pairs(group *g, const uint32_t *w, const uint32_t *tags) {
+  for (uint32_t h = 0; h < g->L.rw_k; h++)
+    __atomic_store_n(rescue_half(g, 0, rescue_index(g, 0, 0) + h),
+                     ((uint64_t)tags[h] << 32) | w[h], __ATOMIC_RELEASE);
+}
+
+typedef struct stale_peer {
+  group *g;
+  const uint32_t *w, *tags; /* the right words, tagged q, after 100 ms */
+} stale_peer;
+
+static void *stale_peer_main(void *arg) {
+  stale_peer *p = arg;
+  sleep_ns(100000000ull);
+  rescue_pairs(p->g, p->w, p->tags);
+  return NULL;
+}
+
+/* Rank 1 (saturated, simulated) leaves pairs of other rounds in its rescue
+ * slot of rank 0: tags q - 1 and q + 1 with garbage words. Rank 0 must not
+ * take them: with the right pairs stored 100 ms later its outputs are the
+ * reference's; without them it gives up at the first stale half. */
+static void stale_case(int deliver) {
+  group g;
+  pthread_t th;
+  uint32_t xs[1], good[4224], bad[4224], tq[4224], tbad[4224];
+  int32_t xr[12], xv[1];
+  group_init(&g, 2, 1, 12, 8, 1, 1, 100, 300000000ull);
+  g.rows = 1;
+  fill(&g, 21, 5); /* rank 1 holds the best: mask 0b10 (W*N > K) */
+  fill_full(&g);
+  ck_assert_int_eq(dcpx_ref_call(&g.sh, 1, (const uint16_t *const *)g.logits,
+                                 g.stride, (const int32_t *const *)g.ends, 0,
+                                 g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv,
+                                 NULL, xs, NULL),
+                   0);
+  ck_assert_uint_eq(xs[0] >> 16, 2);
+  ((uint32_t *)(g.ws[0] + g.L.off_seq2))[0] = 10; /* q = 11 */
+  ck_assert_int_ge(
+      dcpx_ref_rescue_list(g.logits[1], 100, 12, xs[0] & 0xFFFF, good), 0);
+  for (uint32_t h = 0; h < g.L.rw_k; h++) {
+    bad[h] = 0xDEAD0000u | h;
+    tbad[h] = h % 3 == 1 ? 12 : 10;
+    tq[h] = 11;
+  }
+  if (!deliver) { /* the first half right, the second stale (q + 1) */
+    bad[0] = good[0];
+    tbad[0] = 11;
+  }
+  rescue_pairs(&g, bad, tbad);
+  peer_pairs(&g, 1, 0, 0, 1, 0, g.L.pairs);
+  g.absent = 1u << 1;
+  stale_peer p = {&g, good, tq};
+  if (deliver)
+    pthread_create(&th, NULL, stale_peer_main, &p);
+  run_call(&g);
+  if (deliver) {
+    pthread_join(th, NULL);
+    ck_assert_int_eq(g.rc[0], 0);
+    ck_assert_uint_ge(g.elapsed_ns[0], 100000000ull);
+    ck_assert_int_eq(g.valid[0][0], xv[0]);
+    ck_assert_uint_eq(g.sat[0][0], xs[0]);
+    ck_assert(!memcmp(g.rows_out[0], xr, sizeof(xr)));
+    ck_assert_uint_eq(((uint32_t *)(g.ws[0] + g.L.off_seq2))[0], 11);
+  } else {
+    const dcpx_wait_record *r = rec_at(&g, 0, 0);
+    ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
+    ck_assert_uint_eq(r->region, DCPX_REGION_RESCUE);
+    ck_assert_uint_eq(r->index, rescue_index(&g, 0, 0) + 1);
+    ck_assert_uint_eq(r->expected, 11);
+    ck_assert_uint_eq(r->seen, 12);
+  }
+  group_free(&g);
+}
+
+START_TEST(test_stale_rescue_tags) {
+  stale_case(1);
+  stale_case(0);
 }
 END_TEST
 
@@ -516,6 +851,10 @@ int main(void) {
   tcase_add_test(tc, test_absent_rank_times_out);
   tcase_add_test(tc, test_abort_stops_waits);
   tcase_add_test(tc, test_fault_hook_stall);
+  tcase_add_test(tc, test_fault_stall_bounds);
+  tcase_add_test(tc, test_wait_phase_trickle);
+  tcase_add_test(tc, test_rescue_rows);
+  tcase_add_test(tc, test_stale_rescue_tags);
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_join_transport_refused);
   suite_add_tcase(s, tc);

@@ -1272,25 +1272,36 @@ START_TEST(test_errors) {
   ck_assert_int_eq(dcpx_ref_local_list(x, 4, 4097, w), DCPX_E_INVAL);
   ck_assert_int_eq(dcpx_ref_local_list(x, DCPX_MAX_LOCAL + 1, 2, w),
                    DCPX_E_LIMIT);
+
+  /* dcpx_ref_rescue_list: the same checks, and t1 is an ord16. */
+  ck_assert_int_eq(dcpx_ref_rescue_list(NULL, 4, 2, 0, w), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_rescue_list(NULL, 0, 2, 0, w), 0);
+  ck_assert_int_eq(dcpx_ref_rescue_list(x, 4, 2, 0, NULL), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_rescue_list(x, 4, 0, 0, w), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_rescue_list(x, 4, 4097, 0, w), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_rescue_list(x, 4, 2, 0x10000, w), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_ref_rescue_list(x, DCPX_MAX_LOCAL + 1, 2, 0, w),
+                   DCPX_E_LIMIT);
+  ck_assert_int_eq(dcpx_ref_rescue_list(x, 4, 2, 0xFFFF, w), 0);
 }
 END_TEST
 
 /* ---- dcpx_ref_local_list against its oracle ----------------------------- */
 
-/* Section 3: the cap best non-NaN elements in ascending l, then zeros,
- * with the bit-16 plane, row_words(cap) words. */
-static uint32_t oracle_local_list(const uint16_t *x, uint32_t len,
-                                  uint32_t cap, uint64_t *keys,
-                                  uint32_t *words) {
-  uint32_t n = 0;
+/* Section 3: the cap best non-NaN elements, those of them with
+ * ord16 >= t1 (all for t1 = 0: the local list; else the rescue list), in
+ * ascending l, then zeros, with the bit-16 plane, row_words(cap) words. */
+static uint32_t oracle_list(const uint16_t *x, uint32_t len, uint32_t cap,
+                            uint32_t t1, uint64_t *keys, uint32_t *words) {
+  uint32_t n = 0, m = 0;
   for (uint32_t l = 0; l < len; l++)
     if (o_rank[x[l]] >= 0)
       keys[n++] = okey((uint32_t)o_rank[x[l]], 0, l);
   qsort(keys, n, sizeof(keys[0]), cmp_u64);
-  uint32_t m = n < cap ? n : cap;
-  uint32_t *ls = xcalloc(m, sizeof(uint32_t));
-  for (uint32_t i = 0; i < m; i++)
-    ls[i] = okey_l(keys[i]);
+  uint32_t *ls = xcalloc(cap, sizeof(uint32_t));
+  for (uint32_t i = 0; i < n && i < cap; i++)
+    if (spec_ord16(okey_bits(keys[i])) >= t1)
+      ls[m++] = okey_l(keys[i]);
   qsort(ls, m, sizeof(ls[0]), cmp_u32);
   uint32_t rw = cap + (cap + 31) / 32;
   rw = (rw + 3) / 4 * 4;
@@ -1323,7 +1334,7 @@ START_TEST(test_local_list) {
     for (uint32_t j = 0; j < rw + 8; j++)
       got[j] = 0xCCCCCCCCu; /* stale words must be cleared */
     int n = dcpx_ref_local_list(x, len, cap, got);
-    uint32_t m = oracle_local_list(x, len, cap, keys, want);
+    uint32_t m = oracle_list(x, len, cap, 0, keys, want);
     EXPECT(n == (int)m,
            "seed=0x%" PRIx64 " len=%u cap=%u: %d entries, want %u", seed, len,
            cap, n, m);
@@ -1340,6 +1351,119 @@ START_TEST(test_local_list) {
       hi += (want[cap + j / 32] >> (j % 32)) & 1u;
   }
   ck_assert_msg(hi > 0, "no list entry with l >= 2^16 was tested");
+  free(x);
+  free(keys);
+  free(want);
+  free(got);
+}
+END_TEST
+
+/* ---- dcpx_ref_rescue_list against the same oracle ----------------------- */
+
+/* ord16 of the k-th best non-NaN element of x (0 if fewer than k), by a
+ * histogram: a threshold for the inputs, not part of what is checked. */
+static uint32_t kth_ord16(const uint16_t *x, uint32_t len, uint32_t k) {
+  static uint32_t h[65536];
+  uint32_t cum = 0, t = 0;
+  memset(h, 0, sizeof(h));
+  for (uint32_t l = 0; l < len; l++)
+    if (o_rank[x[l]] >= 0)
+      h[spec_ord16(x[l])]++;
+  for (uint32_t o = 65535; o > 0 && cum < k; o--) {
+    cum += h[o];
+    t = o;
+  }
+  return cum >= k ? t : 0;
+}
+
+/* t1 as the protocol makes it (S1's K-th ord16: an element's value, so
+ * ties sit exactly on it), next to it, and at the extremes. */
+static uint32_t pick_t1(uint64_t *s, const uint16_t *x, uint32_t len,
+                        uint32_t cap) {
+  uint32_t k = rnd_in(s, 1, 2 * cap + 1), t;
+  switch (rnd_below(s, 8)) {
+  case 0:
+    return 0;
+  case 1:
+    return rnd_below(s, 0x10000);
+  case 2:
+    return (uint32_t)(rnd_below(s, 2) ? 0xFFFF : 0xFF80); /* > max, +inf */
+  case 3:
+    t = kth_ord16(x, len, k);
+    return t + (t < 0xFFFF);
+  case 4:
+    t = kth_ord16(x, len, k);
+    return t - (t > 0);
+  default:
+    return kth_ord16(x, len, k);
+  }
+}
+
+/* One case: dcpx_ref_rescue_list against oracle_list, and no word written
+ * past row_words(cap). Counts how the case exercised the function. */
+typedef struct rl_counts {
+  uint32_t filtered; /* fewer entries than the local list: t1 cut in */
+  uint32_t full;     /* cap entries: the whole local list */
+  uint32_t empty;    /* no entry */
+  uint32_t hi;       /* entries with l >= 2^16 in filtered lists */
+} rl_counts;
+
+static void rescue_case(uint64_t seed, const uint16_t *x, uint32_t len,
+                        uint32_t cap, uint32_t t1, uint64_t *keys,
+                        uint32_t *want, uint32_t *got, rl_counts *k) {
+  const uint32_t rw = dcpx_row_words(cap);
+  for (uint32_t j = 0; j < rw + 8; j++)
+    got[j] = 0xCCCCCCCCu;
+  int n = dcpx_ref_rescue_list(x, len, cap, t1, got);
+  uint32_t m = oracle_list(x, len, cap, t1, keys, want);
+  EXPECT(n == (int)m,
+         "seed=0x%" PRIx64 " len=%u cap=%u t1=0x%x: %d entries, want %u", seed,
+         len, cap, t1, n, m);
+  for (uint32_t j = 0; j < rw; j++)
+    EXPECT(got[j] == want[j],
+           "seed=0x%" PRIx64 " len=%u cap=%u t1=0x%x: word %u = 0x%08x, "
+           "want 0x%08x",
+           seed, len, cap, t1, j, got[j], want[j]);
+  for (uint32_t j = rw; j < rw + 8; j++)
+    EXPECT(got[j] == 0xCCCCCCCCu,
+           "seed=0x%" PRIx64 " cap=%u: wrote word %u past row_words", seed, cap,
+           j);
+  uint32_t all = oracle_list(x, len, cap, 0, keys, want);
+  k->filtered += m < all;
+  k->full += m == cap;
+  k->empty += m == 0;
+  for (uint32_t j = 0; j < m && m < all; j++)
+    k->hi += (got[cap + j / 32] >> (j % 32)) & 1u;
+}
+
+START_TEST(test_rescue_list) {
+  uint16_t *x = xcalloc(DCPX_MAX_LOCAL, sizeof(uint16_t));
+  uint64_t *keys = xcalloc(DCPX_MAX_LOCAL, sizeof(uint64_t));
+  uint32_t *want = xcalloc(4224 + 8, sizeof(uint32_t));
+  uint32_t *got = xcalloc(4224 + 8, sizeof(uint32_t));
+  rl_counts k = {0, 0, 0, 0};
+  for (uint32_t i = 0; i < 600; i++) {
+    uint64_t seed = case_seed(15, i + 1), s = seed;
+    uint32_t cap = rnd_below(&s, 4) ? rnd_in(&s, 1, 300) : rnd_in(&s, 1, 4096);
+    uint32_t len = i < 12 ? DCPX_MAX_LOCAL - rnd_below(&s, 3) * 20000
+                          : rnd_in(&s, 0, rnd_below(&s, 3) ? 2 * cap : 5000);
+    gen g;
+    gen_init(&g, &s, (enum dist)rnd_below(&s, D_NDIST), 1);
+    const uint16_t same = rnd_below(&s, 2) ? 0x3F80 : specials[i % NSPECIALS];
+    for (uint32_t l = 0; l < len; l++) /* every 10th case: all equal */
+      x[l] = i % 10 == 9 ? same : gen_value(&g, &s, 0);
+    /* The long rows: t1 near the cap-th best, so that a filtered list
+     * keeps entries beyond 2^16 at shifted positions. */
+    uint32_t t1 = i < 12 ? kth_ord16(x, len, rnd_in(&s, 1, cap))
+                         : pick_t1(&s, x, len, cap);
+    rescue_case(seed, x, len, cap, t1, keys, want, got, &k);
+  }
+  printf("check_ref: rescue lists: %u filtered, %u full, %u empty, %u "
+         "filtered entries with l >= 2^16\n",
+         k.filtered, k.full, k.empty, k.hi);
+  ck_assert_msg(k.filtered > 50 && k.full > 50 && k.empty > 10 && k.hi > 0,
+                "weak coverage: %u filtered, %u full, %u empty, %u high",
+                k.filtered, k.full, k.empty, k.hi);
   free(x);
   free(keys);
   free(want);
@@ -1534,6 +1658,7 @@ static Suite *ref_suite(void) {
   tcase_add_test(tc, test_select);
   tcase_add_test(tc, test_round1);
   tcase_add_test(tc, test_local_list);
+  tcase_add_test(tc, test_rescue_list);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("random");

@@ -14,7 +14,11 @@
  * times) and, if told to, recovers and continues at resume_at: after a
  * recovery the epochs restart, and all ranks must agree on the next call.
  * A "victim" rank stops between its push and its merge of victim_call
- * (mid-call) and waits there to be killed.
+ * (mid-call) and waits there to be killed. A "late" rank sleeps before its
+ * push of late_call, so that its peers' waits of that call begin first.
+ *
+ * Fault injections and wait records name a call by its call_seq: 1 for
+ * the first call after the join or the last recovery (hh_call_seq).
  */
 #ifndef DCPX_TESTS_HEALTH_HARNESS_H
 #define DCPX_TESTS_HEALTH_HARNESS_H
@@ -489,6 +493,9 @@ typedef struct hh_shared {
   volatile uint64_t gate_at;
   volatile uint32_t gate_open;
   volatile uint32_t check;       /* check every call against the reference */
+  volatile int32_t late_rank;    /* -1: none */
+  volatile uint64_t late_call;
+  volatile uint32_t late_ms;
   hh_rank_state r[DCPX_MAX_WORLD];
 } hh_shared;
 
@@ -501,6 +508,7 @@ HH_FN hh_shared *hh_shared_new(void) {
   s->stop_at = UINT64_MAX;
   s->victim_call = UINT64_MAX;
   s->victim_rank = -1;
+  s->late_rank = -1;
   s->check = 1;
   s->gate_at = UINT64_MAX;
   return s;
@@ -577,53 +585,87 @@ HH_FN int hh_ref_masks(const hh_spec *sp, uint64_t c, uint32_t *masks) {
   return r;
 }
 
+/* The call_seq of call c (the fault hook's --call, the records' call
+ * tag) in a group that started, or last recovered, at call `first`. */
+HH_FN uint64_t hh_call_seq(uint64_t first, uint64_t c) { return c - first + 1; }
+
 /* Where the other ranks wait, and what their wait record says, when rank
  * s pushed call F and then stopped (stalled or paused before its merge),
  * the group having started at call `first` with zeroed memory. If rank s
- * is saturated in some row of call F, the others wait in call F for its
- * rescue flag of the first such row; else in call F+1, row 0, for its LL
- * list. */
+ * is saturated in some row of call F, the others wait in call F, in the
+ * first such row, for the first half of its rescue slot (its tag: the q
+ * of the last rescue of that row that used the slot, or 0); else in call
+ * F+1, row 0, for its LL list. */
 typedef struct hh_expect {
-  uint64_t call, index, expected, seen, block;
+  uint64_t call, call_seq, index, expected, seen, block;
   const char *region;
 } hh_expect;
 
+/* The rescue case of hh_expect_stop: rank s in row t, mask `mask`. */
+HH_FN void hh_expect_rescue(const dcpx_layout *L, uint32_t t, uint32_t mask,
+                            uint32_t s, uint32_t q, const uint32_t *tags,
+                            hh_expect *x) {
+  const uint32_t slot = dcpx_rescue_slot(mask, s);
+  x->region = "rescue";
+  x->index = dcpx_rescue_offset(L, t, slot, 0) / 8;
+  x->expected = q;
+  x->seen = tags[slot];
+  x->block = t;
+}
+
 HH_FN int hh_expect_stop(const hh_spec *sp, uint64_t first, uint64_t F,
                           uint32_t s, hh_expect *x) {
-  uint32_t seq2[64] = {0}, flag[64] = {0}, masks[64];
+  uint32_t seq2[64] = {0}, tags[64][DCPX_MAX_WORLD], masks[64];
   dcpx_layout L;
 
   if (sp->R > 64)
     return -1;
+  memset(tags, 0, sizeof(tags));
+  dcpx_layout_compute(&L, sp->W, sp->R, sp->K, sp->N);
   for (uint64_t c = first; c <= F; c++) {
     if (hh_ref_masks(sp, c, masks) < 0)
       return -1;
     for (uint32_t t = 0; t < sp->R; t++) {
+      const uint32_t q = dcpx_epoch_next(seq2[t]);
       if (c == F && ((masks[t] >> s) & 1u)) {
         x->call = F;
-        x->region = "flags";
-        x->index = (uint64_t)s * sp->R + t;
-        x->expected = dcpx_epoch_next(seq2[t]);
-        x->seen = flag[t];
-        x->block = t;
+        x->call_seq = hh_call_seq(first, F);
+        hh_expect_rescue(&L, t, masks[t], s, q, tags[t], x);
         return 0;
       }
-      if (masks[t]) {
-        seq2[t] = dcpx_epoch_next(seq2[t]);
-        if ((masks[t] >> s) & 1u)
-          flag[t] = seq2[t];
-      }
+      if (!masks[t])
+        continue;
+      seq2[t] = q;
+      for (uint32_t k = 0; k < (uint32_t)__builtin_popcount(masks[t]); k++)
+        tags[t][k] = q;
     }
   }
-  dcpx_layout_compute(&L, sp->W, sp->R, sp->K, sp->N);
   const uint64_t e = F + 1 - first + 1; /* epoch of call F+1 */
   x->call = F + 1;
+  x->call_seq = hh_call_seq(first, F + 1);
   x->region = "ll_slots";
   x->index = dcpx_ll_offset(&L, (uint32_t)(e & 1), s, 0, 0) / 8;
   x->expected = e;
   x->seen = e - 2;
   x->block = 0;
   return 0;
+}
+
+/* The first call F in [from, from + 64) after which, with rank s stopped,
+ * the others wait in `region`, in row 0 (*x: hh_expect_stop of F), or
+ * UINT64_MAX. A stall that the others feel, now that a stall lasts at most
+ * the timeout and their waits count from the start of their row, is one
+ * of rank s in such a "rescue" call that it also comes late to: their row
+ * 0 then began to wait before its stall did. */
+HH_FN uint64_t hh_pick_call(const hh_spec *sp, uint64_t first, uint64_t from,
+                            uint32_t s, const char *region, hh_expect *x) {
+  for (uint64_t F = from; F < from + 64; F++) {
+    if (hh_expect_stop(sp, first, F, s, x) < 0)
+      return UINT64_MAX;
+    if (!strcmp(x->region, region) && x->block == 0)
+      return F;
+  }
+  return UINT64_MAX;
 }
 
 /* Measurement after this rank's own timeout: when the abort word is set
@@ -735,6 +777,8 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
         st->poll_bad = r;
     }
     hh_inputs(sp, cl, lg, en);
+    if ((int32_t)rank == sh->late_rank && cl == sh->late_call)
+      hh_sleep_ms(sh->late_ms);
     r = dcpx_push(m, R, lg[rank], sp->L, en[rank], cl, NULL);
     if ((int32_t)rank == sh->victim_rank && cl == sh->victim_call) {
       if (sh->victim_holder) {
@@ -921,10 +965,11 @@ HH_FN const char *hh_rank_errors(const hh_shared *sh, uint32_t W) {
 }
 
 /* Sends a Command frame to the daemon (what dcpxctl fault/reset do), for
- * the benchmark, which should not fork dcpxctl in timed loops. Returns the
- * reply's status. */
+ * the benchmark, which should not fork dcpxctl in timed loops. call: the
+ * call_seq a fault matches (UINT64_MAX: any). Returns the reply's
+ * status. */
 HH_FN int hh_command(const char *sock, int kind, const char *group,
-                      int32_t rank, uint64_t call_tag, uint64_t ticks) {
+                     int32_t rank, uint64_t call, uint64_t ticks) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
   Dcpx__Hello h = DCPX__HELLO__INIT;
@@ -954,8 +999,8 @@ HH_FN int hh_command(const char *sock, int kind, const char *group,
     cmd.kind = kind;
     cmd.group = (char *)group;
     cmd.rank = rank;
-    cmd.call_tag = call_tag;
-    cmd.has_call_tag = call_tag != UINT64_MAX;
+    cmd.call_tag = call;
+    cmd.has_call_tag = call != UINT64_MAX;
     cmd.ticks = ticks;
     f.msg_case = DCPX__FRAME__MSG_COMMAND;
     f.command = &cmd;

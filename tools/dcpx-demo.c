@@ -102,15 +102,16 @@ static void gen_inputs(const opts *o, uint32_t c, uint32_t r, uint16_t *lg,
     uint32_t hot_rank = (uint32_t)(splitmix(&rs) % o->world);
     int one_rank_hot = unif(&rs) < 0.25;
     if ((int)c == o->fault_at) {
-      /* The stalled rank holds every row's best: its peers must wait for
-       * its rescue, so the stall is felt (and the timeout fires). */
+      /* The stalled rank holds every row's best (and no row of it is
+       * short): its peers must wait for its rescue of row 0, so the stall
+       * is felt (and the timeout fires). */
       hot_rank = o->fault_rank;
       one_rank_hot = 1;
     }
     double scale = 0.5 + 2.0 * unif(&rs);
     uint32_t len = o->local_len;
     double u = unif(&s);
-    if (u < 0.05)
+    if (u < 0.05 && !((int)c == o->fault_at && r == o->fault_rank))
       len = (uint32_t)(splitmix(&s) % (o->local_topk + 1)); /* short row */
     else
       len -= (uint32_t)(splitmix(&s) % (o->local_len / 4 + 1));
@@ -151,6 +152,15 @@ typedef struct gpu_bufs {
   int32_t *en, *req, *bt, *rows, *ids, *valid;
   uint32_t *sat;
 } gpu_bufs;
+
+/* The stalled rank comes late to its call: the stall lasts at most the
+ * timeout and the peers' waits count from the start of their row, so they
+ * time out (the stall is felt) only if their row began before it. */
+static void late(uint64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000ull),
+                        (long)(ns % 1000000000ull)};
+  nanosleep(&ts, NULL);
+}
 
 /* The call whose failure is injected (stall or kill), or -1. */
 static int injected_call(const opts *o) {
@@ -296,10 +306,11 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
       snprintf(ctl, sizeof(ctl), "%s/dcpxctl", o->self_dir);
       if (access(ctl, X_OK) != 0)
         snprintf(ctl, sizeof(ctl), "%s/../dcpxctl", o->self_dir);
+      /* --call counts calls since the join from 1: call c is c + 1. */
       snprintf(cmd, sizeof(cmd),
                "'%s' --socket '%s' fault stall --group '%s' "
                "--rank %u --call %u --ticks %llu >/dev/null",
-               ctl, o->socket, o->group, o->fault_rank, c,
+               ctl, o->socket, o->group, o->fault_rank, c + 1,
                (unsigned long long)(3 * jo.timeout_ns));
       if (system(cmd) != 0)
         fprintf(stderr, "dcpx-demo: arming the fault failed: %s\n", cmd);
@@ -307,6 +318,8 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
     if (!skip)
       pthread_barrier_wait(&sh->barrier);
     double t0 = now_us();
+    if ((int)c == o->fault_at && rank == o->fault_rank)
+      late(jo.timeout_ns / 3);
     if (skip) {
       r = DCPX_E_FAILED;
     } else if (!o->cuda) {

@@ -943,8 +943,10 @@ static int cmd_fault(int argc, char **argv) {
       cmd.epoch = (uint32_t)v;
       break;
     case 'c':
-      if (!parse_u64(optarg, &cmd.call_tag))
-        return usage_error("--call must be a 64-bit number");
+      if (!parse_u64(optarg, &cmd.call_tag) || cmd.call_tag == 0 ||
+          cmd.call_tag == UINT64_MAX)
+        return usage_error("--call must be a call number >= 1 (the N-th "
+                           "call since the join or the last recovery)");
       cmd.has_call_tag = true;
       break;
     case 't':
@@ -965,11 +967,15 @@ static int cmd_fault(int argc, char **argv) {
   if (optind < argc)
     return usage_error("unexpected argument '%s'", argv[optind]);
   r = run_command(&cmd);
-  if (r == EXIT_OK && !arg_json)
+  if (r == EXIT_OK && !arg_json) {
+    char call[24] = "any";
+    if (cmd.has_call_tag)
+      snprintf(call, sizeof(call), "%" PRIu64, cmd.call_tag);
     printf("fault armed: group %s rank %d stalls %" PRIu64
-           " ns once, at epoch %u, call %s\n",
-           cmd.group, (int)cmd.rank, cmd.ticks, cmd.epoch,
-           cmd.has_call_tag ? "tagged" : "any");
+           " ns (at most the group's timeout) once, at epoch %u (0: any), "
+           "call %s\n",
+           cmd.group, (int)cmd.rank, cmd.ticks, cmd.epoch, call);
+  }
   return r;
 }
 
@@ -992,9 +998,16 @@ static void help(void) {
       "                            acknowledge and resume at the next "
       "generation)\n"
       "  fault stall --group G --rank R [--epoch E] [--call C] --ticks T\n"
-      "                            stall block 0 of rank R once for T (needs "
-      "dcpxd\n"
-      "                            --enable-fault-injection)\n"
+      "                            stall block 0 of rank R once for T, at "
+      "most the\n"
+      "                            group's wait timeout (needs dcpxd\n"
+      "                            --enable-fault-injection); --call C: the "
+      "C-th call\n"
+      "                            since the rank joined or the group last "
+      "recovered\n"
+      "                            (1 = the first; not the engine's call "
+      "tag);\n"
+      "                            --epoch E: the call at that epoch\n"
       "\n"
       "Options:\n"
       "  --socket PATH   dcpxd's socket (default $DCPX_SOCKET, else\n"

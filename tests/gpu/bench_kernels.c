@@ -23,9 +23,12 @@
  * counts; BENCH_LEN / BENCH_ROWS run only that local length / row count;
  * BENCH_QUICK=1 times push and merge only.
  */
+#include <stdarg.h>
+
 #include "gpu_group.h"
 
 static uint32_t g_iters = 20, g_reps = 15;
+static double g_min, g_max; /* of the last time_graph, us per iteration */
 
 static uint64_t xs_state = 0x9E3779B97F4A7C15ull;
 static inline uint64_t xs(void) {
@@ -36,9 +39,15 @@ static inline uint64_t xs(void) {
   return xs_state = x;
 }
 
-/* Random finite bf16 around +-[2^-7, 2^3); a dominant rank's are positive
- * and 2^10 larger. */
-static void fill(gg *g, uint32_t rows, int dominant0) {
+/* Random finite bf16 around +-[2^-7, 2^3). mode 0: every rank alike (rescue
+ * rare); FILL_SKEW: rank 0's values are one binade larger, so it holds
+ * about half of the top K and is saturated on every row, with fewer than K
+ * elements >= T1 (its rescue list is a filter of its row: the realistic
+ * rescue); FILL_DOMINANT: rank 0's are positive and 2^10 larger, so all
+ * of its row is >= T1 and its rescue needs its whole top K (the worst
+ * case). */
+enum { FILL_PLAIN, FILL_SKEW, FILL_DOMINANT };
+static void fill(gg *g, uint32_t rows, int mode) {
   for (uint32_t r = 0; r < g->W; r++) {
     for (uint32_t t = 0; t < rows; t++) {
       uint16_t *row = g->h_logits[r] + g->lofs + (uint64_t)t * g->stride;
@@ -48,7 +57,9 @@ static void fill(gg *g, uint32_t rows, int dominant0) {
         for (uint32_t k = 0; k < 4 && l + k < g->sh.max_local; k++) {
           uint32_t b = (uint32_t)(x >> (16 * k));
           uint32_t exp = 120 + (b >> 8) % 10, sign = (b >> 15) & 1;
-          if (dominant0 && r == 0) {
+          if (mode == FILL_SKEW && r == 0)
+            exp += 1;
+          if (mode == FILL_DOMINANT && r == 0) {
             exp += 10;
             sign = 0;
           }
@@ -84,6 +95,8 @@ static double time_graph(cudaGraphExec_t ge, cudaStream_t s) {
     CK(cudaEventElapsedTime(&ms[i], a, b));
   }
   qsort(ms, g_reps, sizeof(float), cmp_f);
+  g_min = 1000.0 * ms[0] / g_iters;
+  g_max = 1000.0 * ms[g_reps - 1] / g_iters;
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
   return 1000.0 * ms[g_reps / 2] / g_iters;
@@ -102,7 +115,7 @@ static double bench_push(gg *g) {
   cudaStream_t s = g->st[0];
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (uint32_t i = 0; i < g_iters; i++)
-    gg_push(g, 0, i);
+    gg_push(g, 0);
   cudaGraphExec_t ge = end_capture(s);
   double us = time_graph(ge, s);
   CK(cudaGraphExecDestroy(ge));
@@ -118,13 +131,13 @@ static double bench_merge(gg *g, uint32_t *ret_rescued) {
     CK(cudaMemset(g->ws[r], 0, g->L.ws_bytes));
   CK(cudaDeviceSynchronize()); /* the streams do not wait for the null one */
   for (uint32_t r = 0; r < g->W; r++)
-    gg_push(g, r, 0);
+    gg_push(g, r);
   CK(cudaDeviceSynchronize());
   char *ep = g->ws[0] + g->L.off_epoch;
 
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (uint32_t i = 0; i < g_iters; i++) {
-    gg_merge(g, 0, i);
+    gg_merge(g, 0);
     CK(cudaMemsetAsync(ep, 0, eb, s));
   }
   cudaGraphExec_t ge = end_capture(s);
@@ -151,6 +164,49 @@ static double bench_merge(gg *g, uint32_t *ret_rescued) {
   return us;
 }
 
+/* One more merge of rank 0 (after bench_merge: the same lists) with the
+ * phase timestamps on; prints row 0's phases in us. */
+static char g_notes[16384];
+
+static void note(const char *fmt, ...) {
+  const size_t n = strlen(g_notes);
+  va_list ap;
+  va_start(ap, fmt);
+  if (n < sizeof(g_notes))
+    vsnprintf(g_notes + n, sizeof(g_notes) - n, fmt, ap);
+  va_end(ap);
+}
+
+static void profile_merge(gg *g, const char *what) {
+  static const char *names[DCPX_K_PROF_POINTS] = {
+      "", "poll", "round 1", "rescue list", "rescue stores", "round-2 copy",
+      "rescue poll", "round 2", "outputs", "end"};
+  const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
+  unsigned long long *d = NULL, h[DCPX_K_PROF_POINTS];
+  int khz = 0;
+  CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  CK(cudaMalloc((void **)&d, n * 8));
+  CK(cudaMemset(d, 0, n * 8));
+  CK(cudaDeviceSynchronize());
+  g->kc[0].prof = d;
+  gg_merge(g, 0);
+  CK(cudaStreamSynchronize(g->st[0]));
+  g->kc[0].prof = NULL;
+  CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+  CK(cudaFree(d));
+  CK(cudaMemset(g->ws[0] + g->L.off_epoch, 0, 4 * (size_t)g->rows));
+  CK(cudaDeviceSynchronize());
+  note("- %s (us at %d MHz):", what, khz / 1000);
+  unsigned long long prev = h[0];
+  for (int i = 1; i < DCPX_K_PROF_POINTS; i++) {
+    if (!h[i])
+      continue;
+    note(" %s %.2f;", names[i], (double)(h[i] - prev) * 1e3 / khz);
+    prev = h[i];
+  }
+  note(" total %.2f\n", (double)(h[DCPX_K_PROF_POINTS - 1] - h[0]) * 1e3 / khz);
+}
+
 static double bench_e2e(gg *g) {
   cudaStream_t s = g->st[0];
   cudaEvent_t fork[64], join[64][DCPX_MAX_WORLD];
@@ -168,8 +224,8 @@ static double bench_e2e(gg *g) {
     for (uint32_t r = 1; r < g->W; r++)
       CK(cudaStreamWaitEvent(g->st[r], fork[i], 0));
     for (uint32_t r = 0; r < g->W; r++) {
-      gg_push(g, r, i);
-      gg_merge(g, r, i);
+      gg_push(g, r);
+      gg_merge(g, r);
     }
     for (uint32_t r = 1; r < g->W; r++) {
       CK(cudaEventRecord(join[i][r], g->st[r]));
@@ -194,7 +250,8 @@ static double bench_e2e(gg *g) {
 }
 
 int main(void) {
-  const uint32_t W = 8, N = 512, K = 2048, B = 64, RMAX = 256;
+  const uint32_t W = 8, K = 2048, B = 64, RMAX = 256;
+  uint32_t N = 512;
   const uint32_t lens[] = {16384, 65536};
   const uint32_t rowsv[] = {1, 8, 64, 256};
   const char *e;
@@ -204,6 +261,8 @@ int main(void) {
     g_iters = (uint32_t)atoi(e);
   if ((e = getenv("BENCH_REPS")) && atoi(e) > 0 && atoi(e) <= 64)
     g_reps = (uint32_t)atoi(e);
+  if ((e = getenv("BENCH_N")) && atoi(e) > 0 && atoi(e) < (int)K)
+    N = (uint32_t)atoi(e);
   CK(cudaGetDeviceCount(&n));
   if (n < 1) {
     fprintf(stderr, "no CUDA device\n");
@@ -218,9 +277,11 @@ int main(void) {
   printf("W=%u ranks on one GPU, N=%u, K=%u, B=%u, ids_out on; median of %u "
          "graph replays of %u launches each, us per launch.\n\n",
          W, N, K, B, g_reps, g_iters);
-  printf("| local | rows | push | merge | merge+rescue (rescued rows) | "
-         "e2e call, 8 ranks on 1 GPU (merge blocks/rank) |\n");
-  printf("|---:|---:|---:|---:|---:|---:|\n");
+  printf("| local | rows | push | merge | merge+rescue, skewed (rescued) | "
+         "ratio | merge+rescue, dominant (rescued) | ratio | e2e call, "
+         "rescue rare | e2e, every row rescues (skewed) | e2e, every row "
+         "rescues (dominant) | merge blocks/rank |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   fflush(stdout);
   const uint32_t only_len = (e = getenv("BENCH_LEN")) ? (uint32_t)atoi(e) : 0;
   const uint32_t only_rows = (e = getenv("BENCH_ROWS")) ? (uint32_t)atoi(e) : 0;
@@ -234,40 +295,50 @@ int main(void) {
       const uint32_t rows = rowsv[ri];
       if (only_rows && rows != only_rows)
         continue;
-      g.rows = RMAX;
-      fill(&g, rows, 0);
-      gg_upload(&g);
-      g.rows = rows;
-      gg_set_max_blocks(&g, 0);
-      double tp = bench_push(&g);
-      uint32_t resc0 = 0, resc1 = 0;
-      double tm = bench_merge(&g, &resc0);
-      if (getenv("BENCH_QUICK")) {
-        printf("| %u | %u | %.1f | %.1f | - | - |\n", lens[li], rows, tp, tm);
-        fflush(stdout);
-        continue;
+      uint32_t resc[3] = {0, 0, 0};
+      double tm[3], te[3], tlo[3], thi[3], tp = 0;
+      for (int mode = FILL_PLAIN; mode <= FILL_DOMINANT; mode++) {
+        g.rows = RMAX;
+        fill(&g, rows, mode);
+        gg_upload(&g);
+        g.rows = rows;
+        gg_set_max_blocks(&g, 0);
+        if (mode == FILL_PLAIN)
+          tp = bench_push(&g);
+        tm[mode] = bench_merge(&g, &resc[mode]);
+        if (rows == 1 || rows == 64) {
+          char what[64];
+          snprintf(what, sizeof(what), "rows %u, %s", rows,
+                   mode == FILL_PLAIN ? "plain" : mode == FILL_SKEW ? "skewed" : "dominant");
+          profile_merge(&g, what);
+        }
+        if (getenv("BENCH_QUICK")) {
+          te[mode] = tlo[mode] = thi[mode] = 0;
+          continue;
+        }
+        gg_set_max_blocks(&g, gg_auto_max_blocks(&g));
+        te[mode] = bench_e2e(&g);
+        tlo[mode] = g_min;
+        thi[mode] = g_max;
       }
-      g.rows = RMAX;
-      fill(&g, rows, 1);
-      gg_upload(&g);
-      g.rows = rows;
-      double tr = bench_merge(&g, &resc1);
-      g.rows = RMAX;
-      fill(&g, rows, 0);
-      gg_upload(&g);
-      g.rows = rows;
-      const uint32_t mb = gg_auto_max_blocks(&g);
-      gg_set_max_blocks(&g, mb);
-      double te = bench_e2e(&g);
-      printf("| %u | %u | %.1f | %.1f%s | %.1f (%u/%u) | %.1f (%u) |\n",
-             lens[li], rows, tp, tm, resc0 ? " (rescued!)" : "", tr, resc1,
-             rows, te, mb);
+      printf("| %u | %u | %.1f | %.1f%s | %.1f (%u/%u) | %.2f | %.1f (%u/%u) | "
+             "%.2f | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) "
+             "| %u |\n",
+             lens[li], rows, tp, tm[0], resc[0] ? " (some rescued)" : "",
+             tm[1], resc[1], rows, tm[1] / tm[0], tm[2], resc[2], rows,
+             tm[2] / tm[0], te[0], tlo[0], thi[0], te[1], tlo[1], thi[1],
+             te[2], tlo[2], thi[2], gg_auto_max_blocks(&g));
       fflush(stdout);
     }
     g.rows = RMAX;
     gg_free(&g);
   }
+  printf("\nPhases of one merge of rank 0, row 0 (clock64 of thread 0; a "
+         "single launch, not a median):\n%s", g_notes);
   printf("\nTargets (H200, W=8, N=512, K=2048, rows <= 64): push <= 10 us, "
-         "merge <= 6 us.\n");
+         "merge <= 6 us; merge+rescue <= 1.5 x merge. klist (the push keeps "
+         "its top K): %s.\n",
+         getenv("DCPX_KLIST") ? getenv("DCPX_KLIST")
+                              : "auto (on when W*N <= K)");
   return 0;
 }

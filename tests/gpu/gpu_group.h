@@ -164,6 +164,14 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
     c->ctl = (dcpx_ctl_header *)g->ctl_d;
     c->health = (dcpx_rank_health *)(g->ctl_d + g->L.off_ranks);
     c->records = (dcpx_wait_record *)(g->ctl_d + g->L.off_records);
+    c->poll_storm = getenv("DCPX_POLL_STORM") != NULL;
+    c->stage = NULL;
+    c->prof = NULL;
+    if (dcpx_k_merge_stage_bytes(c))
+      CK(cudaMalloc((void **)&c->stage, dcpx_k_merge_stage_bytes(c)));
+    c->klist = NULL;
+    if (dcpx_k_klist_wanted(c))
+      CK(cudaMalloc((void **)&c->klist, dcpx_k_klist_bytes(c)));
     KCK(dcpx_k_ctx_check(c));
 
     g->h_logits[r] = (uint16_t *)calloc(nlog, 2);
@@ -198,6 +206,10 @@ static inline void gg_free(gg *g) {
     CK(cudaStreamSynchronize(g->st[r]));
     cudaStreamDestroy(g->st[r]);
     cudaFree(g->ws[r]);
+    if (g->kc[r].stage)
+      cudaFree(g->kc[r].stage);
+    if (g->kc[r].klist)
+      cudaFree(g->kc[r].klist);
     cudaFree(g->d_logits_base[r]);
     cudaFree(g->d_ends[r]);
     cudaFree(g->d_req[r]);
@@ -265,25 +277,26 @@ static inline void gg_poison(gg *g) {
   }
 }
 
-static inline void gg_push(gg *g, uint32_t r, uint64_t tag) {
+static inline void gg_push(gg *g, uint32_t r) {
   KCK(dcpx_k_push(&g->kc[r], g->rows, gg_dlogits(g, r), g->stride,
-                  g->d_ends[r], tag, g->st[r]));
+                  g->d_ends[r], g->st[r]));
 }
 
-static inline void gg_merge(gg *g, uint32_t r, uint64_t tag) {
+static inline void gg_merge(gg *g, uint32_t r) {
   KCK(dcpx_k_merge(&g->kc[r], g->rows, gg_dlogits(g, r), g->stride,
                    g->d_ends[r], g->d_req[r], g->d_bt[r], g->bt_rows,
                    g->bt_cols, g->d_rows[r], g->d_valid[r], g->d_ids[r],
-                   g->d_sat[r], tag, g->st[r]));
+                   g->d_sat[r], g->st[r]));
 }
 
 /* One call on every rank: all pushes, then all merges (each merge after
- * its own push on its stream; nothing orders ranks against each other). */
-static inline void gg_call(gg *g, uint64_t tag) {
+ * its own push on its stream; nothing orders ranks against each other).
+ * The call's tag in wait records is the call sequence (layout.h). */
+static inline void gg_call(gg *g) {
   for (uint32_t r = 0; r < g->W; r++)
-    gg_push(g, r, tag);
+    gg_push(g, r);
   for (uint32_t r = 0; r < g->W; r++)
-    gg_merge(g, r, tag);
+    gg_merge(g, r);
 }
 
 /* Waits for every stream, at most limit_s seconds; then aborts the group

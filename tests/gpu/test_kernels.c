@@ -450,8 +450,7 @@ static int run_case(const tcase *tc, uint64_t seed) {
     gg_poison(&g);
     for (uint32_t r = 0; r < g.W; r++)
       CK(cudaStreamSynchronize(g.st[r]));
-    const uint64_t tag = ((uint64_t)seed << 16) ^ call;
-    gg_call(&g, tag);
+    gg_call(&g);
     if (gg_wait(&g, 60.0, gg_now(), NULL) < 0)
       hung = 1;
     CK(cudaGetLastError());
@@ -558,7 +557,7 @@ static uint32_t exact_calls(gg *g, const tcase *tc, refset *rs, uint64_t seed,
     gg_poison(g);
     for (uint32_t r = 0; r < g->W; r++)
       CK(cudaStreamSynchronize(g->st[r]));
-    gg_call(g, 0xABC000 + call);
+    gg_call(g);
     if (gg_wait(g, 30.0, gg_now(), NULL) < 0)
       return 1;
     gg_download(g);
@@ -603,7 +602,6 @@ static int run_fault(uint64_t seed) {
 
   /* ---- 1. timeout: the others record, alarm, fail and end ---- */
   const uint64_t timeout = 150000000ull, ticks = 600000000ull;
-  const uint64_t tag = 0xFA017000ull;
   g.hdr->timeout_ns = timeout;
   g.health[1].fault_epoch = 0;
   g.health[1].fault_call = ~0ull;
@@ -618,7 +616,7 @@ static int run_fault(uint64_t seed) {
     CK(cudaStreamSynchronize(g.st[r]));
   double done[DCPX_MAX_WORLD];
   const double ts = gg_now();
-  gg_call(&g, tag);
+  gg_call(&g);
   if (gg_wait(&g, 20.0, ts, done) < 0) {
     printf("  fault: the call needed an abort to end\n");
     bad++;
@@ -656,9 +654,15 @@ static int run_fault(uint64_t seed) {
       printf("  fault: rank %u must have alarm and failed set\n", r);
       bad++;
     }
-    if (rec->kind != DCPX_REC_TIMEOUT || rec->region != DCPX_REGION_RESCUE_FLAGS ||
-        rec->index != 1u * R + 0 || rec->expected != 1 || rec->seen != 0 ||
-        rec->block != 0 || rec->call_tag != tag || rec->rank != r ||
+    /* Every rank is saturated (W*N < K): rank 1's rescue list is slot 1
+     * of row 0; the record names one of its halves, and the call
+     * sequence (the first call: 1). */
+    const uint64_t lo = dcpx_rescue_offset(&g.L, 0, 1, 0) / 8u;
+    const uint64_t hi = dcpx_rescue_offset(&g.L, 0, 2, 0) / 8u;
+    if (rec->kind != DCPX_REC_TIMEOUT || rec->region != DCPX_REGION_RESCUE ||
+        rec->index < lo || rec->index >= hi || rec->expected != 1 ||
+        rec->seen != 0 || rec->block != 0 || rec->call_tag != 1 ||
+        rec->rank != r ||
         rec->generation != g.hdr->generation || !rec->time_ns) {
       printf("  fault: rank %u record is wrong\n", r);
       bad++;
@@ -695,7 +699,7 @@ static int run_fault(uint64_t seed) {
   for (uint32_t r = 0; r < g.W; r++)
     CK(cudaStreamSynchronize(g.st[r]));
   const double ta = gg_now();
-  gg_call(&g, tag + 1);
+  gg_call(&g);
   usleep(100000);
   g.hdr->abort = DCPX_ABORT_OPERATOR;
   __sync_synchronize();
@@ -714,10 +718,13 @@ static int run_fault(uint64_t seed) {
            g.rec[(size_t)r * R].kind);
     if (r == 1)
       continue;
-    if (g.g_valid[r][0] != -1 || h->alarm || h->failed ||
+    /* The stalled rank leaves its stall on the abort and may still
+     * deliver before a peer sees the abort: row 0 failed or exact (the
+     * lenient compare above), but early, with no record and no alarm. */
+    if (h->alarm || h->failed ||
         g.rec[(size_t)r * R].kind != DCPX_REC_EMPTY || done[r] > 3.0) {
-      printf("  abort: rank %u must end early with row 0 failed, no record, "
-             "no alarm\n",
+      printf("  abort: rank %u must end early with no record and no "
+             "alarm\n",
              r);
       bad++;
     }
@@ -738,6 +745,325 @@ static int run_fault(uint64_t seed) {
   return bad == 0;
 }
 
+/* ---- the unsafe corners (issue: rescue and waits) ----------------------------- */
+
+/* Prepares one exact call's inputs on g (no launch). */
+static void corner_inputs(gg *g, const tcase *tc, uint64_t seed) {
+  gen_call(g, tc, seed, 0);
+  gg_upload(g);
+  gg_poison(g);
+  for (uint32_t r = 0; r < g->W; r++)
+    CK(cudaStreamSynchronize(g->st[r]));
+}
+
+static uint32_t corner_compare(gg *g, refset *rs, const char *what) {
+  uint32_t bad = 0;
+  gg_download(g);
+  if (ref_run(rs, g) < 0)
+    return 1;
+  for (uint32_t r = 0; r < g->W; r++)
+    bad += compare_rank(g, &rs->job[r], r, what, 0, NULL, NULL);
+  return bad;
+}
+
+static void corner_arm(gg *g, uint32_t r, uint64_t call, uint64_t ticks) {
+  g->health[r].fault_epoch = 0;
+  g->health[r].fault_call = call;
+  g->health[r].fault_ticks = ticks;
+  g->health[r].fault_fired = 0;
+  __sync_synchronize();
+  g->health[r].fault_armed = 1;
+}
+
+/* The staged copy: rank 1's block 0 stalls right after its poll; its LL
+ * slots are then overwritten with other words tagged e + 2 (what a push of
+ * call n+2 would store after an abort). A merge that read the slots again
+ * would use them; the staged copy keeps the row exact. The lists do not
+ * fit in shared memory here, so the copy is the global staging area. */
+static int run_staged_overwrite(uint64_t seed) {
+  static const tcase tc = {"staged", 4, 3500, 4096, 8192, 1, 16, 1, G_RANDOM,
+                           LEN_FULL, 1, 0, 0, 0, 0, 0};
+  gg g;
+  refset rs;
+  uint32_t bad = 0;
+  gg_init(&g, tc.W, 1, 1, tc.N, tc.K, tc.B, tc.I, tc.max_local, tc.max_local,
+          0, 0);
+  ref_alloc(&rs, &g);
+  if (!dcpx_k_merge_stage_bytes(&g.kc[0])) {
+    printf("  staged: the shape was meant to need global staging\n");
+    bad++;
+  }
+  g.hdr->timeout_ns = 5000000000ull;
+  corner_inputs(&g, &tc, seed);
+  corner_arm(&g, 1, ~0ull, 300000000ull);
+  for (uint32_t r = 0; r < g.W; r++)
+    gg_push(&g, r);
+  for (uint32_t r = 0; r < g.W; r++)
+    CK(cudaStreamSynchronize(g.st[r]));
+  const double ts = gg_now();
+  for (uint32_t r = 0; r < g.W; r++)
+    gg_merge(&g, r);
+  usleep(100000);
+  const size_t n = (size_t)g.W * g.L.pairs * 4;
+  uint32_t *junk = (uint32_t *)malloc(n * 4);
+  for (size_t i = 0; i < n; i += 4) {
+    junk[i] = junk[i + 2] = 0xFFFF0000u | (uint32_t)(i & 0xFFFF);
+    junk[i + 1] = junk[i + 3] = 3; /* e + 2 */
+  }
+  /* parity 1, row 0: sources s at (s * R + 0) * P pairs; R = 1 */
+  gg_ws_write(&g, 1, g.L.off_ll + dcpx_ll_offset(&g.L, 1, 0, 0, 0), junk,
+              n * 4);
+  free(junk);
+  if (gg_wait(&g, 20.0, ts, NULL) < 0)
+    bad++;
+  if (!g.health[1].fault_fired) {
+    printf("  staged: rank 1 never stalled\n");
+    bad++;
+  }
+  bad += corner_compare(&g, &rs, "staged");
+  printf("case %-30s %s\n", "staged-copy-overwritten", bad ? "FAIL" : "exact");
+  ref_free(&rs, g.W);
+  gg_free(&g);
+  return bad == 0;
+}
+
+/* 1 if rank d's LL slots hold any non-zero byte. */
+static int ll_dirty(gg *g, uint32_t d) {
+  const size_t n = g->L.reg[DCPX_REGION_LL_SLOTS].bytes;
+  unsigned char *b = (unsigned char *)malloc(n);
+  int dirty = 0;
+  gg_ws_read(g, d, g->L.off_ll, b, n);
+  for (size_t i = 0; i < n && !dirty; i++)
+    dirty = b[i] != 0;
+  free(b);
+  return dirty;
+}
+
+/* After a merge that ended early (group aborted, or its rank FAILED), the
+ * rank's next push stores nothing: that merge broke the stream-order chain
+ * that keeps parity reuse safe. Rank 0 alone runs: its merge waits for
+ * lists that never come, sees the abort (or FAILED) and ends; then its
+ * push must leave every rank's slots untouched. A healthy push stores. */
+static int run_push_abort(uint64_t seed) {
+  static const tcase tc = {"push-abort", 2, 64, 256, 4096, 2, 16, 1, G_MIX,
+                           LEN_FULL, 1, 0, 0, 0, 0, 0};
+  gg g;
+  uint32_t bad = 0;
+  uint64_t call = 0;
+  gg_init(&g, tc.W, 2, 2, tc.N, tc.K, tc.B, tc.I, tc.max_local, tc.max_local,
+          0, 0);
+  corner_inputs(&g, &tc, seed);
+  for (int pass = 0; pass < 3; pass++) {
+    gg_recover(&g); /* zero workspaces (the mirror too), health, abort */
+    g.hdr->timeout_ns = 5000000000ull;
+    if (pass == 0)
+      g.hdr->abort = DCPX_ABORT_OPERATOR;
+    if (pass == 1)
+      g.health[0].failed = 1;
+    __sync_synchronize();
+    if (pass < 2) {
+      gg_merge(&g, 0);
+      CK(cudaStreamSynchronize(g.st[0]));
+    }
+    gg_push(&g, 0);
+    CK(cudaStreamSynchronize(g.st[0]));
+    const int dirty = ll_dirty(&g, 0) || ll_dirty(&g, 1);
+    if (dirty != (pass == 2)) {
+      printf("  push-abort: pass %d (%s): slots %s\n", pass,
+             pass == 0 ? "aborted" : pass == 1 ? "FAILED" : "healthy",
+             dirty ? "written" : "untouched");
+      bad++;
+    }
+    gg_ws_read(&g, 0, g.L.off_call, &call, 8);
+    if (call != 1) {
+      printf("  push-abort: pass %d: call_seq %" PRIu64 ", want 1\n", pass,
+             call);
+      bad++;
+    }
+  }
+  printf("case %-30s %s\n", "push-after-abort-or-failed",
+         bad ? "FAIL" : "exact");
+  gg_free(&g);
+  return bad == 0;
+}
+
+/* An earlier, unrelated CUDA error of the caller's thread is neither taken
+ * for a launch failure nor cleared. */
+static int run_stale_error(uint64_t seed) {
+  static const tcase tc = {"stale", 2, 64, 256, 4096, 4, 16, 1, G_MIX,
+                           LEN_FULL, 1, 0, 0, 0, 0, 0};
+  gg g;
+  refset rs;
+  uint32_t bad = 0;
+  void *p = NULL;
+  gg_init(&g, tc.W, 4, 4, tc.N, tc.K, tc.B, tc.I, tc.max_local, tc.max_local,
+          0, 0);
+  ref_alloc(&rs, &g);
+  corner_inputs(&g, &tc, seed);
+  if (cudaMalloc(&p, (size_t)1 << 62) == cudaSuccess) {
+    cudaFree(p);
+    printf("  stale: the huge cudaMalloc succeeded\n");
+    bad++;
+  }
+  for (uint32_t r = 0; r < g.W; r++) {
+    int rc = dcpx_k_push(&g.kc[r], g.rows, gg_dlogits(&g, r), g.stride,
+                         g.d_ends[r], g.st[r]);
+    bad += rc != 0;
+  }
+  for (uint32_t r = 0; r < g.W; r++) {
+    int rc = dcpx_k_merge(&g.kc[r], g.rows, gg_dlogits(&g, r), g.stride,
+                          g.d_ends[r], g.d_req[r], g.d_bt[r], g.bt_rows,
+                          g.bt_cols, g.d_rows[r], g.d_valid[r], g.d_ids[r],
+                          g.d_sat[r], g.st[r]);
+    bad += rc != 0;
+  }
+  const cudaError_t last = cudaGetLastError();
+  if (bad)
+    printf("  stale: a launch reported the earlier error as its own\n");
+  if (last != cudaErrorMemoryAllocation) {
+    printf("  stale: last error %s, want cudaErrorMemoryAllocation\n",
+           cudaGetErrorName(last));
+    bad++;
+  }
+  if (gg_wait(&g, 20.0, gg_now(), NULL) < 0)
+    bad++;
+  bad += corner_compare(&g, &rs, "stale");
+  printf("case %-30s %s\n", "stale-launch-error", bad ? "FAIL" : "exact");
+  ref_free(&rs, g.W);
+  gg_free(&g);
+  return bad == 0;
+}
+
+/* Calls replayed from CUDA graphs carry their own call sequence: the
+ * third replay stalls rank 1 (fault_call = 3) and the others' records say
+ * call 3. */
+static int run_graph_tags(uint64_t seed) {
+  const tcase *tc = &fault_tc;
+  gg g;
+  refset rs;
+  uint32_t bad = 0;
+  cudaGraph_t gr[DCPX_MAX_WORLD];
+  cudaGraphExec_t ge[DCPX_MAX_WORLD];
+  gg_init(&g, tc->W, 16, 16, tc->N, tc->K, tc->B, tc->I, tc->max_local,
+          tc->max_local, 0, 0); /* 4 x 16 merge blocks: all co-resident */
+  ref_alloc(&rs, &g);
+  g.hdr->timeout_ns = 150000000ull;
+  gen_dominant_rank1(&g, seed);
+  gg_upload(&g);
+  gg_poison(&g);
+  for (uint32_t r = 0; r < g.W; r++) {
+    CK(cudaStreamSynchronize(g.st[r]));
+    CK(cudaStreamBeginCapture(g.st[r], cudaStreamCaptureModeThreadLocal));
+    gg_push(&g, r);
+    gg_merge(&g, r);
+    CK(cudaStreamEndCapture(g.st[r], &gr[r]));
+    CK(cudaGraphInstantiate(&ge[r], gr[r], 0));
+  }
+  for (uint32_t call = 1; call <= 3; call++) {
+    if (call == 3)
+      corner_arm(&g, 1, 3, 600000000ull);
+    for (uint32_t r = 0; r < g.W; r++)
+      CK(cudaGraphLaunch(ge[r], g.st[r]));
+    gg_wait(&g, 20.0, gg_now(), NULL);
+    if (call < 3)
+      bad += corner_compare(&g, &rs, "graph");
+  }
+  if (!g.health[1].fault_fired) {
+    printf("  graph: the stall armed for call 3 never fired\n");
+    bad++;
+  }
+  for (uint32_t r = 0; r < g.W; r++) {
+    const dcpx_wait_record *rec = &g.rec[(size_t)r * g.sh.rows];
+    uint64_t call = 0;
+    gg_ws_read(&g, r, g.L.off_call, &call, 8);
+    if (call != 3) {
+      printf("  graph: rank %u call_seq %" PRIu64 ", want 3\n", r, call);
+      bad++;
+    }
+    if (r == 1)
+      continue;
+    if (rec->kind != DCPX_REC_TIMEOUT || rec->call_tag != 3) {
+      printf("  graph: rank %u record kind %u call %" PRIu64
+             ", want a timeout in call 3\n",
+             r, rec->kind, rec->call_tag);
+      bad++;
+    }
+  }
+  for (uint32_t r = 0; r < g.W; r++) {
+    cudaGraphExecDestroy(ge[r]);
+    cudaGraphDestroy(gr[r]);
+  }
+  printf("case %-30s %s\n", "graph-replay-call-tags", bad ? "FAIL" : "exact");
+  ref_free(&rs, g.W);
+  gg_free(&g);
+  return bad == 0;
+}
+
+/* A peer that trickles: rank 0 alone runs; the host delivers the lists of
+ * sources 1, 2, 3 one every 60 ms with a 100 ms timeout. Each single wait
+ * is shorter than the timeout, but the row's wait phase is not: the row
+ * must give up at about 100 ms. */
+static int run_trickle(void) {
+  gg g;
+  uint32_t bad = 0;
+  gg_init(&g, 4, 1, 1, 8, 16, 1, 1, 64, 64, 0, 0);
+  g.hdr->timeout_ns = 100000000ull;
+  for (uint32_t r = 0; r < g.W; r++)
+    g.h_ends[r][0] = 64;
+  gg_upload(&g);
+  gg_poison(&g);
+  CK(cudaStreamSynchronize(g.st[0]));
+  const double ts = gg_now();
+  gg_push(&g, 0);
+  gg_merge(&g, 0);
+  const size_t n = (size_t)g.L.pairs * 4;
+  uint32_t *pairs = (uint32_t *)calloc(n, 4);
+  for (size_t i = 1; i < n; i += 2)
+    pairs[i] = 1; /* empty lists, tag e = 1 */
+  for (uint32_t s = 1; s < g.W; s++) {
+    usleep(60000);
+    gg_ws_write(&g, 0, g.L.off_ll + dcpx_ll_offset(&g.L, 1, s, 0, 0), pairs,
+                n * 4);
+  }
+  free(pairs);
+  double done[DCPX_MAX_WORLD] = {0};
+  uint32_t left = 1;
+  while (left) {
+    cudaError_t e = cudaStreamQuery(g.st[0]);
+    if (e == cudaSuccess) {
+      done[0] = gg_now() - ts;
+      left = 0;
+    } else if (gg_now() - ts > 20.0) {
+      g.hdr->abort = DCPX_ABORT_OPERATOR;
+    }
+    usleep(200);
+  }
+  gg_download(&g);
+  const dcpx_wait_record *rec = &g.rec[0];
+  if (g.g_valid[0][0] != -1 || rec->kind != DCPX_REC_TIMEOUT ||
+      rec->region != DCPX_REGION_LL_SLOTS) {
+    printf("  trickle: valid_out %d, record kind %u region %u: the row "
+           "outlived its timeout\n",
+           g.g_valid[0][0], rec->kind, rec->region);
+    bad++;
+  }
+  printf("case %-30s done %.3fs %s\n", "trickling-peer", done[0],
+         bad ? "FAIL" : "exact");
+  g.hdr->abort = 0;
+  gg_free(&g);
+  return bad == 0;
+}
+
+static int run_corners(void) {
+  int ok = 1;
+  ok &= run_push_abort(g_seed ^ 0xAB);
+  ok &= run_stale_error(g_seed ^ 0x57A1);
+  ok &= run_trickle();
+  ok &= run_staged_overwrite(g_seed ^ 0x57A6);
+  ok &= run_graph_tags(g_seed ^ 0x6A);
+  return ok;
+}
+
 /* ---- bad arguments --------------------------------------------------------------- */
 
 static int run_args(void) {
@@ -753,25 +1079,25 @@ static int run_args(void) {
       bad++;                                                                  \
     }                                                                         \
   } while (0)
-  EXPECT_RC(dcpx_k_push(NULL, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], 0, 0),
+  EXPECT_RC(dcpx_k_push(NULL, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], 0),
             DCPX_E_INVAL);
-  EXPECT_RC(dcpx_k_push(&c, 5, gg_dlogits(&g, 0), 64, g.d_ends[0], 0, 0),
+  EXPECT_RC(dcpx_k_push(&c, 5, gg_dlogits(&g, 0), 64, g.d_ends[0], 0),
             DCPX_E_INVAL);
-  EXPECT_RC(dcpx_k_push(&c, 1, NULL, 64, g.d_ends[0], 0, 0), DCPX_E_INVAL);
-  EXPECT_RC(dcpx_k_push(&c, 0, gg_dlogits(&g, 0), 64, g.d_ends[0], 0, 0), 0);
+  EXPECT_RC(dcpx_k_push(&c, 1, NULL, 64, g.d_ends[0], 0), DCPX_E_INVAL);
+  EXPECT_RC(dcpx_k_push(&c, 0, gg_dlogits(&g, 0), 64, g.d_ends[0], 0), 0);
   c.L.rw_n++;
-  EXPECT_RC(dcpx_k_push(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], 0, 0),
+  EXPECT_RC(dcpx_k_push(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], 0),
             DCPX_E_INVAL);
   c = g.kc[0];
   c.rank = 2;
   EXPECT_RC(dcpx_k_merge(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0],
                          g.d_req[0], g.d_bt[0], g.bt_rows, g.bt_cols,
-                         g.d_rows[0], g.d_valid[0], NULL, NULL, 0, 0),
+                         g.d_rows[0], g.d_valid[0], NULL, NULL, 0),
             DCPX_E_INVAL);
   c = g.kc[0];
   EXPECT_RC(dcpx_k_merge(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], NULL,
                          g.d_bt[0], g.bt_rows, g.bt_cols, g.d_rows[0],
-                         g.d_valid[0], NULL, NULL, 0, 0),
+                         g.d_valid[0], NULL, NULL, 0),
             DCPX_E_INVAL);
 #undef EXPECT_RC
   printf("case %-30s %s\n", "bad-arguments", bad ? "FAIL" : "exact");
@@ -816,6 +1142,10 @@ int main(void) {
   if (!g_only || strstr("fault-abort-recover", g_only)) {
     total++;
     pass += (uint32_t)run_fault(g_seed ^ 0xFA17);
+  }
+  if (!g_only || strstr("corners", g_only)) {
+    total++;
+    pass += (uint32_t)run_corners();
   }
   printf("gpu-exact: %u/%u cases (%.1f s)\n", pass, total, gg_now() - t0);
   return pass == total ? 0 : 1;

@@ -167,6 +167,7 @@ typedef struct world_t {
   int bench_in; /* gen_call: full rows (max_local), normal values */
   uint32_t *gate_h, *gate_d; /* graph bench: start gate (host-mapped) */
   uint32_t gate_seq;
+  double rescue_pct; /* rows whose reference rescued, last compare */
 } world_t;
 
 static void wait_stream(cudaStream_t st, const char *what) {
@@ -311,6 +312,13 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
       c->ctl = (dcpx_ctl_header *)w->ctl_d;
       c->health = (dcpx_rank_health *)(w->ctl_d + w->L.off_ranks);
       c->records = (dcpx_wait_record *)(w->ctl_d + w->L.off_records);
+      c->poll_storm = getenv("DCPX_POLL_STORM") != NULL;
+      c->stage = NULL;
+      c->klist = NULL;
+      if (dcpx_k_merge_stage_bytes(c))
+        CK(cudaMalloc((void **)&c->stage, dcpx_k_merge_stage_bytes(c)));
+      if (dcpx_k_klist_wanted(c))
+        CK(cudaMalloc((void **)&c->klist, dcpx_k_klist_bytes(c)));
       KCK(dcpx_k_ctx_check(c));
     }
   }
@@ -330,6 +338,10 @@ static void world_free(world_t *w) {
     wait_stream(k->st, "teardown");
     ncclCommDestroy(k->comm);
     cudaFree(k->d_log);
+    if (k->kc.stage)
+      cudaFree(k->kc.stage);
+    if (k->kc.klist)
+      cudaFree(k->kc.klist);
     cudaFree(k->d_end);
     cudaFree(k->d_req);
     cudaFree(k->d_bt);
@@ -421,10 +433,10 @@ static void enqueue_call(world_t *w, rank_t *k) {
                            k->d_sat, k->st));
   } else {
     KCK(dcpx_k_push(&k->kc, tc->rows, k->d_log, tc->stride, k->d_end,
-                    w->tag, k->st));
+                    k->st));
     KCK(dcpx_k_merge(&k->kc, tc->rows, k->d_log, tc->stride, k->d_end,
                      k->d_req, k->d_bt, w->bt_rows, w->bt_cols, k->d_rows,
-                     k->d_valid, k->d_ids, k->d_sat, w->tag, k->st));
+                     k->d_valid, k->d_ids, k->d_sat, k->st));
   }
 }
 
@@ -479,6 +491,10 @@ static uint64_t compare(world_t *w, const char *what, uint32_t call) {
   const tcase *tc = &w->tc;
   const size_t nout = (size_t)tc->rows * tc->K;
   uint64_t bad = 0;
+  uint32_t resc = 0;
+  for (uint32_t t = 0; t < tc->rows; t++)
+    resc += (w->x_sat[0][t] >> 16) != 0;
+  w->rescue_pct = 100.0 * resc / (tc->rows ? tc->rows : 1);
   for (uint32_t r = 0; r < w->W; r++) {
     rank_t *k = &w->rk[r];
     CK(cudaSetDevice(k->dev));
@@ -580,7 +596,8 @@ static void run_bench_host(const tcase *tc, uint32_t W, const int *devs) {
  * replays the same number of calls, so the LL epochs (device memory, next()
  * per call) stay in step. Outputs are checked against dcpx_ref_call after
  * the eager call, after the first graph launch and after the timed reps. */
-static int g_gb_iters = 50, g_gb_reps = 25;
+static int g_gb_iters = 50, g_gb_reps = 5;
+static uint32_t g_gb_n = 512; /* DCPX_BENCH_N */
 
 static void *capture_thread(void *p) {
   rank_t *k = (rank_t *)p;
@@ -649,10 +666,12 @@ static int cmp_dbl(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Times one transport; returns the max over ranks of the per-rank median
- * us/call (and the min in *ret_min); *ret_bad: mismatching rows. */
+/* Times one transport: a rep's us/call is its slowest rank's span over
+ * ITERS calls; returns the median rep (min and max in *ret_min, *ret_max);
+ * *ret_bad: mismatching rows. */
 static double gbench_transport(world_t *w, int transport, double *ret_min,
-                               uint64_t *ret_bad, char *detail, size_t dcap) {
+                               double *ret_max, uint64_t *ret_bad,
+                               char *detail, size_t dcap) {
   const char *name = transport == DCPX_TRANSPORT_NCCL ? "nccl" : "ll";
   uint64_t bad = 0;
   capture_all(w, transport);
@@ -665,32 +684,39 @@ static double gbench_transport(world_t *w, int transport, double *ret_min,
   poison(w);
   launch_all(w, -1);
   bad += compare(w, name, 2);
-  double mx = 0, mn = 1e30;
+  /* A rep's per-call time: the slowest rank's span / ITERS. */
+  double rep[64];
+  const int nrep = g_gb_reps < 64 ? g_gb_reps : 64;
+  for (int i = 0; i < nrep; i++) {
+    rep[i] = 0;
+    for (uint32_t r = 0; r < w->W; r++)
+      if (w->rk[r].ms[i] * 1e3 / g_gb_iters > rep[i])
+        rep[i] = w->rk[r].ms[i] * 1e3 / g_gb_iters;
+  }
+  qsort(rep, (size_t)nrep, sizeof(double), cmp_dbl);
+  const double mn = rep[0], mx = rep[nrep - 1], med = rep[nrep / 2];
   size_t n = (size_t)snprintf(detail, dcap, "%s rank medians us/call:", name);
   for (uint32_t r = 0; r < w->W; r++) {
     rank_t *k = &w->rk[r];
     qsort(k->ms, (size_t)g_gb_reps, sizeof(double), cmp_dbl);
-    const double med = k->ms[g_gb_reps / 2] * 1e3 / g_gb_iters;
-    if (med > mx)
-      mx = med;
-    if (med < mn)
-      mn = med;
     if (n < dcap)
-      n += (size_t)snprintf(detail + n, dcap - n, " %.2f", med);
+      n += (size_t)snprintf(detail + n, dcap - n, " %.2f",
+                            k->ms[g_gb_reps / 2] * 1e3 / g_gb_iters);
     CK(cudaSetDevice(k->dev));
     CK(cudaGraphExecDestroy(k->ge));
     k->ge = NULL;
   }
+  *ret_max = mx;
   *ret_min = mn;
   *ret_bad = bad;
-  return mx;
+  return med;
 }
 
 /* One configuration: W ranks, `rows` rows, N=512, K=2048, local length
  * 16384, B=64. Prints a table row; returns 1 if every check was exact. */
 static int run_gbench(uint32_t W, uint32_t rows, const int *devs,
                       uint64_t seed, char *notes, size_t ncap) {
-  const tcase tc = {"bench", rows, rows, 512, 2048, 64, 1, 16384, 16384};
+  const tcase tc = {"bench", rows, rows, g_gb_n, 2048, 64, 1, 16384, 16384};
   world_t *w = calloc(1, sizeof(*w));
   world_init(w, W, &tc, devs);
   w->bench_in = 1;
@@ -722,24 +748,27 @@ static int run_gbench(uint32_t W, uint32_t rows, const int *devs,
     run_calls(w, DCPX_TRANSPORT_LL, 3);
   }
   char dl[512] = "ll: no P2P", dn[512];
-  double ll = -1, ll_min = 0, nc, nc_min;
+  double ll = -1, ll_min = 0, ll_max = 0, nc, nc_min, nc_max;
   uint64_t b;
   if (w->ll_ok) {
-    ll = gbench_transport(w, DCPX_TRANSPORT_LL, &ll_min, &b, dl, sizeof(dl));
+    ll = gbench_transport(w, DCPX_TRANSPORT_LL, &ll_min, &ll_max, &b, dl,
+                          sizeof(dl));
     bad_l += b;
   }
-  nc = gbench_transport(w, DCPX_TRANSPORT_NCCL, &nc_min, &b, dn, sizeof(dn));
+  nc = gbench_transport(w, DCPX_TRANSPORT_NCCL, &nc_min, &nc_max, &b, dn,
+                        sizeof(dn));
   bad_n += b;
-  char lls[32], ratio[32];
+  char lls[64], ratio[32];
   if (ll >= 0) {
-    snprintf(lls, sizeof(lls), "%.2f", ll);
+    snprintf(lls, sizeof(lls), "%.2f (%.2f-%.2f)", ll, ll_min, ll_max);
     snprintf(ratio, sizeof(ratio), "%.2f", nc / ll);
   } else {
     snprintf(lls, sizeof(lls), "no P2P");
     snprintf(ratio, sizeof(ratio), "-");
   }
-  printf("| %4u | %10s | %12.2f | %13s | %-8s | %-8s |\n", rows, lls, nc,
-         ratio, !w->ll_ok ? "-" : bad_l ? "MISMATCH" : "exact",
+  printf("| %4u | %u | %s | %.2f (%.2f-%.2f) | %s | %.0f%% | %-8s | %-8s |\n",
+         rows, g_gb_n, lls, nc, nc_min, nc_max, ratio, w->rescue_pct,
+         !w->ll_ok ? "-" : bad_l ? "MISMATCH" : "exact",
          bad_n ? "MISMATCH" : "exact");
   fflush(stdout);
   size_t n = strlen(notes);
@@ -764,20 +793,25 @@ static int gbench_main(uint32_t W, int ndev, const int *devs, uint64_t seed) {
   const char *e;
   if ((e = getenv("DCPX_BENCH_ITERS")) && atoi(e) > 0)
     g_gb_iters = atoi(e);
-  if ((e = getenv("DCPX_BENCH_REPS")) && atoi(e) > 0)
+  if ((e = getenv("DCPX_BENCH_REPS")) && atoi(e) > 0 && atoi(e) <= 64)
     g_gb_reps = atoi(e);
+  if ((e = getenv("DCPX_BENCH_N")) && atoi(e) > 0 && atoi(e) < 2048)
+    g_gb_n = (uint32_t)atoi(e);
   char gpu[256] = "";
   struct cudaDeviceProp pr;
   CK(cudaGetDeviceProperties(&pr, 0));
   snprintf(gpu, sizeof(gpu), "%s", pr.name);
   e = getenv("NCCL_NVLS_ENABLE");
   printf("\n## Per call, CUDA graphs: W=%u (one rank per GPU, %d GPU(s) %s), "
-         "N=512, K=2048, local length 16384, B=64\n\n"
-         "%d calls per graph launch, median of %d launches per rank, max "
-         "over ranks; NCCL_NVLS_ENABLE=%s\n\n",
-         W, ndev, gpu, g_gb_iters, g_gb_reps, e ? e : "(unset)");
-  printf("| rows | LL us/call | NCCL us/call | NCCL/LL ratio | LL check | "
-         "NCCL check |\n|---:|---:|---:|---:|---|---|\n");
+         "N=%u, K=2048, local length 16384, B=64%s\n\n"
+         "%d calls per graph launch; a rep = one launch, its us/call the "
+         "slowest rank's; median (min-max) of %d reps; "
+         "NCCL_NVLS_ENABLE=%s\n\n",
+         W, ndev, gpu, g_gb_n, getenv("DCPX_POLL_STORM") ? ", POLL STORM (old control-page polling)" : "",
+         g_gb_iters, g_gb_reps, e ? e : "(unset)");
+  printf("| rows | N | LL us/call | NCCL us/call | NCCL/LL ratio (medians) | "
+         "rows rescued | LL check | NCCL check |\n"
+         "|---:|---:|---:|---:|---:|---:|---|---|\n");
   fflush(stdout);
   static char notes[8192];
   notes[0] = 0;
