@@ -2,7 +2,7 @@
  *
  * dcpx merges, for every query row of a decode-context-parallel group, the
  * ranks' local top-N indexer candidates into the exact global top-K
- * (shared/DESIGN.md is the contract; docs/ARCHITECTURE.md the tour).
+ * (docs/PROTOCOL.md is the contract; docs/ARCHITECTURE.md the tour).
  *
  * Who owns what:
  *   - The caller owns every buffer it passes in; libdcpx never keeps a
@@ -264,7 +264,9 @@ DCPX_API int dcpx_leave(dcpx_member *member);
 /* Push: this rank's local top-N of each of `rows` rows of bf16 `logits`
  * ([rows][stride], row t valid up to row_ends[t]) to every rank.
  * call_tag is the caller's name for the call (e.g. step * layers + layer);
- * dcpx_merge keeps it in the rank's health block (last_call_tag). Wait
+ * the library keeps it in the rank's health block (last_call_tag: the host
+ * backend at the merge, the CUDA backend at the push; under a CUDA graph
+ * it is the tag of capture time). Wait
  * records and fault injections name a call by its sequence number
  * instead: 1 for the first push since the join or the last recovery, +1
  * for each push (kept in device memory, so that CUDA graphs replay it). */

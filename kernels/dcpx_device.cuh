@@ -47,17 +47,16 @@
  * exact path (three passes over the row) takes over whenever the sample
  * was not good enough. Both give the same words.
  *
- * Memory ordering (DESIGN.md sections 4-6):
+ * Memory ordering (docs/PROTOCOL.md sections 4-6):
  *   - LL pairs are one 16-byte store of two 8-byte (word, tag) halves,
  *     written as st.volatile.v2.u64, so each half is a single-copy-atomic
  *     64-bit element; readers load the same 16 bytes as ld.volatile.v2.u64
- *     and accept each half whose tag is the epoch.
- *   - Data a peer wrote (LL words, rescue lists) is re-read with volatile
- *     loads, which bypass the non-coherent L1.
- *   - Rescue: plain stores of the list, block barrier, then per destination
- *     a system fence and st.release.sys of the flag; the reader polls with
- *     ld.acquire.sys, then a block barrier, then volatile loads.
- *   - Waits never trap: see dcpx_dev_wait_* below.
+ *     and accept each half whose tag is the epoch (round 1) or the row's
+ *     round-2 epoch q2 (the rescue lists). No fence, no flag anywhere.
+ *   - A reader copies every accepted word once into its staging area and
+ *     never reads a peer-written slot again (merge.cu).
+ *   - Waits never trap, and read the host control page only through the
+ *     rank's device mirror: see dcpx_dev_wait_* below.
  */
 #ifndef DCPX_DEVICE_CUH
 #define DCPX_DEVICE_CUH
@@ -510,22 +509,27 @@ DCPX_D int dcpx_dev_flat_select(dcpx_sel_smem *S, const uint32_t *keys,
     dcpx_dev_sel1_bases(S);
     return all;
   }
-  for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
-    const uint4 k = dcpx_dev_key4(keys, f, n);
-    dcpx_dev_hist_add(S->hist, k.x >> 16);
-    dcpx_dev_hist_add(S->hist, k.y >> 16);
-    dcpx_dev_hist_add(S->hist, k.z >> 16);
-    dcpx_dev_hist_add(S->hist, k.w >> 16);
+  for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
+    const uint32_t f = f0 + 4u * lane;
+    const uint4 k = f < fend ? dcpx_dev_key4(keys, f, n) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (uint32_t e = 0; e < 4; e++) {
+      const uint32_t o = dcpx_dev_u4word(k, e) >> 16;
+      if (o)
+        atomicAdd(S->hist + (o >> 4), 1u);
+    }
   }
   all = dcpx_dev_sel_after_a(S, K, ret_nz);
   const uint32_t lim = all ? 0u : S->hb << 4;
   uint32_t *h16w = S->h16 + 16u * warp, gtb = 0;
-  for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
-    const uint4 k = dcpx_dev_key4(keys, f, n);
-    gtb += dcpx_dev_passb(h16w, k.x >> 16, lim);
-    gtb += dcpx_dev_passb(h16w, k.y >> 16, lim);
-    gtb += dcpx_dev_passb(h16w, k.z >> 16, lim);
-    gtb += dcpx_dev_passb(h16w, k.w >> 16, lim);
+  for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
+    const uint32_t f = f0 + 4u * lane;
+    const uint4 k = f < fend ? dcpx_dev_key4(keys, f, n) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (uint32_t e = 0; e < 4; e++) {
+      const uint32_t o = dcpx_dev_u4word(k, e) >> 16;
+      gtb += dcpx_dev_passb(h16w, o, lim);
+    }
   }
   gtb = __reduce_add_sync(DCPX_FULL, gtb);
   if (lane == 0)
@@ -1079,6 +1083,7 @@ typedef struct dcpx_wctx {
 DCPX_D void dcpx_dev_wait_begin(dcpx_blkwait *bw) {
   const uint64_t now = dcpx_dev_now();
   bw->fail = 0;
+  bw->limit = 0; /* unknown until the first check reads the mirror */
   bw->t0 = now;
   bw->next = now + DCPX_BLK_CHECK_NS;
 }
@@ -1426,14 +1431,16 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
     }
     ro[p] = v;
   }
-  /* An own element outside the table costs the row its rows_out (as the
-   * host backend does), never a wild read. */
-  if (__syncthreads_or(bad)) {
+  /* A request outside the table, or an own element outside it, costs the
+   * row its rows_out and valid_out (as the host backend does), never a
+   * wild read; ids_out stays. */
+  const int anybad = __syncthreads_or(bad || !req_ok);
+  if (anybad) {
     for (uint32_t p = threadIdx.x; p < K; p += DCPX_K_MERGE_THREADS)
       ro[p] = -1;
   }
   if (threadIdx.x == 0)
-    o->valid_out[t] = bad ? -1 : (int32_t)cnt;
+    o->valid_out[t] = anybad ? -1 : (int32_t)cnt;
 }
 
 #endif /* DCPX_DEVICE_CUH */

@@ -12,7 +12,7 @@
  *   - The launch functions only enqueue: no host sync, no allocation, no
  *     syscall, so they can be captured into CUDA graphs. Kernel arguments
  *     are passed by value; per-call state lives in the workspace (epochs,
- *     seq2, flags). They return 0, DCPX_E_INVAL for bad arguments, or
+ *     seq2, the rank state). They return 0, DCPX_E_INVAL for bad arguments, or
  *     DCPX_E_CUDA when the launch itself failed.
  *   - dcpx_k_prepare() must run once per device, before the first launch and
  *     outside any stream capture: it raises the kernels' dynamic shared

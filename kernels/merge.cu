@@ -177,26 +177,26 @@ DCPX_D void list_bounds(const uint32_t *list, uint32_t total, uint32_t W,
 
 /* Round 2's keys besides the polled rescue lists: each non-saturated
  * rank's N list with the keys outside S1 as empty, and every segment's
- * padding, into k2 (segment s at off2[s]). */
+ * padding, into k2 (segment s at off2[s]); warp s copies rank s (W <= the
+ * number of warps). */
 DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
                         const uint32_t *off2, uint32_t *k2, uint32_t mask,
                         uint32_t W, uint32_t N, uint32_t K, uint32_t *kmn,
                         uint32_t *kmx) {
-  for (uint32_t s = 0; s < W; s++) {
-    const uint32_t sat = (mask >> s) & 1u, len = sat ? K : N;
-    const uint32_t end = off2[s + 1] - off2[s];
-    for (uint32_t j = threadIdx.x; j < end; j += MT) {
-      if (sat && j < len)
-        continue; /* polled */
-      uint32_t w = 0;
-      const uint32_t f = s * N + j;
-      if (j < len && ((bits1[f >> 5] >> (f & 31u)) & 1u)) {
-        w = k1[f];
-        *kmn = min(*kmn, w >> 16);
-        *kmx = max(*kmx, w >> 16);
-      }
-      k2[off2[s] + j] = w;
+  const uint32_t s = threadIdx.x >> 5;
+  if (s >= W)
+    return;
+  const uint32_t sat = (mask >> s) & 1u, len = sat ? K : N;
+  const uint32_t o = off2[s], end = off2[s + 1] - o;
+  for (uint32_t j = (sat ? len : 0u) + (threadIdx.x & 31u); j < end; j += 32) {
+    uint32_t w = 0;
+    const uint32_t f = s * N + j;
+    if (j < len && ((bits1[f >> 5] >> (f & 31u)) & 1u)) {
+      w = k1[f];
+      *kmn = min(*kmn, w >> 16);
+      *kmx = max(*kmx, w >> 16);
     }
+    k2[o + j] = w;
   }
 }
 
@@ -214,6 +214,7 @@ static __global__ void __launch_bounds__(MT)
   __shared__ uint32_t bound[DCPX_MAX_WORLD + 1];
   __shared__ uint32_t off2[DCPX_MAX_WORLD + 1];
   __shared__ uint32_t kmin_s;
+  __shared__ char *peer[DCPX_MAX_WORLD];
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -257,6 +258,8 @@ static __global__ void __launch_bounds__(MT)
   /* The fault hook (block 0, thread 0, its first row): its word lives in
    * host memory, so it is asked for now and looked at only when the row
    * first waits or has finished its poll. */
+  if (tid < W)
+    peer[tid] = c.peers[tid]; /* read after the row's first barrier */
   int hook = 0;
   uint32_t armed = 0;
   if (blockIdx.x == 0 && tid == 0) {
@@ -369,7 +372,7 @@ static __global__ void __launch_bounds__(MT)
           for (uint32_t i = tid; i < PK; i += MT) {
             const uint2 w = ((const uint2 *)list)[i];
             for (uint32_t d = 0; d < W; d++)
-              dcpx_dev_ll_store(c.peers[d] + dst + (uint64_t)i * 16u, w.x, w.y,
+              dcpx_dev_ll_store(peer[d] + dst + (uint64_t)i * 16u, w.x, w.y,
                                 q2);
           }
         }

@@ -164,9 +164,10 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
     return r;
   if (rows > c->rows_max || !logits || !stride || !row_ends)
     return DCPX_E_INVAL;
-  if (rows == 0)
-    return 0;
-  const cudaLaunchConfig_t cfg = dcpx_launch_cfg(rows, PT, dcpx_k_push_smem(c), s);
+  /* rows == 0 still launches one block: an empty call is a call, and
+   * block 0 advances the call sequence (as the host backend does). */
+  const cudaLaunchConfig_t cfg =
+      dcpx_launch_cfg(rows ? rows : 1u, PT, dcpx_k_push_smem(c), s);
   /* The launch's own status, not cudaGetLastError's (merge.cu). */
   if (cudaLaunchKernelEx(&cfg, dcpx_push_kernel, *c, rows, logits, stride,
                          row_ends) != cudaSuccess)

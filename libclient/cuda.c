@@ -362,6 +362,14 @@ int dcpx__cuda_push(struct dcpx_member *m, uint32_t rows,
                     const int32_t *row_ends, uint64_t call_tag,
                     void *stream) {
   int r;
+  /* Refused, not enqueued, while the group is aborted or this rank FAILED
+   * (two loads of the mapped control page, no syscall): such a push must
+   * store nothing (docs/PROTOCOL.md 4), and after a refused call the
+   * device's stop word may not know yet. dcpx_recover clears both. */
+  if (m->hdr->abort)
+    return DCPX_E_ABORTED;
+  if (m->health[m->rank].failed)
+    return DCPX_E_FAILED;
   if (rows > m->shape.rows)
     r = DCPX_E_RANGE;
 #ifdef HAVE_NCCL

@@ -29,16 +29,27 @@ step() { echo "== $*"; }
 
 step test_kernels
 timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$OUT/test_kernels.log" 2>&1 || rc=1
-grep -E "^case|gpu-exact|MISMATCH|FAIL|  " "$OUT/test_kernels.log" | tail -60
+grep -E "gpu-exact|MISMATCH|FAIL|corner|push-after|stale|trickl|staged|graph-replay" \
+  "$OUT/test_kernels.log" | tail -20
+step "test_kernels, DCPX_KLIST=1 (every push keeps its top K)"
+DCPX_KLIST=1 timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$OUT/test_kernels_klist.log" 2>&1 || rc=1
+grep -E "gpu-exact|MISMATCH|FAIL" "$OUT/test_kernels_klist.log" | tail -5
 
 step test_nccl
 timeout -k 5 120 "$B/tests/gpu/test_nccl" > "$OUT/test_nccl.log" 2>&1 || rc=1
 grep -E "nccl-exact|MISMATCH|FAIL" "$OUT/test_nccl.log"
 
 step bench_kernels
-BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 150 "$B/tests/gpu/bench_kernels" \
+BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 200 "$B/tests/gpu/bench_kernels" \
   > "$OUT/bench_kernels.md" 2>&1 || rc=1
 cat "$OUT/bench_kernels.md"
+
+step "torch.topk baselines (same shapes, graph replays)"
+gcc -shared -fPIC -O2 -std=gnu11 -Iinclude -Icommon -I"$B/include" \
+    common/wire.c common/merge.c common/ref.c -o /tmp/libdcpxref.so 2>&1 | tail -3
+timeout -k 5 300 python3 bench/torch_baseline.py --lib /tmp/libdcpxref.so \
+    > "$OUT/torch_baseline.md" 2>&1 || rc=1
+tail -12 "$OUT/torch_baseline.md"
 
 if [ "$ngpu" -ge 2 ]; then
   for n in 512 1280; do
@@ -47,6 +58,10 @@ if [ "$ngpu" -ge 2 ]; then
       > "$OUT/gbench_n$n.md" 2>&1 || rc=1
     grep -E "^\||^## |gbench" "$OUT/gbench_n$n.md"
   done
+  step "test_nccl --bench 2, N=512, DCPX_KLIST=0 (rescue lists from the row)"
+  DCPX_KLIST=0 DCPX_BENCH_N=512 timeout -k 5 150 "$B/tests/gpu/test_nccl" \
+    --bench 2 > "$OUT/gbench_n512_klist0.md" 2>&1 || rc=1
+  grep -E "^\||^## |gbench" "$OUT/gbench_n512_klist0.md"
   step "test_nccl --bench 2, N=512, DCPX_POLL_STORM=1"
   DCPX_POLL_STORM=1 DCPX_BENCH_N=512 timeout -k 5 150 \
     "$B/tests/gpu/test_nccl" --bench 2 > "$OUT/gbench_storm.md" 2>&1 || rc=1
