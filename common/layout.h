@@ -222,6 +222,39 @@ static inline uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,
   return ((((uint64_t)p * L->world + s) * L->rows + t) * L->pairs + i) * 16u;
 }
 
+/* ---- the LL merge's staging area (CUDA kernels) ----------------------------
+ *
+ * An LL merge block copies every word of a row it reads (the W lists,
+ * then round 2's keys) once into a staging area and selects from there:
+ *   k1 [W*N, to 4]        round-1 entries, flat (r, l) order
+ *   p1 [W][rw_n - N]      their bit-16 planes
+ *   k2 [see below, to 4]  round-2 keys, rank-major, each rank's segment
+ *                         (N, or K for a saturated rank) padded to 4
+ *   p2 [S][rw_k - K]      the saturated ranks' rescue-list planes
+ * in shared memory when it fits DCPX_STAGE_SMEM_BYTES, else in a
+ * rank-private global area of `words` per block. */
+#define DCPX_STAGE_SMEM_BYTES (100u * 1024u)
+
+typedef struct dcpx_stage_plan {
+  uint32_t k1, p1, k2, p2, words; /* uint32 words of each part, and in all */
+  uint32_t in_smem;
+} dcpx_stage_plan;
+
+static inline uint32_t dcpx__pad4(uint32_t x) { return (x + 3u) & ~3u; }
+
+static inline dcpx_stage_plan dcpx_stage_plan_of(const dcpx_layout *L) {
+  const uint32_t W = L->world, N = L->local_topk, K = L->topk;
+  const uint32_t S = L->rescue_slots;
+  dcpx_stage_plan p;
+  p.k1 = dcpx__pad4(W * N);
+  p.p1 = dcpx__pad4(W * (L->rw_n - N));
+  p.k2 = dcpx__pad4((W - S) * N + S * K + 3u * W);
+  p.p2 = dcpx__pad4(S * (L->rw_k - K));
+  p.words = p.k1 + p.p1 + p.k2 + p.p2;
+  p.in_smem = (uint64_t)p.words * 4u <= DCPX_STAGE_SMEM_BYTES;
+  return p;
+}
+
 /* ---- the NCCL transport's buffers -----------------------------------------
  *
  * With transport nccl the exchange does not use the LL slots or the rescue
@@ -235,12 +268,14 @@ static inline uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,
  *   recv   [W][R][rw_n]  ncclAllGather of every rank's send:
  *                        rank s's row t at (s * rows + t) * rw_n
  *   rsend  [R][rw_k]     this rank's local top-K list of each row in which
- *                        it is saturated (other rows: not written)
+ *                        it is saturated (other rows: not written); round
+ *                        2 over whole top-K lists gives the same result as
+ *                        over rescue lists (docs/PROTOCOL.md 5.6)
  *   rrecv  [W][R][rw_k]  ncclAllGather of every rank's rsend
  *   mask   [R]           round 1's saturation mask of each row
  *   bits   [R][bw]       round 1's S1 membership, bit f = key s * N + j,
  *                        bw = ceil(W*N/32) rounded up to a multiple of 4
- *
+
  * sat_word and stats stay in the workspace (its other regions are unused).
  */
 typedef struct dcpx_nccl_layout {

@@ -69,6 +69,7 @@
 
 #define DCPX_D static __device__ __forceinline__
 #define DCPX_FULL 0xFFFFFFFFu
+#define DCPX_PAD4(x) (((x) + 3u) & ~3u)
 
 #define DCPX_HI_BINS 4096u /* buckets of ord >> 4 */
 #define DCPX_K_CAND 8192u  /* fast-path candidate buffer entries (48 KiB) */
@@ -641,6 +642,31 @@ DCPX_D void dcpx_dev_warp_segment(uint32_t n, uint32_t *fbeg, uint32_t *fend) {
   *fend = min(n, *fbeg + kpw);
 }
 
+
+/* The range of the keys just polled, block-wide, into *kmin_s / S->kmax
+ * (both reset by the caller). */
+DCPX_D void dcpx_dev_range_publish(uint32_t kmn, uint32_t kmx, uint32_t *kmin_s,
+                          dcpx_sel_smem *S) {
+  kmn = __reduce_min_sync(DCPX_FULL, kmn);
+  kmx = __reduce_max_sync(DCPX_FULL, kmx);
+  if ((threadIdx.x & 31u) == 0) {
+    atomicMin(kmin_s, kmn);
+    atomicMax(&S->kmax, kmx);
+  }
+}
+
+/* bound[s] = first position of list[0..total) (entries s << 17 | l, in
+ * (r, l) order) whose rank is >= s, for s <= W. Ends with a barrier. */
+DCPX_D void dcpx_dev_list_bounds(const uint32_t *list, uint32_t total, uint32_t W,
+                        uint32_t *bound) {
+  for (uint32_t p = threadIdx.x; p <= total; p += blockDim.x) {
+    const uint32_t lo = p ? (list[p - 1] >> 17) + 1u : 0u;
+    const uint32_t hi = p < total ? list[p] >> 17 : W;
+    for (uint32_t s = lo; s <= hi; s++)
+      bound[s] = p;
+  }
+  __syncthreads();
+}
 
 /* ---- the local list (DESIGN.md section 3) -------------------------------- */
 
@@ -1363,9 +1389,10 @@ DCPX_D void dcpx_dev_out_args_init(dcpx_out_args *oa, const int32_t *bt,
   oa->rcp_i = rcp_i;
 }
 
-/* Round 2's key offsets (DESIGN.md 5.5, rank-major): rank s contributes
- * its K-list if saturated, else its N-list's S1 entries; off2[W] is the
- * total. One thread writes; the caller synchronises. */
+/* Round 2's key offsets (docs/PROTOCOL.md 5.5, rank-major): rank s
+ * contributes its K-list if saturated, else its N-list's S1 entries;
+ * off2[W] is the total. One thread writes; the caller synchronises. (The
+ * NCCL transport's round 2, which reads unpadded lists from the buffer.) */
 DCPX_D void dcpx_dev_round2_offsets(uint32_t *off2, uint32_t mask, uint32_t W,
                                     uint32_t K, uint32_t N) {
   uint32_t o = 0;

@@ -50,8 +50,6 @@
 #if DCPX_MAX_TOPK > 8 * MT
 #error "merge_outputs assumes K <= 8 * DCPX_K_MERGE_THREADS"
 #endif
-/* The staging area goes to shared memory up to this size. */
-#define DCPX_MERGE_STAGE_SMEM (100u * 1024u)
 
 /* Phase timestamps (kctx.prof, diagnostics): thread 0 records clock64 at
  * point i of row t into prof[t * DCPX_K_PROF_POINTS + i]. */
@@ -60,8 +58,6 @@
     if (c.prof && tid == 0)                                                   \
       c.prof[(uint64_t)t * DCPX_K_PROF_POINTS + (i)] = clock64();             \
   } while (0)
-
-static __host__ __device__ uint32_t pad4(uint32_t x) { return (x + 3u) & ~3u; }
 
 /* Dynamic shared memory plan of a context (word counts of each region),
  * and reciprocals for dcpx_dev_div, computed once on the host. */
@@ -73,18 +69,17 @@ typedef struct merge_plan {
 } merge_plan;
 
 static __host__ merge_plan plan_of(const dcpx_kctx *c) {
-  const uint32_t W = c->world, N = c->local_topk, K = c->topk;
-  const uint32_t S = c->L.rescue_slots;
+  const dcpx_stage_plan sp = dcpx_stage_plan_of(&c->L);
   merge_plan p;
   p.list_words = c->L.rw_k; /* > K; a multiple of 4 */
-  p.bits_words = pad4((W * N + 31) / 32);
-  p.k1_words = pad4(W * N);
-  p.p1_words = pad4(W * (c->L.rw_n - N));
-  p.k2_words = pad4((W - S) * N + S * K + 3u * W);
-  p.p2_words = pad4(S * (c->L.rw_k - K));
-  p.stage_words = p.k1_words + p.p1_words + p.k2_words + p.p2_words;
-  p.in_smem = (uint64_t)p.stage_words * 4u <= DCPX_MERGE_STAGE_SMEM;
-  p.rcp_n = 1.0f / (float)N;
+  p.bits_words = dcpx__pad4((c->world * c->local_topk + 31) / 32);
+  p.k1_words = sp.k1;
+  p.p1_words = sp.p1;
+  p.k2_words = sp.k2;
+  p.p2_words = sp.p2;
+  p.stage_words = sp.words;
+  p.in_smem = sp.in_smem;
+  p.rcp_n = 1.0f / (float)c->local_topk;
   p.rcp_b = 1.0f / (float)c->block_size;
   p.rcp_i = 1.0f / (float)c->interleave;
   return p;
@@ -148,31 +143,6 @@ DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
       }
     }
   }
-}
-
-/* The range of the keys just polled, block-wide, into *kmin_s / S->kmax
- * (both reset by the caller). */
-DCPX_D void range_publish(uint32_t kmn, uint32_t kmx, uint32_t *kmin_s,
-                          dcpx_sel_smem *S) {
-  kmn = __reduce_min_sync(DCPX_FULL, kmn);
-  kmx = __reduce_max_sync(DCPX_FULL, kmx);
-  if ((threadIdx.x & 31u) == 0) {
-    atomicMin(kmin_s, kmn);
-    atomicMax(&S->kmax, kmx);
-  }
-}
-
-/* bound[s] = first position of list[0..total) (entries s << 17 | l, in
- * (r, l) order) whose rank is >= s, for s <= W. Ends with a barrier. */
-DCPX_D void list_bounds(const uint32_t *list, uint32_t total, uint32_t W,
-                        uint32_t *bound) {
-  for (uint32_t p = threadIdx.x; p <= total; p += MT) {
-    const uint32_t lo = p ? (list[p - 1] >> 17) + 1u : 0u;
-    const uint32_t hi = p < total ? list[p] >> 17 : W;
-    for (uint32_t s = lo; s <= hi; s++)
-      bound[s] = p;
-  }
-  __syncthreads();
 }
 
 /* Round 2's keys besides the polled rescue lists: each non-saturated
@@ -310,7 +280,7 @@ static __global__ void __launch_bounds__(MT)
       /* ---- 1. poll the W lists ---- */
       poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
                  &hook, &kmn, &kmx);
-      range_publish(kmn, kmx, &kmin_s, &S);
+      dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
       __syncthreads();
       if (hook) {
         hook = 0;
@@ -328,7 +298,7 @@ static __global__ void __launch_bounds__(MT)
       km.round = 1;
       dcpx_dev_flat_place(&S, k1, plan.k1_words, &km, fbeg, fend, list, bits1);
       uint32_t total = all ? nz : K;
-      list_bounds(list, total, W, bound);
+      dcpx_dev_list_bounds(list, total, W, bound);
       const uint32_t lane = tid & 31u;
       const uint32_t rc = lane < W ? bound[lane + 1] - bound[lane] : 0u;
       mask = __ballot_sync(DCPX_FULL, lane < W && rc == N);
@@ -346,7 +316,7 @@ static __global__ void __launch_bounds__(MT)
           uint32_t o = 0;
           for (uint32_t s = 0; s < W; s++) {
             off2[s] = o;
-            o += pad4(((mask >> s) & 1u) ? K : N);
+            o += DCPX_PAD4(((mask >> s) & 1u) ? K : N);
           }
           off2[W] = o;
           kmin_s = 0xFFFFu;
@@ -388,7 +358,7 @@ static __global__ void __launch_bounds__(MT)
         PROF(5);
         poll_lists(&wc, &pm, nsat, PK, K, q2, DCPX_REGION_RESCUE,
                    ws + c.L.off_rescue, &hook, &kmn, &kmx);
-        range_publish(kmn, kmx, &kmin_s, &S);
+        dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
         __syncthreads();
         PROF(6);
         if (bw.fail)
@@ -401,7 +371,7 @@ static __global__ void __launch_bounds__(MT)
         km.mask = mask;
         dcpx_dev_flat_place(&S, k2, off2[W], &km, fbeg, fend, list, NULL);
         total = all ? nz : K;
-        list_bounds(list, total, W, bound);
+        dcpx_dev_list_bounds(list, total, W, bound);
         if (tid == 0)
           seq2[t] = q2;
         PROF(7);
@@ -459,7 +429,7 @@ size_t dcpx_k_merge_stage_bytes(const dcpx_kctx *c) {
 int dcpx_k_merge_prepare(void) {
   /* The largest plan: list 4224 words, bits 2048, the staging budget,
    * the candidate buffers. */
-  const int max_dyn = 4 * (4224 + 2048) + (int)DCPX_MERGE_STAGE_SMEM +
+  const int max_dyn = 4 * (4224 + 2048) + (int)DCPX_STAGE_SMEM_BYTES +
                       6 * (int)DCPX_K_CAND;
   if (cudaFuncSetAttribute(dcpx_merge_kernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,

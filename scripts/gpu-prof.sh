@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# gpu-prof.sh - where a merge's time goes: Nsight Compute's source-level
-# warp-stall sampling of one plain and one rescued (skewed rows) merge of
-# bench_kernels (W=8 on one GPU, N=512, K=2048, local 16384, rows 1), as
-# CSV per CUDA source line in $OUT. Kernels carry -lineinfo (configure.ac).
+# gpu-prof.sh - where a merge's time goes: Nsight Compute's warp-state and
+# source-counter sections for one plain and one rescued (skewed rows) merge
+# of bench_kernels (W=8 on one GPU, N=512, K=2048, local 16384, rows 1):
+# the reports (open them in Nsight Compute for the per-line view; kernels
+# carry -lineinfo) and their details pages in $OUT. The source page as CSV
+# is written too; on the 2026-11-30 machine it held the source lines but
+# no per-line counters.
 set -u
 B=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/dcpx-gpu-out}
