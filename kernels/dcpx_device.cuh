@@ -94,6 +94,22 @@ static inline __host__ cudaLaunchConfig_t dcpx_launch_cfg(uint32_t grid,
   return cfg;
 }
 
+/* The same with programmatic dependent launch allowed (attr: storage the
+ * caller keeps until the launch): the kernel may start while the previous
+ * kernel of the stream still runs, and must call dcpx_dev_pdl_wait()
+ * before it reads anything that kernel, or any earlier one, wrote. */
+static inline __host__ cudaLaunchConfig_t
+dcpx_launch_cfg_pdl(uint32_t grid, uint32_t block, size_t smem,
+                    cudaStream_t s, cudaLaunchAttribute *attr) {
+  cudaLaunchConfig_t cfg = dcpx_launch_cfg(grid, block, smem, s);
+  memset(attr, 0, sizeof(*attr));
+  attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr->val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 /* ---- the order and the wire --------------------------------------------- */
 
 /* ord16 of a bf16, or 0 for NaN (never a candidate). */
@@ -174,6 +190,18 @@ DCPX_D uint32_t dcpx_dev_ld_acquire_sys(const void *p) {
 DCPX_D void dcpx_dev_st_release_sys(void *p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v)
                : "memory");
+}
+
+/* Programmatic dependent launch (sm_90): wait until every earlier kernel
+ * of the stream has completed and its memory is visible (a no-op when the
+ * kernel was launched without PDL); let the next kernel of the stream
+ * launch (it waits itself before it reads what this one writes). */
+DCPX_D void dcpx_dev_pdl_wait(void) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+DCPX_D void dcpx_dev_pdl_trigger(void) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 /* ---- scans ---------------------------------------------------------------- */

@@ -65,6 +65,10 @@ typedef struct dcpx_kctx {
   uint32_t max_blocks; /* cap on the merge grid; 0 = one block per row */
   uint32_t poll_storm; /* 0; 1 = every waiter reads the control page every
                           2 us (the old behaviour, for measurement only) */
+  uint32_t pdl;        /* 1: launch push and merge with programmatic
+                          dependent launch (the merge starts polling while
+                          its push runs). Use with one rank per GPU: ranks
+                          sharing a GPU lose SMs to early merges. */
   dcpx_layout L; /* dcpx_layout_compute(world, rows_max, topk, local_topk) */
   char *const *peers; /* DEVICE array [world]: each rank's workspace */
   char *ws;           /* this rank's workspace (device address) */

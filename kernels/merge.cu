@@ -230,6 +230,12 @@ static __global__ void __launch_bounds__(MT)
    * first waits or has finished its poll. */
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after the row's first barrier */
+  /* PDL: this merge may have started while its push still runs (it was
+   * launched when every push block had advanced the call sequence); it
+   * waits for the push's completion before it reads the push's klist and
+   * before it writes epoch[t]. The next kernel may launch now: it waits
+   * itself before it reads anything this merge writes. */
+  dcpx_dev_pdl_trigger();
   int hook = 0;
   uint32_t armed = 0;
   if (blockIdx.x == 0 && tid == 0) {
@@ -331,6 +337,8 @@ static __global__ void __launch_bounds__(MT)
           const uint32_t len =
               re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
           if (c.klist)
+            dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
+          if (c.klist)
             dcpx_dev_rescue_from_klist(&S, c.klist + (uint64_t)t * c.L.rw_k,
                                        K, T1, list);
           else
@@ -404,10 +412,13 @@ static __global__ void __launch_bounds__(MT)
           sat_out[t] = sw;
       }
     }
-    /* Every thread is done with row t: the next call's epoch. */
+    /* Every thread is done with row t, and the own push grid has completed
+     * (PDL wait): the next call's epoch. */
     __syncthreads();
-    if (ok && tid == 0)
+    if (ok && tid == 0) {
+      dcpx_dev_pdl_wait();
       epoch[t] = e;
+    }
     PROF(9);
   }
 }
@@ -469,7 +480,10 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
   uint32_t grid = rows;
   if (c->max_blocks && c->max_blocks < grid)
     grid = c->max_blocks;
-  const cudaLaunchConfig_t cfg = dcpx_launch_cfg(grid, MT, dcpx_k_merge_smem(c), s);
+  cudaLaunchAttribute pdl;
+  const cudaLaunchConfig_t cfg =
+      c->pdl ? dcpx_launch_cfg_pdl(grid, MT, dcpx_k_merge_smem(c), s, &pdl)
+             : dcpx_launch_cfg(grid, MT, dcpx_k_merge_smem(c), s);
   /* The launch's own status: an earlier, unrelated error of the caller's
    * thread stays where it was (cudaGetLastError would take it). */
   if (cudaLaunchKernelEx(&cfg, dcpx_merge_kernel, *c, rows, logits, stride,

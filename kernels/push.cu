@@ -96,11 +96,21 @@ static __global__ void __launch_bounds__(PT)
    * stream-order chain that keeps parity reuse safe (DESIGN.md 4). */
   dcpx_rank_state *st = (dcpx_rank_state *)(c.ws + c.L.off_call);
   uint32_t seen = 0;
+  /* PDL: everything earlier in the stream (the engine's logits, this
+   * rank's previous merge) is complete before the push reads anything;
+   * then the merge may launch and start polling while this push works. The
+   * call sequence is advanced and fenced before the trigger, so the merge
+   * reads it. */
+  dcpx_dev_pdl_wait();
   if (tid == 0) {
     seen = st->stop;
-    if (blockIdx.x == 0)
+    if (blockIdx.x == 0) {
       st->call_seq = st->call_seq + 1;
+      __threadfence();
+    }
   }
+  __syncthreads();
+  dcpx_dev_pdl_trigger();
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after local_list's barriers */
 
@@ -166,8 +176,11 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
     return DCPX_E_INVAL;
   /* rows == 0 still launches one block: an empty call is a call, and
    * block 0 advances the call sequence (as the host backend does). */
+  cudaLaunchAttribute pdl;
+  const uint32_t grid = rows ? rows : 1u;
   const cudaLaunchConfig_t cfg =
-      dcpx_launch_cfg(rows ? rows : 1u, PT, dcpx_k_push_smem(c), s);
+      c->pdl ? dcpx_launch_cfg_pdl(grid, PT, dcpx_k_push_smem(c), s, &pdl)
+             : dcpx_launch_cfg(grid, PT, dcpx_k_push_smem(c), s);
   /* The launch's own status, not cudaGetLastError's (merge.cu). */
   if (cudaLaunchKernelEx(&cfg, dcpx_push_kernel, *c, rows, logits, stride,
                          row_ends) != cudaSuccess)

@@ -348,6 +348,9 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     uint32_t cap = (uint32_t)(sms * (bps > 0 ? bps : 1)) / (share + 1);
     k->max_blocks = cap ? cap : 1;
   }
+  /* PDL with one rank per GPU (bench/RESULTS.md: 1-2 us per call there;
+   * ranks sharing a GPU lose SMs to merges that start early). */
+  k->pdl = share <= 1 ? !getenv("DCPX_NO_PDL") : getenv("DCPX_PDL") != NULL;
   r = dcpx_k_ctx_check(k);
 out:
   if (prev >= 0)

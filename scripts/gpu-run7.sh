@@ -31,6 +31,9 @@ step test_kernels
 timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$OUT/test_kernels.log" 2>&1 || rc=1
 grep -E "gpu-exact|MISMATCH|FAIL|corner|push-after|stale|trickl|staged|graph-replay" \
   "$OUT/test_kernels.log" | tail -20
+step "test_kernels, DCPX_PDL=1 (programmatic dependent launch)"
+DCPX_PDL=1 timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$OUT/test_kernels_pdl.log" 2>&1 || rc=1
+grep -E "gpu-exact|MISMATCH|FAIL" "$OUT/test_kernels_pdl.log" | tail -5
 step "test_kernels, DCPX_KLIST=1 (every push keeps its top K)"
 DCPX_KLIST=1 timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$OUT/test_kernels_klist.log" 2>&1 || rc=1
 grep -E "gpu-exact|MISMATCH|FAIL" "$OUT/test_kernels_klist.log" | tail -5

@@ -165,6 +165,7 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
     c->health = (dcpx_rank_health *)(g->ctl_d + g->L.off_ranks);
     c->records = (dcpx_wait_record *)(g->ctl_d + g->L.off_records);
     c->poll_storm = getenv("DCPX_POLL_STORM") != NULL;
+    c->pdl = getenv("DCPX_PDL") != NULL; /* W ranks share one GPU here */
     c->stage = NULL;
     c->prof = NULL;
     if (dcpx_k_merge_stage_bytes(c))

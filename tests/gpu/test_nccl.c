@@ -313,6 +313,8 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
       c->health = (dcpx_rank_health *)(w->ctl_d + w->L.off_ranks);
       c->records = (dcpx_wait_record *)(w->ctl_d + w->L.off_records);
       c->poll_storm = getenv("DCPX_POLL_STORM") != NULL;
+      c->pdl = devs[i] != devs[(i + 1) % W] || W == 1 ? !getenv("DCPX_NO_PDL")
+                                                       : 0;
       c->stage = NULL;
       c->klist = NULL;
       if (dcpx_k_merge_stage_bytes(c))
