@@ -53,8 +53,9 @@ extern "C" {
 /* Phase points of the merge's diagnostic timestamps (kctx.prof): row
  * start, poll done, round 1 done, rescue list built, rescue stored,
  * round-2 keys copied, rescue polled, round 2 done, outputs done, row end
- * (the rescue points stay 0 on a row without a rescue). */
-#define DCPX_K_PROF_POINTS 10
+ * (the rescue points stay 0 on a row without a rescue); then, inside round
+ * 1: its threshold found (10), its keys placed (11). */
+#define DCPX_K_PROF_POINTS 12
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

@@ -301,8 +301,10 @@ static __global__ void __launch_bounds__(MT)
       dcpx_dev_warp_segment(plan.k1_words, &fbeg, &fend);
       int all = dcpx_dev_flat_select(&S, k1, plan.k1_words, K, kmin_s, S.kmax,
                                      fbeg, fend, &nz);
+      PROF(10);
       km.round = 1;
       dcpx_dev_flat_place(&S, k1, plan.k1_words, &km, fbeg, fend, list, bits1);
+      PROF(11);
       uint32_t total = all ? nz : K;
       dcpx_dev_list_bounds(list, total, W, bound);
       const uint32_t lane = tid & 31u;

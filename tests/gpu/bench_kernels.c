@@ -180,7 +180,7 @@ static void note(const char *fmt, ...) {
 static void profile_merge(gg *g, const char *what) {
   static const char *names[DCPX_K_PROF_POINTS] = {
       "", "poll", "round 1", "rescue list", "rescue stores", "round-2 copy",
-      "rescue poll", "round 2", "outputs", "end"};
+      "rescue poll", "round 2", "outputs", "end", "", ""};
   const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
   unsigned long long *d = NULL, h[DCPX_K_PROF_POINTS];
   int khz = 0;
@@ -198,13 +198,16 @@ static void profile_merge(gg *g, const char *what) {
   CK(cudaDeviceSynchronize());
   note("- %s (us at %d MHz):", what, khz / 1000);
   unsigned long long prev = h[0];
-  for (int i = 1; i < DCPX_K_PROF_POINTS; i++) {
+  for (int i = 1; i < 10; i++) {
     if (!h[i])
       continue;
     note(" %s %.2f;", names[i], (double)(h[i] - prev) * 1e3 / khz);
     prev = h[i];
   }
-  note(" total %.2f\n", (double)(h[DCPX_K_PROF_POINTS - 1] - h[0]) * 1e3 / khz);
+  note(" total %.2f; round 1 = threshold %.2f + placement %.2f + bounds "
+       "and mask %.2f\n",
+       (double)(h[9] - h[0]) * 1e3 / khz, (double)(h[10] - h[1]) * 1e3 / khz,
+       (double)(h[11] - h[10]) * 1e3 / khz, (double)(h[2] - h[11]) * 1e3 / khz);
 }
 
 static double bench_e2e(gg *g) {
