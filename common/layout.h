@@ -45,6 +45,7 @@
 
 #define DCPX_CTL_MAGIC 0x44435058u /* "DCPX" */
 #define DCPX_CTL_VERSION 2u
+#define DCPX_CTL_SECRET_BYTES 32
 #define DCPX_ALIGN 256u
 
 /* Region ids (join reply, wait records), the index in dcpx_layout.reg. */
@@ -150,15 +151,27 @@ typedef struct dcpx_ctl_header {
   volatile uint32_t generation; /* bumped by every recovery */
   volatile uint64_t timeout_ns; /* bounded-wait limit */
   volatile uint32_t recovering; /* dcpxd: ranks must drain and ack */
-  uint32_t pad[55];
+  uint32_t pad0;
+  /* Random, written by dcpxd when the group forms; a reattach after a
+   * restart is adopted only if it matches (daemon/dcpxd-secrets.h). */
+  uint8_t secret[DCPX_CTL_SECRET_BYTES];
+  uint32_t pad[46];
 } dcpx_ctl_header;
+#ifndef __cplusplus
+_Static_assert(sizeof(dcpx_ctl_header) == 256, "the header is 256 bytes");
+#endif
 
 static inline uint64_t dcpx__align(uint64_t x) {
   return (x + DCPX_ALIGN - 1) & ~(uint64_t)(DCPX_ALIGN - 1);
 }
 
+/* row_words(C) of docs/PROTOCOL.md section 3: C entry words, then
+ * ceil(C/32) plane words, rounded up to a multiple of 4. The one place
+ * this is written (dcpx_row_words, the kernels and the layout use it). */
+#define DCPX_ROW_WORDS(c) (((c) + ((c) + 31u) / 32u + 3u) & ~3u)
+
 static inline uint32_t dcpx__row_words_raw(uint32_t c) {
-  return (c + (c + 31u) / 32u + 3u) & ~3u;
+  return DCPX_ROW_WORDS(c);
 }
 
 static inline uint64_t dcpx__layout_add(dcpx_layout *L, uint32_t id,

@@ -124,13 +124,7 @@ DCPX_D uint32_t dcpx_dev_epoch_next(uint32_t e) {
   return e == 0xFFFFFFFEu ? 1u : e + 1u;
 }
 
-DCPX_D uint32_t dcpx_dev_row_words(uint32_t c) {
-  return (c + (c + 31u) / 32u + 3u) & ~3u;
-}
-
-DCPX_D int32_t dcpx_dev_gid(uint32_t l, uint32_t r, uint32_t W, uint32_t I) {
-  return (int32_t)((l / I) * I * W + r * I + l % I);
-}
+DCPX_D uint32_t dcpx_dev_row_words(uint32_t c) { return DCPX_ROW_WORDS(c); }
 
 /* x / d for x < 2^22 with rcp = 1.0f / d: the float quotient is off by at
  * most one, and one correction step fixes it (a runtime integer division

@@ -51,13 +51,6 @@
 #error "merge_outputs assumes K <= 8 * DCPX_K_MERGE_THREADS"
 #endif
 
-/* Phase timestamps (kctx.prof, diagnostics): thread 0 records clock64 at
- * point i of row t into prof[t * DCPX_K_PROF_POINTS + i]. */
-#define PROF(i)                                                               \
-  do {                                                                        \
-    if (c.prof && tid == 0)                                                   \
-      c.prof[(uint64_t)t * DCPX_K_PROF_POINTS + (i)] = clock64();             \
-  } while (0)
 
 /* Dynamic shared memory plan of a context (word counts of each region),
  * and reciprocals for dcpx_dev_div, computed once on the host. */
@@ -170,8 +163,197 @@ DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
   }
 }
 
+/* A block's view of its merge: the context, the plan, and its shared and
+ * staging regions (set once per kernel by merge_block_init). */
+typedef struct mblk {
+  const dcpx_kctx *c;
+  merge_plan plan;
+  dcpx_sel_smem *S;
+  dcpx_blkwait *bw;
+  poll_map *pm;
+  uint32_t *bound, *off2, *kmin_s;
+  char **peer;
+  uint32_t *list, *bits1, *k1, *p1, *k2, *p2, *cl;
+  uint16_t *ckey;
+  dcpx_key_map km;
+  unsigned long long *prof;
+} mblk;
+
+DCPX_D void merge_block_init(mblk *b, const dcpx_kctx *c,
+                             const merge_plan *plan, uint4 *dyn) {
+  b->c = c;
+  b->plan = *plan;
+  b->prof = c->prof;
+  b->list = (uint32_t *)dyn;
+  b->bits1 = b->list + plan->list_words;
+  b->k1 = plan->in_smem
+              ? b->bits1 + plan->bits_words
+              : c->stage + (uint64_t)blockIdx.x * plan->stage_words;
+  b->p1 = b->k1 + plan->k1_words;
+  b->k2 = b->p1 + plan->p1_words;
+  b->p2 = b->k2 + plan->k2_words;
+  b->cl = b->bits1 + plan->bits_words + (plan->in_smem ? plan->stage_words : 0u);
+  b->ckey = (uint16_t *)(b->cl + DCPX_K_CAND);
+  b->km.p1 = b->p1;
+  b->km.p2 = b->p2;
+  b->km.off2 = b->off2;
+  b->km.W = c->world;
+  b->km.N = c->local_topk;
+  b->km.K = c->topk;
+  b->km.pwn = c->L.rw_n - c->local_topk;
+  b->km.pk2 = c->L.rw_k - c->topk;
+  b->km.rcp_n = plan->rcp_n;
+}
+
+/* Phase timestamp i of row t (kctx.prof, diagnostics). */
+DCPX_D void merge_prof(const mblk *b, uint32_t t, uint32_t i) {
+  if (b->prof && threadIdx.x == 0)
+    b->prof[(uint64_t)t * DCPX_K_PROF_POINTS + i] = clock64();
+}
+
+/* Round 1 of row t over the staged W lists: S1 into list (r << 17 | l) and
+ * bits1, the per-rank bounds; returns the saturation mask, with *ret_total
+ * the selected keys and *ret_t1 = T1 (0 when fewer than K). */
+DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
+                             uint32_t *ret_t1) {
+  const uint32_t W = b->c->world, N = b->c->local_topk, K = b->c->topk;
+  const uint32_t lane = threadIdx.x & 31u;
+  dcpx_sel_smem *S = b->S;
+  uint32_t fbeg, fend, nz;
+  dcpx_dev_warp_segment(b->plan.k1_words, &fbeg, &fend);
+  const int all = dcpx_dev_flat_select(S, b->k1, b->plan.k1_words, K,
+                                       *b->kmin_s, S->kmax, fbeg, fend, &nz);
+  merge_prof(b, t, 10);
+  b->km.round = 1;
+  dcpx_dev_flat_place(S, b->k1, b->plan.k1_words, &b->km, fbeg, fend, b->list,
+                      b->bits1);
+  merge_prof(b, t, 11);
+  *ret_total = all ? nz : K;
+  *ret_t1 = all ? 0u : S->T;
+  dcpx_dev_list_bounds(b->list, *ret_total, W, b->bound);
+  const uint32_t rc = lane < W ? b->bound[lane + 1] - b->bound[lane] : 0u;
+  return __ballot_sync(DCPX_FULL, lane < W && rc == N);
+}
+
+/* A saturated `me`'s rescue list of row t (its top-K entries >= T1) into
+ * list, then stored as LL pairs tagged q2 into its slot of row t of every
+ * rank. */
+DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
+                              uint32_t q2, uint64_t resc_row,
+                              const uint16_t *row, uint32_t len) {
+  const dcpx_kctx *c = b->c;
+  const uint32_t W = c->world, K = c->topk, me = c->rank, PK = c->L.rpairs;
+  if (c->klist) {
+    dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
+    dcpx_dev_rescue_from_klist(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
+                               b->list);
+  } else {
+    dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list, b->ckey, b->cl,
+                         DCPX_K_CAND);
+  }
+  merge_prof(b, t, 3);
+  const uint64_t dst =
+      resc_row + (uint64_t)__popc(mask & ((1u << me) - 1u)) * PK * 16u;
+  for (uint32_t i = threadIdx.x; i < PK; i += MT) {
+    const uint2 w = ((const uint2 *)b->list)[i];
+    for (uint32_t d = 0; d < W; d++)
+      dcpx_dev_ll_store(b->peer[d] + dst + (uint64_t)i * 16u, w.x, w.y, q2);
+  }
+}
+
+/* Rescue and round 2 of row t (mask != 0): a saturated me sends its rescue
+ * list; every rank polls the saturated ranks' lists into k2 beside the
+ * others' S1 entries and selects again. 0 when a wait gave up, else 1
+ * with the result in list and bound, *ret_total its keys. */
+DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
+                        uint32_t mask, uint32_t T1, const uint16_t *row,
+                        uint32_t len, int *hook, uint32_t *ret_total) {
+  const dcpx_kctx *c = b->c;
+  const uint32_t W = c->world, N = c->local_topk, K = c->topk, me = c->rank;
+  const uint32_t PK = c->L.rpairs, tid = threadIdx.x;
+  uint32_t *seq2 = (uint32_t *)(c->ws + c->L.off_seq2);
+  const uint32_t q2 = dcpx_dev_epoch_next(seq2[t]);
+  const uint64_t resc_row = /* layout.h dcpx_rescue_offset(t, 0, 0) */
+      c->L.off_rescue + (uint64_t)t * c->L.rescue_slots * PK * 16u;
+  uint32_t kmn = 0xFFFFu, kmx = 0, fbeg, fend, nz;
+  if (tid == 0) {
+    uint32_t o = 0;
+    for (uint32_t s = 0; s < W; s++) {
+      b->off2[s] = o;
+      o += DCPX_PAD4(((mask >> s) & 1u) ? K : N);
+    }
+    b->off2[W] = o;
+    *b->kmin_s = 0xFFFFu;
+  }
+  if (tid < W && ((mask >> tid) & 1u)) {
+    const uint32_t x = __popc(mask & ((1u << tid) - 1u));
+    b->pm->src[x] = c->ws + resc_row + (uint64_t)x * PK * 16u;
+    b->pm->pl[x] = b->p2 + x * b->km.pk2;
+  }
+  if ((mask >> me) & 1u)
+    merge_send_rescue(b, t, mask, T1, q2, resc_row, row, len);
+  merge_prof(b, t, 4);
+  dcpx_dev_sel_zero(b->S);
+  __syncthreads();
+  if (tid < W && ((mask >> tid) & 1u))
+    b->pm->ent[__popc(mask & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
+  round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, &kmn, &kmx);
+  __syncthreads();
+  merge_prof(b, t, 5);
+  poll_lists(wc, b->pm, __popc(mask), PK, K, q2, DCPX_REGION_RESCUE,
+             c->ws + c->L.off_rescue, hook, &kmn, &kmx);
+  dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
+  __syncthreads();
+  merge_prof(b, t, 6);
+  if (b->bw->fail)
+    return 0;
+  const uint32_t n2 = b->off2[W];
+  dcpx_dev_warp_segment(n2, &fbeg, &fend);
+  const int all = dcpx_dev_flat_select(b->S, b->k2, n2, K, *b->kmin_s,
+                                       b->S->kmax, fbeg, fend, &nz);
+  b->km.round = 2;
+  b->km.mask = mask;
+  dcpx_dev_flat_place(b->S, b->k2, n2, &b->km, fbeg, fend, b->list, NULL);
+  *ret_total = all ? nz : K;
+  dcpx_dev_list_bounds(b->list, *ret_total, W, b->bound);
+  if (tid == 0)
+    seq2[t] = q2;
+  merge_prof(b, t, 7);
+  return 1;
+}
+
+/* A row whose wait gave up: -1 outputs, sat_word as far as known. */
+DCPX_D void merge_row_failed(uint32_t t, uint32_t K, uint32_t sw,
+                             int32_t *rows_out, int32_t *valid_out,
+                             int32_t *ids_out, uint32_t *sat_out) {
+  for (uint32_t p = threadIdx.x; p < K; p += MT) {
+    rows_out[(uint64_t)t * K + p] = -1;
+    if (ids_out)
+      ids_out[(uint64_t)t * K + p] = -1;
+  }
+  if (threadIdx.x == 0) {
+    valid_out[t] = -1;
+    if (sat_out)
+      sat_out[t] = sw;
+  }
+}
+
+/* The row's state after its outputs (thread 0). */
+DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
+                            uint32_t mask, uint32_t *sat_out) {
+  uint32_t *satw = (uint32_t *)(c->ws + c->L.off_sat);
+  unsigned long long *stats =
+      (unsigned long long *)(c->ws + c->L.off_stats);
+  satw[t] = sw;
+  if (sat_out)
+    sat_out[t] = sw;
+  atomicAdd(stats + 2u * t, 1ull);
+  if (mask)
+    atomicAdd(stats + 2u * t + 1, 1ull);
+}
+
 static __global__ void __launch_bounds__(MT)
-    dcpx_merge_kernel(const dcpx_kctx c, uint32_t rows,
+    dcpx_merge_kernel(const __grid_constant__ dcpx_kctx c, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
                       const int32_t *row_ends, const int32_t *req_id,
                       const int32_t *block_table, uint32_t bt_rows,
@@ -189,45 +371,26 @@ static __global__ void __launch_bounds__(MT)
 
   const uint32_t tid = threadIdx.x;
   const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
-  const uint32_t R = c.rows_max, P = c.L.pairs, PK = c.L.rpairs;
-  const uint32_t pwn = c.L.rw_n - N, pk2 = c.L.rw_k - K;
-  uint32_t *list = (uint32_t *)dyn;
-  uint32_t *bits1 = list + plan.list_words;
-  uint32_t *k1 = plan.in_smem ? bits1 + plan.bits_words
-                              : c.stage + (uint64_t)blockIdx.x * plan.stage_words;
-  uint32_t *p1 = k1 + plan.k1_words;
-  uint32_t *k2 = p1 + plan.p1_words;
-  uint32_t *p2 = k2 + plan.k2_words;
-  uint32_t *cl = bits1 + plan.bits_words + (plan.in_smem ? plan.stage_words : 0u);
-  uint16_t *ckey = (uint16_t *)(cl + DCPX_K_CAND);
+  const uint32_t R = c.rows_max, P = c.L.pairs;
   char *ws = c.ws;
   uint32_t *epoch = (uint32_t *)(ws + c.L.off_epoch);
-  uint32_t *seq2 = (uint32_t *)(ws + c.L.off_seq2);
-  uint32_t *satw = (uint32_t *)(ws + c.L.off_sat);
-  unsigned long long *stats = (unsigned long long *)(ws + c.L.off_stats);
   const uint64_t call = *(const volatile uint64_t *)(ws + c.L.off_call);
-  const uint64_t src_stride = (uint64_t)R * P * 16u;
   const uint32_t max_len =
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
+  mblk b;
+  b.S = &S;
+  b.bw = &bw;
+  b.pm = &pm;
+  b.bound = bound;
+  b.off2 = off2;
+  b.kmin_s = &kmin_s;
+  b.peer = peer;
+  merge_block_init(&b, &c, &plan, dyn);
 
   dcpx_out_args oa;
   dcpx_dev_out_args_init(&oa, block_table, bt_rows, bt_cols, rows_out,
                          valid_out, ids_out, K, W, me, c.block_size,
                          c.interleave, plan.rcp_b, plan.rcp_i);
-  dcpx_key_map km;
-  km.p1 = p1;
-  km.p2 = p2;
-  km.off2 = off2;
-  km.W = W;
-  km.N = N;
-  km.K = K;
-  km.pwn = pwn;
-  km.pk2 = pk2;
-  km.rcp_n = plan.rcp_n;
-
-  /* The fault hook (block 0, thread 0, its first row): its word lives in
-   * host memory, so it is asked for now and looked at only when the row
-   * first waits or has finished its poll. */
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after the row's first barrier */
   /* PDL: this merge may have started while its push still runs (it was
@@ -236,6 +399,9 @@ static __global__ void __launch_bounds__(MT)
    * before it writes epoch[t]. The next kernel may launch now: it waits
    * itself before it reads anything this merge writes. */
   dcpx_dev_pdl_trigger();
+  /* The fault hook (block 0, thread 0, its first row): its word lives in
+   * host memory, so it is asked for now and looked at only when the row
+   * first waits or has finished its poll. */
   int hook = 0;
   uint32_t armed = 0;
   if (blockIdx.x == 0 && tid == 0) {
@@ -264,7 +430,7 @@ static __global__ void __launch_bounds__(MT)
     wc.storm = c.poll_storm;
     wc.armed = armed;
     wc.bw = &bw;
-    uint32_t sw = 0, mask = 0, kmn = 0xFFFFu, kmx = 0, nz;
+    uint32_t sw = 0, mask = 0, kmn = 0xFFFFu, kmx = 0, total = 0, T1 = 0;
     int ok = 0;
 
     if (tid == 0) {
@@ -272,16 +438,16 @@ static __global__ void __launch_bounds__(MT)
       kmin_s = 0xFFFFu;
     }
     if (tid < W) {
-      pm.src[tid] = ws + ll_row + tid * src_stride;
-      pm.ent[tid] = k1 + tid * N;
-      pm.pl[tid] = p1 + tid * pwn;
+      pm.src[tid] = ws + ll_row + (uint64_t)tid * R * P * 16u;
+      pm.ent[tid] = b.k1 + tid * N;
+      pm.pl[tid] = b.p1 + tid * b.km.pwn;
     }
     for (uint32_t f = W * N + tid; f < plan.k1_words; f += MT)
-      k1[f] = 0; /* the padding keys */
+      b.k1[f] = 0; /* the padding keys */
     dcpx_dev_sel_zero(&S);
     __syncthreads();
 
-    PROF(0);
+    merge_prof(&b, t, 0);
     do {
       /* ---- 1. poll the W lists ---- */
       poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
@@ -292,128 +458,34 @@ static __global__ void __launch_bounds__(MT)
         hook = 0;
         dcpx_dev_fault_hook(&wc, e);
       }
-      PROF(1);
+      merge_prof(&b, t, 1);
       if (bw.fail)
         break;
 
-      /* ---- 2. round 1 ---- */
-      uint32_t fbeg, fend;
-      dcpx_dev_warp_segment(plan.k1_words, &fbeg, &fend);
-      int all = dcpx_dev_flat_select(&S, k1, plan.k1_words, K, kmin_s, S.kmax,
-                                     fbeg, fend, &nz);
-      PROF(10);
-      km.round = 1;
-      dcpx_dev_flat_place(&S, k1, plan.k1_words, &km, fbeg, fend, list, bits1);
-      PROF(11);
-      uint32_t total = all ? nz : K;
-      dcpx_dev_list_bounds(list, total, W, bound);
-      const uint32_t lane = tid & 31u;
-      const uint32_t rc = lane < W ? bound[lane + 1] - bound[lane] : 0u;
-      mask = __ballot_sync(DCPX_FULL, lane < W && rc == N);
-      const uint32_t T1 = all ? 0u : S.T;
+      /* ---- 2. round 1; 3.-5. rescue and round 2 when a rank saturated ---- */
+      mask = merge_round1(&b, t, &total, &T1);
       sw = (mask << 16) | T1;
-      PROF(2);
-
-      /* ---- 3.-5. rescue and round 2 ---- */
+      merge_prof(&b, t, 2);
       if (mask) {
-        const uint32_t q2 = dcpx_dev_epoch_next(seq2[t]);
-        const uint32_t nsat = __popc(mask);
-        const uint64_t resc_row = /* layout.h dcpx_rescue_offset(t, 0, 0) */
-            c.L.off_rescue + (uint64_t)t * c.L.rescue_slots * PK * 16u;
-        if (tid == 0) {
-          uint32_t o = 0;
-          for (uint32_t s = 0; s < W; s++) {
-            off2[s] = o;
-            o += DCPX_PAD4(((mask >> s) & 1u) ? K : N);
-          }
-          off2[W] = o;
-          kmin_s = 0xFFFFu;
-        }
-        if (tid < W && ((mask >> tid) & 1u)) {
-          const uint32_t x = __popc(mask & ((1u << tid) - 1u));
-          pm.src[x] = ws + resc_row + (uint64_t)x * PK * 16u;
-          pm.pl[x] = p2 + x * pk2;
-        }
-        if ((mask >> me) & 1u) {
-          const int32_t re = row_ends[t];
-          const uint32_t len =
-              re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
-          if (c.klist)
-            dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
-          if (c.klist)
-            dcpx_dev_rescue_from_klist(&S, c.klist + (uint64_t)t * c.L.rw_k,
-                                       K, T1, list);
-          else
-            dcpx_dev_rescue_list(&S, logits + (uint64_t)t * stride, len, K,
-                                 T1, list, ckey, cl, DCPX_K_CAND);
-          PROF(3);
-          const uint64_t dst =
-              resc_row + (uint64_t)__popc(mask & ((1u << me) - 1u)) * PK * 16u;
-          for (uint32_t i = tid; i < PK; i += MT) {
-            const uint2 w = ((const uint2 *)list)[i];
-            for (uint32_t d = 0; d < W; d++)
-              dcpx_dev_ll_store(peer[d] + dst + (uint64_t)i * 16u, w.x, w.y,
-                                q2);
-          }
-        }
-        PROF(4);
-        dcpx_dev_sel_zero(&S);
-        __syncthreads();
-        if (tid < W && ((mask >> tid) & 1u))
-          pm.ent[__popc(mask & ((1u << tid) - 1u))] = k2 + off2[tid];
-        kmn = 0xFFFFu;
-        kmx = 0;
-        round2_copy(k1, bits1, off2, k2, mask, W, N, K, &kmn, &kmx);
-        __syncthreads();
-        PROF(5);
-        poll_lists(&wc, &pm, nsat, PK, K, q2, DCPX_REGION_RESCUE,
-                   ws + c.L.off_rescue, &hook, &kmn, &kmx);
-        dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
-        __syncthreads();
-        PROF(6);
-        if (bw.fail)
+        const int32_t re = row_ends[t];
+        const uint32_t len =
+            re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+        if (!merge_rescue(&b, &wc, t, mask, T1, logits + (uint64_t)t * stride,
+                          len, &hook, &total))
           break;
-
-        dcpx_dev_warp_segment(off2[W], &fbeg, &fend);
-        all = dcpx_dev_flat_select(&S, k2, off2[W], K, kmin_s, S.kmax, fbeg, fend,
-                                  &nz);
-        km.round = 2;
-        km.mask = mask;
-        dcpx_dev_flat_place(&S, k2, off2[W], &km, fbeg, fend, list, NULL);
-        total = all ? nz : K;
-        dcpx_dev_list_bounds(list, total, W, bound);
-        if (tid == 0)
-          seq2[t] = q2;
-        PROF(7);
       }
-      dcpx_dev_outputs(&oa, t, req, list, bound[me], bound[me + 1] - bound[me],
+
+      /* ---- 6. outputs and the row's state ---- */
+      dcpx_dev_outputs(&oa, t, req, b.list, bound[me], bound[me + 1] - bound[me],
                        total);
-
-      PROF(8);
-      /* ---- 6. the row's state ---- */
-      if (tid == 0) {
-        satw[t] = sw;
-        if (sat_out)
-          sat_out[t] = sw;
-        atomicAdd(stats + 2u * t, 1ull);
-        if (mask)
-          atomicAdd(stats + 2u * t + 1, 1ull);
-      }
+      merge_prof(&b, t, 8);
+      if (tid == 0)
+        merge_row_state(&c, t, sw, mask, sat_out);
       ok = 1;
     } while (0);
 
-    if (!ok) {
-      for (uint32_t p = tid; p < K; p += MT) {
-        rows_out[(uint64_t)t * K + p] = -1;
-        if (ids_out)
-          ids_out[(uint64_t)t * K + p] = -1;
-      }
-      if (tid == 0) {
-        valid_out[t] = -1;
-        if (sat_out)
-          sat_out[t] = sw;
-      }
-    }
+    if (!ok)
+      merge_row_failed(t, K, sw, rows_out, valid_out, ids_out, sat_out);
     /* Every thread is done with row t, and the own push grid has completed
      * (PDL wait): the next call's epoch. */
     __syncthreads();
@@ -421,7 +493,7 @@ static __global__ void __launch_bounds__(MT)
       dcpx_dev_pdl_wait();
       epoch[t] = e;
     }
-    PROF(9);
+    merge_prof(&b, t, 9);
   }
 }
 
