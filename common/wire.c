@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "dcpx.h"
+#include "layout.h"
 #include "merge.h"
 
 const char *dcpx_strerror(int code) {
@@ -48,6 +49,37 @@ int dcpx_shape_check(const dcpx_shape *s) {
   return 0;
 }
 
+/* The rule for local_topk = 0 (bench/RESULTS.md, "Choosing N"): with DCP's
+ * token interleave a rank's share of a row's top K is about Binomial(K,
+ * 1/W), mean K/W and spread sd = sqrt(K (W-1)) / W; a rank saturates only
+ * when its share reaches N. N = K/W + AUTO_Z * sd, rounded up to 32 and
+ * kept below K, makes that rare on balanced rows (measured). */
+#define AUTO_Z 3u
+
+static uint32_t isqrt_ceil(uint32_t x) {
+  uint32_t r = 0;
+  while (r * r < x)
+    r++;
+  return r;
+}
+
+uint32_t dcpx_shape_auto_local_topk(uint32_t world, uint32_t topk) {
+  if (world < 1 || world > DCPX_MAX_WORLD || topk < 2 || topk > DCPX_MAX_TOPK)
+    return 0;
+  const uint32_t spread = isqrt_ceil(AUTO_Z * AUTO_Z * topk * (world - 1));
+  uint32_t n = (topk + spread + world - 1) / world;
+  n = (n + 31u) & ~31u;
+  return n < topk ? n : topk - 1;
+}
+
+const char *dcpx_shape_warning(const dcpx_shape *s) {
+  if (!s || s->world < 2 || !s->local_topk ||
+      (uint64_t)s->world * s->local_topk > s->topk)
+    return NULL;
+  return "world * local_topk <= topk: every full row rescues, always "
+         "(choose local_topk > topk / world, or 0 for the library's choice)";
+}
+
 int dcpx_bf16_isnan(uint32_t bits) { return (bits & 0x7FFFu) > 0x7F80u; }
 
 uint32_t dcpx_ord16(uint32_t b) {
@@ -58,7 +90,7 @@ uint32_t dcpx_ord16(uint32_t b) {
 uint32_t dcpx_row_words(uint32_t c) {
   if (c == 0 || c > DCPX_MAX_TOPK)
     return 0;
-  return (c + (c + 31) / 32 + 3) & ~3u;
+  return DCPX_ROW_WORDS(c);
 }
 
 int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j, uint32_t ord16,

@@ -16,6 +16,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <getopt.h>
 #include <grp.h>
 #include <limits.h>
@@ -62,12 +63,22 @@ static const struct option long_options[] = {
     {"enable-fault-injection", optional_argument, NULL, OPT_SETTING + 7},
     {"records-max-bytes", required_argument, NULL, OPT_SETTING + 8},
     {"log-level", required_argument, NULL, OPT_SETTING + 9},
+    {"admin-gid", required_argument, NULL, OPT_SETTING + 10},
+    {"hello-timeout-ms", required_argument, NULL, OPT_SETTING + 11},
+    {"idle-timeout-ms", required_argument, NULL, OPT_SETTING + 12},
+    {"max-conns-per-uid", required_argument, NULL, OPT_SETTING + 13},
+    {"group-owner", required_argument, NULL, OPT_SETTING + 14},
+    {"max-groups-per-uid", required_argument, NULL, OPT_SETTING + 15},
+    {"max-workspace-bytes", required_argument, NULL, OPT_SETTING + 16},
+    {"max-workspace-bytes-per-uid", required_argument, NULL,
+     OPT_SETTING + 17},
+    {"max-queued-bytes", required_argument, NULL, OPT_SETTING + 18},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
-#define N_SETTINGS 10
+#define N_SETTINGS 19
 
 static void help(void) {
   printf("Usage: dcpxd [OPTION]...\n"
@@ -84,7 +95,9 @@ static void help(void) {
          "                               ignored under socket activation)\n"
          "      --socket-mode=MODE       its permission bits, octal "
          "(default 0660)\n"
-         "      --state-dir=DIR          durable timeout records (default "
+         "      --state-dir=DIR          durable timeout records and the "
+         "groups\n"
+         "                               it created, for reattach (default "
          "%s)\n"
          "      --poll-ms=N              alarm scan period, 1..%u ms "
          "(default %u)\n"
@@ -96,6 +109,43 @@ static void help(void) {
          "daemon's\n"
          "                               own user always may)\n"
          "      --allow-gid=LIST         groups whose members may connect\n"
+         "      --admin-gid=LIST         groups whose members are admins "
+         "(reset,\n"
+         "                               fault, every group in queries; "
+         "root\n"
+         "                               and the daemon's user always are)\n"
+         "      --group-owner=PATTERN:uid:USER or PATTERN:gid:GROUP\n"
+         "                               groups named PATTERN (a glob) "
+         "belong to\n"
+         "                               USER, or to the members of GROUP "
+         "(may be\n"
+         "                               repeated; the first match "
+         "applies)\n"
+         "      --hello-timeout-ms=N     close a connection without Hello "
+         "after N\n"
+         "                               ms (default %u)\n"
+         "      --idle-timeout-ms=N      close a connection that holds no "
+         "group\n"
+         "                               after N idle ms (default %u)\n"
+         "      --max-conns-per-uid=N    connections per uid, root exempt "
+         "(default\n"
+         "                               %u)\n"
+         "      --max-queued-bytes=SIZE  output queued for all peers that "
+         "do not\n"
+         "                               read (default 64M); past it, the "
+         "peer\n"
+         "                               adding to it is cut off\n"
+         "      --max-groups-per-uid=N   groups a uid may create, root "
+         "exempt\n"
+         "                               (default %u)\n"
+         "      --max-workspace-bytes=SIZE\n"
+         "                               memory all groups may commit (K, "
+         "M, G;\n"
+         "                               default 0: no cap)\n"
+         "      --max-workspace-bytes-per-uid=SIZE\n"
+         "                               memory one uid's groups may commit, "
+         "root\n"
+         "                               exempt (default 0: no cap)\n"
          "      --enable-fault-injection[=BOOL]\n"
          "                               allow dcpxctl fault stall (off by "
          "default)\n"
@@ -112,7 +162,9 @@ static void help(void) {
          "failure, 2 on a bad option or config file.\n",
          DCPXD_DEFAULT_CONFIG, DCPXD_DEFAULT_SOCKET, DCPXD_DEFAULT_STATE_DIR,
          DCPXD_MAX_POLL_MS, DCPXD_DEFAULT_POLL_MS,
-         DCPXD_DEFAULT_JOIN_TIMEOUT_MS);
+         DCPXD_DEFAULT_JOIN_TIMEOUT_MS, DCPXD_DEFAULT_HELLO_TIMEOUT_MS,
+         DCPXD_DEFAULT_IDLE_TIMEOUT_MS, DCPXD_DEFAULT_MAX_CONNS_PER_UID,
+         DCPXD_DEFAULT_MAX_GROUPS_PER_UID);
 }
 
 static void version(void) {
@@ -220,6 +272,98 @@ static int set_string(char **dst, const char *v) {
   return 0;
 }
 
+/* allow-uid, allow-gid, admin-gid: a later source replaces the list,
+ * repeated flags add to it. */
+static int set_id_list(dcpxd_conf *c, const char *key, const char *v,
+                       int source, const char *where) {
+  bool admin = key[1] == 'd', group = admin || key[6] == 'g';
+  int *src = admin ? &c->admin_source
+                   : group ? &c->gids_source : &c->uids_source;
+  uint32_t **list = admin   ? (uint32_t **)&c->admin_gids
+                    : group ? (uint32_t **)&c->allow_gids
+                            : (uint32_t **)&c->allow_uids;
+  size_t *n = admin ? &c->n_admin_gids
+                    : group ? &c->n_allow_gids : &c->n_allow_uids;
+  if (*src != source) {
+    free(*list);
+    *list = NULL;
+    *n = 0;
+    *src = source;
+  }
+  return parse_id_list(v, group, list, n, where);
+}
+
+static void owner_rules_free(dcpxd_conf *c) {
+  for (size_t i = 0; i < c->n_owner_rules; i++)
+    free(c->owner_rules[i].pattern);
+  free(c->owner_rules);
+  c->owner_rules = NULL;
+  c->n_owner_rules = 0;
+}
+
+/* PATTERN:uid:ID or PATTERN:gid:ID; the pattern of name bytes and the glob
+ * characters *?[]!. A later source replaces the rules, repeated flags add
+ * to them. */
+static int add_owner_rule(dcpxd_conf *c, const char *v, int source,
+                          const char *where) {
+  const char *k = strchr(v, ':');
+  dcpxd_owner_rule *nr, rule = {0};
+  uint32_t *ids = NULL;
+  size_t n = 0;
+  int r;
+
+  if (!k || k == v || (strncmp(k, ":uid:", 5) && strncmp(k, ":gid:", 5)) ||
+      strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                "0123456789._-*?[]!") != (size_t)(k - v))
+    return log_error_errno(-EINVAL,
+                           "%s: group-owner '%s' must be PATTERN:uid:USER or "
+                           "PATTERN:gid:GROUP",
+                           where, v);
+  rule.is_gid = k[1] == 'g';
+  r = parse_id_list(k + 5, rule.is_gid, &ids, &n, where);
+  if (r < 0 || n != 1) {
+    free(ids);
+    return r < 0 ? r
+                 : log_error_errno(-EINVAL, "%s: group-owner '%s' names %zu "
+                                            "ids, not one",
+                                   where, v, n);
+  }
+  rule.id = ids[0];
+  free(ids);
+  if (c->owner_source != source) {
+    owner_rules_free(c);
+    c->owner_source = source;
+  }
+  nr = realloc(c->owner_rules, (c->n_owner_rules + 1) * sizeof(*nr));
+  if (!nr || !(rule.pattern = strndup(v, (size_t)(k - v)))) {
+    if (nr)
+      c->owner_rules = nr;
+    return -ENOMEM;
+  }
+  c->owner_rules = nr;
+  c->owner_rules[c->n_owner_rules++] = rule;
+  return 0;
+}
+
+const dcpxd_owner_rule *dcpxd_conf_owner_rule(const dcpxd_conf *c,
+                                              const char *group) {
+  for (size_t i = 0; i < c->n_owner_rules; i++)
+    if (fnmatch(c->owner_rules[i].pattern, group, 0) == 0)
+      return &c->owner_rules[i];
+  return NULL;
+}
+
+/* A duration in ms, 1..max. */
+static int set_ms(uint32_t *dst, const char *key, const char *v, uint32_t max,
+                  const char *where) {
+  uint64_t u;
+  if (dcpxd_parse_u64(v, 10, &u) < 0 || u < 1 || u > max)
+    return log_error_errno(-EINVAL, "%s: %s '%s' must be 1..%u", where, key, v,
+                           max);
+  *dst = (uint32_t)u;
+  return 0;
+}
+
 /* Applies one setting. `where` names its source for error messages. */
 static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
                     const char *where) {
@@ -262,19 +406,47 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
     c->join_timeout_ms = (uint32_t)u;
     return 0;
   }
-  if (strcmp(key, "allow-uid") == 0 || strcmp(key, "allow-gid") == 0) {
-    bool group = key[6] == 'g';
-    int *src = group ? &c->gids_source : &c->uids_source;
-    uint32_t **list =
-        group ? (uint32_t **)&c->allow_gids : (uint32_t **)&c->allow_uids;
-    size_t *n = group ? &c->n_allow_gids : &c->n_allow_uids;
-    if (*src != source) { /* a later source replaces the list */
-      free(*list);
-      *list = NULL;
-      *n = 0;
-      *src = source;
-    }
-    return parse_id_list(v, group, list, n, where);
+  if (strcmp(key, "allow-uid") == 0 || strcmp(key, "allow-gid") == 0 ||
+      strcmp(key, "admin-gid") == 0)
+    return set_id_list(c, key, v, source, where);
+  if (strcmp(key, "group-owner") == 0)
+    return add_owner_rule(c, v, source, where);
+  if (strcmp(key, "hello-timeout-ms") == 0)
+    return set_ms(&c->hello_timeout_ms, key, v, 600000u, where);
+  if (strcmp(key, "idle-timeout-ms") == 0)
+    return set_ms(&c->idle_timeout_ms, key, v, 86400000u, where);
+  if (strcmp(key, "max-queued-bytes") == 0) {
+    if (parse_size(v, &u) < 0 || u < 4096)
+      return log_error_errno(
+          -EINVAL, "%s: max-queued-bytes '%s' must be a size of 4K or more",
+          where, v);
+    c->max_queued_bytes = u;
+    return 0;
+  }
+  if (strcmp(key, "max-groups-per-uid") == 0) {
+    if (dcpxd_parse_u64(v, 10, &u) < 0 || u < 1 || u > 65536)
+      return log_error_errno(
+          -EINVAL, "%s: max-groups-per-uid '%s' must be 1..65536", where, v);
+    c->max_groups_per_uid = (uint32_t)u;
+    return 0;
+  }
+  if (strcmp(key, "max-workspace-bytes") == 0 ||
+      strcmp(key, "max-workspace-bytes-per-uid") == 0) {
+    if (parse_size(v, &u) < 0)
+      return log_error_errno(-EINVAL, "%s: %s '%s' is not a size", where, key,
+                             v);
+    if (strcmp(key, "max-workspace-bytes") == 0)
+      c->max_ws_bytes = u;
+    else
+      c->max_ws_bytes_per_uid = u;
+    return 0;
+  }
+  if (strcmp(key, "max-conns-per-uid") == 0) {
+    if (dcpxd_parse_u64(v, 10, &u) < 0 || u < 1 || u > 4096)
+      return log_error_errno(
+          -EINVAL, "%s: max-conns-per-uid '%s' must be 1..4096", where, v);
+    c->max_conns_per_uid = (uint32_t)u;
+    return 0;
   }
   if (strcmp(key, "enable-fault-injection") == 0) {
     r = parse_bool(v);
@@ -377,6 +549,11 @@ static void conf_defaults(dcpxd_conf *c) {
   c->poll_ms = DCPXD_DEFAULT_POLL_MS;
   c->join_timeout_ms = DCPXD_DEFAULT_JOIN_TIMEOUT_MS;
   c->records_max_bytes = DCPXD_DEFAULT_RECORDS_MAX_BYTES;
+  c->hello_timeout_ms = DCPXD_DEFAULT_HELLO_TIMEOUT_MS;
+  c->idle_timeout_ms = DCPXD_DEFAULT_IDLE_TIMEOUT_MS;
+  c->max_conns_per_uid = DCPXD_DEFAULT_MAX_CONNS_PER_UID;
+  c->max_groups_per_uid = DCPXD_DEFAULT_MAX_GROUPS_PER_UID;
+  c->max_queued_bytes = DCPXD_DEFAULT_MAX_QUEUED_BYTES;
   c->log_level = LOG_INFO;
 }
 
@@ -446,8 +623,25 @@ void dcpxd_conf_done(dcpxd_conf *c) {
   free(c->state_dir);
   free(c->allow_uids);
   free(c->allow_gids);
+  free(c->admin_gids);
+  owner_rules_free(c);
   free(c->config_path);
   memset(c, 0, sizeof(*c));
+}
+
+static bool gid_listed(const gid_t *list, size_t n, const gid_t *gids,
+                       size_t n_gids) {
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < n_gids; j++)
+      if (list[i] == gids[j])
+        return true;
+  return false;
+}
+
+bool dcpxd_conf_peer_admin(const dcpxd_conf *c, uid_t uid, const gid_t *gids,
+                           size_t n_gids) {
+  return uid == 0 || uid == getuid() ||
+         gid_listed(c->admin_gids, c->n_admin_gids, gids, n_gids);
 }
 
 bool dcpxd_conf_peer_allowed(const dcpxd_conf *c, uid_t uid, const gid_t *gids,
@@ -457,9 +651,6 @@ bool dcpxd_conf_peer_allowed(const dcpxd_conf *c, uid_t uid, const gid_t *gids,
   for (size_t i = 0; i < c->n_allow_uids; i++)
     if (c->allow_uids[i] == uid)
       return true;
-  for (size_t i = 0; i < c->n_allow_gids; i++)
-    for (size_t j = 0; j < n_gids; j++)
-      if (c->allow_gids[i] == gids[j])
-        return true;
-  return false;
+  return gid_listed(c->allow_gids, c->n_allow_gids, gids, n_gids) ||
+         gid_listed(c->admin_gids, c->n_admin_gids, gids, n_gids);
 }

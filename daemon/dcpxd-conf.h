@@ -18,6 +18,20 @@
 #define DCPXD_MAX_POLL_MS 5u
 #define DCPXD_DEFAULT_JOIN_TIMEOUT_MS 30000u
 #define DCPXD_DEFAULT_RECORDS_MAX_BYTES (4ull << 20)
+#define DCPXD_DEFAULT_HELLO_TIMEOUT_MS 5000u
+#define DCPXD_DEFAULT_IDLE_TIMEOUT_MS 60000u
+#define DCPXD_DEFAULT_MAX_CONNS_PER_UID 256u
+#define DCPXD_DEFAULT_MAX_GROUPS_PER_UID 64u
+#define DCPXD_DEFAULT_MAX_QUEUED_BYTES (64ull << 20)
+
+/* group-owner = PATTERN:uid:ID or PATTERN:gid:ID (docs/PROTOCOL.md 7.1):
+ * groups whose name matches PATTERN (fnmatch) belong to that uid, or to
+ * every member of that gid. The first matching rule applies. */
+typedef struct dcpxd_owner_rule {
+  char *pattern;
+  bool is_gid;
+  uint32_t id;
+} dcpxd_owner_rule;
 
 typedef struct dcpxd_conf {
   char *socket_path;
@@ -30,6 +44,20 @@ typedef struct dcpxd_conf {
   size_t n_allow_uids;
   gid_t *allow_gids;
   size_t n_allow_gids;
+  dcpxd_owner_rule *owner_rules;
+  size_t n_owner_rules;
+  /* Members of these groups are admins (docs/PROTOCOL.md 7.1). */
+  gid_t *admin_gids;
+  size_t n_admin_gids;
+  /* Bounds on connections (docs/PROTOCOL.md 7.2). */
+  uint32_t hello_timeout_ms;  /* from accept to Hello */
+  uint32_t idle_timeout_ms;   /* a connection that holds no group */
+  uint32_t max_conns_per_uid; /* root is exempt */
+  uint64_t max_queued_bytes;  /* output queued for peers not reading */
+  /* Bounds on groups (7.3); 0 bytes: no cap. Root is exempt per uid. */
+  uint32_t max_groups_per_uid;
+  uint64_t max_ws_bytes;         /* committed by all groups */
+  uint64_t max_ws_bytes_per_uid; /* committed by a uid's groups */
   bool fault_injection;
   uint64_t records_max_bytes; /* rotate records.log beyond this */
   int log_level;
@@ -37,7 +65,7 @@ typedef struct dcpxd_conf {
 
   /* Which source last set each list, so that flags replace the file's
    * list while repeated flags add to each other. */
-  int uids_source, gids_source;
+  int uids_source, gids_source, admin_source, owner_source;
 } dcpxd_conf;
 
 /* Outcome of dcpxd_conf_load() besides errors. */
@@ -56,5 +84,14 @@ void dcpxd_conf_done(dcpxd_conf *c);
 /* True if a peer with these credentials may talk to the daemon. */
 bool dcpxd_conf_peer_allowed(const dcpxd_conf *c, uid_t uid, const gid_t *gids,
                              size_t n_gids);
+
+/* The first owner rule whose pattern matches the group name, or NULL. */
+const dcpxd_owner_rule *dcpxd_conf_owner_rule(const dcpxd_conf *c,
+                                              const char *group);
+
+/* True if a peer with these credentials is an admin: root, dcpxd's own
+ * uid, or a member of an admin-gid group. */
+bool dcpxd_conf_peer_admin(const dcpxd_conf *c, uid_t uid, const gid_t *gids,
+                           size_t n_gids);
 
 #endif /* DCPXD_CONF_H */

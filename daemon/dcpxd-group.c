@@ -166,34 +166,22 @@ dcpxd_group *dcpxd_group_find(dcpxd_manager *m, const char *name) {
   return NULL;
 }
 
-/* Group names go into logs (group=NAME), file entries and JSON: keep them
- * short and free of blanks, quotes and control characters. */
-static bool valid_group_name(const char *s) {
-  size_t n = s ? strlen(s) : 0;
-  if (n == 0 || n > DCPXD_GROUP_NAME_MAX)
-    return false;
-  for (size_t i = 0; i < n; i++) {
-    char ch = s[i];
-    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-          (ch >= '0' && ch <= '9') || strchr("-_.:@/+=", ch)))
-      return false;
-  }
-  return true;
-}
-
 /* ---- events and replies -------------------------------------------------- */
 
 static void send_event(dcpxd_group *g, dcpxd_conn *c, int kind, uint32_t reason,
                        int32_t rank, const char *detail) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__Event ev = DCPX__EVENT__INIT;
+  char text[384];
 
+  dcpxd_bprintf(text, "%s", detail ? detail : "");
+  dcpx__text_clean(text);
   ev.kind = kind;
   ev.group = g->name;
   ev.reason = reason;
   ev.generation = g->generation;
   ev.rank = rank;
-  ev.detail = (char *)(detail ? detail : "");
+  ev.detail = text;
   f.msg_case = DCPX__FRAME__MSG_EVENT;
   f.event = &ev;
   dcpxd_conn_send(c, &f, NULL, 0);
@@ -218,8 +206,9 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  log_notice("conn %" PRIu64 " (pid %d): join refused (%s): %s", c->id,
-             (int)c->pid, dcpx_strerror(status), msg);
+  dcpx__text_clean(msg);
+  log_ratelimited(LOG_NOTICE, "conn %" PRIu64 " (pid %d): join refused (%s): %s",
+                  c->id, (int)c->pid, dcpx_strerror(status), msg);
   rep.status = status;
   rep.error = msg;
   rep.version = DCPX_PROTO_VERSION;
@@ -227,6 +216,35 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
   f.msg_case = DCPX__FRAME__MSG_JOIN_REPLY;
   f.join_reply = &jr;
   dcpxd_conn_send(c, &f, NULL, 0);
+}
+
+/* Bytes a group commits once formed: W workspaces and the control page. */
+static uint64_t group_bytes(const dcpx_layout *L, uint32_t W) {
+  return (uint64_t)W * L->ws_bytes + L->ctl_bytes;
+}
+
+/* Ownership (docs/PROTOCOL.md 7.1): the group g, or the group of this
+ * name that c would create (g NULL). False after refusing the Join. */
+static bool join_allowed(dcpxd_conn *c, const dcpxd_group *g,
+                         const char *name) {
+  const dcpxd_owner_rule *rule =
+      g ? g->rule : dcpxd_conf_owner_rule(c->m->conf, name);
+
+  if (g ? dcpxd_may_use(c, g)
+        : c->uid == 0 || !rule || dcpxd_rule_matches(c, rule))
+    return true;
+  if (rule)
+    join_refuse(c, DCPX_E_ACCES,
+                "groups named '%s' belong to %s %u (group-owner): nobody "
+                "else but root may create or join them",
+                rule->pattern, rule->is_gid ? "the members of gid" : "uid",
+                (unsigned)rule->id);
+  else
+    join_refuse(c, DCPX_E_ACCES,
+                "group '%s' belongs to uid %u: only its owner and root may "
+                "join it, replace its ranks or reattach to it",
+                g->name, (unsigned)g->owner);
+  return false;
 }
 
 /* The JoinReply of a formed group, with its fds (invariant 2); a
@@ -288,6 +306,8 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   jr.devices = devices;
   jr.nccl_id.len = g->nccl_id_len;
   jr.nccl_id.data = g->nccl_id;
+  if (dcpx_shape_warning(&g->shape))
+    jr.warning = (char *)dcpx_shape_warning(&g->shape);
   f.msg_case = DCPX__FRAME__MSG_JOIN_REPLY;
   f.join_reply = &jr;
   dcpxd_conn_send(g->member[rank].conn, &f, fds, with_fds ? (int)W + 1 : 0);
@@ -318,6 +338,7 @@ static void member_detach(dcpxd_group *g, uint32_t rank) {
   mb->conn = NULL;
   mb->acked = false;
   g->live--;
+  dcpxd_conn_idle_arm(c);
 }
 
 static void group_destroy(dcpxd_group *g) {
@@ -327,6 +348,8 @@ static void group_destroy(dcpxd_group *g) {
     member_detach(g, r);
   if (g->hdr)
     dcpxd_health_harvest(g); /* late records */
+  if (g->hdr && !m->stopping) /* at shutdown its ranks live on */
+    dcpxd_secrets_remove(m->secrets, g->name);
   TAILQ_REMOVE(&m->groups, g, link);
   log_info("group=%s destroyed (gen %u, %" PRIu64 " aborts, %" PRIu64
            " recoveries)",
@@ -397,6 +420,9 @@ static void group_form(dcpxd_group *g) {
   g->hdr->generation = g->generation;
   g->hdr->abort = 0;
   g->hdr->recovering = 0;
+  r = dcpxd_secrets_add(g->m->secrets, g->name, g->owner, g->hdr->secret);
+  if (r < 0)
+    goto fail;
   for (uint32_t i = 0; i < W; i++) {
     dcpx_rank_health *h = dcpxd_group_health(g, i);
     h->pid = (uint32_t)g->member[i].pid;
@@ -411,6 +437,8 @@ static void group_form(dcpxd_group *g) {
            g->name, W, g->shape.rows, g->shape.topk, g->shape.local_topk,
            transport_name(g->transport), backend_name(g->backend),
            g->L.ws_bytes, g->L.ctl_bytes);
+  if (dcpx_shape_warning(&g->shape))
+    log_warning("group=%s: %s", g->name, dcpx_shape_warning(&g->shape));
   for (uint32_t i = 0; i < W; i++) {
     uv_timer_stop(&g->member[i].conn->join_timer);
     send_join_reply(g, i);
@@ -599,12 +627,15 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   }
   g->m = m;
   memcpy(g->name, j->group, strlen(j->group) + 1);
+  g->owner = c->uid;
+  g->rule = dcpxd_conf_owner_rule(m->conf, g->name);
   g->shape = *shape;
   g->transport = transport;
   g->backend = (int)j->backend;
   g->timeout_ns = j->timeout_ns;
   g->mem = mem;
   dcpx_layout_compute(&g->L, W, shape->rows, shape->topk, shape->local_topk);
+  g->bytes = group_bytes(&g->L, W); /* counted, never refused: it exists */
 
   r = dcpxd_buf_adopt(&dcpxd_mem_host, TAKE_FD(fds[0]), g->L.ctl_bytes, -1,
                       &g->ctl);
@@ -654,6 +685,21 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
     group_free(g);
     return join_refuse(c, bad_version ? DCPX_E_VERSION : DCPX_E_SHAPE,
                        "the control page does not match the group: %s", why);
+  }
+  if (!dcpxd_secrets_match(m->secrets, g->name, hdr->secret, &g->owner)) {
+    group_free(g);
+    return join_refuse(c, DCPX_E_ACCES,
+                       "cannot adopt group '%s': its control page's secret "
+                       "is not that of a group '%s' this dcpxd created",
+                       j->group, j->group);
+  }
+  if (!dcpxd_may_use(c, g)) {
+    uid_t owner = g->owner;
+    group_free(g);
+    return join_refuse(c, DCPX_E_ACCES,
+                       "group '%s' belongs to uid %u: only its owner and root "
+                       "may reattach to it",
+                       j->group, (unsigned)owner);
   }
   g->harvested = calloc(((size_t)W * shape->rows + 7) / 8, 1);
   if (!g->harvested) {
@@ -719,6 +765,8 @@ static void group_reattach(dcpxd_conn *c, const Dcpx__Join *j,
                        "a reattach carries %u fds (ctl, ws0..ws%u), not %d",
                        W + 1, W - 1, nfds);
   g = dcpxd_group_find(c->m, j->group);
+  if (!join_allowed(c, g, j->group))
+    return;
   if (g) {
     r = group_compare(g, shape, transport, (int)j->backend, j->timeout_ns,
                       msg, sizeof(msg));
@@ -759,6 +807,77 @@ static void group_reattach(dcpxd_conn *c, const Dcpx__Join *j,
   reattach_done(g, c, rank);
 }
 
+/* The caps on groups (docs/PROTOCOL.md 7.3): groups per uid, committed
+ * bytes per uid and in all. Root is exempt from the per-uid caps. False
+ * after refusing the Join. */
+static bool group_fits(dcpxd_conn *c, uint64_t bytes) {
+  const dcpxd_conf *conf = c->m->conf;
+  uint64_t total = bytes, mine = bytes;
+  unsigned groups = 1;
+  dcpxd_group *g;
+
+  TAILQ_FOREACH(g, &c->m->groups, link) {
+    total += g->bytes;
+    if (g->owner == c->uid)
+      mine += g->bytes, groups++;
+  }
+  if (c->uid != 0 && groups > conf->max_groups_per_uid)
+    join_refuse(c, DCPX_E_BUSY,
+                "too many groups for uid %u (max-groups-per-uid %u)",
+                (unsigned)c->uid, conf->max_groups_per_uid);
+  else if (c->uid != 0 && conf->max_ws_bytes_per_uid &&
+           mine > conf->max_ws_bytes_per_uid)
+    join_refuse(c, DCPX_E_NOMEM,
+                "the group's %" PRIu64 " bytes would take uid %u past "
+                "max-workspace-bytes-per-uid (%" PRIu64 " committed of %" PRIu64
+                ")",
+                bytes, (unsigned)c->uid, mine - bytes,
+                conf->max_ws_bytes_per_uid);
+  else if (conf->max_ws_bytes && total > conf->max_ws_bytes)
+    join_refuse(c, DCPX_E_NOMEM,
+                "the group's %" PRIu64 " bytes would take dcpxd past "
+                "max-workspace-bytes (%" PRIu64 " committed of %" PRIu64 ")",
+                bytes, total - bytes, conf->max_ws_bytes);
+  else
+    return true;
+  return false;
+}
+
+/* The group a first Join creates (forming, no memory yet), or NULL after
+ * refusing the Join. */
+static dcpxd_group *group_new(dcpxd_conn *c, const Dcpx__Join *j,
+                              const dcpx_shape *shape, int transport,
+                              const dcpxd_mem_ops *mem) {
+  dcpx_layout L;
+  dcpxd_group *g;
+
+  dcpx_layout_compute(&L, shape->world, shape->rows, shape->topk,
+                      shape->local_topk);
+  if (!group_fits(c, group_bytes(&L, shape->world)))
+    return NULL;
+  g = calloc(1, sizeof(*g));
+  if (!g) {
+    join_refuse(c, DCPX_E_NOMEM, "out of memory");
+    return NULL;
+  }
+  g->m = c->m;
+  memcpy(g->name, j->group, strlen(j->group) + 1);
+  g->owner = c->uid;
+  g->rule = dcpxd_conf_owner_rule(c->m->conf, g->name);
+  g->shape = *shape;
+  g->transport = transport;
+  g->backend = (int)j->backend;
+  g->timeout_ns = j->timeout_ns;
+  g->mem = mem;
+  g->state = DCPXD_GROUP_FORMING;
+  g->L = L;
+  g->bytes = group_bytes(&L, shape->world);
+  TAILQ_INSERT_TAIL(&c->m->groups, g, link);
+  log_info("group=%s forming: world %u, first rank %u (pid %d)", g->name,
+           shape->world, j->rank, (int)c->pid);
+  return g;
+}
+
 void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
   dcpxd_manager *m = c->m;
   dcpx_shape shape = DCPX_SHAPE_INIT;
@@ -773,11 +892,9 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
     return join_refuse(c, DCPX_E_STATE,
                        "this connection already holds rank %u of group '%s'",
                        c->rank, c->group->name);
-  if (!valid_group_name(j->group))
-    return join_refuse(c, DCPX_E_INVAL,
-                       "group name must be 1..%d characters of [A-Za-z0-9] "
-                       "and -_.:@/+=",
-                       DCPXD_GROUP_NAME_MAX);
+  if (!dcpx__group_name_ok(j->group))
+    return join_refuse(c, DCPX_E_INVAL, DCPXD_BAD_NAME_FMT,
+                       DCPX_GROUP_NAME_MAX);
   if (!j->shape)
     return join_refuse(c, DCPX_E_INVAL, "Join without a shape");
   shape.world = j->shape->world;
@@ -837,6 +954,8 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
                        "rank 0 of an nccl group must send its nccl_id");
 
   g = dcpxd_group_find(m, j->group);
+  if (!join_allowed(c, g, j->group))
+    return;
   if (g) {
     dcpxd_member *mb = &g->member[j->rank < g->shape.world ? j->rank : 0];
 
@@ -886,24 +1005,8 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
     return;
   }
 
-  if (!g) {
-    g = calloc(1, sizeof(*g));
-    if (!g)
-      return join_refuse(c, DCPX_E_NOMEM, "out of memory");
-    g->m = m;
-    memcpy(g->name, j->group, strlen(j->group) + 1);
-    g->shape = shape;
-    g->transport = transport;
-    g->backend = (int)j->backend;
-    g->timeout_ns = j->timeout_ns;
-    g->mem = mem;
-    g->state = DCPXD_GROUP_FORMING;
-    dcpx_layout_compute(&g->L, shape.world, shape.rows, shape.topk,
-                        shape.local_topk);
-    TAILQ_INSERT_TAIL(&m->groups, g, link);
-    log_info("group=%s forming: world %u, first rank %u (pid %d)", g->name,
-             shape.world, j->rank, (int)c->pid);
-  }
+  if (!g && !(g = group_new(c, j, &shape, transport, mem)))
+    return;
   if (j->rank == 0 && j->nccl_id.len) {
     memcpy(g->nccl_id, j->nccl_id.data, j->nccl_id.len);
     g->nccl_id_len = j->nccl_id.len;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dcpx.h"
@@ -111,4 +112,26 @@ int dcpxd_log_internal(int level, int error, const char *fmt, ...) {
   }
   errno = saved_errno;
   return -abs(error);
+}
+
+bool dcpxd_ratelimit_ok(dcpxd_ratelimit *rl, int level) {
+  struct timespec ts;
+  uint64_t now;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  if (now - rl->start_ns >= 1000000000ull) {
+    if (rl->dropped)
+      dcpxd_log_internal(level, 0, "(%u similar messages suppressed)",
+                         rl->dropped);
+    rl->start_ns = now;
+    rl->n = 0;
+    rl->dropped = 0;
+  }
+  if (rl->n < DCPXD_LOG_BURST) {
+    rl->n++;
+    return true;
+  }
+  rl->dropped++;
+  return false;
 }

@@ -12,6 +12,8 @@
 #ifndef DCPXD_LOG_H
 #define DCPXD_LOG_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <syslog.h>
 
@@ -45,5 +47,26 @@ const char *dcpxd_log_level_to_string(int level);
 #define log_info_errno(e, ...) log_full_errno(LOG_INFO, e, __VA_ARGS__)
 #define log_warning_errno(e, ...) log_full_errno(LOG_WARNING, e, __VA_ARGS__)
 #define log_error_errno(e, ...) log_full_errno(LOG_ERR, e, __VA_ARGS__)
+
+/* Rate limiting, for lines a client can cause at will (a refused
+ * connection, a protocol error, a refused join): each call site of
+ * log_ratelimited logs at most DCPXD_LOG_BURST lines a second; the next
+ * line after a second in which some were dropped says how many. */
+#define DCPXD_LOG_BURST 20
+typedef struct dcpxd_ratelimit {
+  uint64_t start_ns;
+  unsigned n, dropped;
+} dcpxd_ratelimit;
+
+/* True if a line may be logged now (and logs the count dropped before). */
+bool dcpxd_ratelimit_ok(dcpxd_ratelimit *rl, int level);
+
+#define log_ratelimited(level, ...)                                            \
+  do {                                                                         \
+    static dcpxd_ratelimit _rl;                                                \
+    int _lv = (level);                                                         \
+    if (_lv <= dcpxd_log_max_level && dcpxd_ratelimit_ok(&_rl, _lv))           \
+      (void)dcpxd_log_internal(_lv, 0, __VA_ARGS__);                           \
+  } while (0)
 
 #endif /* DCPXD_LOG_H */

@@ -136,8 +136,11 @@ static void send_query_reply(dcpxd_conn *c, Dcpx__QueryReply *qr) {
 static void query_error(dcpxd_conn *c, int status, const char *msg) {
   Dcpx__QueryReply qr = DCPX__QUERY_REPLY__INIT;
   Dcpx__Reply rep = DCPX__REPLY__INIT;
+  char text[256];
+  dcpxd_bprintf(text, "%s", msg);
+  dcpx__text_clean(text);
   rep.status = status;
-  rep.error = (char *)msg;
+  rep.error = text;
   rep.version = DCPX_PROTO_VERSION;
   qr.reply = &rep;
   send_query_reply(c, &qr);
@@ -154,7 +157,8 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   size_t n = 0, total;
 
   if (q->group && *q->group) {
-    if (!dcpxd_group_find(m, q->group)) {
+    g = dcpxd_group_find(m, q->group);
+    if (!g || !dcpxd_may_see(c, g)) {
       dcpxd_bprintf(msg, "no group '%.*s'", DCPXD_GROUP_NAME_MAX, q->group);
       return query_error(c, DCPX_E_NOENT, msg);
     }
@@ -168,7 +172,8 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
     return query_error(c, DCPX_E_NOMEM, "out of memory");
   n = 0;
   TAILQ_FOREACH(g, &m->groups, link) {
-    if (q->group && *q->group && strcmp(q->group, g->name) != 0)
+    if ((q->group && *q->group && strcmp(q->group, g->name) != 0) ||
+        !dcpxd_may_see(c, g))
       continue;
     fill_group(&infos[n], g);
     ptrs[n] = &infos[n].gi;
@@ -187,6 +192,18 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
                   qr.n_groups, total);
   qr.records_note = note;
   send_query_reply(c, &qr);
+}
+
+/* A group that exists and that c may see (docs/PROTOCOL.md 7.1). */
+static bool group_visible(dcpxd_conn *c, const char *name) {
+  dcpxd_group *g = dcpxd_group_find(c->m, name);
+  return g && dcpxd_may_see(c, g);
+}
+
+/* Records carry no owner: a non-admin sees those of the groups it can see
+ * now, and none of a group that is gone. */
+static bool record_visible(dcpxd_conn *c, const dcpxd_record *r) {
+  return c->admin || group_visible(c, r->group);
 }
 
 static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
@@ -210,7 +227,8 @@ static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
   /* Newest first, up to the limit; then put them back in time order. */
   for (size_t i = count; i-- > 0 && n < limit;) {
     const dcpxd_record *r = dcpxd_records_get(s, i);
-    if (by_group && strcmp(r->group, q->group) != 0)
+    if ((by_group && strcmp(r->group, q->group) != 0) ||
+        !record_visible(c, r))
       continue;
     if (q->rank >= 0 && r->rank != (uint32_t)q->rank)
       continue;
@@ -218,7 +236,7 @@ static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
       continue;
     sel[n++] = r;
   }
-  if (n == 0 && by_group && !dcpxd_group_find(m, q->group)) {
+  if (n == 0 && by_group && !group_visible(c, q->group)) {
     dcpxd_bprintf(msg, "no group '%.*s' and no records of it",
                   DCPXD_GROUP_NAME_MAX, q->group);
     return query_error(c, DCPX_E_NOENT, msg);
@@ -254,8 +272,12 @@ static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
 }
 
 void dcpxd_query(dcpxd_conn *c, const Dcpx__Query *q) {
-  char msg[64];
+  char msg[96];
 
+  if (q->group && *q->group && !dcpx__group_name_ok(q->group)) {
+    dcpxd_bprintf(msg, DCPXD_BAD_NAME_FMT, DCPX_GROUP_NAME_MAX);
+    return query_error(c, DCPX_E_INVAL, msg);
+  }
   switch ((int)q->what) {
   case DCPX__QUERY__WHAT__GROUPS:
   case DCPX__QUERY__WHAT__HEALTH:
@@ -282,17 +304,32 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
     dcpxd_conn_reply(c, DCPX_E_INVAL, "unknown command %d", (int)cmd->kind);
     return;
   }
+  if (!dcpxd_may_operate(c)) {
+    log_ratelimited(LOG_NOTICE,
+                    "conn %" PRIu64 " (pid %d uid %u): command %d refused: "
+                    "not an admin",
+                    c->id, (int)c->pid, (unsigned)c->uid, (int)cmd->kind);
+    dcpxd_conn_reply(c, DCPX_E_PERM,
+                     "reset and fault injection need root or a member of an "
+                     "admin-gid group");
+    return;
+  }
   if (cmd->kind == DCPX__COMMAND__KIND__FAULT_STALL &&
       !c->m->conf->fault_injection) {
-    log_notice("conn %" PRIu64 " (pid %d uid %u): fault stall refused: "
-               "fault injection is disabled",
-               c->id, (int)c->pid, (unsigned)c->uid);
+    log_ratelimited(LOG_NOTICE,
+                    "conn %" PRIu64 " (pid %d uid %u): fault stall refused: "
+                    "fault injection is disabled",
+                    c->id, (int)c->pid, (unsigned)c->uid);
     dcpxd_conn_reply(c, DCPX_E_PERM,
                      "fault injection is disabled (start dcpxd with "
                      "--enable-fault-injection)");
     return;
   }
-  g = cmd->group ? dcpxd_group_find(c->m, cmd->group) : NULL;
+  if (!dcpx__group_name_ok(cmd->group)) {
+    dcpxd_conn_reply(c, DCPX_E_INVAL, DCPXD_BAD_NAME_FMT, DCPX_GROUP_NAME_MAX);
+    return;
+  }
+  g = dcpxd_group_find(c->m, cmd->group);
   if (!g) {
     dcpxd_conn_reply(c, DCPX_E_NOENT, "no group '%.*s'", DCPXD_GROUP_NAME_MAX,
                      cmd->group ? cmd->group : "");

@@ -7,8 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Group names are at most this long (bytes, without the NUL). */
-#define DCPXD_GROUP_NAME_MAX 63
+#include "dcpx.h"
+
+/* Group names are at most this long (bytes, without the NUL); the file
+ * format's group field holds exactly this many. */
+#define DCPXD_GROUP_NAME_MAX DCPX_GROUP_NAME_MAX
 
 /* Records kept in memory for queries. */
 #define DCPXD_RECORDS_RING 4096

@@ -136,6 +136,7 @@ void dcpxd_conn_flush(dcpxd_conn *c) {
     if (!c->out_head)
       c->out_tail = NULL;
     c->out_bytes -= o->len;
+    c->m->out_bytes -= o->len;
     outmsg_free(o);
   }
   if (!c->out_head)
@@ -151,6 +152,14 @@ static int conn_enqueue(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
     dcpxd_conn_close(c, LOG_WARNING,
                      "peer is not reading its socket (%zu bytes queued)",
                      c->out_bytes);
+    return -ENOBUFS;
+  }
+  if (c->m->out_bytes + len > c->m->conf->max_queued_bytes) {
+    dcpxd_conn_close(c, LOG_WARNING,
+                     "peer is not reading its socket and dcpxd's queued "
+                     "output is at max-queued-bytes (%zu bytes, %zu of them "
+                     "this peer's)",
+                     c->m->out_bytes, c->out_bytes);
     return -ENOBUFS;
   }
   o = malloc(sizeof(*o) + (len ? len : 1));
@@ -179,6 +188,7 @@ static int conn_enqueue(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
     c->out_head = o;
   c->out_tail = o;
   c->out_bytes += len;
+  c->m->out_bytes += len;
   conn_set_events(c, UV_READABLE | UV_WRITABLE | UV_DISCONNECT);
   return 0;
 }
@@ -217,6 +227,7 @@ int dcpxd_conn_reply(dcpxd_conn *c, int status, const char *fmt, ...) {
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
   }
+  dcpx__text_clean(msg);
   rep.status = status;
   rep.error = msg;
   rep.version = DCPX_PROTO_VERSION;
@@ -253,11 +264,14 @@ static void on_reap(uv_idle_t *h) {
       c->out_head = o->next;
       outmsg_free(o);
     }
+    m->out_bytes -= c->out_bytes;
+    c->out_bytes = 0;
     c->out_tail = NULL;
     TAILQ_REMOVE(&m->conns, c, link);
     m->n_conns--;
     uv_close((uv_handle_t *)&c->poll, on_conn_handle_closed);
     uv_close((uv_handle_t *)&c->join_timer, on_conn_handle_closed);
+    uv_close((uv_handle_t *)&c->idle_timer, on_conn_handle_closed);
     if (c->pidfd >= 0)
       uv_close((uv_handle_t *)&c->pid_poll, on_conn_handle_closed);
   }
@@ -276,16 +290,60 @@ void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(c->close_reason, sizeof(c->close_reason), fmt, ap);
   va_end(ap);
-  log_full(level, "conn %" PRIu64 " (pid %d uid %u%s%s): closing: %s", c->id,
-           (int)c->pid, (unsigned)c->uid, c->agent[0] ? ", " : "", c->agent,
-           c->close_reason);
+  /* Warnings and notices here are a client's doing: rate-limited. */
+  if (level <= LOG_NOTICE)
+    log_ratelimited(level, "conn %" PRIu64 " (pid %d uid %u%s%s): closing: %s",
+                    c->id, (int)c->pid, (unsigned)c->uid,
+                    c->agent[0] ? ", " : "", c->agent, c->close_reason);
+  else
+    log_full(level, "conn %" PRIu64 " (pid %d uid %u%s%s): closing: %s",
+             c->id, (int)c->pid, (unsigned)c->uid, c->agent[0] ? ", " : "",
+             c->agent, c->close_reason);
   uv_poll_stop(&c->poll);
   uv_timer_stop(&c->join_timer);
+  uv_timer_stop(&c->idle_timer);
   if (c->pidfd >= 0)
     uv_poll_stop(&c->pid_poll);
   TAILQ_INSERT_TAIL(&c->m->reap, c, reap_link);
   if (!uv_is_closing((uv_handle_t *)&c->m->reaper))
     uv_idle_start(&c->m->reaper, on_reap);
+}
+
+/* ---- the Hello deadline and the idle timeout ----------------------------- */
+
+static void on_idle_timeout(uv_timer_t *t) {
+  dcpxd_conn *c = t->data;
+  const dcpxd_conf *conf = c->m->conf;
+
+  if (c->closing || c->group)
+    return;
+  if (c->hello) {
+    dcpxd_conn_reply(c, DCPX_E_TIMEDOUT,
+                     "idle for %u ms without a group (idle-timeout-ms)",
+                     conf->idle_timeout_ms);
+    dcpxd_conn_close(c, LOG_INFO, "idle for %u ms without a group",
+                     conf->idle_timeout_ms);
+  } else {
+    dcpxd_conn_reply(c, DCPX_E_TIMEDOUT,
+                     "no Hello within %u ms (hello-timeout-ms)",
+                     conf->hello_timeout_ms);
+    dcpxd_conn_close(c, LOG_INFO, "no Hello within %u ms",
+                     conf->hello_timeout_ms);
+  }
+  dcpxd_manager_update(c->m);
+}
+
+void dcpxd_conn_idle_arm(dcpxd_conn *c) {
+  const dcpxd_conf *conf = c->m->conf;
+
+  if (c->closing)
+    return;
+  if (c->group) {
+    uv_timer_stop(&c->idle_timer);
+    return;
+  }
+  uv_timer_start(&c->idle_timer, on_idle_timeout,
+                 c->hello ? conf->idle_timeout_ms : conf->hello_timeout_ms, 0);
 }
 
 /* ---- the peer process ------------------------------------------------------ */
@@ -421,6 +479,25 @@ static void conn_dispatch(dcpxd_conn *c, const Dcpx__Frame *f, int *fds,
   }
 }
 
+/* Why a received packet was refused (dcpx__frame_recv's codes). */
+static const char *recv_error_text(int r) {
+  static char size[64], fds[96];
+
+  switch (r) {
+  case DCPX_E_MSGSIZE:
+    dcpxd_bprintf(size, "frame larger than %u bytes", DCPX_FRAME_MAX);
+    return size;
+  case DCPX_E_FDS:
+    dcpxd_bprintf(fds, "more than %d file descriptors in one message",
+                  DCPX_FRAME_MAX_FDS);
+    return fds;
+  case DCPX_E_TEXT:
+    return "a string field is not valid UTF-8 or holds a NUL byte";
+  default:
+    return "malformed frame (not a dcpx Frame)";
+  }
+}
+
 static void on_conn_io(uv_poll_t *h, int status, int events) {
   dcpxd_conn *c = h->data;
 
@@ -456,14 +533,9 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
                        "connection closed by peer");
       break;
     }
-    if (r == DCPX_E_MSGSIZE) {
-      char why[96];
-      dcpxd_bprintf(why, "frame larger than %u bytes", DCPX_FRAME_MAX);
-      conn_protocol_error(c, r, why);
-      break;
-    }
-    if (r == DCPX_E_PROTO) {
-      conn_protocol_error(c, r, "malformed frame (not a dcpx Frame)");
+    if (r == DCPX_E_MSGSIZE || r == DCPX_E_FDS || r == DCPX_E_PROTO ||
+        r == DCPX_E_TEXT) {
+      conn_protocol_error(c, r, recv_error_text(r));
       break;
     }
     if (r < 0) {
@@ -471,6 +543,7 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
       break;
     }
     conn_dispatch(c, f, fds, nfds);
+    dcpxd_conn_idle_arm(c); /* activity, or a group joined or left */
     for (int k = 0; k < nfds; k++)
       if (fds[k] >= 0)
         close(fds[k]);
@@ -492,6 +565,29 @@ static size_t peer_groups(int fd, gid_t primary, gid_t *gids, size_t max) {
   if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, gids + 1, &len) == 0)
     n += len / sizeof(gid_t);
   return n;
+}
+
+/* Open connections of a uid (not those already closing). */
+static unsigned conns_of_uid(dcpxd_manager *m, uid_t uid) {
+  dcpxd_conn *c;
+  unsigned n = 0;
+  TAILQ_FOREACH(c, &m->conns, link) {
+    n += c->uid == uid && !c->closing;
+  }
+  return n;
+}
+
+bool dcpxd_rule_matches(const dcpxd_conn *c, const dcpxd_owner_rule *rule) {
+  gid_t gids[129];
+  size_t n;
+
+  if (!rule->is_gid)
+    return c->uid == rule->id;
+  n = peer_groups(c->fd, c->gid, gids, ELEMENTSOF(gids));
+  for (size_t i = 0; i < n; i++)
+    if (gids[i] == rule->id)
+      return true;
+  return false;
 }
 
 static void conn_new(dcpxd_manager *m, int fd) {
@@ -525,14 +621,17 @@ static void conn_new(dcpxd_manager *m, int fd) {
   c->gid = uc.gid;
   uv_poll_init(m->loop, &c->poll, fd);
   uv_timer_init(m->loop, &c->join_timer);
+  uv_timer_init(m->loop, &c->idle_timer);
   c->poll.data = c;
   c->join_timer.data = c;
-  c->open_handles = 2;
+  c->idle_timer.data = c;
+  c->open_handles = 3;
   c->pidfd = -1;
   TAILQ_INSERT_TAIL(&m->conns, c, link);
   m->n_conns++;
 
   ngids = peer_groups(fd, uc.gid, gids, ELEMENTSOF(gids));
+  c->admin = dcpxd_conf_peer_admin(m->conf, uc.uid, gids, ngids);
   if (!dcpxd_conf_peer_allowed(m->conf, uc.uid, gids, ngids)) {
     dcpxd_conn_reply(c, DCPX_E_ACCES, "uid %u not allowed", (unsigned)uc.uid);
     dcpxd_conn_close(c, LOG_WARNING, "uid %u not allowed", (unsigned)uc.uid);
@@ -544,6 +643,16 @@ static void conn_new(dcpxd_manager *m, int fd) {
     dcpxd_conn_close(c, LOG_WARNING, "too many connections");
     return;
   }
+  if (uc.uid != 0 && conns_of_uid(m, uc.uid) > m->conf->max_conns_per_uid) {
+    dcpxd_conn_reply(c, DCPX_E_BUSY,
+                     "too many connections for uid %u (max-conns-per-uid "
+                     "%u)",
+                     (unsigned)uc.uid, m->conf->max_conns_per_uid);
+    dcpxd_conn_close(c, LOG_WARNING, "too many connections for uid %u",
+                     (unsigned)uc.uid);
+    return;
+  }
+  dcpxd_conn_idle_arm(c);
   c->poll_events = UV_READABLE | UV_DISCONNECT;
   uv_poll_start(&c->poll, (int)c->poll_events, on_conn_io);
   log_debug("conn %" PRIu64 ": accepted pid %d uid %u gid %u", c->id,
@@ -556,6 +665,45 @@ static void on_accept_retry(uv_timer_t *t) {
   dcpxd_manager *m = t->data;
   if (!m->stopping && m->listening)
     uv_poll_start(&m->listen_poll, UV_READABLE, on_listen);
+}
+
+static void reserve_open(dcpxd_manager *m) {
+  if (m->reserve_fd < 0)
+    m->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+/* Out of fds (EMFILE): the reserve-fd trick. Give up the reserve, accept
+ * the pending connection, tell it why and close it, take the reserve
+ * again; so the backlog drains instead of keeping the socket readable
+ * (which would wake the loop over and over). What the peer already sent is
+ * read first, so that the close does not reset the connection before the
+ * peer reads the reason. 0: one refused; 1: none was pending; -1: no
+ * reserve (pause). */
+static int refuse_with_reserve(dcpxd_manager *m) {
+  char junk[512];
+  int fd;
+
+  if (m->reserve_fd < 0)
+    return -1;
+  close(m->reserve_fd);
+  m->reserve_fd = -1;
+  fd = accept4(m->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd >= 0) {
+    while (recv(fd, junk, sizeof(junk), MSG_DONTWAIT) > 0)
+      ;
+    (void)dcpx__send_reply(fd, DCPX_E_BUSY,
+                           "dcpxd is out of file descriptors; try again "
+                           "later");
+    close(fd);
+    m->fd_refused++;
+  }
+  reserve_open(m);
+  if (fd >= 0)
+    log_ratelimited(LOG_WARNING,
+                    "Out of file descriptors: connection refused (%" PRIu64
+                    " so far)",
+                    m->fd_refused);
+  return fd >= 0 ? 0 : 1;
 }
 
 static void on_listen(uv_poll_t *h, int status, int events) {
@@ -572,12 +720,20 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK)
         break;
+      if (errno == EMFILE) {
+        int q = refuse_with_reserve(m);
+        if (q == 0)
+          continue;
+        if (q == 1)
+          break;
+        errno = EMFILE;
+      }
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
           errno == ENOMEM) {
         /* The pending connection stays readable: stop watching for a
          * moment rather than spin. */
-        log_warning_errno(-errno, "accept() failed, pausing %d ms: %m",
-                          ACCEPT_RETRY_MS);
+        log_ratelimited(LOG_WARNING, "accept() failed, pausing %d ms: %s",
+                        ACCEPT_RETRY_MS, strerror(errno));
         uv_poll_stop(&m->listen_poll);
         uv_timer_start(&m->accept_retry, on_accept_retry, ACCEPT_RETRY_MS, 0);
         break;
@@ -699,6 +855,8 @@ int dcpxd_server_listen(dcpxd_manager *m) {
   m->listen_poll.data = m;
   uv_timer_init(m->loop, &m->accept_retry);
   m->accept_retry.data = m;
+  m->reserve_fd = -1;
+  reserve_open(m);
   m->listening = true;
   uv_poll_start(&m->listen_poll, UV_READABLE, on_listen);
   return 0;
@@ -712,6 +870,9 @@ static void on_listen_closed(uv_handle_t *h) {
 }
 
 void dcpxd_server_stop(dcpxd_manager *m) {
+  if (m->reserve_fd >= 0)
+    close(m->reserve_fd);
+  m->reserve_fd = -1;
   if (m->listening) {
     m->listening = false;
     uv_close((uv_handle_t *)&m->listen_poll, on_listen_closed);

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <dcpx/version.h>
@@ -148,6 +149,23 @@ static void start_signal(dcpxd_manager *m, uv_signal_t *h, int signum) {
   uv_signal_start(h, on_signal, signum);
 }
 
+/* Every connection and every group's memory is an fd: take the hard limit
+ * (docs/PROTOCOL.md 7.3). */
+static void raise_nofile(void) {
+  struct rlimit rl;
+
+  if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+    return;
+  rlim_t old = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+    log_warning_errno(-errno, "Cannot raise the fd limit from %lu: %m",
+                      (unsigned long)old);
+  else
+    log_info("fd limit raised from %lu to %lu", (unsigned long)old,
+             (unsigned long)rl.rlim_max);
+}
+
 int main(int argc, char **argv) {
   dcpxd_conf conf;
   dcpxd_manager mgr, *m = &mgr;
@@ -162,10 +180,12 @@ int main(int argc, char **argv) {
   }
   dcpxd_log_max_level = conf.log_level;
   signal(SIGPIPE, SIG_IGN); /* sends use MSG_NOSIGNAL; belt and braces */
+  raise_nofile();
 
   memset(m, 0, sizeof(*m));
   m->conf = &conf;
   m->listen_fd = -1;
+  m->reserve_fd = -1;
   TAILQ_INIT(&m->conns);
   TAILQ_INIT(&m->reap);
   TAILQ_INIT(&m->groups);
@@ -180,6 +200,10 @@ int main(int argc, char **argv) {
                          DCPXD_RECORDS_RING, &m->records);
   if (r < 0)
     goto out_conf;
+
+  r = dcpxd_secrets_open(conf.state_dir, &m->secrets);
+  if (r < 0)
+    goto out_records;
 
   r = uv_loop_init(&loop);
   if (r < 0) {
@@ -230,6 +254,7 @@ out_loop:
   if (uv_loop_close(m->loop) < 0)
     log_warning("Event loop still had open handles at exit");
 out_records:
+  m->secrets = dcpxd_secrets_free(m->secrets);
   m->records = dcpxd_records_free(m->records);
 out_conf:
   dcpxd_conf_done(&conf);

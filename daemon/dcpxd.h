@@ -11,6 +11,7 @@
  *                    the harvest of its wait records
  *   dcpxd-query.c    Query and Command (dcpxctl)
  *   dcpxd-records.c  durable, bounded record storage
+ *   dcpxd-secrets.c  the groups it created and their secrets (reattach)
  *   dcpxd-mem.c      buffer backends (host memfd; CUDA to come)
  *   dcpxd-notify.c   systemd notify / watchdog / socket activation
  *   dcpxd-log.c      logging
@@ -38,6 +39,7 @@
 #include "dcpxd-conf.h"
 #include "dcpxd-mem.h"
 #include "dcpxd-records.h"
+#include "dcpxd-secrets.h"
 #include "frame.h"
 #include "layout.h"
 
@@ -68,6 +70,7 @@ struct dcpxd_conn {
   gid_t gid;
   uv_poll_t poll;
   uv_timer_t join_timer; /* armed while waiting in a forming group */
+  uv_timer_t idle_timer; /* armed while the connection holds no group */
   /* A member's process, watched through a pidfd: its death is noticed
    * even when its socket stays open (inherited by a child). -1: none. */
   int pidfd;
@@ -75,6 +78,7 @@ struct dcpxd_conn {
   int open_handles; /* freed when every handle has closed */
   unsigned poll_events;
   bool hello;   /* Hello accepted */
+  bool admin;   /* root, dcpxd's uid or an admin-gid member (7.1) */
   bool closing; /* dcpxd_conn_close() called; in the reap list */
   char agent[64];
   char close_reason[160];
@@ -105,6 +109,9 @@ int dcpxd_conn_reply(dcpxd_conn *c, int status, const char *fmt, ...)
  * re-entrancy rule above. Idempotent. */
 void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* (Re)starts the Hello deadline or the idle timeout of a connection that
+ * holds no group, or stops it for a member (docs/PROTOCOL.md 7.3). */
+void dcpxd_conn_idle_arm(dcpxd_conn *c);
 /* Tries to send what is queued (at shutdown, before closing). */
 void dcpxd_conn_flush(dcpxd_conn *c);
 /* Watches the peer process (member connections): when it exits, the
@@ -133,6 +140,9 @@ typedef struct dcpxd_member {
 struct dcpxd_group {
   dcpxd_manager *m;
   char name[DCPXD_GROUP_NAME_MAX + 1];
+  uid_t owner; /* the uid that created (or adopted) it (7.1) */
+  const dcpxd_owner_rule *rule; /* the group-owner rule of its name */
+  uint64_t bytes; /* committed once formed (the caps of 7.3) */
   dcpx_shape shape;
   int transport; /* resolved: never TRANSPORT_AUTO */
   int backend;
@@ -188,7 +198,31 @@ static inline bool dcpxd_member_live(const dcpxd_member *mb) {
   return mb->conn && !mb->conn->closing;
 }
 
+/* Group names go into logs (group=NAME), file entries and JSON, so they
+ * are short and of a small alphabet (dcpx__group_name_ok, proto/frame.h);
+ * the error text for a name that is not one (takes DCPX_GROUP_NAME_MAX). */
+#define DCPXD_BAD_NAME_FMT "group name must be 1..%d bytes of [A-Za-z0-9._-]"
+
 dcpxd_group *dcpxd_group_find(dcpxd_manager *m, const char *name);
+
+/* The ownership rules (docs/PROTOCOL.md 7.1), in one place. */
+/* c's peer matches the rule: it is the rule's uid, or in its gid. */
+bool dcpxd_rule_matches(const dcpxd_conn *c, const dcpxd_owner_rule *rule);
+/* c owns g: g falls under an owner rule (group-owner) that c matches, or
+ * under none and c's uid created it. */
+static inline bool dcpxd_owns(const dcpxd_conn *c, const dcpxd_group *g) {
+  return g->rule ? dcpxd_rule_matches(c, g->rule) : c->uid == g->owner;
+}
+/* Join, replace a rank, reattach (and so recover): the owner and root. */
+static inline bool dcpxd_may_use(const dcpxd_conn *c, const dcpxd_group *g) {
+  return c->uid == 0 || dcpxd_owns(c, g);
+}
+/* See it in queries: the owner and admins. */
+static inline bool dcpxd_may_see(const dcpxd_conn *c, const dcpxd_group *g) {
+  return c->admin || dcpxd_owns(c, g);
+}
+/* Operator commands (reset, fault injection): admins. */
+static inline bool dcpxd_may_operate(const dcpxd_conn *c) { return c->admin; }
 const char *dcpxd_group_state_name(const dcpxd_group *g);
 const char *dcpxd_region_name(uint32_t id);
 const char *dcpxd_abort_reason_name(uint32_t reason);
@@ -243,12 +277,15 @@ struct dcpxd_manager {
   uv_loop_t *loop;
   const dcpxd_conf *conf;
   dcpxd_records *records;
+  dcpxd_secrets *secrets; /* the groups it created, for reattach */
 
   int listen_fd;
   bool socket_created; /* we bound it, so we unlink it */
   bool listening;
   uv_poll_t listen_poll;
   uv_timer_t accept_retry; /* after EMFILE: pause accepting a moment */
+  int reserve_fd;          /* /dev/null, given up to refuse on EMFILE */
+  uint64_t fd_refused;     /* connections refused for want of an fd */
 
   TAILQ_HEAD(, dcpxd_conn) conns;
   TAILQ_HEAD(, dcpxd_conn) reap;
@@ -256,6 +293,7 @@ struct dcpxd_manager {
   uv_idle_t reaper;
   uint64_t next_conn_id;
   unsigned n_conns;
+  size_t out_bytes; /* queued output of every connection (max-queued-bytes) */
 
   uv_timer_t health_timer;
   bool health_active;

@@ -42,6 +42,9 @@ extern "C" {
  * shape's LL slots (W=16, N=4095, R=4096) take about 4.4 GB, so offsets
  * are 64-bit everywhere. */
 #define DCPX_MAX_ROWS 4096
+/* Group names: 1..DCPX_GROUP_NAME_MAX bytes of [A-Za-z0-9._-], nothing
+ * else (no NUL, no blank, no other byte); checked by libdcpx and dcpxd. */
+#define DCPX_GROUP_NAME_MAX 63
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -76,7 +79,9 @@ extern "C" {
   X(DCPX_E_CUDA, -1009, "CUDA error")                                         \
   X(DCPX_E_NCCL, -1010, "NCCL error")                                         \
   X(DCPX_E_STATE, -1011, "operation not valid in the current state")          \
-  X(DCPX_E_RECOVER, -1012, "group is recovering; call dcpx_recover")
+  X(DCPX_E_RECOVER, -1012, "group is recovering; call dcpx_recover")       \
+  X(DCPX_E_FDS, -1013, "too many file descriptors in one message")           \
+  X(DCPX_E_TEXT, -1014, "text field is not valid UTF-8 or holds a NUL")
 
 enum dcpx_error {
 #define DCPX__ENUM(name, value, msg) name = (value),
@@ -112,6 +117,19 @@ typedef struct dcpx_shape {
 /* 0 if the shape is within the limits, else DCPX_E_LIMIT (a limit exceeded)
  * or DCPX_E_INVAL (NULL, wrong size, zero fields, N >= K). */
 DCPX_API int dcpx_shape_check(const dcpx_shape *shape);
+
+/* The local_topk that a shape with local_topk = 0 gets: K/W plus three
+ * standard deviations of one rank's share of a balanced row's top K,
+ * rounded up to 32, below K (bench/RESULTS.md, "Choosing N"). 0 for W or K
+ * out of range. Rows where one rank holds much more than its share still
+ * rescue; with W * N <= K every full row does. */
+DCPX_API uint32_t dcpx_shape_auto_local_topk(uint32_t world, uint32_t topk);
+
+/* A warning about a valid shape, or NULL: with W >= 2 and W * N <= K every
+ * full row saturates every rank and rescues, always. dcpxd logs it when
+ * such a group forms and sends it in the join reply
+ * (dcpx_member_warning). */
+DCPX_API const char *dcpx_shape_warning(const dcpx_shape *shape);
 
 /* ---- the order and the wire words (DESIGN.md sections 2 and 3) ---------- */
 
@@ -234,7 +252,7 @@ typedef struct dcpx_member dcpx_member;
 typedef struct dcpx_join_opts {
   uint32_t size;            /* sizeof(dcpx_join_opts) */
   uint32_t rank;            /* this member's rank, < W */
-  const char *group;        /* group name, 1..63 bytes of [A-Za-z0-9._-] */
+  const char *group;        /* group name (DCPX_GROUP_NAME_MAX) */
   int32_t device;           /* CUDA device, or -1 with the host backend */
   uint32_t backend;         /* DCPX_BACKEND_* */
   uint32_t transport;       /* DCPX_TRANSPORT_* */
@@ -252,11 +270,17 @@ DCPX_API int dcpx_connect(const char *socket_path, dcpx_client **ret_client);
 DCPX_API void dcpx_disconnect(dcpx_client *client);
 
 /* Joins group opts->group as opts->rank with the given shape; blocks until
- * the group has formed. Errors: DCPX_E_SHAPE, DCPX_E_DUPRANK,
+ * the group has formed. shape->local_topk = 0 asks the library to choose N:
+ * dcpx_shape_auto_local_topk(world, topk), the same on every rank (a rank
+ * may also pass that value itself). Errors: DCPX_E_SHAPE, DCPX_E_DUPRANK,
  * DCPX_E_BADRANK, DCPX_E_LIMIT, DCPX_E_TIMEDOUT, DCPX_E_VERSION,
  * DCPX_E_NOSYS (backend not built), connection errors. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
+
+/* The warning dcpxd sent with the join reply (dcpx_shape_warning), or
+ * NULL. Valid until dcpx_leave. */
+DCPX_API const char *dcpx_member_warning(const dcpx_member *member);
 
 /* Leaves the group and frees the member (NULL is fine). */
 DCPX_API int dcpx_leave(dcpx_member *member);

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -135,19 +136,6 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
 }
 
 void dcpx_disconnect(dcpx_client *c) { free(c); }
-
-static int valid_group_name(const char *g) {
-  size_t n = g ? strlen(g) : 0;
-  if (n == 0 || n > 63)
-    return 0;
-  for (size_t i = 0; i < n; i++) {
-    char ch = g[i];
-    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-          (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
-      return 0;
-  }
-  return 1;
-}
 
 static void member_unmap(dcpx_member *m) {
   if (m->ctl && m->ctl != MAP_FAILED)
@@ -280,6 +268,17 @@ void dcpx__member_detach(dcpx_member *m) {
   free(m);
 }
 
+/* local_topk = 0: the library's choice, dcpx_shape_auto_local_topk (every
+ * rank resolves it alike, so dcpxd sees one shape). */
+static const dcpx_shape *shape_resolved(const dcpx_shape *in,
+                                        dcpx_shape *buf) {
+  if (!in || in->size < sizeof(dcpx_shape) || in->local_topk)
+    return in;
+  *buf = *in;
+  buf->local_topk = dcpx_shape_auto_local_topk(in->world, in->topk);
+  return buf;
+}
+
 int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
               const dcpx_join_opts *o, dcpx_member **ret_member) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
@@ -289,12 +288,14 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
   dcpx_member *m;
 
+  dcpx_shape auto_shape;
   if (!c || !o || !ret_member || o->size < sizeof(dcpx_join_opts))
     return DCPX_E_INVAL;
+  shape = shape_resolved(shape, &auto_shape);
   r = dcpx_shape_check(shape);
   if (r < 0)
     return r;
-  if (!valid_group_name(o->group) || o->timeout_ns < 1000000ull)
+  if (!dcpx__group_name_ok(o->group) || o->timeout_ns < 1000000ull)
     return DCPX_E_INVAL;
   if (o->rank >= shape->world)
     return DCPX_E_BADRANK;
@@ -419,6 +420,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     goto fail;
   if (rep->join_reply->timeout_ns)
     m->timeout_ns = rep->join_reply->timeout_ns;
+  if (rep->join_reply->warning)
+    snprintf(m->warning, sizeof(m->warning), "%s", rep->join_reply->warning);
   member_keep_fds(m, fds, nfds); /* for a reattach; see dcpx_poll */
   nfds = 0;
 #ifdef HAVE_CUDA
@@ -447,6 +450,10 @@ fail:
   dcpx__frame_free(rep);
   member_free(m);
   return r;
+}
+
+const char *dcpx_member_warning(const dcpx_member *m) {
+  return m && m->warning[0] ? m->warning : NULL;
 }
 
 int dcpx_leave(dcpx_member *m) {

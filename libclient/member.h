@@ -23,6 +23,7 @@ struct dcpx_nkctx; /* kernels/dcpx_kernels.h */
 struct dcpx_member {
   int sock;
   char group[64];
+  char warning[192]; /* the join reply's, or "" */
   dcpx_shape shape;
   uint32_t rank, backend;
   uint32_t transport;     /* in use: DCPX_TRANSPORT_LL or _NCCL */

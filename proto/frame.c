@@ -9,6 +9,124 @@
 #include "dcpx.h"
 #include "frame.h"
 
+/* ---- text: UTF-8, group names ------------------------------------------ */
+
+/* Length of the valid UTF-8 sequence (no NUL, no surrogate, no overlong
+ * form) at p, or 0. */
+static size_t utf8_seq(const uint8_t *p, size_t n) {
+  uint32_t c;
+  size_t k;
+
+  if (p[0] == 0)
+    return 0;
+  if (p[0] < 0x80)
+    return 1;
+  if (p[0] >= 0xC2 && p[0] <= 0xDF)
+    k = 2, c = p[0] & 0x1F;
+  else if (p[0] >= 0xE0 && p[0] <= 0xEF)
+    k = 3, c = p[0] & 0x0F;
+  else if (p[0] >= 0xF0 && p[0] <= 0xF4)
+    k = 4, c = p[0] & 0x07;
+  else
+    return 0;
+  if (n < k)
+    return 0;
+  for (size_t i = 1; i < k; i++) {
+    if ((p[i] & 0xC0) != 0x80)
+      return 0;
+    c = (c << 6) | (p[i] & 0x3F);
+  }
+  if ((k == 3 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) ||
+      (k == 4 && (c < 0x10000 || c > 0x10FFFF)))
+    return 0;
+  return k;
+}
+
+int dcpx__text_ok(const void *data, size_t n) {
+  const uint8_t *p = data;
+  for (size_t i = 0, k; i < n; i += k)
+    if (!(k = utf8_seq(p + i, n - i)))
+      return 0;
+  return 1;
+}
+
+void dcpx__text_clean(char *s) {
+  uint8_t *p = (uint8_t *)s;
+  size_t n = strlen(s);
+  for (size_t i = 0, k; i < n; i += k)
+    if (!(k = utf8_seq(p + i, n - i)))
+      p[i] = '?', k = 1;
+}
+
+int dcpx__group_name_ok(const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  if (n == 0 || n > DCPX_GROUP_NAME_MAX)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = s[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+          (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
+      return 0;
+  }
+  return 1;
+}
+
+/* ---- the string fields of a packed message ----------------------------- */
+
+static size_t get_varint(const uint8_t *p, size_t n, uint64_t *v) {
+  *v = 0;
+  for (size_t i = 0; i < n && i < 10; i++) {
+    *v |= (uint64_t)(p[i] & 0x7F) << (7 * i);
+    if (!(p[i] & 0x80))
+      return i + 1;
+  }
+  return 0;
+}
+
+/* 1 if every string field of the packed message (of type d, and of its
+ * sub-messages) is text (dcpx__text_ok): protobuf-c keeps a string's bytes
+ * but hands out a C string, so a NUL inside would silently cut it. */
+static int strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                      size_t n, int depth) {
+  while (n) {
+    const ProtobufCFieldDescriptor *fd;
+    uint64_t key, len;
+    size_t k = get_varint(p, n, &key);
+    if (!k)
+      return 0;
+    p += k, n -= k;
+    switch (key & 7) {
+    case 0:
+      if (!(k = get_varint(p, n, &len)))
+        return 0;
+      break;
+    case 1:
+      k = 8;
+      break;
+    case 5:
+      k = 4;
+      break;
+    case 2:
+      if (!(k = get_varint(p, n, &len)) || len > n - k)
+        return 0;
+      p += k, n -= k, k = (size_t)len;
+      fd = protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+      if (fd && fd->type == PROTOBUF_C_TYPE_STRING && !dcpx__text_ok(p, k))
+        return 0;
+      if (fd && fd->type == PROTOBUF_C_TYPE_MESSAGE &&
+          (depth > 8 || !strings_ok(fd->descriptor, p, k, depth + 1)))
+        return 0;
+      break;
+    default:
+      return 0;
+    }
+    if (k > n)
+      return 0;
+    p += k, n -= k;
+  }
+  return 1;
+}
+
 int dcpx__frame_send(int sock, const Dcpx__Frame *f, const int *fds,
                      int nfds) {
   size_t len = dcpx__frame__get_packed_size(f);
@@ -66,6 +184,7 @@ int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
   uint8_t *buf;
   ssize_t n;
   int got = 0, r = 0;
+  size_t nfds_sent = 0;
   Dcpx__Frame *f;
 
   /* One byte more than the limit, so an oversized packet shows as such
@@ -96,6 +215,7 @@ int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
       continue;
     size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    nfds_sent += k;
     for (size_t i = 0; i < k; i++) {
       int fd;
       memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
@@ -109,8 +229,12 @@ int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
     r = DCPX_E_CONNRESET;
     goto fail;
   }
-  if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n > DCPX_FRAME_MAX) {
+  if ((mh.msg_flags & MSG_TRUNC) || n > DCPX_FRAME_MAX) {
     r = DCPX_E_MSGSIZE;
+    goto fail;
+  }
+  if ((mh.msg_flags & MSG_CTRUNC) || (fds && nfds_sent > (size_t)maxfds)) {
+    r = DCPX_E_FDS;
     goto fail;
   }
   f = dcpx__frame__unpack(NULL, (size_t)n, buf);
@@ -121,6 +245,11 @@ int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
   if (f->msg_case == DCPX__FRAME__MSG__NOT_SET) {
     dcpx__frame__free_unpacked(f, NULL);
     r = DCPX_E_PROTO;
+    goto fail;
+  }
+  if (!strings_ok(&dcpx__frame__descriptor, buf, (size_t)n, 0)) {
+    dcpx__frame__free_unpacked(f, NULL);
+    r = DCPX_E_TEXT;
     goto fail;
   }
   free(buf);

@@ -3,9 +3,10 @@
  *
  * Limits: a packed frame is at most DCPX_FRAME_MAX bytes; a packet carries
  * at most DCPX_FRAME_MAX_FDS descriptors. A receiver treats a truncated
- * packet (over the limit), a packet that does not unpack, or a frame with
- * no message as a protocol error, and closes any descriptors it did not
- * ask for.
+ * packet (over the limit), a packet with more descriptors than it takes, a
+ * packet that does not unpack, a frame with no message, or a string field
+ * that is not text (valid UTF-8 without NUL) as an error, and closes every
+ * descriptor of a packet it refuses (and any it did not ask for).
  */
 #ifndef DCPX_PROTO_FRAME_H
 #define DCPX_PROTO_FRAME_H
@@ -30,14 +31,26 @@ DCPX__HIDDEN int dcpx__frame_send(int sock, const Dcpx__Frame *f,
 
 /* Receives one frame. Blocks unless the socket is non-blocking.
  * Returns 0 with *ret_frame (free with dcpx__frame_free) and up to maxfds
- * descriptors in fds (*ret_nfds of them, O_CLOEXEC; extra ones are closed);
- * DCPX_E_CONNRESET at end of stream; -EAGAIN if non-blocking and nothing is
- * queued; DCPX_E_MSGSIZE for an oversized packet; DCPX_E_PROTO for one that
- * does not unpack or names no message. */
+ * descriptors in fds (*ret_nfds of them, O_CLOEXEC; with fds NULL any are
+ * closed); DCPX_E_CONNRESET at end of stream; -EAGAIN if non-blocking and
+ * nothing is queued; DCPX_E_MSGSIZE for an oversized packet; DCPX_E_FDS
+ * for one with more than maxfds (or DCPX_FRAME_MAX_FDS) descriptors;
+ * DCPX_E_PROTO for one that does not unpack or names no message;
+ * DCPX_E_TEXT for a string field that is not text. */
 DCPX__HIDDEN int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds,
                                   int maxfds, int *ret_nfds);
 
 DCPX__HIDDEN void dcpx__frame_free(Dcpx__Frame *f);
+
+/* Text rules, one place for the client and the daemon. */
+/* 1 if the n bytes are valid UTF-8 without NUL (every string field of a
+ * frame must be). */
+DCPX__HIDDEN int dcpx__text_ok(const void *data, size_t n);
+/* Replaces every byte of s that is not part of a valid UTF-8 sequence
+ * with '?', in place (texts the daemon sends, e.g. Reply.error). */
+DCPX__HIDDEN void dcpx__text_clean(char *s);
+/* 1 if s is a group name: 1..DCPX_GROUP_NAME_MAX bytes of [A-Za-z0-9._-]. */
+DCPX__HIDDEN int dcpx__group_name_ok(const char *s);
 
 /* Reply helpers. */
 DCPX__HIDDEN int dcpx__send_reply(int sock, int status, const char *error);

@@ -4,7 +4,9 @@
 set -euo pipefail
 
 pkgs=(build-essential autoconf automake libtool pkg-config libuv1-dev
-      libprotobuf-c-dev protobuf-c-compiler check libsystemd-dev zlib1g-dev)
+      libprotobuf-c-dev protobuf-c-compiler check libsystemd-dev zlib1g-dev
+      python3 python3-pytest python3-numpy  # python3-*: python/ tests
+      clang libclang-rt-14-dev)  # make fuzz (libFuzzer)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' ||

@@ -155,6 +155,23 @@ static int rank_proc(const spec *sp, uint32_t rank) {
     fprintf(stderr, "rank %u: join: %s\n", rank, dcpx_strerror(r));
     return 1;
   }
+  { /* the join reply's warning is dcpx_shape_warning of the shape */
+    const char *want = dcpx_shape_warning(&m->shape);
+    const char *got = dcpx_member_warning(m);
+    if ((want == NULL) != (got == NULL) || (want && strcmp(want, got))) {
+      fprintf(stderr, "rank %u: join warning '%s', want '%s'\n", rank,
+              got ? got : "(none)", want ? want : "(none)");
+      return 1;
+    }
+  }
+  if (!sh.local_topk) { /* local_topk = 0: the library chose N */
+    if (m->shape.local_topk != dcpx_shape_auto_local_topk(sp->W, sp->K)) {
+      fprintf(stderr, "rank %u: local_topk 0 joined as N=%u\n", rank,
+              m->shape.local_topk);
+      return 1;
+    }
+    sh = m->shape;
+  }
   if (sp->epoch_start) {
     uint32_t *ep = (uint32_t *)(m->ws[rank] + m->L.off_epoch);
     uint32_t *sq = (uint32_t *)(m->ws[rank] + m->L.off_seq2);
@@ -304,6 +321,18 @@ START_TEST(test_groups_of_w) {
     spec sp = small(name, Ws[i]);
     ck_assert_msg(run_group(&sp) == 0, "group of W=%u failed", Ws[i]);
   }
+  daemon_stop();
+}
+END_TEST
+
+/* local_topk = 0 in the shape: every rank joins with the library's N, and
+ * the calls are exact against the reference at that N. */
+START_TEST(test_auto_local_topk) {
+  daemon_start();
+  spec sp = small("autoN", 4);
+  sp.K = 256;
+  sp.N = 0;
+  ck_assert_msg(run_group(&sp) == 0, "group with local_topk = 0 failed");
   daemon_stop();
 }
 END_TEST
@@ -486,6 +515,7 @@ int main(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("end-to-end");
   tcase_set_timeout(tc, 180);
+  tcase_add_test(tc, test_auto_local_topk);
   tcase_add_test(tc, test_groups_of_w);
   tcase_add_test(tc, test_concurrent_groups);
   tcase_add_test(tc, test_epoch_wrap);

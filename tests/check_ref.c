@@ -1648,6 +1648,44 @@ END_TEST
 
 /* ---- main --------------------------------------------------------------- */
 
+/* The local_topk = 0 rule: a valid N below K, above K/W by at least three
+ * standard deviations of a rank's share (so W*N > K for W >= 2), on the
+ * 32 grid unless capped at K - 1; out-of-range shapes get 0. Checked over
+ * every W and a spread of K, against the formula in floating point. */
+START_TEST(test_auto_local_topk) {
+  static const uint32_t ks[] = {2, 3, 31, 64, 100, 512, 1000, 1024, 2048,
+                                3000, 4095, 4096};
+  for (uint32_t W = 1; W <= DCPX_MAX_WORLD; W++)
+    for (size_t i = 0; i < sizeof(ks) / sizeof(ks[0]); i++) {
+      const uint32_t K = ks[i], N = dcpx_shape_auto_local_topk(W, K);
+      const double m = (double)K / W, sd = sqrt(m * (1.0 - 1.0 / W));
+      ck_assert_msg(N >= 1 && N < K, "W=%u K=%u: N=%u", W, K, N);
+      ck_assert_msg(N == K - 1 || N % 32 == 0, "W=%u K=%u: N=%u", W, K, N);
+      ck_assert_msg(N == K - 1 || N + 1e-9 >= m + 3.0 * sd,
+                    "W=%u K=%u: N=%u below K/W + 3 sd = %.1f", W, K, N,
+                    m + 3.0 * sd);
+      ck_assert_msg(W == 1 || (uint64_t)W * (K - 1) <= K ||
+                        (uint64_t)W * N > K,
+                    "W=%u K=%u: W*N <= K", W, K);
+      dcpx_shape sh = DCPX_SHAPE_INIT;
+      sh.world = W;
+      sh.topk = K;
+      sh.local_topk = N;
+      ck_assert_int_eq(dcpx_shape_check(&sh), 0);
+      /* the warning is exactly "W >= 2 and W * N <= K" */
+      ck_assert((dcpx_shape_warning(&sh) != NULL) ==
+                (W >= 2 && (uint64_t)W * N <= K));
+      sh.local_topk = K / W ? K / W : 1; /* W * N <= K unless K < W */
+      ck_assert((dcpx_shape_warning(&sh) != NULL) ==
+                (W >= 2 && (uint64_t)W * sh.local_topk <= K));
+    }
+  ck_assert_uint_eq(dcpx_shape_auto_local_topk(0, 2048), 0);
+  ck_assert_uint_eq(dcpx_shape_auto_local_topk(DCPX_MAX_WORLD + 1, 2048), 0);
+  ck_assert_uint_eq(dcpx_shape_auto_local_topk(8, 1), 0);
+  ck_assert_uint_eq(dcpx_shape_auto_local_topk(8, DCPX_MAX_TOPK + 1), 0);
+}
+END_TEST
+
 static Suite *ref_suite(void) {
   Suite *s = suite_create("ref");
   TCase *tc;
@@ -1659,6 +1697,7 @@ static Suite *ref_suite(void) {
   tcase_add_test(tc, test_round1);
   tcase_add_test(tc, test_local_list);
   tcase_add_test(tc, test_rescue_list);
+  tcase_add_test(tc, test_auto_local_topk);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("random");

@@ -1,0 +1,175 @@
+/* dcpxd-secrets.c - the groups this daemon created and their secrets
+ * (dcpxd-secrets.h). */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "dcpxd-log.h"
+#include "dcpxd-records.h"
+#include "dcpxd-secrets.h"
+#include "dcpxd-util.h"
+
+typedef struct entry {
+  char name[DCPXD_GROUP_NAME_MAX + 1];
+  uid_t owner;
+  uint8_t secret[DCPX_CTL_SECRET_BYTES];
+} entry;
+
+struct dcpxd_secrets {
+  char *path, *tmp;
+  entry *e;
+  size_t n;
+};
+
+static int parse_line(const char *line, entry *e) {
+  char hex[2 * DCPX_CTL_SECRET_BYTES + 2];
+  unsigned uid;
+
+  if (sscanf(line, "%63s %u %65s", e->name, &uid, hex) != 3 ||
+      strlen(hex) != 2 * DCPX_CTL_SECRET_BYTES)
+    return -EINVAL;
+  for (size_t i = 0; i < DCPX_CTL_SECRET_BYTES; i++) {
+    unsigned b;
+    if (sscanf(hex + 2 * i, "%2x", &b) != 1)
+      return -EINVAL;
+    e->secret[i] = (uint8_t)b;
+  }
+  e->owner = (uid_t)uid;
+  return 0;
+}
+
+static int load(dcpxd_secrets *s) {
+  _cleanup_fclose_ FILE *f = fopen(s->path, "re");
+  _cleanup_free_ char *line = NULL;
+  size_t cap = 0;
+  unsigned lineno = 0;
+
+  if (!f)
+    return errno == ENOENT ? 0 : -errno;
+  while (getline(&line, &cap, f) >= 0) {
+    entry e = {0}, *ne;
+    lineno++;
+    if (parse_line(line, &e) < 0) {
+      log_warning("%s:%u: not a group entry, skipped", s->path, lineno);
+      continue;
+    }
+    ne = realloc(s->e, (s->n + 1) * sizeof(*ne));
+    if (!ne)
+      return -ENOMEM;
+    s->e = ne;
+    s->e[s->n++] = e;
+  }
+  return 0;
+}
+
+/* Writes every entry to the temporary file, then renames it over. */
+static int save(dcpxd_secrets *s) {
+  _cleanup_fclose_ FILE *f = fopen(s->tmp, "we");
+  int r = 0;
+
+  if (!f)
+    return log_warning_errno(-errno, "Cannot write %s: %m", s->tmp);
+  for (size_t i = 0; i < s->n; i++) {
+    fprintf(f, "%s %u ", s->e[i].name, (unsigned)s->e[i].owner);
+    for (size_t k = 0; k < DCPX_CTL_SECRET_BYTES; k++)
+      fprintf(f, "%02x", s->e[i].secret[k]);
+    fputc('\n', f);
+  }
+  if (fflush(f) != 0 || fsync(fileno(f)) < 0)
+    r = -errno;
+  if (r == 0 && rename(s->tmp, s->path) < 0)
+    r = -errno;
+  if (r < 0)
+    log_warning_errno(r, "Cannot save %s: %m", s->path);
+  return r;
+}
+
+int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
+  dcpxd_secrets *s = calloc(1, sizeof(*s));
+  int r;
+
+  if (!s || asprintf(&s->path, "%s/groups", state_dir) < 0 ||
+      asprintf(&s->tmp, "%s/groups.tmp", state_dir) < 0) {
+    dcpxd_secrets_free(s);
+    return -ENOMEM;
+  }
+  r = load(s);
+  if (r < 0) {
+    log_error_errno(r, "Cannot read %s: %m", s->path);
+    dcpxd_secrets_free(s);
+    return r;
+  }
+  log_info("Groups: %s, %zu created before", s->path, s->n);
+  *ret = s;
+  return 0;
+}
+
+dcpxd_secrets *dcpxd_secrets_free(dcpxd_secrets *s) {
+  if (s) {
+    free(s->path);
+    free(s->tmp);
+    free(s->e);
+    free(s);
+  }
+  return NULL;
+}
+
+static entry *find(const dcpxd_secrets *s, const char *name) {
+  for (size_t i = 0; i < s->n; i++)
+    if (strcmp(s->e[i].name, name) == 0)
+      return &s->e[i];
+  return NULL;
+}
+
+int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
+                      uint8_t secret[DCPX_CTL_SECRET_BYTES]) {
+  entry *e = find(s, name);
+
+  if (getrandom(secret, DCPX_CTL_SECRET_BYTES, 0) != DCPX_CTL_SECRET_BYTES)
+    return -EIO;
+  if (!e) {
+    entry *ne = realloc(s->e, (s->n + 1) * sizeof(*ne));
+    if (!ne)
+      return -ENOMEM;
+    s->e = ne;
+    e = &s->e[s->n++];
+    memset(e, 0, sizeof(*e));
+    dcpxd_bprintf(e->name, "%s", name);
+  }
+  e->owner = owner;
+  memcpy(e->secret, secret, DCPX_CTL_SECRET_BYTES);
+  return save(s);
+}
+
+void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name) {
+  entry *e = find(s, name);
+
+  if (!e)
+    return;
+  *e = s->e[--s->n];
+  (void)save(s);
+}
+
+bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,
+                         const uint8_t secret[DCPX_CTL_SECRET_BYTES],
+                         uid_t *owner) {
+  const entry *e = find(s, name);
+  uint8_t diff = 0;
+
+  if (!e)
+    return false;
+  for (size_t i = 0; i < DCPX_CTL_SECRET_BYTES; i++)
+    diff |= e->secret[i] ^ secret[i];
+  if (diff)
+    return false;
+  *owner = e->owner;
+  return true;
+}

@@ -1,0 +1,44 @@
+/* dcpxd-secrets.h - the groups this daemon created, and their secrets, kept
+ * in STATE_DIR/groups so that a reattach after a restart can be told from
+ * a forgery (docs/PROTOCOL.md 7.1, "Reattach").
+ *
+ * A formed group gets DCPX_CTL_SECRET_BYTES random bytes in its control
+ * page header (`secret`) and an entry here: its name, its owner's uid and
+ * the secret. The entry goes when the group is destroyed while dcpxd runs,
+ * and stays across a shutdown (the ranks live on and reattach). A reattach
+ * that would adopt a group is accepted only if its control page's secret
+ * is the entry of that very name.
+ *
+ * The file is rewritten whole (temporary file, fsync, rename) at every
+ * change: one line "NAME UID HEX" per group. Unreadable lines are skipped
+ * with a warning. */
+#ifndef DCPXD_SECRETS_H
+#define DCPXD_SECRETS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "layout.h"
+
+typedef struct dcpxd_secrets dcpxd_secrets;
+
+/* Loads STATE_DIR/groups (missing: none). 0 or a negative errno. */
+int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret);
+dcpxd_secrets *dcpxd_secrets_free(dcpxd_secrets *s);
+
+/* Makes a random secret for a new group, records it with its owner and
+ * saves the file. 0 or a negative errno (then the group must not form). */
+int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
+                      uint8_t secret[DCPX_CTL_SECRET_BYTES]);
+
+/* Forgets a group (destroyed) and saves the file. */
+void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name);
+
+/* True if `name` is a group this daemon created with this secret; its
+ * owner in *owner. */
+bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,
+                         const uint8_t secret[DCPX_CTL_SECRET_BYTES],
+                         uid_t *owner);
+
+#endif /* DCPXD_SECRETS_H */

@@ -1,0 +1,236 @@
+"""Array adapters: numpy arrays and torch tensors, checked and pointed at.
+
+torch is never imported here: a tensor is recognised only when the caller
+has imported torch already.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Tuple
+
+from .errors import DeviceError, DtypeError, InvalidArgument
+
+BF16 = "bf16"   # bf16 bit patterns: 2-byte integers or bfloat16
+I32 = "int32"
+U32 = "uint32"  # sat_word: uint32 (numpy) or int32 (torch, or numpy)
+
+_NP_OK = {BF16: ("uint16", "int16", "bfloat16"), I32: ("int32",),
+          U32: ("uint32", "int32")}
+_TORCH_OK = {BF16: ("bfloat16", "int16", "uint16"), I32: ("int32",),
+             U32: ("int32", "uint32")}
+_HINT = {BF16: "bf16 bit patterns: a numpy uint16/int16 array "
+               "(dcpx.to_bf16_bits(x) converts floats) or a torch "
+               "bfloat16/int16 tensor",
+         I32: "int32", U32: "uint32 (numpy) or int32"}
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_torch(x: Any) -> bool:
+    """True for a torch.Tensor (only when torch is already imported)."""
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def is_numpy(x: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def compiling() -> bool:
+    """True while torch.compile (Dynamo) traces."""
+    t = _torch()
+    if t is None:
+        return False
+    comp = getattr(t, "compiler", None)
+    if comp is not None and hasattr(comp, "is_compiling"):
+        return bool(comp.is_compiling())
+    dyn = getattr(t, "_dynamo", None)
+    return bool(dyn is not None and dyn.is_compiling())
+
+
+def _dtype_name(x: Any) -> str:
+    if is_torch(x):
+        return str(x.dtype).replace("torch.", "")
+    return getattr(getattr(x, "dtype", None), "name", type(x).__name__)
+
+
+def shape_of(x: Any) -> Tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+_TD: Optional[dict] = None
+
+
+def _torch_dtypes() -> dict:
+    """{kind: frozenset of torch dtypes}, built once torch is imported."""
+    global _TD
+    if _TD is None:
+        t = _torch()
+        _TD = {k: frozenset(getattr(t, n) for n in names if hasattr(t, n))
+               for k, names in _TORCH_OK.items()}
+    return _TD
+
+
+def _check_tensor(x: Any, name: str, kind: str, ndim: int,
+                  where: Tuple[str, int],
+                  shape: Optional[Tuple[int, ...]]) -> None:
+    # The call path: tensor attributes only, no string formatting unless
+    # the check fails (a few microseconds for all of a merge's arrays).
+    if x.dtype not in _torch_dtypes()[kind]:
+        raise DtypeError(context=f"{name} must be {_HINT[kind]}, got "
+                         f"{x.dtype}")
+    dev = x.get_device()  # -1 on the CPU
+    if where[0] == "cpu":
+        if dev != -1 or not x.is_cpu:
+            raise DeviceError(context=f"{name} is on {x.device}, but the "
+                              "member uses the host backend (CPU tensors "
+                              "or numpy)")
+    elif dev != where[1] or not x.is_cuda:
+        raise DeviceError(context=f"{name} is on {x.device}, but the "
+                          f"member uses the CUDA backend on "
+                          f"cuda:{where[1]}")
+    if x.dim() != ndim:
+        raise InvalidArgument(context=f"{name} must be {ndim}-D, got shape "
+                              f"{shape_of(x)}")
+    if shape is not None and x.shape != shape:
+        raise InvalidArgument(context=f"{name} must have shape "
+                              f"{tuple(shape)}, got {shape_of(x)}")
+    if not x.is_contiguous():
+        raise InvalidArgument(context=f"{name} must be C-contiguous (use "
+                              ".contiguous())")
+
+
+def check_array(x: Any, name: str, kind: str, ndim: int,
+                where: Tuple[str, int],
+                shape: Optional[Tuple[int, ...]] = None,
+                writable: bool = False) -> None:
+    """Refuses (DtypeError, DeviceError, InvalidArgument) an array that is
+    not of ``kind``, not ``ndim``-dimensional (and of ``shape``), not
+    C-contiguous, or not on ``where`` (("cpu", -1) or ("cuda", index))."""
+    t = _torch()
+    if t is not None and isinstance(x, t.Tensor):
+        return _check_tensor(x, name, kind, ndim, where, shape)
+    if is_numpy(x):
+        if x.dtype.name not in _NP_OK[kind] or \
+                not x.dtype.isnative or x.dtype.itemsize != \
+                (2 if kind == BF16 else 4):
+            raise DtypeError(context=f"{name} must be {_HINT[kind]}, got "
+                             f"numpy {x.dtype}")
+        if where[0] != "cpu":
+            raise DeviceError(context=f"{name} is a numpy array, but the "
+                              f"member uses the CUDA backend on "
+                              f"cuda:{where[1]}: pass torch CUDA tensors")
+        contiguous = bool(x.flags.c_contiguous and x.flags.aligned)
+        if writable and not x.flags.writeable:
+            raise InvalidArgument(context=f"{name} is read-only")
+    else:
+        raise DtypeError(context=f"{name} must be a numpy array or a torch "
+                         f"tensor, got {type(x).__name__}")
+    if len(x.shape) != ndim:
+        raise InvalidArgument(context=f"{name} must be {ndim}-D, got shape "
+                              f"{shape_of(x)}")
+    if shape is not None and shape_of(x) != tuple(shape):
+        raise InvalidArgument(context=f"{name} must have shape "
+                              f"{tuple(shape)}, got {shape_of(x)}")
+    if not contiguous:
+        raise InvalidArgument(context=f"{name} must be C-contiguous (use "
+                              ".contiguous() / np.ascontiguousarray)")
+
+
+def ptr(x: Any) -> Optional[int]:
+    """The data address of an array, or None for None."""
+    if x is None:
+        return None
+    try:
+        return x.data_ptr()  # torch
+    except AttributeError:
+        return x.ctypes.data  # numpy
+
+
+def empty(like: Any, shape: Tuple[int, ...], kind: str) -> Any:
+    """An uninitialised output of ``kind`` beside ``like``."""
+    if is_torch(like):
+        t = _torch()
+        return t.empty(shape, dtype=t.int32, device=like.device)
+    import numpy as np
+    return np.empty(shape, np.uint32 if kind == U32 else np.int32)
+
+
+def stream_handle(s: Any) -> Optional[int]:
+    """A cudaStream_t as an int from an int, a torch.cuda.Stream or
+    anything with ``cuda_stream``."""
+    if s is None:
+        return None
+    if isinstance(s, int):
+        return s
+    h = getattr(s, "cuda_stream", None)
+    if h is None:
+        raise InvalidArgument(context=f"stream must be an int handle or a "
+                              f"torch.cuda.Stream, got {type(s).__name__}")
+    return int(h)
+
+
+def current_stream(x: Any) -> Optional[int]:
+    """torch.cuda.current_stream() of the tensor's device (no sync)."""
+    t = _torch()
+    if t is None or not is_torch(x):
+        return None
+    return int(t.cuda.current_stream(x.device).cuda_stream)
+
+
+_raw_stream: Any = None
+
+
+def current_stream_of_device(device: int) -> Optional[int]:
+    """torch's current CUDA stream of ``device`` as a cudaStream_t int
+    (the capture stream inside torch.cuda.graph); no sync."""
+    global _raw_stream
+    if _raw_stream is None:
+        t = _torch()
+        if t is None:
+            return None
+        raw = getattr(t._C, "_cuda_getCurrentRawStream", None)
+        _raw_stream = raw if raw is not None else \
+            (lambda d: t.cuda.current_stream(d).cuda_stream)
+    return int(_raw_stream(device))
+
+
+def to_numpy_host(x: Any, name: str, kind: str, ndim: int) -> Any:
+    """A C-contiguous numpy view (or copy) of a host array of ``kind``."""
+    import numpy as np
+    if is_torch(x):
+        if x.device.type != "cpu":
+            x = x.cpu()
+        if _dtype_name(x) == "bfloat16":
+            x = x.view(_torch().int16)
+        x = x.contiguous().numpy()
+    x = np.asarray(x)
+    check_array(np.ascontiguousarray(x), name, kind, ndim, ("cpu", -1))
+    x = np.ascontiguousarray(x)
+    if kind == BF16 and x.dtype.name == "bfloat16":
+        x = x.view(np.uint16)
+    return x
+
+
+def to_bf16_bits(x: Any) -> Any:
+    """float array -> its bf16 bit patterns (numpy uint16), rounded to
+    nearest even; NaN stays NaN."""
+    import numpy as np
+    f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    u = f.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return r
+
+
+def from_bf16_bits(b: Any) -> Any:
+    """bf16 bit patterns -> float32 numpy array."""
+    import numpy as np
+    b = np.ascontiguousarray(np.asarray(b)).view(np.uint16)
+    return (b.astype(np.uint32) << 16).view(np.float32)

@@ -1,0 +1,200 @@
+"""Loading libdcpx and declaring its C functions for ctypes.
+
+The library is looked up, in this order:
+
+1. ``$DCPX_LIBRARY``: a path to ``libdcpx.so`` (or its ``.so.0``);
+2. a build tree of the source checkout this package sits in
+   (``<checkout>/build*/libclient/.libs`` and ``<checkout>/libclient/.libs``),
+   so that ``PYTHONPATH=python`` works straight after ``make``;
+3. ``pkg-config --variable=libdir dcpx`` (an installed libdcpx);
+4. the platform loader (``ctypes.util.find_library("dcpx")``, then
+   ``libdcpx.so.0`` on the default search path).
+
+If none works, :class:`LibraryNotFound` says how to build and install it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import subprocess
+import threading
+from ctypes import (POINTER, Structure, c_char_p, c_int, c_int32, c_int64,
+                    c_uint16, c_uint32, c_uint64, c_void_p)
+from typing import List, Optional
+
+__all__ = ["LibraryNotFound", "lib", "library_path", "DcpxShapeC",
+           "DcpxJoinOptsC", "DcpxHealthInfoC", "DcpxRefStatsC"]
+
+
+class LibraryNotFound(ImportError):
+    """libdcpx could not be loaded (the message lists what was tried)."""
+
+
+class DcpxShapeC(Structure):
+    """``struct dcpx_shape``."""
+    _fields_ = [("size", c_uint32), ("world", c_uint32), ("rows", c_uint32),
+                ("topk", c_uint32), ("local_topk", c_uint32),
+                ("block_size", c_uint32), ("interleave", c_uint32),
+                ("max_local", c_uint32)]
+
+
+class DcpxJoinOptsC(Structure):
+    """``struct dcpx_join_opts``."""
+    _fields_ = [("size", c_uint32), ("rank", c_uint32), ("group", c_char_p),
+                ("device", c_int32), ("backend", c_uint32),
+                ("transport", c_uint32), ("join_timeout_ms", c_uint32),
+                ("timeout_ns", c_uint64)]
+
+
+class DcpxHealthInfoC(Structure):
+    """``struct dcpx_health_info``."""
+    _fields_ = [("size", c_uint32), ("generation", c_uint32),
+                ("abort", c_uint32), ("failed_mask", c_uint32),
+                ("alarm_mask", c_uint32), ("joined_mask", c_uint32),
+                ("world", c_uint32), ("rank", c_uint32),
+                ("backend", c_uint32), ("transport", c_uint32),
+                ("calls", c_uint64), ("rows", c_uint64),
+                ("rescue_rows", c_uint64), ("failed_calls", c_uint64),
+                ("daemon_link", c_uint32), ("reattaches", c_uint32)]
+
+
+class DcpxRefStatsC(Structure):
+    """``struct dcpx_ref_stats``."""
+    _fields_ = [("rows", c_uint64), ("rescue_rows", c_uint64),
+                ("saturated", c_uint64)]
+
+
+_P = c_void_p  # every buffer pointer is passed as a plain address
+
+_PROTOS = {
+    "dcpx_strerror": (c_char_p, [c_int]),
+    "dcpx_version": (c_char_p, []),
+    "dcpx_shape_check": (c_int, [POINTER(DcpxShapeC)]),
+    "dcpx_shape_auto_local_topk": (c_uint32, [c_uint32, c_uint32]),
+    "dcpx_bf16_isnan": (c_int, [c_uint32]),
+    "dcpx_ord16": (c_uint32, [c_uint32]),
+    "dcpx_row_words": (c_uint32, [c_uint32]),
+    "dcpx_word_encode": (c_int, [_P, c_uint32, c_uint32, c_uint32, c_uint32]),
+    "dcpx_word_decode": (c_int, [_P, c_uint32, c_uint32, POINTER(c_uint32),
+                                 POINTER(c_uint32)]),
+    "dcpx_epoch_next": (c_uint32, [c_uint32]),
+    "dcpx_gid": (c_int64, [c_uint32, c_uint32, c_uint32, c_uint32]),
+    "dcpx_ref_local_list": (c_int, [_P, c_uint32, c_uint32, _P]),
+    "dcpx_ref_rescue_list": (c_int, [_P, c_uint32, c_uint32, c_uint32, _P]),
+    "dcpx_ref_call": (c_int, [POINTER(DcpxShapeC), c_uint32, _P, c_uint64,
+                              _P, c_uint32, _P, _P, c_uint32, c_uint32, _P,
+                              _P, _P, _P, POINTER(DcpxRefStatsC)]),
+    "dcpx_connect": (c_int, [c_char_p, POINTER(c_void_p)]),
+    "dcpx_disconnect": (None, [c_void_p]),
+    "dcpx_join": (c_int, [c_void_p, POINTER(DcpxShapeC),
+                          POINTER(DcpxJoinOptsC), POINTER(c_void_p)]),
+    "dcpx_leave": (c_int, [c_void_p]),
+    "dcpx_push": (c_int, [c_void_p, c_uint32, _P, c_uint64, _P, c_uint64,
+                          c_void_p]),
+    "dcpx_merge": (c_int, [c_void_p, c_uint32, _P, c_uint64, _P, _P, _P,
+                           c_uint32, c_uint32, _P, _P, _P, _P, c_uint64,
+                           c_void_p]),
+    "dcpx_health": (c_int, [c_void_p, POINTER(DcpxHealthInfoC)]),
+    "dcpx_poll": (c_int, [c_void_p]),
+    "dcpx_recover": (c_int, [c_void_p, c_void_p, c_uint32]),
+}
+
+_HELP = (
+    "libdcpx (the dcpx client library) was not found. Build and install it "
+    "from the dcpx source tree:\n"
+    "    ./autogen.sh && ./configure && make -j && sudo make install && "
+    "sudo ldconfig\n"
+    "or point DCPX_LIBRARY at a built one, e.g.\n"
+    "    export DCPX_LIBRARY=$PWD/libclient/.libs/libdcpx.so.0\n"
+    "(shared libraries must be enabled: not configure --disable-shared).")
+
+
+def _candidates() -> List[str]:
+    out: List[str] = []
+    env = os.environ.get("DCPX_LIBRARY")
+    if env:
+        return [env]  # an explicit choice is never second-guessed
+    # A source checkout: python/dcpx/_lib.py -> the checkout's root.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    if os.path.exists(os.path.join(root, "include", "dcpx.h")):
+        for d in sorted(glob.glob(os.path.join(root, "build*", "libclient",
+                                               ".libs"))) + \
+                [os.path.join(root, "libclient", ".libs")]:
+            for name in ("libdcpx.so.0", "libdcpx.so", "libdcpx.dylib"):
+                p = os.path.join(d, name)
+                if os.path.exists(p):
+                    out.append(p)
+                    break
+    try:
+        libdir = subprocess.run(
+            ["pkg-config", "--variable=libdir", "dcpx"], capture_output=True,
+            text=True, timeout=10, check=False).stdout.strip()
+        if libdir:
+            for name in ("libdcpx.so.0", "libdcpx.so", "libdcpx.dylib"):
+                p = os.path.join(libdir, name)
+                if os.path.exists(p):
+                    out.append(p)
+                    break
+    except (OSError, subprocess.SubprocessError):
+        pass
+    found = ctypes.util.find_library("dcpx")
+    if found:
+        out.append(found)
+    out.append("libdcpx.so.0")
+    return out
+
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_path: Optional[str] = None
+
+
+def _declare(cdll: ctypes.CDLL) -> None:
+    for name, (res, args) in _PROTOS.items():
+        fn = getattr(cdll, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded libdcpx, with every public function declared.
+
+    Raises :class:`LibraryNotFound` (an ``ImportError``) when it cannot be
+    found or lacks a function of the API this package binds.
+    """
+    global _lib, _path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for cand in _candidates():
+            try:
+                cdll = ctypes.CDLL(cand)
+            except OSError as e:
+                tried.append(f"  {cand}: {e}")
+                continue
+            try:
+                _declare(cdll)
+            except AttributeError as e:
+                tried.append(f"  {cand}: not a matching libdcpx ({e})")
+                continue
+            _lib, _path = cdll, cand
+            return cdll
+        raise LibraryNotFound(_HELP + "\nTried:\n" + "\n".join(tried))
+
+
+def library_path() -> str:
+    """The path (or loader name) libdcpx was loaded from."""
+    lib()
+    assert _path is not None
+    return _path
+
+
+# Types re-exported for the other modules.
+c_types = (c_int, c_int32, c_uint16, c_uint32, c_uint64, c_void_p)

@@ -1,0 +1,636 @@
+"""The pythonic dcpx API: Shape, JoinOptions, Health, Client, Member.
+
+Arrays: logits are bf16 bit patterns ``[rows][len]`` (numpy ``uint16`` or
+``int16``, torch ``bfloat16``, ``int16`` or ``uint16``), every index array
+is ``int32``. A member of the host backend takes numpy arrays and CPU torch
+tensors; a member of the CUDA backend takes torch CUDA tensors on its
+device and enqueues on ``torch.cuda.current_stream()`` (or ``stream=``).
+Everything is checked (dtype, device, shape, contiguity) before any work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import itertools
+import weakref
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from . import _arrays as A
+from ._lib import (DcpxHealthInfoC, DcpxJoinOptsC, DcpxRefStatsC,
+                   DcpxShapeC, lib)
+from .errors import InvalidArgument, RangeError, StateError, check
+
+__all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
+           "MergeResult", "RefStats", "Client", "Member", "PreparedCall",
+           "connect",
+           "auto_local_topk", "version", "strerror", "ref_call",
+           "ref_local_list", "MAX_WORLD", "MAX_TOPK", "MAX_LOCAL",
+           "MAX_ROWS", "GROUP_NAME_MAX", "DEFAULT_SOCKET"]
+
+MAX_WORLD = 16
+MAX_TOPK = 4096
+MAX_LOCAL = 1 << 17
+MAX_ROWS = 4096
+_U64 = (1 << 64) - 1
+GROUP_NAME_MAX = 63
+DEFAULT_SOCKET = "/run/dcpx/dcpxd.sock"
+
+
+class Backend(enum.IntEnum):
+    """Where push and merge run (``DCPX_BACKEND_*``)."""
+    HOST = 0
+    CUDA = 1
+
+
+class Transport(enum.IntEnum):
+    """How candidates travel (``DCPX_TRANSPORT_*``)."""
+    AUTO = 0
+    LL = 1
+    NCCL = 2
+
+
+def version() -> str:
+    """libdcpx's version string (``dcpx_version``)."""
+    return lib().dcpx_version().decode()
+
+
+def strerror(code: int) -> str:
+    """The text of a dcpx code (``dcpx_strerror``)."""
+    return lib().dcpx_strerror(int(code)).decode("utf-8", "replace")
+
+
+def auto_local_topk(world: int, topk: int) -> int:
+    """The N that ``local_topk=0`` gets (``dcpx_shape_auto_local_topk``);
+    0 for W or K out of range."""
+    return int(lib().dcpx_shape_auto_local_topk(int(world), int(topk)))
+
+
+@dataclass
+class Shape:
+    """A group's shape (``dcpx_shape``); every rank joins with the same.
+
+    ``local_topk=0`` lets the library choose N
+    (:func:`auto_local_topk`, ``dcpx_shape_auto_local_topk``).
+    """
+    world: int = 1          #: W, 1..16
+    rows: int = 1           #: R, the most rows of one call, 1..4096
+    topk: int = 2           #: K, 2..4096
+    local_topk: int = 0     #: N, 1 <= N < K; 0: the library chooses
+    block_size: int = 1     #: B, KV positions per block-table entry
+    interleave: int = 1     #: I, the DCP KV interleave
+    max_local: int = 1      #: bound on any row_end, 1..2^17
+
+    def resolved(self) -> "Shape":
+        """This shape with ``local_topk=0`` replaced by the library's N."""
+        if self.local_topk:
+            return Shape(**self.__dict__)
+        s = Shape(**self.__dict__)
+        s.local_topk = auto_local_topk(self.world, self.topk)
+        return s
+
+    def _c(self) -> DcpxShapeC:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, int) or isinstance(v, bool) or \
+                    not 0 <= v <= 0xFFFFFFFF:
+                raise InvalidArgument(
+                    context=f"Shape.{f.name} must be an int in "
+                            f"0..2^32-1, got {v!r}")
+        return DcpxShapeC(ctypes.sizeof(DcpxShapeC), self.world, self.rows,
+                          self.topk, self.local_topk, self.block_size,
+                          self.interleave, self.max_local)
+
+    def check(self) -> None:
+        """Raises :class:`LimitError` / :class:`InvalidArgument` if the
+        shape (after resolving ``local_topk=0``) is not within dcpx limits
+        (``dcpx_shape_check``)."""
+        c = self.resolved()._c()
+        check(lib().dcpx_shape_check(ctypes.byref(c)), "shape check")
+
+
+@dataclass
+class JoinOptions:
+    """How a rank joins (``dcpx_join_opts``)."""
+    rank: int = 0                      #: this member's rank, < W
+    group: str = "dcpx"                #: 1..63 bytes of [A-Za-z0-9._-]
+    device: int = -1                   #: CUDA device; -1 with the host backend
+    backend: Backend = Backend.HOST    #: Backend.HOST or Backend.CUDA
+    transport: Transport = Transport.AUTO
+    join_timeout_ms: int = 0           #: 0: the daemon's default
+    timeout_ns: int = 1_000_000_000    #: bound of every wait, >= 1 ms
+
+
+@dataclass(frozen=True)
+class Health:
+    """A member's view of its group (``dcpx_health_info``)."""
+    generation: int    #: bumped by every recovery
+    abort: int         #: 0, or why aborted (1 alarm, 2 dead rank, 3 operator)
+    failed_mask: int   #: ranks whose FAILED word is set
+    alarm_mask: int    #: ranks whose alarm word is set
+    joined_mask: int   #: ranks held by a live process
+    world: int
+    rank: int
+    backend: int
+    transport: int
+    calls: int         #: this rank's calls
+    rows: int
+    rescue_rows: int
+    failed_calls: int
+    daemon_link: int   #: 1: attached to dcpxd
+    reattaches: int    #: times reattached to a restarted dcpxd
+
+    @property
+    def ok(self) -> bool:
+        """True when the group is not aborted and no rank has failed."""
+        return self.abort == 0 and self.failed_mask == 0
+
+
+class MergeResult(NamedTuple):
+    """A merge's outputs for this rank (arrays of the inputs' kind)."""
+    rows_out: Any          #: [rows][K] int32: KV rows of own selected, -1 pad
+    valid_out: Any         #: [rows] int32: their count (-1: row failed)
+    ids_out: Any = None    #: [rows][K] int32 gids of all K selected, or None
+    sat_word: Any = None   #: [rows] (mask << 16) | ord16 of S1's K-th key
+
+
+class RefStats(NamedTuple):
+    """Statistics of :func:`ref_call`."""
+    rows: int
+    rescue_rows: int
+    saturated: int
+
+
+def _not_compiling() -> bool:
+    return False
+
+
+# Set by dcpx.torch_ops when torch is importable: torch.compiler's
+# is_compiling (which Dynamo folds to True while it traces) and the module
+# with the custom ops. Plain module globals, so that Dynamo traces the
+# branch in Member.push/merge without touching ctypes.
+_is_compiling = _not_compiling
+_torch_ops: Any = None
+
+# Live members by handle: the torch custom ops name a member by an int.
+_members: Dict[int, "weakref.ReferenceType[Member]"] = {}
+_handles = itertools.count(1)
+
+
+def _member_by_handle(handle: int) -> "Member":
+    ref = _members.get(handle)
+    m = ref() if ref is not None else None
+    if m is None or m._ptr is None:
+        raise StateError(context=f"dcpx member {handle} has left")
+    return m
+
+
+@dataclass
+class Client:
+    """A connection to the node's dcpxd (``dcpx_connect``).
+
+    ``socket=None`` uses ``$DCPX_SOCKET``, else ``/run/dcpx/dcpxd.sock``.
+    A context manager; :meth:`close` disconnects (members already joined
+    keep their own link).
+    """
+    socket: Optional[str] = None
+    _ptr: Optional[int] = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        p = ctypes.c_void_p()
+        path = None if self.socket is None else self.socket.encode()
+        check(lib().dcpx_connect(path, ctypes.byref(p)),
+              f"connecting to dcpxd at {self.socket or '$DCPX_SOCKET'}")
+        self._ptr = p.value
+
+    def join(self, shape: Shape, options: Optional[JoinOptions] = None,
+             **kw: Any) -> "Member":
+        """Joins a group; blocks until all W ranks have joined (or the join
+        times out: :class:`TimedOut`). ``kw`` sets :class:`JoinOptions`
+        fields, e.g. ``client.join(shape, rank=1, group="layer")``.
+        Errors: ShapeError, DuplicateRank, BadRank, LimitError, TimedOut,
+        NotSupported (backend not built), InvalidArgument, ..."""
+        if self._ptr is None:
+            raise StateError(context="Client is closed")
+        opts = JoinOptions(**kw) if options is None else \
+            (JoinOptions(**{**options.__dict__, **kw}) if kw else options)
+        if not isinstance(shape, Shape):
+            raise InvalidArgument(context="shape must be a dcpx.Shape")
+        cs = shape._c()
+        try:
+            group = opts.group.encode("utf-8")
+        except (AttributeError, UnicodeError):
+            raise InvalidArgument(context="group must be a str") from None
+        for name in ("rank", "join_timeout_ms"):
+            v = getattr(opts, name)
+            if not isinstance(v, int) or not 0 <= v <= 0xFFFFFFFF:
+                raise InvalidArgument(context=f"JoinOptions.{name}={v!r}")
+        if not isinstance(opts.timeout_ns, int) or \
+                not 0 <= opts.timeout_ns < 1 << 64:
+            raise InvalidArgument(context=f"timeout_ns={opts.timeout_ns!r}")
+        co = DcpxJoinOptsC(ctypes.sizeof(DcpxJoinOptsC), opts.rank, group,
+                           int(opts.device), int(opts.backend),
+                           int(opts.transport), opts.join_timeout_ms,
+                           opts.timeout_ns)
+        p = ctypes.c_void_p()
+        check(lib().dcpx_join(ctypes.c_void_p(self._ptr), ctypes.byref(cs),
+                              ctypes.byref(co), ctypes.byref(p)),
+              f"joining group {opts.group!r} as rank {opts.rank}")
+        return Member(p.value, self, shape.resolved(), opts)
+
+    def close(self) -> None:
+        """Disconnects (``dcpx_disconnect``); idempotent."""
+        if self._ptr is not None:
+            lib().dcpx_disconnect(ctypes.c_void_p(self._ptr))
+            self._ptr = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def connect(socket: Optional[str] = None) -> Client:
+    """``Client(socket)``."""
+    return Client(socket)
+
+
+@dataclass(eq=False, repr=False)
+class Member:
+    """One rank's membership of one group (``dcpx_member``); made by
+    :meth:`Client.join`. A context manager that leaves the group.
+
+    Not thread-safe (give each engine thread its own member), except that
+    :meth:`poll` may run on another thread while push/merge run.
+    """
+    _ptr: Optional[int]
+    client: Client
+    #: the group's shape, with local_topk resolved
+    shape: Shape
+    #: the options this member joined with
+    options: JoinOptions
+    #: the member's name for the torch custom ops
+    handle: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.handle = next(_handles)
+        self._token: Any = None
+        # The call path reads these (no enum or ctypes objects per call).
+        self._cuda = int(self.options.backend) == int(Backend.CUDA)
+        self._where_t: Tuple[str, int] = \
+            ("cuda", int(self.options.device)) if self._cuda else ("cpu", -1)
+        self._lib = lib()
+        _members[self.handle] = weakref.ref(self)
+
+    # -- properties -----------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.options.rank
+
+    @property
+    def world(self) -> int:
+        return self.shape.world
+
+    @property
+    def backend(self) -> Backend:
+        return Backend(self.options.backend)
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def _p(self) -> ctypes.c_void_p:
+        if self._ptr is None:
+            raise StateError(context="the member has left its group")
+        return ctypes.c_void_p(self._ptr)
+
+    def __repr__(self) -> str:
+        return (f"Member(group={self.options.group!r}, rank={self.rank}, "
+                f"shape={self.shape}, backend={self.backend.name}"
+                f"{', left' if self.closed else ''})")
+
+    # -- the calls --------------------------------------------------------
+    def _stream(self, stream: Any) -> Optional[int]:
+        if not self._cuda:
+            return None
+        if stream is None:
+            return A.current_stream_of_device(self._where_t[1])
+        return A.stream_handle(stream)
+
+    def push(self, logits: Any, row_ends: Any, *, call_tag: int = 0,
+             stream: Any = None) -> Any:
+        """Pushes this rank's local top-N of every row (``dcpx_push``).
+
+        logits: ``[rows][len]`` bf16 bits, C-contiguous; row_ends:
+        ``[rows]`` int32 (row t is valid up to ``row_ends[t]``), on the
+        member's device. ``rows`` may be below ``shape.rows``.
+        Under ``torch.compile`` this is the ``dcpx::push`` op and returns a
+        token that :meth:`merge` orders itself after; otherwise None.
+        """
+        if _is_compiling():
+            tok = _torch_ops.push(self, logits, row_ends, call_tag)
+            self._token = tok
+            return tok
+        rows, stride = self._check_rows(logits, row_ends, "push")
+        r = self._lib.dcpx_push(self._ptr, rows, A.ptr(logits), stride,
+                                A.ptr(row_ends), call_tag & _U64,
+                                self._stream(stream))
+        if r < 0:
+            check(r, "dcpx_push")
+        return None
+
+    def merge(self, logits: Any, row_ends: Any, req_id: Any,
+              block_table: Any, out: Optional[Sequence[Any]] = None, *,
+              ids: bool = True, sat: bool = False, call_tag: int = 0,
+              stream: Any = None, token: Any = None) -> MergeResult:
+        """The exact top-K of every row, this rank's outputs
+        (``dcpx_merge``); ``logits``/``row_ends`` are those of the matching
+        :meth:`push`.
+
+        req_id: ``[rows]`` int32, the block-table row of each row;
+        block_table: ``[bt_rows][bt_cols]`` int32. ``out``: a
+        :class:`MergeResult` (or tuple) of preallocated outputs
+        (rows_out ``[rows][K]`` int32, valid_out ``[rows]`` int32, ids_out
+        ``[rows][K]`` int32 or None, sat_word ``[rows]`` uint32/int32 or
+        None); None allocates them like ``logits`` (ids_out if ``ids``,
+        sat_word if ``sat``). Raises :class:`Failed` / :class:`Aborted`
+        (then :meth:`recover`), :class:`RangeError`, ...; with the CUDA
+        backend a failed row shows as ``valid_out[t] == -1`` instead.
+        """
+        if _is_compiling():
+            return _torch_ops.merge(self, logits, row_ends, req_id,
+                                   block_table, out, ids, sat, call_tag,
+                                   token if token is not None
+                                   else self._token)
+        rows, stride = self._check_rows(logits, row_ends, "merge")
+        bt_rows, bt_cols = self._check_table(logits, rows, req_id,
+                                             block_table)
+        res = self._outputs(logits, rows, out, ids, sat)
+        ptr = A.ptr
+        r = self._lib.dcpx_merge(
+            self._ptr, rows, ptr(logits), stride, ptr(row_ends),
+            ptr(req_id), ptr(block_table), bt_rows, bt_cols,
+            ptr(res.rows_out), ptr(res.valid_out), ptr(res.ids_out),
+            ptr(res.sat_word), call_tag & _U64, self._stream(stream))
+        if r < 0:
+            check(r, "dcpx_merge")
+        return res
+
+    def prepare(self, logits: Any, row_ends: Any, req_id: Any,
+                block_table: Any, out: Optional[Sequence[Any]] = None, *,
+                ids: bool = True, sat: bool = False,
+                stream: Any = None) -> "PreparedCall":
+        """Checks a call's buffers once and binds them: the returned
+        :class:`PreparedCall`'s ``push()`` / ``merge()`` then cost little
+        more than the C calls, for an engine that reuses the same
+        (persistent) buffers every layer and step. ``stream`` (CUDA): None
+        takes the current torch stream at each call."""
+        rows, stride = self._check_rows(logits, row_ends, "prepare")
+        bt_rows, bt_cols = self._check_table(logits, rows, req_id,
+                                             block_table)
+        res = self._outputs(logits, rows, out, ids, sat)
+        return PreparedCall(self, (logits, row_ends, req_id, block_table),
+                            res, rows, stride, bt_rows, bt_cols,
+                            None if stream is None
+                            else A.stream_handle(stream))
+
+    # -- argument checks (before any work) ------------------------------
+    def _where(self) -> Tuple[str, int]:
+        return self._where_t
+
+    def _check_rows(self, logits: Any, row_ends: Any,
+                    what: str) -> Tuple[int, int]:
+        if self._ptr is None:
+            raise StateError(context="the member has left its group")
+        where = self._where_t
+        A.check_array(logits, "logits", A.BF16, 2, where)
+        rows, width = logits.shape
+        A.check_array(row_ends, "row_ends", A.I32, 1, where, (rows,))
+        if rows > self.shape.rows:
+            raise RangeError(context=f"{what}: {rows} rows, more than the "
+                             f"group's rows={self.shape.rows}")
+        if width < 1:
+            raise InvalidArgument(context=f"{what}: logits has no columns")
+        return rows, width
+
+    def _check_table(self, logits: Any, rows: int, req_id: Any,
+                     block_table: Any) -> Tuple[int, int]:
+        where = self._where_t
+        A.check_array(req_id, "req_id", A.I32, 1, where, (rows,))
+        A.check_array(block_table, "block_table", A.I32, 2, where)
+        bt_rows, bt_cols = block_table.shape
+        if bt_rows < 1 or bt_cols < 1:
+            raise InvalidArgument(context="block_table is empty")
+        return bt_rows, bt_cols
+
+    def _outputs(self, like: Any, rows: int, out: Optional[Sequence[Any]],
+                 ids: bool, sat: bool) -> MergeResult:
+        K = self.shape.topk
+        if out is None:
+            return MergeResult(
+                A.empty(like, (rows, K), A.I32), A.empty(like, (rows,), A.I32),
+                A.empty(like, (rows, K), A.I32) if ids else None,
+                A.empty(like, (rows,), A.U32) if sat else None)
+        if type(out) is not MergeResult:
+            out = MergeResult(*out)
+        where = self._where_t
+        A.check_array(out.rows_out, "out.rows_out", A.I32, 2, where,
+                      (rows, K), writable=True)
+        A.check_array(out.valid_out, "out.valid_out", A.I32, 1, where,
+                      (rows,), writable=True)
+        if out.ids_out is not None:
+            A.check_array(out.ids_out, "out.ids_out", A.I32, 2, where,
+                          (rows, K), writable=True)
+        if out.sat_word is not None:
+            A.check_array(out.sat_word, "out.sat_word", A.U32, 1, where,
+                          (rows,), writable=True)
+        return out
+
+    # -- health, recovery, lifetime ----------------------------------------
+    def poll(self) -> int:
+        """Keeps the link to dcpxd alive (``dcpx_poll``); call once per
+        step, off the hot path. Returns 0 when attached; a negative code
+        (NotConnected -107, ConnectionRefused -111, ...) while not attached:
+        that affects no call, so it is returned, not raised."""
+        r = lib().dcpx_poll(self._p())
+        return int(r)
+
+    def health(self) -> Health:
+        """This member's view of its group (``dcpx_health``)."""
+        h = DcpxHealthInfoC()
+        h.size = ctypes.sizeof(DcpxHealthInfoC)
+        check(lib().dcpx_health(self._p(), ctypes.byref(h)), "dcpx_health")
+        return Health(**{f.name: int(getattr(h, f.name))
+                         for f in fields(Health)})
+
+    def recover(self, timeout_ms: int = 20000, stream: Any = None) -> None:
+        """After Failed/Aborted (or rows with valid_out -1): acknowledges
+        and waits up to ``timeout_ms`` for the group's reset
+        (``dcpx_recover``; the CUDA backend synchronizes ``stream``, by
+        default the current torch stream, first). Raises TimedOut."""
+        s = None
+        if self.backend == Backend.CUDA:
+            s = A.stream_handle(stream) if stream is not None else \
+                A.current_stream_of_device(self.options.device)
+        self._token = None
+        check(lib().dcpx_recover(self._p(), s, int(timeout_ms)),
+              "dcpx_recover")
+
+    def leave(self) -> None:
+        """Leaves the group and frees the member (``dcpx_leave``);
+        idempotent. Leave together: a rank that leaves while a peer still
+        merges the last call takes the group down under that peer (its
+        merge raises :class:`Aborted`); synchronize the ranks first."""
+        if self._ptr is not None:
+            p, self._ptr = self._ptr, None
+            _members.pop(self.handle, None)
+            self._token = None
+            check(lib().dcpx_leave(ctypes.c_void_p(p)), "dcpx_leave")
+
+    close = leave
+
+    def __enter__(self) -> "Member":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.leave()
+
+    def __del__(self) -> None:
+        try:
+            self.leave()
+        except Exception:
+            pass
+
+
+class PreparedCall:
+    """A push/merge pair over buffers checked once (:meth:`Member.prepare`).
+    Refill the bound arrays in place between calls; ``out`` holds the
+    merge's results. It keeps the arrays (and the member) alive."""
+
+    __slots__ = ("member", "arrays", "out", "_push", "_merge", "_pa", "_ma",
+                 "_stream", "_cuda")
+
+    def __init__(self, m: Member, arrays: Tuple[Any, ...], out: MergeResult,
+                 rows: int, stride: int, bt_rows: int, bt_cols: int,
+                 stream: Optional[int]) -> None:
+        p = A.ptr
+        logits, row_ends, req_id, block_table = arrays
+        self.member = m
+        self.arrays = arrays
+        self.out = out
+        self._push = m._lib.dcpx_push
+        self._merge = m._lib.dcpx_merge
+        self._pa = (rows, p(logits), stride, p(row_ends))
+        self._ma = (rows, p(logits), stride, p(row_ends), p(req_id),
+                    p(block_table), bt_rows, bt_cols, p(out.rows_out),
+                    p(out.valid_out), p(out.ids_out), p(out.sat_word))
+        self._stream = stream
+        self._cuda = m._cuda
+
+    def _s(self) -> Optional[int]:
+        if self._stream is not None or not self._cuda:
+            return self._stream
+        return A.current_stream_of_device(self.member._where_t[1])
+
+    def push(self, call_tag: int = 0) -> None:
+        """``dcpx_push`` over the bound buffers."""
+        m = self.member._ptr
+        if m is None:
+            raise StateError(context="the member has left its group")
+        r = self._push(m, *self._pa, call_tag & _U64, self._s())
+        if r < 0:
+            check(r, "dcpx_push")
+
+    def merge(self, call_tag: int = 0) -> MergeResult:
+        """``dcpx_merge`` into ``out``; returns ``out``."""
+        m = self.member._ptr
+        if m is None:
+            raise StateError(context="the member has left its group")
+        r = self._merge(m, *self._ma, call_tag & _U64, self._s())
+        if r < 0:
+            check(r, "dcpx_merge")
+        return self.out
+
+    def __call__(self, call_tag: int = 0) -> MergeResult:
+        """push, then merge."""
+        self.push(call_tag)
+        return self.merge(call_tag)
+
+
+# ---- the CPU reference ---------------------------------------------------
+
+def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
+             rank: int, req_id: Any, block_table: Any, *, ids: bool = True,
+             sat: bool = True,
+             stats: Optional[List[int]] = None) -> MergeResult:
+    """One whole call as every backend must compute it, for rank ``rank``
+    (``dcpx_ref_call``): the oracle. ``logits[r]`` is rank r's
+    ``[rows][stride]`` bf16 array (numpy, all the same shape),
+    ``row_ends[r]`` its ``[rows]`` int32 row ends; req_id and block_table
+    are rank ``rank``'s. Returns numpy outputs; ``stats`` (a list of
+    three ints) is added to, as the C function does."""
+    import numpy as np
+    s = shape.resolved()
+    W = s.world
+    if len(logits) != W or len(row_ends) != W:
+        raise InvalidArgument(context=f"ref_call needs {W} logits and "
+                              "row_ends arrays")
+    lg = [A.to_numpy_host(x, "logits", A.BF16, 2) for x in logits]
+    rows, stride = lg[0].shape
+    for x in lg:
+        if x.shape != (rows, stride):
+            raise InvalidArgument(context="ref_call: logits of different "
+                                  "shapes")
+    en = [A.to_numpy_host(x, "row_ends", A.I32, 1) for x in row_ends]
+    for x in en:
+        if x.shape != (rows,):
+            raise InvalidArgument(context="ref_call: row_ends shape")
+    req = A.to_numpy_host(req_id, "req_id", A.I32, 1)
+    bt = A.to_numpy_host(block_table, "block_table", A.I32, 2)
+    if req.shape != (rows,):
+        raise InvalidArgument(context="ref_call: req_id shape")
+    K = s.topk
+    res = MergeResult(np.empty((rows, K), np.int32),
+                      np.empty((rows,), np.int32),
+                      np.empty((rows, K), np.int32) if ids else None,
+                      np.empty((rows,), np.uint32) if sat else None)
+    lp = (ctypes.c_void_p * W)(*[x.ctypes.data for x in lg])
+    ep = (ctypes.c_void_p * W)(*[x.ctypes.data for x in en])
+    st = DcpxRefStatsC()
+    cs = s._c()
+    r = lib().dcpx_ref_call(
+        ctypes.byref(cs), rows, ctypes.cast(lp, ctypes.c_void_p), stride,
+        ctypes.cast(ep, ctypes.c_void_p), int(rank), A.ptr(req), A.ptr(bt),
+        bt.shape[0], bt.shape[1], A.ptr(res.rows_out), A.ptr(res.valid_out),
+        A.ptr(res.ids_out), A.ptr(res.sat_word), ctypes.byref(st))
+    check(r, "dcpx_ref_call")
+    if stats is not None:
+        stats[0] += st.rows
+        stats[1] += st.rescue_rows
+        stats[2] += st.saturated
+    return res
+
+
+def ref_local_list(logits: Any, cap: int) -> List[Tuple[int, int]]:
+    """A rank's local top-``cap`` list of one row (``dcpx_ref_local_list``)
+    as ``[(ord16, l), ...]`` in ascending l."""
+    import numpy as np
+    x = A.to_numpy_host(logits, "logits", A.BF16, 1)
+    words = np.zeros(max(int(lib().dcpx_row_words(cap)), 1), np.uint32)
+    n = check(lib().dcpx_ref_local_list(A.ptr(x), x.shape[0], cap,
+                                        A.ptr(words)), "dcpx_ref_local_list")
+    out = []
+    o, l = ctypes.c_uint32(), ctypes.c_uint32()
+    for j in range(n):
+        check(lib().dcpx_word_decode(A.ptr(words), cap, j, ctypes.byref(o),
+                                     ctypes.byref(l)), "dcpx_word_decode")
+        out.append((o.value, l.value))
+    return out

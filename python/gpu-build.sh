@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# python/gpu-build.sh - what the Python GPU tests load: a shared libdcpx
+# with the CUDA backend (no NCCL) and its dcpxd, built here (CUDA at
+# /usr/local/cuda) into build-pygpu/ (ignored by git; carry it to the GPU
+# machine), with the two shared libraries that machine lacks (protobuf-c,
+# libuv). scripts/gpu-build.sh's build is static only, which ctypes cannot
+# load. Then, on the GPU machine: bash python/gpu-run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+top=$PWD
+src=/tmp/dcpx-pygpu-src
+bld=/tmp/dcpx-pygpu-build
+rm -rf "$src" "$bld" && mkdir -p "$src" "$bld"
+git ls-files -z --cached --others --exclude-standard |
+  xargs -0 -I{} cp --parents {} "$src"
+(cd "$src" && ./autogen.sh >/dev/null 2>&1)
+cd "$bld"
+"$src/configure" -q --with-cuda --without-nccl --disable-maintainer-mode
+make -j"$(nproc)" libclient/libdcpx.la daemon/dcpxd >/dev/null
+out=$top/build-pygpu
+rm -rf "$out" && mkdir -p "$out/lib"
+cp -L libclient/.libs/libdcpx.so.0 "$out/lib/"
+cp daemon/dcpxd "$out/"
+for l in libprotobuf-c.so.1 libuv.so.1; do
+  cp -L "$(ldconfig -p | awk -v l="$l" '$1 == l { print $NF; exit }')" \
+    "$out/lib/"
+done
+ls -la "$out" "$out/lib"

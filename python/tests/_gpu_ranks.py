@@ -1,0 +1,166 @@
+"""Rank processes of test_gpu.py (spawned: CUDA does not survive fork)."""
+
+import time
+import traceback
+
+import numpy as np
+
+import dcpx
+from _ranks import compare, inputs, tables
+
+
+BARRIER = None
+
+
+def _join(rank, sock, group, shape, ngpu):
+    import torch
+    dev = rank % ngpu
+    torch.cuda.set_device(dev)
+    c = dcpx.Client(sock)
+    m = c.join(shape, rank=rank, group=group, backend=dcpx.Backend.CUDA,
+               device=dev, timeout_ns=5_000_000_000)
+    return c, m, torch.device("cuda", dev)
+
+
+def _host(res):
+    return dcpx.MergeResult(*[None if x is None else x.cpu().numpy()
+                              for x in res])
+
+
+def rank_main(mode, rank, q, barrier, sock, group, shape, ngpu, calls):
+    global BARRIER
+    BARRIER = barrier
+    try:
+        q.put(("ok", rank, globals()["run_" + mode](
+            rank, sock, group, shape, ngpu, calls)))
+    except BaseException:  # noqa: BLE001
+        q.put(("err", rank, traceback.format_exc()))
+
+
+def _t(x, d, bf16=False):
+    import torch
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    if bf16:
+        t = t.view(torch.int16).view(torch.bfloat16) if t.dtype == \
+            torch.uint16 else t.view(torch.bfloat16)
+    return t.to(d)
+
+
+def _lg(x, d):
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)) \
+        .view(torch.bfloat16).to(d)
+
+
+def run_eager(rank, sock, group, shape, ngpu, calls):
+    import torch
+    c, m, d = _join(rank, sock, group, shape, ngpu)
+    R, L = shape.rows, shape.max_local
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    for call in range(calls):
+        lg, en = inputs(31, call, shape.world, R, L,
+                        ("random", "ties", "skew")[call % 3])
+        x, e = _lg(lg[rank], d), _t(en[rank], d)
+        m.push(x, e, call_tag=call)
+        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
+        assert res.rows_out.is_cuda and res.rows_out.device == d
+        compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+    # wrong device / dtype: refused before any work
+    for bad, cls in ((x.cpu(), dcpx.DeviceError),
+                     (lg[rank], dcpx.DeviceError),
+                     (x.float(), dcpx.DtypeError)):
+        try:
+            m.push(bad, e)
+        except cls:
+            pass
+        else:
+            raise AssertionError(f"{cls.__name__} not raised")
+    torch.cuda.synchronize()
+    assert m.health().calls >= 0
+    BARRIER.wait(120)  # nobody leaves while a peer still merges
+    m.leave()
+    c.close()
+    return calls
+
+
+def run_graph(rank, sock, group, shape, ngpu, calls):
+    """push + merge captured once in a CUDA graph, replayed per call with
+    new inputs copied into the static buffers."""
+    import torch
+    c, m, d = _join(rank, sock, group, shape, ngpu)
+    R, L, K = shape.rows, shape.max_local, shape.topk
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    x = torch.zeros((R, L), dtype=torch.bfloat16, device=d)
+    e = torch.zeros(R, dtype=torch.int32, device=d)
+    out = dcpx.MergeResult(torch.empty((R, K), dtype=torch.int32, device=d),
+                           torch.empty(R, dtype=torch.int32, device=d),
+                           torch.empty((R, K), dtype=torch.int32, device=d),
+                           torch.empty(R, dtype=torch.int32, device=d))
+
+    def load(call):
+        lg, en = inputs(41, call, shape.world, R, L,
+                        ("random", "ties", "skew")[call % 3])
+        x.copy_(_lg(lg[rank], d))
+        e.copy_(_t(en[rank], d))
+        return lg, en
+
+    def step():
+        tok = m.push(x, e)
+        m.merge(x, e, req_t, bt_t, out=out, token=tok)
+
+    lg, en = load(0)  # warm-up call, eager
+    step()
+    torch.cuda.synchronize()
+    compare(_host(out), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    times = []
+    for call in range(1, calls):
+        lg, en = load(call)
+        t0 = time.perf_counter()
+        g.replay()
+        times.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        compare(_host(out), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+    BARRIER.wait(120)  # nobody leaves while a peer still merges
+    m.leave()
+    c.close()
+    return calls, float(np.median(times) * 1e6)
+
+
+def run_compile(rank, sock, group, shape, ngpu, calls):
+    """A decode-step function compiled with torch.compile(fullgraph=True):
+    the indexer logits, push, merge and the KV gather in one graph."""
+    import torch
+    assert dcpx.torch_ops_available
+    c, m, d = _join(rank, sock, group, shape, ngpu)
+    R, L = shape.rows, shape.max_local
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    kv = torch.randn((R * bt.shape[1] * shape.block_size, 4), device=d)
+
+    def step(logits_f32, ends):
+        lg = logits_f32.to(torch.bfloat16)
+        tok = m.push(lg, ends)
+        res = m.merge(lg, ends, req_t, bt_t, token=tok, sat=True)
+        gathered = kv.index_select(0, res.rows_out.clamp(min=0).view(-1))
+        return res.rows_out, res.valid_out, res.ids_out, res.sat_word, \
+            gathered
+
+    cstep = torch.compile(step, fullgraph=True)
+    for call in range(calls):
+        lg, en = inputs(51, call, shape.world, R, L,
+                        ("random", "ties", "skew")[call % 3])
+        f32 = torch.from_numpy(dcpx.from_bf16_bits(lg[rank])).to(d)
+        r, v, i, s, gth = cstep(f32, _t(en[rank], d))
+        assert gth.shape == (R * shape.topk, 4)
+        got = dcpx.MergeResult(r.cpu().numpy(), v.cpu().numpy(),
+                               i.cpu().numpy(), s.cpu().numpy())
+        compare(got, dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+    BARRIER.wait(120)  # nobody leaves while a peer still merges
+    m.leave()
+    c.close()
+    return calls

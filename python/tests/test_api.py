@@ -1,0 +1,129 @@
+"""The package surface: loading, versions, the error table, helpers."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dcpx
+from dcpx import _arrays as A
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEADER = os.path.join(HERE, "..", "..", "include", "dcpx.h")
+
+
+def _header_codes():
+    with open(HEADER) as f:
+        text = f.read()
+    return {name: int(v) for name, v in
+            re.findall(r"X\((DCPX_E_\w+),\s*(-?\d+),", text)}
+
+
+def test_version(libdcpx):
+    assert re.match(r"\d+\.\d+\.\d+", dcpx.version())
+    assert dcpx.version().split(".")[0] == dcpx.__version__.split(".")[0]
+
+
+def test_every_error_code_has_a_class(libdcpx):
+    codes = _header_codes()
+    assert len(codes) >= 30
+    for name, code in codes.items():
+        cls = dcpx.ERRORS.get(code)
+        assert cls is not None, f"{name} ({code}) has no exception class"
+        assert cls.name == name and cls.code == code
+        e = dcpx.error_for(code, "doing x")
+        assert type(e) is cls and isinstance(e, dcpx.DcpxError)
+        assert e.code == code and e.message == dcpx.strerror(code)
+        assert "doing x" in str(e) and name in str(e)
+        assert getattr(dcpx, cls.__name__) is cls
+    assert set(dcpx.ERRORS) == set(codes.values())
+    # builtin bases an engine may already catch
+    assert issubclass(dcpx.InvalidArgument, ValueError)
+    assert issubclass(dcpx.TimedOut, TimeoutError)
+    assert issubclass(dcpx.DtypeError, TypeError)
+    assert issubclass(dcpx.DtypeError, dcpx.InvalidArgument)
+    unknown = dcpx.error_for(-4242)
+    assert type(unknown) is dcpx.DcpxError and unknown.code == -4242
+
+
+def test_errors_pickle(libdcpx):
+    import pickle
+    e = dcpx.error_for(-1007, "merge")
+    f = pickle.loads(pickle.dumps(e))
+    assert type(f) is dcpx.Failed and f.code == -1007 and str(f) == str(e)
+
+
+def test_shape_defaults_and_auto_n(libdcpx):
+    s = dcpx.Shape(world=8, rows=64, topk=2048, max_local=16384)
+    assert s.local_topk == 0
+    n = dcpx.auto_local_topk(8, 2048)
+    assert 256 <= n < 2048 and n % 32 == 0
+    assert s.resolved().local_topk == n
+    s.check()
+    with pytest.raises(dcpx.LimitError):
+        dcpx.Shape(world=17, rows=1, topk=4, local_topk=1).check()
+    with pytest.raises(dcpx.InvalidArgument):
+        dcpx.Shape(world=2, rows=1, topk=4, local_topk=4).check()
+    with pytest.raises(dcpx.InvalidArgument):
+        dcpx.Shape(world=-1).check()
+    o = dcpx.JoinOptions()
+    assert o.backend == dcpx.Backend.HOST and o.device == -1
+    assert o.timeout_ns == 1_000_000_000
+
+
+def test_bf16_bits():
+    x = np.array([0.0, -0.0, 1.0, -2.5, np.inf, -np.inf, 3.14159],
+                 np.float32)
+    b = dcpx.to_bf16_bits(x)
+    assert b.dtype == np.uint16
+    assert b.tolist()[:6] == [0, 0x8000, 0x3F80, 0xC020, 0x7F80, 0xFF80]
+    assert abs(dcpx.from_bf16_bits(b)[6] - 3.14159) < 0.02
+    n = dcpx.to_bf16_bits(np.array([np.nan], np.float32))
+    assert (int(n[0]) & 0x7FFF) > 0x7F80
+
+
+def test_ref_local_list(libdcpx):
+    row = np.array([0x3F80, 0x4000, 0x7FC0, 0x4000, 0x3F00], np.uint16)
+    lst = dcpx.ref_local_list(row, 2)
+    assert [l for _, l in lst] == [1, 3]  # ties: lower l; NaN never
+
+
+def test_missing_library_message(tmp_path):
+    env = dict(os.environ, DCPX_LIBRARY=str(tmp_path / "nope.so"))
+    code = ("import dcpx\n"
+            "try:\n    dcpx.load()\nexcept dcpx.LibraryNotFound as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(HERE))
+    assert "make install" in out.stdout and "DCPX_LIBRARY" in out.stdout, \
+        out.stdout + out.stderr
+
+
+def test_check_array_rules():
+    cpu, gpu = ("cpu", -1), ("cuda", 0)
+    a = np.zeros((2, 3), np.uint16)
+    A.check_array(a, "x", A.BF16, 2, cpu)
+    A.check_array(a.view(np.int16), "x", A.BF16, 2, cpu)
+    with pytest.raises(dcpx.DtypeError):
+        A.check_array(a.astype(np.float32), "x", A.BF16, 2, cpu)
+    with pytest.raises(dcpx.DtypeError):
+        A.check_array([[1, 2]], "x", A.BF16, 2, cpu)
+    with pytest.raises(dcpx.DeviceError):
+        A.check_array(a, "x", A.BF16, 2, gpu)
+    with pytest.raises(dcpx.InvalidArgument, match="C-contiguous"):
+        A.check_array(np.zeros((3, 4), np.uint16)[:, ::2], "x", A.BF16, 2,
+                      cpu)
+    with pytest.raises(dcpx.InvalidArgument, match="2-D"):
+        A.check_array(np.zeros(3, np.uint16), "x", A.BF16, 2, cpu)
+    with pytest.raises(dcpx.DtypeError):
+        A.check_array(np.zeros(3, ">i4"), "x", A.I32, 1, cpu)
+
+
+def test_connect_refused(libdcpx, tmp_path):
+    with pytest.raises((dcpx.ConnectionRefused, dcpx.NotFound)) as ei:
+        dcpx.Client(str(tmp_path / "no.sock"))
+    assert ei.value.code in (-111, -2)

@@ -1,0 +1,199 @@
+"""Every error class a host build can raise, with bad dtype, shape, rank,
+group and call arguments; Failed / Aborted then recover."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dcpx
+from _ranks import compare, inputs, run_ranks, sync, tables
+
+SHAPE = dcpx.Shape(world=1, rows=4, topk=16, local_topk=4, block_size=4,
+                   interleave=1, max_local=128)
+
+
+@pytest.fixture
+def member(daemon, group):
+    with dcpx.Client(daemon.socket) as c, c.join(SHAPE, rank=0,
+                                                 group=group) as m:
+        yield m
+
+
+def _args(rows=4, L=128):
+    lg = np.arange(rows * L, dtype=np.uint16).reshape(rows, L)
+    en = np.full(rows, L, np.int32)
+    req = np.arange(rows, dtype=np.int32)
+    bt = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
+    return lg, en, req, bt
+
+
+def _still_works(m):
+    lg, en, req, bt = _args()
+    m.push(lg, en)
+    res = m.merge(lg, en, req, bt, sat=True)
+    compare(res, dcpx.ref_call(m.shape, [lg], [en], 0, req, bt), 4)
+    assert m.health().ok
+
+
+def test_bad_dtype(member):
+    lg, en, req, bt = _args()
+    bad = [
+        (lambda: member.push(lg.astype(np.float32), en), "logits"),
+        (lambda: member.push(lg.astype(np.int32), en), "logits"),
+        (lambda: member.push(lg, en.astype(np.int64)), "row_ends"),
+        (lambda: member.push(lg, list(en)), "row_ends"),
+        (lambda: member.merge(lg, en, req.astype(np.uint8), bt), "req_id"),
+        (lambda: member.merge(lg, en, req, bt.astype(np.float64)),
+         "block_table"),
+        (lambda: member.merge(lg, en, req, bt, out=(
+            np.empty((4, 16), np.int64), np.empty(4, np.int32))),
+         "rows_out"),
+    ]
+    for f, what in bad:
+        with pytest.raises(dcpx.DtypeError, match=what) as ei:
+            f()
+        assert ei.value.code == -22
+    # refused before any work: the rank has not failed, calls go on
+    _still_works(member)
+
+
+def test_bad_shape(member):
+    lg, en, req, bt = _args()
+    with pytest.raises(dcpx.InvalidArgument, match="row_ends"):
+        member.push(lg, en[:3])
+    with pytest.raises(dcpx.InvalidArgument, match="2-D"):
+        member.push(lg[0], en)
+    with pytest.raises(dcpx.InvalidArgument, match="contiguous"):
+        member.push(np.asfortranarray(lg), en)
+    with pytest.raises(dcpx.InvalidArgument, match="req_id"):
+        member.merge(lg, en, req[:2], bt)
+    with pytest.raises(dcpx.InvalidArgument, match="rows_out"):
+        member.merge(lg, en, req, bt, out=(np.empty((4, 15), np.int32),
+                                           np.empty(4, np.int32)))
+    big = np.zeros((5, 128), np.uint16)
+    with pytest.raises(dcpx.RangeError, match="rows"):
+        member.push(big, np.zeros(5, np.int32))
+    _still_works(member)
+
+
+def test_range_from_library_then_recover(member):
+    """A row_end over max_local is refused by libdcpx (RangeError); the
+    refused call fails the rank, which recovers."""
+    lg = np.zeros((4, 200), np.uint16)
+    en = np.full(4, 200, np.int32)  # > max_local = 128
+    with pytest.raises(dcpx.RangeError) as ei:
+        member.push(lg, en)
+    assert ei.value.code == -34
+    h = member.health()
+    assert h.failed_mask == 1
+    member.recover(timeout_ms=10000)
+    _still_works(member)
+
+
+def test_join_errors(daemon, group):
+    c = dcpx.Client(daemon.socket)
+    s2 = dcpx.Shape(world=2, rows=2, topk=8, local_topk=2, max_local=64)
+    with pytest.raises(dcpx.BadRank) as ei:
+        c.join(s2, rank=2, group=group)
+    assert ei.value.code == -1003
+    with pytest.raises(dcpx.LimitError):
+        c.join(dcpx.Shape(world=2, rows=5000, topk=8, local_topk=2,
+                          max_local=64), rank=0, group=group)
+    with pytest.raises(dcpx.InvalidArgument):
+        c.join(s2, rank=0, group="bad name!")
+    with pytest.raises(dcpx.InvalidArgument):
+        c.join(s2, rank=0, group=group, timeout_ns=10)
+    with pytest.raises(dcpx.TransportError):
+        c.join(s2, rank=0, group=group, transport=dcpx.Transport.NCCL)
+    s1 = dcpx.Shape(world=1, rows=2, topk=8, local_topk=2, max_local=64)
+    try:  # a host-only build: NotSupported; CUDA built, no GPU: CudaError
+        m = c.join(s1, rank=0, group=group + "-cuda",
+                   backend=dcpx.Backend.CUDA, device=0)
+    except (dcpx.NotSupported, dcpx.CudaError) as e:
+        assert e.code in (-38, -1009)
+    else:  # a CUDA build on a GPU machine
+        m.leave()
+    with pytest.raises(dcpx.TimedOut):  # rank 1 never comes
+        c.join(s2, rank=0, group=group + "-t", join_timeout_ms=300)
+
+    # DuplicateRank and ShapeError against a forming group
+    got = {}
+
+    def first():
+        try:
+            with dcpx.Client(daemon.socket).join(
+                    s2, rank=0, group=group, join_timeout_ms=5000) as m:
+                got["m"] = m.health().world
+        except dcpx.DcpxError as e:
+            got["e"] = e
+
+    t = threading.Thread(target=first)
+    t.start()
+    time.sleep(0.3)
+    with pytest.raises(dcpx.DuplicateRank):
+        c.join(s2, rank=0, group=group)
+    other = dcpx.Shape(world=2, rows=2, topk=8, local_topk=3, max_local=64)
+    with pytest.raises(dcpx.ShapeError):
+        c.join(other, rank=1, group=group)
+    with c.join(s2, rank=1, group=group) as m1:
+        t.join()
+        assert got.get("m") == 2, got
+        assert m1.world == 2 and m1.rank == 1
+    c.close()
+    with pytest.raises(dcpx.StateError):
+        c.join(s2, rank=0, group=group)
+
+
+def test_left_member(daemon, group):
+    with dcpx.Client(daemon.socket) as c:
+        m = c.join(SHAPE, rank=0, group=group)
+        m.leave()
+        m.leave()
+        lg, en, _, _ = _args()
+        with pytest.raises(dcpx.StateError):
+            m.push(lg, en)
+        with pytest.raises(dcpx.StateError):
+            m.health()
+
+
+def _stall_rank(rank, q, sock, group, shape):
+    """Rank 1 misses call 0: rank 0 fails (Failed), rank 1 then finds the
+    group aborted (Aborted); both recover and call 1 is exact."""
+    R, L = shape.rows, shape.max_local
+    req, bt = tables(rank, R, L, shape.block_size)
+    seen = []
+    with dcpx.Client(sock) as c, c.join(shape, rank=rank, group=group,
+                                        timeout_ns=1_000_000_000) as m:
+        lg, en = inputs(3, 0, 2, R, L)
+        if rank == 0:
+            m.push(lg[0], en[0])
+            with pytest.raises(dcpx.Failed) as ei:
+                m.merge(lg[0], en[0], req, bt)
+            seen.append(type(ei.value).__name__)
+            assert m.health().failed_mask & 1
+        else:
+            deadline = time.monotonic() + 10
+            while m.health().abort == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with pytest.raises(dcpx.Aborted) as ei:
+                m.push(lg[1], en[1])
+                m.merge(lg[1], en[1], req, bt)
+            seen.append(type(ei.value).__name__)
+        gen = m.health().generation
+        m.recover(timeout_ms=10000)
+        assert m.health().generation != gen
+        lg, en = inputs(3, 1, 2, R, L)
+        m.push(lg[rank], en[rank])
+        res = m.merge(lg[rank], en[rank], req, bt)
+        compare(res, dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+        sync()
+    return seen
+
+
+def test_failed_aborted_recover(daemon, group):
+    shape = dcpx.Shape(world=2, rows=3, topk=16, local_topk=0,
+                       block_size=4, max_local=256)
+    out = run_ranks(_stall_rank, 2, (daemon.socket, group, shape))
+    assert out == {0: ["Failed"], 1: ["Aborted"]}

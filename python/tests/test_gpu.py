@@ -1,0 +1,184 @@
+"""GPU tests (torch CUDA tensors, CUDA graphs, torch.compile, the example,
+the per-call overhead). Skipped without torch, a GPU or a libdcpx built
+with CUDA. On the GPU machine, from a build with CUDA:
+
+    DCPX_LIBRARY=build-gpu/libclient/.libs/libdcpx.so.0 \\
+    DCPXD=build-gpu/daemon/dcpxd PYTHONPATH=python \\
+    python3 -m pytest -p no:cacheprovider -v -s python/tests/test_gpu.py
+"""
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import dcpx
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NGPU = torch.cuda.device_count()
+
+
+@pytest.fixture(scope="module")
+def cuda_ok(daemon):
+    """Skips when libdcpx was built without CUDA."""
+    s = dcpx.Shape(world=1, rows=1, topk=4, local_topk=1, max_local=16)
+    try:
+        with dcpx.Client(daemon.socket).join(
+                s, rank=0, group=f"probe-{os.getpid()}",
+                backend=dcpx.Backend.CUDA, device=0):
+            pass
+    except dcpx.NotSupported:
+        pytest.skip("libdcpx built without CUDA")
+
+
+def _spawn(mode, world, sock, group, shape, calls=6, timeout=300):
+    import _gpu_ranks
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    barrier = ctx.Barrier(world)
+    ps = [ctx.Process(target=_gpu_ranks.rank_main,
+                      args=(mode, r, q, barrier, sock, group, shape, NGPU,
+                            calls))
+          for r in range(world)]
+    for p in ps:
+        p.start()
+    out, errs = {}, []
+    try:
+        for _ in range(world):
+            st, r, v = q.get(timeout=timeout)
+            (out.__setitem__(r, v) if st == "ok"
+             else errs.append(f"rank {r}: {v}"))
+    finally:
+        for p in ps:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert not errs, "\n".join(errs)
+    return out
+
+
+WORLDS = sorted({1, 2, min(8, max(2, NGPU))})
+
+
+@pytest.mark.parametrize("W", WORLDS)
+def test_cuda_eager_exact(daemon, cuda_ok, group, W):
+    shape = dcpx.Shape(world=W, rows=8, topk=128, local_topk=0,
+                       block_size=16, interleave=1, max_local=4096)
+    out = _spawn("eager", W, daemon.socket, group, shape)
+    assert len(out) == W
+
+
+@pytest.mark.parametrize("W", WORLDS)
+def test_cuda_graph_capture(daemon, cuda_ok, group, W):
+    shape = dcpx.Shape(world=W, rows=8, topk=128, local_topk=0,
+                       block_size=16, interleave=2, max_local=4096)
+    out = _spawn("graph", W, daemon.socket, group, shape, calls=8)
+    print(f"\nW={W}: graph replay of push+merge, host side "
+          f"{[round(v[1], 1) for v in out.values()]} us")
+
+
+@pytest.mark.parametrize("W", [1, 2])
+def test_torch_compile_fullgraph(daemon, cuda_ok, group, W):
+    if not dcpx.torch_ops_available:
+        pytest.skip("torch < 2.4: no torch.library.custom_op")
+    shape = dcpx.Shape(world=W, rows=4, topk=64, local_topk=0,
+                       block_size=8, interleave=1, max_local=2048)
+    _spawn("compile", W, daemon.socket, group, shape, calls=4)
+
+
+EXAMPLE_WORLDS = sorted({min(NGPU, 8), 8})
+
+
+@pytest.mark.parametrize("W", EXAMPLE_WORLDS)
+def test_example_cuda_graph(cuda_ok, W):
+    """The example with a CUDA graph per step: one rank per GPU, and W=8
+    on fewer GPUs only under MPS (CUDA_MPS_PIPE_DIRECTORY set)."""
+    if W > NGPU and not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        pytest.skip(f"W={W} on {NGPU} GPU(s) needs MPS: start "
+                    "nvidia-cuda-mps-control -d with "
+                    "CUDA_MPS_PIPE_DIRECTORY set")
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "..", "examples",
+                                      "decode_step.py"),
+         "--world", str(W), "--layers", "4", "--steps", "3",
+         "--backend", "cuda", "--local-len", "8192", "--rows", "16",
+         "--topk", "512"], capture_output=True, text=True, timeout=600)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_overhead_per_call(daemon, cuda_ok, group):
+    """Host-side cost per push+merge: raw ctypes call, Member eager, and a
+    captured graph's replay (W=1, so no peer is waited for)."""
+    from dcpx._lib import lib
+    R, K, L = 16, 256, 4096
+    shape = dcpx.Shape(world=1, rows=R, topk=K, local_topk=0, block_size=16,
+                       max_local=L)
+    d = torch.device("cuda", 0)
+    torch.cuda.set_device(0)
+    with dcpx.Client(daemon.socket).join(shape, group=group,
+                                         backend=dcpx.Backend.CUDA,
+                                         device=0) as m:
+        x = torch.randn((R, L), device=d).to(torch.bfloat16)
+        e = torch.full((R,), L, dtype=torch.int32, device=d)
+        req = torch.arange(R, dtype=torch.int32, device=d)
+        bt = torch.arange(R * (L // 16), dtype=torch.int32,
+                          device=d).view(R, L // 16)
+        out = dcpx.MergeResult(torch.empty((R, K), dtype=torch.int32,
+                                           device=d),
+                               torch.empty(R, dtype=torch.int32, device=d),
+                               torch.empty((R, K), dtype=torch.int32,
+                                           device=d), None)
+        n = 300
+        s = torch.cuda.current_stream().cuda_stream
+        C = lib()
+        mp_ = m._p()
+
+        def raw():
+            C.dcpx_push(mp_, R, x.data_ptr(), L, e.data_ptr(), 0, s)
+            C.dcpx_merge(mp_, R, x.data_ptr(), L, e.data_ptr(),
+                         req.data_ptr(), bt.data_ptr(), R, L // 16,
+                         out.rows_out.data_ptr(), out.valid_out.data_ptr(),
+                         out.ids_out.data_ptr(), None, 0, s)
+
+        def eager():
+            m.push(x, e)
+            m.merge(x, e, req, bt, out=out)
+
+        def timed(f):
+            f()
+            torch.cuda.synchronize()
+            best = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    f()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                best.append(((t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6))
+            return min(best)
+
+        pc = m.prepare(x, e, req, bt, out=out)
+        raw_us = timed(raw)
+        eager_us = timed(eager)
+        prep_us = timed(pc)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            eager()
+        graph_us = timed(g.replay)
+        print(f"\npush+merge per call (host enqueue, wall incl. GPU): "
+              f"ctypes {raw_us[0]:.1f}/{raw_us[1]:.1f} us, "
+              f"Member eager {eager_us[0]:.1f}/{eager_us[1]:.1f} us, "
+              f"PreparedCall {prep_us[0]:.1f}/{prep_us[1]:.1f} us, "
+              f"graph replay {graph_us[0]:.1f}/{graph_us[1]:.1f} us; "
+              f"eager overhead over ctypes "
+              f"{eager_us[0] - raw_us[0]:.1f} us")
+        assert (out.valid_out.cpu() >= 0).all()

@@ -1,0 +1,91 @@
+"""torch on the host backend (CPU tensors): the custom ops dcpx::push /
+dcpx::merge, their fake implementations, and torch.compile(fullgraph=True)
+without graph breaks. Skipped without torch."""
+
+import numpy as np
+import pytest
+
+import dcpx
+from _ranks import compare, inputs, run_ranks, sync, tables
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not dcpx.torch_ops_available:
+    pytest.skip("torch < 2.4: no torch.library.custom_op",
+                allow_module_level=True)
+
+
+def _lg(x):
+    return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(
+        torch.bfloat16)
+
+
+def test_ops_registered():
+    assert hasattr(torch.ops.dcpx, "push")
+    assert hasattr(torch.ops.dcpx, "merge")
+    assert hasattr(torch.ops.dcpx, "merge_out")
+
+
+def test_fake_shapes(daemon, group):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    shape = dcpx.Shape(world=1, rows=4, topk=16, local_topk=4,
+                       max_local=64)
+    with dcpx.Client(daemon.socket).join(shape, group=group) as m:
+        with FakeTensorMode():
+            lg = torch.empty((3, 64), dtype=torch.bfloat16)
+            en = torch.empty(3, dtype=torch.int32)
+            tok = torch.ops.dcpx.push(m.handle, lg, en, 0)
+            r, v, i, s = torch.ops.dcpx.merge(
+                m.handle, lg, en, en, torch.empty((2, 2), dtype=torch.int32),
+                tok, True, False, 0)
+            assert r.shape == (3, 16) and v.shape == (3,)
+            assert i.shape == (3, 16) and s.shape == (0,)
+            assert r.dtype == torch.int32
+        assert m.health().calls == 0  # the fakes did no work
+
+
+def _compiled(rank, q, sock, group, shape, calls):
+    R, L = shape.rows, shape.max_local
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = torch.from_numpy(req), torch.from_numpy(bt)
+    with dcpx.Client(sock) as c, c.join(shape, rank=rank, group=group,
+                                        timeout_ns=10_000_000_000) as m:
+        def step(f32, ends):
+            lg = f32.to(torch.bfloat16)
+            tok = m.push(lg, ends)
+            res = m.merge(lg, ends, req_t, bt_t, token=tok, sat=True)
+            return res.rows_out, res.valid_out, res.ids_out, res.sat_word
+
+        cstep = torch.compile(step, fullgraph=True, backend="eager"
+                              if rank % 2 else "inductor")
+        for call in range(calls):
+            lg, en = inputs(61, call, shape.world, R, L,
+                            ("random", "ties", "skew")[call % 3])
+            f32 = torch.from_numpy(dcpx.from_bf16_bits(lg[rank]))
+            r, v, i, s = cstep(f32, torch.from_numpy(en[rank]))
+            got = dcpx.MergeResult(r.numpy(), v.numpy(), i.numpy(),
+                                   s.numpy())
+            compare(got, dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+        h = m.health()
+        assert h.ok and h.calls == calls, h
+        sync()
+    return calls
+
+
+@pytest.mark.parametrize("W", [1, 2])
+def test_torch_compile_fullgraph_cpu(daemon, group, W):
+    shape = dcpx.Shape(world=W, rows=4, topk=32, local_topk=0,
+                       block_size=8, max_local=300)
+    out = run_ranks(_compiled, W, (daemon.socket, group, shape, 3),
+                    timeout=300)
+    assert all(v == 3 for v in out.values())
+
+
+def test_compile_refuses_bad_dtype(daemon, group):
+    shape = dcpx.Shape(world=1, rows=2, topk=8, local_topk=2, max_local=16)
+    with dcpx.Client(daemon.socket).join(shape, group=group) as m:
+        f = torch.compile(lambda x, e: m.push(x, e), fullgraph=True,
+                          backend="eager")
+        with pytest.raises(Exception) as ei:
+            f(torch.zeros((2, 16)), torch.zeros(2, dtype=torch.int32))
+        assert "dtype" in str(ei.value)
+        assert m.health().failed_mask == 0  # refused before any work
