@@ -1,5 +1,5 @@
 /* layout.h - the memory every implementation shares: a rank's workspace
- * (the exchange buffers of DESIGN.md sections 4 and 5) and the group's
+ * (the exchange buffers of docs/PROTOCOL.md sections 4 and 5) and the group's
  * control page (section 6). Plain C, also included by the CUDA kernels.
  *
  * Workspace of rank d (one per rank; CUDA backend: device memory allocated
@@ -277,7 +277,7 @@ static inline dcpx_stage_plan dcpx_stage_plan_of(const dcpx_layout *L) {
  * rows * ... words of each, packed with `rows`, not R, as the row count):
  *
  *   send   [R][rw_n]     this rank's local top-N lists, the wire words of
- *                        DESIGN.md section 3 (no LL tags)
+ *                        docs/PROTOCOL.md section 3 (no LL tags)
  *   recv   [W][R][rw_n]  ncclAllGather of every rank's send:
  *                        rank s's row t at (s * rows + t) * rw_n
  *   rsend  [R][rw_k]     this rank's local top-K list of each row in which

@@ -1,4 +1,4 @@
-/* merge.c - exact top-K selection and the two-round merge of DESIGN.md
+/* merge.c - exact top-K selection and the two-round merge of docs/PROTOCOL.md
  * section 5, for one row at a time.
  *
  * Invariants the rest of dcpx relies on:

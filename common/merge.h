@@ -4,8 +4,8 @@
  *
  * A key is an (ord16, l) pair plus the rank it came from; keys are always
  * laid out in ascending (r, l) order ("flat order"), so the tie rule of
- * DESIGN.md section 2 is simply "earlier flat position wins". The top-k of
- * n keys is then described by a threshold T and a tie count `take`:
+ * docs/PROTOCOL.md section 2 is simply "earlier flat position wins". The
+ * top-k of n keys is then described by a threshold T and a tie count `take`:
  *
  *   key i is selected  <=>  ord[i] > T, or ord[i] == T and it is one of the
  *                           first `take` keys (in flat order) with ord == T.
@@ -79,8 +79,9 @@ typedef struct dcpx__merge_ws {
   uint32_t *sel_l; /* [K] */
 } dcpx__merge_ws;
 
-/* Rescue slots per row: min(W, floor(K/N)) (DESIGN.md says floor(K/N); no
- * more than W ranks can ever be saturated, so the tail would be unused). */
+/* Rescue slots per row: min(W, floor(K/N)) (docs/PROTOCOL.md 4.1 and 9:
+ * the original design note said floor(K/N), but no more than W ranks can
+ * ever be saturated, so the tail would be unused). */
 static inline uint32_t dcpx__rescue_slots(uint32_t world, uint32_t topk,
                                           uint32_t local_topk) {
   uint32_t s = topk / local_topk;
@@ -91,7 +92,7 @@ DCPX__HIDDEN int dcpx__merge_ws_init(dcpx__merge_ws *ws,
                                      const dcpx_shape *shape);
 DCPX__HIDDEN void dcpx__merge_ws_free(dcpx__merge_ws *ws);
 
-/* Round 1 (DESIGN.md section 5.1-5.2): lists[r] is rank r's capacity-N
+/* Round 1 (docs/PROTOCOL.md section 5.1-5.2): lists[r] is rank r's capacity-N
  * list of the row (dcpx_row_words(N) words). Returns the saturation mask;
  * *ret_sat_word gets (mask << 16) | ord16 of S1's K-th key (0 if
  * count < K). Keys and S1 stay in ws for round 2. */

@@ -1,6 +1,7 @@
 /* ref.c - the CPU reference: one whole call, every rank's lists computed
- * from every rank's logits, merged as DESIGN.md section 5 says. This is the
- * oracle every backend and kernel is tested against, bit for bit. It
+ * from every rank's logits, merged as docs/PROTOCOL.md section 5 says.
+ * This is the oracle every backend and kernel is tested against, bit for
+ * bit. It
  * allocates its workspace per call; backends keep theirs. */
 #include <stdlib.h>
 #include <string.h>

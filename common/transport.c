@@ -23,8 +23,18 @@ int dcpx__transport_resolve(uint32_t requested, uint32_t world,
 }
 
 const char *dcpx__transport_name(uint32_t t) {
-  return t == DCPX_TRANSPORT_LL     ? "ll"
-         : t == DCPX_TRANSPORT_NCCL ? "nccl"
-         : t == DCPX_TRANSPORT_AUTO ? "auto"
-                                    : "?";
+  static const char *const names[] = {
+      [DCPX_TRANSPORT_AUTO] = "auto",
+      [DCPX_TRANSPORT_LL] = "ll",
+      [DCPX_TRANSPORT_NCCL] = "nccl",
+  };
+  return t < sizeof(names) / sizeof(names[0]) ? names[t] : "unknown";
+}
+
+const char *dcpx__backend_name(uint32_t b) {
+  static const char *const names[] = {
+      [DCPX_BACKEND_HOST] = "host",
+      [DCPX_BACKEND_CUDA] = "cuda",
+  };
+  return b < sizeof(names) / sizeof(names[0]) ? names[b] : "unknown";
 }

@@ -1,4 +1,4 @@
-/* transport.h - the choice of transport (DESIGN.md section 7; internal).
+/* transport.h - the choice of transport (docs/PROTOCOL.md section 7; internal).
  *
  * ll needs every rank to load and store every other rank's workspace: two
  * ranks on one GPU, or on two GPUs with peer access (NVLink / P2P). When
@@ -33,8 +33,14 @@ __attribute__((visibility("hidden"))) int
 dcpx__transport_resolve(uint32_t requested, uint32_t world,
                         const int32_t *devices, const uint8_t *can_access);
 
-/* "ll", "nccl", "auto", or "?". */
+/* The names of transports and backends, the one table of each for dcpxd
+ * and libdcpx (logs, error texts): DCPX_TRANSPORT_* -> "auto", "ll",
+ * "nccl"; DCPX_BACKEND_* -> "host", "cuda"; anything else -> "unknown".
+ * The protobuf enums (Dcpx__Transport, Dcpx__Backend) have the same
+ * values (proto/frame.c checks it at compile time). */
 __attribute__((visibility("hidden"))) const char *
 dcpx__transport_name(uint32_t transport);
+__attribute__((visibility("hidden"))) const char *
+dcpx__backend_name(uint32_t backend);
 
 #endif /* DCPX_COMMON_TRANSPORT_H */

@@ -1,5 +1,6 @@
-/* wire.c - the order, the wire words and the epochs (DESIGN.md sections 2-4),
- * and the error table. Everything here is pure arithmetic on integers. */
+/* wire.c - the order, the wire words and the epochs (docs/PROTOCOL.md
+ * sections 2-4), and the error table. Everything here is pure arithmetic
+ * on integers. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>

@@ -11,7 +11,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define DCPXD_DEFAULT_SOCKET "/run/dcpx/dcpxd.sock"
+#include "dcpx.h"
+
+/* The socket libdcpx connects to by default: one definition, in dcpx.h. */
+#define DCPXD_DEFAULT_SOCKET DCPX_DEFAULT_SOCKET
 #define DCPXD_DEFAULT_STATE_DIR "/var/lib/dcpx"
 #define DCPXD_DEFAULT_CONFIG "/etc/dcpx/dcpxd.conf"
 #define DCPXD_DEFAULT_POLL_MS 2u

@@ -1,5 +1,5 @@
 /* dcpxd-group.c - a dcpx group's life in the daemon: rendezvous, memory,
- * abort, recovery (DESIGN.md sections 6 and 7).
+ * abort, recovery (docs/PROTOCOL.md sections 6 and 7).
  *
  * A group is named and has W ranks. It is created by its first Join, whose
  * shape (the 7 shape fields, backend, transport and wait timeout) becomes
@@ -77,6 +77,7 @@
 #include "dcpxd-log.h"
 #include "dcpxd-util.h"
 #include "dcpxd.h"
+#include "transport.h"
 
 
 #define NCCL_ID_MAX 128
@@ -133,28 +134,13 @@ const char *dcpxd_group_state_name(const dcpxd_group *g) {
   return "unknown";
 }
 
+/* The common tables (common/transport.h), for the protobuf enums. */
 static const char *transport_name(int t) {
-  switch (t) {
-  case DCPX__TRANSPORT__TRANSPORT_AUTO:
-    return "auto";
-  case DCPX__TRANSPORT__TRANSPORT_LL:
-    return "ll";
-  case DCPX__TRANSPORT__TRANSPORT_NCCL:
-    return "nccl";
-  default:
-    return "unknown";
-  }
+  return dcpx__transport_name((uint32_t)t);
 }
 
 static const char *backend_name(int b) {
-  switch (b) {
-  case DCPX__BACKEND__BACKEND_HOST:
-    return "host";
-  case DCPX__BACKEND__BACKEND_CUDA:
-    return "cuda";
-  default:
-    return "unknown";
-  }
+  return dcpx__backend_name((uint32_t)b);
 }
 
 dcpxd_group *dcpxd_group_find(dcpxd_manager *m, const char *name) {
@@ -255,7 +241,7 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__JoinReply jr = DCPX__JOIN_REPLY__INIT;
   Dcpx__Reply rep = DCPX__REPLY__INIT;
-  Dcpx__Shape sh = DCPX__SHAPE__INIT;
+  Dcpx__Shape sh;
   Dcpx__Region regs[DCPX_REGION_MAX], *regp[DCPX_REGION_MAX];
   size_t nreg = 0;
   char names[DCPX_MAX_WORLD + 1][8], *namep[DCPX_MAX_WORLD + 1];
@@ -265,13 +251,7 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   rep.version = DCPX_PROTO_VERSION;
   jr.reply = &rep;
   jr.generation = g->generation;
-  sh.world = W;
-  sh.rows = g->shape.rows;
-  sh.topk = g->shape.topk;
-  sh.local_topk = g->shape.local_topk;
-  sh.block_size = g->shape.block_size;
-  sh.interleave = g->shape.interleave;
-  sh.max_local = g->shape.max_local;
+  dcpx__shape_to_pb(&g->shape, &sh);
   jr.shape = &sh;
   jr.transport = g->transport;
   jr.backend = g->backend;
@@ -897,13 +877,7 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
                        DCPX_GROUP_NAME_MAX);
   if (!j->shape)
     return join_refuse(c, DCPX_E_INVAL, "Join without a shape");
-  shape.world = j->shape->world;
-  shape.rows = j->shape->rows;
-  shape.topk = j->shape->topk;
-  shape.local_topk = j->shape->local_topk;
-  shape.block_size = j->shape->block_size;
-  shape.interleave = j->shape->interleave;
-  shape.max_local = j->shape->max_local;
+  dcpx__shape_from_pb(j->shape, &shape);
   r = shape_explain(&shape, msg, sizeof(msg));
   if (r < 0)
     return join_refuse(c, r, "%s", msg);

@@ -1,5 +1,5 @@
 /* dcpxd-health.c - the alarm scan and the harvest of wait records
- * (DESIGN.md section 6).
+ * (docs/PROTOCOL.md section 6).
  *
  * The scan. Every poll-ms (a uv_timer that runs only while some group is
  * ready), the daemon reads the W alarm words of every ready group's

@@ -39,10 +39,6 @@ int dcpxd_log_level_from_string(const char *s) {
   return -EINVAL;
 }
 
-const char *dcpxd_log_level_to_string(int level) {
-  return level >= 0 && level < 8 ? level_names[level] : "?";
-}
-
 /* Copies fmt into out with every "%m" replaced by the error's text (its
  * '%' doubled, so that vsnprintf prints it as is). */
 static void expand_m(char *out, size_t size, const char *fmt, int error) {

@@ -26,7 +26,6 @@ int dcpxd_log_internal(int level, int error, const char *fmt, ...)
 
 /* Parses "err", "warning", "notice", "info", "debug" or a number 0..7. */
 int dcpxd_log_level_from_string(const char *s);
-const char *dcpxd_log_level_to_string(int level);
 
 #define log_full_errno(level, error, ...)                                      \
   ({                                                                           \

@@ -12,7 +12,7 @@
  *          can be passed by SCM_RIGHTS;
  *   zero   fill it with zeros again; may run on a libuv worker thread, and
  *          is only called while no client touches the buffer (every rank
- *          drained and acknowledged, DESIGN.md section 6);
+ *          drained and acknowledged, docs/PROTOCOL.md section 6);
  *   map    (host memory only) map it read-write into the daemon;
  *   free   release it (the fd is closed; clients keep their own mapping);
  *   adopt  (may be NULL: not supported) take over a buffer that a client

@@ -54,14 +54,7 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
   Dcpx__GroupInfo *gi = &x->gi;
 
   dcpx__group_info__init(gi);
-  dcpx__shape__init(&x->shape);
-  x->shape.world = g->shape.world;
-  x->shape.rows = g->shape.rows;
-  x->shape.topk = g->shape.topk;
-  x->shape.local_topk = g->shape.local_topk;
-  x->shape.block_size = g->shape.block_size;
-  x->shape.interleave = g->shape.interleave;
-  x->shape.max_local = g->shape.max_local;
+  dcpx__shape_to_pb(&g->shape, &x->shape);
   gi->name = g->name;
   gi->shape = &x->shape;
   gi->transport = g->transport;

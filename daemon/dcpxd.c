@@ -3,8 +3,8 @@
  * dcpxd owns, per group, the shared memory the ranks exchange through and
  * the control page they report health in; it does the rendezvous, watches
  * the alarm words, aborts and recovers groups, and keeps timeout records
- * (DESIGN.md section 7). It is never on the data path: a rank's calls touch
- * only memory it mapped from the fds the daemon handed out.
+ * (docs/PROTOCOL.md section 7). It is never on the data path: a rank's
+ * calls touch only memory it mapped from the fds the daemon handed out.
  *
  * One thread runs one libuv loop with these handles:
  *

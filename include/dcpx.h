@@ -33,7 +33,7 @@ extern "C" {
 #define DCPX_API
 #endif
 
-/* ---- limits (DESIGN.md section 1) ------------------------------------ */
+/* ---- limits (docs/PROTOCOL.md section 1) ------------------------------ */
 
 #define DCPX_MAX_WORLD 16
 #define DCPX_MAX_TOPK 4096
@@ -98,9 +98,9 @@ DCPX_API const char *dcpx_version(void);
 
 /* ---- shape -------------------------------------------------------------- */
 
-/* A group's shape (DESIGN.md section 1). `size` is sizeof(dcpx_shape) as the
- * caller compiled it, so the struct can grow: initialise with
- * DCPX_SHAPE_INIT and then set the fields. */
+/* A group's shape (docs/PROTOCOL.md section 1). `size` is
+ * sizeof(dcpx_shape) as the caller compiled it, so the struct can grow:
+ * initialise with DCPX_SHAPE_INIT and then set the fields. */
 typedef struct dcpx_shape {
   uint32_t size;
   uint32_t world;      /* W, 1..16 */
@@ -131,7 +131,7 @@ DCPX_API uint32_t dcpx_shape_auto_local_topk(uint32_t world, uint32_t topk);
  * (dcpx_member_warning). */
 DCPX_API const char *dcpx_shape_warning(const dcpx_shape *shape);
 
-/* ---- the order and the wire words (DESIGN.md sections 2 and 3) ---------- */
+/* ---- the order and the wire words (docs/PROTOCOL.md sections 2, 3) --- */
 
 /* 1 if the bf16 bits are a NaN (never a candidate). */
 DCPX_API int dcpx_bf16_isnan(uint32_t bits);
@@ -160,7 +160,7 @@ DCPX_API uint32_t dcpx_epoch_next(uint32_t e);
 DCPX_API int64_t dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
                           uint32_t interleave);
 
-/* ---- the CPU reference (DESIGN.md sections 2, 3 and 5) ------------------ */
+/* ---- the CPU reference (docs/PROTOCOL.md sections 2, 3 and 5) -------- */
 
 /* A rank's local top-`cap` list of one row, in wire words: its `cap` best
  * non-NaN elements of logits[0..len) in ascending l, then zeros, with the
@@ -277,6 +277,15 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
  * DCPX_E_NOSYS (backend not built), connection errors. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
+
+/* Why dcpxd refused the last dcpx_join on this client: the daemon's own
+ * text (Reply.error, e.g. "shape mismatch: topk 2048, group has 1024"), or
+ * NULL when the last join succeeded, failed before dcpxd answered (a
+ * connection error, a timeout, an argument libdcpx itself refused), or
+ * dcpxd gave no reason; dcpx_strerror of the returned code still names
+ * the error then. Valid until the next dcpx_join on the client or
+ * dcpx_disconnect. Like the client, not safe to share between threads. */
+DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
 
 /* The warning dcpxd sent with the join reply (dcpx_shape_warning), or
  * NULL. Valid until dcpx_leave. */

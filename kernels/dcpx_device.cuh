@@ -690,7 +690,7 @@ DCPX_D void dcpx_dev_list_bounds(const uint32_t *list, uint32_t total, uint32_t 
   __syncthreads();
 }
 
-/* ---- the local list (DESIGN.md section 3) -------------------------------- */
+/* ---- the local list (docs/PROTOCOL.md section 3) -------------------------------- */
 
 /* Two bf16 (one per half word) -> two ord16 keys, NaN -> 0:
  * ord16 = b ^ (negative ? 0xFFFF : 0x8000), and a half is NaN iff
@@ -1090,7 +1090,7 @@ DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
   dcpx_dev_local_exact(S, &R, cap, words);
 }
 
-/* ---- bounded waits (DESIGN.md section 6) --------------------------------- */
+/* ---- bounded waits (docs/PROTOCOL.md section 6) --------------------------------- */
 
 /* How the waits learn of an abort, their own rank's FAILED word and the
  * timeout without a storm of PCIe reads (the control page is host
@@ -1279,7 +1279,7 @@ DCPX_D void dcpx_dev_fault_hook(const dcpx_wctx *w, uint32_t e) {
   }
 }
 
-/* ---- the rescue list (DESIGN.md section 5.4, docs/PROTOCOL.md) ----------- */
+/* ---- the rescue list (docs/PROTOCOL.md section 5.4, docs/PROTOCOL.md) ----------- */
 
 /* The rescue list from the rank's own local top-K list kl (device memory,
  * written by this call's push): its entries with ord16 >= t1, in order,
@@ -1378,7 +1378,7 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
   __syncthreads();
 }
 
-/* ---- outputs (DESIGN.md section 5.6) ------------------------------------ */
+/* ---- outputs (docs/PROTOCOL.md section 5.6) ------------------------------------ */
 
 /* What the output stage needs besides the row's selection. */
 typedef struct dcpx_out_args {

@@ -18,10 +18,10 @@
  *     outside any stream capture: it raises the kernels' dynamic shared
  *     memory limits.
  *
- * Ordering the caller must keep (DESIGN.md section 4): on a rank's stream,
- * push(n) -> merge(n) -> push(n+1) -> merge(n+1) ... The merge writes the
- * epochs, and the stream order is what guarantees that the rank's own push
- * grid has completed before that.
+ * Ordering the caller must keep (docs/PROTOCOL.md section 4): on a rank's
+ * stream, push(n) -> merge(n) -> push(n+1) -> merge(n+1) ... The merge
+ * writes the epochs, and the stream order is what guarantees that the
+ * rank's own push grid has completed before that.
  *
  * Several ranks on ONE GPU (tests, benches): every merge grid must be
  * co-resident with every other rank's merge grid and leave room for the
@@ -151,10 +151,10 @@ static inline int dcpx_k_klist_wanted(const dcpx_kctx *c) {
  * call path. */
 int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm);
 
-/* Push (DESIGN.md sections 3-4): for each row t < rows, this rank's local
- * top-N of logits[t * stride + 0 .. row_ends[t]) in wire words, stored with
- * epoch next(epoch[t]) into every rank's LL slots. row_ends[t] is clamped
- * to [0, min(max_local, stride)]. Block 0 advances the call sequence
+/* Push (docs/PROTOCOL.md sections 3-4): for each row t < rows, this rank's
+ * local top-N of logits[t * stride + 0 .. row_ends[t]) in wire words,
+ * stored with epoch next(epoch[t]) into every rank's LL slots. row_ends[t]
+ * is clamped to [0, min(max_local, stride)]. Block 0 advances the call sequence
  * (layout.h call_seq, the call tag of wait records: it lives in device
  * memory, so a CUDA graph replay counts too). The push reads the group's
  * abort word and its own FAILED word once and, when either is set, stores
@@ -162,7 +162,7 @@ int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm);
 int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
                 uint64_t stride, const int32_t *row_ends, cudaStream_t s);
 
-/* Merge (DESIGN.md sections 4-6) of rows t < rows. Outputs (device):
+/* Merge (docs/PROTOCOL.md sections 4-6) of rows t < rows. Outputs (device):
  *   rows_out  [rows][K]  KV rows of this rank's selected elements, ascending
  *                        l, -1 padded
  *   valid_out [rows]     their count; -1 when the row's call failed (a wait
@@ -183,7 +183,7 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
 
 /* ---- the NCCL transport (nccl.cu) ----------------------------------------
  *
- * For ranks without P2P access (DESIGN.md section 7). The context names
+ * For ranks without P2P access (docs/PROTOCOL.md section 7). The context names
  * this rank's workspace (only sat_word and stats are used) and its NCCL
  * buffer (common/layout.h, dcpx_nccl_layout: send, recv, rsend, rrecv,
  * mask, bits), both device memory of this rank's GPU. The caller

@@ -1,4 +1,4 @@
-/* merge.cu - the merge of DESIGN.md section 5 / docs/PROTOCOL.md, one block
+/* merge.cu - the merge of docs/PROTOCOL.md section 5, one block
  * per row (a block walks rows t = blockIdx.x, t += gridDim.x when the grid
  * is capped).
  *

@@ -1,9 +1,9 @@
-/* nccl.cu - the kernels of the NCCL transport (DESIGN.md section 7: "an
+/* nccl.cu - the kernels of the NCCL transport (docs/PROTOCOL.md section 7: "an
  * NCCL all-gather of the candidate rows, then the same merge"), for ranks
  * without P2P access to each other. The buffers are common/layout.h's
  * dcpx_nccl_layout; libclient/nccl.c enqueues, on the caller's stream:
  *
- *   push:  lists kernel      row t's local top-N wire words (DESIGN.md
+ *   push:  lists kernel      row t's local top-N wire words (docs/PROTOCOL.md
  *                            section 3, no LL tags) -> send[t]
  *          ncclAllGather     send [rows][rw_n] -> recv [W][rows][rw_n]
  *   merge: round-1 kernel    per row: S1 = top-K of the W lists (flat (r, l)

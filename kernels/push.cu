@@ -1,4 +1,4 @@
-/* push.cu - the push of DESIGN.md sections 3-4, one block per row.
+/* push.cu - the push of docs/PROTOCOL.md sections 3-4, one block per row.
  *
  * Per row t of rank `me`: e = next(epoch[t]) from the own workspace (the
  * merge of the previous call wrote it; stream order makes it visible);
@@ -12,7 +12,7 @@
  * The push never waits, so it never records, alarms or fails. It must not
  * start before this rank's merge of the previous call has completed (stream
  * order): that is what keeps parity e & 1's slots stable while peers read
- * them (DESIGN.md section 4).
+ * them (docs/PROTOCOL.md section 4).
  *
  * Shared memory: the selection state (static) plus, dynamic, the list
  * [row_words(N)] and the fast path's candidate buffers (DCPX_K_CAND entries
@@ -93,7 +93,7 @@ static __global__ void __launch_bounds__(PT)
   /* Abort and own FAILED, as this rank's kernels last saw them (the
    * device mirror, layout.h dcpx_rank_state: no PCIe read per block). A
    * merge that ended early set it, and only such a merge breaks the
-   * stream-order chain that keeps parity reuse safe (DESIGN.md 4). */
+   * stream-order chain that keeps parity reuse safe (docs/PROTOCOL.md 4). */
   dcpx_rank_state *st = (dcpx_rank_state *)(c.ws + c.L.off_call);
   uint32_t seen = 0;
   /* PDL: everything earlier in the stream (the engine's logits, this

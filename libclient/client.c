@@ -70,8 +70,16 @@ static int recv_within(int sock, int ms, Dcpx__Frame **ret, int *fds,
   return dcpx__frame_recv(sock, ret, fds, maxfds, ret_nfds);
 }
 
-/* Connects and says hello. */
-static int open_conn(const char *path, int *ret_sock) {
+/* Copies the daemon's reason of a refusal (Reply.error) into err. */
+static void keep_error(char *err, size_t errlen, const Dcpx__Reply *rep) {
+  if (err && errlen && rep && rep->error && rep->error[0])
+    snprintf(err, errlen, "%s", rep->error);
+}
+
+/* Connects and says hello. With err, a refused Hello leaves the daemon's
+ * reason there. */
+static int open_conn(const char *path, int *ret_sock, char *err,
+                     size_t errlen) {
   struct sockaddr_un sa;
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
   Dcpx__Hello hello = DCPX__HELLO__INIT;
@@ -97,10 +105,12 @@ static int open_conn(const char *path, int *ret_sock) {
   r = recv_within(s, HELLO_TIMEOUT_MS, &rep, NULL, 0, NULL);
   if (r < 0)
     goto fail;
-  if (rep->msg_case != DCPX__FRAME__MSG_REPLY)
+  if (rep->msg_case != DCPX__FRAME__MSG_REPLY || !rep->reply)
     r = DCPX_E_PROTO;
-  else if (rep->reply->status < 0)
+  else if (rep->reply->status < 0) {
     r = rep->reply->status;
+    keep_error(err, errlen, rep->reply);
+  }
   dcpx__frame_free(rep);
   if (r < 0)
     goto fail;
@@ -123,7 +133,8 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
     path = DCPX_DEFAULT_SOCKET;
   if (strlen(path) >= sizeof(c->path))
     return DCPX_E_RANGE;
-  r = open_conn(path, &s); /* fails early if no daemon speaks our version */
+  r = open_conn(path, &s, NULL, 0); /* fails early if no daemon speaks our
+                                      version */
   if (r < 0)
     return r;
   close(s);
@@ -283,12 +294,14 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
               const dcpx_join_opts *o, dcpx_member **ret_member) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
   Dcpx__Join j = DCPX__JOIN__INIT;
-  Dcpx__Shape sh = DCPX__SHAPE__INIT;
+  Dcpx__Shape sh;
   char node[256];
   int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
   dcpx_member *m;
 
   dcpx_shape auto_shape;
+  if (c)
+    c->last_error[0] = '\0';
   if (!c || !o || !ret_member || o->size < sizeof(dcpx_join_opts))
     return DCPX_E_INVAL;
   shape = shape_resolved(shape, &auto_shape);
@@ -337,17 +350,11 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   dcpx_layout_compute(&m->L, shape->world, shape->rows, shape->topk,
                       shape->local_topk);
 
-  r = open_conn(c->path, &m->sock);
+  r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error));
   if (r < 0)
     goto fail;
 
-  sh.world = shape->world;
-  sh.rows = shape->rows;
-  sh.topk = shape->topk;
-  sh.local_topk = shape->local_topk;
-  sh.block_size = shape->block_size;
-  sh.interleave = shape->interleave;
-  sh.max_local = shape->max_local;
+  dcpx__shape_to_pb(shape, &sh);
   if (gethostname(node, sizeof(node)) < 0)
     strcpy(node, "?");
   node[sizeof(node) - 1] = 0;
@@ -398,8 +405,10 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
       goto fail;
     if (rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY)
       break;
-    if (rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply->status < 0) {
+    if (rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply &&
+        rep->reply->status < 0) {
       r = rep->reply->status;
+      keep_error(c->last_error, sizeof(c->last_error), rep->reply);
       goto fail;
     }
     for (int i = 0; i < nfds; i++)
@@ -413,8 +422,10 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     goto fail;
   }
   r = rep->join_reply->reply->status;
-  if (r < 0)
+  if (r < 0) {
+    keep_error(c->last_error, sizeof(c->last_error), rep->join_reply->reply);
     goto fail;
+  }
   r = member_map(m, rep->join_reply, fds, nfds);
   if (r < 0)
     goto fail;
@@ -450,6 +461,10 @@ fail:
   dcpx__frame_free(rep);
   member_free(m);
   return r;
+}
+
+const char *dcpx_client_last_error(const dcpx_client *c) {
+  return c && c->last_error[0] ? c->last_error : NULL;
 }
 
 const char *dcpx_member_warning(const dcpx_member *m) {
@@ -527,7 +542,7 @@ static int link_reattach_start(dcpx_member *m) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__Hello hello = DCPX__HELLO__INIT;
   Dcpx__Join j = DCPX__JOIN__INIT;
-  Dcpx__Shape sh = DCPX__SHAPE__INIT;
+  Dcpx__Shape sh;
   const uint32_t W = m->shape.world;
   int fds[DCPX_MAX_WORLD + 1];
   char node[256];
@@ -560,13 +575,7 @@ static int link_reattach_start(dcpx_member *m) {
   if (r < 0)
     goto fail;
 
-  sh.world = W;
-  sh.rows = m->shape.rows;
-  sh.topk = m->shape.topk;
-  sh.local_topk = m->shape.local_topk;
-  sh.block_size = m->shape.block_size;
-  sh.interleave = m->shape.interleave;
-  sh.max_local = m->shape.max_local;
+  dcpx__shape_to_pb(&m->shape, &sh);
   if (gethostname(node, sizeof(node)) < 0)
     strcpy(node, "?");
   node[sizeof(node) - 1] = 0;

@@ -1,5 +1,6 @@
-/* host.c - the host backend: DESIGN.md's exchange and merge run on shared
- * memory (memfds owned by dcpxd), synchronously on the calling thread.
+/* host.c - the host backend: the exchange and merge of docs/PROTOCOL.md
+ * run on shared memory (memfds owned by dcpxd), synchronously on the
+ * calling thread.
  *
  * It is the CUDA kernels' protocol, step for step, with CPU memory
  * ordering:
@@ -19,7 +20,7 @@
  *          seq2[t] = q; then the outputs, and last epoch[t] = e.
  *
  * Invariants:
- *  1. Synchronous calls give the ordering DESIGN.md section 4 needs for
+ *  1. Synchronous calls give the ordering docs/PROTOCOL.md section 4 needs for
  *     free: a rank's push of call n+1 starts after its merge of call n
  *     returned, so a parity's slots are never rewritten while a peer reads
  *     them, and a rescue slot is rewritten only with the next q of its row.
@@ -108,7 +109,7 @@ void dcpx__host_fini(struct dcpx_member *m) {
  * launch that failed) would leave its epochs one call behind its peers',
  * and the next call would silently pair different calls. So the rank
  * raises its alarm and sets FAILED, as a timed-out wait does: dcpxd aborts
- * the group and every rank recovers (DESIGN.md section 6). */
+ * the group and every rank recovers (docs/PROTOCOL.md section 6). */
 void dcpx__member_fail(struct dcpx_member *m) {
   dcpx_rank_health *h = &m->health[m->rank];
   __atomic_store_n(&h->alarm, 1u, __ATOMIC_RELEASE);

@@ -14,6 +14,8 @@
 
 struct dcpx_client {
   char path[108]; /* sun_path */
+  /* dcpxd's reason for refusing the last dcpx_join, or "" */
+  char last_error[512];
 };
 
 struct dcpx__cuda; /* cuda.c */

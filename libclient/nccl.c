@@ -1,5 +1,5 @@
 /* nccl.c - libdcpx's NCCL transport (HAVE_NCCL only): the fallback
- * exchange for groups whose ranks lack P2P access (DESIGN.md section 7).
+ * exchange for groups whose ranks lack P2P access (docs/PROTOCOL.md section 7).
  *
  * At join (cuda.c calls in here once the transport resolved to nccl):
  *   - rank 0 made an NCCL unique id before its Join (dcpx__nccl_unique_id)

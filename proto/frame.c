@@ -9,6 +9,16 @@
 #include "dcpx.h"
 #include "frame.h"
 
+/* The wire enums are the public constants (common/transport.h's name
+ * tables and the client pass one for the other). */
+_Static_assert(DCPX__TRANSPORT__TRANSPORT_AUTO == DCPX_TRANSPORT_AUTO &&
+                   DCPX__TRANSPORT__TRANSPORT_LL == DCPX_TRANSPORT_LL &&
+                   DCPX__TRANSPORT__TRANSPORT_NCCL == DCPX_TRANSPORT_NCCL,
+               "Transport enum != DCPX_TRANSPORT_*");
+_Static_assert(DCPX__BACKEND__BACKEND_HOST == DCPX_BACKEND_HOST &&
+                   DCPX__BACKEND__BACKEND_CUDA == DCPX_BACKEND_CUDA,
+               "Backend enum != DCPX_BACKEND_*");
+
 /* ---- text: UTF-8, group names ------------------------------------------ */
 
 /* Length of the valid UTF-8 sequence (no NUL, no surrogate, no overlong
@@ -263,6 +273,29 @@ fail:
     close(fds[i]);
   free(buf);
   return r;
+}
+
+void dcpx__shape_to_pb(const dcpx_shape *in, Dcpx__Shape *out) {
+  dcpx__shape__init(out);
+  out->world = in->world;
+  out->rows = in->rows;
+  out->topk = in->topk;
+  out->local_topk = in->local_topk;
+  out->block_size = in->block_size;
+  out->interleave = in->interleave;
+  out->max_local = in->max_local;
+}
+
+void dcpx__shape_from_pb(const Dcpx__Shape *in, dcpx_shape *out) {
+  memset(out, 0, sizeof(*out));
+  out->size = sizeof(*out);
+  out->world = in->world;
+  out->rows = in->rows;
+  out->topk = in->topk;
+  out->local_topk = in->local_topk;
+  out->block_size = in->block_size;
+  out->interleave = in->interleave;
+  out->max_local = in->max_local;
 }
 
 void dcpx__frame_free(Dcpx__Frame *f) {

@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 
+#include "dcpx.h"
 #include "proto/dcpx.pb-c.h"
 
 #define DCPX_PROTO_VERSION 1u
@@ -51,6 +52,13 @@ DCPX__HIDDEN int dcpx__text_ok(const void *data, size_t n);
 DCPX__HIDDEN void dcpx__text_clean(char *s);
 /* 1 if s is a group name: 1..DCPX_GROUP_NAME_MAX bytes of [A-Za-z0-9._-]. */
 DCPX__HIDDEN int dcpx__group_name_ok(const char *s);
+
+/* A shape on the wire and back: the one copy of its seven fields.
+ * dcpx__shape_to_pb initialises *out; dcpx__shape_from_pb sets out->size to
+ * sizeof(dcpx_shape), and fields a sender left out read as 0 (which
+ * dcpx_shape_check refuses). */
+DCPX__HIDDEN void dcpx__shape_to_pb(const dcpx_shape *in, Dcpx__Shape *out);
+DCPX__HIDDEN void dcpx__shape_from_pb(const Dcpx__Shape *in, dcpx_shape *out);
 
 /* Reply helpers. */
 DCPX__HIDDEN int dcpx__send_reply(int sock, int status, const char *error);

@@ -5,7 +5,7 @@
 #
 # On a machine with an NVIDIA GPU and a CUDA build, the ranks use the CUDA
 # backend; they share GPU 0 (pass --spread to put rank r on GPU r % count),
-# so MPS is started for the run and stopped after (shared/GPU.md: without
+# so MPS is started for the run and stopped after (docs/GPU.md: without
 # it, processes on one GPU time-slice). Elsewhere: the host backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-build.sh - the build the GPU machine runs (shared/GPU.md's recipe):
+# gpu-build.sh - the build the GPU machine runs (docs/GPU.md's recipe):
 # static libdcpx, libuv and protobuf-c linked statically, kernels for sm_90,
 # out of tree in build-gpu/ (ignored by git; carry it to the GPU machine).
 # The source is a clean export of the working tree, so an in-tree build

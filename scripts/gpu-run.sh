@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-run.sh - everything the GPU machine proves, in one run (shared/GPU.md).
+# gpu-run.sh - everything the GPU machine proves, in one run (docs/GPU.md).
 #
 #   On the development machine:  bash scripts/gpu-build.sh   (-> build-gpu/)
 #   On the GPU machine, from the repo root, with build-gpu/ carried:

@@ -270,15 +270,9 @@ static int raw_join(int s, const char *group, uint32_t rank,
                     const dcpx_shape *sh, int wait_reply) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
   Dcpx__Join j = DCPX__JOIN__INIT;
-  Dcpx__Shape ps = DCPX__SHAPE__INIT;
+  Dcpx__Shape ps;
   int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
-  ps.world = sh->world;
-  ps.rows = sh->rows;
-  ps.topk = sh->topk;
-  ps.local_topk = sh->local_topk;
-  ps.block_size = sh->block_size;
-  ps.interleave = sh->interleave;
-  ps.max_local = sh->max_local;
+  dcpx__shape_to_pb(sh, &ps);
   j.group = (char *)group;
   j.shape = &ps;
   j.rank = rank;
@@ -404,11 +398,11 @@ START_TEST(test_bad_joins) {
   ck_assert_int_eq(raw_hello(s1, DCPX_PROTO_VERSION), 0);
   ck_assert_int_eq(raw_join(s1, "big", 0, &other, 1), DCPX_E_LIMIT);
   other = sh;
-  other.topk = 8192;
-  ck_assert_int_lt(raw_join(s1, "big2", 0, &other, 1), 0);
+  other.topk = 8192; /* K over DCPX_MAX_TOPK */
+  ck_assert_int_eq(raw_join(s1, "big2", 0, &other, 1), DCPX_E_LIMIT);
   other = sh;
-  other.local_topk = other.topk;
-  ck_assert_int_lt(raw_join(s1, "big3", 0, &other, 1), 0);
+  other.local_topk = other.topk; /* N >= K */
+  ck_assert_int_eq(raw_join(s1, "big3", 0, &other, 1), DCPX_E_INVAL);
   close(s1);
   /* A client that disconnects mid-join frees its rank. */
   close(s0);
@@ -449,17 +443,13 @@ START_TEST(test_daemon_survives_abuse) {
     f.join = &j;
     ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
     int fds[4], nfds = 0;
-    int r = dcpx__frame_recv(s, &rep, fds, 4, &nfds);
-    if (r == 0) {
-      int st = rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY &&
-                       rep->join_reply->reply
-                   ? rep->join_reply->reply->status
-                   : rep->msg_case == DCPX__FRAME__MSG_REPLY
-                         ? rep->reply->status
-                         : 0;
-      ck_assert_int_lt(st, 0);
-      dcpx__frame_free(rep);
-    }
+    ck_assert_int_eq(dcpx__frame_recv(s, &rep, fds, 4, &nfds), 0);
+    ck_assert_int_eq(nfds, 0);
+    ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_JOIN_REPLY);
+    ck_assert_ptr_nonnull(rep->join_reply->reply);
+    ck_assert_int_eq(rep->join_reply->reply->status, DCPX_E_INVAL);
+    ck_assert_str_eq(rep->join_reply->reply->error, "Join without a shape");
+    dcpx__frame_free(rep);
   }
   close(s);
   /* An oversized frame. */
@@ -476,7 +466,7 @@ START_TEST(test_daemon_survives_abuse) {
     dcpx_shape sh;
     spec sp = small("early", 1);
     shape_of(&sp, &sh);
-    ck_assert_int_lt(raw_join(s, "early", 0, &sh, 1), 0);
+    ck_assert_int_eq(raw_join(s, "early", 0, &sh, 1), DCPX_E_PROTO);
   }
   close(s);
   /* Still serving. */
@@ -511,6 +501,77 @@ START_TEST(test_client_side_errors) {
 }
 END_TEST
 
+/* A join dcpxd refuses leaves the daemon's reason on the client
+ * (dcpx_client_last_error); one libdcpx refuses itself, or a success,
+ * leaves none. */
+START_TEST(test_refused_join_reason) {
+  dcpx_client *c0, *c1;
+  dcpx_member *m;
+  dcpx_shape sh, other;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  spec sp = small("why", 2);
+  shape_of(&sp, &sh);
+  daemon_start();
+
+  /* Rank 0 holds the group forming, on a raw connection. */
+  int s0 = raw_connect();
+  ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
+  raw_join(s0, "why", 0, &sh, 0);
+  usleep(100000);
+
+  ck_assert_int_eq(dcpx_connect(g_sock, &c1), 0);
+  ck_assert_ptr_null(dcpx_client_last_error(c1));
+  ck_assert_ptr_null(dcpx_client_last_error(NULL));
+  other = sh;
+  other.topk = 32; /* the group's is 64 */
+  jo.group = "why";
+  jo.rank = 1;
+  jo.timeout_ns = 5000000000ull; /* raw_join's */
+  ck_assert_int_eq(dcpx_join(c1, &other, &jo, &m), DCPX_E_SHAPE);
+  const char *why = dcpx_client_last_error(c1);
+  ck_assert_ptr_nonnull(why);
+  ck_assert_msg(strstr(why, "shape mismatch") && strstr(why, "32") &&
+                    strstr(why, "64"),
+                "refused join's reason: '%s'", why);
+  /* A duplicate rank: the daemon's text names the rank and the group. */
+  jo.rank = 0;
+  ck_assert_int_eq(dcpx_join(c1, &sh, &jo, &m), DCPX_E_DUPRANK);
+  why = dcpx_client_last_error(c1);
+  ck_assert_ptr_nonnull(why);
+  ck_assert_msg(strstr(why, "rank 0") && strstr(why, "'why'"),
+                "duplicate rank's reason: '%s'", why);
+  /* Refused by libdcpx before dcpxd sees it: no daemon text. */
+  jo.rank = 2;
+  ck_assert_int_eq(dcpx_join(c1, &sh, &jo, &m), DCPX_E_BADRANK);
+  ck_assert_ptr_null(dcpx_client_last_error(c1));
+  jo.rank = 0;
+  ck_assert_int_eq(dcpx_join(c1, &sh, &jo, &m), DCPX_E_DUPRANK);
+  ck_assert_ptr_nonnull(dcpx_client_last_error(c1));
+
+  /* A join that succeeds clears it. */
+  close(s0);
+  usleep(100000);
+  jo.rank = 1;
+  ck_assert_int_eq(dcpx_connect(g_sock, &c0), 0);
+  dcpx_member *m0 = NULL, *m1 = NULL;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dcpx_join_opts j0 = jo;
+    j0.rank = 0;
+    _exit(dcpx_join(c0, &sh, &j0, &m0) == 0 && dcpx_leave(m0) == 0 ? 0 : 1);
+  }
+  ck_assert_int_eq(dcpx_join(c1, &sh, &jo, &m1), 0);
+  ck_assert_ptr_null(dcpx_client_last_error(c1));
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ck_assert_int_eq(dcpx_leave(m1), 0);
+  dcpx_disconnect(c0);
+  dcpx_disconnect(c1);
+  daemon_stop();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("end-to-end");
@@ -522,6 +583,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_joins);
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
+  tcase_add_test(tc, test_refused_join_reason);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

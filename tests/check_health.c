@@ -996,8 +996,10 @@ int main(void) {
 #undef ADD
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
+  hh_owner = getpid();
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  hh_cleanup_owned(); /* what a failed test left in /tmp */
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

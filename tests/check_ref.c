@@ -1,12 +1,12 @@
 /* check_ref.c - the CPU reference (common/ref.c, common/merge.c) against a
- * brute-force oracle written from DESIGN.md sections 2, 3 and 5 alone.
+ * brute-force oracle written from docs/PROTOCOL.md sections 2, 3 and 5 alone.
  *
  * The oracle shares no code with the reference:
  *   - its order comes from the float values: every non-NaN bf16 pattern is
  *     ranked once by widening it to float32 (ties only at +-0, where -0
  *     ranks lower), so it does not even use ord16; ord16 is used only where
- *     DESIGN.md puts it in an output (sat_word, wire words), through its own
- *     copy of the formula;
+ *     docs/PROTOCOL.md puts it in an output (sat_word, wire words), through
+ *     its own copy of the formula;
  *   - a row's exact top-K is the first K of all its (value, r, l) keys
  *     sorted with qsort;
  *   - rank r's local top-N list is the first N of rank r's keys in that
@@ -118,7 +118,7 @@ static void oracle_init(void) {
   o_nvalues = n;
 }
 
-/* DESIGN.md section 2, copied: only for outputs that carry ord16. */
+/* docs/PROTOCOL.md section 2, copied: only for outputs that carry ord16. */
 static uint32_t spec_ord16(uint32_t b) {
   b &= 0xFFFFu;
   return (b & 0x8000u) ? (~b & 0xFFFFu) : (b | 0x8000u);
@@ -1634,8 +1634,9 @@ START_TEST(test_round1) {
 }
 END_TEST
 
-/* The oracle's own order agrees with DESIGN.md's ord16 (so the oracle and
- * the spec describe the same order; check_wire tests the library's). */
+/* The oracle's own order agrees with the ord16 of docs/PROTOCOL.md (so the
+ * oracle and the spec describe the same order; check_wire tests the
+ * library's). */
 START_TEST(test_oracle_order) {
   ck_assert_uint_eq(o_nvalues, 65536u - 254u);
   for (uint32_t i = 1; i < o_nvalues; i++)

@@ -92,7 +92,10 @@ START_TEST(test_invalid) {
   ck_assert_str_eq(dcpx__transport_name(DCPX_TRANSPORT_LL), "ll");
   ck_assert_str_eq(dcpx__transport_name(DCPX_TRANSPORT_NCCL), "nccl");
   ck_assert_str_eq(dcpx__transport_name(DCPX_TRANSPORT_AUTO), "auto");
-  ck_assert_str_eq(dcpx__transport_name(9), "?");
+  ck_assert_str_eq(dcpx__transport_name(9), "unknown");
+  ck_assert_str_eq(dcpx__backend_name(DCPX_BACKEND_HOST), "host");
+  ck_assert_str_eq(dcpx__backend_name(DCPX_BACKEND_CUDA), "cuda");
+  ck_assert_str_eq(dcpx__backend_name(2), "unknown");
 }
 END_TEST
 

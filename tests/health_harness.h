@@ -24,6 +24,7 @@
 #define DCPX_TESTS_HEALTH_HARNESS_H
 
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -90,6 +91,12 @@ HH_FN int hh_daemon_up(const hh_daemon *d) {
   return 0;
 }
 
+/* The test program's pid, set by its main() before any test forks: every
+ * daemon folder is /tmp/dcpx-health.<owner>.XXXXXX, so that the program can
+ * remove what a failed (or timed-out) test left behind
+ * (hh_cleanup_owned). 0: the calling process's pid. */
+static pid_t hh_owner __attribute__((unused));
+
 /* Starts dcpxd ($DCPXD) on d's socket and state dir, with the extra
  * arguments (NULL-terminated list), and waits until it answers. The first
  * start makes the folder. Returns 0, or -1 if it did not come up in 5 s. */
@@ -101,7 +108,8 @@ HH_FN int hh_daemon_start(hh_daemon *d, const char *const *extra) {
   if (!bin)
     bin = "./daemon/dcpxd";
   if (!d->dir[0]) {
-    strcpy(d->dir, "/tmp/dcpx-health.XXXXXX");
+    snprintf(d->dir, sizeof(d->dir), "/tmp/dcpx-health.%ld.XXXXXX",
+             (long)(hh_owner ? hh_owner : getpid()));
     if (!mkdtemp(d->dir))
       return -1;
     snprintf(d->sock, sizeof(d->sock), "%s/d.sock", d->dir);
@@ -161,6 +169,27 @@ HH_FN void hh_daemon_cleanup(hh_daemon *d) {
   if (d->dir[0])
     nftw(d->dir, hh_rm_entry, 8, FTW_DEPTH | FTW_PHYS);
   d->dir[0] = 0;
+}
+
+/* Removes every daemon folder of this test program (hh_owner), also those
+ * of tests that failed before their own cleanup: call it from main() after
+ * the suite ran. */
+HH_FN void hh_cleanup_owned(void) {
+  char prefix[64], path[320];
+  DIR *dir = opendir("/tmp");
+  struct dirent *e;
+
+  if (!dir)
+    return;
+  snprintf(prefix, sizeof(prefix), "dcpx-health.%ld.",
+           (long)(hh_owner ? hh_owner : getpid()));
+  while ((e = readdir(dir))) {
+    if (strncmp(e->d_name, prefix, strlen(prefix)))
+      continue;
+    snprintf(path, sizeof(path), "/tmp/%s", e->d_name);
+    nftw(path, hh_rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  }
+  closedir(dir);
 }
 
 /* The daemon's resident set, in KiB (-1 if unreadable). */
@@ -724,7 +753,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
   int32_t *vo = calloc(R, 4), *xv = calloc(R, 4);
   uint32_t *so = calloc(R, 4), *xs = calloc(R, 4);
   uint64_t resumed_at = first;
-  int r;
+  int r, rc = 1;
 
   hh_shape(sp, &shape);
   for (uint32_t d = 0; d < sp->W; d++) {
@@ -745,7 +774,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
   if (r < 0) {
     HH_ERR(st, "rank %u: join: %s", rank, dcpx_strerror(r));
     st->status = 2;
-    return 1;
+    goto out;
   }
   st->t_join_ns = hh_mono();
   if (replacement) {
@@ -756,7 +785,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
     if (r < 0) {
       HH_ERR(st, "rank %u (replacement): recover: %s", rank, dcpx_strerror(r));
       st->status = 2;
-      return 1;
+      goto out;
     }
     first = resumed_at = sh->resume_at;
   }
@@ -817,7 +846,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
           HH_ERR(st, "rank %u call %llu failed (%s) but valid_out[%u] = %d",
                  rank, (unsigned long long)cl, dcpx_strerror(r), t, vo[t]);
           st->status = 2;
-          return 1;
+          goto out;
         }
       if (sh->measure && r == DCPX_E_FAILED)
         hh_measure(m, f);
@@ -833,7 +862,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
         HH_ERR(st, "rank %u: recover after call %llu: %s", rank,
                (unsigned long long)cl, dcpx_strerror(r));
         st->status = 2;
-        return 1;
+        goto out;
       }
       uint64_t next = sh->resume_at > cl + 1 ? sh->resume_at : cl + 1;
       resumed_at = next;
@@ -845,7 +874,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
       HH_ERR(st, "rank %u call %llu: %s", rank, (unsigned long long)cl,
              dcpx_strerror(r));
       st->status = 2;
-      return 1;
+      goto out;
     }
     if (sh->check) {
       r = dcpx_ref_call(&shape, R, (const uint16_t *const *)lg, sp->L,
@@ -857,7 +886,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
         HH_ERR(st, "rank %u call %llu: not exact", rank,
                (unsigned long long)cl);
         st->status = 2;
-        return 1;
+        goto out;
       }
     }
     st->ok++;
@@ -869,9 +898,19 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
   if (dcpx_health(m, &hi) == 0)
     st->reattaches = hi.reattaches;
   dcpx_leave(m);
-  dcpx_disconnect(c);
   st->status = 1;
-  return 0;
+  rc = 0;
+out:
+  /* A failed rank returns without leaving (its process exit tells dcpxd,
+   * as a crash would); everything it allocated goes either way. */
+  dcpx_disconnect(c);
+  for (uint32_t d = 0; d < sp->W; d++) {
+    free(lg[d]);
+    free(en[d]);
+  }
+  free(req), free(bt), free(ro), free(xo), free(io), free(xi);
+  free(vo), free(xv), free(so), free(xs);
+  return rc;
 }
 
 /* Forks a rank process. */

@@ -2,8 +2,10 @@
  * dcpxd, every call checked against the CPU reference.
  *
  *   dcpx-demo [--world W] [--rows R] [--calls C] [--topk K] [--local-topk N]
- *             [--local-len L] [--socket PATH] [--dcpxd PATH] [--seed S]
- *             [--epoch-start E] [--group NAME] [--quiet]
+ *             [--local-len L] [--block-size B] [--interleave I]
+ *             [--socket PATH] [--dcpxd PATH] [--seed S] [--group NAME]
+ *             [--quiet] [--backend host|cuda] [--device N] [--spread]
+ *             [--fault-at CALL | --kill-at CALL] [--fault-rank R]
  *
  * Without --socket it starts a private dcpxd in a fresh runtime folder
  * (found next to this program as ../daemon/dcpxd, or $DCPXD) and stops it
@@ -47,7 +49,6 @@ typedef struct opts {
   uint32_t world, rows, calls, topk, local_topk, local_len, block_size,
       interleave;
   uint64_t seed;
-  uint32_t epoch_start;
   const char *socket, *dcpxd, *group;
   int quiet;
   int cuda;   /* 1: CUDA backend on `device` (one GPU for all ranks) */
@@ -519,7 +520,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  opts o = {8, 64, 50, 2048, 512, 16384, 64, 1, 1, 0, NULL, NULL, NULL,
+  opts o = {8, 64, 50, 2048, 512, 16384, 64, 1, 1, NULL, NULL, NULL,
             0, 0, 0, 0, -1, -1, 1, "."};
   {
     ssize_t k = readlink("/proc/self/exe", o.self_dir, sizeof(o.self_dir) - 1);

@@ -12,6 +12,11 @@
  *   3  cannot reach the daemon (not running, no permission, version
  *      mismatch, no answer)
  *   4  the daemon answered with an error (unknown group, refused command)
+ *   5  stats --output FILE could not be written
+ *
+ * except `check`, a monitoring plugin, which exits with the Nagios codes:
+ * 0 OK, 1 WARNING, 2 CRITICAL (also when dcpxd is unreachable), 3 UNKNOWN.
+ * `stats --format=openmetrics|prometheus` writes metrics for Prometheus.
  *
  * The JSON writer is the small one below (no dependency): compact output,
  * strings escaped per RFC 8259, bytes outside ASCII written as \u00XX, so
@@ -53,7 +58,10 @@ enum {
   EXIT_USAGE = 2,
   EXIT_UNREACHABLE = 3,
   EXIT_DAEMON_ERROR = 4,
+  EXIT_OUTPUT = 5,
 };
+
+enum { FMT_TEXT, FMT_OPENMETRICS, FMT_PROMETHEUS };
 
 static const char *arg_socket;
 static bool arg_json;
@@ -282,16 +290,25 @@ static void format_time(uint64_t ns, char *buf, size_t n) {
 /* ---- talking to dcpxd ---------------------------------------------------- */
 
 static int sock_fd = -1;
+/* The last error, for check's status line; check prints only that line
+ * (quiet_errors: nothing on stderr). */
+static char last_error[512];
+static bool quiet_errors;
 
 static int die_unreachable(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 static int die_unreachable(const char *fmt, ...) {
   va_list ap;
-  fputs("dcpxctl: ", stderr);
+  if (!quiet_errors) {
+    fputs("dcpxctl: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+  }
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(last_error, sizeof(last_error), fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
   return EXIT_UNREACHABLE;
 }
 
@@ -383,8 +400,11 @@ static int daemon_error(int status, const char *msg) {
     jw_obj_end(&w);
     fputc('\n', stdout);
   }
-  fprintf(stderr, "dcpxctl: dcpxd: %s (%s)\n",
-          msg && *msg ? msg : dcpx_strerror(status), dcpx_strerror(status));
+  if (!quiet_errors)
+    fprintf(stderr, "dcpxctl: dcpxd: %s (%s)\n",
+            msg && *msg ? msg : dcpx_strerror(status), dcpx_strerror(status));
+  snprintf(last_error, sizeof(last_error), "dcpxd: %s (%s)",
+           msg && *msg ? msg : dcpx_strerror(status), dcpx_strerror(status));
   return EXIT_DAEMON_ERROR;
 }
 
@@ -719,6 +739,296 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
     fprintf(stderr, "note: %s\n", qr->records_note);
 }
 
+/* ---- metrics: OpenMetrics and Prometheus text ---------------------------- */
+
+/* A label value, escaped as both formats want (\\, \", \n). */
+static void metric_label(const char *v) {
+  for (const char *p = v ? v : ""; *p; p++) {
+    if (*p == '\\')
+      fputs("\\\\", stdout);
+    else if (*p == '"')
+      fputs("\\\"", stdout);
+    else if (*p == '\n')
+      fputs("\\n", stdout);
+    else
+      putchar(*p);
+  }
+}
+
+enum {
+  M_CALLS,
+  M_ROWS,
+  M_RESCUE_ROWS,
+  M_FAILED_CALLS,
+  M_TIMEOUTS,
+  M_RANK_JOINED,
+  M_RANK_ALARM,
+  M_RANK_FAILED,
+  M_GROUP_INFO,
+  M_GENERATION,
+  M_JOINED,
+  M_WORLD,
+  M_ABORTED,
+  M_ABORTS,
+  M_RECOVERIES,
+  M_TIMEOUT_SECONDS,
+};
+
+static const struct {
+  int id;
+  const char *name; /* the family; counters get _total, info _info */
+  const char *type; /* counter, gauge, info */
+  bool per_rank;
+  const char *help;
+} metric_defs[] = {
+    {M_CALLS, "dcpx_calls", "counter", true,
+     "Calls completed by the rank (since it joined the group)"},
+    {M_ROWS, "dcpx_rows", "counter", true, "Rows merged by the rank"},
+    {M_RESCUE_ROWS, "dcpx_rescue_rows", "counter", true,
+     "Rows that needed a rescue round"},
+    {M_FAILED_CALLS, "dcpx_failed_calls", "counter", true,
+     "Calls that failed (timeout, abort)"},
+    {M_TIMEOUTS, "dcpx_timeouts", "counter", true,
+     "Timeout records kept by dcpxd for the rank"},
+    {M_RANK_JOINED, "dcpx_rank_joined", "gauge", true,
+     "1 when the rank is attached to the group"},
+    {M_RANK_ALARM, "dcpx_rank_alarm", "gauge", true,
+     "1 when the rank raised an alarm"},
+    {M_RANK_FAILED, "dcpx_rank_failed", "gauge", true,
+     "1 when the rank's last call failed"},
+    {M_GROUP_INFO, "dcpx_group", "info", false,
+     "The group's state, transport and backend"},
+    {M_GENERATION, "dcpx_group_generation", "gauge", false,
+     "The group's generation (1 + recoveries)"},
+    {M_JOINED, "dcpx_group_joined_ranks", "gauge", false,
+     "Ranks joined to the group"},
+    {M_WORLD, "dcpx_group_world_size", "gauge", false,
+     "Ranks the group was created for"},
+    {M_ABORTED, "dcpx_group_aborted", "gauge", false,
+     "1 when the group is aborted"},
+    {M_ABORTS, "dcpx_group_aborts", "counter", false, "Aborts of the group"},
+    {M_RECOVERIES, "dcpx_group_recoveries", "counter", false,
+     "Recoveries of the group"},
+    {M_TIMEOUT_SECONDS, "dcpx_group_wait_timeout_seconds", "gauge", false,
+     "The group's bounded-wait timeout"},
+};
+
+static uint64_t count_timeouts(const Dcpx__QueryReply *rr, const char *group,
+                               uint32_t rank) {
+  uint64_t n = 0;
+  for (size_t i = 0; rr && i < rr->n_records; i++) {
+    const Dcpx__Record *rec = rr->records[i];
+    if (rec->kind == DCPX_REC_TIMEOUT && rec->rank == rank && rec->group &&
+        strcmp(rec->group, group) == 0)
+      n++;
+  }
+  return n;
+}
+
+/* qr: the STATS answer; rr: the RECORDS answer (timeouts are counted).
+ * om: OpenMetrics 1.0 (a counter family "x" has samples "x_total", the text
+ * ends with "# EOF"); else the Prometheus text format 0.0.4 (the family is
+ * named as its samples). */
+static void metrics_out(const Dcpx__QueryReply *qr, const Dcpx__QueryReply *rr,
+                        bool om) {
+  for (size_t m = 0; m < sizeof(metric_defs) / sizeof(metric_defs[0]); m++) {
+    const char *name = metric_defs[m].name, *type = metric_defs[m].type;
+    const char *suffix = strcmp(type, "counter") == 0 ? "_total"
+                         : strcmp(type, "info") == 0  ? "_info"
+                                                      : "";
+    int id = metric_defs[m].id;
+    if (om) {
+      printf("# TYPE %s %s\n", name, type);
+      printf("# HELP %s %s.\n", name, metric_defs[m].help);
+      if (id == M_TIMEOUT_SECONDS)
+        printf("# UNIT %s seconds\n", name);
+    } else {
+      printf("# HELP %s%s %s.\n", name, suffix, metric_defs[m].help);
+      printf("# TYPE %s%s %s\n", name, suffix,
+             strcmp(type, "info") == 0 ? "gauge" : type);
+    }
+    for (size_t i = 0; i < qr->n_groups; i++) {
+      const Dcpx__GroupInfo *g = qr->groups[i];
+      if (!metric_defs[m].per_rank) {
+        printf("%s%s{group=\"", name, suffix);
+        metric_label(g->name);
+        if (id == M_GROUP_INFO) {
+          printf("\",state=\"");
+          metric_label(g->state);
+          printf("\",transport=\"%s\",backend=\"%s\"} 1\n",
+                 transport_name(g->transport), backend_name(g->backend));
+          continue;
+        }
+        printf("\"} ");
+        switch (id) {
+        case M_GENERATION:
+          printf("%u\n", g->generation);
+          break;
+        case M_JOINED:
+          printf("%u\n", g->joined);
+          break;
+        case M_WORLD:
+          printf("%u\n", g->shape ? g->shape->world : 0);
+          break;
+        case M_ABORTED:
+          printf("%d\n", (g->state && strcmp(g->state, "aborted") == 0) ||
+                             g->abort != 0);
+          break;
+        case M_ABORTS:
+          printf("%" PRIu64 "\n", g->aborts);
+          break;
+        case M_RECOVERIES:
+          printf("%" PRIu64 "\n", g->recoveries);
+          break;
+        case M_TIMEOUT_SECONDS:
+          printf("%.9f\n", (double)g->timeout_ns / 1e9);
+          break;
+        default:
+          printf("0\n");
+        }
+        continue;
+      }
+      for (size_t k = 0; k < g->n_ranks; k++) {
+        const Dcpx__RankInfo *r = g->ranks[k];
+        uint64_t v = 0;
+        if (!r)
+          continue;
+        switch (id) {
+        case M_CALLS:
+          v = r->calls;
+          break;
+        case M_ROWS:
+          v = r->rows;
+          break;
+        case M_RESCUE_ROWS:
+          v = r->rescue_rows;
+          break;
+        case M_FAILED_CALLS:
+          v = r->failed_calls;
+          break;
+        case M_TIMEOUTS:
+          v = count_timeouts(rr, g->name, r->rank);
+          break;
+        case M_RANK_JOINED:
+          v = r->joined;
+          break;
+        case M_RANK_ALARM:
+          v = r->alarm;
+          break;
+        case M_RANK_FAILED:
+          v = r->failed;
+          break;
+        }
+        printf("%s%s{group=\"", name, suffix);
+        metric_label(g->name);
+        printf("\",rank=\"%u\"} %" PRIu64 "\n", r->rank, v);
+      }
+    }
+  }
+  if (om)
+    printf("# EOF\n");
+}
+
+/* ---- help on each command ---------------------------------------------- */
+
+static const struct {
+  const char *name, *text;
+} cmd_help[] = {
+    {"groups", "Usage: dcpxctl groups [OPTIONS]\n"
+               "List the groups: state, generation, ranks joined, transport,\n"
+               "backend and shape.\n"},
+    {"health", "Usage: dcpxctl health [GROUP] [OPTIONS]\n"
+               "The groups' ranks (or GROUP's): state, pid, device, calls,\n"
+               "rescue rate, the last timeout record. Exit status 1 when a\n"
+               "group is aborted or recovering, or a rank dead, alarmed or\n"
+               "failed.\n"},
+    {"stats", "Usage: dcpxctl stats [GROUP] [--format=FORMAT] [--output=FILE]\n"
+              "                     [OPTIONS]\n"
+              "Per-rank calls, rows, rescued rows and failed calls.\n"
+              "\n"
+              "  --format=text         the tree (the default)\n"
+              "  --format=json         the same as --json\n"
+              "  --format=openmetrics  OpenMetrics text for Prometheus, per\n"
+              "                        group and rank (ends with # EOF)\n"
+              "  --format=prometheus   Prometheus text format 0.0.4, for the\n"
+              "                        node_exporter textfile collector\n"
+              "  --output=FILE         write to FILE instead of stdout: to a\n"
+              "                        temporary file renamed to FILE once\n"
+              "                        complete (exit status 5 if it cannot)\n"},
+    {"records",
+     "Usage: dcpxctl records [--group G] [--rank R] [--since T] [--until T]\n"
+     "                       [--limit N] [OPTIONS]\n"
+     "Timeout records, oldest first.\n"
+     "\n"
+     "  --group G   only group G\n"
+     "  --rank R    only rank R (-1: any)\n"
+     "  --since T   only records at or after T\n"
+     "  --until T   only records before T\n"
+     "  --limit N   only the newest N\n"
+     "\n"
+     "Times (T): now, 10m / 2h / 1d (that long ago), @UNIXSECONDS,\n"
+     "2025-01-31T12:00:00Z, or nanoseconds since the epoch.\n"},
+    {"reset", "Usage: dcpxctl reset --group G [OPTIONS]\n"
+              "Abort group G (if it is not yet) and recover it: its ranks\n"
+              "drain, acknowledge and resume at the next generation. Needs\n"
+              "an admin (root, or the daemon's uid or admin group).\n"},
+    {"fault",
+     "Usage: dcpxctl fault stall --group G --rank R [--epoch E] [--call C]\n"
+     "                           --ticks T [OPTIONS]\n"
+     "Stall block 0 of rank R once for T, at most the group's wait timeout\n"
+     "(needs dcpxd --enable-fault-injection).\n"
+     "\n"
+     "  --group G   the group\n"
+     "  --rank R    the rank that stalls\n"
+     "  --epoch E   the call at epoch E (0: any)\n"
+     "  --call C    the C-th call since the rank joined or the group last\n"
+     "              recovered (1 = the first; not the engine's call tag)\n"
+     "  --ticks T   the stall: nanoseconds, or a number with ns, us, ms, s\n"},
+    {"check",
+     "Usage: dcpxctl check [GROUP] [THRESHOLDS] [--socket PATH] [--timeout SEC]\n"
+     "A monitoring check (Nagios, Icinga, Sensu): one line of status text\n"
+     "and the plugin exit codes.\n"
+     "\n"
+     "  --rescue-warning PCT    WARNING when a group's rescue rate (rescued\n"
+     "                          rows / rows) is over PCT percent (default 50;\n"
+     "                          100 never warns)\n"
+     "  --rescue-critical PCT   CRITICAL when over PCT percent (default 100:\n"
+     "                          never)\n"
+     "  --records-window DUR    timeout records this recent count (default\n"
+     "                          15m; s, m, h, d)\n"
+     "  --records-warning N     WARNING at N or more recent timeout records\n"
+     "                          (default 1; 0: never)\n"
+     "  --records-critical N    CRITICAL at N or more (default 0: never)\n"
+     "\n"
+     "CRITICAL: a group aborted, a rank failed, dead or alarmed, or dcpxd\n"
+     "unreachable. WARNING: a group recovering, a rank awaiting its reattach\n"
+     "after a dcpxd restart, recent timeout records or a rescue rate over\n"
+     "the threshold.\n"
+     "\n"
+     "Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (usage error, or\n"
+     "dcpxd answered with an error, e.g. an unknown GROUP).\n"},
+};
+
+static const char common_opts_help[] =
+    "\n"
+    "Options of every command:\n"
+    "  --socket PATH   dcpxd's socket (default $DCPX_SOCKET, else\n"
+    "                  " DEFAULT_SOCKET ")\n"
+    "  --json          machine-readable output (not check)\n"
+    "  --timeout SEC   wait at most SEC seconds for an answer (default 10)\n"
+    "  -h, --help      this text\n";
+
+/* Prints the help of command `name`; returns EXIT_OK. */
+static int cmd_usage(const char *name) {
+  for (size_t i = 0; i < sizeof(cmd_help) / sizeof(cmd_help[0]); i++)
+    if (strcmp(cmd_help[i].name, name) == 0) {
+      fputs(cmd_help[i].text, stdout);
+      fputs(common_opts_help, stdout);
+      return EXIT_OK;
+    }
+  return usage_error("no help on '%s'", name);
+}
+
 /* ---- commands ------------------------------------------------------------ */
 
 /* Handles a global option (--socket, --json, --timeout), accepted before
@@ -742,20 +1052,84 @@ static int global_opt(int opt) {
   }
 }
 
+/* stats --output FILE: the output goes to FILE.tmp.PID, which replaces
+ * FILE once complete (rename), so that a reader (the node_exporter
+ * textfile collector) never sees half a file. Only once the answers are
+ * in: a failed query leaves FILE as it was. */
+static int output_begin(const char *path, char *tmp, size_t n) {
+  snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+  if (!freopen(tmp, "w", stdout)) {
+    fprintf(stderr, "dcpxctl: cannot write %s: %s\n", tmp, strerror(errno));
+    return EXIT_OUTPUT;
+  }
+  return 0;
+}
+
+static int output_end(const char *path, const char *tmp) {
+  bool ok = fflush(stdout) == 0 && !ferror(stdout) &&
+            fsync(fileno(stdout)) == 0;
+  int err = errno;
+  if (fclose(stdout) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (ok && rename(tmp, path) != 0) {
+    ok = false;
+    err = errno;
+  }
+  if (!ok) {
+    fprintf(stderr, "dcpxctl: cannot write %s: %s\n", path, strerror(err));
+    unlink(tmp);
+    return EXIT_OUTPUT;
+  }
+  return 0;
+}
+
 static int cmd_groups_like(int argc, char **argv, int what) {
   static const struct option opts[] = {
       {"socket", required_argument, NULL, 'S'},
       {"json", no_argument, NULL, 'J'},
       {"timeout", required_argument, NULL, 'T'},
+      {"format", required_argument, NULL, 'F'},
+      {"output", required_argument, NULL, 'o'},
+      {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   Dcpx__Query q = DCPX__QUERY__INIT;
   Dcpx__Frame *in = NULL;
-  int opt, r;
+  int opt, r, format = FMT_TEXT;
+  const char *output = NULL;
+  char tmp[4096];
 
   /* Options may follow the group name ("health GROUP --json"). */
-  while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     if (opt == '?')
       return EXIT_USAGE;
+    if (opt == 'h')
+      return cmd_usage(argv[0]);
+    if (opt == 'F') {
+      if (what != DCPX__QUERY__WHAT__STATS)
+        return usage_error("--format is an option of stats");
+      if (strcmp(optarg, "text") == 0)
+        format = FMT_TEXT;
+      else if (strcmp(optarg, "json") == 0)
+        arg_json = true;
+      else if (strcmp(optarg, "openmetrics") == 0)
+        format = FMT_OPENMETRICS;
+      else if (strcmp(optarg, "prometheus") == 0)
+        format = FMT_PROMETHEUS;
+      else
+        return usage_error("--format must be text, json, openmetrics or "
+                           "prometheus");
+      continue;
+    }
+    if (opt == 'o') {
+      if (what != DCPX__QUERY__WHAT__STATS)
+        return usage_error("--output is an option of stats");
+      if (!*optarg || strlen(optarg) > sizeof(tmp) - 32)
+        return usage_error("--output needs a file name");
+      output = optarg;
+      continue;
+    }
     if ((r = global_opt(opt)))
       return r;
   }
@@ -771,13 +1145,40 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   bool healthy = true;
   for (size_t i = 0; i < qr->n_groups; i++)
     healthy = healthy && group_healthy(qr->groups[i]);
-  if (arg_json)
+  if (format == FMT_OPENMETRICS || format == FMT_PROMETHEUS) {
+    Dcpx__Frame *rin = NULL;
+    Dcpx__Query rq = DCPX__QUERY__INIT;
+    /* The timeout records, counted per group and rank: a second ops
+     * connection (one query each). */
+    close(sock_fd);
+    sock_fd = -1;
+    rq.what = DCPX__QUERY__WHAT__RECORDS;
+    rq.group = q.group;
+    rq.rank = -1;
+    r = run_query(&rq, &rin);
+    if (r) {
+      dcpx__frame_free(in);
+      return r;
+    }
+    if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
+      dcpx__frame_free(rin);
+      dcpx__frame_free(in);
+      return r;
+    }
+    metrics_out(qr, rin->query_reply, format == FMT_OPENMETRICS);
+    dcpx__frame_free(rin);
+  } else if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
+    dcpx__frame_free(in);
+    return r;
+  } else if (arg_json)
     json_groups(qr, what == DCPX__QUERY__WHAT__HEALTH);
   else if (what == DCPX__QUERY__WHAT__GROUPS)
     human_groups(qr);
   else
     human_health(qr, what == DCPX__QUERY__WHAT__STATS);
   dcpx__frame_free(in);
+  if (output && (r = output_end(output, tmp)))
+    return r;
   if (what == DCPX__QUERY__WHAT__HEALTH && !healthy)
     return EXIT_UNHEALTHY;
   return EXIT_OK;
@@ -793,6 +1194,7 @@ static int cmd_records(int argc, char **argv) {
       {"socket", required_argument, NULL, 'S'},
       {"json", no_argument, NULL, 'J'},
       {"timeout", required_argument, NULL, 'T'},
+      {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   Dcpx__Query q = DCPX__QUERY__INIT;
   Dcpx__Frame *in = NULL;
@@ -802,7 +1204,7 @@ static int cmd_records(int argc, char **argv) {
   q.what = DCPX__QUERY__WHAT__RECORDS;
   q.group = "";
   q.rank = -1;
-  while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
     switch (opt) {
     case 'g':
       q.group = optarg;
@@ -824,6 +1226,8 @@ static int cmd_records(int argc, char **argv) {
         return usage_error("--limit must be a number");
       q.limit = (uint32_t)v;
       break;
+    case 'h':
+      return cmd_usage("records");
     case '?':
       return EXIT_USAGE;
     default:
@@ -876,6 +1280,7 @@ static int cmd_reset(int argc, char **argv) {
       {"socket", required_argument, NULL, 'S'},
       {"json", no_argument, NULL, 'J'},
       {"timeout", required_argument, NULL, 'T'},
+      {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   Dcpx__Command cmd = DCPX__COMMAND__INIT;
   int opt, r;
@@ -883,9 +1288,11 @@ static int cmd_reset(int argc, char **argv) {
   cmd.kind = DCPX__COMMAND__KIND__RESET;
   cmd.group = NULL;
   cmd.rank = -1;
-  while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
     if (opt == 'g')
       cmd.group = optarg;
+    else if (opt == 'h')
+      return cmd_usage("reset");
     else if (opt == '?')
       return EXIT_USAGE;
     else if ((r = global_opt(opt)))
@@ -913,12 +1320,16 @@ static int cmd_fault(int argc, char **argv) {
       {"socket", required_argument, NULL, 'S'},
       {"json", no_argument, NULL, 'J'},
       {"timeout", required_argument, NULL, 'T'},
+      {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   Dcpx__Command cmd = DCPX__COMMAND__INIT;
   bool have_rank = false, have_ticks = false;
   uint64_t v;
   int opt, r;
 
+  for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+      return cmd_usage("fault");
   if (argc < 2 || strcmp(argv[1], "stall") != 0)
     return usage_error("usage: fault stall --group G --rank R [--epoch E] "
                        "[--call C] --ticks T");
@@ -927,7 +1338,7 @@ static int cmd_fault(int argc, char **argv) {
   cmd.kind = DCPX__COMMAND__KIND__FAULT_STALL;
   cmd.group = NULL;
   cmd.call_tag = UINT64_MAX;
-  while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
     switch (opt) {
     case 'g':
       cmd.group = optarg;
@@ -979,6 +1390,238 @@ static int cmd_fault(int argc, char **argv) {
   return r;
 }
 
+/* ---- check: a monitoring plugin ------------------------------------------ */
+
+enum { NAGIOS_OK = 0, NAGIOS_WARNING = 1, NAGIOS_CRITICAL = 2,
+       NAGIOS_UNKNOWN = 3 };
+static const char *const nagios_name[] = {"OK", "WARNING", "CRITICAL",
+                                          "UNKNOWN"};
+
+/* One status line ("DCPX STATE - text"), and the code. */
+static int check_line(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int check_line(int code, const char *fmt, ...) {
+  va_list ap;
+  printf("DCPX %s - ", nagios_name[code]);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  putchar('\n');
+  return code;
+}
+
+/* Appends ", text" (or "text" at the start) to the problem list b. */
+static void problem(char *b, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void problem(char *b, size_t n, const char *fmt, ...) {
+  size_t k = strlen(b);
+  va_list ap;
+  if (k + 8 >= n)
+    return;
+  if (k)
+    k += (size_t)snprintf(b + k, n - k, ", ");
+  va_start(ap, fmt);
+  vsnprintf(b + k, n - k, fmt, ap);
+  va_end(ap);
+}
+
+static bool parse_pct(const char *s, double *ret) {
+  char *end;
+  double v;
+  if (!s || !*s)
+    return false;
+  errno = 0;
+  v = strtod(s, &end);
+  if (errno || end == s || (*end && strcmp(end, "%") != 0) || !(v >= 0) ||
+      v > 100)
+    return false;
+  *ret = v;
+  return true;
+}
+
+/* The answer of a query, or a check status (run_query's exit code mapped:
+ * unreachable is CRITICAL, a daemon error or a usage error UNKNOWN). */
+static int check_query(Dcpx__Query *q, Dcpx__Frame **in) {
+  int r;
+  if (sock_fd >= 0) {
+    close(sock_fd);
+    sock_fd = -1;
+  }
+  r = run_query(q, in);
+  if (r == EXIT_OK)
+    return -1;
+  if (r == EXIT_UNREACHABLE)
+    return check_line(NAGIOS_CRITICAL, "dcpxd unreachable: %s", last_error);
+  return check_line(NAGIOS_UNKNOWN, "%s",
+                    last_error[0] ? last_error : "query failed");
+}
+
+static int cmd_check(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"rescue-warning", required_argument, NULL, 'w'},
+      {"rescue-critical", required_argument, NULL, 'c'},
+      {"records-window", required_argument, NULL, 'W'},
+      {"records-warning", required_argument, NULL, 'r'},
+      {"records-critical", required_argument, NULL, 'R'},
+      {"socket", required_argument, NULL, 'S'},
+      {"timeout", required_argument, NULL, 'T'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  double rescue_warn = 50.0, rescue_crit = 100.0, max_rescue = 0.0;
+  uint64_t window_ns = 15ull * 60 * 1000000000ull, rec_warn = 1, rec_crit = 0;
+  uint64_t n_timeouts = 0;
+  Dcpx__Query q = DCPX__QUERY__INIT;
+  Dcpx__Frame *in = NULL;
+  char crit[1024] = "", warn[1024] = "", worst_group[128] = "";
+  unsigned live = 0, ranks = 0;
+  int opt, r, code;
+
+  arg_json = false;
+  quiet_errors = true;
+  opterr = 0; /* a bad option is the status line's UNKNOWN, not stderr */
+  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'h':
+      return cmd_usage("check");
+    case 'w':
+      if (!parse_pct(optarg, &rescue_warn))
+        return check_line(NAGIOS_UNKNOWN,
+                          "--rescue-warning must be a percentage 0..100");
+      break;
+    case 'c':
+      if (!parse_pct(optarg, &rescue_crit))
+        return check_line(NAGIOS_UNKNOWN,
+                          "--rescue-critical must be a percentage 0..100");
+      break;
+    case 'W':
+      if (!parse_duration_ns(optarg, &window_ns) || window_ns == 0)
+        return check_line(NAGIOS_UNKNOWN,
+                          "--records-window must be a duration > 0 (e.g. "
+                          "15m)");
+      break;
+    case 'r':
+      if (!parse_u64(optarg, &rec_warn))
+        return check_line(NAGIOS_UNKNOWN,
+                          "--records-warning must be a count (0: never)");
+      break;
+    case 'R':
+      if (!parse_u64(optarg, &rec_crit))
+        return check_line(NAGIOS_UNKNOWN,
+                          "--records-critical must be a count (0: never)");
+      break;
+    case 'S':
+      arg_socket = optarg;
+      break;
+    case 'T':
+      if ((r = global_opt(opt)))
+        return check_line(NAGIOS_UNKNOWN, "bad --timeout");
+      break;
+    default:
+      return check_line(NAGIOS_UNKNOWN,
+                        "bad option or missing argument: %s (see dcpxctl "
+                        "check --help)",
+                        optind > 0 && optind <= argc ? argv[optind - 1] : "?");
+    }
+  }
+  if (argc - optind > 1)
+    return check_line(NAGIOS_UNKNOWN, "too many arguments");
+
+  q.what = DCPX__QUERY__WHAT__HEALTH;
+  q.group = optind < argc ? argv[optind] : "";
+  q.rank = -1;
+  if ((code = check_query(&q, &in)) >= 0)
+    return code;
+  const Dcpx__QueryReply *qr = in->query_reply;
+  for (size_t i = 0; i < qr->n_groups; i++) {
+    const Dcpx__GroupInfo *g = qr->groups[i];
+    bool forming = g->state && strcmp(g->state, "forming") == 0;
+    uint64_t rows = 0, rescue = 0;
+    if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
+      problem(crit, sizeof(crit), "group %s aborted (%s)", g->name,
+              abort_name(g->abort));
+    else if (strcmp(g->state, "recovering") == 0)
+      problem(warn, sizeof(warn), "group %s recovering", g->name);
+    for (size_t k = 0; k < g->n_ranks; k++) {
+      const Dcpx__RankInfo *rk = g->ranks[k];
+      if (!rk)
+        continue;
+      ranks++;
+      rows += rk->rows;
+      rescue += rk->rescue_rows;
+      if (rk->joined && !rk->alarm && !rk->failed)
+        live++;
+      if (!rk->joined && !rk->failed && !rk->alarm && rk->rank < 32 &&
+          ((g->awaiting_reattach >> rk->rank) & 1u))
+        problem(warn, sizeof(warn), "group %s rank %u awaiting reattach",
+                g->name, rk->rank); /* dcpxd restarted; it comes back */
+      else if (rk->failed || rk->alarm || (!rk->joined && !forming))
+        problem(crit, sizeof(crit), "group %s rank %u %s", g->name, rk->rank,
+                rank_state(g, rk, true));
+    }
+    double rate = 100.0 * rescue_rate(rescue, rows);
+    if (rows && rate > max_rescue) {
+      max_rescue = rate;
+      snprintf(worst_group, sizeof(worst_group), "%s", g->name);
+    }
+    if (rows && rate > rescue_crit)
+      problem(crit, sizeof(crit), "group %s rescue rate %.1f%% > %.1f%%",
+              g->name, rate, rescue_crit);
+    else if (rows && rate > rescue_warn)
+      problem(warn, sizeof(warn), "group %s rescue rate %.1f%% > %.1f%%",
+              g->name, rate, rescue_warn);
+  }
+  size_t n_groups = qr->n_groups;
+  dcpx__frame_free(in);
+  in = NULL;
+
+  if (rec_warn || rec_crit) {
+    Dcpx__Query rq = DCPX__QUERY__INIT;
+    uint64_t now = now_ns();
+    rq.what = DCPX__QUERY__WHAT__RECORDS;
+    rq.group = q.group;
+    rq.rank = -1;
+    rq.since_ns = window_ns < now ? now - window_ns : 1;
+    if ((code = check_query(&rq, &in)) >= 0)
+      return code;
+    for (size_t i = 0; i < in->query_reply->n_records; i++)
+      if (in->query_reply->records[i]->kind == DCPX_REC_TIMEOUT)
+        n_timeouts++;
+    dcpx__frame_free(in);
+    if (rec_crit && n_timeouts >= rec_crit)
+      problem(crit, sizeof(crit), "%" PRIu64 " timeout record%s in %.0f s",
+              n_timeouts, n_timeouts == 1 ? "" : "s", (double)window_ns / 1e9);
+    else if (rec_warn && n_timeouts >= rec_warn)
+      problem(warn, sizeof(warn), "%" PRIu64 " timeout record%s in %.0f s",
+              n_timeouts, n_timeouts == 1 ? "" : "s", (double)window_ns / 1e9);
+  }
+
+  code = crit[0] ? NAGIOS_CRITICAL : warn[0] ? NAGIOS_WARNING : NAGIOS_OK;
+  printf("DCPX %s - ", nagios_name[code]);
+  if (crit[0])
+    printf("%s%s", crit, warn[0] ? ", " : "");
+  if (warn[0])
+    printf("%s", warn);
+  if (code == NAGIOS_OK) {
+    printf("%zu group%s, %u/%u ranks live", n_groups, n_groups == 1 ? "" : "s",
+           live, ranks);
+    if (worst_group[0])
+      printf(", rescue rate at most %.1f%% (%s)", max_rescue, worst_group);
+  }
+  /* Performance data: label=value;warn;crit;min;max, a threshold left
+   * empty where it is off. Nagios alerts at value > threshold, so the
+   * record thresholds (N or more) are given as N - 1. */
+  char rw[24] = "", rc[24] = "";
+  if (rec_warn)
+    snprintf(rw, sizeof(rw), "%" PRIu64, rec_warn - 1);
+  if (rec_crit)
+    snprintf(rc, sizeof(rc), "%" PRIu64, rec_crit - 1);
+  printf(" | groups=%zu ranks=%u live_ranks=%u timeout_records=%" PRIu64
+         ";%s;%s;0; rescue_max=%.2f%%;%g;%g;0;100\n",
+         n_groups, ranks, live, n_timeouts, rw, rc, max_rescue, rescue_warn,
+         rescue_crit);
+  return code;
+}
+
 static void help(void) {
   printf(
       "Usage: dcpxctl [--socket PATH] [--json] [--timeout SEC] COMMAND ...\n"
@@ -988,8 +1631,16 @@ static void help(void) {
       "  groups                    list the groups\n"
       "  health [GROUP]            the groups' ranks: state, pid, calls, "
       "rescue rate\n"
-      "  stats [GROUP]             per-rank calls, rows, rescued rows, "
+      "  stats [GROUP] [--format=text|json|openmetrics|prometheus]\n"
+      "        [--output=FILE]\n"
+      "                            per-rank calls, rows, rescued rows, "
       "failed calls\n"
+      "                            (openmetrics, prometheus: metrics for "
+      "Prometheus)\n"
+      "  check [GROUP] [THRESHOLDS]\n"
+      "                            a monitoring check (Nagios exit codes; "
+      "see\n"
+      "                            dcpxctl check --help)\n"
       "  records [--group G] [--rank R] [--since T] [--until T] [--limit N]\n"
       "                            timeout records, oldest first (--limit N: "
       "the\n                            newest N)\n"
@@ -1008,6 +1659,8 @@ static void help(void) {
       "                            (1 = the first; not the engine's call "
       "tag);\n"
       "                            --epoch E: the call at that epoch\n"
+      "  help COMMAND              the help of COMMAND (also: dcpxctl "
+      "COMMAND --help)\n"
       "\n"
       "Options:\n"
       "  --socket PATH   dcpxd's socket (default $DCPX_SOCKET, else\n"
@@ -1028,7 +1681,10 @@ static void help(void) {
       "  2  usage error\n"
       "  3  cannot reach dcpxd (not running, no permission, version "
       "mismatch,\n     no answer)\n"
-      "  4  dcpxd answered with an error (unknown group, refused command)\n",
+      "  4  dcpxd answered with an error (unknown group, refused command)\n"
+      "  5  stats --output FILE could not be written\n"
+      "check exits 0 OK, 1 WARNING, 2 CRITICAL (also: dcpxd unreachable), "
+      "3 UNKNOWN.\n",
       DEFAULT_SOCKET);
 }
 
@@ -1079,6 +1735,10 @@ int main(int argc, char **argv) {
     r = cmd_reset(argc, argv);
   else if (strcmp(cmd, "fault") == 0)
     r = cmd_fault(argc, argv);
+  else if (strcmp(cmd, "check") == 0)
+    r = cmd_check(argc, argv);
+  else if (strcmp(cmd, "help") == 0)
+    r = argc > 1 ? cmd_usage(argv[1]) : (help(), EXIT_OK);
   else
     r = usage_error("unknown command '%s'", cmd);
   if (sock_fd >= 0)

@@ -91,6 +91,7 @@ _PROTOS = {
     "dcpx_disconnect": (None, [c_void_p]),
     "dcpx_join": (c_int, [c_void_p, POINTER(DcpxShapeC),
                           POINTER(DcpxJoinOptsC), POINTER(c_void_p)]),
+    "dcpx_client_last_error": (c_char_p, [c_void_p]),
     "dcpx_leave": (c_int, [c_void_p]),
     "dcpx_push": (c_int, [c_void_p, c_uint32, _P, c_uint64, _P, c_uint64,
                           c_void_p]),

@@ -234,9 +234,14 @@ class Client:
                            int(opts.transport), opts.join_timeout_ms,
                            opts.timeout_ns)
         p = ctypes.c_void_p()
-        check(lib().dcpx_join(ctypes.c_void_p(self._ptr), ctypes.byref(cs),
-                              ctypes.byref(co), ctypes.byref(p)),
-              f"joining group {opts.group!r} as rank {opts.rank}")
+        r = lib().dcpx_join(ctypes.c_void_p(self._ptr), ctypes.byref(cs),
+                            ctypes.byref(co), ctypes.byref(p))
+        if r < 0:
+            context = f"joining group {opts.group!r} as rank {opts.rank}"
+            why = lib().dcpx_client_last_error(ctypes.c_void_p(self._ptr))
+            if why:  # dcpxd refused it and said why
+                context += f" (dcpxd: {why.decode('utf-8', 'replace')})"
+            check(r, context)
         return Member(p.value, self, shape.resolved(), opts)
 
     def close(self) -> None:

@@ -135,8 +135,10 @@ def test_join_errors(daemon, group):
     with pytest.raises(dcpx.DuplicateRank):
         c.join(s2, rank=0, group=group)
     other = dcpx.Shape(world=2, rows=2, topk=8, local_topk=3, max_local=64)
-    with pytest.raises(dcpx.ShapeError):
+    with pytest.raises(dcpx.ShapeError) as ei:
         c.join(other, rank=1, group=group)
+    # dcpxd's own reason (dcpx_client_last_error) is in the message
+    assert "dcpxd: shape mismatch: local_topk 3" in str(ei.value), ei.value
     with c.join(s2, rank=1, group=group) as m1:
         t.join()
         assert got.get("m") == 2, got

@@ -839,7 +839,7 @@ int main(int argc, char **argv) {
   const char *e = getenv("DCPX_TEST_LIMIT_S");
   if (e && atof(e) > 0)
     g_limit_s = atof(e);
-  setenv("NCCL_NVLS_ENABLE", "0", 0); /* shared/GPU.md: no NVLink multicast */
+  setenv("NCCL_NVLS_ENABLE", "0", 0); /* docs/GPU.md: no NVLink multicast */
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
     printf("test_nccl: no GPU: skipped\n");
     return 77;

@@ -1,0 +1,279 @@
+/* check_ctl.c - dcpxctl for operators and monitoring (issue 15): help on
+ * every command, and `dcpxctl check`'s four Nagios codes against a private
+ * dcpxd ($DCPXD) with rank processes (tests/health_harness.h):
+ *
+ *   UNKNOWN (3)   a bad threshold, an unknown group
+ *   OK (0)        no groups; ranks running under the rescue threshold
+ *   WARNING (1)   ranks running over the rescue threshold (W*N < K: every
+ *                 row rescues); recent timeout records (a rank stopped,
+ *                 then the group reset)
+ *   CRITICAL (2)  a rank killed (the group aborted, the rank DEAD); dcpxd
+ *                 unreachable
+ *
+ * The OpenMetrics output is checked by a real parser in check_metrics.c.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+
+#include "health_harness.h"
+
+static hh_daemon g_d;
+static hh_out g_o;
+
+static void dump_log(void) {
+  char line[512];
+  FILE *f = g_d.log[0] ? fopen(g_d.log, "r") : NULL;
+  if (!f)
+    return;
+  fprintf(stderr, "---- %s ----\n", g_d.log);
+  while (fgets(line, sizeof(line), f))
+    fputs(line, stderr);
+  fclose(f);
+}
+
+#define CC_ASSERT(cond, ...)                                                 \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      dump_log();                                                            \
+      ck_abort_msg(__VA_ARGS__);                                             \
+    }                                                                        \
+  } while (0)
+
+/* dcpxctl ARGS; asserts the exit code. */
+#define CTL(want, ...)                                                       \
+  do {                                                                       \
+    int rc_ = hh_ctl(&g_d, &g_o, __VA_ARGS__, (char *)NULL);                 \
+    CC_ASSERT(rc_ == (want), "dcpxctl %s: exit %d, expected %d\n%s%s",      \
+              #__VA_ARGS__, rc_, (want), g_o.out, g_o.err);                  \
+  } while (0)
+
+/* `check` prints exactly one line, beginning with "DCPX STATE - ". */
+static void one_line(const char *state) {
+  char want[32];
+  snprintf(want, sizeof(want), "DCPX %s - ", state);
+  CC_ASSERT(strncmp(g_o.out, want, strlen(want)) == 0 &&
+                strchr(g_o.out, '\n') == g_o.out + strlen(g_o.out) - 1 &&
+                g_o.err[0] == 0,
+            "not one %s line: '%s', stderr '%s'", state, g_o.out, g_o.err);
+}
+
+START_TEST(test_help) {
+  static const char *const cmds[] = {"groups", "health", "stats", "records",
+                                     "reset",  "fault",  "check"};
+  /* No daemon: help must not need one. */
+  strcpy(g_d.sock, "/nonexistent/d.sock");
+  for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+    char want[64];
+    snprintf(want, sizeof(want), "Usage: dcpxctl %s", cmds[i]);
+    CTL(0, cmds[i], "--help");
+    CC_ASSERT(strstr(g_o.out, want) && strstr(g_o.out, "--socket"),
+              "%s --help: %s", cmds[i], g_o.out);
+    CTL(0, cmds[i], "-h");
+    CC_ASSERT(strstr(g_o.out, want), "%s -h: %s", cmds[i], g_o.out);
+    CTL(0, "help", cmds[i]);
+    CC_ASSERT(strstr(g_o.out, want), "help %s: %s", cmds[i], g_o.out);
+  }
+  CTL(0, "fault", "stall", "--help");
+  CC_ASSERT(strstr(g_o.out, "--ticks"), "%s", g_o.out);
+  CTL(0, "--help");
+  CC_ASSERT(strstr(g_o.out, "check [GROUP]") &&
+                strstr(g_o.out, "--format=text|json|openmetrics"),
+            "%s", g_o.out);
+  CTL(2, "records", "--bogus");
+  CTL(2, "help", "bogus");
+  memset(&g_d, 0, sizeof(g_d));
+}
+END_TEST
+
+static hh_spec spec(const char *group, uint32_t W) {
+  hh_spec sp;
+  memset(&sp, 0, sizeof(sp));
+  snprintf(sp.group, sizeof(sp.group), "%s", group);
+  sp.W = W;
+  sp.R = 2;
+  sp.K = 64;
+  sp.N = 16; /* W*N < K: every row rescues */
+  sp.L = 256;
+  sp.timeout_ns = 2000000000ull;
+  return sp;
+}
+
+START_TEST(test_check_codes) {
+  const uint32_t W = 3;
+  hh_spec sp = spec("mon", W);
+  hh_shared *sh = hh_shared_new();
+  pid_t pids[3];
+
+  CC_ASSERT(sh && hh_daemon_start(&g_d, NULL) == 0, "dcpxd did not come up");
+
+  /* UNKNOWN: bad thresholds, bad arguments, an unknown group. */
+  CTL(3, "check", "--rescue-warning", "101");
+  one_line("UNKNOWN");
+  CTL(3, "check", "--records-window", "soon");
+  one_line("UNKNOWN");
+  CTL(3, "check", "--bogus");
+  one_line("UNKNOWN");
+  CTL(3, "check", "a", "b");
+  one_line("UNKNOWN");
+  CTL(3, "check", "nosuchgroup");
+  one_line("UNKNOWN");
+
+  /* OK: no groups. */
+  CTL(0, "check");
+  one_line("OK");
+  CC_ASSERT(strstr(g_o.out, "0 groups") && strstr(g_o.out, " | groups=0"),
+            "%s", g_o.out);
+
+  /* Ranks at work; they hold after a failure, attached. */
+  sh->recover = 1;
+  sh->hold = 0x7;
+  sh->resume_at = 1000000;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  CC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "ranks did not run: %s",
+            hh_rank_errors(sh, W));
+
+  /* WARNING: every row rescues, over the default 50%. */
+  CTL(1, "check");
+  one_line("WARNING");
+  CC_ASSERT(strstr(g_o.out, "group mon rescue rate 100.0% > 50.0%"), "%s",
+            g_o.out);
+  CTL(1, "check", "mon", "--rescue-warning", "99.5");
+  one_line("WARNING");
+  /* OK under a threshold that allows it; the group named or not. */
+  CTL(0, "check", "--rescue-warning", "100");
+  one_line("OK");
+  CC_ASSERT(strstr(g_o.out, "1 group, 3/3 ranks live"), "%s", g_o.out);
+  CTL(0, "check", "mon", "--rescue-warning=100", "--records-window", "1h",
+      "--records-warning", "1");
+  one_line("OK");
+  /* CRITICAL by the rescue threshold. */
+  CTL(2, "check", "--rescue-warning", "10", "--rescue-critical", "90");
+  one_line("CRITICAL");
+  CC_ASSERT(strstr(g_o.out, "> 90.0%"), "%s", g_o.out);
+
+  /* CRITICAL: rank 1 killed; the group aborts, rank 1 is DEAD. */
+  kill(pids[1], SIGKILL);
+  waitpid(pids[1], NULL, 0);
+  pids[1] = 0;
+  int rc = -1;
+  for (int i = 0; i < 500; i++) {
+    rc = hh_ctl(&g_d, &g_o, "check", "--rescue-warning", "100", (char *)NULL);
+    if (rc == 2 && strstr(g_o.out, "aborted") && strstr(g_o.out, "DEAD"))
+      break;
+    hh_sleep_ms(10);
+  }
+  CC_ASSERT(rc == 2, "check after kill -9: %d %s%s", rc, g_o.out, g_o.err);
+  one_line("CRITICAL");
+  CC_ASSERT(strstr(g_o.out, "group mon aborted (dead)") &&
+                strstr(g_o.out, "group mon rank 1 DEAD"),
+            "%s", g_o.out);
+
+  for (uint32_t r = 0; r < W; r++)
+    if (pids[r] > 0) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], NULL, 0);
+    }
+  hh_daemon_stop(&g_d, SIGTERM);
+
+  /* CRITICAL: dcpxd unreachable. */
+  CTL(2, "check");
+  one_line("CRITICAL");
+  CC_ASSERT(strstr(g_o.out, "dcpxd unreachable"), "%s", g_o.out);
+  hh_daemon_cleanup(&g_d);
+  memset(&g_d, 0, sizeof(g_d));
+}
+END_TEST
+
+
+/* WARNING by recent timeout records: rank 1 is stopped (SIGSTOP), its
+ * peers' waits time out, leave records and abort the group (CRITICAL);
+ * rank 1 continues, the group is reset and runs again; the records are
+ * recent (WARNING), or old for a short window (OK), or over a critical
+ * count (CRITICAL). */
+START_TEST(test_check_records) {
+  const uint32_t W = 3;
+  hh_spec sp = spec("rec", W);
+  hh_shared *sh = hh_shared_new();
+  pid_t pids[3];
+  int rc = -1;
+
+  sp.timeout_ns = 300000000ull;
+  CC_ASSERT(sh && hh_daemon_start(&g_d, NULL) == 0, "dcpxd did not come up");
+  sh->recover = 1;
+  sh->hold = 0x7; /* after a failure, wait for the reset (as check_health) */
+  sh->resume_at = 1000000;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  CC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "ranks did not run: %s",
+            hh_rank_errors(sh, W));
+  CTL(0, "check", "--rescue-warning", "100");
+  one_line("OK");
+
+  /* The ranks' FAILED words may show before dcpxd's abort: wait for
+   * both. */
+  kill(pids[1], SIGSTOP);
+  for (int i = 0; i < 500; i++) {
+    rc = hh_ctl(&g_d, &g_o, "check", "--rescue-warning", "100", (char *)NULL);
+    if (rc == 2 && strstr(g_o.out, "aborted"))
+      break;
+    hh_sleep_ms(10);
+  }
+  kill(pids[1], SIGCONT);
+  CC_ASSERT(rc == 2, "check with rank 1 stopped: %d %s%s", rc, g_o.out,
+            g_o.err);
+  one_line("CRITICAL");
+  CC_ASSERT(strstr(g_o.out, "group rec aborted") &&
+                strstr(g_o.out, "timeout record"),
+            "%s", g_o.out);
+
+  /* Reset; the ranks (once every one has failed) acknowledge and run on
+   * from call resume_at, all of them. */
+  for (int i = 0; i < 2000; i++) {
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < W; r++)
+      n += __atomic_load_n(&sh->r[r].nfails, __ATOMIC_ACQUIRE) > 0;
+    if (n == W)
+      break;
+    hh_sleep_ms(5);
+  }
+  CTL(0, "reset", "--group", "rec");
+  sh->release = 0x7;
+  CC_ASSERT(hh_wait_progress(sh, W, sh->resume_at + 20, 20000) == 0,
+            "no calls after the reset: %s", hh_rank_errors(sh, W));
+  CTL(1, "check", "--rescue-warning", "100");
+  one_line("WARNING");
+  CC_ASSERT(strstr(g_o.out, "timeout record") &&
+                strstr(g_o.out, " in 900 s") && !strstr(g_o.out, "aborted"),
+            "%s", g_o.out);
+  CTL(1, "check", "rec", "--rescue-warning", "100", "--records-window", "1h");
+  one_line("WARNING");
+  CTL(0, "check", "--rescue-warning", "100", "--records-warning", "0");
+  one_line("OK");
+  CTL(2, "check", "--rescue-warning", "100", "--records-critical", "1");
+  one_line("CRITICAL");
+  hh_sleep_ms(1100);
+  CTL(0, "check", "--rescue-warning", "100", "--records-window", "1s");
+  one_line("OK");
+
+  CC_ASSERT(hh_stop_ranks(sh, pids, W) == 0, "%s", hh_rank_errors(sh, W));
+  hh_daemon_stop(&g_d, SIGTERM);
+  hh_daemon_cleanup(&g_d);
+  memset(&g_d, 0, sizeof(g_d));
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("ctl");
+  TCase *tc = tcase_create("ctl");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_help);
+  tcase_add_test(tc, test_check_codes);
+  tcase_add_test(tc, test_check_records);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
