@@ -1,4 +1,5 @@
-/* dcpxd-log.c - stderr logging with syslog priority prefixes (dcpxd-log.h).
+/* dcpxd-log.c - stderr logging, with syslog priority prefixes when stderr
+ * is the journal (dcpxd-log.h).
  *
  * Each message is formatted into one buffer and written with one write(2),
  * so that lines from the daemon never interleave mid-line, and a message
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +39,32 @@ int dcpxd_log_level_from_string(const char *s) {
   if (s[0] >= '0' && s[0] <= '7' && s[1] == '\0')
     return s[0] - '0';
   return -EINVAL;
+}
+
+bool dcpxd_log_stream_is_journal(int fd, const char *journal_stream) {
+  unsigned long long dev, ino;
+  struct stat st;
+  int end = 0;
+
+  /* "DEV:INO", both decimal (systemd.exec(5), $JOURNAL_STREAM). */
+  if (!journal_stream ||
+      sscanf(journal_stream, "%llu:%llu%n", &dev, &ino, &end) != 2 ||
+      journal_stream[end] != '\0' || journal_stream[0] < '0' ||
+      journal_stream[0] > '9')
+    return false;
+  if (fstat(fd, &st) < 0)
+    return false;
+  return (unsigned long long)st.st_dev == dev &&
+         (unsigned long long)st.st_ino == ino;
+}
+
+/* -1: not decided yet (the first message decides, from the environment
+ * and stderr at that time). */
+static int log_journal = -1;
+
+void dcpxd_log_setup(void) {
+  log_journal =
+      dcpxd_log_stream_is_journal(STDERR_FILENO, getenv("JOURNAL_STREAM"));
 }
 
 /* Copies fmt into out with every "%m" replaced by the error's text (its
@@ -76,7 +104,17 @@ int dcpxd_log_internal(int level, int error, const char *fmt, ...) {
   va_list ap;
 
   expand_m(f, sizeof(f), fmt, error);
-  n = (size_t)snprintf(line, sizeof(line), "<%d>", level & 7);
+  if (log_journal < 0)
+    dcpxd_log_setup();
+  if (log_journal)
+    n = (size_t)snprintf(line, sizeof(line), "<%d>", level & 7);
+  else if ((level & 7) <= LOG_ERR)
+    n = (size_t)snprintf(line, sizeof(line), "error: ");
+  else if ((level & 7) == LOG_WARNING)
+    n = (size_t)snprintf(line, sizeof(line), "warning: ");
+  else
+    n = 0;
+  size_t prefix = n;
   va_start(ap, fmt);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
@@ -94,7 +132,7 @@ int dcpxd_log_internal(int level, int error, const char *fmt, ...) {
   }
   /* Control characters (a client's strings end up in logs) become '?',
    * so that one message is always one line. */
-  for (size_t i = 3; i < n; i++)
+  for (size_t i = prefix; i < n; i++)
     if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
       line[i] = '?';
   line[n++] = '\n';

@@ -1,6 +1,11 @@
-/* dcpxd-log.h - the daemon's logging: one line per message on stderr with a
- * syslog priority prefix ("<3>" error, "<4>" warning, "<5>" notice, "<6>"
- * info, "<7>" debug), which journald turns into the message's priority.
+/* dcpxd-log.h - the daemon's logging: one line per message on stderr.
+ * When stderr is the journal (systemd sets $JOURNAL_STREAM to its
+ * "DEV:INO"), each line starts with a syslog priority prefix ("<3>" error,
+ * "<4>" warning, "<5>" notice, "<6>" info, "<7>" debug), which journald
+ * turns into the message's priority; otherwise (a terminal, a file, a
+ * pipe; also a child of a service whose stderr is no longer the stream
+ * $JOURNAL_STREAM names) the line is plain text, errors and warnings led
+ * by "error: " and "warning: ".
  *
  * Like systemd's log_*_errno(), the _errno variants take a negative error
  * code (negative errno or DCPX_E_*), expand "%m" in the format to its text
@@ -23,6 +28,14 @@ extern int dcpxd_log_max_level;
 /* Logs and returns -abs(error) (0 stays 0). */
 int dcpxd_log_internal(int level, int error, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* True if fd is the stream journal_stream ($JOURNAL_STREAM, "DEV:INO")
+ * names. */
+bool dcpxd_log_stream_is_journal(int fd, const char *journal_stream);
+
+/* Decides, from $JOURNAL_STREAM and stderr, whether lines get the priority
+ * prefix; the first message calls it if main has not. */
+void dcpxd_log_setup(void);
 
 /* Parses "err", "warning", "notice", "info", "debug" or a number 0..7. */
 int dcpxd_log_level_from_string(const char *s);

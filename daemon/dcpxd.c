@@ -173,6 +173,7 @@ int main(int argc, char **argv) {
   uint64_t wd_usec;
   int r, ret = EXIT_FAILURE;
 
+  dcpxd_log_setup();
   r = dcpxd_conf_load(&conf, argc, argv);
   if (r != DCPXD_CONF_RUN) {
     dcpxd_conf_done(&conf);
