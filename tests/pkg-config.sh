@@ -59,10 +59,11 @@ int main(void) {
 EOC
 inc="-I$b/include -I$s/include"
 # shellcheck disable=SC2086
-if $CC $inc -o "$d/t-bare" "$d/t.c" "$a" > "$d/bare.log" 2>&1; then
+if $CC $DCPX_CFLAGS $inc -o "$d/t-bare" "$d/t.c" "$a" $DCPX_LDFLAGS > "$d/bare.log" 2>&1; then
   fail "linked without the private flags: the test cannot tell"
 fi
 # shellcheck disable=SC2086
-$CC $inc -o "$d/t" "$d/t.c" "$a" $extra || fail "static link with: $extra"
+$CC $DCPX_CFLAGS $inc -o "$d/t" "$d/t.c" "$a" $extra $DCPX_LDFLAGS ||
+  fail "static link with: $extra"
 "$d/t" || fail "the statically linked program failed"
 echo "pkg-config: static link of libdcpx.a with$extra: ok"
