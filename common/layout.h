@@ -161,6 +161,14 @@ typedef struct dcpx_ctl_header {
 _Static_assert(sizeof(dcpx_ctl_header) == 256, "the header is 256 bytes");
 #endif
 
+/* The offset helpers below are the one place each formula is written; the
+ * CUDA kernels call them too. */
+#ifdef __CUDACC__
+#define DCPX_LAYOUT_FN static inline __host__ __device__
+#else
+#define DCPX_LAYOUT_FN static inline
+#endif
+
 static inline uint64_t dcpx__align(uint64_t x) {
   return (x + DCPX_ALIGN - 1) & ~(uint64_t)(DCPX_ALIGN - 1);
 }
@@ -223,14 +231,14 @@ static inline uint32_t dcpx_rescue_slot(uint32_t mask, uint32_t s) {
 }
 
 /* Byte offset, within the rescue region, of pair i of slot `slot`, row t. */
-static inline uint64_t dcpx_rescue_offset(const dcpx_layout *L, uint32_t t,
+DCPX_LAYOUT_FN uint64_t dcpx_rescue_offset(const dcpx_layout *L, uint32_t t,
                                           uint32_t slot, uint32_t i) {
   return (((uint64_t)t * L->rescue_slots + slot) * L->rpairs + i) * 16u;
 }
 
 /* Byte offset, within ll_slots, of the pair i (words 2i, 2i+1) of source s,
  * row t, parity p. */
-static inline uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,
+DCPX_LAYOUT_FN uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,
                                       uint32_t s, uint32_t t, uint32_t i) {
   return ((((uint64_t)p * L->world + s) * L->rows + t) * L->pairs + i) * 16u;
 }
@@ -253,7 +261,7 @@ typedef struct dcpx_stage_plan {
   uint32_t in_smem;
 } dcpx_stage_plan;
 
-static inline uint32_t dcpx__pad4(uint32_t x) { return (x + 3u) & ~3u; }
+DCPX_LAYOUT_FN uint32_t dcpx__pad4(uint32_t x) { return (x + 3u) & ~3u; }
 
 static inline dcpx_stage_plan dcpx_stage_plan_of(const dcpx_layout *L) {
   const uint32_t W = L->world, N = L->local_topk, K = L->topk;

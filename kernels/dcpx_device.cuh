@@ -69,7 +69,6 @@
 
 #define DCPX_D static __device__ __forceinline__
 #define DCPX_FULL 0xFFFFFFFFu
-#define DCPX_PAD4(x) (((x) + 3u) & ~3u)
 
 #define DCPX_HI_BINS 4096u /* buckets of ord >> 4 */
 #define DCPX_K_CAND 8192u  /* fast-path candidate buffer entries (48 KiB) */

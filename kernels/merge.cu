@@ -239,7 +239,7 @@ DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
  * list, then stored as LL pairs tagged q2 into its slot of row t of every
  * rank. */
 DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
-                              uint32_t q2, uint64_t resc_row,
+                              uint32_t q2,
                               const uint16_t *row, uint32_t len) {
   const dcpx_kctx *c = b->c;
   const uint32_t W = c->world, K = c->topk, me = c->rank, PK = c->L.rpairs;
@@ -252,8 +252,8 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
                          DCPX_K_CAND);
   }
   merge_prof(b, t, 3);
-  const uint64_t dst =
-      resc_row + (uint64_t)__popc(mask & ((1u << me) - 1u)) * PK * 16u;
+  const uint32_t slot = __popc(mask & ((1u << me) - 1u));
+  const uint64_t dst = c->L.off_rescue + dcpx_rescue_offset(&c->L, t, slot, 0);
   for (uint32_t i = threadIdx.x; i < PK; i += MT) {
     const uint2 w = ((const uint2 *)b->list)[i];
     for (uint32_t d = 0; d < W; d++)
@@ -273,25 +273,24 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   const uint32_t PK = c->L.rpairs, tid = threadIdx.x;
   uint32_t *seq2 = (uint32_t *)(c->ws + c->L.off_seq2);
   const uint32_t q2 = dcpx_dev_epoch_next(seq2[t]);
-  const uint64_t resc_row = /* layout.h dcpx_rescue_offset(t, 0, 0) */
-      c->L.off_rescue + (uint64_t)t * c->L.rescue_slots * PK * 16u;
+  const char *resc = c->ws + c->L.off_rescue;
   uint32_t kmn = 0xFFFFu, kmx = 0, fbeg, fend, nz;
   if (tid == 0) {
     uint32_t o = 0;
     for (uint32_t s = 0; s < W; s++) {
       b->off2[s] = o;
-      o += DCPX_PAD4(((mask >> s) & 1u) ? K : N);
+      o += dcpx__pad4(((mask >> s) & 1u) ? K : N);
     }
     b->off2[W] = o;
     *b->kmin_s = 0xFFFFu;
   }
   if (tid < W && ((mask >> tid) & 1u)) {
     const uint32_t x = __popc(mask & ((1u << tid) - 1u));
-    b->pm->src[x] = c->ws + resc_row + (uint64_t)x * PK * 16u;
+    b->pm->src[x] = resc + dcpx_rescue_offset(&c->L, t, x, 0);
     b->pm->pl[x] = b->p2 + x * b->km.pk2;
   }
   if ((mask >> me) & 1u)
-    merge_send_rescue(b, t, mask, T1, q2, resc_row, row, len);
+    merge_send_rescue(b, t, mask, T1, q2, row, len);
   merge_prof(b, t, 4);
   dcpx_dev_sel_zero(b->S);
   __syncthreads();
@@ -417,8 +416,6 @@ static __global__ void __launch_bounds__(MT)
       for (uint32_t x = tid * 32u; x < bt_cols; x += MT * 32u)
         asm volatile("prefetch.global.L1 [%0];" ::"l"(
             block_table + (uint64_t)req * bt_cols + x));
-    const uint64_t ll_row =
-        c.L.off_ll + ((uint64_t)(e & 1u) * W * R + t) * P * 16u;
     dcpx_wctx wc;
     wc.ctl = c.ctl;
     wc.health = c.health + me;
@@ -438,7 +435,7 @@ static __global__ void __launch_bounds__(MT)
       kmin_s = 0xFFFFu;
     }
     if (tid < W) {
-      pm.src[tid] = ws + ll_row + (uint64_t)tid * R * P * 16u;
+      pm.src[tid] = ws + c.L.off_ll + dcpx_ll_offset(&c.L, e & 1u, tid, t, 0);
       pm.ent[tid] = b.k1 + tid * N;
       pm.pl[tid] = b.p1 + tid * b.km.pwn;
     }

@@ -80,8 +80,7 @@ static __global__ void __launch_bounds__(PT)
 
   const uint32_t tid = threadIdx.x;
   const uint32_t W = c.world, N = c.local_topk, me = c.rank;
-  const uint32_t R = c.rows_max, P = c.L.pairs, rw_n = c.L.rw_n;
-  const uint32_t K = c.topk, rw_k = c.L.rw_k;
+  const uint32_t P = c.L.pairs, rw_n = c.L.rw_n, rw_k = c.L.rw_k;
   uint32_t *words = (uint32_t *)dyn;
   uint32_t *kw = words + rw_n; /* rw_n, rw_k: multiples of 4 */
   uint32_t *cl = kw + (c.klist ? rw_k : 0u);
@@ -120,7 +119,7 @@ static __global__ void __launch_bounds__(PT)
         re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
     const uint32_t e = dcpx_dev_epoch_next(epoch[t]);
     const uint64_t slot =
-        c.L.off_ll + ((((uint64_t)(e & 1u) * W + me) * R + t) * P) * 16u;
+        c.L.off_ll + dcpx_ll_offset(&c.L, e & 1u, me, t, 0);
 
     if (c.klist)
       push_lists(&c, &S, logits + (uint64_t)t * stride, len, t, words, kw,

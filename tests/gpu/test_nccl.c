@@ -163,7 +163,6 @@ typedef struct world_t {
   uint32_t *x_sat[DCPX_MAX_WORLD];
   int transport; /* of the current run */
   int iters;     /* calls per thread run (and per captured graph) */
-  uint64_t tag;
   int bench_in; /* gen_call: full rows (max_local), normal values */
   uint32_t *gate_h, *gate_d; /* graph bench: start gate (host-mapped) */
   uint32_t gate_seq;
@@ -463,7 +462,6 @@ static double run_calls(world_t *w, int transport, int iters) {
   pthread_t th[DCPX_MAX_WORLD];
   w->transport = transport;
   w->iters = iters;
-  w->tag++;
   const double t0 = gg_now();
   for (uint32_t r = 0; r < w->W; r++)
     if (pthread_create(&th[r], NULL, rank_thread, &w->rk[r]) != 0) {
@@ -620,7 +618,6 @@ static void capture_all(world_t *w, int transport) {
   pthread_t th[DCPX_MAX_WORLD];
   w->transport = transport;
   w->iters = g_gb_iters;
-  w->tag++;
   for (uint32_t r = 0; r < w->W; r++)
     if (pthread_create(&th[r], NULL, capture_thread, &w->rk[r]) != 0) {
       fprintf(stderr, "pthread_create failed\n");
