@@ -1,65 +1,170 @@
 #!/usr/bin/env bash
-# gpu-run.sh - everything the GPU machine proves, in one run (docs/GPU.md).
+# gpu-run.sh - what the GPU machine proves and measures, in named steps
+# (docs/GPU.md).
 #
 #   On the development machine:  bash scripts/gpu-build.sh   (-> build-gpu/)
-#   On the GPU machine, from the repo root, with build-gpu/ carried:
-#                                bash scripts/gpu-run.sh
+#                                bash python/gpu-build.sh    (-> build-pygpu/,
+#                                                             step python only)
+#   On the GPU machine, from the repo root, with those folders carried:
+#                                bash scripts/gpu-run.sh [STEP...]
 #
-# Steps, each bounded, each logging to $OUT (default /tmp/dcpx-gpu-out):
-#   1. kernels vs the CPU reference, W ranks as streams of one GPU, and the
-#      kernel benchmark (tests/gpu/run-gpu-tests.sh);
-#   2. torch.topk baselines and an independent set check (bench/);
-#   3. under MPS: the main job with the CUDA backend, W=8 rank processes
-#      through dcpxd (VMM workspaces exported as fds), rows 1 and 64, and a
-#      fault run (a stalled rank, recovery, exact again);
-#   4. with two or more GPUs: W = GPU count, one rank per GPU (LL over
-#      NVLink), through dcpxd.
-# Exit status: 0 if every correctness step passed.
+# Steps (default: all but prof), each bounded, each logging to $OUT
+# (default /tmp/dcpx-gpu-out):
+#   kernels  test_kernels: every kernel case against the CPU reference and
+#            the unsafe corners (staged copy under overwrite, push under
+#            abort and FAILED, a stale CUDA error, call tags under graph
+#            replay, a trickling peer), as shipped, with DCPX_PDL=1 and
+#            with DCPX_KLIST=1
+#   nccl     test_nccl: both transports against the reference (W=1; W=2
+#            with two GPUs)
+#   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
+#            merge, merge with rescue, whole calls (5 graph replays each)
+#   torch    torch.topk on the same shapes (graph replays), an independent
+#            set check
+#   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
+#            (rescue rare) and N=512 (every row rescues), and N=1280
+#            without PDL
+#   pingpong two GPUs: LL one-way latency (tests/gpu/pingpong)
+#   faults2  two GPUs, through dcpxd: a stall and a kill -9
+#   mps      W=8 rank processes on one GPU under MPS, through dcpxd: the
+#            main job, a stall, a kill -9
+#   python   python/gpu-run.sh (needs build-pygpu/)
+#   prof     Nsight Compute: one plain and one rescued merge of
+#            bench_kernels (warp states, source counters)
+# At the end every log but summary.txt is packed into $OUT/logs.tar.gz.
+# Exit status: 0 if every step passed. Before 2026-12, GPU runs used one
+# script per session (scripts/gpu-run2.sh .. gpu-run8.sh, in git history);
+# bench/RESULTS.md names the one each older figure came from.
 set -u
 B=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/dcpx-gpu-out}
 mkdir -p "$OUT"
 rc=0
-step() { echo "=== $*" | tee -a "$OUT/summary.txt"; }
-
-nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1 || { echo "no GPU"; exit 77; }
-ngpu=$(nvidia-smi -L | wc -l)
+export NCCL_NVLS_ENABLE=0
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || { echo "no GPU"; exit 77; }
 nvidia-smi topo -m >> "$OUT/nvidia-smi.txt" 2>&1
+ngpu=$(nvidia-smi -L | wc -l)
+say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+show() { grep -E "$1" "$2" | tail -"${3:-8}" | tee -a "$OUT/summary.txt"; }
 
-step "1. kernels vs reference, kernel bench"
-OUT="$OUT" bash tests/gpu/run-gpu-tests.sh "$B/tests/gpu" > "$OUT/kernels.txt" 2>&1 || rc=1
-grep -E "gpu-exact|FAIL|mismatch" "$OUT/kernels.txt" | tail -5 | tee -a "$OUT/summary.txt"
-
-step "2. torch baselines"
-gcc -shared -fPIC -O2 -std=gnu11 -Iinclude -Icommon -I"$B/include" \
-    common/wire.c common/merge.c common/ref.c -o /tmp/libdcpxref.so 2>&1 | tail -3
-timeout 300 python3 bench/torch_baseline.py --lib /tmp/libdcpxref.so \
-    > "$OUT/torch_baseline.md" 2>&1 || rc=1
-tail -3 "$OUT/torch_baseline.md" | tee -a "$OUT/summary.txt"
-
-step "3. main job, CUDA backend, W=8 processes on one GPU under MPS"
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-mkdir -p /tmp/mps /tmp/mpslog
-nvidia-cuda-mps-control -d && echo "MPS started" >> "$OUT/summary.txt"
-export DCPXD="$B/daemon/dcpxd"
-for rows in 1 64; do
-  timeout 240 "$B/tools/dcpx-demo" --backend cuda --world 8 --rows $rows \
-      --calls $((rows == 1 ? 200 : 100)) > "$OUT/demo_cuda_r$rows.txt" 2>&1 || rc=1
-  tail -6 "$OUT/demo_cuda_r$rows.txt" | tee -a "$OUT/summary.txt"
-done
-timeout 120 "$B/tools/dcpx-demo" --backend cuda --world 8 --rows 8 \
-    --calls 40 --fault-at 10 --fault-rank 3 > "$OUT/demo_cuda_fault.txt" 2>&1 || rc=1
-tail -8 "$OUT/demo_cuda_fault.txt" | tee -a "$OUT/summary.txt"
-echo quit | nvidia-cuda-mps-control
-
-if [ "$ngpu" -ge 2 ]; then
-  step "4. W=$ngpu, one rank per GPU"
-  export NCCL_NVLS_ENABLE=0
-  for rows in 1 64; do
-    timeout 180 "$B/tools/dcpx-demo" --backend cuda --spread --world "$ngpu" \
-        --rows $rows --calls $((rows == 1 ? 300 : 100)) > "$OUT/demo_multi_r$rows.txt" 2>&1 || rc=1
-    tail -6 "$OUT/demo_multi_r$rows.txt" | tee -a "$OUT/summary.txt"
+step_kernels() {
+  local v
+  for v in "" DCPX_PDL=1 DCPX_KLIST=1; do
+    local log="$OUT/test_kernels${v:+_${v%%=*}}.log"
+    say "test_kernels ${v:-(as shipped)}"
+    env $v timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$log" 2>&1 || rc=1
+    show "gpu-exact|MISMATCH|FAIL" "$log" 5
   done
-fi
+}
+
+step_nccl() {
+  say test_nccl
+  timeout -k 5 150 "$B/tests/gpu/test_nccl" > "$OUT/test_nccl.log" 2>&1 || rc=1
+  show "nccl-exact|MISMATCH|FATAL" "$OUT/test_nccl.log"
+}
+
+step_bench1() {
+  say "bench_kernels, W=8 on one GPU"
+  BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$B/tests/gpu/bench_kernels" \
+    > "$OUT/bench_kernels.md" 2>&1 || rc=1
+  tee -a "$OUT/summary.txt" < "$OUT/bench_kernels.md" | tail -40
+}
+
+step_torch() {
+  say "torch.topk baselines"
+  gcc -shared -fPIC -O2 -std=gnu11 -Iinclude -Icommon -I"$B/include" \
+    common/wire.c common/merge.c common/ref.c -o /tmp/libdcpxref.so 2>&1 | tail -3
+  timeout -k 5 300 python3 bench/torch_baseline.py --lib /tmp/libdcpxref.so \
+    > "$OUT/torch_baseline.md" 2>&1 || rc=1
+  tail -12 "$OUT/torch_baseline.md" | tee -a "$OUT/summary.txt"
+}
+
+gbench() { # name, env...
+  local name=$1; shift
+  say "test_nccl --bench 2: $*"
+  env "$@" timeout -k 5 150 "$B/tests/gpu/test_nccl" --bench 2 \
+    > "$OUT/$name.md" 2>&1 || rc=1
+  show "^\||gbench|MISMATCH" "$OUT/$name.md" 20
+}
+
+step_bench2() {
+  [ "$ngpu" -ge 2 ] || { say "bench2: needs two GPUs, skipped"; return; }
+  gbench gbench_n1280 DCPX_BENCH_N=1280
+  gbench gbench_n512 DCPX_BENCH_N=512
+  gbench gbench_n1280_nopdl DCPX_BENCH_N=1280 DCPX_NO_PDL=1
+}
+
+demo() { # name, args...
+  local name=$1; shift
+  DCPXD="$B/daemon/dcpxd" timeout -k 5 120 "$B/tools/dcpx-demo" --backend cuda \
+    "$@" > "$OUT/$name.txt" 2>&1 || rc=1
+  say "$name: $*"; show "latency|fault:|exact:" "$OUT/$name.txt"
+}
+
+step_pingpong() {
+  [ "$ngpu" -ge 2 ] || { say "pingpong: needs two GPUs, skipped"; return; }
+  say "LL ping-pong"
+  timeout -k 5 60 "$B/tests/gpu/pingpong" --iters 10000 --launches 7 \
+    > "$OUT/pingpong.md" 2>&1 || rc=1
+  show "^\| |ll-oneway|FAIL|FATAL" "$OUT/pingpong.md" 12
+}
+
+step_faults2() {
+  [ "$ngpu" -ge 2 ] || { say "faults2: needs two GPUs, skipped"; return; }
+  demo stall2gpu --spread --world 2 --rows 64 --calls 30 --fault-at 10 --fault-rank 1
+  demo kill2gpu --spread --world 2 --rows 64 --calls 30 --kill-at 7 --fault-rank 0
+}
+
+step_mps() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  mkdir -p /tmp/mps /tmp/mpslog
+  nvidia-cuda-mps-control -d
+  demo main --world 8 --rows 64 --calls 30
+  demo stall --world 8 --rows 8 --calls 30 --fault-at 10 --fault-rank 5
+  demo kill --world 8 --rows 8 --calls 30 --kill-at 12 --fault-rank 2
+  echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+step_python() {
+  [ -d build-pygpu ] || { say "python: build-pygpu/ missing"; rc=1; return; }
+  say "python package"
+  OUT="$OUT/python" bash python/gpu-run.sh > "$OUT/python.txt" 2>&1 || rc=1
+  tail -20 "$OUT/python.txt" | tee -a "$OUT/summary.txt"
+}
+
+step_prof() {
+  # The build compiled a clean export in /tmp/dcpx-gpu-src (gpu-build.sh):
+  # the source page needs the files at that path.
+  mkdir -p /tmp/dcpx-gpu-src && cp -r kernels common include /tmp/dcpx-gpu-src/
+  local spec name skip
+  # bench_merge launches 141 merges per fill mode: plain first, then skewed
+  for spec in plain:0 skew:141; do
+    name=${spec%%:*} skip=${spec##*:}
+    BENCH_QUICK=1 BENCH_ROWS=1 BENCH_REPS=5 BENCH_LEN=16384 \
+      timeout -k 5 200 ncu --section SourceCounters --section WarpStateStats \
+      --import-source yes -k regex:dcpx_merge_kernel -s "$skip" -c 1 \
+      -o "$OUT/merge_$name" -f "$B/tests/gpu/bench_kernels" \
+      > "$OUT/ncu_$name.log" 2>&1 || rc=1
+    ncu -i "$OUT/merge_$name.ncu-rep" --page details \
+      > "$OUT/merge_${name}_details.txt" 2>&1
+    say "ncu $name"
+    show "Duration|stall|Warp Cycles" "$OUT/merge_${name}_details.txt" 20
+  done
+}
+
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(kernels nccl bench1 torch bench2 faults2 mps python)
+for s in "${steps[@]}"; do
+  if ! declare -F "step_$s" > /dev/null; then
+    echo "gpu-run: unknown step '$s'" >&2
+    exit 2
+  fi
+  "step_$s"
+done
 echo "gpu-run: rc=$rc" | tee -a "$OUT/summary.txt"
+# The device tool brings back a few files only: everything but the summary
+# goes into one archive.
+(cd "$OUT" && find . -type f ! -name summary.txt ! -name logs.tar.gz -print0 |
+  tar czf logs.tar.gz --null -T - --remove-files)
 exit $rc
