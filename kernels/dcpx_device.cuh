@@ -68,6 +68,10 @@
 #include "layout.h"
 
 #define DCPX_D static __device__ __forceinline__
+/* Slow paths (waits that must spin, faults, timeouts): kept out of line so
+ * that the hot code stays small (instruction fetch is the merge's largest
+ * stall: Nsight Compute, bench/RESULTS.md). */
+#define DCPX_COLD static __device__ __noinline__
 #define DCPX_FULL 0xFFFFFFFFu
 
 #define DCPX_HI_BINS 4096u /* buckets of ord >> 4 */
@@ -246,8 +250,10 @@ typedef struct dcpx_sel_smem {
 DCPX_D void dcpx_dev_sel_zero(dcpx_sel_smem *S) {
   if (threadIdx.x == 0)
     S->kmax = 0;
+#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < DCPX_HI_BINS; i += blockDim.x)
     S->hist[i] = 0;
+#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < DCPX_MAX_WARPS * 16; i += blockDim.x)
     S->h16[i] = 0;
 }
@@ -308,6 +314,7 @@ DCPX_D int dcpx_dev_sel_after_a(dcpx_sel_smem *S, uint32_t need,
   const uint32_t per = DCPX_HI_BINS / blockDim.x;
   const uint32_t top = DCPX_HI_BINS - threadIdx.x * per;
   uint32_t sum = 0;
+#pragma unroll 1
   for (uint32_t b = top - per; b < top; b++)
     sum += S->hist[b];
   uint32_t above = dcpx_dev_block_excl(sum, S->scan, &total);
@@ -315,6 +322,7 @@ DCPX_D int dcpx_dev_sel_after_a(dcpx_sel_smem *S, uint32_t need,
   if (total < need)
     return 1;
   if (above < need && above + sum >= need) {
+#pragma unroll 1
     for (uint32_t b = top; b-- > top - per;) {
       if (above + S->hist[b] >= need) {
         S->hb = b;
@@ -340,6 +348,7 @@ DCPX_D void dcpx_dev_sel_finish(dcpx_sel_smem *S, uint32_t need, int all) {
       const uint32_t need2 = need - S->above;
       uint32_t h = 0;
       if (lane < 16)
+#pragma unroll 1
         for (uint32_t w = 0; w < nw; w++)
           h += S->h16[w * 16 + lane];
       /* suffix sums from the top bucket down */
@@ -498,6 +507,7 @@ DCPX_D int dcpx_dev_flat_select(dcpx_sel_smem *S, const uint32_t *keys,
   if (kmax < kmin)
     kmin = 0; /* no key at all */
   if (kmax - kmin < DCPX_HI_BINS) {
+#pragma unroll 1
     for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
       const uint4 k = dcpx_dev_key4(keys, f, n);
 #pragma unroll
@@ -511,6 +521,7 @@ DCPX_D int dcpx_dev_flat_select(dcpx_sel_smem *S, const uint32_t *keys,
     const uint32_t T = all ? 0u : S->T;
     const uint32_t teq = all ? 0xFFFFFFFFu : T;
     uint32_t gt = 0, eq = 0;
+#pragma unroll 1
     for (uint32_t f = fbeg + 4u * lane; f < fend; f += 128) {
       const uint4 k = dcpx_dev_key4(keys, f, n);
 #pragma unroll
@@ -531,6 +542,7 @@ DCPX_D int dcpx_dev_flat_select(dcpx_sel_smem *S, const uint32_t *keys,
     dcpx_dev_sel1_bases(S);
     return all;
   }
+#pragma unroll 1
   for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
     const uint32_t f = f0 + 4u * lane;
     const uint4 k = f < fend ? dcpx_dev_key4(keys, f, n) : make_uint4(0, 0, 0, 0);
@@ -544,6 +556,7 @@ DCPX_D int dcpx_dev_flat_select(dcpx_sel_smem *S, const uint32_t *keys,
   all = dcpx_dev_sel_after_a(S, K, ret_nz);
   const uint32_t lim = all ? 0u : S->hb << 4;
   uint32_t *h16w = S->h16 + 16u * warp, gtb = 0;
+#pragma unroll 1
   for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
     const uint32_t f = f0 + 4u * lane;
     const uint4 k = f < fend ? dcpx_dev_key4(keys, f, n) : make_uint4(0, 0, 0, 0);
@@ -562,11 +575,13 @@ DCPX_D int dcpx_dev_flat_select(dcpx_sel_smem *S, const uint32_t *keys,
 
 /* How a flat key index maps back to (rank, l). Round 1: key f is entry
  * f % N of rank f / N, planes p1. Round 2: rank s's segment starts at
- * off2[s]; a saturated rank's planes are its rescue slot's in p2. Round 0
- * (a list's sub-list): key f is entry f of a list of capacity K whose
- * planes start at p1. */
+ * off2[s]; a saturated rank's segment is its rescue list (planes: its
+ * rescue slot's in p2), any other rank's its S1 keys in order, whose
+ * entries are s1[bound1[s] + j] (round 1's list and bounds). Round 0 (a
+ * list's sub-list): key f is entry f of a list of capacity K whose planes
+ * start at p1. */
 typedef struct dcpx_key_map {
-  const uint32_t *p1, *p2, *off2;
+  const uint32_t *p1, *p2, *off2, *s1, *bound1;
   uint32_t round, W, N, K, pwn, pk2, mask;
   float rcp_n;
 } dcpx_key_map;
@@ -586,10 +601,9 @@ DCPX_D uint32_t dcpx_dev_entry_of(const dcpx_key_map *m, uint32_t f,
       if (s + step < m->W && m->off2[s + step] <= f)
         s += step;
     j = f - m->off2[s];
-    if ((m->mask >> s) & 1u)
-      pl = m->p2 + __popc(m->mask & ((1u << s) - 1u)) * m->pk2;
-    else
-      pl = m->p1 + s * m->pwn;
+    if (!((m->mask >> s) & 1u))
+      return m->s1[m->bound1[s] + j];
+    pl = m->p2 + __popc(m->mask & ((1u << s) - 1u)) * m->pk2;
   }
   return (s << 17) | (((pl[j >> 5] >> (j & 31u)) & 1u) << 16) | (w & 0xFFFFu);
 }
@@ -615,6 +629,7 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t T = S->T, take = S->take, teq = T ? T : 0xFFFFFFFFu;
   uint32_t rg = S->wgt[warp], rq = S->weq[warp];
+#pragma unroll 1
   for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
     const uint32_t f = f0 + 4u * lane;
     const uint4 k = f < fend ? dcpx_dev_key4(keys, f, n) : make_uint4(0, 0, 0, 0);
@@ -680,9 +695,11 @@ DCPX_D void dcpx_dev_range_publish(uint32_t kmn, uint32_t kmx, uint32_t *kmin_s,
  * (r, l) order) whose rank is >= s, for s <= W. Ends with a barrier. */
 DCPX_D void dcpx_dev_list_bounds(const uint32_t *list, uint32_t total, uint32_t W,
                         uint32_t *bound) {
+#pragma unroll 1
   for (uint32_t p = threadIdx.x; p <= total; p += blockDim.x) {
     const uint32_t lo = p ? (list[p - 1] >> 17) + 1u : 0u;
     const uint32_t hi = p < total ? list[p] >> 17 : W;
+#pragma unroll 1
     for (uint32_t s = lo; s <= hi; s++)
       bound[s] = p;
   }
@@ -717,7 +734,7 @@ DCPX_D int dcpx_dev_group_full(uint32_t a, uint32_t len, uint32_t g) {
 /* The 8 keys (two per word) of group g: elements v = 8g .. 8g+7 of the
  * 16-byte-aligned view base[] of a row that starts at element a (l = v - a);
  * out-of-row and NaN elements give 0. */
-DCPX_D uint4 dcpx_dev_group_load(const uint16_t *base, uint32_t a,
+DCPX_COLD uint4 dcpx_dev_group_load(const uint16_t *base, uint32_t a,
                                  uint32_t len, uint32_t g) {
   if (dcpx_dev_group_full(a, len, g))
     return dcpx_dev_key8(__ldg((const uint4 *)base + g));
@@ -784,13 +801,14 @@ DCPX_D uint4 dcpx_dev_group_get(const dcpx_rowgeo *R, uint32_t g) {
 /* The exact path: pass A, pass B and pass C over every group of the row
  * (the later passes re-read it from L2). Expects the histograms and words
  * zeroed. */
-DCPX_D void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
+DCPX_COLD void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
                                  uint32_t cap, uint32_t *words) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t a = R->a, len = R->len, gbeg = R->gbeg, gend = R->gend;
   uint32_t nz;
 
   /* Pass A: histogram ord >> 4 (4 groups in flight per lane). */
+#pragma unroll 1
   for (uint32_t g0 = gbeg; g0 < gend; g0 += 128) {
     uint4 raw[4];
 #pragma unroll
@@ -816,6 +834,7 @@ DCPX_D void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
     const uint32_t lim = all ? 0u : S->hb << 4;
     uint32_t *h16w = S->h16 + 16u * warp;
     uint32_t gtb = 0;
+#pragma unroll 1
     for (uint32_t g = gbeg + lane; g < gend; g += 32)
       gtb += dcpx_dev_passb8(h16w, dcpx_dev_group_get(R, g), lim);
     gtb = __reduce_add_sync(DCPX_FULL, gtb);
@@ -830,6 +849,7 @@ DCPX_D void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
   const uint32_t quota = (S->wgt[warp + 1] - rg) +
                          (min(S->weq[warp + 1], take) - min(rq, take));
   uint32_t placed = 0;
+#pragma unroll 1
   for (uint32_t g0 = gbeg; g0 < gend && placed < quota; g0 += 32) {
     const uint32_t g = g0 + lane;
     uint4 k = make_uint4(0, 0, 0, 0);
@@ -936,6 +956,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
 
   /* 2. One pass over the row, appending candidates in order. */
   uint32_t wc = 0;
+#pragma unroll 1
   for (uint32_t g0 = gbeg; g0 < gend; g0 += 128) {
     uint4 raw[4];
 #pragma unroll
@@ -1010,11 +1031,13 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
    * segment of the order): single-level when they span < 4096 values. */
   uint32_t nz;
   if (S->kmax - tau < DCPX_HI_BINS) {
+#pragma unroll 1
     for (uint32_t i = lane; i < wc; i += 32)
       atomicAdd(S->hist + (wk[i] - tau), 1u);
     dcpx_dev_sel1_pick(S, cap, tau, &nz); /* nz = total >= cap: never all */
     const uint32_t T = S->T;
     uint32_t gt = 0, eq = 0;
+#pragma unroll 1
     for (uint32_t i = lane; i < wc; i += 32) {
       gt += wk[i] > T;
       eq += wk[i] == T;
@@ -1027,12 +1050,14 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
     }
     dcpx_dev_sel1_bases(S);
   } else {
+#pragma unroll 1
     for (uint32_t i0 = 0; i0 < wc; i0 += 32)
       dcpx_dev_hist_add(S->hist, i0 + lane < wc ? wk[i0 + lane] : 0u);
     dcpx_dev_sel_after_a(S, cap, &nz); /* nz = total >= cap: never all */
     const uint32_t lim = S->hb << 4;
     uint32_t *h16w = S->h16 + 16u * warp;
     uint32_t gtb = 0;
+#pragma unroll 1
     for (uint32_t i0 = 0; i0 < wc; i0 += 32)
       gtb += dcpx_dev_passb(h16w, i0 + lane < wc ? wk[i0 + lane] : 0u, lim);
     gtb = __reduce_add_sync(DCPX_FULL, gtb);
@@ -1042,6 +1067,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
   }
   const uint32_t T = S->T, take = S->take;
   uint32_t rg = S->wgt[warp], rq = S->weq[warp];
+#pragma unroll 1
   for (uint32_t i0 = 0; i0 < wc; i0 += 32) {
     const uint32_t i = i0 + lane;
     const uint32_t o = i < wc ? wk[i] : 0u;
@@ -1064,7 +1090,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
  * zeros, then the bit-16 plane. ckey/cl: candidate buffers of cand_max
  * entries for the fast path (NULL: exact path only). Every thread must
  * call it; it ends with a barrier. */
-DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
+DCPX_COLD void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
                                 uint32_t len, uint32_t cap, uint32_t *words,
                                 uint16_t *ckey, uint32_t *cl,
                                 uint32_t cand_max) {
@@ -1072,6 +1098,7 @@ DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
   const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len);
   const uint32_t rw = dcpx_dev_row_words(cap);
 
+#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < rw; i += nt)
     words[i] = 0;
   dcpx_dev_sel_zero(S);
@@ -1289,6 +1316,7 @@ DCPX_D void dcpx_dev_rescue_from_klist(dcpx_sel_smem *S, const uint32_t *kl,
   const uint32_t nt = blockDim.x, rw = dcpx_dev_row_words(cap);
   const uint32_t per = (cap + nt - 1) / nt, j0 = threadIdx.x * per;
   uint32_t w[8], c = 0, total;
+#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < rw; i += nt)
     words[i] = 0;
 #pragma unroll
@@ -1321,28 +1349,74 @@ DCPX_D uint32_t dcpx_dev_ge_mask(uint4 k, uint32_t t1) {
   return m;
 }
 
+/* Groups per lane of one rescue-list step: lane i of a warp takes the
+ * DCPX_RESC_U consecutive groups g0 + i * DCPX_RESC_U + u, so the lanes'
+ * groups are in ascending l in lane order and one warp scan per step
+ * places them. A warp whose range is one step (local <= 16,384 at 512
+ * threads) loads its row once and keeps it in registers. */
+#define DCPX_RESC_U 4u
+
+/* The keys and the qualifying masks (key != 0, key >= t1) of lane `lane`'s
+ * DCPX_RESC_U groups of the step at g0; every load is issued before any
+ * is used. */
+DCPX_D void dcpx_dev_resc_load(const dcpx_rowgeo *R, uint32_t g0, uint32_t t1,
+                               uint4 *k, uint32_t *m) {
+  const uint32_t gl = g0 + (threadIdx.x & 31u) * DCPX_RESC_U;
+  uint4 raw[DCPX_RESC_U];
+#pragma unroll
+  for (uint32_t u = 0; u < DCPX_RESC_U; u++) {
+    const uint32_t g = gl + u;
+    raw[u] = g < R->gend && dcpx_dev_group_full(R->a, R->len, g)
+                 ? dcpx_dev_group_raw(R, g)
+                 : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (uint32_t u = 0; u < DCPX_RESC_U; u++) {
+    const uint32_t g = gl + u;
+    if (g >= R->gend)
+      k[u] = make_uint4(0, 0, 0, 0);
+    else if (dcpx_dev_group_full(R->a, R->len, g))
+      k[u] = dcpx_dev_key8(raw[u]);
+    else
+      k[u] = dcpx_dev_group_load(R->base, R->a, R->len, g);
+    m[u] = dcpx_dev_ge_mask(k[u], t1);
+  }
+}
+
 /* The rescue list of a saturated rank's row into words[0..row_words(cap))
  * (shared): the entries of its local top-cap list with ord16 >= t1, in
  * ascending l, then zeros, then the bit-16 plane. When at most cap
  * elements of the row have ord16 >= t1 (the usual case) that is all of
- * them: one counting pass and one placing pass over the row. Otherwise the
- * top-cap list itself (dcpx_dev_local_list, sampled fast path with the
- * candidate buffers ckey/cl of cand_max entries), whose entries are then
- * all >= t1. Every thread must call it; it ends with a barrier. */
+ * them: a counting step and a placing step over the row (the row read
+ * once when each warp's range is one step). Otherwise the top-cap list
+ * itself (dcpx_dev_local_list, sampled fast path with the candidate
+ * buffers ckey/cl of cand_max entries), whose entries are then all >= t1.
+ * prof (diagnostics, or NULL): thread 0's clock64 after the count, after
+ * its warp's placing. Every thread must call it; it ends with a barrier. */
 DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
                                  uint32_t len, uint32_t cap, uint32_t t1,
                                  uint32_t *words, uint16_t *ckey,
-                                 uint32_t *cl, uint32_t cand_max) {
+                                 uint32_t *cl, uint32_t cand_max,
+                                 unsigned long long *prof) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  const uint32_t nw = blockDim.x >> 5;
+  const uint32_t nw = blockDim.x >> 5, step = 32u * DCPX_RESC_U;
   const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len);
   const uint32_t rw = dcpx_dev_row_words(cap);
+  const int one = R.gend - R.gbeg <= step; /* warp-uniform */
+  uint4 k[DCPX_RESC_U];
+  uint32_t m[DCPX_RESC_U];
 
+#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < rw; i += blockDim.x)
     words[i] = 0;
   uint32_t c = 0;
-  for (uint32_t g = R.gbeg + lane; g < R.gend; g += 32)
-    c += __popc(dcpx_dev_ge_mask(dcpx_dev_group_get(&R, g), t1));
+#pragma unroll 1
+  for (uint32_t g0 = R.gbeg; g0 < R.gend; g0 += step) {
+    dcpx_dev_resc_load(&R, g0, t1, k, m);
+#pragma unroll
+    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+      c += __popc(m[u]);
+  }
   c = __reduce_add_sync(DCPX_FULL, c);
   if (lane == 0)
     S->wcnt[warp] = c;
@@ -1354,26 +1428,35 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
     return;
   }
   uint32_t pos = __reduce_add_sync(DCPX_FULL, lane < warp ? wc : 0u);
-  for (uint32_t g0 = R.gbeg; g0 < R.gend; g0 += 32) {
-    const uint32_t g = g0 + lane;
-    uint4 k = make_uint4(0, 0, 0, 0);
-    uint32_t m = 0;
-    if (g < R.gend) {
-      k = dcpx_dev_group_get(&R, g);
-      m = dcpx_dev_ge_mask(k, t1);
-    }
-    const uint32_t n = __popc(m), incl = dcpx_dev_warp_incl(n);
+  if (prof && threadIdx.x == 0)
+    prof[0] = clock64();
+#pragma unroll 1
+  for (uint32_t g0 = R.gbeg; g0 < R.gend; g0 += step) {
+    if (!one)
+      dcpx_dev_resc_load(&R, g0, t1, k, m);
+    uint32_t n = 0;
+#pragma unroll
+    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+      n += __popc(m[u]);
+    const uint32_t incl = dcpx_dev_warp_incl(n);
     uint32_t p = pos + incl - n;
-    while (m) {
-      const uint32_t e = __ffs(m) - 1, l = g * 8u + e - R.a;
-      m &= m - 1;
-      words[p] = (dcpx_dev_u4get(k, e) << 16) | (l & 0xFFFFu);
-      if (l >> 16)
-        atomicOr(words + cap + (p >> 5), 1u << (p & 31u));
-      p++;
+    const uint32_t gl = g0 + lane * DCPX_RESC_U;
+#pragma unroll
+    for (uint32_t u = 0; u < DCPX_RESC_U; u++) {
+      uint32_t mu = m[u];
+      while (mu) {
+        const uint32_t e = __ffs(mu) - 1, l = (gl + u) * 8u + e - R.a;
+        mu &= mu - 1;
+        words[p] = (dcpx_dev_u4get(k[u], e) << 16) | (l & 0xFFFFu);
+        if (l >> 16)
+          atomicOr(words + cap + (p >> 5), 1u << (p & 31u));
+        p++;
+      }
     }
     pos += __shfl_sync(DCPX_FULL, incl, 31);
   }
+  if (prof && threadIdx.x == 0)
+    prof[1] = clock64();
   __syncthreads();
 }
 
@@ -1417,6 +1500,7 @@ DCPX_D void dcpx_dev_out_args_init(dcpx_out_args *oa, const int32_t *bt,
 DCPX_D void dcpx_dev_round2_offsets(uint32_t *off2, uint32_t mask, uint32_t W,
                                     uint32_t K, uint32_t N) {
   uint32_t o = 0;
+#pragma unroll 1
   for (uint32_t s = 0; s < W; s++) {
     off2[s] = o;
     o += ((mask >> s) & 1u) ? K : N;
@@ -1484,6 +1568,7 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
    * wild read; ids_out stays. */
   const int anybad = __syncthreads_or(bad || !req_ok);
   if (anybad) {
+#pragma unroll 1
     for (uint32_t p = threadIdx.x; p < K; p += DCPX_K_MERGE_THREADS)
       ro[p] = -1;
   }

@@ -54,8 +54,9 @@ extern "C" {
  * start, poll done, round 1 done, rescue list built, rescue stored,
  * round-2 keys copied, rescue polled, round 2 done, outputs done, row end
  * (the rescue points stay 0 on a row without a rescue); then, inside round
- * 1: its threshold found (10), its keys placed (11). */
-#define DCPX_K_PROF_POINTS 12
+ * 1: its threshold found (10), its keys placed (11); inside a rescue list
+ * built from the row: counted (12), thread 0's warp placed (13). */
+#define DCPX_K_PROF_POINTS 16
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

@@ -23,13 +23,17 @@
  *      saturated `me` builds its rescue list (its local top-K entries with
  *      ord16 >= T1: one counting and one placing pass over its row) and
  *      stores it as LL pairs tagged q2 into rescue slot
- *      popcount(mask & ((1 << me) - 1)) of row t of every rank. No fence,
- *      no flag. Every rank polls the slots of the saturated ranks (tag q2)
- *      into its staging area: round 2's keys k2, rank-major, each rank's
- *      segment padded to 4 keys: a saturated rank's rescue list, any other
- *      rank's N list with the keys outside S1 as empty.
- *   5. Round 2: flat_select over k2, pass C into `list`. seq2[t] = q2.
- *   6. Outputs from `list`; sat_word, stats; then, after a barrier (every
+ *      popcount(mask & ((1 << me) - 1)) of row t of every other rank (its
+ *      own copy goes straight into k2). No fence, no flag. Every rank
+ *      polls the slots of the other saturated ranks (tag q2) into its
+ *      staging area: round 2's keys k2, rank-major, each rank's
+ *      segment padded to 4 keys: a saturated rank's rescue list (built
+ *      in `list2`), any other rank's S1 keys compacted in order (their
+ *      entries are `list`'s, so round 2 walks about K + the extras, not
+ *      every rank's N).
+ *   5. Round 2: flat_select over k2, pass C into `list2`. seq2[t] = q2.
+ *   6. Outputs from `list` (or `list2` after a rescue); sat_word, stats;
+ *      then, after a barrier (every
  *      thread is done with the row), epoch[t] = e.
  *
  * A row whose wait gave up (timeout, own rank FAILED, group aborted)
@@ -37,7 +41,8 @@
  * leaves epoch, seq2 and stats alone: the group is recovered by zeroing.
  *
  * Shared memory: the selection state (static, ~19 KB), then, dynamic,
- * list [row_words(K)] | S1 bits | the staging area (when it fits):
+ * list [row_words(K)] | list2 [row_words(K)] | S1 bits | the staging
+ * area (when it fits):
  * k1 [W*N, to 4] | p1 [W][rw_n - N] | k2 [round-2 keys] | p2 [S][rw_k - K],
  * then the rescue list's candidate buffers (DCPX_K_CAND entries: a 32-bit
  * index and a 16-bit key each), used only when a saturated rank has more
@@ -103,14 +108,19 @@ DCPX_D void stage_word(const poll_map *m, uint32_t x, uint32_t j, uint32_t C,
 /* Polls nsrc lists of `pairs` LL pairs (tag e) into the staging area and
  * tracks the range of the non-empty entry keys. region_base: the start of
  * the polled region in this rank's workspace (record indices). *hook: the
- * fault hook is still to fire (block 0, thread 0, first row). */
+ * fault hook is still to fire (block 0, thread 0, first row). The pairs
+ * that carry tag e at the first look are staged by the unrolled fast
+ * path; the others wait one by one (dcpx_dev_wait_ll, out of line). */
 DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
                        uint32_t pairs, uint32_t C, uint32_t e,
                        uint32_t region, const char *region_base, int *hook,
                        uint32_t *kmn, uint32_t *kmx) {
+#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < pairs && !w->bw->fail; i += MT) {
+#pragma unroll 1
     for (uint32_t x0 = 0; x0 < nsrc; x0 += 8) {
       uint64_t a[8], b[8];
+      uint32_t late = 0;
 #pragma unroll
       for (uint32_t u = 0; u < 8; u++)
         if (x0 + u < nsrc)
@@ -121,46 +131,63 @@ DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
         if (x >= nsrc)
           break;
         if ((uint32_t)(a[u] >> 32) != e || (uint32_t)(b[u] >> 32) != e) {
-          if (*hook) {
-            *hook = 0;
-            dcpx_dev_fault_hook(w, e);
-          }
-          const char *p = m->src[x] + (uint64_t)i * 16u;
-          if (!dcpx_dev_wait_ll(w, p, e, region,
-                                (uint32_t)((p - region_base) / 8u), &a[u],
-                                &b[u]))
-            return;
+          late |= 1u << u;
+          continue;
         }
         stage_word(m, x, 2 * i, C, (uint32_t)a[u], kmn, kmx);
         stage_word(m, x, 2 * i + 1, C, (uint32_t)b[u], kmn, kmx);
+      }
+      if (late && *hook) {
+        *hook = 0;
+        dcpx_dev_fault_hook(w, e);
+      }
+      while (late) {
+        const uint32_t x = x0 + __ffs(late) - 1;
+        late &= late - 1;
+        const char *p = m->src[x] + (uint64_t)i * 16u;
+        uint64_t pa, pb;
+        if (!dcpx_dev_wait_ll(w, p, e, region,
+                              (uint32_t)((p - region_base) / 8u), &pa, &pb))
+          return;
+        stage_word(m, x, 2 * i, C, (uint32_t)pa, kmn, kmx);
+        stage_word(m, x, 2 * i + 1, C, (uint32_t)pb, kmn, kmx);
       }
     }
   }
 }
 
-/* Round 2's keys besides the polled rescue lists: each non-saturated
- * rank's N list with the keys outside S1 as empty, and every segment's
- * padding, into k2 (segment s at off2[s]); warp s copies rank s (W <= the
- * number of warps). */
+/* Round 2's keys besides the rescue lists: each non-saturated rank's S1
+ * keys, compacted in order (their entries are round 1's list[bound[s] +
+ * j]: the key map's s1), and every segment's padding, into k2 (segment s
+ * at off2[s]); warp s copies rank s (W <= the number of warps). */
 DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
                         const uint32_t *off2, uint32_t *k2, uint32_t mask,
                         uint32_t W, uint32_t N, uint32_t K, uint32_t *kmn,
                         uint32_t *kmx) {
-  const uint32_t s = threadIdx.x >> 5;
+  const uint32_t s = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   if (s >= W)
     return;
-  const uint32_t sat = (mask >> s) & 1u, len = sat ? K : N;
   const uint32_t o = off2[s], end = off2[s + 1] - o;
-  for (uint32_t j = (sat ? len : 0u) + (threadIdx.x & 31u); j < end; j += 32) {
-    uint32_t w = 0;
-    const uint32_t f = s * N + j;
-    if (j < len && ((bits1[f >> 5] >> (f & 31u)) & 1u)) {
-      w = k1[f];
-      *kmn = min(*kmn, w >> 16);
-      *kmx = max(*kmx, w >> 16);
+  uint32_t n = K;
+  if (!((mask >> s) & 1u)) {
+    n = 0;
+#pragma unroll 1
+    for (uint32_t j0 = 0; j0 < N; j0 += 32) {
+      const uint32_t j = j0 + lane, f = s * N + j;
+      const int in = j < N && ((bits1[f >> 5] >> (f & 31u)) & 1u);
+      const uint32_t bal = __ballot_sync(DCPX_FULL, in);
+      if (in) {
+        const uint32_t w = k1[f];
+        k2[o + n + __popc(bal & ((1u << lane) - 1u))] = w;
+        *kmn = min(*kmn, w >> 16);
+        *kmx = max(*kmx, w >> 16);
+      }
+      n += __popc(bal);
     }
-    k2[o + j] = w;
   }
+#pragma unroll 1
+  for (uint32_t j = n + lane; j < end; j += 32)
+    k2[o + j] = 0;
 }
 
 /* A block's view of its merge: the context, the plan, and its shared and
@@ -173,7 +200,7 @@ typedef struct mblk {
   poll_map *pm;
   uint32_t *bound, *off2, *kmin_s;
   char **peer;
-  uint32_t *list, *bits1, *k1, *p1, *k2, *p2, *cl;
+  uint32_t *list, *list2, *bits1, *k1, *p1, *k2, *p2, *cl;
   uint16_t *ckey;
   dcpx_key_map km;
   unsigned long long *prof;
@@ -185,7 +212,8 @@ DCPX_D void merge_block_init(mblk *b, const dcpx_kctx *c,
   b->plan = *plan;
   b->prof = c->prof;
   b->list = (uint32_t *)dyn;
-  b->bits1 = b->list + plan->list_words;
+  b->list2 = b->list + plan->list_words;
+  b->bits1 = b->list2 + plan->list_words;
   b->k1 = plan->in_smem
               ? b->bits1 + plan->bits_words
               : c->stage + (uint64_t)blockIdx.x * plan->stage_words;
@@ -197,6 +225,8 @@ DCPX_D void merge_block_init(mblk *b, const dcpx_kctx *c,
   b->km.p1 = b->p1;
   b->km.p2 = b->p2;
   b->km.off2 = b->off2;
+  b->km.s1 = b->list;
+  b->km.bound1 = b->bound;
   b->km.W = c->world;
   b->km.N = c->local_topk;
   b->km.K = c->topk;
@@ -236,7 +266,7 @@ DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
 }
 
 /* A saturated `me`'s rescue list of row t (its top-K entries >= T1) into
- * list, then stored as LL pairs tagged q2 into its slot of row t of every
+ * list2, then stored as LL pairs tagged q2 into its slot of row t of every
  * rank. */
 DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
                               uint32_t q2,
@@ -246,25 +276,45 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
   if (c->klist) {
     dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
     dcpx_dev_rescue_from_klist(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
-                               b->list);
+                               b->list2);
   } else {
-    dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list, b->ckey, b->cl,
-                         DCPX_K_CAND);
+    dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list2, b->ckey, b->cl,
+                         DCPX_K_CAND,
+                         b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
+                                 : NULL);
   }
   merge_prof(b, t, 3);
   const uint32_t slot = __popc(mask & ((1u << me) - 1u));
   const uint64_t dst = c->L.off_rescue + dcpx_rescue_offset(&c->L, t, slot, 0);
+#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < PK; i += MT) {
-    const uint2 w = ((const uint2 *)b->list)[i];
+    const uint2 w = ((const uint2 *)b->list2)[i];
+#pragma unroll 1
     for (uint32_t d = 0; d < W; d++)
-      dcpx_dev_ll_store(b->peer[d] + dst + (uint64_t)i * 16u, w.x, w.y, q2);
+      if (d != me)
+        dcpx_dev_ll_store(b->peer[d] + dst + (uint64_t)i * 16u, w.x, w.y, q2);
   }
 }
 
+/* A saturated me's own rescue list, from list2 (shared) straight into its
+ * round-2 segment and planes: nothing reads a rank's own rescue slot, so
+ * it is neither stored nor polled (docs/PROTOCOL.md 5.4). */
+DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
+                           uint32_t *kmx) {
+  const dcpx_kctx *c = b->c;
+  const uint32_t K = c->topk, me = c->rank, nw = 2u * c->L.rpairs;
+  poll_map own;
+  own.ent[0] = b->k2 + b->off2[me];
+  own.pl[0] = b->p2 + __popc(mask & ((1u << me) - 1u)) * b->km.pk2;
+#pragma unroll 1
+  for (uint32_t j = threadIdx.x; j < nw; j += MT)
+    stage_word(&own, 0, j, K, b->list2[j], kmn, kmx);
+}
+
 /* Rescue and round 2 of row t (mask != 0): a saturated me sends its rescue
- * list; every rank polls the saturated ranks' lists into k2 beside the
+ * list; every rank polls the other saturated ranks' lists into k2 beside the
  * others' S1 entries and selects again. 0 when a wait gave up, else 1
- * with the result in list and bound, *ret_total its keys. */
+ * with the result in list2 and bound, *ret_total its keys. */
 DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
                         uint32_t mask, uint32_t T1, const uint16_t *row,
                         uint32_t len, int *hook, uint32_t *ret_total) {
@@ -277,29 +327,36 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   uint32_t kmn = 0xFFFFu, kmx = 0, fbeg, fend, nz;
   if (tid == 0) {
     uint32_t o = 0;
+#pragma unroll 1
     for (uint32_t s = 0; s < W; s++) {
       b->off2[s] = o;
-      o += dcpx__pad4(((mask >> s) & 1u) ? K : N);
+      o += dcpx__pad4(((mask >> s) & 1u) ? K : b->bound[s + 1] - b->bound[s]);
     }
     b->off2[W] = o;
     *b->kmin_s = 0xFFFFu;
   }
-  if (tid < W && ((mask >> tid) & 1u)) {
+  /* The polled lists: the saturated ranks but me, y-th of them at slot
+   * x. */
+  const uint32_t others = mask & ~(1u << me);
+  if (tid < W && ((others >> tid) & 1u)) {
     const uint32_t x = __popc(mask & ((1u << tid) - 1u));
-    b->pm->src[x] = resc + dcpx_rescue_offset(&c->L, t, x, 0);
-    b->pm->pl[x] = b->p2 + x * b->km.pk2;
+    const uint32_t y = __popc(others & ((1u << tid) - 1u));
+    b->pm->src[y] = resc + dcpx_rescue_offset(&c->L, t, x, 0);
+    b->pm->pl[y] = b->p2 + x * b->km.pk2;
   }
   if ((mask >> me) & 1u)
     merge_send_rescue(b, t, mask, T1, q2, row, len);
   merge_prof(b, t, 4);
   dcpx_dev_sel_zero(b->S);
   __syncthreads();
-  if (tid < W && ((mask >> tid) & 1u))
-    b->pm->ent[__popc(mask & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
+  if (tid < W && ((others >> tid) & 1u))
+    b->pm->ent[__popc(others & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
+  if ((mask >> me) & 1u)
+    merge_keep_own(b, mask, &kmn, &kmx);
   round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, &kmn, &kmx);
   __syncthreads();
   merge_prof(b, t, 5);
-  poll_lists(wc, b->pm, __popc(mask), PK, K, q2, DCPX_REGION_RESCUE,
+  poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
              c->ws + c->L.off_rescue, hook, &kmn, &kmx);
   dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
   __syncthreads();
@@ -312,9 +369,9 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
                                        b->S->kmax, fbeg, fend, &nz);
   b->km.round = 2;
   b->km.mask = mask;
-  dcpx_dev_flat_place(b->S, b->k2, n2, &b->km, fbeg, fend, b->list, NULL);
+  dcpx_dev_flat_place(b->S, b->k2, n2, &b->km, fbeg, fend, b->list2, NULL);
   *ret_total = all ? nz : K;
-  dcpx_dev_list_bounds(b->list, *ret_total, W, b->bound);
+  dcpx_dev_list_bounds(b->list2, *ret_total, W, b->bound);
   if (tid == 0)
     seq2[t] = q2;
   merge_prof(b, t, 7);
@@ -325,6 +382,7 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
 DCPX_D void merge_row_failed(uint32_t t, uint32_t K, uint32_t sw,
                              int32_t *rows_out, int32_t *valid_out,
                              int32_t *ids_out, uint32_t *sat_out) {
+#pragma unroll 1
   for (uint32_t p = threadIdx.x; p < K; p += MT) {
     rows_out[(uint64_t)t * K + p] = -1;
     if (ids_out)
@@ -408,11 +466,13 @@ static __global__ void __launch_bounds__(MT)
     hook = 1;
   }
 
+#pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t e = dcpx_dev_epoch_next(epoch[t]);
     const int32_t req = req_id[t];
     /* The request's block-table row, read at the end: into L1 now. */
     if (req >= 0 && (uint32_t)req < bt_rows)
+#pragma unroll 1
       for (uint32_t x = tid * 32u; x < bt_cols; x += MT * 32u)
         asm volatile("prefetch.global.L1 [%0];" ::"l"(
             block_table + (uint64_t)req * bt_cols + x));
@@ -439,6 +499,7 @@ static __global__ void __launch_bounds__(MT)
       pm.ent[tid] = b.k1 + tid * N;
       pm.pl[tid] = b.p1 + tid * b.km.pwn;
     }
+#pragma unroll 1
     for (uint32_t f = W * N + tid; f < plan.k1_words; f += MT)
       b.k1[f] = 0; /* the padding keys */
     dcpx_dev_sel_zero(&S);
@@ -473,8 +534,8 @@ static __global__ void __launch_bounds__(MT)
       }
 
       /* ---- 6. outputs and the row's state ---- */
-      dcpx_dev_outputs(&oa, t, req, b.list, bound[me], bound[me + 1] - bound[me],
-                       total);
+      dcpx_dev_outputs(&oa, t, req, mask ? b.list2 : b.list, bound[me],
+                       bound[me + 1] - bound[me], total);
       merge_prof(&b, t, 8);
       if (tid == 0)
         merge_row_state(&c, t, sw, mask, sat_out);
@@ -498,7 +559,7 @@ static __global__ void __launch_bounds__(MT)
 
 size_t dcpx_k_merge_smem(const dcpx_kctx *c) {
   const merge_plan p = plan_of(c);
-  return 4u * ((size_t)p.list_words + p.bits_words +
+  return 4u * (2u * (size_t)p.list_words + p.bits_words +
                (p.in_smem ? p.stage_words : 0u)) +
          6u * (size_t)DCPX_K_CAND;
 }
@@ -509,9 +570,9 @@ size_t dcpx_k_merge_stage_bytes(const dcpx_kctx *c) {
 }
 
 int dcpx_k_merge_prepare(void) {
-  /* The largest plan: list 4224 words, bits 2048, the staging budget,
-   * the candidate buffers. */
-  const int max_dyn = 4 * (4224 + 2048) + (int)DCPX_STAGE_SMEM_BYTES +
+  /* The largest plan: list and list2 4224 words each, bits 2048, the
+   * staging budget, the candidate buffers. */
+  const int max_dyn = 4 * (2 * 4224 + 2048) + (int)DCPX_STAGE_SMEM_BYTES +
                       6 * (int)DCPX_K_CAND;
   if (cudaFuncSetAttribute(dcpx_merge_kernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,

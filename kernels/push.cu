@@ -36,10 +36,13 @@ static __device__ void push_lists(const dcpx_kctx *c, dcpx_sel_smem *S,
   dcpx_dev_local_list(S, row, len, K, kw, ckey, cl, DCPX_K_CAND);
   uint4 *dst = (uint4 *)(c->klist + (uint64_t)t * rw_k);
   uint32_t kmn = 0xFFFFu, kmx = 0;
+#pragma unroll 1
   for (uint32_t v = threadIdx.x; v < rw_k / 4; v += PT)
     dst[v] = ((const uint4 *)kw)[v];
+#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < c->L.rw_n; i += PT)
     words[i] = 0;
+#pragma unroll 1
   for (uint32_t f = threadIdx.x; f < K; f += PT) {
     const uint32_t o = kw[f] >> 16;
     if (o) {
@@ -113,6 +116,7 @@ static __global__ void __launch_bounds__(PT)
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after local_list's barriers */
 
+#pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const int32_t re = row_ends[t];
     const uint32_t len =
@@ -137,8 +141,10 @@ static __global__ void __launch_bounds__(PT)
       break;
 
     /* rw_n is a multiple of 4, so the list is exactly P pairs. */
+#pragma unroll 1
     for (uint32_t i = tid; i < P; i += PT) {
       const uint2 w = ((const uint2 *)words)[i];
+#pragma unroll 1
       for (uint32_t d = 0; d < W; d++)
         dcpx_dev_ll_store(peer[d] + slot + (uint64_t)i * 16u, w.x, w.y, e);
     }

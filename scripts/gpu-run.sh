@@ -29,6 +29,7 @@
 #   mps      W=8 rank processes on one GPU under MPS, through dcpxd: the
 #            main job, a stall, a kill -9
 #   python   python/gpu-run.sh (needs build-pygpu/)
+#   pytest   its pytest suite only (needs build-pygpu/)
 #   prof     Nsight Compute: one plain and one rescued merge of
 #            bench_kernels (warp states, source counters)
 # At the end every log but summary.txt is packed into $OUT/logs.tar.gz.
@@ -133,6 +134,17 @@ step_python() {
   tail -20 "$OUT/python.txt" | tee -a "$OUT/summary.txt"
 }
 
+step_pytest() {
+  [ -d build-pygpu ] || { say "pytest: build-pygpu/ missing"; rc=1; return; }
+  say "python package: pytest"
+  LD_LIBRARY_PATH=$PWD/build-pygpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+    DCPX_LIBRARY=$PWD/build-pygpu/lib/libdcpx.so.0 \
+    DCPXD=$PWD/build-pygpu/dcpxd PYTHONPATH=$PWD/python \
+    PYTHONDONTWRITEBYTECODE=1 timeout -k 5 300 python3 -m pytest \
+    -p no:cacheprovider -v -s -rfs python/tests > "$OUT/pytest.log" 2>&1 || rc=1
+  show "passed|failed|FAILED|Error" "$OUT/pytest.log" 20
+}
+
 step_prof() {
   # The build compiled a clean export in /tmp/dcpx-gpu-src (gpu-build.sh):
   # the source page needs the files at that path.
@@ -143,13 +155,22 @@ step_prof() {
     name=${spec%%:*} skip=${spec##*:}
     BENCH_QUICK=1 BENCH_ROWS=1 BENCH_REPS=5 BENCH_LEN=16384 \
       timeout -k 5 200 ncu --section SourceCounters --section WarpStateStats \
+      --section InstructionStats \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
       --import-source yes -k regex:dcpx_merge_kernel -s "$skip" -c 1 \
       -o "$OUT/merge_$name" -f "$B/tests/gpu/bench_kernels" \
       > "$OUT/ncu_$name.log" 2>&1 || rc=1
     ncu -i "$OUT/merge_$name.ncu-rep" --page details \
       > "$OUT/merge_${name}_details.txt" 2>&1
     say "ncu $name"
-    show "Duration|stall|Warp Cycles" "$OUT/merge_${name}_details.txt" 20
+    show "Duration|Warp Cycles|Executed Instructions" "$OUT/merge_${name}_details.txt" 20
+    # the stall reasons, largest first
+    ncu -i "$OUT/merge_$name.ncu-rep" --page raw --csv 2>/dev/null |
+      python3 -c 'import csv,sys
+r=list(csv.reader(sys.stdin))
+if len(r)>2:
+  v=[(float(x.replace(",","")),h) for h,x in zip(r[0],r[2]) if "issue_stalled" in h and x.replace(",","").replace(".","",1).isdigit()]
+  for x,h in sorted(v,reverse=True)[:12]: print("%8.2f %s"%(x,h))' | tee -a "$OUT/summary.txt"
   done
 }
 

@@ -180,7 +180,7 @@ static void note(const char *fmt, ...) {
 static void profile_merge(gg *g, const char *what) {
   static const char *names[DCPX_K_PROF_POINTS] = {
       "", "poll", "round 1", "rescue list", "rescue stores", "round-2 copy",
-      "rescue poll", "round 2", "outputs", "end", "", ""};
+      "rescue poll", "round 2", "outputs", "end", "", "", "", "", "", ""};
   const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
   unsigned long long *d = NULL, h[DCPX_K_PROF_POINTS];
   int khz = 0;
@@ -208,6 +208,11 @@ static void profile_merge(gg *g, const char *what) {
        "and mask %.2f\n",
        (double)(h[9] - h[0]) * 1e3 / khz, (double)(h[10] - h[1]) * 1e3 / khz,
        (double)(h[11] - h[10]) * 1e3 / khz, (double)(h[2] - h[11]) * 1e3 / khz);
+  if (h[12] && h[13])
+    note("  rescue list from the row = start and count %.2f + thread 0's "
+         "placing %.2f + the rest %.2f\n",
+         (double)(h[12] - h[2]) * 1e3 / khz, (double)(h[13] - h[12]) * 1e3 / khz,
+         (double)(h[3] - h[13]) * 1e3 / khz);
 }
 
 static double bench_e2e(gg *g) {
