@@ -2,6 +2,8 @@
 reference."""
 
 import multiprocessing as mp
+import os
+import sys
 import traceback
 
 import numpy as np
@@ -59,11 +61,25 @@ def compare(res, ref, rows):
             raise AssertionError(f"{name} differs in rows {bad.tolist()}")
 
 
-def run_ranks(target, world, args=(), timeout=120, ctx="fork", extra=()):
+def _default_ctx():
+    """fork, unless this process has initialised CUDA (an earlier GPU test
+    of the same pytest run): a forked child cannot use CUDA then, and
+    torch.compile touches it, so spawn. DCPX_TEST_START_METHOD overrides."""
+    forced = os.environ.get("DCPX_TEST_START_METHOD")
+    if forced:
+        return forced
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "spawn"
+    return "fork"
+
+
+def run_ranks(target, world, args=(), timeout=120, ctx=None, extra=()):
     """Runs target(rank, q, *args) in `world` processes (plus `extra`
     (rank, target, args) processes); returns {rank: result}. A rank puts
-    ("ok", rank, value) or ("err", rank, traceback) on q."""
-    c = mp.get_context(ctx)
+    ("ok", rank, value) or ("err", rank, traceback) on q. ctx: the
+    multiprocessing start method (default: _default_ctx())."""
+    c = mp.get_context(ctx or _default_ctx())
     q = c.Queue()
     barrier = c.Barrier(world)
     procs = [c.Process(target=_wrap, args=(target, r, q, barrier) +
