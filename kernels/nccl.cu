@@ -31,7 +31,9 @@
  * One block per row; push blocks of DCPX_K_PUSH_THREADS threads, round
  * blocks of DCPX_K_MERGE_THREADS (dcpx_dev_outputs needs that). Each
  * warp's keys are one contiguous segment of the flat order, 32 keys per
- * step, read from global memory (L2) by every pass.
+ * step, read from global memory (L2) by every pass; a lane finds its
+ * (rank, index) once where it starts and then steps (n1_cur, n2_cur), so
+ * no pass divides or searches per key.
  */
 #include "dcpx_device.cuh"
 
@@ -70,15 +72,30 @@ static __global__ void __launch_bounds__(LT)
 
 /* ---- round 1 -------------------------------------------------------------- */
 
-/* Key f (flat order: s * N + j) of row t: rank s's word j. */
-DCPX_D uint32_t n1_word(const uint32_t *row0, uint64_t sstride, uint32_t f,
-                        uint32_t N, float rcp_n, uint32_t *ret_s,
-                        uint32_t *ret_j) {
-  const uint32_t s = dcpx_dev_div(f, N, rcp_n);
-  const uint32_t j = f - s * N;
-  *ret_s = s;
-  *ret_j = j;
-  return row0[s * sstride + j];
+/* A lane's place in the flat order of round 1 (key f = s * N + j): one
+ * division where the lane starts, then steps of 32 keys without any. */
+typedef struct n1_cur {
+  uint32_t s, j;
+} n1_cur;
+
+DCPX_D n1_cur n1_at(uint32_t f, uint32_t N, float rcp_n) {
+  n1_cur c;
+  c.s = dcpx_dev_div(f, N, rcp_n);
+  c.j = f - c.s * N;
+  return c;
+}
+
+DCPX_D void n1_step(n1_cur *c, uint32_t N) {
+  c->j += 32u;
+  while (c->j >= N) {
+    c->j -= N;
+    c->s++;
+  }
+}
+
+/* Rank s's word j of row t (row0: rank 0's row t in recv). */
+DCPX_D uint32_t n1_word(const uint32_t *row0, uint64_t sstride, n1_cur c) {
+  return row0[c.s * sstride + c.j];
 }
 
 /* Bit 16 of l of entry j of the capacity-cap list at p. */
@@ -132,27 +149,24 @@ static __global__ void __launch_bounds__(NT)
     const uint32_t n1 = W * N;
     const uint32_t kpw = (((n1 + NW - 1) / NW) + 31u) & ~31u;
     const uint32_t fbeg = min(n1, warp * kpw), fend = min(n1, fbeg + kpw);
-    uint32_t s, j, nz;
+    const n1_cur c0 = n1_at(fbeg + lane, N, rcp_n);
+    uint32_t nz;
 
     /* pass A */
-    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
-      const uint32_t f = f0 + lane;
-      dcpx_dev_hist_add(
-          S.hist, f < fend ? n1_word(row0, sstride, f, N, rcp_n, &s, &j) >> 16
-                           : 0u);
-    }
+    n1_cur q = c0;
+    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32, n1_step(&q, N))
+      dcpx_dev_hist_add(S.hist,
+                        f0 + lane < fend ? n1_word(row0, sstride, q) >> 16 : 0u);
     const int all = dcpx_dev_sel_after_a(&S, K, &nz);
     /* pass B */
     {
       const uint32_t lim = all ? 0u : S.hb << 4;
       uint32_t gtb = 0;
-      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
-        const uint32_t f = f0 + lane;
+      q = c0;
+      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32, n1_step(&q, N))
         gtb += dcpx_dev_passb(
             S.h16 + 16u * warp,
-            f < fend ? n1_word(row0, sstride, f, N, rcp_n, &s, &j) >> 16 : 0u,
-            lim);
-      }
+            f0 + lane < fend ? n1_word(row0, sstride, q) >> 16 : 0u, lim);
       gtb = __reduce_add_sync(DCPX_FULL, gtb);
       if (lane == 0)
         S.wgtb[warp] = gtb;
@@ -162,12 +176,10 @@ static __global__ void __launch_bounds__(NT)
     {
       const uint32_t T = S.T, take = S.take, teq = T ? T : 0xFFFFFFFFu;
       uint32_t rg = S.wgt[warp], rq = S.weq[warp];
-      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
-        const uint32_t f = f0 + lane;
-        s = 0;
-        j = 0;
-        const uint32_t w =
-            f < fend ? n1_word(row0, sstride, f, N, rcp_n, &s, &j) : 0u;
+      q = c0;
+      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32, n1_step(&q, N)) {
+        const uint32_t f = f0 + lane, s = q.s, j = q.j;
+        const uint32_t w = f < fend ? n1_word(row0, sstride, q) : 0u;
         const uint32_t o = w >> 16;
         const uint32_t packed = dcpx_dev_passc(o, T, teq);
         const uint32_t incl = dcpx_dev_warp_incl(packed);
@@ -231,17 +243,34 @@ typedef struct n2_src {
   uint32_t W, N, K, mask;
 } n2_src;
 
-/* Round-2 key f (rank-major: a saturated rank's K-list, the others' N
- * lists with the keys outside S1 read as empty): word, rank, index, and
- * bit 16 of l. */
-DCPX_D uint32_t n2_word(const n2_src *q, uint32_t f, uint32_t *ret_s,
-                        uint32_t *ret_j, uint32_t *ret_hi) {
-  uint32_t s = 0;
-  while (s + 1 < q->W && q->off2[s + 1] <= f)
-    s++;
-  const uint32_t j = f - q->off2[s];
-  *ret_s = s;
-  *ret_j = j;
+/* A lane's place in round 2's flat order (key f = off2[s] + j): found by
+ * a scan where the lane starts, then advanced 32 keys a step. */
+typedef struct n2_cur {
+  uint32_t s, j;
+} n2_cur;
+
+DCPX_D n2_cur n2_at(const n2_src *q, uint32_t f) {
+  n2_cur c;
+  c.s = 0;
+  while (c.s + 1 < q->W && q->off2[c.s + 1] <= f)
+    c.s++;
+  c.j = f - q->off2[c.s];
+  return c;
+}
+
+DCPX_D void n2_step(const n2_src *q, n2_cur *c) {
+  c->j += 32u;
+  while (c->s + 1 < q->W && q->off2[c->s] + c->j >= q->off2[c->s + 1]) {
+    c->j -= q->off2[c->s + 1] - q->off2[c->s];
+    c->s++;
+  }
+}
+
+/* Round-2 key at c (rank-major: a saturated rank's K-list, the others' N
+ * lists with the keys outside S1 read as empty): its word, and bit 16 of
+ * its l. */
+DCPX_D uint32_t n2_word(const n2_src *q, n2_cur c, uint32_t *ret_hi) {
+  const uint32_t s = c.s, j = c.j;
   if ((q->mask >> s) & 1u) {
     const uint32_t *p = q->krow0 + s * q->kstride;
     *ret_hi = n_hi(p, q->K, j);
@@ -305,23 +334,22 @@ static __global__ void __launch_bounds__(NT)
     const uint32_t n2 = off2[W];
     const uint32_t kpw = (((n2 + NW - 1) / NW) + 31u) & ~31u;
     const uint32_t fbeg = min(n2, warp * kpw), fend = min(n2, fbeg + kpw);
-    uint32_t s, j, hi, nz;
+    const n2_cur c0 = n2_at(&q, fbeg + lane);
+    n2_cur at = c0;
+    uint32_t hi, nz;
 
-    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
-      const uint32_t f = f0 + lane;
+    for (uint32_t f0 = fbeg; f0 < fend; f0 += 32, n2_step(&q, &at))
       dcpx_dev_hist_add(S.hist,
-                        f < fend ? n2_word(&q, f, &s, &j, &hi) >> 16 : 0u);
-    }
+                        f0 + lane < fend ? n2_word(&q, at, &hi) >> 16 : 0u);
     const int all = dcpx_dev_sel_after_a(&S, K, &nz);
     {
       const uint32_t lim = all ? 0u : S.hb << 4;
       uint32_t gtb = 0;
-      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
-        const uint32_t f = f0 + lane;
+      at = c0;
+      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32, n2_step(&q, &at))
         gtb += dcpx_dev_passb(
             S.h16 + 16u * warp,
-            f < fend ? n2_word(&q, f, &s, &j, &hi) >> 16 : 0u, lim);
-      }
+            f0 + lane < fend ? n2_word(&q, at, &hi) >> 16 : 0u, lim);
       gtb = __reduce_add_sync(DCPX_FULL, gtb);
       if (lane == 0)
         S.wgtb[warp] = gtb;
@@ -332,13 +360,12 @@ static __global__ void __launch_bounds__(NT)
       uint32_t rg = S.wgt[warp], rq = S.weq[warp];
       if (tid == 0)
         bound[W] = all ? nz : K;
-      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32) {
-        const uint32_t f = f0 + lane;
-        const int v = f < fend;
-        s = 0;
-        j = 1;
+      at = c0;
+      for (uint32_t f0 = fbeg; f0 < fend; f0 += 32, n2_step(&q, &at)) {
+        const int v = f0 + lane < fend;
+        const uint32_t s = at.s, j = at.j;
         hi = 0;
-        const uint32_t w = v ? n2_word(&q, f, &s, &j, &hi) : 0u;
+        const uint32_t w = v ? n2_word(&q, at, &hi) : 0u;
         const uint32_t o = w >> 16;
         const uint32_t packed = dcpx_dev_passc(o, T, teq);
         const uint32_t incl = dcpx_dev_warp_incl(packed);
