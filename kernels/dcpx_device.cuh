@@ -1460,6 +1460,41 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
   __syncthreads();
 }
 
+/* ---- call counters (dcpx_kernels.h dcpx_k_counters) ---------------------- */
+
+/* Thread 0 of each block of a merge grid, after its last row: adds the
+ * block's finished rows, rescued rows and failure to the call, and, in the
+ * grid's last block, closes the call and publishes the totals to h (the
+ * rank's health block, host memory). */
+DCPX_D void dcpx_dev_count_call(dcpx_k_counters *c, dcpx_rank_health *h,
+                                uint32_t rows, uint32_t rescued,
+                                uint32_t failed) {
+  if (rows)
+    atomicAdd(&c->call_rows, (unsigned long long)rows);
+  if (rescued)
+    atomicAdd(&c->call_rescue, (unsigned long long)rescued);
+  if (failed)
+    atomicOr(&c->call_failed, 1u);
+  __threadfence();
+  if (atomicAdd(&c->ticket, 1u) != gridDim.x - 1)
+    return;
+  __threadfence();
+  const unsigned long long r = atomicExch(&c->call_rows, 0ull);
+  const unsigned long long q = atomicExch(&c->call_rescue, 0ull);
+  if (atomicExch(&c->call_failed, 0u)) {
+    c->failed_calls++;
+  } else {
+    c->calls++;
+    c->rows += r;
+    c->rescue_rows += q;
+  }
+  c->ticket = 0;
+  h->calls = c->calls;
+  h->rows = c->rows;
+  h->rescue_rows = c->rescue_rows;
+  h->failed_calls = c->failed_calls;
+}
+
 /* ---- outputs (docs/PROTOCOL.md section 5.6) ------------------------------------ */
 
 /* What the output stage needs besides the row's selection. */

@@ -58,6 +58,21 @@ extern "C" {
  * built from the row: counted (12), thread 0's warp placed (13). */
 #define DCPX_K_PROF_POINTS 16
 
+/* A rank's call counters in device memory (kctx.ctr, 64 bytes, allocated
+ * by the library at join and kept across recoveries). The merge adds each
+ * call: every block its rows that finished, those that ran a rescue, and
+ * whether one failed, into call_*; the last block to finish (ticket) moves
+ * them into the totals (a call with a failed row counts as failed_calls,
+ * its rows not at all, as in the host backend) and stores the totals into
+ * the rank's health block of the control page (plain stores: one writer).
+ * So `dcpxctl stats` shows the CUDA backend's calls too. */
+typedef struct dcpx_k_counters {
+  unsigned long long calls, rows, rescue_rows, failed_calls;
+  unsigned long long call_rows, call_rescue;
+  unsigned int call_failed, ticket;
+  unsigned int pad[2];
+} dcpx_k_counters;
+
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull
 
@@ -82,6 +97,7 @@ typedef struct dcpx_kctx {
   unsigned long long *prof; /* NULL, or (diagnostics) device [rows_max]
                       [DCPX_K_PROF_POINTS]: the merge's clock64 at the
                       phase points of merge.cu, thread 0 of each row */
+  dcpx_k_counters *ctr; /* device, zeroed at join; NULL: no counters */
   uint32_t *klist; /* dcpx_k_klist_bytes (device), or NULL: the push keeps
                       each row's local top-K list here, so that a rescue
                       only filters it; with NULL a saturated rank's merge
@@ -210,6 +226,9 @@ typedef struct dcpx_nkctx {
   dcpx_nccl_layout NL; /* dcpx_nccl_layout_compute(&NL, &L) */
   char *ws;            /* this rank's workspace (device) */
   char *buf;           /* this rank's NCCL buffer, NL.bytes (device) */
+  dcpx_k_counters *ctr;     /* as kctx.ctr (round 1 counts), or NULL */
+  dcpx_rank_health *health; /* this rank's health block (device address
+                               of the control page), with ctr */
 } dcpx_nkctx;
 
 static inline int dcpx_kn_ctx_check(const dcpx_nkctx *c) {
@@ -250,6 +269,8 @@ static inline void dcpx_kn_ctx_init(dcpx_nkctx *c, const dcpx_shape *sh,
   dcpx_nccl_layout_compute(&c->NL, &c->L);
   c->ws = NULL;
   c->buf = NULL;
+  c->ctr = NULL;
+  c->health = NULL;
 }
 
 /* The all-gathers' buffers and counts (uint32 elements per rank). */

@@ -381,7 +381,8 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
 /* A row whose wait gave up: -1 outputs, sat_word as far as known. */
 DCPX_D void merge_row_failed(uint32_t t, uint32_t K, uint32_t sw,
                              int32_t *rows_out, int32_t *valid_out,
-                             int32_t *ids_out, uint32_t *sat_out) {
+                             int32_t *ids_out, uint32_t *sat_out,
+                             uint32_t *cnt) {
 #pragma unroll 1
   for (uint32_t p = threadIdx.x; p < K; p += MT) {
     rows_out[(uint64_t)t * K + p] = -1;
@@ -389,15 +390,19 @@ DCPX_D void merge_row_failed(uint32_t t, uint32_t K, uint32_t sw,
       ids_out[(uint64_t)t * K + p] = -1;
   }
   if (threadIdx.x == 0) {
+    cnt[2]++;
     valid_out[t] = -1;
     if (sat_out)
       sat_out[t] = sw;
   }
 }
 
-/* The row's state after its outputs (thread 0). */
+/* The row's state after its outputs (thread 0); cnt: the block's rows
+ * finished, rescued, failed. */
 DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
-                            uint32_t mask, uint32_t *sat_out) {
+                            uint32_t mask, uint32_t *sat_out, uint32_t *cnt) {
+  cnt[0]++;
+  cnt[1] += mask != 0;
   uint32_t *satw = (uint32_t *)(c->ws + c->L.off_sat);
   unsigned long long *stats =
       (unsigned long long *)(c->ws + c->L.off_stats);
@@ -424,6 +429,7 @@ static __global__ void __launch_bounds__(MT)
   __shared__ uint32_t off2[DCPX_MAX_WORLD + 1];
   __shared__ uint32_t kmin_s;
   __shared__ char *peer[DCPX_MAX_WORLD];
+  __shared__ uint32_t cnt[3]; /* rows finished, rescued, failed */
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -450,6 +456,8 @@ static __global__ void __launch_bounds__(MT)
                          c.interleave, plan.rcp_b, plan.rcp_i);
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after the row's first barrier */
+  if (tid < 3)
+    cnt[tid] = 0;
   /* PDL: this merge may have started while its push still runs (it was
    * launched when every push block had advanced the call sequence); it
    * waits for the push's completion before it reads the push's klist and
@@ -538,12 +546,12 @@ static __global__ void __launch_bounds__(MT)
                        bound[me + 1] - bound[me], total);
       merge_prof(&b, t, 8);
       if (tid == 0)
-        merge_row_state(&c, t, sw, mask, sat_out);
+        merge_row_state(&c, t, sw, mask, sat_out, cnt);
       ok = 1;
     } while (0);
 
     if (!ok)
-      merge_row_failed(t, K, sw, rows_out, valid_out, ids_out, sat_out);
+      merge_row_failed(t, K, sw, rows_out, valid_out, ids_out, sat_out, cnt);
     /* Every thread is done with row t, and the own push grid has completed
      * (PDL wait): the next call's epoch. */
     __syncthreads();
@@ -553,6 +561,8 @@ static __global__ void __launch_bounds__(MT)
     }
     merge_prof(&b, t, 9);
   }
+  if (c.ctr && tid == 0)
+    dcpx_dev_count_call(c.ctr, c.health + me, cnt[0], cnt[1], cnt[2]);
 }
 
 /* ---- host side ------------------------------------------------------------ */

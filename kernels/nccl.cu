@@ -114,6 +114,7 @@ static __global__ void __launch_bounds__(NT)
                             float rcp_i) {
   __shared__ dcpx_sel_smem S;
   __shared__ uint32_t rcnt[DCPX_MAX_WORLD];
+  __shared__ uint32_t cnt[2]; /* rows, rescued (thread 0) */
   extern __shared__ uint4 dyn[];
   const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
   const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
@@ -203,6 +204,10 @@ static __global__ void __launch_bounds__(NT)
     const uint32_t own = __shfl_sync(DCPX_FULL, rc, me);
     const uint32_t sw = (mask << 16) | (all ? 0u : S.T);
     if (tid == 0) {
+      if (t == blockIdx.x)
+        cnt[0] = cnt[1] = 0;
+      cnt[0]++;
+      cnt[1] += mask != 0;
       gmask[t] = mask;
       satw[t] = sw;
       if (sat_out)
@@ -230,6 +235,10 @@ static __global__ void __launch_bounds__(NT)
     }
     __syncthreads(); /* shared state is reused by the next row */
   }
+  /* The grid is one block per row, so every block counted a row; no wait
+   * can fail here. */
+  if (c.ctr && tid == 0)
+    dcpx_dev_count_call(c.ctr, c.health, cnt[0], cnt[1], 0);
 }
 
 /* ---- round 2 -------------------------------------------------------------- */

@@ -173,6 +173,8 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
     c->klist = NULL;
     if (dcpx_k_klist_wanted(c))
       CK(cudaMalloc((void **)&c->klist, dcpx_k_klist_bytes(c)));
+    CK(cudaMalloc((void **)&c->ctr, sizeof(dcpx_k_counters)));
+    CK(cudaMemset(c->ctr, 0, sizeof(dcpx_k_counters)));
     KCK(dcpx_k_ctx_check(c));
 
     g->h_logits[r] = (uint16_t *)calloc(nlog, 2);
@@ -211,6 +213,7 @@ static inline void gg_free(gg *g) {
       cudaFree(g->kc[r].stage);
     if (g->kc[r].klist)
       cudaFree(g->kc[r].klist);
+    cudaFree(g->kc[r].ctr);
     cudaFree(g->d_logits_base[r]);
     cudaFree(g->d_ends[r]);
     cudaFree(g->d_req[r]);

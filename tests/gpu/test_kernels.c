@@ -517,6 +517,20 @@ static int run_case(const tcase *tc, uint64_t seed) {
         break;
       }
   }
+  /* The call counters the merges published into the control page. */
+  for (uint32_t r = 0; r < g.W && !bad && !hung; r++) {
+    const dcpx_rank_health *h = &g.health[r];
+    if (h->calls != tc->calls || h->rows != total_rows ||
+        h->rescue_rows != rescue_rows || h->failed_calls != 0) {
+      printf("  %s: rank %u counters calls=%" PRIu64 " rows=%" PRIu64
+             " rescue_rows=%" PRIu64 " failed=%" PRIu64 ", want %u %" PRIu64
+             " %" PRIu64 " 0\n",
+             tc->name, r, (uint64_t)h->calls, (uint64_t)h->rows,
+             (uint64_t)h->rescue_rows, (uint64_t)h->failed_calls, tc->calls,
+             total_rows, rescue_rows);
+      bad++;
+    }
+  }
   if (tc->rescue > 0 && rescue_rows == 0) {
     printf("  %s: expected rescue rows, the reference ran none\n", tc->name);
     bad++;

@@ -136,6 +136,7 @@ typedef struct rank_t {
   int32_t *g_rows, *g_valid, *g_ids;
   uint32_t *g_sat;
   char *ws; /* workspace (LL slots etc.; sat/stats for nccl) */
+  dcpx_k_counters *ctr; /* call counters, shared by both transports */
   dcpx_nkctx nk;
   ncclComm_t comm;
   dcpx_kctx kc;
@@ -277,6 +278,10 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
                   cudaMemcpyHostToDevice));
     dcpx_kn_ctx_init(&k->nk, &s, r);
     k->nk.ws = k->ws;
+    CK(cudaMalloc((void **)&k->ctr, sizeof(dcpx_k_counters)));
+    CK(cudaMemset(k->ctr, 0, sizeof(dcpx_k_counters)));
+    k->nk.ctr = k->ctr;
+    k->nk.health = (dcpx_rank_health *)(w->ctl_d + w->L.off_ranks) + r;
     CK(cudaMalloc((void **)&k->nk.buf, k->nk.NL.bytes));
     CK(cudaMemset(k->nk.buf, 0, k->nk.NL.bytes));
     KCK(dcpx_kn_ctx_check(&k->nk));
@@ -316,6 +321,7 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
                                                        : 0;
       c->stage = NULL;
       c->klist = NULL;
+      c->ctr = w->rk[i].ctr;
       if (dcpx_k_merge_stage_bytes(c))
         CK(cudaMalloc((void **)&c->stage, dcpx_k_merge_stage_bytes(c)));
       if (dcpx_k_klist_wanted(c))
@@ -343,6 +349,7 @@ static void world_free(world_t *w) {
       cudaFree(k->kc.stage);
     if (k->kc.klist)
       cudaFree(k->kc.klist);
+    cudaFree(k->ctr);
     cudaFree(k->d_end);
     cudaFree(k->d_req);
     cudaFree(k->d_bt);
@@ -546,6 +553,19 @@ static int run_exact(const tcase *tc, uint32_t W, const int *devs,
                 cudaMemcpyDeviceToHost));
   const uint64_t want = (uint64_t)calls * (w->ll_ok ? 2 : 1);
   int stats_ok = st[0] == want;
+  /* the call counters in the control page: every call of both paths */
+  for (uint32_t r = 0; r < W; r++) {
+    const dcpx_rank_health *h =
+        (const dcpx_rank_health *)((char *)w->ctl_h + w->L.off_ranks) + r;
+    if (h->calls != want || h->rows != want * tc->rows || h->failed_calls) {
+      printf("  rank %u counters calls=%llu rows=%llu failed=%llu, want %llu "
+             "%llu 0\n",
+             r, (unsigned long long)h->calls, (unsigned long long)h->rows,
+             (unsigned long long)h->failed_calls, (unsigned long long)want,
+             (unsigned long long)(want * tc->rows));
+      stats_ok = 0;
+    }
+  }
   int ok = bad_n == 0 && bad_l == 0 && stats_ok;
   printf("%s %-8s W=%-2u R=%-3u rows=%-3u N=%-4u K=%-4u len<=%-6u nccl %s, "
          "ll %s%s\n",
