@@ -18,9 +18,9 @@
  * 0 OK, 1 WARNING, 2 CRITICAL (also when dcpxd is unreachable), 3 UNKNOWN.
  * `stats --format=openmetrics|prometheus` writes metrics for Prometheus.
  *
- * The JSON writer is the small one below (no dependency): compact output,
- * strings escaped per RFC 8259, bytes outside ASCII written as \u00XX, so
- * the output is always valid JSON whatever the daemon sent.
+ * JSON (--json) is written by json-c: compact, one document a line, UTF-8
+ * text as it is (a byte of invalid UTF-8 from the daemon becomes '?'), so the
+ * output is always valid JSON whatever the daemon sent.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -47,6 +47,7 @@
 #include <dcpx/version.h>
 
 #include "dcpx.h"
+#include "dcpxctl-json.h"
 #include "frame.h"
 #include "layout.h"
 
@@ -66,102 +67,6 @@ enum { FMT_TEXT, FMT_OPENMETRICS, FMT_PROMETHEUS };
 static const char *arg_socket;
 static bool arg_json;
 static int arg_timeout_ms = 10000;
-
-/* ---- JSON writer --------------------------------------------------------- */
-
-typedef struct jw {
-  FILE *f;
-  int depth;
-  bool first[32];
-} jw;
-
-static void jw_string(jw *w, const char *s) {
-  fputc('"', w->f);
-  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-    switch (*p) {
-    case '"':
-      fputs("\\\"", w->f);
-      break;
-    case '\\':
-      fputs("\\\\", w->f);
-      break;
-    case '\n':
-      fputs("\\n", w->f);
-      break;
-    case '\r':
-      fputs("\\r", w->f);
-      break;
-    case '\t':
-      fputs("\\t", w->f);
-      break;
-    default:
-      if (*p < 0x20 || *p >= 0x7f)
-        fprintf(w->f, "\\u%04x", *p);
-      else
-        fputc(*p, w->f);
-    }
-  }
-  fputc('"', w->f);
-}
-
-/* Separator and key of the next value (key NULL inside arrays). */
-static void jw_prefix(jw *w, const char *key) {
-  if (!w->first[w->depth])
-    fputc(',', w->f);
-  w->first[w->depth] = false;
-  if (key) {
-    jw_string(w, key);
-    fputc(':', w->f);
-  }
-}
-
-static void jw_open(jw *w, const char *key, char ch) {
-  jw_prefix(w, key);
-  fputc(ch, w->f);
-  if (w->depth < 31)
-    w->depth++;
-  w->first[w->depth] = true;
-}
-static void jw_close(jw *w, char ch) {
-  fputc(ch, w->f);
-  if (w->depth > 0)
-    w->depth--;
-}
-#define jw_obj(w, key) jw_open(w, key, '{')
-#define jw_obj_end(w) jw_close(w, '}')
-#define jw_arr(w, key) jw_open(w, key, '[')
-#define jw_arr_end(w) jw_close(w, ']')
-
-static void jw_str(jw *w, const char *key, const char *v) {
-  jw_prefix(w, key);
-  jw_string(w, v);
-}
-static void jw_u64(jw *w, const char *key, uint64_t v) {
-  jw_prefix(w, key);
-  fprintf(w->f, "%" PRIu64, v);
-}
-static void jw_i64(jw *w, const char *key, int64_t v) {
-  jw_prefix(w, key);
-  fprintf(w->f, "%" PRId64, v);
-}
-static void jw_bool(jw *w, const char *key, bool v) {
-  jw_prefix(w, key);
-  fputs(v ? "true" : "false", w->f);
-}
-static void jw_null(jw *w, const char *key) {
-  jw_prefix(w, key);
-  fputs("null", w->f);
-}
-static void jw_double(jw *w, const char *key, double v) {
-  jw_prefix(w, key);
-  fprintf(w->f, "%.6g", v);
-}
-
-static jw jw_start(void) {
-  jw w = {.f = stdout, .depth = 0};
-  w.first[0] = true;
-  return w;
-}
 
 /* ---- parsing helpers ----------------------------------------------------- */
 
@@ -393,12 +298,12 @@ static int connect_daemon(void) {
 /* Prints a daemon error (human or JSON) and returns EXIT_DAEMON_ERROR. */
 static int daemon_error(int status, const char *msg) {
   if (arg_json) {
-    jw w = jw_start();
+    jw w = jw_start(stdout);
     jw_obj(&w, NULL);
     jw_i64(&w, "status", status);
     jw_str(&w, "error", msg && *msg ? msg : dcpx_strerror(status));
     jw_obj_end(&w);
-    fputc('\n', stdout);
+    jw_end(&w);
   }
   if (!quiet_errors)
     fprintf(stderr, "dcpxctl: dcpxd: %s (%s)\n",
@@ -463,8 +368,12 @@ static int run_command(Dcpx__Command *cmd) {
     return r;
   }
   dcpx__frame_free(in);
-  if (arg_json)
-    printf("{\"status\":0}\n");
+  if (arg_json) {
+    jw w = jw_start(stdout);
+    jw_obj(&w, NULL);
+    jw_i64(&w, "status", 0);
+    jw_end(&w);
+  }
   return EXIT_OK;
 }
 
@@ -549,7 +458,7 @@ static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
 }
 
 static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
-  jw w = jw_start();
+  jw w = jw_start(stdout);
   bool all_ok = true;
 
   jw_obj(&w, NULL);
@@ -628,7 +537,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   if (qr->records_note && *qr->records_note)
     jw_str(&w, "note", qr->records_note);
   jw_obj_end(&w);
-  fputc('\n', stdout);
+  jw_end(&w);
 }
 
 static void print_shape(const Dcpx__GroupInfo *g) {
@@ -1242,7 +1151,7 @@ static int cmd_records(int argc, char **argv) {
     return r;
   const Dcpx__QueryReply *qr = in->query_reply;
   if (arg_json) {
-    jw w = jw_start();
+    jw w = jw_start(stdout);
     jw_obj(&w, NULL);
     jw_arr(&w, "records");
     for (size_t i = 0; i < qr->n_records; i++)
@@ -1250,7 +1159,7 @@ static int cmd_records(int argc, char **argv) {
     jw_arr_end(&w);
     jw_str(&w, "note", qr->records_note);
     jw_obj_end(&w);
-    fputc('\n', stdout);
+    jw_end(&w);
   } else if (qr->n_records == 0) {
     printf("no records\n");
   } else {
