@@ -79,12 +79,14 @@ static const struct option long_options[] = {
     {"max-workspace-bytes-per-uid", required_argument, NULL,
      OPT_SETTING + 17},
     {"max-queued-bytes", required_argument, NULL, OPT_SETTING + 18},
+    {"log-rate-burst", required_argument, NULL, OPT_SETTING + 19},
+    {"log-rate-interval-ms", required_argument, NULL, OPT_SETTING + 20},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
-#define N_SETTINGS 19
+#define N_SETTINGS 21
 
 static void help(void) {
   printf("Usage: dcpxd [OPTION]...\n"
@@ -160,6 +162,13 @@ static void help(void) {
          "                               suffixes; default 4M)\n"
          "      --log-level=LEVEL        err, warning, notice, info (default) "
          "or debug\n"
+         "      --log-rate-burst=N       log at most N lines of one kind "
+         "(format)\n"
+         "                               per interval, then a count (default "
+         "%u;\n"
+         "                               0: no limit)\n"
+         "      --log-rate-interval-ms=N the interval, 1..3600000 (default "
+         "%u)\n"
          "  -h, --help                   this text\n"
          "  -V, --version                the version\n"
          "\n"
@@ -170,7 +179,8 @@ static void help(void) {
          DCPXD_MAX_POLL_MS, DCPXD_DEFAULT_POLL_MS,
          DCPXD_DEFAULT_JOIN_TIMEOUT_MS, DCPXD_DEFAULT_HELLO_TIMEOUT_MS,
          DCPXD_DEFAULT_IDLE_TIMEOUT_MS, DCPXD_DEFAULT_MAX_CONNS_PER_UID,
-         DCPXD_DEFAULT_MAX_GROUPS_PER_UID);
+         DCPXD_DEFAULT_MAX_GROUPS_PER_UID, DCPXD_LOG_DEFAULT_BURST,
+         DCPXD_LOG_DEFAULT_INTERVAL_MS);
 }
 
 static void version(void) {
@@ -469,6 +479,15 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
     c->records_max_bytes = u;
     return 0;
   }
+  if (strcmp(key, "log-rate-burst") == 0) {
+    if (dcpxd_parse_u64(v, 10, &u) < 0 || u > 1000000)
+      return log_error_errno(
+          -EINVAL, "%s: log-rate-burst '%s' must be 0..1000000", where, v);
+    c->log_rate_burst = (uint32_t)u;
+    return 0;
+  }
+  if (strcmp(key, "log-rate-interval-ms") == 0)
+    return set_ms(&c->log_rate_interval_ms, key, v, 3600000u, where);
   if (strcmp(key, "log-level") == 0) {
     r = dcpxd_log_level_from_string(v);
     if (r < 0)
@@ -653,6 +672,8 @@ static void conf_defaults(dcpxd_conf *c) {
   c->max_groups_per_uid = DCPXD_DEFAULT_MAX_GROUPS_PER_UID;
   c->max_queued_bytes = DCPXD_DEFAULT_MAX_QUEUED_BYTES;
   c->log_level = LOG_INFO;
+  c->log_rate_burst = DCPXD_LOG_DEFAULT_BURST;
+  c->log_rate_interval_ms = DCPXD_LOG_DEFAULT_INTERVAL_MS;
 }
 
 int dcpxd_conf_load(dcpxd_conf *c, int argc, char **argv) {

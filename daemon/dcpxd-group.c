@@ -193,7 +193,7 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   dcpx__text_clean(msg);
-  log_ratelimited(LOG_NOTICE, "conn %" PRIu64 " (pid %d): join refused (%s): %s",
+  log_notice( "conn %" PRIu64 " (pid %d): join refused (%s): %s",
                   c->id, (int)c->pid, dcpx_strerror(status), msg);
   rep.status = status;
   rep.error = msg;

@@ -298,6 +298,7 @@ struct dcpxd_manager {
   uv_timer_t health_timer;
   bool health_active;
   uv_timer_t watchdog_timer;
+  uv_timer_t log_timer; /* writes the rate limiter's summaries on time */
   uv_signal_t sig_term, sig_int, sig_hup;
 
   bool stopping;
