@@ -359,6 +359,9 @@ static void member_attach(dcpxd_group *g, uint32_t rank, dcpxd_conn *c,
   g->live++;
   g->awaiting &= ~(1u << rank);
   (void)dcpxd_conn_watch_pid(c);
+  if (g->hdr) /* formed: a replacement or a reattach */
+    dcpxd_secrets_set_pid(g->m->secrets, g->name, g->shape.world, rank,
+                          c->pid);
 }
 
 /* Allocates the memory of a group whose W ranks all joined, fills the
@@ -400,7 +403,13 @@ static void group_form(dcpxd_group *g) {
   g->hdr->generation = g->generation;
   g->hdr->abort = 0;
   g->hdr->recovering = 0;
-  r = dcpxd_secrets_add(g->m->secrets, g->name, g->owner, g->hdr->secret);
+  {
+    pid_t pids[DCPX_MAX_WORLD];
+    for (uint32_t i = 0; i < W; i++)
+      pids[i] = g->member[i].pid;
+    r = dcpxd_secrets_add(g->m->secrets, g->name, g->owner, W, pids,
+                          g->hdr->secret);
+  }
   if (r < 0)
     goto fail;
   for (uint32_t i = 0; i < W; i++) {
