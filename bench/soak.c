@@ -88,40 +88,13 @@ static int gang_wait(gang_state *g, uint32_t W) {
 
 /* Hello + Query GROUPS on a connection of its own; 0 or a code. */
 static int ops_query(const char *sock) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
   Dcpx__Frame f = DCPX__FRAME__INIT, *in = NULL;
-  Dcpx__Hello h = DCPX__HELLO__INIT;
   Dcpx__Query q = DCPX__QUERY__INIT;
-  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
-  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  char err[256];
+  int s = dcpx__ops_connect(sock, "soak", 10000, err, sizeof(err)), r;
 
   if (s < 0)
-    return -errno;
-  if (strlen(sock) >= sizeof(sa.sun_path)) {
-    r = -ENAMETOOLONG;
-    goto out;
-  }
-  memcpy(sa.sun_path, sock, strlen(sock) + 1);
-  if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-    r = -errno;
-    goto out;
-  }
-  h.version = DCPX_PROTO_VERSION;
-  h.agent = "soak";
-  f.msg_case = DCPX__FRAME__MSG_HELLO;
-  f.hello = &h;
-  r = dcpx__frame_send(s, &f, NULL, 0);
-  if (r == 0)
-    r = dcpx__frame_recv(s, &in, fds, DCPX_FRAME_MAX_FDS, &nfds);
-  if (r < 0)
-    goto out;
-  r = in->msg_case == DCPX__FRAME__MSG_REPLY && in->reply
-          ? in->reply->status
-          : DCPX_E_PROTO;
-  dcpx__frame_free(in);
-  in = NULL;
-  if (r < 0)
-    goto out;
+    return s;
   q.what = DCPX__QUERY__WHAT__GROUPS;
   q.group = "";
   q.rank = -1;
@@ -129,16 +102,13 @@ static int ops_query(const char *sock) {
   f.query = &q;
   r = dcpx__frame_send(s, &f, NULL, 0);
   if (r == 0)
-    r = dcpx__frame_recv(s, &in, fds, DCPX_FRAME_MAX_FDS, &nfds);
+    r = dcpx__frame_recv_answer(s, 10000, &in);
   if (r == 0)
     r = in->msg_case == DCPX__FRAME__MSG_QUERY_REPLY && in->query_reply &&
                 in->query_reply->reply
             ? in->query_reply->reply->status
             : DCPX_E_PROTO;
   dcpx__frame_free(in);
-out:
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
   close(s);
   return r;
 }

@@ -105,21 +105,6 @@ const char *dcpxd_region_name(uint32_t id) {
   }
 }
 
-const char *dcpxd_abort_reason_name(uint32_t reason) {
-  switch (reason) {
-  case 0:
-    return "none";
-  case DCPX_ABORT_ALARM:
-    return "alarm";
-  case DCPX_ABORT_DEAD:
-    return "dead";
-  case DCPX_ABORT_OPERATOR:
-    return "operator";
-  default:
-    return "unknown";
-  }
-}
-
 const char *dcpxd_group_state_name(const dcpxd_group *g) {
   switch (g->state) {
   case DCPXD_GROUP_FORMING:
@@ -725,7 +710,7 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
              "brought back its memory; generation %u, %s, abort=%s; "
              "awaiting ranks %s",
              g->name, rank, (int)c->pid, g->generation,
-             dcpxd_group_state_name(g), dcpxd_abort_reason_name(hdr->abort),
+             dcpxd_group_state_name(g), dcpx__abort_reason_name(hdr->abort),
              k ? awaited : "none");
   if (j->generation && j->generation != g->generation)
     log_info("group=%s: rank %u saw generation %u, the page says %u",
@@ -1023,11 +1008,11 @@ void dcpxd_group_abort(dcpxd_group *g, uint32_t reason, int32_t rank,
     if (g->state == DCPXD_GROUP_READY)
       g->state = DCPXD_GROUP_ABORTED;
     log_warning("group=%s gen=%u aborted: reason=%s rank=%d: %s", g->name,
-                g->generation, dcpxd_abort_reason_name(reason), (int)rank,
+                g->generation, dcpx__abort_reason_name(reason), (int)rank,
                 detail);
   } else {
     log_info("group=%s gen=%u (already aborted): reason=%s rank=%d: %s",
-             g->name, g->generation, dcpxd_abort_reason_name(reason), (int)rank,
+             g->name, g->generation, dcpx__abort_reason_name(reason), (int)rank,
              detail);
   }
   dcpxd_health_harvest(g);

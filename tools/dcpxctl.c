@@ -50,8 +50,10 @@
 #include "dcpxctl-json.h"
 #include "frame.h"
 #include "layout.h"
+#include "transport.h"
 
-#define DEFAULT_SOCKET "/run/dcpx/dcpxd.sock"
+/* The default socket: libdcpx's, from dcpx.h. */
+#define DEFAULT_SOCKET DCPX_DEFAULT_SOCKET
 
 enum {
   EXIT_OK = 0,
@@ -219,25 +221,13 @@ static int die_unreachable(const char *fmt, ...) {
 
 /* Receives the next frame that is not an Event; NULL on failure (printed). */
 static Dcpx__Frame *recv_answer(void) {
-  for (;;) {
-    struct pollfd p = {.fd = sock_fd, .events = POLLIN};
-    Dcpx__Frame *f = NULL;
-    int r = poll(&p, 1, arg_timeout_ms);
-    if (r == 0) {
-      die_unreachable("no answer from dcpxd within %d ms", arg_timeout_ms);
-      return NULL;
-    }
-    r = dcpx__frame_recv(sock_fd, &f, NULL, 0, NULL);
-    if (r == -EAGAIN || r == -EINTR)
-      continue;
-    if (r < 0) {
-      die_unreachable("receiving from dcpxd: %s", dcpx_strerror(r));
-      return NULL;
-    }
-    if (f->msg_case != DCPX__FRAME__MSG_EVENT)
-      return f;
-    dcpx__frame_free(f);
-  }
+  Dcpx__Frame *f = NULL;
+  int r = dcpx__frame_recv_answer(sock_fd, arg_timeout_ms, &f);
+  if (r == DCPX_E_TIMEDOUT)
+    die_unreachable("no answer from dcpxd within %d ms", arg_timeout_ms);
+  else if (r < 0)
+    die_unreachable("receiving from dcpxd: %s", dcpx_strerror(r));
+  return r < 0 ? NULL : f;
 }
 
 static int send_frame(const Dcpx__Frame *f) {
@@ -247,51 +237,17 @@ static int send_frame(const Dcpx__Frame *f) {
   return 0;
 }
 
-/* Connects and says Hello. Returns 0 or an exit status. */
+/* Connects and says Hello (dcpx__ops_connect: $DCPX_SOCKET, the default
+ * socket). Returns 0 or an exit status. */
 static int connect_daemon(void) {
-  const char *path = arg_socket;
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  Dcpx__Frame f = DCPX__FRAME__INIT, *in;
-  Dcpx__Hello h = DCPX__HELLO__INIT;
-  int st;
-
-  if (!path)
-    path = getenv("DCPX_SOCKET");
-  if (!path || !*path)
-    path = DEFAULT_SOCKET;
-  if (strlen(path) >= sizeof(sa.sun_path))
-    return usage_error("socket path too long: %s", path);
-  strcpy(sa.sun_path, path);
-  sock_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (sock_fd < 0)
-    return die_unreachable("socket: %s", strerror(errno));
-  if (connect(sock_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-    return die_unreachable("cannot reach dcpxd at %s: %s", path,
-                           strerror(errno));
-
-  h.version = DCPX_PROTO_VERSION;
-  h.agent = "dcpxctl " DCPX_VERSION_STRING;
-  f.msg_case = DCPX__FRAME__MSG_HELLO;
-  f.hello = &h;
-  if (send_frame(&f) < 0)
-    return EXIT_UNREACHABLE;
-  in = recv_answer();
-  if (!in)
-    return EXIT_UNREACHABLE;
-  if (in->msg_case != DCPX__FRAME__MSG_REPLY || !in->reply) {
-    dcpx__frame_free(in);
-    return die_unreachable("dcpxd at %s answered Hello with an unexpected "
-                           "message",
-                           path);
-  }
-  st = in->reply->status;
-  if (st < 0) {
-    die_unreachable("dcpxd at %s refused the connection: %s (%s)", path,
-                    in->reply->error, dcpx_strerror(st));
-    dcpx__frame_free(in);
-    return EXIT_UNREACHABLE;
-  }
-  dcpx__frame_free(in);
+  char err[512];
+  int r = dcpx__ops_connect(arg_socket, "dcpxctl " DCPX_VERSION_STRING,
+                            arg_timeout_ms, err, sizeof(err));
+  if (r == DCPX_E_INVAL)
+    return usage_error("%s", err);
+  if (r < 0)
+    return die_unreachable("%s", err);
+  sock_fd = r;
   return 0;
 }
 
@@ -379,27 +335,13 @@ static int run_command(Dcpx__Command *cmd) {
 
 /* ---- rendering ----------------------------------------------------------- */
 
+/* The name tables are common/transport.c's, shared with dcpxd (the
+ * protobuf enums have the public constants' values). */
 static const char *transport_name(int t) {
-  return t == DCPX__TRANSPORT__TRANSPORT_NCCL ? "nccl"
-         : t == DCPX__TRANSPORT__TRANSPORT_LL ? "ll"
-                                              : "auto";
+  return dcpx__transport_name((uint32_t)t);
 }
 static const char *backend_name(int b) {
-  return b == DCPX__BACKEND__BACKEND_CUDA ? "cuda" : "host";
-}
-static const char *abort_name(uint32_t a) {
-  switch (a) {
-  case 0:
-    return "none";
-  case DCPX_ABORT_ALARM:
-    return "alarm";
-  case DCPX_ABORT_DEAD:
-    return "dead";
-  case DCPX_ABORT_OPERATOR:
-    return "operator";
-  default:
-    return "unknown";
-  }
+  return dcpx__backend_name((uint32_t)b);
 }
 
 /* A rank's state; the bad ones in capitals for humans (`shout`), all in
@@ -474,7 +416,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
     jw_bool(&w, "healthy", ok);
     jw_u64(&w, "generation", g->generation);
     jw_u64(&w, "abort", g->abort);
-    jw_str(&w, "abort_reason", abort_name(g->abort));
+    jw_str(&w, "abort_reason", dcpx__abort_reason_name(g->abort));
     jw_u64(&w, "joined", g->joined);
     if (g->shape) {
       jw_u64(&w, "world", g->shape->world);
@@ -592,7 +534,7 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
     printf("%s %s: %s, generation %u, %u/%u ranks", ok ? "*" : "!", g->name,
            g->state, g->generation, g->joined, g->shape ? g->shape->world : 0);
     if (g->abort)
-      printf(", abort=%s", abort_name(g->abort));
+      printf(", abort=%s", dcpx__abort_reason_name(g->abort));
     printf(", %" PRIu64 " abort%s, %" PRIu64 " recover%s", g->aborts,
            g->aborts == 1 ? "" : "s", g->recoveries,
            g->recoveries == 1 ? "y" : "ies");
@@ -1447,7 +1389,7 @@ static int cmd_check(int argc, char **argv) {
     uint64_t rows = 0, rescue = 0;
     if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
       problem(crit, sizeof(crit), "group %s aborted (%s)", g->name,
-              abort_name(g->abort));
+              dcpx__abort_reason_name(g->abort));
     else if (strcmp(g->state, "recovering") == 0)
       problem(warn, sizeof(warn), "group %s recovering", g->name);
     for (size_t k = 0; k < g->n_ranks; k++) {
