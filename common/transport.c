@@ -1,5 +1,6 @@
 /* transport.c - the transport rule (common/transport.h). Pure C. */
 #include "transport.h"
+#include "layout.h"
 
 int dcpx__transport_resolve(uint32_t requested, uint32_t world,
                             const int32_t *devices,
@@ -37,4 +38,15 @@ const char *dcpx__backend_name(uint32_t b) {
       [DCPX_BACKEND_CUDA] = "cuda",
   };
   return b < sizeof(names) / sizeof(names[0]) ? names[b] : "unknown";
+}
+
+const char *dcpx__abort_reason_name(uint32_t reason) {
+  static const char *const names[] = {
+      [0] = "none",
+      [DCPX_ABORT_ALARM] = "alarm",
+      [DCPX_ABORT_DEAD] = "dead",
+      [DCPX_ABORT_OPERATOR] = "operator",
+  };
+  return reason < sizeof(names) / sizeof(names[0]) ? names[reason]
+                                                   : "unknown";
 }

@@ -42,5 +42,10 @@ __attribute__((visibility("hidden"))) const char *
 dcpx__transport_name(uint32_t transport);
 __attribute__((visibility("hidden"))) const char *
 dcpx__backend_name(uint32_t backend);
+/* The abort reasons of the control page (DCPX_ABORT_*, layout.h): 0 ->
+ * "none", "alarm", "dead", "operator"; anything else -> "unknown". One
+ * table for dcpxd's logs and dcpxctl. */
+__attribute__((visibility("hidden"))) const char *
+dcpx__abort_reason_name(uint32_t reason);
 
 #endif /* DCPX_COMMON_TRANSPORT_H */

@@ -1,9 +1,12 @@
 /* dcpxd-conf.c - defaults, config file and flags (dcpxd-conf.h).
  *
- * The config file is a list of "key = value" lines; blank lines and lines
- * whose first non-blank character is '#' are ignored, and so is the rest of
- * a line from a '#' that follows a blank. A value may be "double quoted".
- * Keys are the long flag names; '_' is accepted for '-'.
+ * The config file is an INI file without sections, "key = value" lines,
+ * read by inih (dcpxd.conf(5)); blank lines and lines whose first non-blank
+ * character is '#' or ';' are ignored, and so is the rest of a line from a
+ * '#' or ';' that follows a blank. A value may be "double quoted". Keys are
+ * the long flag names; '_' is accepted for '-'. inih splits the lines; the
+ * reader and handler below add line numbers to its errors and the rest of
+ * the format (conf_read_line, conf_handler).
  *
  * Loading runs getopt twice: the first pass only looks for --config,
  * --help and --version; then the file is read; then the second pass applies
@@ -21,6 +24,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <pwd.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +32,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <ini.h>
 
 #include <dcpx/version.h>
 
@@ -73,12 +79,14 @@ static const struct option long_options[] = {
     {"max-workspace-bytes-per-uid", required_argument, NULL,
      OPT_SETTING + 17},
     {"max-queued-bytes", required_argument, NULL, OPT_SETTING + 18},
+    {"log-rate-burst", required_argument, NULL, OPT_SETTING + 19},
+    {"log-rate-interval-ms", required_argument, NULL, OPT_SETTING + 20},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
-#define N_SETTINGS 19
+#define N_SETTINGS 21
 
 static void help(void) {
   printf("Usage: dcpxd [OPTION]...\n"
@@ -154,6 +162,13 @@ static void help(void) {
          "                               suffixes; default 4M)\n"
          "      --log-level=LEVEL        err, warning, notice, info (default) "
          "or debug\n"
+         "      --log-rate-burst=N       log at most N lines of one kind "
+         "(format)\n"
+         "                               per interval, then a count (default "
+         "%u;\n"
+         "                               0: no limit)\n"
+         "      --log-rate-interval-ms=N the interval, 1..3600000 (default "
+         "%u)\n"
          "  -h, --help                   this text\n"
          "  -V, --version                the version\n"
          "\n"
@@ -164,7 +179,8 @@ static void help(void) {
          DCPXD_MAX_POLL_MS, DCPXD_DEFAULT_POLL_MS,
          DCPXD_DEFAULT_JOIN_TIMEOUT_MS, DCPXD_DEFAULT_HELLO_TIMEOUT_MS,
          DCPXD_DEFAULT_IDLE_TIMEOUT_MS, DCPXD_DEFAULT_MAX_CONNS_PER_UID,
-         DCPXD_DEFAULT_MAX_GROUPS_PER_UID);
+         DCPXD_DEFAULT_MAX_GROUPS_PER_UID, DCPXD_LOG_DEFAULT_BURST,
+         DCPXD_LOG_DEFAULT_INTERVAL_MS);
 }
 
 static void version(void) {
@@ -463,6 +479,15 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
     c->records_max_bytes = u;
     return 0;
   }
+  if (strcmp(key, "log-rate-burst") == 0) {
+    if (dcpxd_parse_u64(v, 10, &u) < 0 || u > 1000000)
+      return log_error_errno(
+          -EINVAL, "%s: log-rate-burst '%s' must be 0..1000000", where, v);
+    c->log_rate_burst = (uint32_t)u;
+    return 0;
+  }
+  if (strcmp(key, "log-rate-interval-ms") == 0)
+    return set_ms(&c->log_rate_interval_ms, key, v, 3600000u, where);
   if (strcmp(key, "log-level") == 0) {
     r = dcpxd_log_level_from_string(v);
     if (r < 0)
@@ -473,73 +498,165 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
   return log_error_errno(-EINVAL, "%s: unknown setting '%s'", where, key);
 }
 
-static char *strip(char *s) {
-  char *e;
-  while (isspace((unsigned char)*s))
-    s++;
-  e = s + strlen(s);
-  while (e > s && isspace((unsigned char)e[-1]))
-    *--e = '\0';
-  return s;
+/* The config file goes through inih (ini_parse_stream). inih itself knows
+ * nothing of line numbers in its handler (Debian builds it without
+ * INI_HANDLER_LINENO) and, built without INI_STOP_ON_FIRST_ERROR, goes on
+ * after a bad line; so it reads through conf_read_line(), which counts the
+ * lines, refuses what inih would silently mangle, and ends the parse (EOF)
+ * at the first error, so that exactly one error, with its line, is logged. */
+typedef struct conf_file {
+  FILE *f;
+  const char *path;
+  dcpxd_conf *c;
+  unsigned lineno;  /* the line inih has last been given */
+  bool key_line;    /* that line holds a setting: the handler must see it */
+  bool handled;     /* the handler has seen it */
+  int error;        /* the first error, logged; stops the parse */
+} conf_file;
+
+static void conf_where(const conf_file *cf, char *where, size_t size) {
+  snprintf(where, size, "%s:%u", cf->path, cf->lineno);
+}
+
+/* Logs the first error of the file, with its line, and ends the parse. */
+static int conf_file_error(conf_file *cf, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int conf_file_error(conf_file *cf, const char *fmt, ...) {
+  char where[PATH_MAX + 32], text[512];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof(text), fmt, ap);
+  va_end(ap);
+  conf_where(cf, where, sizeof(where));
+  return cf->error = log_error_errno(-EINVAL, "%s: %s", where, text);
+}
+
+/* A line that inih took for a setting but did not hand over was one it
+ * could not parse: no '=' (or ':'). */
+static bool conf_check_last_line(conf_file *cf) {
+  if (!cf->error && cf->key_line && !cf->handled)
+    conf_file_error(cf, "expected 'key = value'");
+  return !cf->error;
+}
+
+/* inih's reader (fgets-like). Hands inih one line at a time, with its
+ * leading blanks removed: inih would take an indented line for the
+ * continuation of the previous value, while here blanks before a key mean
+ * nothing. A NUL byte, a line longer than inih's buffer (which inih would
+ * split in two) and a [section] header are errors. */
+static char *conf_read_line(char *str, int num, void *stream) {
+  conf_file *cf = stream;
+  size_t n = 0, cap = (size_t)num - 1;
+  bool at_start = true;
+  int ch;
+
+  if (!conf_check_last_line(cf))
+    return NULL;
+  while ((ch = getc(cf->f)) != EOF) {
+    if (at_start && (ch == ' ' || ch == '\t'))
+      continue;
+    at_start = false;
+    if (ch == '\0') {
+      cf->lineno++;
+      conf_file_error(cf, "NUL byte in line");
+      return NULL;
+    }
+    if (n == cap) {
+      cf->lineno++;
+      conf_file_error(cf, "line longer than %zu bytes", cap);
+      return NULL;
+    }
+    str[n++] = (char)ch;
+    if (ch == '\n')
+      break;
+  }
+  if (n == 0 && ch == EOF)
+    return NULL;
+  str[n] = '\0';
+  cf->lineno++;
+  cf->handled = false;
+  cf->key_line = !strchr("#;\r\n", str[0]);
+  if (str[0] == '[') {
+    conf_file_error(cf, "sections are not used: settings are 'key = value' "
+                        "lines");
+    return NULL;
+  }
+  return str;
+}
+
+/* inih's handler: one "key = value" line, the value with inih's
+ * inline ';' comment gone and blanks stripped. What remains here is the
+ * rest of the format: '_' for '-' in keys, a '#' comment after a blank,
+ * "double quotes". Returns 0 (an error) to inih only for form; the parse
+ * ends at the next read anyway. */
+static int conf_handler(void *user, const char *section, const char *name,
+                        const char *value) {
+  conf_file *cf = user;
+  char key[64], val[4096], where[PATH_MAX + 32];
+
+  (void)section; /* always "": the reader refuses [section] lines */
+  cf->handled = true;
+  if (cf->error)
+    return 0;
+  if (!*name)
+    return conf_file_error(cf, "missing key"), 0;
+  if (strlen(name) >= sizeof(key))
+    return conf_file_error(cf, "unknown setting '%.40s...'", name), 0;
+  strcpy(key, name);
+  for (char *p = key; *p; p++)
+    if (*p == '_')
+      *p = '-';
+  if (strlen(value) >= sizeof(val))
+    return conf_file_error(cf, "value too long"), 0;
+  strcpy(val, value);
+  if (*val == '"') {
+    char *q = strchr(val + 1, '"'), *rest;
+    if (!q)
+      return conf_file_error(cf, "unterminated quote"), 0;
+    *q = '\0';
+    rest = q + 1 + strspn(q + 1, " \t\r");
+    if (*rest && *rest != '#')
+      return conf_file_error(cf, "text after closing quote"), 0;
+    memmove(val, val + 1, strlen(val + 1) + 1);
+  } else {
+    for (char *h = val; (h = strchr(h, '#')); h++)
+      if (h > val && isblank((unsigned char)h[-1])) {
+        *h = '\0';
+        while (h > val && isblank((unsigned char)h[-1]))
+          *--h = '\0';
+        break;
+      }
+    val[strcspn(val, "\r")] = '\0';
+  }
+  if (strcmp(key, "config") == 0)
+    return conf_file_error(cf, "'config' cannot be set in a file"), 0;
+  conf_where(cf, where, sizeof(where));
+  cf->error = conf_set(cf->c, key, val, SRC_FILE, where);
+  return cf->error == 0;
 }
 
 static int conf_load_file(dcpxd_conf *c, const char *path, bool must_exist) {
   _cleanup_fclose_ FILE *f = fopen(path, "re");
-  _cleanup_free_ char *line = NULL;
-  size_t cap = 0;
-  unsigned lineno = 0;
-  ssize_t len;
+  conf_file cf = {.f = f, .path = path, .c = c};
+  int r;
 
   if (!f) {
     if (errno == ENOENT && !must_exist)
       return 0;
     return log_error_errno(-errno, "Cannot read config file %s: %m", path);
   }
-  while ((len = getline(&line, &cap, f)) >= 0) {
-    char where[PATH_MAX + 32], *key, *val, *eq, *hash;
-    lineno++;
-    dcpxd_bprintf(where, "%s:%u", path, lineno);
-    if ((size_t)len != strlen(line))
-      return log_error_errno(-EINVAL, "%s: NUL byte in line", where);
-    key = strip(line);
-    if (!*key || *key == '#')
-      continue;
-    eq = strchr(key, '=');
-    if (!eq)
-      return log_error_errno(-EINVAL, "%s: expected 'key = value'", where);
-    *eq = '\0';
-    val = strip(eq + 1);
-    key = strip(key);
-    for (char *p = key; *p; p++)
-      if (*p == '_')
-        *p = '-';
-    if (*val == '"') {
-      char *q = strchr(val + 1, '"');
-      if (!q)
-        return log_error_errno(-EINVAL, "%s: unterminated quote", where);
-      *q = '\0';
-      if (*strip(q + 1) && *strip(q + 1) != '#')
-        return log_error_errno(-EINVAL, "%s: text after closing quote", where);
-      val++;
-    } else {
-      for (hash = val; (hash = strchr(hash, '#')); hash++)
-        if (hash > val && isspace((unsigned char)hash[-1])) {
-          *hash = '\0';
-          val = strip(val);
-          break;
-        }
-    }
-    if (!*key)
-      return log_error_errno(-EINVAL, "%s: missing key", where);
-    if (strcmp(key, "config") == 0)
-      return log_error_errno(-EINVAL, "%s: 'config' cannot be set in a file",
-                             where);
-    int r = conf_set(c, key, val, SRC_FILE, where);
-    if (r < 0)
-      return r;
-  }
+  r = ini_parse_stream(conf_read_line, &cf, conf_handler, &cf);
+  if (cf.error)
+    return cf.error;
   if (ferror(f))
-    return log_error_errno(-EIO, "Cannot read config file %s: %m", path);
+    return log_error_errno(-EIO, "Cannot read config file %s", path);
+  if (!conf_check_last_line(&cf))
+    return cf.error;
+  if (r > 0) /* inih found an error that the checks above did not */
+    return log_error_errno(-EINVAL, "%s:%d: expected 'key = value'", path, r);
+  if (r < 0)
+    return log_error_errno(-ENOMEM, "Cannot parse config file %s", path);
   return 0;
 }
 
@@ -555,6 +672,8 @@ static void conf_defaults(dcpxd_conf *c) {
   c->max_groups_per_uid = DCPXD_DEFAULT_MAX_GROUPS_PER_UID;
   c->max_queued_bytes = DCPXD_DEFAULT_MAX_QUEUED_BYTES;
   c->log_level = LOG_INFO;
+  c->log_rate_burst = DCPXD_LOG_DEFAULT_BURST;
+  c->log_rate_interval_ms = DCPXD_LOG_DEFAULT_INTERVAL_MS;
 }
 
 int dcpxd_conf_load(dcpxd_conf *c, int argc, char **argv) {

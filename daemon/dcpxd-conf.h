@@ -64,6 +64,8 @@ typedef struct dcpxd_conf {
   bool fault_injection;
   uint64_t records_max_bytes; /* rotate records.log beyond this */
   int log_level;
+  uint32_t log_rate_burst;       /* lines per format per interval; 0: all */
+  uint32_t log_rate_interval_ms; /* the rate limiter's interval */
   char *config_path; /* the file read, or NULL */
 
   /* Which source last set each list, so that flags replace the file's

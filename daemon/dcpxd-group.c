@@ -105,21 +105,6 @@ const char *dcpxd_region_name(uint32_t id) {
   }
 }
 
-const char *dcpxd_abort_reason_name(uint32_t reason) {
-  switch (reason) {
-  case 0:
-    return "none";
-  case DCPX_ABORT_ALARM:
-    return "alarm";
-  case DCPX_ABORT_DEAD:
-    return "dead";
-  case DCPX_ABORT_OPERATOR:
-    return "operator";
-  default:
-    return "unknown";
-  }
-}
-
 const char *dcpxd_group_state_name(const dcpxd_group *g) {
   switch (g->state) {
   case DCPXD_GROUP_FORMING:
@@ -193,7 +178,7 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   dcpx__text_clean(msg);
-  log_ratelimited(LOG_NOTICE, "conn %" PRIu64 " (pid %d): join refused (%s): %s",
+  log_notice( "conn %" PRIu64 " (pid %d): join refused (%s): %s",
                   c->id, (int)c->pid, dcpx_strerror(status), msg);
   rep.status = status;
   rep.error = msg;
@@ -359,6 +344,9 @@ static void member_attach(dcpxd_group *g, uint32_t rank, dcpxd_conn *c,
   g->live++;
   g->awaiting &= ~(1u << rank);
   (void)dcpxd_conn_watch_pid(c);
+  if (g->hdr) /* formed: a replacement or a reattach */
+    dcpxd_secrets_set_pid(g->m->secrets, g->name, g->shape.world, rank,
+                          c->pid);
 }
 
 /* Allocates the memory of a group whose W ranks all joined, fills the
@@ -400,7 +388,13 @@ static void group_form(dcpxd_group *g) {
   g->hdr->generation = g->generation;
   g->hdr->abort = 0;
   g->hdr->recovering = 0;
-  r = dcpxd_secrets_add(g->m->secrets, g->name, g->owner, g->hdr->secret);
+  {
+    pid_t pids[DCPX_MAX_WORLD];
+    for (uint32_t i = 0; i < W; i++)
+      pids[i] = g->member[i].pid;
+    r = dcpxd_secrets_add(g->m->secrets, g->name, g->owner, W, pids,
+                          g->hdr->secret);
+  }
   if (r < 0)
     goto fail;
   for (uint32_t i = 0; i < W; i++) {
@@ -716,7 +710,7 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
              "brought back its memory; generation %u, %s, abort=%s; "
              "awaiting ranks %s",
              g->name, rank, (int)c->pid, g->generation,
-             dcpxd_group_state_name(g), dcpxd_abort_reason_name(hdr->abort),
+             dcpxd_group_state_name(g), dcpx__abort_reason_name(hdr->abort),
              k ? awaited : "none");
   if (j->generation && j->generation != g->generation)
     log_info("group=%s: rank %u saw generation %u, the page says %u",
@@ -1014,11 +1008,11 @@ void dcpxd_group_abort(dcpxd_group *g, uint32_t reason, int32_t rank,
     if (g->state == DCPXD_GROUP_READY)
       g->state = DCPXD_GROUP_ABORTED;
     log_warning("group=%s gen=%u aborted: reason=%s rank=%d: %s", g->name,
-                g->generation, dcpxd_abort_reason_name(reason), (int)rank,
+                g->generation, dcpx__abort_reason_name(reason), (int)rank,
                 detail);
   } else {
     log_info("group=%s gen=%u (already aborted): reason=%s rank=%d: %s",
-             g->name, g->generation, dcpxd_abort_reason_name(reason), (int)rank,
+             g->name, g->generation, dcpx__abort_reason_name(reason), (int)rank,
              detail);
   }
   dcpxd_health_harvest(g);

@@ -1,9 +1,22 @@
 /* dcpxd-log.c - stderr logging, with syslog priority prefixes when stderr
- * is the journal (dcpxd-log.h).
+ * is the journal (dcpxd-log.h), and rate limiting of repeated lines.
  *
  * Each message is formatted into one buffer and written with one write(2),
  * so that lines from the daemon never interleave mid-line, and a message
- * longer than the buffer is cut (with "...") rather than split. */
+ * longer than the buffer is cut (with "...") rather than split.
+ *
+ * Rate limiting (like journald's RateLimitIntervalSec/RateLimitBurst, but
+ * per call site): the key of a line is its format string (the pointer: one
+ * call site, or the few that share a literal). Each key has a window that
+ * opens at its first line; in it, the first dcpxd_log_rate_burst lines are
+ * written and the rest counted. When the window has ended, the next log
+ * call or dcpxd_log_ratelimit_flush() (dcpxd's timer, armed through
+ * dcpxd_log_on_suppress, and its exit) writes one summary line for the key,
+ * "suppressed N similar lines ...", and frees it. Keys live in a small
+ * table, probed from a hash of the pointer; when every probed slot holds a
+ * live window of another key, the line is written unlimited (fail open:
+ * distinct lines are never dropped for lack of room). The daemon is one
+ * thread, so nothing here locks. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -21,6 +34,9 @@
 #include "dcpxd-log.h"
 
 int dcpxd_log_max_level = LOG_INFO;
+unsigned dcpxd_log_rate_burst = DCPXD_LOG_DEFAULT_BURST;
+uint32_t dcpxd_log_rate_interval_ms = DCPXD_LOG_DEFAULT_INTERVAL_MS;
+void (*dcpxd_log_on_suppress)(void);
 
 static const char *const level_names[] = {
     "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
@@ -97,11 +113,10 @@ static void expand_m(char *out, size_t size, const char *fmt, int error) {
   out[o] = '\0';
 }
 
-int dcpxd_log_internal(int level, int error, const char *fmt, ...) {
+/* Formats and writes one line. */
+static void log_write(int level, int error, const char *fmt, va_list ap) {
   char f[1024], line[4096];
-  int saved_errno = errno;
   size_t n;
-  va_list ap;
 
   expand_m(f, sizeof(f), fmt, error);
   if (log_journal < 0)
@@ -115,12 +130,10 @@ int dcpxd_log_internal(int level, int error, const char *fmt, ...) {
   else
     n = 0;
   size_t prefix = n;
-  va_start(ap, fmt);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
   int k = vsnprintf(line + n, sizeof(line) - n - 1, f, ap);
 #pragma GCC diagnostic pop
-  va_end(ap);
   if (k < 0)
     k = 0;
   if ((size_t)k >= sizeof(line) - n - 1) {
@@ -144,28 +157,115 @@ int dcpxd_log_internal(int level, int error, const char *fmt, ...) {
       break;
     off += (size_t)w;
   }
+}
+
+static void log_line(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void log_line(int level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  log_write(level, 0, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- rate limiting ------------------------------------------------------ */
+
+#define RL_SLOTS 256 /* keys with a live window at once */
+#define RL_PROBES 8
+
+typedef struct rl_slot {
+  const char *key; /* the format string; NULL: free */
+  uint64_t start_ns;
+  unsigned n, dropped;
+  int level; /* of the last dropped line, for the summary */
+} rl_slot;
+
+static rl_slot rl_slots[RL_SLOTS];
+static unsigned rl_live; /* slots in use */
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t interval_ns(void) {
+  return (uint64_t)dcpxd_log_rate_interval_ms * 1000000ull;
+}
+
+/* Ends the window of a slot: its summary if it dropped lines, then free. */
+static void rl_end(rl_slot *s) {
+  if (s->dropped)
+    log_line(s->level,
+             "suppressed %u similar lines in %u ms (rate limit %u; "
+             "\"%.80s\")",
+             s->dropped, dcpxd_log_rate_interval_ms, dcpxd_log_rate_burst,
+             s->key);
+  s->key = NULL;
+  rl_live--;
+}
+
+void dcpxd_log_ratelimit_flush(bool all) {
+  uint64_t now;
+
+  if (!rl_live)
+    return;
+  now = now_ns();
+  for (size_t i = 0; i < RL_SLOTS && rl_live; i++)
+    if (rl_slots[i].key &&
+        (all || now - rl_slots[i].start_ns >= interval_ns()))
+      rl_end(&rl_slots[i]);
+}
+
+bool dcpxd_log_suppressing(void) {
+  for (size_t i = 0; i < RL_SLOTS && rl_live; i++)
+    if (rl_slots[i].key && rl_slots[i].dropped)
+      return true;
+  return false;
+}
+
+/* True if the line with this format may be written now. */
+static bool rl_admit(const char *key, int level) {
+  uintptr_t h = (uintptr_t)key;
+  rl_slot *free_slot = NULL;
+
+  if (dcpxd_log_rate_burst == 0)
+    return true;
+  dcpxd_log_ratelimit_flush(false);
+  h ^= h >> 17;
+  h *= 0x9e3779b97f4a7c15ull;
+  for (unsigned p = 0; p < RL_PROBES; p++) {
+    rl_slot *s = &rl_slots[(h + p) % RL_SLOTS];
+    if (s->key == key) {
+      if (s->n < dcpxd_log_rate_burst) {
+        s->n++;
+        return true;
+      }
+      if (s->dropped++ == 0 && dcpxd_log_on_suppress)
+        dcpxd_log_on_suppress();
+      s->level = level;
+      return false;
+    }
+    if (!s->key && !free_slot)
+      free_slot = s;
+  }
+  if (free_slot) {
+    *free_slot = (rl_slot){.key = key, .start_ns = now_ns(), .n = 1};
+    rl_live++;
+  }
+  return true; /* a new window, or no room: written */
+}
+
+int dcpxd_log_internal(int level, int error, const char *fmt, ...) {
+  int saved_errno = errno;
+  va_list ap;
+
+  if (rl_admit(fmt, level)) {
+    va_start(ap, fmt);
+    log_write(level, error, fmt, ap);
+    va_end(ap);
+  }
   errno = saved_errno;
   return -abs(error);
 }
 
-bool dcpxd_ratelimit_ok(dcpxd_ratelimit *rl, int level) {
-  struct timespec ts;
-  uint64_t now;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-  if (now - rl->start_ns >= 1000000000ull) {
-    if (rl->dropped)
-      dcpxd_log_internal(level, 0, "(%u similar messages suppressed)",
-                         rl->dropped);
-    rl->start_ns = now;
-    rl->n = 0;
-    rl->dropped = 0;
-  }
-  if (rl->n < DCPXD_LOG_BURST) {
-    rl->n++;
-    return true;
-  }
-  rl->dropped++;
-  return false;
-}

@@ -60,25 +60,26 @@ int dcpxd_log_level_from_string(const char *s);
 #define log_warning_errno(e, ...) log_full_errno(LOG_WARNING, e, __VA_ARGS__)
 #define log_error_errno(e, ...) log_full_errno(LOG_ERR, e, __VA_ARGS__)
 
-/* Rate limiting, for lines a client can cause at will (a refused
- * connection, a protocol error, a refused join): each call site of
- * log_ratelimited logs at most DCPXD_LOG_BURST lines a second; the next
- * line after a second in which some were dropped says how many. */
-#define DCPXD_LOG_BURST 20
-typedef struct dcpxd_ratelimit {
-  uint64_t start_ns;
-  unsigned n, dropped;
-} dcpxd_ratelimit;
+/* Rate limiting of repeated lines (dcpxd(8), "Logging"): per format
+ * string, at most dcpxd_log_rate_burst lines in dcpxd_log_rate_interval_ms,
+ * then one "suppressed N similar lines" summary when the interval has
+ * ended. Burst 0: no limit. Set from log-rate-burst and
+ * log-rate-interval-ms. */
+#define DCPXD_LOG_DEFAULT_BURST 20u
+#define DCPXD_LOG_DEFAULT_INTERVAL_MS 1000u
+extern unsigned dcpxd_log_rate_burst;
+extern uint32_t dcpxd_log_rate_interval_ms;
 
-/* True if a line may be logged now (and logs the count dropped before). */
-bool dcpxd_ratelimit_ok(dcpxd_ratelimit *rl, int level);
+/* Called when a key starts dropping lines, so that the daemon can arm a
+ * timer that calls dcpxd_log_ratelimit_flush(false) after the interval
+ * (otherwise the summary waits for the next log line). */
+extern void (*dcpxd_log_on_suppress)(void);
 
-#define log_ratelimited(level, ...)                                            \
-  do {                                                                         \
-    static dcpxd_ratelimit _rl;                                                \
-    int _lv = (level);                                                         \
-    if (_lv <= dcpxd_log_max_level && dcpxd_ratelimit_ok(&_rl, _lv))           \
-      (void)dcpxd_log_internal(_lv, 0, __VA_ARGS__);                           \
-  } while (0)
+/* Writes the summaries of windows that have ended (all of them, ended or
+ * not, if all), and frees their keys. */
+void dcpxd_log_ratelimit_flush(bool all);
+
+/* True while some key is dropping lines (its summary not yet written). */
+bool dcpxd_log_suppressing(void);
 
 #endif /* DCPXD_LOG_H */

@@ -298,7 +298,7 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
     return;
   }
   if (!dcpxd_may_operate(c)) {
-    log_ratelimited(LOG_NOTICE,
+    log_notice(
                     "conn %" PRIu64 " (pid %d uid %u): command %d refused: "
                     "not an admin",
                     c->id, (int)c->pid, (unsigned)c->uid, (int)cmd->kind);
@@ -309,7 +309,7 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
   }
   if (cmd->kind == DCPX__COMMAND__KIND__FAULT_STALL &&
       !c->m->conf->fault_injection) {
-    log_ratelimited(LOG_NOTICE,
+    log_notice(
                     "conn %" PRIu64 " (pid %d uid %u): fault stall refused: "
                     "fault injection is disabled",
                     c->id, (int)c->pid, (unsigned)c->uid);

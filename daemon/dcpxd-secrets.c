@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,8 @@ typedef struct entry {
   char name[DCPXD_GROUP_NAME_MAX + 1];
   uid_t owner;
   uint8_t secret[DCPX_CTL_SECRET_BYTES];
+  uint32_t n_pids; /* 0: none known (an entry of an older dcpxd) */
+  pid_t pid[DCPX_MAX_WORLD];
 } entry;
 
 struct dcpxd_secrets {
@@ -32,10 +35,21 @@ struct dcpxd_secrets {
 static int parse_line(const char *line, entry *e) {
   char hex[2 * DCPX_CTL_SECRET_BYTES + 2];
   unsigned uid;
+  int end = 0;
 
-  if (sscanf(line, "%63s %u %65s", e->name, &uid, hex) != 3 ||
+  if (sscanf(line, "%63s %u %65s %n", e->name, &uid, hex, &end) != 3 ||
       strlen(hex) != 2 * DCPX_CTL_SECRET_BYTES)
     return -EINVAL;
+  /* PID,PID,... of ranks 0..W-1 (0: not held), absent in older files. */
+  for (const char *p = line + end; *p && *p != '\n';) {
+    char *q;
+    long pid = strtol(p, &q, 10);
+    if (q == p || pid < 0 || pid > INT32_MAX || e->n_pids == DCPX_MAX_WORLD ||
+        (*q != ',' && *q != '\n' && *q != '\0'))
+      return -EINVAL;
+    e->pid[e->n_pids++] = (pid_t)pid;
+    p = *q == ',' ? q + 1 : q;
+  }
   for (size_t i = 0; i < DCPX_CTL_SECRET_BYTES; i++) {
     unsigned b;
     if (sscanf(hex + 2 * i, "%2x", &b) != 1)
@@ -81,6 +95,8 @@ static int save(dcpxd_secrets *s) {
     fprintf(f, "%s %u ", s->e[i].name, (unsigned)s->e[i].owner);
     for (size_t k = 0; k < DCPX_CTL_SECRET_BYTES; k++)
       fprintf(f, "%02x", s->e[i].secret[k]);
+    for (uint32_t k = 0; k < s->e[i].n_pids; k++)
+      fprintf(f, "%c%d", k ? ',' : ' ', (int)s->e[i].pid[k]);
     fputc('\n', f);
   }
   if (fflush(f) != 0 || fsync(fileno(f)) < 0)
@@ -90,6 +106,44 @@ static int save(dcpxd_secrets *s) {
   if (r < 0)
     log_warning_errno(r, "Cannot save %s: %m", s->path);
   return r;
+}
+
+/* True if no process of the entry's ranks lives: nobody can reattach to
+ * the group (its memory went with its last process), so its entry is
+ * dead. kill(pid, 0): ESRCH is gone; EPERM (another user's process, as
+ * dcpxd.service runs as dcpx) is alive. A reused pid keeps an entry: the
+ * mistake that costs nothing. An entry without pids is kept. */
+static bool entry_dead(const entry *e) {
+  uint32_t held = 0;
+
+  for (uint32_t k = 0; k < e->n_pids; k++) {
+    if (e->pid[k] <= 0)
+      continue;
+    held++;
+    if (kill(e->pid[k], 0) == 0 || errno != ESRCH)
+      return false;
+  }
+  return held > 0;
+}
+
+/* At start: forgets the groups whose ranks are all gone, and saves the
+ * file if any was. */
+static void prune_dead(dcpxd_secrets *s) {
+  size_t pruned = 0;
+
+  for (size_t i = 0; i < s->n;) {
+    if (entry_dead(&s->e[i])) {
+      log_info("group=%s: forgotten, no process of its ranks is left to "
+               "reattach",
+               s->e[i].name);
+      s->e[i] = s->e[--s->n];
+      pruned++;
+    } else {
+      i++;
+    }
+  }
+  if (pruned)
+    (void)save(s);
 }
 
 int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
@@ -107,7 +161,11 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
     dcpxd_secrets_free(s);
     return r;
   }
+  /* A save cut short by a crash; the file it would have replaced holds. */
+  if (unlink(s->tmp) == 0)
+    log_notice("Removed %s, left by an unfinished save", s->tmp);
   log_info("Groups: %s, %zu created before", s->path, s->n);
+  prune_dead(s);
   *ret = s;
   return 0;
 }
@@ -130,9 +188,12 @@ static entry *find(const dcpxd_secrets *s, const char *name) {
 }
 
 int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
+                      uint32_t world, const pid_t *pids,
                       uint8_t secret[DCPX_CTL_SECRET_BYTES]) {
   entry *e = find(s, name);
 
+  if (world > DCPX_MAX_WORLD)
+    return -EINVAL;
   if (getrandom(secret, DCPX_CTL_SECRET_BYTES, 0) != DCPX_CTL_SECRET_BYTES)
     return -EIO;
   if (!e) {
@@ -146,7 +207,26 @@ int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
   }
   e->owner = owner;
   memcpy(e->secret, secret, DCPX_CTL_SECRET_BYTES);
+  memset(e->pid, 0, sizeof(e->pid));
+  memcpy(e->pid, pids, world * sizeof(*pids));
+  e->n_pids = world;
   return save(s);
+}
+
+void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
+                           uint32_t rank, pid_t pid) {
+  entry *e = find(s, name);
+
+  if (!e || world > DCPX_MAX_WORLD || rank >= world)
+    return;
+  if (e->n_pids != world) {
+    memset(e->pid, 0, sizeof(e->pid));
+    e->n_pids = world;
+  } else if (e->pid[rank] == pid) {
+    return;
+  }
+  e->pid[rank] = pid;
+  (void)save(s);
 }
 
 void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name) {

@@ -9,9 +9,16 @@
  * that would adopt a group is accepted only if its control page's secret
  * is the entry of that very name.
  *
+ * The entry also holds the pid of each rank's process, kept as members
+ * join, are replaced or reattach. At start, the entries whose processes are
+ * all gone are removed: nobody is left to reattach to them (the memory of a
+ * group lives in its ranks' processes), so they are state of dead groups.
+ *
  * The file is rewritten whole (temporary file, fsync, rename) at every
- * change: one line "NAME UID HEX" per group. Unreadable lines are skipped
- * with a warning. */
+ * change: one line "NAME UID HEX PID,PID,..." per group (pids of ranks
+ * 0..W-1, 0 for a rank not held; files of older dcpxd versions have no
+ * pids, and those entries are kept). Unreadable lines are skipped with a
+ * warning; a groups.tmp left by a crash is removed. */
 #ifndef DCPXD_SECRETS_H
 #define DCPXD_SECRETS_H
 
@@ -23,14 +30,22 @@
 
 typedef struct dcpxd_secrets dcpxd_secrets;
 
-/* Loads STATE_DIR/groups (missing: none). 0 or a negative errno. */
+/* Loads STATE_DIR/groups (missing: none), and removes the entries of
+ * groups whose rank processes are all gone. 0 or a negative errno. */
 int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret);
 dcpxd_secrets *dcpxd_secrets_free(dcpxd_secrets *s);
 
 /* Makes a random secret for a new group, records it with its owner and
- * saves the file. 0 or a negative errno (then the group must not form). */
+ * the pids of its W ranks, and saves the file. 0 or a negative errno (then
+ * the group must not form). */
 int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
+                      uint32_t world, const pid_t *pids,
                       uint8_t secret[DCPX_CTL_SECRET_BYTES]);
+
+/* Records that rank `rank` of the W-rank group `name` is held by pid (0:
+ * not held), and saves the file if that changed. */
+void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
+                           uint32_t rank, pid_t pid);
 
 /* Forgets a group (destroyed) and saves the file. */
 void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name);

@@ -290,15 +290,10 @@ void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(c->close_reason, sizeof(c->close_reason), fmt, ap);
   va_end(ap);
-  /* Warnings and notices here are a client's doing: rate-limited. */
-  if (level <= LOG_NOTICE)
-    log_ratelimited(level, "conn %" PRIu64 " (pid %d uid %u%s%s): closing: %s",
-                    c->id, (int)c->pid, (unsigned)c->uid,
-                    c->agent[0] ? ", " : "", c->agent, c->close_reason);
-  else
-    log_full(level, "conn %" PRIu64 " (pid %d uid %u%s%s): closing: %s",
-             c->id, (int)c->pid, (unsigned)c->uid, c->agent[0] ? ", " : "",
-             c->agent, c->close_reason);
+  /* Often a client's doing: rate-limited per format, as every line. */
+  log_full(level, "conn %" PRIu64 " (pid %d uid %u%s%s): closing: %s", c->id,
+           (int)c->pid, (unsigned)c->uid, c->agent[0] ? ", " : "", c->agent,
+           c->close_reason);
   uv_poll_stop(&c->poll);
   uv_timer_stop(&c->join_timer);
   uv_timer_stop(&c->idle_timer);
@@ -699,7 +694,7 @@ static int refuse_with_reserve(dcpxd_manager *m) {
   }
   reserve_open(m);
   if (fd >= 0)
-    log_ratelimited(LOG_WARNING,
+    log_warning(
                     "Out of file descriptors: connection refused (%" PRIu64
                     " so far)",
                     m->fd_refused);
@@ -732,7 +727,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
           errno == ENOMEM) {
         /* The pending connection stays readable: stop watching for a
          * moment rather than spin. */
-        log_ratelimited(LOG_WARNING, "accept() failed, pausing %d ms: %s",
+        log_warning( "accept() failed, pausing %d ms: %s",
                         ACCEPT_RETRY_MS, strerror(errno));
         uv_poll_stop(&m->listen_poll);
         uv_timer_start(&m->accept_retry, on_accept_retry, ACCEPT_RETRY_MS, 0);

@@ -94,6 +94,23 @@ void dcpxd_manager_update(dcpxd_manager *m) {
 
 static void on_watchdog(uv_timer_t *t) { (void)dcpxd_notify("WATCHDOG=1"); }
 
+/* The log rate limiter's summaries: a timer armed when a key starts
+ * dropping lines, so that "suppressed N similar lines" comes at the end of
+ * its interval even if that line is never logged again. */
+static uv_timer_t *log_timer;
+
+static void on_log_timer(uv_timer_t *t) {
+  dcpxd_log_ratelimit_flush(false);
+  if (dcpxd_log_suppressing())
+    uv_timer_start(t, on_log_timer, dcpxd_log_rate_interval_ms, 0);
+}
+
+static void arm_log_timer(void) {
+  if (log_timer && !uv_is_active((uv_handle_t *)log_timer) &&
+      !uv_is_closing((uv_handle_t *)log_timer))
+    uv_timer_start(log_timer, on_log_timer, dcpxd_log_rate_interval_ms, 0);
+}
+
 /* Begins the orderly shutdown; the loop ends once every handle closed and
  * every recovery job returned. */
 static void manager_stop(dcpxd_manager *m, const char *why) {
@@ -129,6 +146,7 @@ static void manager_stop(dcpxd_manager *m, const char *why) {
     uv_close((uv_handle_t *)&m->reaper, NULL);
   uv_close((uv_handle_t *)&m->health_timer, NULL);
   uv_close((uv_handle_t *)&m->watchdog_timer, NULL);
+  uv_close((uv_handle_t *)&m->log_timer, NULL);
   uv_close((uv_handle_t *)&m->sig_term, NULL);
   uv_close((uv_handle_t *)&m->sig_int, NULL);
   uv_close((uv_handle_t *)&m->sig_hup, NULL);
@@ -180,6 +198,8 @@ int main(int argc, char **argv) {
     return r == DCPXD_CONF_EXIT ? EXIT_SUCCESS : 2;
   }
   dcpxd_log_max_level = conf.log_level;
+  dcpxd_log_rate_burst = conf.log_rate_burst;
+  dcpxd_log_rate_interval_ms = conf.log_rate_interval_ms;
   signal(SIGPIPE, SIG_IGN); /* sends use MSG_NOSIGNAL; belt and braces */
   raise_nofile();
 
@@ -218,6 +238,9 @@ int main(int argc, char **argv) {
   m->health_timer.data = m;
   uv_timer_init(m->loop, &m->watchdog_timer);
   m->watchdog_timer.data = m;
+  uv_timer_init(m->loop, &m->log_timer);
+  log_timer = &m->log_timer;
+  dcpxd_log_on_suppress = arm_log_timer;
   start_signal(m, &m->sig_term, SIGTERM);
   start_signal(m, &m->sig_int, SIGINT);
   start_signal(m, &m->sig_hup, SIGHUP);
@@ -245,6 +268,9 @@ int main(int argc, char **argv) {
   log_info("Stopped");
 
 out_loop:
+  dcpxd_log_on_suppress = NULL;
+  log_timer = NULL;
+  dcpxd_log_ratelimit_flush(true);
   /* Every member left when its connection closed, so no group is left;
    * this only guards against a bug leaking them. */
   while (!TAILQ_EMPTY(&m->groups)) {

@@ -225,7 +225,7 @@ static inline bool dcpxd_may_see(const dcpxd_conn *c, const dcpxd_group *g) {
 static inline bool dcpxd_may_operate(const dcpxd_conn *c) { return c->admin; }
 const char *dcpxd_group_state_name(const dcpxd_group *g);
 const char *dcpxd_region_name(uint32_t id);
-const char *dcpxd_abort_reason_name(uint32_t reason);
+/* Abort reason names: dcpx__abort_reason_name (common/transport.h). */
 
 /* Frame handlers. Each sends the reply. A Join may come with fds (a
  * reattach): the handler takes those it keeps by setting them to -1; the
@@ -298,6 +298,7 @@ struct dcpxd_manager {
   uv_timer_t health_timer;
   bool health_active;
   uv_timer_t watchdog_timer;
+  uv_timer_t log_timer; /* writes the rate limiter's summaries on time */
   uv_signal_t sig_term, sig_int, sig_hup;
 
   bool stopping;

@@ -1,9 +1,12 @@
 /* frame.c - framing of dcpx messages over SOCK_SEQPACKET (see frame.h). */
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "dcpx.h"
@@ -313,4 +316,96 @@ int dcpx__send_reply(int sock, int status, const char *error) {
   f.msg_case = DCPX__FRAME__MSG_REPLY;
   f.reply = &rep;
   return dcpx__frame_send(sock, &f, NULL, 0);
+}
+
+/* ---- ops connections (dcpxctl, bench/soak) ------------------------------ */
+
+const char *dcpx__socket_path(const char *path) {
+  if (!path || !*path)
+    path = getenv("DCPX_SOCKET");
+  return path && *path ? path : DCPX_DEFAULT_SOCKET;
+}
+
+int dcpx__frame_recv_answer(int sock, int timeout_ms, Dcpx__Frame **ret) {
+  for (;;) {
+    struct pollfd p = {.fd = sock, .events = POLLIN};
+    Dcpx__Frame *f = NULL;
+    int r = poll(&p, 1, timeout_ms);
+    if (r == 0)
+      return DCPX_E_TIMEDOUT;
+    if (r < 0 && errno != EINTR)
+      return -errno;
+    if (r < 0)
+      continue;
+    r = dcpx__frame_recv(sock, &f, NULL, 0, NULL);
+    if (r == -EAGAIN || r == -EINTR)
+      continue;
+    if (r < 0)
+      return r;
+    if (f->msg_case != DCPX__FRAME__MSG_EVENT) {
+      *ret = f;
+      return 0;
+    }
+    dcpx__frame_free(f);
+  }
+}
+
+int dcpx__ops_connect(const char *path, const char *agent, int timeout_ms,
+                      char *err, size_t errlen) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  Dcpx__Frame f = DCPX__FRAME__INIT, *in = NULL;
+  Dcpx__Hello h = DCPX__HELLO__INIT;
+  int s, r;
+
+  path = dcpx__socket_path(path);
+  if (strlen(path) >= sizeof(sa.sun_path)) {
+    snprintf(err, errlen, "socket path too long: %s", path);
+    return DCPX_E_INVAL;
+  }
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0) {
+    r = -errno;
+    snprintf(err, errlen, "socket: %s", strerror(-r));
+    return r;
+  }
+  if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    r = -errno;
+    snprintf(err, errlen, "cannot reach dcpxd at %s: %s", path, strerror(-r));
+    goto fail;
+  }
+  h.version = DCPX_PROTO_VERSION;
+  h.agent = (char *)agent;
+  f.msg_case = DCPX__FRAME__MSG_HELLO;
+  f.hello = &h;
+  /* A refused connection may be closed before the Hello is sent: its
+   * reason is still there to read. */
+  (void)dcpx__frame_send(s, &f, NULL, 0);
+  r = dcpx__frame_recv_answer(s, timeout_ms, &in);
+  if (r == DCPX_E_TIMEDOUT) {
+    snprintf(err, errlen, "no answer from dcpxd within %d ms", timeout_ms);
+    goto fail;
+  }
+  if (r < 0) {
+    snprintf(err, errlen, "receiving from dcpxd: %s", dcpx_strerror(r));
+    goto fail;
+  }
+  if (in->msg_case != DCPX__FRAME__MSG_REPLY || !in->reply) {
+    r = DCPX_E_PROTO;
+    snprintf(err, errlen,
+             "dcpxd at %s answered Hello with an unexpected message", path);
+    goto fail;
+  }
+  r = in->reply->status;
+  if (r < 0) {
+    snprintf(err, errlen, "dcpxd at %s refused the connection: %s (%s)", path,
+             in->reply->error ? in->reply->error : "", dcpx_strerror(r));
+    goto fail;
+  }
+  dcpx__frame_free(in);
+  return s;
+fail:
+  dcpx__frame_free(in);
+  close(s);
+  return r < 0 ? r : DCPX_E_PROTO;
 }

@@ -43,6 +43,23 @@ DCPX__HIDDEN int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds,
 
 DCPX__HIDDEN void dcpx__frame_free(Dcpx__Frame *f);
 
+/* Ops connections (dcpxctl, bench/soak): one place for the socket path
+ * and the Hello exchange. (libdcpx's dcpx_connect does the same for
+ * engines, non-blocking for its reattach.) */
+/* path if not NULL or empty, else $DCPX_SOCKET if set and not empty, else
+ * DCPX_DEFAULT_SOCKET. */
+DCPX__HIDDEN const char *dcpx__socket_path(const char *path);
+/* Receives the next frame that is not an Event, waiting at most timeout_ms
+ * for each: 0 with *ret, DCPX_E_TIMEDOUT, or dcpx__frame_recv's error. */
+DCPX__HIDDEN int dcpx__frame_recv_answer(int sock, int timeout_ms,
+                                         Dcpx__Frame **ret);
+/* Connects to dcpxd at dcpx__socket_path(path) and exchanges Hello (as
+ * agent), waiting at most timeout_ms for the Reply. Returns the connected
+ * socket (blocking, O_CLOEXEC), or a negative code with one line of why
+ * in err (the daemon's reason if it refused). */
+DCPX__HIDDEN int dcpx__ops_connect(const char *path, const char *agent,
+                                   int timeout_ms, char *err, size_t errlen);
+
 /* Text rules, one place for the client and the daemon. */
 /* 1 if the n bytes are valid UTF-8 without NUL (every string field of a
  * frame must be). */

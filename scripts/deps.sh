@@ -5,6 +5,8 @@ set -euo pipefail
 
 pkgs=(build-essential autoconf automake libtool pkg-config libuv1-dev
       libprotobuf-c-dev protobuf-c-compiler check libsystemd-dev zlib1g-dev
+      libinih-dev  # dcpxd's config file parser
+      libjson-c-dev  # dcpxctl --json
       python3 python3-pytest python3-numpy  # python3-*: python/ tests
       python3-prometheus-client  # tests/check_metrics (OpenMetrics parser)
       mandoc  # tests/man-lint.sh (mandoc -T lint of man/*)

@@ -18,9 +18,9 @@
  * 0 OK, 1 WARNING, 2 CRITICAL (also when dcpxd is unreachable), 3 UNKNOWN.
  * `stats --format=openmetrics|prometheus` writes metrics for Prometheus.
  *
- * The JSON writer is the small one below (no dependency): compact output,
- * strings escaped per RFC 8259, bytes outside ASCII written as \u00XX, so
- * the output is always valid JSON whatever the daemon sent.
+ * JSON (--json) is written by json-c: compact, one document a line, UTF-8
+ * text as it is (a byte of invalid UTF-8 from the daemon becomes '?'), so the
+ * output is always valid JSON whatever the daemon sent.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -47,10 +47,13 @@
 #include <dcpx/version.h>
 
 #include "dcpx.h"
+#include "dcpxctl-json.h"
 #include "frame.h"
 #include "layout.h"
+#include "transport.h"
 
-#define DEFAULT_SOCKET "/run/dcpx/dcpxd.sock"
+/* The default socket: libdcpx's, from dcpx.h. */
+#define DEFAULT_SOCKET DCPX_DEFAULT_SOCKET
 
 enum {
   EXIT_OK = 0,
@@ -66,102 +69,6 @@ enum { FMT_TEXT, FMT_OPENMETRICS, FMT_PROMETHEUS };
 static const char *arg_socket;
 static bool arg_json;
 static int arg_timeout_ms = 10000;
-
-/* ---- JSON writer --------------------------------------------------------- */
-
-typedef struct jw {
-  FILE *f;
-  int depth;
-  bool first[32];
-} jw;
-
-static void jw_string(jw *w, const char *s) {
-  fputc('"', w->f);
-  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-    switch (*p) {
-    case '"':
-      fputs("\\\"", w->f);
-      break;
-    case '\\':
-      fputs("\\\\", w->f);
-      break;
-    case '\n':
-      fputs("\\n", w->f);
-      break;
-    case '\r':
-      fputs("\\r", w->f);
-      break;
-    case '\t':
-      fputs("\\t", w->f);
-      break;
-    default:
-      if (*p < 0x20 || *p >= 0x7f)
-        fprintf(w->f, "\\u%04x", *p);
-      else
-        fputc(*p, w->f);
-    }
-  }
-  fputc('"', w->f);
-}
-
-/* Separator and key of the next value (key NULL inside arrays). */
-static void jw_prefix(jw *w, const char *key) {
-  if (!w->first[w->depth])
-    fputc(',', w->f);
-  w->first[w->depth] = false;
-  if (key) {
-    jw_string(w, key);
-    fputc(':', w->f);
-  }
-}
-
-static void jw_open(jw *w, const char *key, char ch) {
-  jw_prefix(w, key);
-  fputc(ch, w->f);
-  if (w->depth < 31)
-    w->depth++;
-  w->first[w->depth] = true;
-}
-static void jw_close(jw *w, char ch) {
-  fputc(ch, w->f);
-  if (w->depth > 0)
-    w->depth--;
-}
-#define jw_obj(w, key) jw_open(w, key, '{')
-#define jw_obj_end(w) jw_close(w, '}')
-#define jw_arr(w, key) jw_open(w, key, '[')
-#define jw_arr_end(w) jw_close(w, ']')
-
-static void jw_str(jw *w, const char *key, const char *v) {
-  jw_prefix(w, key);
-  jw_string(w, v);
-}
-static void jw_u64(jw *w, const char *key, uint64_t v) {
-  jw_prefix(w, key);
-  fprintf(w->f, "%" PRIu64, v);
-}
-static void jw_i64(jw *w, const char *key, int64_t v) {
-  jw_prefix(w, key);
-  fprintf(w->f, "%" PRId64, v);
-}
-static void jw_bool(jw *w, const char *key, bool v) {
-  jw_prefix(w, key);
-  fputs(v ? "true" : "false", w->f);
-}
-static void jw_null(jw *w, const char *key) {
-  jw_prefix(w, key);
-  fputs("null", w->f);
-}
-static void jw_double(jw *w, const char *key, double v) {
-  jw_prefix(w, key);
-  fprintf(w->f, "%.6g", v);
-}
-
-static jw jw_start(void) {
-  jw w = {.f = stdout, .depth = 0};
-  w.first[0] = true;
-  return w;
-}
 
 /* ---- parsing helpers ----------------------------------------------------- */
 
@@ -314,25 +221,13 @@ static int die_unreachable(const char *fmt, ...) {
 
 /* Receives the next frame that is not an Event; NULL on failure (printed). */
 static Dcpx__Frame *recv_answer(void) {
-  for (;;) {
-    struct pollfd p = {.fd = sock_fd, .events = POLLIN};
-    Dcpx__Frame *f = NULL;
-    int r = poll(&p, 1, arg_timeout_ms);
-    if (r == 0) {
-      die_unreachable("no answer from dcpxd within %d ms", arg_timeout_ms);
-      return NULL;
-    }
-    r = dcpx__frame_recv(sock_fd, &f, NULL, 0, NULL);
-    if (r == -EAGAIN || r == -EINTR)
-      continue;
-    if (r < 0) {
-      die_unreachable("receiving from dcpxd: %s", dcpx_strerror(r));
-      return NULL;
-    }
-    if (f->msg_case != DCPX__FRAME__MSG_EVENT)
-      return f;
-    dcpx__frame_free(f);
-  }
+  Dcpx__Frame *f = NULL;
+  int r = dcpx__frame_recv_answer(sock_fd, arg_timeout_ms, &f);
+  if (r == DCPX_E_TIMEDOUT)
+    die_unreachable("no answer from dcpxd within %d ms", arg_timeout_ms);
+  else if (r < 0)
+    die_unreachable("receiving from dcpxd: %s", dcpx_strerror(r));
+  return r < 0 ? NULL : f;
 }
 
 static int send_frame(const Dcpx__Frame *f) {
@@ -342,63 +237,29 @@ static int send_frame(const Dcpx__Frame *f) {
   return 0;
 }
 
-/* Connects and says Hello. Returns 0 or an exit status. */
+/* Connects and says Hello (dcpx__ops_connect: $DCPX_SOCKET, the default
+ * socket). Returns 0 or an exit status. */
 static int connect_daemon(void) {
-  const char *path = arg_socket;
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  Dcpx__Frame f = DCPX__FRAME__INIT, *in;
-  Dcpx__Hello h = DCPX__HELLO__INIT;
-  int st;
-
-  if (!path)
-    path = getenv("DCPX_SOCKET");
-  if (!path || !*path)
-    path = DEFAULT_SOCKET;
-  if (strlen(path) >= sizeof(sa.sun_path))
-    return usage_error("socket path too long: %s", path);
-  strcpy(sa.sun_path, path);
-  sock_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (sock_fd < 0)
-    return die_unreachable("socket: %s", strerror(errno));
-  if (connect(sock_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-    return die_unreachable("cannot reach dcpxd at %s: %s", path,
-                           strerror(errno));
-
-  h.version = DCPX_PROTO_VERSION;
-  h.agent = "dcpxctl " DCPX_VERSION_STRING;
-  f.msg_case = DCPX__FRAME__MSG_HELLO;
-  f.hello = &h;
-  if (send_frame(&f) < 0)
-    return EXIT_UNREACHABLE;
-  in = recv_answer();
-  if (!in)
-    return EXIT_UNREACHABLE;
-  if (in->msg_case != DCPX__FRAME__MSG_REPLY || !in->reply) {
-    dcpx__frame_free(in);
-    return die_unreachable("dcpxd at %s answered Hello with an unexpected "
-                           "message",
-                           path);
-  }
-  st = in->reply->status;
-  if (st < 0) {
-    die_unreachable("dcpxd at %s refused the connection: %s (%s)", path,
-                    in->reply->error, dcpx_strerror(st));
-    dcpx__frame_free(in);
-    return EXIT_UNREACHABLE;
-  }
-  dcpx__frame_free(in);
+  char err[512];
+  int r = dcpx__ops_connect(arg_socket, "dcpxctl " DCPX_VERSION_STRING,
+                            arg_timeout_ms, err, sizeof(err));
+  if (r == DCPX_E_INVAL)
+    return usage_error("%s", err);
+  if (r < 0)
+    return die_unreachable("%s", err);
+  sock_fd = r;
   return 0;
 }
 
 /* Prints a daemon error (human or JSON) and returns EXIT_DAEMON_ERROR. */
 static int daemon_error(int status, const char *msg) {
   if (arg_json) {
-    jw w = jw_start();
+    jw w = jw_start(stdout);
     jw_obj(&w, NULL);
     jw_i64(&w, "status", status);
     jw_str(&w, "error", msg && *msg ? msg : dcpx_strerror(status));
     jw_obj_end(&w);
-    fputc('\n', stdout);
+    jw_end(&w);
   }
   if (!quiet_errors)
     fprintf(stderr, "dcpxctl: dcpxd: %s (%s)\n",
@@ -463,34 +324,24 @@ static int run_command(Dcpx__Command *cmd) {
     return r;
   }
   dcpx__frame_free(in);
-  if (arg_json)
-    printf("{\"status\":0}\n");
+  if (arg_json) {
+    jw w = jw_start(stdout);
+    jw_obj(&w, NULL);
+    jw_i64(&w, "status", 0);
+    jw_end(&w);
+  }
   return EXIT_OK;
 }
 
 /* ---- rendering ----------------------------------------------------------- */
 
+/* The name tables are common/transport.c's, shared with dcpxd (the
+ * protobuf enums have the public constants' values). */
 static const char *transport_name(int t) {
-  return t == DCPX__TRANSPORT__TRANSPORT_NCCL ? "nccl"
-         : t == DCPX__TRANSPORT__TRANSPORT_LL ? "ll"
-                                              : "auto";
+  return dcpx__transport_name((uint32_t)t);
 }
 static const char *backend_name(int b) {
-  return b == DCPX__BACKEND__BACKEND_CUDA ? "cuda" : "host";
-}
-static const char *abort_name(uint32_t a) {
-  switch (a) {
-  case 0:
-    return "none";
-  case DCPX_ABORT_ALARM:
-    return "alarm";
-  case DCPX_ABORT_DEAD:
-    return "dead";
-  case DCPX_ABORT_OPERATOR:
-    return "operator";
-  default:
-    return "unknown";
-  }
+  return dcpx__backend_name((uint32_t)b);
 }
 
 /* A rank's state; the bad ones in capitals for humans (`shout`), all in
@@ -549,7 +400,7 @@ static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
 }
 
 static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
-  jw w = jw_start();
+  jw w = jw_start(stdout);
   bool all_ok = true;
 
   jw_obj(&w, NULL);
@@ -565,7 +416,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
     jw_bool(&w, "healthy", ok);
     jw_u64(&w, "generation", g->generation);
     jw_u64(&w, "abort", g->abort);
-    jw_str(&w, "abort_reason", abort_name(g->abort));
+    jw_str(&w, "abort_reason", dcpx__abort_reason_name(g->abort));
     jw_u64(&w, "joined", g->joined);
     if (g->shape) {
       jw_u64(&w, "world", g->shape->world);
@@ -628,7 +479,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   if (qr->records_note && *qr->records_note)
     jw_str(&w, "note", qr->records_note);
   jw_obj_end(&w);
-  fputc('\n', stdout);
+  jw_end(&w);
 }
 
 static void print_shape(const Dcpx__GroupInfo *g) {
@@ -683,7 +534,7 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
     printf("%s %s: %s, generation %u, %u/%u ranks", ok ? "*" : "!", g->name,
            g->state, g->generation, g->joined, g->shape ? g->shape->world : 0);
     if (g->abort)
-      printf(", abort=%s", abort_name(g->abort));
+      printf(", abort=%s", dcpx__abort_reason_name(g->abort));
     printf(", %" PRIu64 " abort%s, %" PRIu64 " recover%s", g->aborts,
            g->aborts == 1 ? "" : "s", g->recoveries,
            g->recoveries == 1 ? "y" : "ies");
@@ -1242,7 +1093,7 @@ static int cmd_records(int argc, char **argv) {
     return r;
   const Dcpx__QueryReply *qr = in->query_reply;
   if (arg_json) {
-    jw w = jw_start();
+    jw w = jw_start(stdout);
     jw_obj(&w, NULL);
     jw_arr(&w, "records");
     for (size_t i = 0; i < qr->n_records; i++)
@@ -1250,7 +1101,7 @@ static int cmd_records(int argc, char **argv) {
     jw_arr_end(&w);
     jw_str(&w, "note", qr->records_note);
     jw_obj_end(&w);
-    fputc('\n', stdout);
+    jw_end(&w);
   } else if (qr->n_records == 0) {
     printf("no records\n");
   } else {
@@ -1538,7 +1389,7 @@ static int cmd_check(int argc, char **argv) {
     uint64_t rows = 0, rescue = 0;
     if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
       problem(crit, sizeof(crit), "group %s aborted (%s)", g->name,
-              abort_name(g->abort));
+              dcpx__abort_reason_name(g->abort));
     else if (strcmp(g->state, "recovering") == 0)
       problem(warn, sizeof(warn), "group %s recovering", g->name);
     for (size_t k = 0; k < g->n_ranks; k++) {

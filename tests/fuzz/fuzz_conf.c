@@ -1,4 +1,5 @@
-/* fuzz_conf.c - libFuzzer target: the dcpxd config file parser
+/* fuzz_conf.c - libFuzzer target: the dcpxd config file parser, inih and
+ * the reader and handler around it
  * (dcpxd_conf_load with --config= a file holding the input). Built by
  * `make fuzz`; corpus in tests/fuzz/corpus/conf. */
 #include <stdint.h>
