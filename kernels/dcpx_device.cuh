@@ -1462,37 +1462,53 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
 
 /* ---- call counters (dcpx_kernels.h dcpx_k_counters) ---------------------- */
 
-/* Thread 0 of each block of a merge grid, after its last row: adds the
- * block's finished rows, rescued rows and failure to the call, and, in the
- * grid's last block, closes the call and publishes the totals to h (the
- * rank's health block, host memory). */
-DCPX_D void dcpx_dev_count_call(dcpx_k_counters *c, dcpx_rank_health *h,
-                                uint32_t rows, uint32_t rescued,
-                                uint32_t failed) {
-  if (rows)
-    atomicAdd(&c->call_rows, (unsigned long long)rows);
+/* Thread 0 of a merge block (NCCL: round-1 block), as each row ends:
+ * a finished row (fire-and-forget reductions), or a failed one (the first
+ * of a call counts the call as failed, once: the key is the group's
+ * generation, which a recovery advances, over the call sequence, which a
+ * recovery zeroes; read from the control page only on this rare path). */
+DCPX_D void dcpx_dev_count_row(dcpx_k_counters *c, uint32_t rescued) {
+  atomicAdd(&c->rows, 1ull);
   if (rescued)
-    atomicAdd(&c->call_rescue, (unsigned long long)rescued);
-  if (failed)
-    atomicOr(&c->call_failed, 1u);
-  __threadfence();
-  if (atomicAdd(&c->ticket, 1u) != gridDim.x - 1)
-    return;
-  __threadfence();
-  const unsigned long long r = atomicExch(&c->call_rows, 0ull);
-  const unsigned long long q = atomicExch(&c->call_rescue, 0ull);
-  if (atomicExch(&c->call_failed, 0u)) {
-    c->failed_calls++;
-  } else {
-    c->calls++;
-    c->rows += r;
-    c->rescue_rows += q;
-  }
-  c->ticket = 0;
-  h->calls = c->calls;
-  h->rows = c->rows;
-  h->rescue_rows = c->rescue_rows;
-  h->failed_calls = c->failed_calls;
+    atomicAdd(&c->rescue_rows, 1ull);
+}
+
+DCPX_D void dcpx_dev_count_failed(dcpx_k_counters *c,
+                                  const dcpx_ctl_header *ctl, uint64_t call) {
+  const unsigned long long key = ((unsigned long long)ctl->generation << 40) |
+                                 ((call + 1ull) & ((1ull << 40) - 1ull));
+  if (atomicMax(&c->last_failed, key) < key)
+    atomicAdd(&c->failed_calls, 1ull);
+}
+
+/* Block 0, thread 0, at its kernel's start: an asynchronous copy of the
+ * first 32 bytes of c (launched, rows, rescue_rows, failed_calls: the
+ * previous calls' totals) into snap (shared, 16-byte aligned). */
+DCPX_D void dcpx_dev_count_fetch(const dcpx_k_counters *c,
+                                 unsigned long long *snap) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(snap);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d),
+               "l"(c)
+               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + 16u),
+               "l"((const char *)c + 16)
+               : "memory");
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* The same thread, later in the kernel (the copy has long landed, and
+ * the kernel has microseconds to go, so the host stores drain before it
+ * ends): the totals into the rank's health block (plain stores, one
+ * writer), then this launch counted. */
+DCPX_D void dcpx_dev_count_publish(dcpx_k_counters *c,
+                                   const unsigned long long *snap,
+                                   dcpx_rank_health *h) {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  h->calls = snap[0] - snap[3];
+  h->rows = snap[1];
+  h->rescue_rows = snap[2];
+  h->failed_calls = snap[3];
+  atomicAdd(&c->launched, 1ull);
 }
 
 /* ---- outputs (docs/PROTOCOL.md section 5.6) ------------------------------------ */

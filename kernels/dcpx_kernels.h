@@ -55,22 +55,26 @@ extern "C" {
  * round-2 keys copied, rescue polled, round 2 done, outputs done, row end
  * (the rescue points stay 0 on a row without a rescue); then, inside round
  * 1: its threshold found (10), its keys placed (11); inside a rescue list
- * built from the row: counted (12), thread 0's warp placed (13). */
+ * built from the row: counted (12), thread 0's warp placed (13); and the
+ * block's kernel entry (14) and exit (15), slot of its first row. */
 #define DCPX_K_PROF_POINTS 16
 
-/* A rank's call counters in device memory (kctx.ctr, 64 bytes, allocated
- * by the library at join and kept across recoveries). The merge adds each
- * call: every block its rows that finished, those that ran a rescue, and
- * whether one failed, into call_*; the last block to finish (ticket) moves
- * them into the totals (a call with a failed row counts as failed_calls,
- * its rows not at all, as in the host backend) and stores the totals into
- * the rank's health block of the control page (plain stores: one writer).
- * So `dcpxctl stats` shows the CUDA backend's calls too. */
+/* A rank's call counters in device memory (kctx.ctr, allocated by the
+ * library at join and kept across recoveries). Every merge block adds its
+ * finished and rescued rows with fire-and-forget reductions, block 0
+ * counts the launch, and the first block of a call's merge that has a
+ * failed row counts the call as failed (last_failed: the highest
+ * (generation, call sequence + 1) counted). Nothing waits at the end of a
+ * merge: block 0 of the NEXT merge (its own previous merge has completed
+ * by then, stream order) copies the totals asynchronously at its start
+ * and stores them into the rank's health block after its first poll, so
+ * the control page shows the calls up to the previous one: calls =
+ * launched - failed_calls, and a failed call's rows count nowhere, as in
+ * the host backend. */
 typedef struct dcpx_k_counters {
-  unsigned long long calls, rows, rescue_rows, failed_calls;
-  unsigned long long call_rows, call_rescue;
-  unsigned int call_failed, ticket;
-  unsigned int pad[2];
+  unsigned long long launched, rows, rescue_rows, failed_calls;
+  unsigned long long last_failed;
+  unsigned long long pad[3];
 } dcpx_k_counters;
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */

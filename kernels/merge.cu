@@ -378,11 +378,12 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   return 1;
 }
 
-/* A row whose wait gave up: -1 outputs, sat_word as far as known. */
-DCPX_D void merge_row_failed(uint32_t t, uint32_t K, uint32_t sw,
-                             int32_t *rows_out, int32_t *valid_out,
-                             int32_t *ids_out, uint32_t *sat_out,
-                             uint32_t *cnt) {
+/* A row whose wait gave up: -1 outputs, sat_word as far as known, and
+ * the call counted as failed. */
+DCPX_D void merge_row_failed(const dcpx_kctx *c, uint64_t call, uint32_t t,
+                             uint32_t K, uint32_t sw, int32_t *rows_out,
+                             int32_t *valid_out, int32_t *ids_out,
+                             uint32_t *sat_out) {
 #pragma unroll 1
   for (uint32_t p = threadIdx.x; p < K; p += MT) {
     rows_out[(uint64_t)t * K + p] = -1;
@@ -390,19 +391,19 @@ DCPX_D void merge_row_failed(uint32_t t, uint32_t K, uint32_t sw,
       ids_out[(uint64_t)t * K + p] = -1;
   }
   if (threadIdx.x == 0) {
-    cnt[2]++;
+    if (c->ctr)
+      dcpx_dev_count_failed(c->ctr, c->ctl, call);
     valid_out[t] = -1;
     if (sat_out)
       sat_out[t] = sw;
   }
 }
 
-/* The row's state after its outputs (thread 0); cnt: the block's rows
- * finished, rescued, failed. */
+/* The row's state after its outputs (thread 0). */
 DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
-                            uint32_t mask, uint32_t *sat_out, uint32_t *cnt) {
-  cnt[0]++;
-  cnt[1] += mask != 0;
+                            uint32_t mask, uint32_t *sat_out) {
+  if (c->ctr)
+    dcpx_dev_count_row(c->ctr, mask != 0);
   uint32_t *satw = (uint32_t *)(c->ws + c->L.off_sat);
   unsigned long long *stats =
       (unsigned long long *)(c->ws + c->L.off_stats);
@@ -429,12 +430,14 @@ static __global__ void __launch_bounds__(MT)
   __shared__ uint32_t off2[DCPX_MAX_WORLD + 1];
   __shared__ uint32_t kmin_s;
   __shared__ char *peer[DCPX_MAX_WORLD];
-  __shared__ uint32_t cnt[3]; /* rows finished, rescued, failed */
+  __shared__ __align__(16) unsigned long long snap[4]; /* counters, block 0 */
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
   const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
   const uint32_t R = c.rows_max, P = c.L.pairs;
+  if (c.prof && tid == 0 && blockIdx.x < rows) /* kernel entry */
+    c.prof[(uint64_t)blockIdx.x * DCPX_K_PROF_POINTS + 14] = clock64();
   char *ws = c.ws;
   uint32_t *epoch = (uint32_t *)(ws + c.L.off_epoch);
   const uint64_t call = *(const volatile uint64_t *)(ws + c.L.off_call);
@@ -456,8 +459,9 @@ static __global__ void __launch_bounds__(MT)
                          c.interleave, plan.rcp_b, plan.rcp_i);
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after the row's first barrier */
-  if (tid < 3)
-    cnt[tid] = 0;
+  const int publish = c.ctr && blockIdx.x == 0 && tid == 0;
+  if (publish)
+    dcpx_dev_count_fetch(c.ctr, snap);
   /* PDL: this merge may have started while its push still runs (it was
    * launched when every push block had advanced the call sequence); it
    * waits for the push's completion before it reads the push's klist and
@@ -524,6 +528,8 @@ static __global__ void __launch_bounds__(MT)
         hook = 0;
         dcpx_dev_fault_hook(&wc, e);
       }
+      if (publish && t == 0) /* long before the kernel ends */
+        dcpx_dev_count_publish(c.ctr, snap, c.health + me);
       merge_prof(&b, t, 1);
       if (bw.fail)
         break;
@@ -546,12 +552,13 @@ static __global__ void __launch_bounds__(MT)
                        bound[me + 1] - bound[me], total);
       merge_prof(&b, t, 8);
       if (tid == 0)
-        merge_row_state(&c, t, sw, mask, sat_out, cnt);
+        merge_row_state(&c, t, sw, mask, sat_out);
       ok = 1;
     } while (0);
 
     if (!ok)
-      merge_row_failed(t, K, sw, rows_out, valid_out, ids_out, sat_out, cnt);
+      merge_row_failed(&c, call, t, K, sw, rows_out, valid_out, ids_out,
+                       sat_out);
     /* Every thread is done with row t, and the own push grid has completed
      * (PDL wait): the next call's epoch. */
     __syncthreads();
@@ -561,8 +568,8 @@ static __global__ void __launch_bounds__(MT)
     }
     merge_prof(&b, t, 9);
   }
-  if (c.ctr && tid == 0)
-    dcpx_dev_count_call(c.ctr, c.health + me, cnt[0], cnt[1], cnt[2]);
+  if (c.prof && tid == 0 && blockIdx.x < rows) /* kernel exit */
+    c.prof[(uint64_t)blockIdx.x * DCPX_K_PROF_POINTS + 15] = clock64();
 }
 
 /* ---- host side ------------------------------------------------------------ */

@@ -114,7 +114,7 @@ static __global__ void __launch_bounds__(NT)
                             float rcp_i) {
   __shared__ dcpx_sel_smem S;
   __shared__ uint32_t rcnt[DCPX_MAX_WORLD];
-  __shared__ uint32_t cnt[2]; /* rows, rescued (thread 0) */
+  __shared__ __align__(16) unsigned long long snap[4]; /* counters, block 0 */
   extern __shared__ uint4 dyn[];
   const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
   const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
@@ -137,6 +137,9 @@ static __global__ void __launch_bounds__(NT)
   dcpx_dev_out_args_init(&oa, block_table, bt_rows, bt_cols, rows_out,
                          valid_out, ids_out, K, W, me, c.block_size,
                          c.interleave, rcp_b, rcp_i);
+  const int publish = c.ctr && blockIdx.x == 0 && tid == 0;
+  if (publish) /* the previous calls' totals (merge.cu does the same) */
+    dcpx_dev_count_fetch(c.ctr, snap);
 
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t *row0 = recv + (uint64_t)t * rw_n; /* rank s: + s*sstride */
@@ -159,6 +162,8 @@ static __global__ void __launch_bounds__(NT)
       dcpx_dev_hist_add(S.hist,
                         f0 + lane < fend ? n1_word(row0, sstride, q) >> 16 : 0u);
     const int all = dcpx_dev_sel_after_a(&S, K, &nz);
+    if (publish && t == 0)
+      dcpx_dev_count_publish(c.ctr, snap, c.health);
     /* pass B */
     {
       const uint32_t lim = all ? 0u : S.hb << 4;
@@ -204,10 +209,8 @@ static __global__ void __launch_bounds__(NT)
     const uint32_t own = __shfl_sync(DCPX_FULL, rc, me);
     const uint32_t sw = (mask << 16) | (all ? 0u : S.T);
     if (tid == 0) {
-      if (t == blockIdx.x)
-        cnt[0] = cnt[1] = 0;
-      cnt[0]++;
-      cnt[1] += mask != 0;
+      if (c.ctr)
+        dcpx_dev_count_row(c.ctr, mask != 0);
       gmask[t] = mask;
       satw[t] = sw;
       if (sat_out)
@@ -235,10 +238,6 @@ static __global__ void __launch_bounds__(NT)
     }
     __syncthreads(); /* shared state is reused by the next row */
   }
-  /* The grid is one block per row, so every block counted a row; no wait
-   * can fail here. */
-  if (c.ctr && tid == 0)
-    dcpx_dev_count_call(c.ctr, c.health, cnt[0], cnt[1], 0);
 }
 
 /* ---- round 2 -------------------------------------------------------------- */

@@ -59,6 +59,8 @@ struct dcpx__cuda {
   char **peers; /* device array [W] */
   uint32_t *stage; /* the merge's private staging, when it needs one */
   uint32_t *klist; /* the push's local top-K lists (rank-private) */
+  dcpx_k_counters *ctr; /* the kernels' call counters (kept across
+                           recoveries; published into the health block) */
   int registered;
   struct dcpx__nccl *nccl; /* transport nccl */
 };
@@ -131,6 +133,8 @@ void dcpx__cuda_fini(struct dcpx_member *m) {
     cudaFree(cu->stage);
   if (cu->klist)
     cudaFree(cu->klist);
+  if (cu->ctr)
+    cudaFree(cu->ctr);
   if (cu->registered)
     cudaHostUnregister(m->ctl);
   for (uint32_t d = 0; d < DCPX_MAX_WORLD; d++) {
@@ -318,6 +322,19 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     goto out;
   }
   k->klist = cu->klist;
+  if (cudaMalloc((void **)&cu->ctr, sizeof(dcpx_k_counters)) != cudaSuccess) {
+    cu->ctr = NULL;
+    r = DCPX_E_NOMEM;
+    goto out;
+  }
+  /* zeroed before any kernel of ours can run on the caller's stream (which
+   * may not wait for the legacy stream) */
+  if (cudaMemset(cu->ctr, 0, sizeof(dcpx_k_counters)) != cudaSuccess ||
+      cudaStreamSynchronize(0) != cudaSuccess) {
+    r = DCPX_E_CUDA;
+    goto out;
+  }
+  k->ctr = cu->ctr;
   r = dcpx_k_prepare();
   if (r < 0)
     goto out;
@@ -325,6 +342,8 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   if (m->transport == DCPX_TRANSPORT_NCCL) {
     r = dcpx__nccl_init(&m->shape, m->rank, cu->device, k->ws, nccl_id,
                         nccl_id_len, &cu->nccl);
+    if (r >= 0)
+      dcpx__nccl_counters(cu->nccl, cu->ctr, k->health + m->rank);
     goto out;
   }
 #else

@@ -122,6 +122,11 @@ dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device, char *ws,
                 const uint8_t *id, size_t id_len, struct dcpx__nccl **ret);
 __attribute__((visibility("hidden"))) void
 dcpx__nccl_fini(struct dcpx__nccl *n, int abort);
+/* The call counters the round-1 kernel keeps (device memory, a
+ * dcpx_k_counters) and publishes into `health` (the rank's health block,
+ * device address). */
+__attribute__((visibility("hidden"))) void
+dcpx__nccl_counters(struct dcpx__nccl *n, void *ctr, void *health);
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows, const uint16_t *logits,
                 uint64_t stride, const int32_t *row_ends, void *stream);

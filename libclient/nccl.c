@@ -41,6 +41,11 @@ struct dcpx__nccl {
   dcpx_nkctx k;
 };
 
+void dcpx__nccl_counters(struct dcpx__nccl *n, void *ctr, void *health) {
+  n->k.ctr = (dcpx_k_counters *)ctr;
+  n->k.health = (dcpx_rank_health *)health;
+}
+
 int dcpx__nccl_unique_id(uint8_t *out, size_t cap, size_t *ret_len) {
   ncclUniqueId id;
   if (cap < sizeof(id))

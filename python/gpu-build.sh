@@ -2,9 +2,9 @@
 # python/gpu-build.sh - what the Python GPU tests load: a shared libdcpx
 # with the CUDA backend (no NCCL) and its dcpxd, built here (CUDA at
 # /usr/local/cuda) into build-pygpu/ (ignored by git; carry it to the GPU
-# machine), with the two shared libraries that machine lacks (protobuf-c,
-# libuv). scripts/gpu-build.sh's build is static only, which ctypes cannot
-# load. Then, on the GPU machine: bash python/gpu-run.sh.
+# machine), with the shared libraries that machine lacks (protobuf-c,
+# libuv, inih, json-c). scripts/gpu-build.sh's build is static only, which
+# ctypes cannot load. Then, on the GPU machine: bash python/gpu-run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
@@ -21,7 +21,7 @@ out=$top/build-pygpu
 rm -rf "$out" && mkdir -p "$out/lib"
 cp -L libclient/.libs/libdcpx.so.0 "$out/lib/"
 cp daemon/dcpxd "$out/"
-for l in libprotobuf-c.so.1 libuv.so.1; do
+for l in libprotobuf-c.so.1 libuv.so.1 libinih.so.1 libjson-c.so.5; do
   cp -L "$(ldconfig -p | awk -v l="$l" '$1 == l { print $NF; exit }')" \
     "$out/lib/"
 done

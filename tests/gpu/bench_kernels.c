@@ -208,6 +208,11 @@ static void profile_merge(gg *g, const char *what) {
        "and mask %.2f\n",
        (double)(h[9] - h[0]) * 1e3 / khz, (double)(h[10] - h[1]) * 1e3 / khz,
        (double)(h[11] - h[10]) * 1e3 / khz, (double)(h[2] - h[11]) * 1e3 / khz);
+  if (h[14] && h[15])
+    note("  kernel entry to row start %.2f, row end to kernel exit (call "
+         "counters) %.2f, entry to exit %.2f\n",
+         (double)(h[0] - h[14]) * 1e3 / khz, (double)(h[15] - h[9]) * 1e3 / khz,
+         (double)(h[15] - h[14]) * 1e3 / khz);
   if (h[12] && h[13])
     note("  rescue list from the row = start and count %.2f + thread 0's "
          "placing %.2f + the rest %.2f\n",
