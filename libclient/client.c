@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "log.h"
 #include "member.h"
 
 #define HELLO_TIMEOUT_MS 5000
@@ -492,37 +493,50 @@ int dcpx_leave(dcpx_member *m) {
   return r == DCPX_E_CONNRESET || r == -EPIPE ? 0 : r;
 }
 
-int dcpx_push(dcpx_member *m, uint32_t rows, const uint16_t *logits,
-              uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
-              void *stream) {
-  if (!m)
-    return DCPX_E_INVAL;
-#ifdef HAVE_CUDA
-  if (m->cuda)
-    return dcpx__cuda_push(m, rows, logits, stride, row_ends, call_tag,
-                           stream);
-#endif
-  (void)stream;
-  return dcpx__host_push(m, rows, logits, stride, row_ends, call_tag);
+/* The call structs' size and reserved words; a refused struct fails the
+ * rank, as any bad argument does (dcpx_merge in include/dcpx.h). */
+static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
+                      const dcpx_merge_out *out, int merge) {
+  int r = dcpx__struct_check(fn, "dcpx_call", in, sizeof(dcpx_call), 0);
+  if (r == 0 && merge)
+    r = dcpx__struct_check(fn, "dcpx_merge_out", out, sizeof(dcpx_merge_out),
+                           out ? out->reserved : 0);
+  if (r < 0)
+    dcpx__member_fail(m);
+  return r;
 }
 
-int dcpx_merge(dcpx_member *m, uint32_t rows, const uint16_t *logits,
-               uint64_t stride, const int32_t *row_ends, const int32_t *req_id,
-               const int32_t *block_table, uint32_t bt_rows, uint32_t bt_cols,
-               int32_t *rows_out, int32_t *valid_out, int32_t *ids_out,
-               uint32_t *sat_word, uint64_t call_tag, void *stream) {
+int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
+  int r;
   if (!m)
     return DCPX_E_INVAL;
+  if ((r = call_check(m, "dcpx_push", in, NULL, 0)) < 0)
+    return r;
+  DCPX_TRACE("dcpx_push group %s rank %u rows %u tag %llu", m->group,
+             m->rank, in->rows, (unsigned long long)in->call_tag);
 #ifdef HAVE_CUDA
   if (m->cuda)
-    return dcpx__cuda_merge(m, rows, logits, stride, row_ends, req_id,
-                            block_table, bt_rows, bt_cols, rows_out,
-                            valid_out, ids_out, sat_word, call_tag, stream);
+    return dcpx__cuda_push(m, in, stream);
 #endif
   (void)stream;
-  return dcpx__host_merge(m, rows, logits, stride, row_ends, req_id,
-                          block_table, bt_rows, bt_cols, rows_out, valid_out,
-                          ids_out, sat_word, call_tag);
+  return dcpx__host_push(m, in);
+}
+
+int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
+               void *stream) {
+  int r;
+  if (!m)
+    return DCPX_E_INVAL;
+  if ((r = call_check(m, "dcpx_merge", in, out, 1)) < 0)
+    return r;
+  DCPX_TRACE("dcpx_merge group %s rank %u rows %u tag %llu", m->group,
+             m->rank, in->rows, (unsigned long long)in->call_tag);
+#ifdef HAVE_CUDA
+  if (m->cuda)
+    return dcpx__cuda_merge(m, in, out, stream);
+#endif
+  (void)stream;
+  return dcpx__host_merge(m, in, out);
 }
 
 /* ---- the link: reconnect and reattach (dcpx_poll) --------------------- */

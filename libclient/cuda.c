@@ -360,9 +360,7 @@ out:
   return r;
 }
 
-int dcpx__cuda_push(struct dcpx_member *m, uint32_t rows,
-                    const uint16_t *logits, uint64_t stride,
-                    const int32_t *row_ends, uint64_t call_tag,
+int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
                     void *stream) {
   int r;
   /* Refused, not enqueued, while the group is aborted or this rank FAILED
@@ -373,44 +371,41 @@ int dcpx__cuda_push(struct dcpx_member *m, uint32_t rows,
     return DCPX_E_ABORTED;
   if (m->health[m->rank].failed)
     return DCPX_E_FAILED;
-  if (rows > m->shape.rows)
+  if (in->rows > m->shape.rows)
     r = DCPX_E_RANGE;
 #ifdef HAVE_NCCL
   else if (m->cuda->nccl)
-    r = dcpx__nccl_push(m->cuda->nccl, rows, logits, stride, row_ends,
-                        stream);
+    r = dcpx__nccl_push(m->cuda->nccl, in->rows, in->logits, in->stride,
+                        in->row_ends, stream);
 #endif
   else
-    r = dcpx_k_push(&m->cuda->k, rows, logits, stride, row_ends,
-                    (cudaStream_t)stream);
+    r = dcpx_k_push(&m->cuda->k, in->rows, in->logits, in->stride,
+                    in->row_ends, (cudaStream_t)stream);
   if (r < 0)
     dcpx__member_fail(m); /* the call was not enqueued: peers must know */
   else
-    m->health[m->rank].last_call_tag = call_tag; /* host bookkeeping only */
+    m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
   return r;
 }
 
-int dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows,
-                     const uint16_t *logits, uint64_t stride,
-                     const int32_t *row_ends, const int32_t *req_id,
-                     const int32_t *block_table, uint32_t bt_rows,
-                     uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
-                     int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag,
-                     void *stream) {
+int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
+                     const dcpx_merge_out *out, void *stream) {
   int r;
-  (void)call_tag; /* records carry the device call sequence (layout.h) */
-  if (rows > m->shape.rows)
+  /* in->call_tag: records carry the device call sequence (layout.h) */
+  if (in->rows > m->shape.rows)
     r = DCPX_E_RANGE;
 #ifdef HAVE_NCCL
   else if (m->cuda->nccl)
-    r = dcpx__nccl_merge(m->cuda->nccl, rows, logits, stride, row_ends,
-                         req_id, block_table, bt_rows, bt_cols, rows_out,
-                         valid_out, ids_out, sat_word, stream);
+    r = dcpx__nccl_merge(m->cuda->nccl, in->rows, in->logits, in->stride,
+                         in->row_ends, in->req_id, in->block_table,
+                         in->bt_rows, in->bt_cols, out->rows_out,
+                         out->valid_out, out->ids_out, out->sat_word, stream);
 #endif
   else
-    r = dcpx_k_merge(&m->cuda->k, rows, logits, stride, row_ends, req_id,
-                     block_table, bt_rows, bt_cols, rows_out, valid_out,
-                     ids_out, sat_word, (cudaStream_t)stream);
+    r = dcpx_k_merge(&m->cuda->k, in->rows, in->logits, in->stride,
+                     in->row_ends, in->req_id, in->block_table, in->bt_rows,
+                     in->bt_cols, out->rows_out, out->valid_out, out->ids_out,
+                     out->sat_word, (cudaStream_t)stream);
   if (r < 0)
     dcpx__member_fail(m); /* the call was not enqueued: peers must know */
   return r;

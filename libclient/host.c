@@ -255,14 +255,15 @@ static int check_rows(const struct dcpx_member *m, uint32_t rows,
   return 0;
 }
 
-int dcpx__host_push(struct dcpx_member *m, uint32_t rows,
-                    const uint16_t *logits, uint64_t stride,
-                    const int32_t *row_ends, uint64_t call_tag) {
+int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
+  const uint32_t rows = in->rows;
+  const uint16_t *logits = in->logits;
+  const uint64_t stride = in->stride;
+  const int32_t *row_ends = in->row_ends;
   const dcpx_layout *L = &m->L;
   const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
   int r = check_rows(m, rows, logits, stride, row_ends);
-  (void)call_tag;
   if (r < 0) {
     dcpx__member_fail(m);
     return r;
@@ -355,7 +356,7 @@ static int row_outputs(struct dcpx_member *m, uint32_t t, const merge_args *a) {
     rows_out[i] = -1;
     if (ids_out)
       ids_out[i] = i < ws->nsel
-                       ? (int32_t)dcpx_gid(ws->sel_l[i], ws->sel_r[i],
+                       ? (int32_t)dcpx__gid(ws->sel_l[i], ws->sel_r[i],
                                            m->L.world, m->shape.interleave)
                        : -1;
   }
@@ -395,25 +396,24 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const merge_args *a,
   return r;
 }
 
-int dcpx__host_merge(struct dcpx_member *m, uint32_t rows,
-                     const uint16_t *logits, uint64_t stride,
-                     const int32_t *row_ends, const int32_t *req_id,
-                     const int32_t *block_table, uint32_t bt_rows,
-                     uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
-                     int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag) {
-  const merge_args a = {logits,      stride,  row_ends, req_id,
-                        block_table, bt_rows, bt_cols,  rows_out,
-                        valid_out,   ids_out, sat_word};
+int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
+                     const dcpx_merge_out *out) {
+  const merge_args a = {in->logits,      in->stride,      in->row_ends,
+                        in->req_id,      in->block_table, in->bt_rows,
+                        in->bt_cols,     out->rows_out,   out->valid_out,
+                        out->ids_out,    out->sat_word};
+  const uint32_t rows = in->rows;
+  int32_t *valid_out = out->valid_out;
   dcpx_rank_health *h = &m->health[m->rank];
   const uint64_t call = *call_seq(m);
   uint64_t rescued = 0;
   int r, range = 0;
 
-  if (!req_id || !block_table || !rows_out || !valid_out) {
+  if (!in->req_id || !in->block_table || !out->rows_out || !valid_out) {
     dcpx__member_fail(m);
     return DCPX_E_INVAL;
   }
-  r = check_rows(m, rows, logits, stride, row_ends);
+  r = check_rows(m, rows, in->logits, in->stride, in->row_ends);
   if (r < 0) {
     dcpx__member_fail(m);
     return r;
@@ -428,7 +428,7 @@ int dcpx__host_merge(struct dcpx_member *m, uint32_t rows,
     else
       r = rr;
   }
-  h->last_call_tag = call_tag;
+  h->last_call_tag = in->call_tag;
   if (r < 0) {
     for (uint32_t t = 0; t < rows; t++)
       valid_out[t] = -1;

@@ -97,16 +97,10 @@ dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
 __attribute__((visibility("hidden"))) void
 dcpx__cuda_fini(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
-dcpx__cuda_push(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
-                void *stream);
+dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in, void *stream);
 __attribute__((visibility("hidden"))) int
-dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                 uint64_t stride, const int32_t *row_ends,
-                 const int32_t *req_id, const int32_t *block_table,
-                 uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
-                 int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
-                 uint64_t call_tag, void *stream);
+dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
+                 const dcpx_merge_out *out, void *stream);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms);
 
@@ -152,14 +146,9 @@ dcpx__host_init(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) void
 dcpx__host_fini(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
-dcpx__host_push(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                uint64_t stride, const int32_t *row_ends, uint64_t call_tag);
+dcpx__host_push(struct dcpx_member *m, const dcpx_call *in);
 __attribute__((visibility("hidden"))) int
-dcpx__host_merge(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                 uint64_t stride, const int32_t *row_ends,
-                 const int32_t *req_id, const int32_t *block_table,
-                 uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
-                 int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
-                 uint64_t call_tag);
+dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
+                 const dcpx_merge_out *out);
 
 #endif /* DCPX_LIBCLIENT_MEMBER_H */

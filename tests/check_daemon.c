@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "dcpx.h"
+#include "call.h"
 #include "frame.h"
 #include "member.h"
 
@@ -183,16 +184,16 @@ static int rank_proc(const spec *sp, uint32_t rank) {
   }
   for (uint32_t cl = 0; cl < sp->calls && !bad; cl++) {
     inputs(sp, cl, lg, en);
-    r = dcpx_push(m, R, lg[rank], sp->L, en[rank], cl, NULL);
+    r = t_push(m, R, lg[rank], sp->L, en[rank], cl, NULL);
     if (r == 0)
-      r = dcpx_merge(m, R, lg[rank], sp->L, en[rank], req, bt, R, bt_cols,
+      r = t_merge(m, R, lg[rank], sp->L, en[rank], req, bt, R, bt_cols,
                      ro, vo, io, so, cl, NULL);
     if (r < 0) {
       fprintf(stderr, "rank %u call %u: %s\n", rank, cl, dcpx_strerror(r));
       bad = 1;
       break;
     }
-    r = dcpx_ref_call(&sh, R, (const uint16_t *const *)lg, sp->L,
+    r = t_ref_call(&sh, R, (const uint16_t *const *)lg, sp->L,
                       (const int32_t *const *)en, rank, req, bt, R, bt_cols,
                       xo, xv, xi, xs, NULL);
     if (r < 0 || memcmp(ro, xo, (size_t)R * K * 4) ||

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "dcpx.h"
+#include "call.h"
 #include "layout.h"
 #include "member.h"
 
@@ -174,10 +175,10 @@ static void *rank_main(void *arg) {
   int r = 0;
   sleep_ns(g->delay_ns[d]);
   if (!((g->absent >> d) & 1u)) {
-    r = dcpx_push(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
+    r = t_push(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
                   g->tag, NULL);
     if (r == 0)
-      r = dcpx_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
+      r = t_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
                      g->req, g->bt, g->bt_rows, g->bt_cols, g->rows_out[d],
                      g->valid[d], g->ids[d], g->sat[d], g->tag, NULL);
   }
@@ -210,7 +211,7 @@ static uint64_t check_exact(group *g, const char *what) {
     ck_assert_msg(g->rc[d] == 0, "%s: rank %u: %s", what, d,
                   dcpx_strerror(g->rc[d]));
     ck_assert_int_eq(
-        dcpx_ref_call(&g->sh, R, (const uint16_t *const *)g->logits,
+        t_ref_call(&g->sh, R, (const uint16_t *const *)g->logits,
                       g->stride, (const int32_t *const *)g->ends, d, g->req,
                       g->bt, g->bt_rows, g->bt_cols, xr, xv, xi, xs,
                       d == 0 ? &st : NULL),
@@ -684,7 +685,7 @@ static void stale_case(int deliver) {
   g.rows = 1;
   fill(&g, 21, 5); /* rank 1 holds the best: mask 0b10 (W*N > K) */
   fill_full(&g);
-  ck_assert_int_eq(dcpx_ref_call(&g.sh, 1, (const uint16_t *const *)g.logits,
+  ck_assert_int_eq(t_ref_call(&g.sh, 1, (const uint16_t *const *)g.logits,
                                  g.stride, (const int32_t *const *)g.ends, 0,
                                  g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv,
                                  NULL, xs, NULL),
@@ -745,7 +746,7 @@ START_TEST(test_bad_inputs) {
    * marks itself FAILED (alarm first): had it just returned, its epochs
    * would lag its peers' and the next call would silently pair rank 0's
    * call n+1 with rank 1's call n. */
-  ck_assert_int_eq(dcpx_push(g.m[0], 3, g.logits[0], g.stride, g.ends[0], 0,
+  ck_assert_int_eq(t_push(g.m[0], 3, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
   ck_assert_uint_eq(h[0].alarm, 1);
@@ -760,22 +761,58 @@ START_TEST(test_bad_inputs) {
   ck_assert_int_eq(g.valid[1][0], -1);
   /* Every other kind of bad argument is refused the same way. */
   g.ends[0][1] = 101;
-  ck_assert_int_eq(dcpx_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
+  ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
   g.ends[0][1] = -1;
-  ck_assert_int_eq(dcpx_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
+  ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
-  ck_assert_int_eq(dcpx_push(NULL, 2, g.logits[0], g.stride, g.ends[0], 0,
+  ck_assert_int_eq(t_push(NULL, 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_INVAL);
-  ck_assert_int_eq(dcpx_push(g.m[0], 2, NULL, g.stride, g.ends[0], 0, NULL),
+  ck_assert_int_eq(t_push(g.m[0], 2, NULL, g.stride, g.ends[0], 0, NULL),
                    DCPX_E_INVAL);
-  ck_assert_int_eq(dcpx_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0],
+  ck_assert_int_eq(t_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0],
                               NULL, g.bt, g.bt_rows, g.bt_cols,
                               g.rows_out[0], g.valid[0], NULL, NULL, 0, NULL),
                    DCPX_E_INVAL);
+  /* v1 structs of a size this library does not know, or with a reserved
+   * word set, are refused as bad arguments: the rank fails. */
+  {
+    dcpx_call in = DCPX_CALL_INIT;
+    dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+    in.rows = 2;
+    in.logits = g.logits[0];
+    in.stride = g.stride;
+    in.row_ends = g.ends[0];
+    in.req_id = g.req;
+    in.block_table = g.bt;
+    in.bt_rows = g.bt_rows;
+    in.bt_cols = g.bt_cols;
+    out.rows_out = g.rows_out[0];
+    out.valid_out = g.valid[0];
+    ck_assert_int_eq(dcpx_push(g.m[0], NULL, NULL), DCPX_E_INVAL);
+    ck_assert_int_eq(dcpx_merge(g.m[0], &in, NULL, NULL), DCPX_E_INVAL);
+    ck_assert_int_eq(dcpx_merge(g.m[0], NULL, &out, NULL), DCPX_E_INVAL);
+    const uint32_t sizes[] = {0, 8, sizeof(in) - 8, sizeof(in) + 8};
+    for (unsigned i = 0; i < 4; i++) {
+      in.size = sizes[i];
+      h[1].alarm = h[1].failed = 0;
+      ck_assert_int_eq(dcpx_push(g.m[1], &in, NULL), DCPX_E_INVAL);
+      ck_assert_uint_eq(h[1].failed, 1);
+      ck_assert_uint_eq(h[1].alarm, 1);
+      ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
+      in.size = sizeof(in);
+      out.size = i == 2 ? sizeof(out) - 8 : sizes[i];
+      ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
+      out.size = sizeof(out);
+    }
+    out.reserved = 1;
+    h[1].alarm = h[1].failed = 0;
+    ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
+    ck_assert_uint_eq(h[1].failed, 1);
+  }
   group_free(&g);
 
   /* A request outside the block table costs that row its outputs only:
@@ -796,7 +833,7 @@ START_TEST(test_bad_inputs) {
     /* ids_out does not depend on the table: the bad row's ids are the
      * reference's (computed with a valid request). */
     int32_t xr[2 * 32], xi[2 * 32], xv[2];
-    ck_assert_int_eq(dcpx_ref_call(&g.sh, 2, (const uint16_t *const *)g.logits,
+    ck_assert_int_eq(t_ref_call(&g.sh, 2, (const uint16_t *const *)g.logits,
                                    g.stride, (const int32_t *const *)g.ends, 0,
                                    g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv,
                                    xi, NULL, NULL),
