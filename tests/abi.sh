@@ -31,4 +31,14 @@ if ! cmp -s "$tmp/want" "$tmp/have"; then
 fi
 nm -D --defined-only "$so" | awk '$2 == "A" { print $3 }' | grep -qx DCPX_1 ||
   { echo "abi: no version node DCPX_1 in $so"; exit 1; }
+# Test-only kernels (tests/gpu/gpu_tools.cu) are not in the library at
+# all, static archive included.
+a=$builddir/libclient/.libs/libdcpx.a
+for lib in "$so" "$a"; do
+  [ -e "$lib" ] || continue
+  if nm "$lib" 2>/dev/null | grep -q 'dcpx_k_pingpong\|dcpx_k_gate'; then
+    echo "abi: $lib carries the GPU tests' kernels"
+    exit 1
+  fi
+done
 echo "abi: $(wc -l < "$tmp/want") functions, all at DCPX_1, nothing else"

@@ -37,6 +37,7 @@
 
 #include "../call.h"
 #include "gpu_group.h" /* CK, KCK, gg_now */
+#include "gpu_tools.h"
 #include "member.h"
 
 #define NCK(call)                                                             \
