@@ -46,6 +46,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "log.h"
 #include "member.h"
 
 #define SPIN_ITERS 4096u
@@ -151,6 +152,10 @@ static void give_up(struct dcpx_member *m, const row_wait *w, uint32_t region,
     rec->rank = m->rank;
     __atomic_store_n(&rec->kind, DCPX_REC_TIMEOUT, __ATOMIC_RELEASE);
   }
+  DCPX_WARN("group %s rank %u: a wait timed out (row %u, call %llu, region "
+            "%u index %u: tag %u expected, %u seen); this rank is FAILED",
+            m->group, m->rank, w->t, (unsigned long long)w->call, region,
+            index, expected, seen);
   dcpx__member_fail(m);
 }
 
@@ -244,14 +249,27 @@ static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
 static int check_rows(const struct dcpx_member *m, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
                       const int32_t *row_ends) {
-  if (!logits || !row_ends)
+  if (!logits || !row_ends) {
+    DCPX_WARN("group %s rank %u: logits or row_ends is NULL", m->group,
+              m->rank);
     return DCPX_E_INVAL;
-  if (rows > m->shape.rows)
+  }
+  if (rows > m->shape.rows) {
+    DCPX_WARN("group %s rank %u: rows %u > the shape's %u", m->group,
+              m->rank, rows, m->shape.rows);
     return DCPX_E_RANGE;
+  }
   for (uint32_t t = 0; t < rows; t++)
     if (row_ends[t] < 0 || (uint32_t)row_ends[t] > m->shape.max_local ||
-        (uint64_t)row_ends[t] > stride)
+        (uint64_t)row_ends[t] > stride) {
+      DCPX_WARN("group %s rank %u: row_ends[%u] = %d is outside 0..%u "
+                "(max_local %u, stride %llu)",
+                m->group, m->rank, t, row_ends[t],
+                m->shape.max_local < stride ? m->shape.max_local
+                                            : (uint32_t)stride,
+                m->shape.max_local, (unsigned long long)stride);
       return DCPX_E_RANGE;
+    }
   return 0;
 }
 
