@@ -47,6 +47,8 @@ size_t dcpx_struct_size(uint32_t kind) {
     return sizeof(dcpx_merge_out);
   case DCPX_STRUCT_REF_IN:
     return sizeof(dcpx_ref_in);
+  case DCPX_STRUCT_ASYNC_ERROR:
+    return sizeof(dcpx_async_error);
   default:
     return 0;
   }

@@ -106,6 +106,7 @@ DCPX_API const char *dcpx_version(void);
 #define DCPX_STRUCT_CALL 5u        /* dcpx_call */
 #define DCPX_STRUCT_MERGE_OUT 6u   /* dcpx_merge_out */
 #define DCPX_STRUCT_REF_IN 7u      /* dcpx_ref_in */
+#define DCPX_STRUCT_ASYNC_ERROR 8u /* dcpx_async_error */
 
 /* sizeof the struct `kind` (DCPX_STRUCT_*) as this library was compiled,
  * or 0 for an unknown kind: bindings that mirror the structs (Python
@@ -418,6 +419,66 @@ typedef struct dcpx_health_info {
 /* This member's view of its group, read from the control page; calls
  * dcpx_poll first. */
 DCPX_API int dcpx_health(dcpx_member *m, dcpx_health_info *ret);
+
+/* ---- errors the caller can see (as ncclCommGetAsyncError) -------------- */
+
+/* Why (dcpx_async_error.reason), most specific first. */
+#define DCPX_REASON_NONE 0u        /* nothing failed */
+#define DCPX_REASON_REFUSED 1u     /* this rank refused a call (bad
+                                      arguments, a launch that failed)
+                                      and marked itself FAILED */
+#define DCPX_REASON_TIMEOUT 2u     /* a wait of this rank timed out */
+#define DCPX_REASON_PEER_FAILED 3u /* another rank failed (its alarm
+                                      aborted the group) */
+#define DCPX_REASON_DEAD_RANK 4u   /* a rank's process died or left */
+#define DCPX_REASON_OPERATOR 5u    /* an operator reset the group, or
+                                      dcpxd shut down */
+#define DCPX_REASON_BLOCK_TABLE 6u /* the last call completed, but rows
+                                      whose elements fell outside the
+                                      block table have valid_out -1 (host
+                                      backend; nobody failed) */
+
+/* The member's sticky state, and which rows of its last call failed. */
+typedef struct dcpx_async_error {
+  uint32_t size;        /* sizeof(dcpx_async_error) */
+  int32_t state;        /* DCPX_OK; DCPX_E_FAILED: this rank is FAILED;
+                           DCPX_E_ABORTED: the group is aborted (both
+                           sticky until dcpx_recover) */
+  uint32_t reason;      /* DCPX_REASON_* */
+  uint32_t abort;       /* the group's abort word: 0, 1 alarm, 2 dead
+                           rank, 3 operator */
+  uint32_t failed_mask; /* ranks whose FAILED word is set */
+  uint32_t generation;  /* the group's generation (bumped by recovery) */
+  uint32_t rows;        /* rows of this member's last call (the last
+                           dcpx_push or dcpx_merge) */
+  uint32_t failed_rows; /* rows set in row_mask */
+  uint32_t rows_exact;  /* 1: row_mask is exactly the rows of the last
+                           call with valid_out -1 (host backend); 0: the
+                           rows whose own wait timed out only, from the
+                           wait records (CUDA backend: known without a
+                           device sync; the call's other rows may have
+                           stopped too, and a bad block table shows only
+                           in valid_out) */
+  uint32_t reserved;    /* 0 */
+  uint64_t row_mask[DCPX_MAX_ROWS / 64]; /* bit t % 64 of word t / 64:
+                                            row t of the last call failed
+                                            (a failed push fails all its
+                                            rows) */
+} dcpx_async_error;
+
+#define DCPX_ASYNC_ERROR_INIT                                                 \
+  {sizeof(dcpx_async_error), 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}}
+
+/* This member's sticky state and why, into *ret (ret->size set, e.g. by
+ * DCPX_ASYNC_ERROR_INIT). It reads the mapped control page and what the
+ * library noted at its calls: no system call, no device sync, no
+ * allocation; the CUDA backend's failures show as soon as the kernels
+ * wrote them, before the stream is synchronized. Call it between calls,
+ * on the thread that makes them (e.g. after a merge returned an error, or
+ * when valid_out shows -1). Returns 0, or DCPX_E_INVAL (NULL, a size this
+ * library does not know). */
+DCPX_API int dcpx_member_async_error(const dcpx_member *m,
+                                     dcpx_async_error *ret);
 
 /* Keeps the member's link to dcpxd alive; call it periodically off the hot
  * path, e.g. once per engine step (dcpx_health and dcpx_recover call it

@@ -550,7 +550,7 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
     r = dcpx__struct_check(fn, "dcpx_merge_out", out, sizeof(dcpx_merge_out),
                            out ? out->reserved : 0);
   if (r < 0)
-    dcpx__member_fail(m);
+    dcpx__member_refuse(m);
   return r;
 }
 
@@ -585,6 +585,58 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
 #endif
   (void)stream;
   return dcpx__host_merge(m, in, out);
+}
+
+int dcpx_member_async_error(const dcpx_member *m, dcpx_async_error *ret) {
+  int r = dcpx__struct_check("dcpx_member_async_error", "dcpx_async_error",
+                             ret, sizeof(dcpx_async_error),
+                             ret ? ret->reserved : 0);
+  if (r < 0)
+    return r;
+  if (!m || !m->hdr)
+    return DCPX_E_INVAL;
+  dcpx_async_error e = DCPX_ASYNC_ERROR_INIT;
+  const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+  e.abort = __atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE);
+  e.generation = gen;
+  for (uint32_t d = 0; d < m->shape.world; d++)
+    if (__atomic_load_n(&m->health[d].failed, __ATOMIC_ACQUIRE))
+      e.failed_mask |= 1u << d;
+  const int self_failed = (e.failed_mask >> m->rank) & 1u;
+  e.state = e.abort ? DCPX_E_ABORTED : self_failed ? DCPX_E_FAILED : DCPX_OK;
+  e.rows = m->last_rows;
+  /* This rank's timed-out rows of this generation: a rank stops calling
+   * at its first failure until a recovery (which clears the records), so
+   * they are the last call's. */
+  int timed_out = 0;
+  const dcpx_wait_record *rec = m->records + (size_t)m->rank * m->L.rows;
+  for (uint32_t t = 0; t < m->L.rows; t++)
+    if (__atomic_load_n(&rec[t].kind, __ATOMIC_ACQUIRE) == DCPX_REC_TIMEOUT &&
+        rec[t].generation == gen) {
+      e.row_mask[t / 64] |= 1ull << (t % 64);
+      timed_out = 1;
+    }
+  e.rows_exact = m->cuda == NULL;
+  if (e.rows_exact)
+    for (uint32_t w = 0; w < DCPX_MAX_ROWS / 64; w++)
+      e.row_mask[w] |= m->row_err[w];
+  for (uint32_t w = 0; w < DCPX_MAX_ROWS / 64; w++)
+    e.failed_rows += (uint32_t)__builtin_popcountll(e.row_mask[w]);
+
+  if (self_failed && m->refused_gen == gen + 1u)
+    e.reason = DCPX_REASON_REFUSED;
+  else if (timed_out || self_failed)
+    e.reason = DCPX_REASON_TIMEOUT; /* FAILED is set only by these two */
+  else if (e.abort == DCPX_ABORT_DEAD)
+    e.reason = DCPX_REASON_DEAD_RANK;
+  else if (e.abort == DCPX_ABORT_OPERATOR)
+    e.reason = DCPX_REASON_OPERATOR;
+  else if (e.abort || e.failed_mask)
+    e.reason = DCPX_REASON_PEER_FAILED;
+  else if (e.failed_rows && m->bt_rows_bad)
+    e.reason = DCPX_REASON_BLOCK_TABLE;
+  *ret = e;
+  return 0;
 }
 
 /* ---- the link: reconnect and reattach (dcpx_poll) --------------------- */

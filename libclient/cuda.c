@@ -395,6 +395,7 @@ int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
    * (two loads of the mapped control page, no syscall): such a push must
    * store nothing (docs/PROTOCOL.md 4), and after a refused call the
    * device's stop word may not know yet. dcpx_recover clears both. */
+  m->last_rows = in->rows;
   if (m->hdr->abort)
     return DCPX_E_ABORTED;
   if (m->health[m->rank].failed)
@@ -413,7 +414,7 @@ int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
                               in->row_ends, (cudaStream_t)stream),
                   "dcpx_k_push");
   if (r < 0)
-    dcpx__member_fail(m); /* the call was not enqueued: peers must know */
+    dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
   else
     m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
   return r;
@@ -423,6 +424,7 @@ int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                      const dcpx_merge_out *out, void *stream) {
   int r;
   /* in->call_tag: records carry the device call sequence (layout.h) */
+  m->last_rows = in->rows;
   if (in->rows > m->shape.rows) {
     DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
@@ -442,7 +444,7 @@ int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                                (cudaStream_t)stream),
                   "dcpx_k_merge");
   if (r < 0)
-    dcpx__member_fail(m); /* the call was not enqueued: peers must know */
+    dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
   return r;
 }
 

@@ -118,6 +118,33 @@ void dcpx__member_fail(struct dcpx_member *m) {
   __atomic_store_n(&h->failed, 1u, __ATOMIC_RELEASE);
 }
 
+void dcpx__member_refuse(struct dcpx_member *m) {
+  m->refused_gen = m->hdr->generation + 1u;
+  dcpx__member_fail(m);
+}
+
+/* A new call (push or merge) of `rows` rows: its failed rows start empty
+ * (dcpx_member_async_error). */
+static void rows_begin(struct dcpx_member *m, uint32_t rows) {
+  if (m->row_err_set) {
+    memset(m->row_err, 0, sizeof(m->row_err));
+    m->row_err_set = 0;
+  }
+  m->last_rows = rows;
+  m->bt_rows_bad = 0;
+}
+
+/* Rows [0, rows) of the last call failed (dcpx_member_async_error). */
+static void rows_failed(struct dcpx_member *m, uint32_t rows) {
+  if (rows > m->shape.rows)
+    rows = m->shape.rows;
+  for (uint32_t w = 0; w < rows / 64; w++)
+    m->row_err[w] = ~0ull;
+  if (rows % 64)
+    m->row_err[rows / 64] |= (1ull << (rows % 64)) - 1;
+  m->row_err_set = rows != 0;
+}
+
 /* Why a wait must stop early, or 0. */
 static inline int stop_reason(const struct dcpx_member *m) {
   if (__atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE))
@@ -282,14 +309,18 @@ int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
   const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
   int r = check_rows(m, rows, logits, stride, row_ends);
+  rows_begin(m, rows);
   if (r < 0) {
-    dcpx__member_fail(m);
+    dcpx__member_refuse(m);
+    rows_failed(m, rows);
     return r;
   }
   *call_seq(m) += 1;
   r = stop_reason(m);
-  if (r < 0)
+  if (r < 0) {
+    rows_failed(m, rows);
     return r;
+  }
 
   for (uint32_t t = 0; t < rows; t++) {
     uint32_t e = dcpx_epoch_next(epoch[t]);
@@ -379,6 +410,8 @@ static int row_outputs(struct dcpx_member *m, uint32_t t, const merge_args *a) {
                        : -1;
   }
   a->valid_out[t] = -1;
+  m->row_err[t / 64] |= 1ull << (t % 64);
+  m->row_err_set = 1;
   return r;
 }
 
@@ -427,13 +460,18 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
   uint64_t rescued = 0;
   int r, range = 0;
 
+  rows_begin(m, rows);
   if (!in->req_id || !in->block_table || !out->rows_out || !valid_out) {
-    dcpx__member_fail(m);
+    DCPX_WARN("group %s rank %u: dcpx_merge without req_id, block_table, "
+              "rows_out or valid_out", m->group, m->rank);
+    dcpx__member_refuse(m);
+    rows_failed(m, rows);
     return DCPX_E_INVAL;
   }
   r = check_rows(m, rows, in->logits, in->stride, in->row_ends);
   if (r < 0) {
-    dcpx__member_fail(m);
+    dcpx__member_refuse(m);
+    rows_failed(m, rows);
     return r;
   }
   r = stop_reason(m);
@@ -450,9 +488,11 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
   if (r < 0) {
     for (uint32_t t = 0; t < rows; t++)
       valid_out[t] = -1;
+    rows_failed(m, rows);
     h->failed_calls++;
     return r;
   }
+  m->bt_rows_bad = range != 0;
   h->calls++;
   h->rows += rows;
   h->rescue_rows += rescued;

@@ -850,6 +850,121 @@ END_TEST
 /* The nccl transport is refused before any daemon is asked: with the host
  * backend always, and in a build without NCCL with any backend
  * (DCPX_E_TRANSPORT). A nonsense transport is DCPX_E_INVAL. */
+/* dcpx_member_async_error of rank d, checked for the struct rules. */
+static dcpx_async_error async_of(const group *g, uint32_t d) {
+  dcpx_async_error e = DCPX_ASYNC_ERROR_INIT;
+  e.state = 12345;
+  ck_assert_int_eq(dcpx_member_async_error(g->m[d], &e), 0);
+  ck_assert_int_ne(e.state, 12345);
+  ck_assert_uint_eq(e.generation, 1);
+  return e;
+}
+
+static int row_bit(const dcpx_async_error *e, uint32_t t) {
+  return (int)((e->row_mask[t / 64] >> (t % 64)) & 1u);
+}
+
+/* The errors the caller can see (dcpx_member_async_error) on the host
+ * backend: each reason, the sticky state, and the failed rows. */
+START_TEST(test_async_error) {
+  group g;
+  dcpx_async_error e;
+  group_init(&g, 2, 3, 32, 8, 1, 1, 100, 100000000ull);
+  dcpx_ctl_header *hdr = g.ctl;
+  g.rows = 3;
+  fill(&g, 4, 0);
+
+  /* The struct rules. */
+  e = (dcpx_async_error)DCPX_ASYNC_ERROR_INIT;
+  ck_assert_int_eq(dcpx_member_async_error(NULL, &e), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_member_async_error(g.m[0], NULL), DCPX_E_INVAL);
+  e.size = sizeof(e) - 8;
+  ck_assert_int_eq(dcpx_member_async_error(g.m[0], &e), DCPX_E_INVAL);
+  e.size = sizeof(e);
+  e.reserved = 1;
+  ck_assert_int_eq(dcpx_member_async_error(g.m[0], &e), DCPX_E_INVAL);
+
+  /* Before any call, and after a good one: nothing. */
+  e = async_of(&g, 0);
+  ck_assert_int_eq(e.state, DCPX_OK);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_NONE);
+  run_call(&g);
+  check_exact(&g, "async: good call");
+  for (uint32_t d = 0; d < 2; d++) {
+    e = async_of(&g, d);
+    ck_assert_int_eq(e.state, DCPX_OK);
+    ck_assert_uint_eq(e.reason, DCPX_REASON_NONE);
+    ck_assert_uint_eq(e.rows, 3);
+    ck_assert_uint_eq(e.failed_rows, 0);
+    ck_assert_uint_eq(e.rows_exact, 1);
+  }
+
+  /* A bad block table for row 1 of rank 0: that row only, nobody failed. */
+  g.ends[0][1] = 50;
+  g.req[1] = 1000;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_RANGE);
+  e = async_of(&g, 0);
+  ck_assert_int_eq(e.state, DCPX_OK);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_BLOCK_TABLE);
+  ck_assert_uint_eq(e.failed_rows, 1);
+  ck_assert(row_bit(&e, 1) && !row_bit(&e, 0) && !row_bit(&e, 2));
+  /* The next good call clears it. */
+  g.req[1] = 0;
+  run_call(&g);
+  check_exact(&g, "async: after the bad table");
+  e = async_of(&g, 0);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_NONE);
+  ck_assert_uint_eq(e.failed_rows, 0);
+
+  /* Rank 1 skips a call: rank 0's wait times out. */
+  g.absent = 1u << 1;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
+  e = async_of(&g, 0);
+  ck_assert_int_eq(e.state, DCPX_E_FAILED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_TIMEOUT);
+  ck_assert_uint_eq(e.failed_mask, 1u);
+  ck_assert_uint_eq(e.failed_rows, 3); /* the whole call failed */
+  ck_assert(row_bit(&e, 0) && row_bit(&e, 1) && row_bit(&e, 2));
+  ck_assert(!row_bit(&e, 3));
+  /* Rank 1 sees its peer failed, and itself not (yet). */
+  e = async_of(&g, 1);
+  ck_assert_int_eq(e.state, DCPX_OK);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_PEER_FAILED);
+  /* The abort word, as dcpxd writes it, is sticky and says why. */
+  hdr->abort = DCPX_ABORT_OPERATOR;
+  e = async_of(&g, 1);
+  ck_assert_int_eq(e.state, DCPX_E_ABORTED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_OPERATOR);
+  ck_assert_uint_eq(e.abort, DCPX_ABORT_OPERATOR);
+  e = async_of(&g, 0); /* its own reason stays the more specific */
+  ck_assert_int_eq(e.state, DCPX_E_ABORTED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_TIMEOUT);
+  hdr->abort = DCPX_ABORT_DEAD;
+  ck_assert_uint_eq(async_of(&g, 1).reason, DCPX_REASON_DEAD_RANK);
+  hdr->abort = DCPX_ABORT_ALARM;
+  ck_assert_uint_eq(async_of(&g, 1).reason, DCPX_REASON_PEER_FAILED);
+  group_free(&g);
+
+  /* A call this rank refuses. */
+  group_init(&g, 2, 3, 32, 8, 1, 1, 100, 100000000ull);
+  fill(&g, 4, 0);
+  ck_assert_int_eq(t_push(g.m[1], 4, g.logits[1], g.stride, g.ends[1], 0,
+                          NULL),
+                   DCPX_E_RANGE);
+  e = async_of(&g, 1);
+  ck_assert_int_eq(e.state, DCPX_E_FAILED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_REFUSED);
+  ck_assert_uint_eq(e.failed_mask, 2u);
+  ck_assert_uint_eq(e.rows, 4);
+  ck_assert_uint_eq(e.failed_rows, 3); /* all of the call's, up to R */
+  e = async_of(&g, 0);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_PEER_FAILED);
+  group_free(&g);
+}
+END_TEST
+
 START_TEST(test_join_transport_refused) {
   dcpx_client c;
   dcpx_shape sh = DCPX_SHAPE_INIT;
@@ -895,6 +1010,7 @@ int main(void) {
   tcase_add_test(tc, test_rescue_rows);
   tcase_add_test(tc, test_stale_rescue_tags);
   tcase_add_test(tc, test_bad_inputs);
+  tcase_add_test(tc, test_async_error);
   tcase_add_test(tc, test_join_transport_refused);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

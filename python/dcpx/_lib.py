@@ -27,7 +27,8 @@ from typing import List, Optional
 
 __all__ = ["LibraryNotFound", "lib", "library_path", "DcpxShapeC",
            "DcpxJoinOptsC", "DcpxHealthInfoC", "DcpxRefStatsC", "DcpxCallC",
-           "DcpxMergeOutC", "DcpxRefInC", "call_in", "merge_out"]
+           "DcpxMergeOutC", "DcpxRefInC", "DcpxAsyncErrorC", "call_in",
+           "merge_out"]
 
 
 class LibraryNotFound(ImportError):
@@ -93,6 +94,15 @@ class DcpxRefInC(Structure):
                 ("bt_rows", c_uint32), ("bt_cols", c_uint32)]
 
 
+class DcpxAsyncErrorC(Structure):
+    """``struct dcpx_async_error`` (v1): a member's sticky error state."""
+    _fields_ = [("size", c_uint32), ("state", c_int32), ("reason", c_uint32),
+                ("abort", c_uint32), ("failed_mask", c_uint32),
+                ("generation", c_uint32), ("rows", c_uint32),
+                ("failed_rows", c_uint32), ("rows_exact", c_uint32),
+                ("reserved", c_uint32), ("row_mask", c_uint64 * 64)]
+
+
 def call_in(rows: int, logits: Optional[int], stride: int,
             row_ends: Optional[int], req_id: Optional[int] = None,
             block_table: Optional[int] = None, bt_rows: int = 0,
@@ -115,7 +125,7 @@ def merge_out(rows_out: Optional[int], valid_out: Optional[int],
 # dcpx_struct_size (python/tests/test_api.py checks every layout).
 STRUCT_KINDS = {1: DcpxShapeC, 2: DcpxJoinOptsC, 3: DcpxHealthInfoC,
                 4: DcpxRefStatsC, 5: DcpxCallC, 6: DcpxMergeOutC,
-                7: DcpxRefInC}
+                7: DcpxRefInC, 8: DcpxAsyncErrorC}
 
 _P = c_void_p  # every buffer pointer is passed as a plain address
 
@@ -149,6 +159,7 @@ _PROTOS = {
     "dcpx_merge": (c_int, [c_void_p, POINTER(DcpxCallC),
                            POINTER(DcpxMergeOutC), c_void_p]),
     "dcpx_health": (c_int, [c_void_p, POINTER(DcpxHealthInfoC)]),
+    "dcpx_member_async_error": (c_int, [c_void_p, POINTER(DcpxAsyncErrorC)]),
     "dcpx_poll": (c_int, [c_void_p]),
     "dcpx_recover": (c_int, [c_void_p, c_void_p, c_uint32]),
 }

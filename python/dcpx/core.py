@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _arrays as A
-from ._lib import (DcpxHealthInfoC, DcpxJoinOptsC, DcpxRefInC,
+from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
+                   DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
 from .errors import InvalidArgument, RangeError, StateError, check
 
@@ -145,6 +146,31 @@ class Health:
     def ok(self) -> bool:
         """True when the group is not aborted and no rank has failed."""
         return self.abort == 0 and self.failed_mask == 0
+
+
+class Reason(enum.IntEnum):
+    """Why a member failed (``DCPX_REASON_*``)."""
+    NONE = 0
+    REFUSED = 1      #: this rank refused a call (bad arguments, launch)
+    TIMEOUT = 2      #: a wait of this rank timed out
+    PEER_FAILED = 3  #: another rank failed
+    DEAD_RANK = 4    #: a rank's process died or left
+    OPERATOR = 5     #: an operator reset the group, or dcpxd shut down
+    BLOCK_TABLE = 6  #: rows outside the block table (host backend)
+
+
+@dataclass(frozen=True)
+class AsyncError:
+    """A member's sticky state and which rows of its last call failed
+    (``dcpx_member_async_error``)."""
+    state: int          #: 0, or the code: Failed's or Aborted's
+    reason: Reason
+    abort: int          #: the group's abort word
+    failed_mask: int    #: ranks whose FAILED word is set
+    generation: int
+    rows: int           #: rows of the last call (push or merge)
+    failed_rows: List[int] = field(default_factory=list)
+    rows_exact: bool = True  #: False: only rows whose own wait timed out
 
 
 class MergeResult(NamedTuple):
@@ -477,6 +503,20 @@ class Member:
         check(lib().dcpx_health(self._p(), ctypes.byref(h)), "dcpx_health")
         return Health(**{f.name: int(getattr(h, f.name))
                          for f in fields(Health)})
+
+    def async_error(self) -> AsyncError:
+        """The member's sticky state, why, and the failed rows of its last
+        call (``dcpx_member_async_error``): reads the control page only,
+        no device sync."""
+        e = DcpxAsyncErrorC()
+        e.size = ctypes.sizeof(DcpxAsyncErrorC)
+        check(lib().dcpx_member_async_error(self._p(), ctypes.byref(e)),
+              "dcpx_member_async_error")
+        rows = [w * 64 + b for w in range(64) if e.row_mask[w]
+                for b in range(64) if (e.row_mask[w] >> b) & 1]
+        return AsyncError(int(e.state), Reason(e.reason), int(e.abort),
+                          int(e.failed_mask), int(e.generation),
+                          int(e.rows), rows, bool(e.rows_exact))
 
     def recover(self, timeout_ms: int = 20000, stream: Any = None) -> None:
         """After Failed/Aborted (or rows with valid_out -1): acknowledges
