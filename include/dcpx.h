@@ -209,7 +209,8 @@ typedef struct dcpx_call {
   uint64_t call_tag;          /* the caller's name for the call (dcpx_push) */
 } dcpx_call;
 
-#define DCPX_CALL_INIT {sizeof(dcpx_call), 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0}
+#define DCPX_CALL_INIT                                                        \
+  {sizeof(dcpx_call), 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0}
 
 /* One call's outputs, on one rank (dcpx_merge and dcpx_ref_call). */
 typedef struct dcpx_merge_out {
@@ -224,7 +225,8 @@ typedef struct dcpx_merge_out {
                           key */
 } dcpx_merge_out;
 
-#define DCPX_MERGE_OUT_INIT {sizeof(dcpx_merge_out), 0, NULL, NULL, NULL, NULL}
+#define DCPX_MERGE_OUT_INIT                                                   \
+  {sizeof(dcpx_merge_out), 0, NULL, NULL, NULL, NULL}
 
 /* ---- the CPU reference (docs/PROTOCOL.md sections 2, 3 and 5) -------- */
 
@@ -269,7 +271,8 @@ typedef struct dcpx_ref_in {
   uint32_t bt_rows, bt_cols;
 } dcpx_ref_in;
 
-#define DCPX_REF_IN_INIT {sizeof(dcpx_ref_in), 0, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0}
+#define DCPX_REF_IN_INIT                                                      \
+  {sizeof(dcpx_ref_in), 0, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0}
 
 /* One whole call as every backend must compute it, giving rank in->rank's
  * outputs (dcpx_merge_out; rows_out and valid_out required). ret_stats,
