@@ -41,22 +41,29 @@ void dcpx__log(int level, const char *file, int line, const char *fmt, ...) {
           names[level & 3], base ? base + 1 : file, line, msg);
 }
 
-int dcpx__struct_check(const char *fn, const char *type, const void *p,
-                       uint32_t want, uint32_t reserved) {
+int dcpx__struct_check_at(const char *file, int line, const char *fn,
+                          const char *type, const void *p, uint32_t want,
+                          uint32_t reserved) {
+  const int on = dcpx__log_on(DCPX__LOG_WARN);
   if (!p) {
-    DCPX_WARN("%s: %s is NULL", fn, type);
+    if (on)
+      dcpx__log(DCPX__LOG_WARN, file, line, "%s: %s is NULL", fn, type);
     return DCPX_E_INVAL;
   }
   const uint32_t size = *(const uint32_t *)p;
   if (size != want) {
-    DCPX_WARN("%s: %s.size is %u, this libdcpx %s knows %u only (initialise "
-              "the struct with its _INIT macro; a different size means a "
-              "dcpx.h that does not match the library)",
-              fn, type, size, DCPX_VERSION_STRING, want);
+    if (on)
+      dcpx__log(DCPX__LOG_WARN, file, line,
+                "%s: %s.size is %u, this libdcpx %s knows %u only "
+                "(initialise the struct with its _INIT macro; a different "
+                "size means a dcpx.h that does not match the library)",
+                fn, type, size, DCPX_VERSION_STRING, want);
     return DCPX_E_INVAL;
   }
   if (reserved) {
-    DCPX_WARN("%s: %s.reserved is %u, not 0", fn, type, reserved);
+    if (on)
+      dcpx__log(DCPX__LOG_WARN, file, line, "%s: %s.reserved is %u, not 0",
+                fn, type, reserved);
     return DCPX_E_INVAL;
   }
   return 0;

@@ -47,7 +47,12 @@ static inline int dcpx__log_on(int level) {
  * with a WARN line naming the function, the struct and what was wrong.
  * NULL p: DCPX_E_INVAL. */
 __attribute__((visibility("hidden"))) int
-dcpx__struct_check(const char *fn, const char *type, const void *p,
-                   uint32_t want, uint32_t reserved);
+dcpx__struct_check_at(const char *file, int line, const char *fn,
+                      const char *type, const void *p, uint32_t want,
+                      uint32_t reserved);
+/* The WARN line names the caller's file and line. */
+#define dcpx__struct_check(fn, type, p, want, reserved)                       \
+  dcpx__struct_check_at(__FILE__, __LINE__, (fn), (type), (p), (want),        \
+                        (reserved))
 
 #endif /* DCPX_COMMON_LOG_H */

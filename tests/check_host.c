@@ -15,10 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dcpx.h"
 #include "call.h"
 #include "layout.h"
+#include "log.h"
 #include "member.h"
 
 static uint64_t mix(uint64_t *s) {
@@ -965,6 +967,61 @@ START_TEST(test_async_error) {
 }
 END_TEST
 
+/* What libdcpx wrote on stderr while f(g) ran with DCPX_DEBUG=level
+ * (NULL: unset); the level is read again, as by a new process. */
+static char *stderr_of(const char *level, void (*f)(group *), group *g) {
+  char path[] = "/tmp/dcpx-stderr.XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  ck_assert_int_ge(fd, 0);
+  unlink(path);
+  if (level)
+    setenv("DCPX_DEBUG", level, 1);
+  else
+    unsetenv("DCPX_DEBUG");
+  dcpx__log_level_v = -1;
+  fflush(stderr);
+  dup2(fd, 2);
+  f(g);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  unsetenv("DCPX_DEBUG");
+  dcpx__log_level_v = -1;
+  off_t n = lseek(fd, 0, SEEK_END);
+  char *text = calloc(1, (size_t)n + 1);
+  ck_assert_int_eq(pread(fd, text, (size_t)n, 0), n);
+  close(fd);
+  return text;
+}
+
+static void push_old_struct(group *g) {
+  dcpx_call in = DCPX_CALL_INIT;
+  in.size = 40; /* a dcpx.h that does not match */
+  in.rows = 1;
+  in.logits = g->logits[0];
+  in.stride = g->stride;
+  in.row_ends = g->ends[0];
+  ck_assert_int_eq(dcpx_push(g->m[0], &in, NULL), DCPX_E_INVAL);
+}
+
+/* A refused struct says why, under DCPX_DEBUG=WARN; nothing without. */
+START_TEST(test_struct_message) {
+  group g;
+  group_init(&g, 1, 1, 32, 8, 1, 1, 100, 1000000000ull);
+  fill(&g, 3, 0);
+  char *t = stderr_of("WARN", push_old_struct, &g);
+  ck_assert_msg(strstr(t, "WARN client.c:") &&
+                    strstr(t, "dcpx_push: dcpx_call.size is 40") &&
+                    strstr(t, "_INIT macro"),
+                "no clear message: '%s'", t);
+  free(t);
+  t = stderr_of(NULL, push_old_struct, &g);
+  ck_assert_msg(t[0] == 0, "log off, but: '%s'", t);
+  free(t);
+  group_free(&g);
+}
+END_TEST
+
 START_TEST(test_join_transport_refused) {
   dcpx_client c;
   dcpx_shape sh = DCPX_SHAPE_INIT;
@@ -1011,6 +1068,7 @@ int main(void) {
   tcase_add_test(tc, test_stale_rescue_tags);
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_async_error);
+  tcase_add_test(tc, test_struct_message);
   tcase_add_test(tc, test_join_transport_refused);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
