@@ -92,6 +92,7 @@ typedef struct spec {
   uint32_t W, R, K, N, L, calls;
   uint32_t epoch_start; /* 0: leave zeroed */
   pthread_barrier_t *barrier;
+  uint32_t *done; /* ranks through their calls (shared) */
 } spec;
 
 static void shape_of(const spec *sp, dcpx_shape *sh) {
@@ -211,6 +212,15 @@ static int rank_proc(const spec *sp, uint32_t rank) {
       bad = 1;
     }
   }
+  /* Leave together: a rank that leaves while a peer still runs the last
+   * call aborts the group under that peer (dcpxd's dead-rank rule), which
+   * a slow machine shows. Bounded: a rank that gave up early never
+   * arrives, and the others go after 30 s. */
+  __atomic_add_fetch(sp->done, 1, __ATOMIC_SEQ_CST);
+  for (int i = 0; i < 30000 &&
+                  __atomic_load_n(sp->done, __ATOMIC_SEQ_CST) < sp->W;
+       i++)
+    usleep(1000);
   dcpx_leave(m);
   dcpx_disconnect(c);
   return bad;
@@ -219,13 +229,14 @@ static int rank_proc(const spec *sp, uint32_t rank) {
 /* Runs a group of W rank processes; returns how many failed. */
 static int run_group(spec *sp) {
   pid_t kids[DCPX_MAX_WORLD];
-  pthread_barrier_t *bar = mmap(NULL, sizeof(*bar), PROT_READ | PROT_WRITE,
+  pthread_barrier_t *bar = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
                                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   pthread_barrierattr_t ba;
   pthread_barrierattr_init(&ba);
   pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
   pthread_barrier_init(bar, &ba, sp->W);
   sp->barrier = bar;
+  sp->done = (uint32_t *)((char *)bar + 2048); /* zero, from the mmap */
   for (uint32_t r = 0; r < sp->W; r++) {
     kids[r] = fork();
     if (kids[r] == 0)
@@ -237,7 +248,7 @@ static int run_group(spec *sp) {
     waitpid(kids[r], &st, 0);
     failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
-  munmap(bar, sizeof(*bar));
+  munmap(bar, 4096);
   return failed;
 }
 
@@ -302,7 +313,7 @@ static int raw_join(int s, const char *group, uint32_t rank,
 }
 
 static spec small(const char *group, uint32_t W) {
-  spec sp = {group, W, 4, 64, 16, 300, 6, 0, NULL};
+  spec sp = {group, W, 4, 64, 16, 300, 6, 0, NULL, NULL};
   return sp;
 }
 
