@@ -99,11 +99,23 @@ int main(int argc, char **argv) {
     }
   }
   dcpx_ref_stats st = {0, 0, 0};
+  dcpx_ref_in in = DCPX_REF_IN_INIT;
+  dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+  in.rows = R;
+  in.stride = L;
+  in.logits = (const uint16_t *const *)lg;
+  in.row_ends = (const int32_t *const *)en;
+  in.req_id = req;
+  in.block_table = bt;
+  in.bt_rows = R;
+  in.bt_cols = bt_cols;
+  out.rows_out = rows_out;
+  out.valid_out = valid;
+  out.ids_out = ids;
+  out.sat_word = sat;
   for (int i = 0; i < reps + 1; i++) {
     double t0 = now_s();
-    r = dcpx_ref_call(&sh, R, (const uint16_t *const *)lg, L,
-                      (const int32_t *const *)en, 0, req, bt, R, bt_cols,
-                      rows_out, valid, ids, sat, i ? &st : NULL);
+    r = dcpx_ref_call(&sh, &in, &out, i ? &st : NULL);
     double dt = now_s() - t0;
     if (r < 0) {
       fprintf(stderr, "bench_ref: %s\n", dcpx_strerror(r));

@@ -74,8 +74,19 @@ static double rescue_rate(uint32_t W, uint32_t N, uint32_t K, uint32_t L,
           lg[r][(size_t)t * L + l] = to_bf16((float)(g + shift));
         }
       }
-    const int rc = dcpx_ref_call(&sh, 16, lgc, L, endc, 0, req, bt, 1, 1,
-                                 rows_out, valid, NULL, NULL, &st);
+    dcpx_ref_in in = DCPX_REF_IN_INIT;
+    dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+    in.rows = 16;
+    in.stride = L;
+    in.logits = lgc;
+    in.row_ends = endc;
+    in.req_id = req;
+    in.block_table = bt;
+    in.bt_rows = 1;
+    in.bt_cols = 1;
+    out.rows_out = rows_out;
+    out.valid_out = valid;
+    const int rc = dcpx_ref_call(&sh, &in, &out, &st);
     if (rc < 0) {
       fprintf(stderr, "dcpx_ref_call: %s\n", dcpx_strerror(rc));
       exit(2);

@@ -130,16 +130,42 @@ static int one_call(dcpx_member *m, const hh_spec *sp, uint32_t rank,
       bt[t * bt_cols + b] = (int32_t)(rank * 100000 + t * bt_cols + b);
   }
   hh_inputs(sp, c, lg, en);
-  r = dcpx_push(m, R, lg[rank], sp->L, en[rank], c, NULL);
-  rm = dcpx_merge(m, R, lg[rank], sp->L, en[rank], req, bt, R, bt_cols, ro,
-                  vo, io, so, c, NULL);
+  dcpx_call in = DCPX_CALL_INIT;
+  dcpx_merge_out out = DCPX_MERGE_OUT_INIT, ref = DCPX_MERGE_OUT_INIT;
+  dcpx_ref_in rin = DCPX_REF_IN_INIT;
+  in.rows = R;
+  in.logits = lg[rank];
+  in.stride = sp->L;
+  in.row_ends = en[rank];
+  in.req_id = req;
+  in.block_table = bt;
+  in.bt_rows = R;
+  in.bt_cols = bt_cols;
+  in.call_tag = c;
+  out.rows_out = ro;
+  out.valid_out = vo;
+  out.ids_out = io;
+  out.sat_word = so;
+  r = dcpx_push(m, &in, NULL);
+  rm = dcpx_merge(m, &in, &out, NULL);
   if (r == 0)
     r = rm;
   if (r < 0)
     return r;
-  r = dcpx_ref_call(&shape, R, (const uint16_t *const *)lg, sp->L,
-                    (const int32_t *const *)en, rank, req, bt, R, bt_cols, xo,
-                    xv, xi, xs, NULL);
+  rin.rows = R;
+  rin.rank = rank;
+  rin.stride = sp->L;
+  rin.logits = (const uint16_t *const *)lg;
+  rin.row_ends = (const int32_t *const *)en;
+  rin.req_id = req;
+  rin.block_table = bt;
+  rin.bt_rows = R;
+  rin.bt_cols = bt_cols;
+  ref.rows_out = xo;
+  ref.valid_out = xv;
+  ref.ids_out = xi;
+  ref.sat_word = xs;
+  r = dcpx_ref_call(&shape, &rin, &ref, NULL);
   if (r < 0 || memcmp(ro, xo, (size_t)R * K * 4) ||
       memcmp(io, xi, (size_t)R * K * 4) || memcmp(vo, xv, R * 4) ||
       memcmp(so, xs, R * 4))

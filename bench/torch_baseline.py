@@ -81,9 +81,29 @@ def check_sets(lib, W, N, K, L, rows, seed=1):
     rows_out = (ctypes.c_int32 * (rows * K))()
     valid = (ctypes.c_int32 * rows)()
     ids = (ctypes.c_int32 * (rows * K))()
-    rc = dcpx.dcpx_ref_call(ctypes.byref(sh), rows, lp, ctypes.c_uint64(L), ep,
-                            0, req, bt, rows, L, rows_out, valid, ids, None,
-                            None)
+    # struct dcpx_ref_in and dcpx_merge_out (include/dcpx.h, v1)
+    P = ctypes.c_void_p
+
+    class RefIn(ctypes.Structure):
+        _fields_ = [("size", ctypes.c_uint32), ("rows", ctypes.c_uint32),
+                    ("rank", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                    ("stride", ctypes.c_uint64), ("logits", P),
+                    ("row_ends", P), ("req_id", P), ("block_table", P),
+                    ("bt_rows", ctypes.c_uint32),
+                    ("bt_cols", ctypes.c_uint32)]
+
+    class MergeOut(ctypes.Structure):
+        _fields_ = [("size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                    ("rows_out", P), ("valid_out", P), ("ids_out", P),
+                    ("sat_word", P)]
+
+    addr = ctypes.addressof
+    rin = RefIn(ctypes.sizeof(RefIn), rows, 0, 0, L, addr(lp), addr(ep),
+                addr(req), addr(bt), rows, L)
+    rout = MergeOut(ctypes.sizeof(MergeOut), 0, addr(rows_out), addr(valid),
+                    addr(ids), None)
+    rc = dcpx.dcpx_ref_call(ctypes.byref(sh), ctypes.byref(rin),
+                            ctypes.byref(rout), None)
     if rc != 0:
         raise RuntimeError("dcpx_ref_call: %d" % rc)
     cat = torch.cat([x.float() for x in logits], dim=1).cuda()

@@ -262,7 +262,7 @@ int dcpx__outputs(const dcpx__merge_ws *ws, const dcpx_shape *sh, uint32_t d,
   for (uint32_t i = 0; i < ws->nsel; i++) {
     uint32_t r = ws->sel_r[i], l = ws->sel_l[i];
     if (ids_out)
-      ids_out[i] = (int32_t)dcpx_gid(l, r, sh->world, sh->interleave);
+      ids_out[i] = (int32_t)dcpx__gid(l, r, sh->world, sh->interleave);
     if (r == d) {
       int32_t blk = block_table[(uint64_t)req_id * bt_cols + l / B];
       rows_out[valid++] = blk * (int32_t)B + (int32_t)(l % B);

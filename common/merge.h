@@ -23,6 +23,14 @@
 
 #define DCPX__HIDDEN __attribute__((visibility("hidden")))
 
+/* Global id of local index l on rank r (dcpx_gid, arguments checked by
+ * the caller: world, interleave >= 1, r < world). */
+static inline int64_t dcpx__gid(uint32_t l, uint32_t r, uint32_t world,
+                                uint32_t interleave) {
+  return (int64_t)(l / interleave) * interleave * world +
+         (int64_t)r * interleave + l % interleave;
+}
+
 typedef struct dcpx__sel {
   uint32_t T;     /* threshold ord16 (0: all non-empty keys selected) */
   uint32_t take;  /* keys with ord == T selected, first in flat order */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dcpx.h"
+#include "log.h"
 #include "merge.h"
 
 static int check_list(const uint16_t *logits, uint32_t len, uint32_t cap,
@@ -32,48 +33,50 @@ int dcpx_ref_rescue_list(const uint16_t *logits, uint32_t len, uint32_t cap,
   return r < 0 ? r : (int)dcpx__rescue_list(logits, len, cap, t1, ret_words);
 }
 
-static int check_call(const dcpx_shape *sh, uint32_t rows,
-                      const uint16_t *const *logits, uint64_t stride,
-                      const int32_t *const *row_ends, uint32_t rank,
-                      const int32_t *req_id, const int32_t *block_table,
-                      int32_t *rows_out, int32_t *valid_out) {
+static int check_call(const dcpx_shape *sh, const dcpx_ref_in *in,
+                      const dcpx_merge_out *out) {
   int r = dcpx_shape_check(sh);
   if (r < 0)
     return r;
-  if (!logits || !row_ends || !req_id || !block_table || !rows_out ||
-      !valid_out || rank >= sh->world)
+  if ((r = dcpx__struct_check("dcpx_ref_call", "dcpx_ref_in", in,
+                              sizeof(dcpx_ref_in),
+                              in ? in->reserved : 0)) < 0 ||
+      (r = dcpx__struct_check("dcpx_ref_call", "dcpx_merge_out", out,
+                              sizeof(dcpx_merge_out),
+                              out ? out->reserved : 0)) < 0)
+    return r;
+  if (!in->logits || !in->row_ends || !in->req_id || !in->block_table ||
+      !out->rows_out || !out->valid_out || in->rank >= sh->world)
     return DCPX_E_INVAL;
-  if (rows > sh->rows)
+  if (in->rows > sh->rows)
     return DCPX_E_RANGE;
   for (uint32_t s = 0; s < sh->world; s++) {
-    if (!logits[s] || !row_ends[s])
+    if (!in->logits[s] || !in->row_ends[s])
       return DCPX_E_INVAL;
-    for (uint32_t t = 0; t < rows; t++) {
-      int32_t e = row_ends[s][t];
-      if (e < 0 || (uint32_t)e > sh->max_local || (uint64_t)e > stride)
+    for (uint32_t t = 0; t < in->rows; t++) {
+      int32_t e = in->row_ends[s][t];
+      if (e < 0 || (uint32_t)e > sh->max_local || (uint64_t)e > in->stride)
         return DCPX_E_RANGE;
     }
   }
   return 0;
 }
 
-int dcpx_ref_call(const dcpx_shape *sh, uint32_t rows,
-                  const uint16_t *const *logits, uint64_t stride,
-                  const int32_t *const *row_ends, uint32_t rank,
-                  const int32_t *req_id, const int32_t *block_table,
-                  uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
-                  int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
-                  dcpx_ref_stats *ret_stats) {
+int dcpx_ref_call(const dcpx_shape *sh, const dcpx_ref_in *in,
+                  const dcpx_merge_out *out, dcpx_ref_stats *ret_stats) {
   dcpx__merge_ws ws;
   const uint32_t *lists[DCPX_MAX_WORLD], *klists[DCPX_MAX_WORLD];
   uint32_t *buf = NULL;
   dcpx_ref_stats st = {0, 0, 0};
   int r;
 
-  r = check_call(sh, rows, logits, stride, row_ends, rank, req_id,
-                 block_table, rows_out, valid_out);
+  r = check_call(sh, in, out);
   if (r < 0)
     return r;
+  const uint32_t rows = in->rows, rank = in->rank;
+  const uint64_t stride = in->stride;
+  const uint16_t *const *logits = in->logits;
+  const int32_t *const *row_ends = in->row_ends;
   r = dcpx__merge_ws_init(&ws, sh);
   if (r < 0)
     return r;
@@ -83,7 +86,7 @@ int dcpx_ref_call(const dcpx_shape *sh, uint32_t rows,
   buf = malloc(sizeof(uint32_t) * W * (rwn + rwk));
   if (!buf) {
     r = DCPX_E_NOMEM;
-    goto out;
+    goto done;
   }
   for (uint32_t s = 0; s < W; s++) {
     lists[s] = buf + s * rwn;
@@ -103,13 +106,14 @@ int dcpx_ref_call(const dcpx_shape *sh, uint32_t rows,
         dcpx__rescue_list(logits[s] + t * stride, (uint32_t)row_ends[s][t], K,
                           sw & 0xFFFFu, (uint32_t *)klists[s]);
     dcpx__finish(&ws, &s1, mask, klists);
-    r = dcpx__outputs(&ws, sh, rank, req_id[t], block_table, bt_rows, bt_cols,
-                      rows_out + (uint64_t)t * K, valid_out + t,
-                      ids_out ? ids_out + (uint64_t)t * K : NULL);
+    r = dcpx__outputs(&ws, sh, rank, in->req_id[t], in->block_table,
+                      in->bt_rows, in->bt_cols,
+                      out->rows_out + (uint64_t)t * K, out->valid_out + t,
+                      out->ids_out ? out->ids_out + (uint64_t)t * K : NULL);
     if (r < 0)
-      goto out;
-    if (sat_word)
-      sat_word[t] = sw;
+      goto done;
+    if (out->sat_word)
+      out->sat_word[t] = sw;
     st.rows++;
     st.rescue_rows += mask != 0;
     st.saturated += (uint64_t)__builtin_popcount(mask);
@@ -119,7 +123,7 @@ int dcpx_ref_call(const dcpx_shape *sh, uint32_t rows,
     ret_stats->rescue_rows += st.rescue_rows;
     ret_stats->saturated += st.saturated;
   }
-out:
+done:
   free(buf);
   dcpx__merge_ws_free(&ws);
   return r;

@@ -31,6 +31,29 @@ const char *dcpx_strerror(int code) {
 
 const char *dcpx_version(void) { return DCPX_VERSION_STRING; }
 
+size_t dcpx_struct_size(uint32_t kind) {
+  switch (kind) {
+  case DCPX_STRUCT_SHAPE:
+    return sizeof(dcpx_shape);
+  case DCPX_STRUCT_JOIN_OPTS:
+    return sizeof(dcpx_join_opts);
+  case DCPX_STRUCT_HEALTH_INFO:
+    return sizeof(dcpx_health_info);
+  case DCPX_STRUCT_REF_STATS:
+    return sizeof(dcpx_ref_stats);
+  case DCPX_STRUCT_CALL:
+    return sizeof(dcpx_call);
+  case DCPX_STRUCT_MERGE_OUT:
+    return sizeof(dcpx_merge_out);
+  case DCPX_STRUCT_REF_IN:
+    return sizeof(dcpx_ref_in);
+  case DCPX_STRUCT_ASYNC_ERROR:
+    return sizeof(dcpx_async_error);
+  default:
+    return 0;
+  }
+}
+
 int dcpx_shape_check(const dcpx_shape *s) {
   if (!s || s->size < sizeof(dcpx_shape))
     return DCPX_E_INVAL;
@@ -123,9 +146,10 @@ int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
 
 uint32_t dcpx_epoch_next(uint32_t e) { return e == 0xFFFFFFFEu ? 1u : e + 1u; }
 
-int64_t dcpx_gid(uint32_t l, uint32_t r, uint32_t world, uint32_t interleave) {
-  if (!world || !interleave || r >= world)
+int dcpx_gid(uint32_t l, uint32_t r, uint32_t world, uint32_t interleave,
+             int64_t *ret_gid) {
+  if (!world || !interleave || r >= world || !ret_gid)
     return DCPX_E_INVAL;
-  return (int64_t)(l / interleave) * interleave * world +
-         (int64_t)r * interleave + l % interleave;
+  *ret_gid = dcpx__gid(l, r, world, interleave);
+  return 0;
 }

@@ -96,6 +96,23 @@ DCPX_API const char *dcpx_strerror(int code);
 /* The library's version string, e.g. "0.1.0" (compare DCPX_VERSION_STRING). */
 DCPX_API const char *dcpx_version(void);
 
+/* ---- struct sizes ------------------------------------------------------ */
+
+/* The structs of this header, for dcpx_struct_size. */
+#define DCPX_STRUCT_SHAPE 1u       /* dcpx_shape */
+#define DCPX_STRUCT_JOIN_OPTS 2u   /* dcpx_join_opts */
+#define DCPX_STRUCT_HEALTH_INFO 3u /* dcpx_health_info */
+#define DCPX_STRUCT_REF_STATS 4u   /* dcpx_ref_stats */
+#define DCPX_STRUCT_CALL 5u        /* dcpx_call */
+#define DCPX_STRUCT_MERGE_OUT 6u   /* dcpx_merge_out */
+#define DCPX_STRUCT_REF_IN 7u      /* dcpx_ref_in */
+#define DCPX_STRUCT_ASYNC_ERROR 8u /* dcpx_async_error */
+
+/* sizeof the struct `kind` (DCPX_STRUCT_*) as this library was compiled,
+ * or 0 for an unknown kind: bindings that mirror the structs (Python
+ * ctypes) check their layouts against it. */
+DCPX_API size_t dcpx_struct_size(uint32_t kind);
+
 /* ---- shape -------------------------------------------------------------- */
 
 /* A group's shape (docs/PROTOCOL.md section 1). `size` is
@@ -131,7 +148,14 @@ DCPX_API uint32_t dcpx_shape_auto_local_topk(uint32_t world, uint32_t topk);
  * (dcpx_member_warning). */
 DCPX_API const char *dcpx_shape_warning(const dcpx_shape *shape);
 
-/* ---- the order and the wire words (docs/PROTOCOL.md sections 2, 3) --- */
+/* ---- the order and the wire words (docs/PROTOCOL.md sections 2, 3) ---
+ *
+ * These functions state the wire format of docs/PROTOCOL.md in code, and
+ * they are a stable part of API v1: the reference lists below
+ * (dcpx_ref_local_list, dcpx_ref_rescue_list) are given in wire words, and
+ * a second implementation checks its own lists against them word for
+ * word. A change of the wire format is a new protocol version, and a new
+ * symbol version (DCPX_2), never a silent change of these functions. */
 
 /* 1 if the bf16 bits are a NaN (never a candidate). */
 DCPX_API int dcpx_bf16_isnan(uint32_t bits);
@@ -156,9 +180,53 @@ DCPX_API int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
 /* The epoch after e: skips 0, wraps 0xFFFFFFFE -> 1. */
 DCPX_API uint32_t dcpx_epoch_next(uint32_t e);
 
-/* Global id (token position) of local index l on rank r. */
-DCPX_API int64_t dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
-                          uint32_t interleave);
+/* Global id (token position) of local index l on rank r, into *ret_gid.
+ * Returns 0, or DCPX_E_INVAL (world or interleave 0, r >= world,
+ * ret_gid NULL; *ret_gid is then untouched). */
+DCPX_API int dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
+                      uint32_t interleave, int64_t *ret_gid);
+
+/* ---- a call's arguments -------------------------------------------------
+ *
+ * dcpx_push, dcpx_merge and dcpx_ref_call take their arguments in structs.
+ * Each starts with `size`, sizeof the struct as the caller compiled it:
+ * initialise with the *_INIT macro, then set the fields. A struct whose
+ * size this library does not know (too small, or from a newer dcpx.h) or
+ * whose `reserved` field is not 0 is refused with DCPX_E_INVAL (and a
+ * WARN line under DCPX_DEBUG). New fields are only ever appended. */
+
+/* One call's inputs, on one rank (dcpx_push and dcpx_merge). */
+typedef struct dcpx_call {
+  uint32_t size;              /* sizeof(dcpx_call) */
+  uint32_t rows;              /* rows of this call, <= the shape's rows */
+  uint64_t stride;            /* elements between rows of logits */
+  const uint16_t *logits;     /* [rows][stride] bf16 bits */
+  const int32_t *row_ends;    /* [rows]: row t is logits[t][0..row_ends[t]),
+                                 0..max_local and <= stride */
+  const int32_t *req_id;      /* [rows]: block_table row of each row (merge) */
+  const int32_t *block_table; /* [bt_rows][bt_cols] (merge) */
+  uint32_t bt_rows, bt_cols;
+  uint64_t call_tag;          /* the caller's name for the call (dcpx_push) */
+} dcpx_call;
+
+#define DCPX_CALL_INIT                                                        \
+  {sizeof(dcpx_call), 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0}
+
+/* One call's outputs, on one rank (dcpx_merge and dcpx_ref_call). */
+typedef struct dcpx_merge_out {
+  uint32_t size;       /* sizeof(dcpx_merge_out) */
+  uint32_t reserved;   /* 0 */
+  int32_t *rows_out;   /* [rows][K]: KV rows of this rank's selected
+                          elements, ascending l, -1 padded */
+  int32_t *valid_out;  /* [rows]: their count (-1: the row failed) */
+  int32_t *ids_out;    /* [rows][K] or NULL: gids of all K selected, (r, l)
+                          order, -1 padded */
+  uint32_t *sat_word;  /* [rows] or NULL: (mask << 16) | ord16 of S1's K-th
+                          key */
+} dcpx_merge_out;
+
+#define DCPX_MERGE_OUT_INIT                                                   \
+  {sizeof(dcpx_merge_out), 0, NULL, NULL, NULL, NULL}
 
 /* ---- the CPU reference (docs/PROTOCOL.md sections 2, 3 and 5) -------- */
 
@@ -188,31 +256,33 @@ typedef struct dcpx_ref_stats {
   uint64_t saturated;   /* sum over rows of saturated ranks */
 } dcpx_ref_stats;
 
-/* One whole call as every backend must compute it, giving rank `rank`'s
- * outputs.
+/* The inputs of a reference call: every rank's logits and row ends, and
+ * rank `rank`'s block table. */
+typedef struct dcpx_ref_in {
+  uint32_t size;                  /* sizeof(dcpx_ref_in) */
+  uint32_t rows;                  /* <= shape->rows */
+  uint32_t rank;                  /* whose outputs, < W */
+  uint32_t reserved;              /* 0 */
+  uint64_t stride;                /* of every rank's logits */
+  const uint16_t *const *logits;  /* [W]: rank r's [rows][stride] bf16 */
+  const int32_t *const *row_ends; /* [W]: rank r's [rows] row ends */
+  const int32_t *req_id;          /* [rows] (rank `rank`'s) */
+  const int32_t *block_table;     /* [bt_rows][bt_cols] (rank `rank`'s) */
+  uint32_t bt_rows, bt_cols;
+} dcpx_ref_in;
+
+#define DCPX_REF_IN_INIT                                                      \
+  {sizeof(dcpx_ref_in), 0, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0}
+
+/* One whole call as every backend must compute it, giving rank in->rank's
+ * outputs (dcpx_merge_out; rows_out and valid_out required). ret_stats,
+ * or NULL, is added to, not overwritten.
  *
- *   logits[r]     rank r's bf16 logits, [rows][logits_stride]
- *   row_ends[r]   rank r's row ends, [rows], each 0..shape->max_local
- *   req_id        [rows], row of block_table for each row (rank `rank`'s)
- *   block_table   [bt_rows][bt_cols] int32 (rank `rank`'s)
- *   rows_out      [rows][K]: KV rows of `rank`'s selected elements, ascending
- *                 l, -1 padded
- *   valid_out     [rows]: their count
- *   ids_out       [rows][K] or NULL: gids of all K selected, (r, l) order,
- *                 -1 padded
- *   sat_word      [rows] or NULL: (mask << 16) | ord16 of S1's K-th key
- *   ret_stats     or NULL: accumulated (added to, not overwritten)
- *
- * Returns 0, or DCPX_E_INVAL / DCPX_E_LIMIT / DCPX_E_RANGE (a row_end over
- * max_local, a req_id or block outside the table), DCPX_E_NOMEM. */
-DCPX_API int dcpx_ref_call(const dcpx_shape *shape, uint32_t rows,
-                           const uint16_t *const *logits,
-                           uint64_t logits_stride,
-                           const int32_t *const *row_ends, uint32_t rank,
-                           const int32_t *req_id, const int32_t *block_table,
-                           uint32_t bt_rows, uint32_t bt_cols,
-                           int32_t *rows_out, int32_t *valid_out,
-                           int32_t *ids_out, uint32_t *sat_word,
+ * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size) /
+ * DCPX_E_LIMIT / DCPX_E_RANGE (a row_end over max_local, a req_id or
+ * block outside the table), DCPX_E_NOMEM. */
+DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
+                           const dcpx_merge_out *out,
                            dcpx_ref_stats *ret_stats);
 
 /* ---- the client: connect, join, push, merge, health, recover ------------
@@ -294,42 +364,39 @@ DCPX_API const char *dcpx_member_warning(const dcpx_member *member);
 /* Leaves the group and frees the member (NULL is fine). */
 DCPX_API int dcpx_leave(dcpx_member *member);
 
-/* Push: this rank's local top-N of each of `rows` rows of bf16 `logits`
- * ([rows][stride], row t valid up to row_ends[t]) to every rank.
- * call_tag is the caller's name for the call (e.g. step * layers + layer);
- * the library keeps it in the rank's health block (last_call_tag: the host
- * backend at the merge, the CUDA backend at the push; under a CUDA graph
- * it is the tag of capture time). Wait
- * records and fault injections name a call by its sequence number
- * instead: 1 for the first push since the join or the last recovery, +1
- * for each push (kept in device memory, so that CUDA graphs replay it). */
-DCPX_API int dcpx_push(dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                       uint64_t stride, const int32_t *row_ends,
-                       uint64_t call_tag, void *stream);
+/* Push: this rank's local top-N of each of in->rows rows of in->logits
+ * to every rank (in->logits, stride, row_ends and call_tag are read;
+ * req_id and the block table are not). in->call_tag is the caller's name
+ * for the call (e.g. step * layers + layer); the library keeps it in the
+ * rank's health block (last_call_tag: the host backend at the merge, the
+ * CUDA backend at the push; under a CUDA graph it is the tag of capture
+ * time). Wait records and fault injections name a call by its sequence
+ * number instead: 1 for the first push since the join or the last
+ * recovery, +1 for each push (kept in device memory, so that CUDA graphs
+ * replay it). */
+DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
 
-/* Merge: the exact top-K of every row, this rank's outputs (the arguments
- * mean what they mean for dcpx_ref_call; logits/row_ends are this rank's
+/* Merge: the exact top-K of every row, this rank's outputs (the fields mean
+ * what they mean for dcpx_ref_call; in->logits/row_ends are this rank's
  * and must be those given to the matching dcpx_push). Returns 0, or:
  *   DCPX_E_FAILED   a wait timed out on this rank (or it was FAILED);
  *   DCPX_E_ABORTED  the group was aborted;
- *   DCPX_E_INVAL / DCPX_E_RANGE before any work: bad arguments (NULL
- *                   outputs, rows > R, a row_end outside 0..max_local);
- *                   the rank then marks itself FAILED, since skipping its
- *                   part would leave it a call behind its peers;
+ *   DCPX_E_INVAL / DCPX_E_RANGE before any work: bad arguments (a struct
+ *                   of unknown size, NULL outputs, rows > R, a row_end
+ *                   outside 0..max_local); the rank then marks itself
+ *                   FAILED, since skipping its part would leave it a call
+ *                   behind its peers;
  *   DCPX_E_RANGE after the protocol completed (host backend): some row's
  *                   own element fell outside block_table; that row has
  *                   valid_out -1, the others are exact, nobody failed.
  * After FAILED, ABORTED or a refused call, valid_out[t] = -1 for every row
  * and the member must dcpx_recover before the next call. With the CUDA
  * backend waits end inside the kernel: the call returns 0 (or a launch
- * error), and a failed row shows as valid_out[t] = -1 and in
- * dcpx_health. The same argument rules hold for dcpx_push. */
-DCPX_API int dcpx_merge(dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                        uint64_t stride, const int32_t *row_ends,
-                        const int32_t *req_id, const int32_t *block_table,
-                        uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
-                        int32_t *valid_out, int32_t *ids_out,
-                        uint32_t *sat_word, uint64_t call_tag, void *stream);
+ * error), and a failed row shows as valid_out[t] = -1, in
+ * dcpx_member_async_error and in dcpx_health. The same argument rules
+ * hold for dcpx_push. */
+DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
+                        const dcpx_merge_out *out, void *stream);
 
 typedef struct dcpx_health_info {
   uint32_t size;       /* sizeof(dcpx_health_info), set by the caller */
@@ -349,9 +416,72 @@ typedef struct dcpx_health_info {
   uint32_t reattaches;  /* times this member reattached to a new dcpxd */
 } dcpx_health_info;
 
+#define DCPX_HEALTH_INFO_INIT                                                 \
+  {sizeof(dcpx_health_info), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
 /* This member's view of its group, read from the control page; calls
  * dcpx_poll first. */
 DCPX_API int dcpx_health(dcpx_member *m, dcpx_health_info *ret);
+
+/* ---- errors the caller can see (as ncclCommGetAsyncError) -------------- */
+
+/* Why (dcpx_async_error.reason), most specific first. */
+#define DCPX_REASON_NONE 0u        /* nothing failed */
+#define DCPX_REASON_REFUSED 1u     /* this rank refused a call (bad
+                                      arguments, a launch that failed)
+                                      and marked itself FAILED */
+#define DCPX_REASON_TIMEOUT 2u     /* a wait of this rank timed out */
+#define DCPX_REASON_PEER_FAILED 3u /* another rank failed (its alarm
+                                      aborted the group) */
+#define DCPX_REASON_DEAD_RANK 4u   /* a rank's process died or left */
+#define DCPX_REASON_OPERATOR 5u    /* an operator reset the group, or
+                                      dcpxd shut down */
+#define DCPX_REASON_BLOCK_TABLE 6u /* the last call completed, but rows
+                                      whose elements fell outside the
+                                      block table have valid_out -1 (host
+                                      backend; nobody failed) */
+
+/* The member's sticky state, and which rows of its last call failed. */
+typedef struct dcpx_async_error {
+  uint32_t size;        /* sizeof(dcpx_async_error) */
+  int32_t state;        /* DCPX_OK; DCPX_E_FAILED: this rank is FAILED;
+                           DCPX_E_ABORTED: the group is aborted (both
+                           sticky until dcpx_recover) */
+  uint32_t reason;      /* DCPX_REASON_* */
+  uint32_t abort;       /* the group's abort word: 0, 1 alarm, 2 dead
+                           rank, 3 operator */
+  uint32_t failed_mask; /* ranks whose FAILED word is set */
+  uint32_t generation;  /* the group's generation (bumped by recovery) */
+  uint32_t rows;        /* rows of this member's last call (the last
+                           dcpx_push or dcpx_merge) */
+  uint32_t failed_rows; /* rows set in row_mask */
+  uint32_t rows_exact;  /* 1: row_mask is exactly the rows of the last
+                           call with valid_out -1 (host backend); 0: the
+                           rows whose own wait timed out only, from the
+                           wait records (CUDA backend: known without a
+                           device sync; the call's other rows may have
+                           stopped too, and a bad block table shows only
+                           in valid_out) */
+  uint32_t reserved;    /* 0 */
+  uint64_t row_mask[DCPX_MAX_ROWS / 64]; /* bit t % 64 of word t / 64:
+                                            row t of the last call failed
+                                            (a failed push fails all its
+                                            rows) */
+} dcpx_async_error;
+
+#define DCPX_ASYNC_ERROR_INIT                                                 \
+  {sizeof(dcpx_async_error), 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}}
+
+/* This member's sticky state and why, into *ret (ret->size set, e.g. by
+ * DCPX_ASYNC_ERROR_INIT). It reads the mapped control page and what the
+ * library noted at its calls: no system call, no device sync, no
+ * allocation; the CUDA backend's failures show as soon as the kernels
+ * wrote them, before the stream is synchronized. Call it between calls,
+ * on the thread that makes them (e.g. after a merge returned an error, or
+ * when valid_out shows -1). Returns 0, or DCPX_E_INVAL (NULL, a size this
+ * library does not know). */
+DCPX_API int dcpx_member_async_error(const dcpx_member *m,
+                                     dcpx_async_error *ret);
 
 /* Keeps the member's link to dcpxd alive; call it periodically off the hot
  * path, e.g. once per engine step (dcpx_health and dcpx_recover call it

@@ -309,30 +309,6 @@ int dcpx_kn_round2(const dcpx_nkctx *c, uint32_t rows, const int32_t *req_id,
                    uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
                    int32_t *ids_out, cudaStream_t s);
 
-/* ---- the LL ping-pong (pingpong.cu; tests/gpu/pingpong.c) ----------------
- *
- * One-way LL latency between two GPUs: one thread per side, `iters` round
- * trips in one launch. `mine` is a 16-byte slot in this GPU's memory that
- * the other side stores into; `peer` the other side's slot (a P2P address).
- * The initiator (initiator != 0) stores pair i tagged tag_base + i into
- * peer and polls mine for the answer; the responder answers each pair.
- * Both sides must use the same iters and tag_base (>= 1; tag_base + iters
- * < 2^32), and their slots must not already hold one of those tags. Every
- * poll gives up after timeout_ns of %globaltimer. out (device, 4 uint64):
- * status (0 ok, 1 timeout, 2 wrong words), globaltimer ns and clock64
- * cycles from the first store to the last answer (meaningful on the
- * initiator), round trips done. A test tool, not the call path. */
-int dcpx_k_pingpong(void *mine, void *peer, uint32_t iters, int initiator,
-                    uint32_t tag_base, uint64_t timeout_ns, uint64_t *out,
-                    cudaStream_t s);
-
-/* A start gate: one thread spins on `flag` (host-mapped, device address)
- * until (int32_t)(*flag - value) >= 0 or timeout_ns passes. Enqueue one
- * before timed work on every rank's stream, then store value on the host:
- * all ranks start together. A test tool (pingpong.cu). */
-int dcpx_k_gate(const uint32_t *flag, uint32_t value, uint64_t timeout_ns,
-                cudaStream_t s);
-
 #ifdef __cplusplus
 }
 #endif

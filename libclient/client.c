@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "log.h"
 #include "member.h"
 
 #define HELLO_TIMEOUT_MS 5000
@@ -99,7 +100,9 @@ static int open_conn(const char *path, int *ret_sock, char *err,
   hello.agent = (char *)"libdcpx " DCPX_VERSION_STRING;
   f.msg_case = DCPX__FRAME__MSG_HELLO;
   f.hello = &hello;
-  r = dcpx__frame_send(s, &f, NULL, 0);
+  /* A daemon that refuses the connection answers and closes at once: its
+   * answer, not the send's EPIPE, is the reason. */
+  r = dcpx__frame_send_or_reply(s, &f, err, errlen);
   if (r < 0)
     goto fail;
   r = recv_within(s, HELLO_TIMEOUT_MS, &rep, NULL, 0, NULL);
@@ -133,10 +136,14 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
     path = DCPX_DEFAULT_SOCKET;
   if (strlen(path) >= sizeof(c->path))
     return DCPX_E_RANGE;
-  r = open_conn(path, &s, NULL, 0); /* fails early if no daemon speaks our
-                                      version */
-  if (r < 0)
+  char why[512] = "";
+  r = open_conn(path, &s, why, sizeof(why)); /* fails early if no daemon
+                                                speaks our version */
+  if (r < 0) {
+    DCPX_WARN("dcpx_connect %s: %s%s%s", path, dcpx_strerror(r),
+              why[0] ? ": dcpxd says: " : "", why);
     return r;
+  }
   close(s);
   c = calloc(1, sizeof(*c));
   if (!c)
@@ -290,22 +297,9 @@ static const dcpx_shape *shape_resolved(const dcpx_shape *in,
   return buf;
 }
 
-int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
-              const dcpx_join_opts *o, dcpx_member **ret_member) {
-  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
-  Dcpx__Join j = DCPX__JOIN__INIT;
-  Dcpx__Shape sh;
-  char node[256];
-  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
-  dcpx_member *m;
-
-  dcpx_shape auto_shape;
-  if (c)
-    c->last_error[0] = '\0';
-  if (!c || !o || !ret_member || o->size < sizeof(dcpx_join_opts))
-    return DCPX_E_INVAL;
-  shape = shape_resolved(shape, &auto_shape);
-  r = dcpx_shape_check(shape);
+/* dcpx_join, step 1: the arguments, as far as libdcpx can judge them. */
+static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o) {
+  int r = dcpx_shape_check(shape);
   if (r < 0)
     return r;
   if (!dcpx__group_name_ok(o->group) || o->timeout_ns < 1000000ull)
@@ -331,10 +325,15 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   if (o->transport == DCPX_TRANSPORT_NCCL)
     return DCPX_E_TRANSPORT;
 #endif
+  return 0;
+}
 
-  m = calloc(1, sizeof(*m));
+/* Step 2: a member with the join's settings and layout, no link yet. */
+static dcpx_member *member_new(const dcpx_client *c, const dcpx_shape *shape,
+                               const dcpx_join_opts *o) {
+  dcpx_member *m = calloc(1, sizeof(*m));
   if (!m)
-    return DCPX_E_NOMEM;
+    return NULL;
   member_link_init(m);
   memcpy(m->path, c->path, sizeof(m->path));
   m->device = o->device;
@@ -349,12 +348,18 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   memcpy(m->group, o->group, strlen(o->group) + 1);
   dcpx_layout_compute(&m->L, shape->world, shape->rows, shape->topk,
                       shape->local_topk);
+  return m;
+}
 
-  r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error));
-  if (r < 0)
-    goto fail;
+/* Step 3: the Join, on the member's connection. */
+static int join_send(dcpx_client *c, dcpx_member *m,
+                     const dcpx_join_opts *o) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Join j = DCPX__JOIN__INIT;
+  Dcpx__Shape sh;
+  char node[256];
 
-  dcpx__shape_to_pb(shape, &sh);
+  dcpx__shape_to_pb(&m->shape, &sh);
   if (gethostname(node, sizeof(node)) < 0)
     strcpy(node, "?");
   node[sizeof(node) - 1] = 0;
@@ -374,88 +379,131 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   size_t nccl_id_len = 0;
   if (o->rank == 0 && o->backend == DCPX_BACKEND_CUDA &&
       o->transport != DCPX_TRANSPORT_LL) {
-    r = dcpx__nccl_unique_id(nccl_id, sizeof(nccl_id), &nccl_id_len);
+    int r = dcpx__nccl_unique_id(nccl_id, sizeof(nccl_id), &nccl_id_len);
     if (r < 0 && o->transport == DCPX_TRANSPORT_NCCL)
-      goto fail;
+      return r;
     j.nccl_id.data = nccl_id;
     j.nccl_id.len = r < 0 ? 0 : nccl_id_len;
   }
 #endif
   f.msg_case = DCPX__FRAME__MSG_JOIN;
   f.join = &j;
-  r = dcpx__frame_send(m->sock, &f, NULL, 0);
-  if (r < 0)
-    goto fail;
+  return dcpx__frame_send_or_reply(m->sock, &f, c->last_error,
+                                   sizeof(c->last_error));
+}
 
+/* Step 4: waits for the JoinReply (with its fds), or a refusal (whose
+ * reason goes to c->last_error). */
+static int join_wait_reply(dcpx_client *c, dcpx_member *m,
+                           const dcpx_join_opts *o, Dcpx__Frame **ret_rep,
+                           int *fds, int *ret_nfds) {
+  Dcpx__Frame *rep = NULL;
+  int nfds = 0, r;
   uint64_t wait_ms = (o->join_timeout_ms ? o->join_timeout_ms
                                          : DEFAULT_JOIN_WAIT_MS) +
                      JOIN_SLACK_MS;
   if (wait_ms > INT32_MAX) /* poll() takes an int */
     wait_ms = INT32_MAX;
-  uint64_t end = now_ms() + wait_ms;
+  const uint64_t end = now_ms() + wait_ms;
   for (;;) {
     uint64_t now = now_ms();
-    if (now >= end) {
-      r = DCPX_E_TIMEDOUT;
-      goto fail;
-    }
+    if (now >= end)
+      return DCPX_E_TIMEDOUT;
     r = recv_within(m->sock, (int)(end - now), &rep, fds, DCPX_FRAME_MAX_FDS,
                     &nfds);
     if (r < 0)
-      goto fail;
+      return r;
     if (rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY)
       break;
     if (rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply &&
-        rep->reply->status < 0) {
+        rep->reply->status < 0)
       r = rep->reply->status;
-      keep_error(c->last_error, sizeof(c->last_error), rep->reply);
-      goto fail;
-    }
+    keep_error(c->last_error, sizeof(c->last_error),
+               r < 0 ? rep->reply : NULL);
     for (int i = 0; i < nfds; i++)
       close(fds[i]);
     nfds = 0;
     dcpx__frame_free(rep);
     rep = NULL;
+    if (r < 0)
+      return r;
   }
-  if (!rep->join_reply->reply) {
-    r = DCPX_E_PROTO;
-    goto fail;
-  }
+  *ret_rep = rep;
+  *ret_nfds = nfds;
+  if (!rep->join_reply->reply)
+    return DCPX_E_PROTO;
   r = rep->join_reply->reply->status;
-  if (r < 0) {
-    keep_error(c->last_error, sizeof(c->last_error), rep->join_reply->reply);
-    goto fail;
-  }
-  r = member_map(m, rep->join_reply, fds, nfds);
   if (r < 0)
-    goto fail;
-  if (rep->join_reply->timeout_ns)
-    m->timeout_ns = rep->join_reply->timeout_ns;
-  if (rep->join_reply->warning)
-    snprintf(m->warning, sizeof(m->warning), "%s", rep->join_reply->warning);
-  member_keep_fds(m, fds, nfds); /* for a reattach; see dcpx_poll */
-  nfds = 0;
+    keep_error(c->last_error, sizeof(c->last_error), rep->join_reply->reply);
+  return r;
+}
+
+/* Step 5: maps the group's memory from the JoinReply and starts the
+ * member's backend. Takes the fds (closed or kept by the member). */
+static int member_start(dcpx_member *m, const Dcpx__JoinReply *jr, int *fds,
+                        int *nfds) {
+  int r = member_map(m, jr, fds, *nfds);
+  if (r < 0)
+    return r;
+  if (jr->timeout_ns)
+    m->timeout_ns = jr->timeout_ns;
+  if (jr->warning)
+    snprintf(m->warning, sizeof(m->warning), "%s", jr->warning);
+  member_keep_fds(m, fds, *nfds); /* for a reattach; see dcpx_poll */
+  *nfds = 0;
 #ifdef HAVE_CUDA
   if (m->backend == DCPX_BACKEND_CUDA)
-    r = dcpx__cuda_init(m, rep->join_reply->devices,
-                        (uint32_t)rep->join_reply->n_devices,
-                        rep->join_reply->nccl_id.data,
-                        rep->join_reply->nccl_id.len);
-  else
+    return dcpx__cuda_init(m, jr->devices, (uint32_t)jr->n_devices,
+                           jr->nccl_id.data, jr->nccl_id.len);
 #endif
-  {
-    r = dcpx__host_init(m);
-    /* the host backend always exchanges through shared memory */
-    __atomic_store_n(&m->health[m->rank].transport, DCPX_TRANSPORT_LL,
-                     __ATOMIC_RELEASE);
+  r = dcpx__host_init(m);
+  /* the host backend always exchanges through shared memory */
+  __atomic_store_n(&m->health[m->rank].transport, DCPX_TRANSPORT_LL,
+                   __ATOMIC_RELEASE);
+  return r;
+}
+
+int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
+              const dcpx_join_opts *o, dcpx_member **ret_member) {
+  Dcpx__Frame *rep = NULL;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
+  dcpx_member *m = NULL;
+  dcpx_shape auto_shape;
+
+  if (c)
+    c->last_error[0] = '\0';
+  if (!c || !o || !ret_member || o->size < sizeof(dcpx_join_opts))
+    return DCPX_E_INVAL;
+  shape = shape_resolved(shape, &auto_shape);
+  r = join_check(shape, o);
+  if (r < 0)
+    goto fail;
+  m = member_new(c, shape, o);
+  if (!m) {
+    r = DCPX_E_NOMEM;
+    goto fail;
   }
+  r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error));
+  if (r == 0)
+    r = join_send(c, m, o);
+  if (r == 0)
+    r = join_wait_reply(c, m, o, &rep, fds, &nfds);
+  if (r == 0)
+    r = member_start(m, rep->join_reply, fds, &nfds);
   if (r < 0)
     goto fail;
   dcpx__frame_free(rep);
+  DCPX_INFO("joined group %s as rank %u of %u (%s backend, transport %s)",
+            m->group, m->rank, m->shape.world,
+            m->backend == DCPX_BACKEND_CUDA ? "cuda" : "host",
+            m->transport == DCPX_TRANSPORT_NCCL ? "nccl" : "ll");
   *ret_member = m;
   return 0;
 
 fail:
+  DCPX_WARN("dcpx_join group %s rank %u: %s%s%s", o->group ? o->group : "?",
+            o->rank, dcpx_strerror(r),
+            c->last_error[0] ? ": dcpxd says: " : "", c->last_error);
   for (int i = 0; i < nfds; i++)
     close(fds[i]);
   dcpx__frame_free(rep);
@@ -478,6 +526,7 @@ int dcpx_leave(dcpx_member *m) {
 
   if (!m)
     return 0;
+  DCPX_INFO("leaving group %s as rank %u", m->group, m->rank);
   f.msg_case = DCPX__FRAME__MSG_LEAVE;
   f.leave = &lv;
 #ifdef HAVE_CUDA
@@ -492,37 +541,102 @@ int dcpx_leave(dcpx_member *m) {
   return r == DCPX_E_CONNRESET || r == -EPIPE ? 0 : r;
 }
 
-int dcpx_push(dcpx_member *m, uint32_t rows, const uint16_t *logits,
-              uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
-              void *stream) {
-  if (!m)
-    return DCPX_E_INVAL;
-#ifdef HAVE_CUDA
-  if (m->cuda)
-    return dcpx__cuda_push(m, rows, logits, stride, row_ends, call_tag,
-                           stream);
-#endif
-  (void)stream;
-  return dcpx__host_push(m, rows, logits, stride, row_ends, call_tag);
+/* The call structs' size and reserved words; a refused struct fails the
+ * rank, as any bad argument does (dcpx_merge in include/dcpx.h). */
+static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
+                      const dcpx_merge_out *out, int merge) {
+  int r = dcpx__struct_check(fn, "dcpx_call", in, sizeof(dcpx_call), 0);
+  if (r == 0 && merge)
+    r = dcpx__struct_check(fn, "dcpx_merge_out", out, sizeof(dcpx_merge_out),
+                           out ? out->reserved : 0);
+  if (r < 0)
+    dcpx__member_refuse(m);
+  return r;
 }
 
-int dcpx_merge(dcpx_member *m, uint32_t rows, const uint16_t *logits,
-               uint64_t stride, const int32_t *row_ends, const int32_t *req_id,
-               const int32_t *block_table, uint32_t bt_rows, uint32_t bt_cols,
-               int32_t *rows_out, int32_t *valid_out, int32_t *ids_out,
-               uint32_t *sat_word, uint64_t call_tag, void *stream) {
+int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
+  int r;
   if (!m)
     return DCPX_E_INVAL;
+  if ((r = call_check(m, "dcpx_push", in, NULL, 0)) < 0)
+    return r;
+  DCPX_TRACE("dcpx_push group %s rank %u rows %u tag %llu", m->group,
+             m->rank, in->rows, (unsigned long long)in->call_tag);
 #ifdef HAVE_CUDA
   if (m->cuda)
-    return dcpx__cuda_merge(m, rows, logits, stride, row_ends, req_id,
-                            block_table, bt_rows, bt_cols, rows_out,
-                            valid_out, ids_out, sat_word, call_tag, stream);
+    return dcpx__cuda_push(m, in, stream);
 #endif
   (void)stream;
-  return dcpx__host_merge(m, rows, logits, stride, row_ends, req_id,
-                          block_table, bt_rows, bt_cols, rows_out, valid_out,
-                          ids_out, sat_word, call_tag);
+  return dcpx__host_push(m, in);
+}
+
+int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
+               void *stream) {
+  int r;
+  if (!m)
+    return DCPX_E_INVAL;
+  if ((r = call_check(m, "dcpx_merge", in, out, 1)) < 0)
+    return r;
+  DCPX_TRACE("dcpx_merge group %s rank %u rows %u tag %llu", m->group,
+             m->rank, in->rows, (unsigned long long)in->call_tag);
+#ifdef HAVE_CUDA
+  if (m->cuda)
+    return dcpx__cuda_merge(m, in, out, stream);
+#endif
+  (void)stream;
+  return dcpx__host_merge(m, in, out);
+}
+
+int dcpx_member_async_error(const dcpx_member *m, dcpx_async_error *ret) {
+  int r = dcpx__struct_check("dcpx_member_async_error", "dcpx_async_error",
+                             ret, sizeof(dcpx_async_error),
+                             ret ? ret->reserved : 0);
+  if (r < 0)
+    return r;
+  if (!m || !m->hdr)
+    return DCPX_E_INVAL;
+  dcpx_async_error e = DCPX_ASYNC_ERROR_INIT;
+  const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+  e.abort = __atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE);
+  e.generation = gen;
+  for (uint32_t d = 0; d < m->shape.world; d++)
+    if (__atomic_load_n(&m->health[d].failed, __ATOMIC_ACQUIRE))
+      e.failed_mask |= 1u << d;
+  const int self_failed = (e.failed_mask >> m->rank) & 1u;
+  e.state = e.abort ? DCPX_E_ABORTED : self_failed ? DCPX_E_FAILED : DCPX_OK;
+  e.rows = m->last_rows;
+  /* This rank's timed-out rows of this generation: a rank stops calling
+   * at its first failure until a recovery (which clears the records), so
+   * they are the last call's. */
+  int timed_out = 0;
+  const dcpx_wait_record *rec = m->records + (size_t)m->rank * m->L.rows;
+  for (uint32_t t = 0; t < m->L.rows; t++)
+    if (__atomic_load_n(&rec[t].kind, __ATOMIC_ACQUIRE) == DCPX_REC_TIMEOUT &&
+        rec[t].generation == gen) {
+      e.row_mask[t / 64] |= 1ull << (t % 64);
+      timed_out = 1;
+    }
+  e.rows_exact = m->cuda == NULL;
+  if (e.rows_exact)
+    for (uint32_t w = 0; w < DCPX_MAX_ROWS / 64; w++)
+      e.row_mask[w] |= m->row_err[w];
+  for (uint32_t w = 0; w < DCPX_MAX_ROWS / 64; w++)
+    e.failed_rows += (uint32_t)__builtin_popcountll(e.row_mask[w]);
+
+  if (self_failed && m->refused_gen == gen + 1u)
+    e.reason = DCPX_REASON_REFUSED;
+  else if (timed_out || self_failed)
+    e.reason = DCPX_REASON_TIMEOUT; /* FAILED is set only by these two */
+  else if (e.abort == DCPX_ABORT_DEAD)
+    e.reason = DCPX_REASON_DEAD_RANK;
+  else if (e.abort == DCPX_ABORT_OPERATOR)
+    e.reason = DCPX_REASON_OPERATOR;
+  else if (e.abort || e.failed_mask)
+    e.reason = DCPX_REASON_PEER_FAILED;
+  else if (e.failed_rows && m->bt_rows_bad)
+    e.reason = DCPX_REASON_BLOCK_TABLE;
+  *ret = e;
+  return 0;
 }
 
 /* ---- the link: reconnect and reattach (dcpx_poll) --------------------- */
@@ -640,6 +754,8 @@ static int link_reattach_frame(dcpx_member *m, const Dcpx__Frame *f,
     goto proto;
   m->link = DCPX__LINK_UP;
   m->reattaches++;
+  DCPX_INFO("group %s rank %u: reattached to a new dcpxd (%u so far)",
+            m->group, m->rank, m->reattaches);
   return 0;
 proto:
   link_down(m, RETRY_REFUSED_MS);
@@ -781,6 +897,9 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
 
   if (!m)
     return DCPX_E_INVAL;
+  DCPX_INFO("dcpx_recover group %s rank %u (abort %u, failed %u)", m->group,
+            m->rank, m->hdr ? m->hdr->abort : 0,
+            m->health ? m->health[m->rank].failed : 0);
 #ifdef HAVE_CUDA
   /* Drain: the acknowledgement says nothing of ours still runs. */
   if (m->cuda && (r = dcpx__cuda_sync(m, stream, timeout_ms)) < 0)

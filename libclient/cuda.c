@@ -44,6 +44,7 @@
 #include <unistd.h>
 #include <time.h>
 
+#include "cuda_log.h"
 #include "dcpx_kernels.h"
 #include "member.h"
 #include "transport.h"
@@ -80,18 +81,38 @@ static struct {
   CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *,
                          size_t);
   CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*error_string)(CUresult, const char **); /* optional */
 } D;
 static int D_status = 1;
 static pthread_once_t D_once = PTHREAD_ONCE_INIT;
 
 static int load1(const char *sym, void **fn) {
   enum cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion(sym, fn, 12000, cudaEnableDefault,
-                                       &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess || !*fn)
+  cudaError_t e = cudaGetDriverEntryPointByVersion(sym, fn, 12000,
+                                                   cudaEnableDefault, &q);
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !*fn) {
+    DCPX_WARN("cudaGetDriverEntryPointByVersion(%s) failed: %s (query "
+              "result %d)", sym, cudaGetErrorString(e), (int)q);
     return 1;
+  }
   return 0;
 }
+
+/* A driver call that failed: logged (WARN) with the driver's error
+ * string, like CUDA_OK (cuda_log.h). */
+static int drv_ok(CUresult e, const char *what, int line) {
+  const char *str = NULL;
+  if (e == CUDA_SUCCESS)
+    return 1;
+  if (dcpx__log_on(DCPX__LOG_WARN)) {
+    if (!D.error_string || D.error_string(e, &str) != CUDA_SUCCESS || !str)
+      str = "unknown driver error";
+    dcpx__log(DCPX__LOG_WARN, __FILE__, line, "%s failed: %s (CUresult %d)",
+              what, str, (int)e);
+  }
+  return 0;
+}
+#define DRV_OK(call) drv_ok((call), #call, __LINE__)
 
 static void load_once(void) {
   int bad = 0;
@@ -104,6 +125,8 @@ static void load_once(void) {
   bad |= load1("cuMemUnmap", (void **)&D.unmap);
   bad |= load1("cuMemSetAccess", (void **)&D.set_access);
   bad |= load1("cuMemRelease", (void **)&D.release);
+  if (load1("cuGetErrorString", (void **)&D.error_string))
+    D.error_string = NULL; /* only the log's text */
   D_status = bad ? DCPX_E_CUDA : 0;
 }
 
@@ -157,18 +180,18 @@ static int map_ws(struct dcpx__cuda *cu, uint32_t d, int fd, size_t bytes) {
   CUmemAccessDesc acc;
   size_t g = 0;
 
-  if (D.import_fd(&cu->h[d], (void *)(uintptr_t)fd,
-                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS)
+  if (!DRV_OK(D.import_fd(&cu->h[d], (void *)(uintptr_t)fd,
+                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
     return DCPX_E_CUDA;
-  if (D.props(&p, cu->h[d]) != CUDA_SUCCESS ||
-      D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+  if (!DRV_OK(D.props(&p, cu->h[d])) ||
+      !DRV_OK(D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM)))
     return DCPX_E_CUDA;
   cu->size[d] = (bytes + g - 1) / g * g;
-  if (D.reserve(&cu->va[d], cu->size[d], g, 0, 0) != CUDA_SUCCESS) {
+  if (!DRV_OK(D.reserve(&cu->va[d], cu->size[d], g, 0, 0))) {
     cu->va[d] = 0;
     return DCPX_E_NOMEM;
   }
-  if (D.map(cu->va[d], cu->size[d], 0, cu->h[d], 0) != CUDA_SUCCESS) {
+  if (!DRV_OK(D.map(cu->va[d], cu->size[d], 0, cu->h[d], 0))) {
     D.addr_free(cu->va[d], cu->size[d]);
     cu->va[d] = 0;
     return DCPX_E_CUDA;
@@ -179,8 +202,11 @@ static int map_ws(struct dcpx__cuda *cu, uint32_t d, int fd, size_t bytes) {
   acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   /* Fails for a peer GPU without P2P access: the transport must then be
    * NCCL, not LL. */
-  if (D.set_access(cu->va[d], cu->size[d], &acc, 1) != CUDA_SUCCESS)
+  if (!DRV_OK(D.set_access(cu->va[d], cu->size[d], &acc, 1))) {
+    DCPX_WARN("rank workspace %u: no peer access from device %d (transport "
+              "ll needs P2P; use nccl)", d, cu->device);
     return DCPX_E_TRANSPORT;
+  }
   return 0;
 }
 
@@ -247,9 +273,10 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   pthread_once(&D_once, load_once);
   if (D_status < 0)
     return D_status;
-  if (m->device < 0 || cudaGetDeviceCount(&n) != cudaSuccess ||
-      m->device >= n)
+  if (m->device < 0 || !CUDA_OK(cudaGetDeviceCount(&n)) || m->device >= n) {
+    DCPX_WARN("CUDA device %d: not usable (%d devices)", m->device, n);
     return DCPX_E_CUDA;
+  }
   r = resolve(m, devices, ndevices, n);
   if (r < 0)
     return r;
@@ -269,7 +296,7 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   m->cuda = cu;
   cu->device = m->device;
   cudaGetDevice(&prev);
-  if (cudaSetDevice(cu->device) != cudaSuccess) {
+  if (!CUDA_OK(cudaSetDevice(cu->device))) {
     r = DCPX_E_CUDA;
     goto out;
   }
@@ -279,18 +306,18 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
       r = map_ws(cu, d, m->ws_fd[d], m->L.ws_bytes);
   if (r < 0)
     goto out;
-  if (cudaHostRegister(m->ctl, m->ctl_bytes,
-                       cudaHostRegisterMapped | cudaHostRegisterPortable) !=
-      cudaSuccess) {
+  if (!CUDA_OK(cudaHostRegister(m->ctl, m->ctl_bytes,
+                                cudaHostRegisterMapped |
+                                    cudaHostRegisterPortable))) {
     r = DCPX_E_CUDA;
     goto out;
   }
   cu->registered = 1;
   void *ctl_dev = NULL;
-  if (cudaHostGetDevicePointer(&ctl_dev, m->ctl, 0) != cudaSuccess ||
-      cudaMalloc((void **)&cu->peers, sizeof(char *) * W) != cudaSuccess ||
-      cudaMemcpy(cu->peers, cu->va, sizeof(char *) * W,
-                 cudaMemcpyHostToDevice) != cudaSuccess) {
+  if (!CUDA_OK(cudaHostGetDevicePointer(&ctl_dev, m->ctl, 0)) ||
+      !CUDA_OK(cudaMalloc((void **)&cu->peers, sizeof(char *) * W)) ||
+      !CUDA_OK(cudaMemcpy(cu->peers, cu->va, sizeof(char *) * W,
+                          cudaMemcpyHostToDevice))) {
     r = DCPX_E_CUDA;
     goto out;
   }
@@ -311,31 +338,31 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   k->records = (dcpx_wait_record *)((char *)ctl_dev + m->L.off_records);
   k->poll_storm = getenv("DCPX_POLL_STORM") != NULL; /* measurement only */
   size_t stage = dcpx_k_merge_stage_bytes(k);
-  if (stage && cudaMalloc((void **)&cu->stage, stage) != cudaSuccess) {
+  if (stage && !CUDA_OK(cudaMalloc((void **)&cu->stage, stage))) {
     r = DCPX_E_NOMEM;
     goto out;
   }
   k->stage = cu->stage;
   if (dcpx_k_klist_wanted(k) &&
-      cudaMalloc((void **)&cu->klist, dcpx_k_klist_bytes(k)) != cudaSuccess) {
+      !CUDA_OK(cudaMalloc((void **)&cu->klist, dcpx_k_klist_bytes(k)))) {
     r = DCPX_E_NOMEM;
     goto out;
   }
   k->klist = cu->klist;
-  if (cudaMalloc((void **)&cu->ctr, sizeof(dcpx_k_counters)) != cudaSuccess) {
+  if (!CUDA_OK(cudaMalloc((void **)&cu->ctr, sizeof(dcpx_k_counters)))) {
     cu->ctr = NULL;
     r = DCPX_E_NOMEM;
     goto out;
   }
   /* zeroed before any kernel of ours can run on the caller's stream (which
    * may not wait for the legacy stream) */
-  if (cudaMemset(cu->ctr, 0, sizeof(dcpx_k_counters)) != cudaSuccess ||
-      cudaStreamSynchronize(0) != cudaSuccess) {
+  if (!CUDA_OK(cudaMemset(cu->ctr, 0, sizeof(dcpx_k_counters))) ||
+      !CUDA_OK(cudaStreamSynchronize(0))) {
     r = DCPX_E_CUDA;
     goto out;
   }
   k->ctr = cu->ctr;
-  r = dcpx_k_prepare();
+  r = DCPX_KLOG(dcpx_k_prepare(), "dcpx_k_prepare");
   if (r < 0)
     goto out;
 #ifdef HAVE_NCCL
@@ -357,9 +384,10 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     share += devices[d] == m->device;
   if (share > 1) {
     int bps = 0, sms = 0;
-    if (dcpx_k_merge_occupancy(k, &bps) < 0 ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                               cu->device) != cudaSuccess) {
+    if (DCPX_KLOG(dcpx_k_merge_occupancy(k, &bps), "dcpx_k_merge_occupancy") <
+            0 ||
+        !CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                        cu->device))) {
       r = DCPX_E_CUDA;
       goto out;
     }
@@ -379,59 +407,63 @@ out:
   return r;
 }
 
-int dcpx__cuda_push(struct dcpx_member *m, uint32_t rows,
-                    const uint16_t *logits, uint64_t stride,
-                    const int32_t *row_ends, uint64_t call_tag,
+int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
                     void *stream) {
   int r;
   /* Refused, not enqueued, while the group is aborted or this rank FAILED
    * (two loads of the mapped control page, no syscall): such a push must
    * store nothing (docs/PROTOCOL.md 4), and after a refused call the
    * device's stop word may not know yet. dcpx_recover clears both. */
+  m->last_rows = in->rows;
   if (m->hdr->abort)
     return DCPX_E_ABORTED;
   if (m->health[m->rank].failed)
     return DCPX_E_FAILED;
-  if (rows > m->shape.rows)
+  if (in->rows > m->shape.rows) {
+    DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
+  }
 #ifdef HAVE_NCCL
   else if (m->cuda->nccl)
-    r = dcpx__nccl_push(m->cuda->nccl, rows, logits, stride, row_ends,
-                        stream);
+    r = dcpx__nccl_push(m->cuda->nccl, in->rows, in->logits, in->stride,
+                        in->row_ends, stream);
 #endif
   else
-    r = dcpx_k_push(&m->cuda->k, rows, logits, stride, row_ends,
-                    (cudaStream_t)stream);
+    r = DCPX_KLOG(dcpx_k_push(&m->cuda->k, in->rows, in->logits, in->stride,
+                              in->row_ends, (cudaStream_t)stream),
+                  "dcpx_k_push");
   if (r < 0)
-    dcpx__member_fail(m); /* the call was not enqueued: peers must know */
+    dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
   else
-    m->health[m->rank].last_call_tag = call_tag; /* host bookkeeping only */
+    m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
   return r;
 }
 
-int dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows,
-                     const uint16_t *logits, uint64_t stride,
-                     const int32_t *row_ends, const int32_t *req_id,
-                     const int32_t *block_table, uint32_t bt_rows,
-                     uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
-                     int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag,
-                     void *stream) {
+int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
+                     const dcpx_merge_out *out, void *stream) {
   int r;
-  (void)call_tag; /* records carry the device call sequence (layout.h) */
-  if (rows > m->shape.rows)
+  /* in->call_tag: records carry the device call sequence (layout.h) */
+  m->last_rows = in->rows;
+  if (in->rows > m->shape.rows) {
+    DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
+  }
 #ifdef HAVE_NCCL
   else if (m->cuda->nccl)
-    r = dcpx__nccl_merge(m->cuda->nccl, rows, logits, stride, row_ends,
-                         req_id, block_table, bt_rows, bt_cols, rows_out,
-                         valid_out, ids_out, sat_word, stream);
+    r = dcpx__nccl_merge(m->cuda->nccl, in->rows, in->logits, in->stride,
+                         in->row_ends, in->req_id, in->block_table,
+                         in->bt_rows, in->bt_cols, out->rows_out,
+                         out->valid_out, out->ids_out, out->sat_word, stream);
 #endif
   else
-    r = dcpx_k_merge(&m->cuda->k, rows, logits, stride, row_ends, req_id,
-                     block_table, bt_rows, bt_cols, rows_out, valid_out,
-                     ids_out, sat_word, (cudaStream_t)stream);
+    r = DCPX_KLOG(dcpx_k_merge(&m->cuda->k, in->rows, in->logits, in->stride,
+                               in->row_ends, in->req_id, in->block_table,
+                               in->bt_rows, in->bt_cols, out->rows_out,
+                               out->valid_out, out->ids_out, out->sat_word,
+                               (cudaStream_t)stream),
+                  "dcpx_k_merge");
   if (r < 0)
-    dcpx__member_fail(m); /* the call was not enqueued: peers must know */
+    dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
   return r;
 }
 
@@ -444,10 +476,15 @@ int dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
     if (e == cudaSuccess)
       return 0;
-    if (e != cudaErrorNotReady)
+    if (e != cudaErrorNotReady) {
+      CUDA_OK(e); /* logs cudaStreamQuery's error */
       return DCPX_E_CUDA;
-    if (waited_us >= (uint64_t)timeout_ms * 1000u)
+    }
+    if (waited_us >= (uint64_t)timeout_ms * 1000u) {
+      DCPX_WARN("stream still busy after %u ms (a collective whose peer "
+                "died?)", timeout_ms);
       return DCPX_E_TIMEDOUT;
+    }
     usleep(100);
   }
 }

@@ -46,6 +46,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "log.h"
 #include "member.h"
 
 #define SPIN_ITERS 4096u
@@ -117,6 +118,33 @@ void dcpx__member_fail(struct dcpx_member *m) {
   __atomic_store_n(&h->failed, 1u, __ATOMIC_RELEASE);
 }
 
+void dcpx__member_refuse(struct dcpx_member *m) {
+  m->refused_gen = m->hdr->generation + 1u;
+  dcpx__member_fail(m);
+}
+
+/* A new call (push or merge) of `rows` rows: its failed rows start empty
+ * (dcpx_member_async_error). */
+static void rows_begin(struct dcpx_member *m, uint32_t rows) {
+  if (m->row_err_set) {
+    memset(m->row_err, 0, sizeof(m->row_err));
+    m->row_err_set = 0;
+  }
+  m->last_rows = rows;
+  m->bt_rows_bad = 0;
+}
+
+/* Rows [0, rows) of the last call failed (dcpx_member_async_error). */
+static void rows_failed(struct dcpx_member *m, uint32_t rows) {
+  if (rows > m->shape.rows)
+    rows = m->shape.rows;
+  for (uint32_t w = 0; w < rows / 64; w++)
+    m->row_err[w] = ~0ull;
+  if (rows % 64)
+    m->row_err[rows / 64] |= (1ull << (rows % 64)) - 1;
+  m->row_err_set = rows != 0;
+}
+
 /* Why a wait must stop early, or 0. */
 static inline int stop_reason(const struct dcpx_member *m) {
   if (__atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE))
@@ -151,6 +179,10 @@ static void give_up(struct dcpx_member *m, const row_wait *w, uint32_t region,
     rec->rank = m->rank;
     __atomic_store_n(&rec->kind, DCPX_REC_TIMEOUT, __ATOMIC_RELEASE);
   }
+  DCPX_WARN("group %s rank %u: a wait timed out (row %u, call %llu, region "
+            "%u index %u: tag %u expected, %u seen); this rank is FAILED",
+            m->group, m->rank, w->t, (unsigned long long)w->call, region,
+            index, expected, seen);
   dcpx__member_fail(m);
 }
 
@@ -244,33 +276,51 @@ static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
 static int check_rows(const struct dcpx_member *m, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
                       const int32_t *row_ends) {
-  if (!logits || !row_ends)
+  if (!logits || !row_ends) {
+    DCPX_WARN("group %s rank %u: logits or row_ends is NULL", m->group,
+              m->rank);
     return DCPX_E_INVAL;
-  if (rows > m->shape.rows)
+  }
+  if (rows > m->shape.rows) {
+    DCPX_WARN("group %s rank %u: rows %u > the shape's %u", m->group,
+              m->rank, rows, m->shape.rows);
     return DCPX_E_RANGE;
+  }
   for (uint32_t t = 0; t < rows; t++)
     if (row_ends[t] < 0 || (uint32_t)row_ends[t] > m->shape.max_local ||
-        (uint64_t)row_ends[t] > stride)
+        (uint64_t)row_ends[t] > stride) {
+      DCPX_WARN("group %s rank %u: row_ends[%u] = %d is outside 0..%u "
+                "(max_local %u, stride %llu)",
+                m->group, m->rank, t, row_ends[t],
+                m->shape.max_local < stride ? m->shape.max_local
+                                            : (uint32_t)stride,
+                m->shape.max_local, (unsigned long long)stride);
       return DCPX_E_RANGE;
+    }
   return 0;
 }
 
-int dcpx__host_push(struct dcpx_member *m, uint32_t rows,
-                    const uint16_t *logits, uint64_t stride,
-                    const int32_t *row_ends, uint64_t call_tag) {
+int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
+  const uint32_t rows = in->rows;
+  const uint16_t *logits = in->logits;
+  const uint64_t stride = in->stride;
+  const int32_t *row_ends = in->row_ends;
   const dcpx_layout *L = &m->L;
   const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
   int r = check_rows(m, rows, logits, stride, row_ends);
-  (void)call_tag;
+  rows_begin(m, rows);
   if (r < 0) {
-    dcpx__member_fail(m);
+    dcpx__member_refuse(m);
+    rows_failed(m, rows);
     return r;
   }
   *call_seq(m) += 1;
   r = stop_reason(m);
-  if (r < 0)
+  if (r < 0) {
+    rows_failed(m, rows);
     return r;
+  }
 
   for (uint32_t t = 0; t < rows; t++) {
     uint32_t e = dcpx_epoch_next(epoch[t]);
@@ -355,11 +405,13 @@ static int row_outputs(struct dcpx_member *m, uint32_t t, const merge_args *a) {
     rows_out[i] = -1;
     if (ids_out)
       ids_out[i] = i < ws->nsel
-                       ? (int32_t)dcpx_gid(ws->sel_l[i], ws->sel_r[i],
+                       ? (int32_t)dcpx__gid(ws->sel_l[i], ws->sel_r[i],
                                            m->L.world, m->shape.interleave)
                        : -1;
   }
   a->valid_out[t] = -1;
+  m->row_err[t / 64] |= 1ull << (t % 64);
+  m->row_err_set = 1;
   return r;
 }
 
@@ -395,27 +447,31 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const merge_args *a,
   return r;
 }
 
-int dcpx__host_merge(struct dcpx_member *m, uint32_t rows,
-                     const uint16_t *logits, uint64_t stride,
-                     const int32_t *row_ends, const int32_t *req_id,
-                     const int32_t *block_table, uint32_t bt_rows,
-                     uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
-                     int32_t *ids_out, uint32_t *sat_word, uint64_t call_tag) {
-  const merge_args a = {logits,      stride,  row_ends, req_id,
-                        block_table, bt_rows, bt_cols,  rows_out,
-                        valid_out,   ids_out, sat_word};
+int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
+                     const dcpx_merge_out *out) {
+  const merge_args a = {in->logits,      in->stride,      in->row_ends,
+                        in->req_id,      in->block_table, in->bt_rows,
+                        in->bt_cols,     out->rows_out,   out->valid_out,
+                        out->ids_out,    out->sat_word};
+  const uint32_t rows = in->rows;
+  int32_t *valid_out = out->valid_out;
   dcpx_rank_health *h = &m->health[m->rank];
   const uint64_t call = *call_seq(m);
   uint64_t rescued = 0;
   int r, range = 0;
 
-  if (!req_id || !block_table || !rows_out || !valid_out) {
-    dcpx__member_fail(m);
+  rows_begin(m, rows);
+  if (!in->req_id || !in->block_table || !out->rows_out || !valid_out) {
+    DCPX_WARN("group %s rank %u: dcpx_merge without req_id, block_table, "
+              "rows_out or valid_out", m->group, m->rank);
+    dcpx__member_refuse(m);
+    rows_failed(m, rows);
     return DCPX_E_INVAL;
   }
-  r = check_rows(m, rows, logits, stride, row_ends);
+  r = check_rows(m, rows, in->logits, in->stride, in->row_ends);
   if (r < 0) {
-    dcpx__member_fail(m);
+    dcpx__member_refuse(m);
+    rows_failed(m, rows);
     return r;
   }
   r = stop_reason(m);
@@ -428,13 +484,15 @@ int dcpx__host_merge(struct dcpx_member *m, uint32_t rows,
     else
       r = rr;
   }
-  h->last_call_tag = call_tag;
+  h->last_call_tag = in->call_tag;
   if (r < 0) {
     for (uint32_t t = 0; t < rows; t++)
       valid_out[t] = -1;
+    rows_failed(m, rows);
     h->failed_calls++;
     return r;
   }
+  m->bt_rows_bad = range != 0;
   h->calls++;
   h->rows += rows;
   h->rescue_rows += rescued;

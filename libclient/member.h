@@ -45,6 +45,20 @@ struct dcpx_member {
   /* CUDA backend state (cuda.c), NULL with the host backend. */
   struct dcpx__cuda *cuda;
 
+  /* What dcpx_member_async_error knows beyond the control page, noted by
+   * the calls (plain stores; the bitmap only on a failure):
+   * refused_gen: generation + 1 in which this rank refused a call (0:
+   * none); last_rows: rows of the last call (push or merge); row_err
+   * (host backend): the rows of the last call that failed (a merge's
+   * valid_out -1, all of a failed push's), row_err_set when any
+   * bit is; bt_rows_bad: the last merge completed with rows outside the
+   * block table. */
+  uint32_t refused_gen;
+  uint32_t last_rows;
+  uint32_t row_err_set;
+  uint32_t bt_rows_bad;
+  uint64_t row_err[DCPX_MAX_ROWS / 64];
+
   /* Host backend scratch, sized at join. */
   dcpx__merge_ws mws;
   uint32_t *lists_buf; /* [W][rw_n] */
@@ -97,16 +111,10 @@ dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
 __attribute__((visibility("hidden"))) void
 dcpx__cuda_fini(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
-dcpx__cuda_push(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                uint64_t stride, const int32_t *row_ends, uint64_t call_tag,
-                void *stream);
+dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in, void *stream);
 __attribute__((visibility("hidden"))) int
-dcpx__cuda_merge(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                 uint64_t stride, const int32_t *row_ends,
-                 const int32_t *req_id, const int32_t *block_table,
-                 uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
-                 int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
-                 uint64_t call_tag, void *stream);
+dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
+                 const dcpx_merge_out *out, void *stream);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms);
 
@@ -149,22 +157,21 @@ dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
                    uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
                    int32_t *ids_out, uint32_t *sat_word, void *stream);
 
-/* host.c */
+/* host.c. fail: alarm, then FAILED (a wait that timed out); refuse: the
+ * same for a call this rank could not do (bad arguments, a launch that
+ * failed), noted for dcpx_member_async_error. */
 __attribute__((visibility("hidden"))) void
 dcpx__member_fail(struct dcpx_member *m);
+__attribute__((visibility("hidden"))) void
+dcpx__member_refuse(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
 dcpx__host_init(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) void
 dcpx__host_fini(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
-dcpx__host_push(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                uint64_t stride, const int32_t *row_ends, uint64_t call_tag);
+dcpx__host_push(struct dcpx_member *m, const dcpx_call *in);
 __attribute__((visibility("hidden"))) int
-dcpx__host_merge(struct dcpx_member *m, uint32_t rows, const uint16_t *logits,
-                 uint64_t stride, const int32_t *row_ends,
-                 const int32_t *req_id, const int32_t *block_table,
-                 uint32_t bt_rows, uint32_t bt_cols, int32_t *rows_out,
-                 int32_t *valid_out, int32_t *ids_out, uint32_t *sat_word,
-                 uint64_t call_tag);
+dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
+                 const dcpx_merge_out *out);
 
 #endif /* DCPX_LIBCLIENT_MEMBER_H */

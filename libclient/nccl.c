@@ -33,8 +33,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_log.h"
 #include "dcpx_kernels.h"
 #include "member.h"
+
+/* An NCCL call that failed: logged (WARN) with NCCL's error string and,
+ * for a communicator, its last error text (ncclGetLastError). */
+static int nccl_ok(ncclResult_t e, ncclComm_t comm, const char *what,
+                   int line) {
+  if (__builtin_expect(e == ncclSuccess, 1))
+    return 1;
+  if (dcpx__log_on(DCPX__LOG_WARN)) {
+    const char *last = ncclGetLastError(comm);
+    dcpx__log(DCPX__LOG_WARN, __FILE__, line, "%s failed: %s%s%s", what,
+              ncclGetErrorString(e), last && *last ? ": " : "",
+              last ? last : "");
+  }
+  return 0;
+}
+#define NCCL_OK(call, comm) nccl_ok((call), (comm), #call, __LINE__)
 
 struct dcpx__nccl {
   ncclComm_t comm;
@@ -50,7 +67,7 @@ int dcpx__nccl_unique_id(uint8_t *out, size_t cap, size_t *ret_len) {
   ncclUniqueId id;
   if (cap < sizeof(id))
     return DCPX_E_RANGE;
-  if (ncclGetUniqueId(&id) != ncclSuccess)
+  if (!NCCL_OK(ncclGetUniqueId(&id), NULL))
     return DCPX_E_NCCL;
   memcpy(out, &id, sizeof(id));
   *ret_len = sizeof(id);
@@ -64,8 +81,12 @@ int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
   ncclUniqueId uid;
   int prev = -1, r = 0;
 
-  if (!id || id_len != sizeof(uid))
-    return DCPX_E_TRANSPORT; /* rank 0 sent no (or a foreign) nccl id */
+  if (!id || id_len != sizeof(uid)) {
+    /* rank 0 sent no (or a foreign) nccl id */
+    DCPX_WARN("no NCCL unique id from rank 0 (%zu bytes, want %zu)", id_len,
+              sizeof(uid));
+    return DCPX_E_TRANSPORT;
+  }
   memcpy(&uid, id, sizeof(uid));
   n = calloc(1, sizeof(*n));
   if (!n)
@@ -73,22 +94,23 @@ int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
   dcpx_kn_ctx_init(&n->k, sh, rank);
   n->k.ws = ws;
   cudaGetDevice(&prev);
-  if (cudaSetDevice(device) != cudaSuccess) {
+  if (!CUDA_OK(cudaSetDevice(device))) {
     r = DCPX_E_CUDA;
     goto out;
   }
-  if (cudaMalloc((void **)&n->k.buf, n->k.NL.bytes) != cudaSuccess) {
+  if (!CUDA_OK(cudaMalloc((void **)&n->k.buf, n->k.NL.bytes))) {
     n->k.buf = NULL;
     r = DCPX_E_NOMEM;
     goto out;
   }
-  if (cudaMemset(n->k.buf, 0, n->k.NL.bytes) != cudaSuccess ||
-      cudaDeviceSynchronize() != cudaSuccess || dcpx_kn_prepare() < 0) {
+  if (!CUDA_OK(cudaMemset(n->k.buf, 0, n->k.NL.bytes)) ||
+      !CUDA_OK(cudaDeviceSynchronize()) ||
+      DCPX_KLOG(dcpx_kn_prepare(), "dcpx_kn_prepare") < 0) {
     r = DCPX_E_CUDA;
     goto out;
   }
-  if (ncclCommInitRank(&n->comm, (int)sh->world, uid, (int)rank) !=
-      ncclSuccess) {
+  if (!NCCL_OK(ncclCommInitRank(&n->comm, (int)sh->world, uid, (int)rank),
+               NULL)) {
     n->comm = NULL;
     r = DCPX_E_NCCL;
     goto out;
@@ -128,12 +150,14 @@ int dcpx__nccl_push_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
     return DCPX_E_RANGE;
   if (rows == 0)
     return 0;
-  r = dcpx_kn_lists(k, rows, logits, stride, row_ends, s);
+  r = DCPX_KLOG(dcpx_kn_lists(k, rows, logits, stride, row_ends, s),
+                "dcpx_kn_lists");
   if (r < 0)
     return r;
-  if (ncclAllGather(dcpx_kn_send(k), dcpx_kn_recv(k),
-                    (size_t)rows * k->L.rw_n, ncclUint32, (ncclComm_t)comm,
-                    s) != ncclSuccess)
+  if (!NCCL_OK(ncclAllGather(dcpx_kn_send(k), dcpx_kn_recv(k),
+                             (size_t)rows * k->L.rw_n, ncclUint32,
+                             (ncclComm_t)comm, s),
+               (ncclComm_t)comm))
     return DCPX_E_NCCL;
   return 0;
 }
@@ -151,19 +175,22 @@ int dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
     return DCPX_E_RANGE;
   if (rows == 0)
     return 0;
-  r = dcpx_kn_round1(k, rows, logits, stride, row_ends, req_id, block_table,
-                     bt_rows, bt_cols, rows_out, valid_out, ids_out,
-                     sat_word, s);
+  r = DCPX_KLOG(dcpx_kn_round1(k, rows, logits, stride, row_ends, req_id,
+                               block_table, bt_rows, bt_cols, rows_out,
+                               valid_out, ids_out, sat_word, s),
+                "dcpx_kn_round1");
   if (r < 0)
     return r;
   /* Unconditional: whether any row needs its rescue is known on the
    * device only (see kernels/nccl.cu). */
-  if (ncclAllGather(dcpx_kn_rsend(k), dcpx_kn_rrecv(k),
-                    (size_t)rows * k->L.rw_k, ncclUint32, (ncclComm_t)comm,
-                    s) != ncclSuccess)
+  if (!NCCL_OK(ncclAllGather(dcpx_kn_rsend(k), dcpx_kn_rrecv(k),
+                             (size_t)rows * k->L.rw_k, ncclUint32,
+                             (ncclComm_t)comm, s),
+               (ncclComm_t)comm))
     return DCPX_E_NCCL;
-  return dcpx_kn_round2(k, rows, req_id, block_table, bt_rows, bt_cols,
-                        rows_out, valid_out, ids_out, s);
+  return DCPX_KLOG(dcpx_kn_round2(k, rows, req_id, block_table, bt_rows,
+                                  bt_cols, rows_out, valid_out, ids_out, s),
+                   "dcpx_kn_round2");
 }
 
 int dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows,

@@ -215,6 +215,15 @@ int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
   do
     n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
   while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == ECONNRESET) {
+    /* A peer that closed with our packet unread resets the connection,
+     * and Linux reports that once, ahead of the packets it sent before
+     * it closed (dcpxd's reason for refusing us): take those first. */
+    mh.msg_controllen = sizeof(ctl.buf);
+    n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n <= 0)
+      errno = ECONNRESET, n = -1;
+  }
   if (n < 0) {
     r = (errno == EAGAIN || errno == EWOULDBLOCK) ? -EAGAIN : -errno;
     if (r == -ECONNRESET)
@@ -408,4 +417,26 @@ fail:
   dcpx__frame_free(in);
   close(s);
   return r < 0 ? r : DCPX_E_PROTO;
+}
+
+int dcpx__frame_send_or_reply(int sock, const Dcpx__Frame *f, char *err,
+                              size_t errlen) {
+  struct pollfd p = {.fd = sock, .events = POLLIN};
+  Dcpx__Frame *rep = NULL;
+  int r = dcpx__frame_send(sock, f, NULL, 0);
+
+  if (r != -EPIPE && r != DCPX_E_CONNRESET && r != -ENOTCONN)
+    return r;
+  /* The answer, if the peer sent one before it closed, is queued. */
+  if (poll(&p, 1, 0) != 1 || !(p.revents & POLLIN) ||
+      dcpx__frame_recv(sock, &rep, NULL, 0, NULL) < 0)
+    return r;
+  if (rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply &&
+      rep->reply->status < 0) {
+    r = rep->reply->status;
+    if (err && errlen)
+      snprintf(err, errlen, "%s", rep->reply->error ? rep->reply->error : "");
+  }
+  dcpx__frame_free(rep);
+  return r;
 }

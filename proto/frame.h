@@ -30,7 +30,9 @@
 DCPX__HIDDEN int dcpx__frame_send(int sock, const Dcpx__Frame *f,
                                   const int *fds, int nfds);
 
-/* Receives one frame. Blocks unless the socket is non-blocking.
+/* Receives one frame. Blocks unless the socket is non-blocking. A packet
+ * the peer sent before it closed is returned even when the close reset the
+ * connection (Linux reports the reset first); the reset comes after it.
  * Returns 0 with *ret_frame (free with dcpx__frame_free) and up to maxfds
  * descriptors in fds (*ret_nfds of them, O_CLOEXEC; with fds NULL any are
  * closed); DCPX_E_CONNRESET at end of stream; -EAGAIN if non-blocking and
@@ -79,5 +81,16 @@ DCPX__HIDDEN void dcpx__shape_from_pb(const Dcpx__Shape *in, dcpx_shape *out);
 
 /* Reply helpers. */
 DCPX__HIDDEN int dcpx__send_reply(int sock, int status, const char *error);
+
+/* Sends f (no descriptors) as dcpx__frame_send does; but when the send
+ * fails because the peer already answered and closed (dcpxd refuses a
+ * connection with a Reply and closes it at once: a uid not allowed, too
+ * many connections), the answer still waits in the socket: it is read
+ * (without blocking), and its status is returned instead of the send's
+ * -EPIPE / DCPX_E_CONNRESET, with its text copied into err (errlen bytes,
+ * NUL-terminated; err may be NULL). Any other failure is returned as
+ * dcpx__frame_send gave it, and err is left alone. */
+DCPX__HIDDEN int dcpx__frame_send_or_reply(int sock, const Dcpx__Frame *f,
+                                           char *err, size_t errlen);
 
 #endif /* DCPX_PROTO_FRAME_H */

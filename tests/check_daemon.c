@@ -25,7 +25,9 @@
 #include <unistd.h>
 
 #include "dcpx.h"
+#include "call.h"
 #include "frame.h"
+#include "log.h"
 #include "member.h"
 
 static char g_dir[64], g_sock[128];
@@ -90,6 +92,7 @@ typedef struct spec {
   uint32_t W, R, K, N, L, calls;
   uint32_t epoch_start; /* 0: leave zeroed */
   pthread_barrier_t *barrier;
+  uint32_t *done; /* ranks through their calls (shared) */
 } spec;
 
 static void shape_of(const spec *sp, dcpx_shape *sh) {
@@ -183,16 +186,16 @@ static int rank_proc(const spec *sp, uint32_t rank) {
   }
   for (uint32_t cl = 0; cl < sp->calls && !bad; cl++) {
     inputs(sp, cl, lg, en);
-    r = dcpx_push(m, R, lg[rank], sp->L, en[rank], cl, NULL);
+    r = t_push(m, R, lg[rank], sp->L, en[rank], cl, NULL);
     if (r == 0)
-      r = dcpx_merge(m, R, lg[rank], sp->L, en[rank], req, bt, R, bt_cols,
+      r = t_merge(m, R, lg[rank], sp->L, en[rank], req, bt, R, bt_cols,
                      ro, vo, io, so, cl, NULL);
     if (r < 0) {
       fprintf(stderr, "rank %u call %u: %s\n", rank, cl, dcpx_strerror(r));
       bad = 1;
       break;
     }
-    r = dcpx_ref_call(&sh, R, (const uint16_t *const *)lg, sp->L,
+    r = t_ref_call(&sh, R, (const uint16_t *const *)lg, sp->L,
                       (const int32_t *const *)en, rank, req, bt, R, bt_cols,
                       xo, xv, xi, xs, NULL);
     if (r < 0 || memcmp(ro, xo, (size_t)R * K * 4) ||
@@ -209,10 +212,15 @@ static int rank_proc(const spec *sp, uint32_t rank) {
       bad = 1;
     }
   }
-  /* A Leave aborts the group: the first rank done must not leave while a
-   * peer still merges the last call (it did, under load: "rank 2 call 5:
-   * group aborted"). */
-  pthread_barrier_wait(sp->barrier);
+  /* Leave together: a rank that leaves while a peer still runs the last
+   * call aborts the group under that peer (dcpxd's dead-rank rule), which
+   * a slow machine shows. Bounded: a rank that gave up early never
+   * arrives, and the others go after 30 s. */
+  __atomic_add_fetch(sp->done, 1, __ATOMIC_SEQ_CST);
+  for (int i = 0; i < 30000 &&
+                  __atomic_load_n(sp->done, __ATOMIC_SEQ_CST) < sp->W;
+       i++)
+    usleep(1000);
   dcpx_leave(m);
   dcpx_disconnect(c);
   return bad;
@@ -221,13 +229,14 @@ static int rank_proc(const spec *sp, uint32_t rank) {
 /* Runs a group of W rank processes; returns how many failed. */
 static int run_group(spec *sp) {
   pid_t kids[DCPX_MAX_WORLD];
-  pthread_barrier_t *bar = mmap(NULL, sizeof(*bar), PROT_READ | PROT_WRITE,
+  pthread_barrier_t *bar = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
                                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   pthread_barrierattr_t ba;
   pthread_barrierattr_init(&ba);
   pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
   pthread_barrier_init(bar, &ba, sp->W);
   sp->barrier = bar;
+  sp->done = (uint32_t *)((char *)bar + 2048); /* zero, from the mmap */
   for (uint32_t r = 0; r < sp->W; r++) {
     kids[r] = fork();
     if (kids[r] == 0)
@@ -239,7 +248,7 @@ static int run_group(spec *sp) {
     waitpid(kids[r], &st, 0);
     failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
-  munmap(bar, sizeof(*bar));
+  munmap(bar, 4096);
   return failed;
 }
 
@@ -304,7 +313,7 @@ static int raw_join(int s, const char *group, uint32_t rank,
 }
 
 static spec small(const char *group, uint32_t W) {
-  spec sp = {group, W, 4, 64, 16, 300, 6, 0, NULL};
+  spec sp = {group, W, 4, 64, 16, 300, 6, 0, NULL, NULL};
   return sp;
 }
 
@@ -576,6 +585,164 @@ START_TEST(test_refused_join_reason) {
 }
 END_TEST
 
+/* One refused join (a shape mismatch against the group that `s0` holds
+ * forming) in a child process with DCPX_DEBUG=level (NULL: unset) and
+ * stderr in a file; returns what libdcpx wrote there. */
+static char *join_logged(const char *level, const dcpx_shape *sh) {
+  char path[] = "/tmp/dcpx-log.XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  unlink(path);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dcpx_client *c;
+    dcpx_member *m;
+    dcpx_shape other = *sh;
+    dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+    if (level)
+      setenv("DCPX_DEBUG", level, 1);
+    else
+      unsetenv("DCPX_DEBUG");
+    dcpx__log_level_v = -1; /* read DCPX_DEBUG again, as a new process */
+    dup2(fd, 2);
+    other.topk = 32;
+    jo.group = "logged";
+    jo.rank = 1;
+    jo.timeout_ns = 5000000000ull;
+    if (dcpx_connect(g_sock, &c) != 0)
+      _exit(2);
+    int r = dcpx_join(c, &other, &jo, &m);
+    dcpx_disconnect(c);
+    _exit(r == DCPX_E_SHAPE ? 0 : 1);
+  }
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "refused join in the child: status 0x%x", st);
+  off_t n = lseek(fd, 0, SEEK_END);
+  char *text = calloc(1, (size_t)n + 1);
+  ck_assert_int_eq(pread(fd, text, (size_t)n, 0), n);
+  close(fd);
+  return text;
+}
+
+/* DCPX_DEBUG: a refused join logs one WARN line, with libdcpx's file and
+ * line and dcpxd's reason, at WARN and INFO; unset or unknown, nothing. */
+START_TEST(test_debug_log) {
+  dcpx_shape sh;
+  spec sp = small("logged", 2);
+  shape_of(&sp, &sh);
+  daemon_start();
+  int s0 = raw_connect();
+  ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
+  raw_join(s0, "logged", 0, &sh, 0);
+  usleep(100000);
+
+  const char *levels[] = {"INFO", "WARN", "trace"};
+  for (unsigned i = 0; i < 3; i++) {
+    char *t = join_logged(levels[i], &sh);
+    ck_assert_msg(strstr(t, "WARN client.c:") &&
+                      strstr(t, "dcpx_join group logged rank 1") &&
+                      strstr(t, "shape mismatch"),
+                  "DCPX_DEBUG=%s: no WARN line with the reason: '%s'",
+                  levels[i], t);
+    ck_assert_msg(strncmp(t, "dcpx ", 5) == 0, "line prefix: '%s'", t);
+    free(t);
+  }
+  const char *quiet[] = {NULL, "", "bogus"};
+  for (unsigned i = 0; i < 3; i++) {
+    char *t = join_logged(quiet[i], &sh);
+    ck_assert_msg(t[0] == 0, "DCPX_DEBUG=%s: libdcpx wrote '%s'",
+                  quiet[i] ? quiet[i] : "(unset)", t);
+    free(t);
+  }
+  close(s0);
+  daemon_stop();
+}
+END_TEST
+
+/* A peer that answered and closed before our send (dcpxd refusing a
+ * connection): the send's EPIPE gives way to the answer (issue 12). */
+START_TEST(test_send_after_refusal) {
+  int sv[2];
+  char err[128] = "untouched";
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Hello hello = DCPX__HELLO__INIT;
+  hello.version = DCPX_PROTO_VERSION;
+  f.msg_case = DCPX__FRAME__MSG_HELLO;
+  f.hello = &hello;
+
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  ck_assert_int_eq(dcpx__send_reply(sv[1], DCPX_E_BUSY,
+                                    "too many connections for uid 7"),
+                   0);
+  close(sv[1]);
+  /* The plain send fails ... */
+  ck_assert_int_lt(dcpx__frame_send(sv[0], &f, NULL, 0), 0);
+  /* ... and the send that looks for an answer finds it. */
+  ck_assert_int_eq(dcpx__frame_send_or_reply(sv[0], &f, err, sizeof(err)),
+                   DCPX_E_BUSY);
+  ck_assert_str_eq(err, "too many connections for uid 7");
+  close(sv[0]);
+
+  /* No answer queued: the send's own error, err untouched. */
+  strcpy(err, "untouched");
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  close(sv[1]);
+  int r = dcpx__frame_send_or_reply(sv[0], &f, err, sizeof(err));
+  ck_assert_msg(r == -EPIPE || r == DCPX_E_CONNRESET, "r = %d", r);
+  ck_assert_str_eq(err, "untouched");
+  close(sv[0]);
+
+  /* A live peer: a plain send. */
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  ck_assert_int_eq(dcpx__frame_send_or_reply(sv[0], &f, err, sizeof(err)),
+                   0);
+  close(sv[0]);
+  close(sv[1]);
+}
+END_TEST
+
+/* End to end: dcpx_connect to a "daemon" that refuses every connection
+ * with a reason and closes at once (as dcpxd does over its connection
+ * caps) returns the refusal's code, not a broken pipe, whichever of
+ * Hello's send and the close comes first. */
+static void *refuser(void *arg) {
+  int ls = *(int *)arg;
+  for (int i = 0; i < 20; i++) {
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0)
+      break;
+    dcpx__send_reply(fd, DCPX_E_BUSY, "too many connections (test)");
+    close(fd);
+  }
+  return NULL;
+}
+
+START_TEST(test_connect_refused_with_reason) {
+  char dir[] = "/tmp/dcpx-refuse.XXXXXX", path[128];
+  struct sockaddr_un sa;
+  pthread_t th;
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(path, sizeof(path), "%s/s", dir);
+  int ls = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  strcpy(sa.sun_path, path);
+  ck_assert_int_eq(bind(ls, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  ck_assert_int_eq(listen(ls, 16), 0);
+  pthread_create(&th, NULL, refuser, &ls);
+  for (int i = 0; i < 20; i++) {
+    dcpx_client *c = NULL;
+    ck_assert_int_eq(dcpx_connect(path, &c), DCPX_E_BUSY);
+  }
+  pthread_join(th, NULL);
+  close(ls);
+  unlink(path);
+  rmdir(dir);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("end-to-end");
@@ -588,6 +755,9 @@ int main(void) {
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
   tcase_add_test(tc, test_refused_join_reason);
+  tcase_add_test(tc, test_debug_log);
+  tcase_add_test(tc, test_send_after_refusal);
+  tcase_add_test(tc, test_connect_refused_with_reason);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

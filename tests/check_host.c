@@ -15,9 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dcpx.h"
+#include "call.h"
 #include "layout.h"
+#include "log.h"
 #include "member.h"
 
 static uint64_t mix(uint64_t *s) {
@@ -174,10 +177,10 @@ static void *rank_main(void *arg) {
   int r = 0;
   sleep_ns(g->delay_ns[d]);
   if (!((g->absent >> d) & 1u)) {
-    r = dcpx_push(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
+    r = t_push(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
                   g->tag, NULL);
     if (r == 0)
-      r = dcpx_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
+      r = t_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
                      g->req, g->bt, g->bt_rows, g->bt_cols, g->rows_out[d],
                      g->valid[d], g->ids[d], g->sat[d], g->tag, NULL);
   }
@@ -210,7 +213,7 @@ static uint64_t check_exact(group *g, const char *what) {
     ck_assert_msg(g->rc[d] == 0, "%s: rank %u: %s", what, d,
                   dcpx_strerror(g->rc[d]));
     ck_assert_int_eq(
-        dcpx_ref_call(&g->sh, R, (const uint16_t *const *)g->logits,
+        t_ref_call(&g->sh, R, (const uint16_t *const *)g->logits,
                       g->stride, (const int32_t *const *)g->ends, d, g->req,
                       g->bt, g->bt_rows, g->bt_cols, xr, xv, xi, xs,
                       d == 0 ? &st : NULL),
@@ -684,7 +687,7 @@ static void stale_case(int deliver) {
   g.rows = 1;
   fill(&g, 21, 5); /* rank 1 holds the best: mask 0b10 (W*N > K) */
   fill_full(&g);
-  ck_assert_int_eq(dcpx_ref_call(&g.sh, 1, (const uint16_t *const *)g.logits,
+  ck_assert_int_eq(t_ref_call(&g.sh, 1, (const uint16_t *const *)g.logits,
                                  g.stride, (const int32_t *const *)g.ends, 0,
                                  g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv,
                                  NULL, xs, NULL),
@@ -745,7 +748,7 @@ START_TEST(test_bad_inputs) {
    * marks itself FAILED (alarm first): had it just returned, its epochs
    * would lag its peers' and the next call would silently pair rank 0's
    * call n+1 with rank 1's call n. */
-  ck_assert_int_eq(dcpx_push(g.m[0], 3, g.logits[0], g.stride, g.ends[0], 0,
+  ck_assert_int_eq(t_push(g.m[0], 3, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
   ck_assert_uint_eq(h[0].alarm, 1);
@@ -760,22 +763,58 @@ START_TEST(test_bad_inputs) {
   ck_assert_int_eq(g.valid[1][0], -1);
   /* Every other kind of bad argument is refused the same way. */
   g.ends[0][1] = 101;
-  ck_assert_int_eq(dcpx_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
+  ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
   g.ends[0][1] = -1;
-  ck_assert_int_eq(dcpx_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
+  ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
-  ck_assert_int_eq(dcpx_push(NULL, 2, g.logits[0], g.stride, g.ends[0], 0,
+  ck_assert_int_eq(t_push(NULL, 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_INVAL);
-  ck_assert_int_eq(dcpx_push(g.m[0], 2, NULL, g.stride, g.ends[0], 0, NULL),
+  ck_assert_int_eq(t_push(g.m[0], 2, NULL, g.stride, g.ends[0], 0, NULL),
                    DCPX_E_INVAL);
-  ck_assert_int_eq(dcpx_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0],
+  ck_assert_int_eq(t_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0],
                               NULL, g.bt, g.bt_rows, g.bt_cols,
                               g.rows_out[0], g.valid[0], NULL, NULL, 0, NULL),
                    DCPX_E_INVAL);
+  /* v1 structs of a size this library does not know, or with a reserved
+   * word set, are refused as bad arguments: the rank fails. */
+  {
+    dcpx_call in = DCPX_CALL_INIT;
+    dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+    in.rows = 2;
+    in.logits = g.logits[0];
+    in.stride = g.stride;
+    in.row_ends = g.ends[0];
+    in.req_id = g.req;
+    in.block_table = g.bt;
+    in.bt_rows = g.bt_rows;
+    in.bt_cols = g.bt_cols;
+    out.rows_out = g.rows_out[0];
+    out.valid_out = g.valid[0];
+    ck_assert_int_eq(dcpx_push(g.m[0], NULL, NULL), DCPX_E_INVAL);
+    ck_assert_int_eq(dcpx_merge(g.m[0], &in, NULL, NULL), DCPX_E_INVAL);
+    ck_assert_int_eq(dcpx_merge(g.m[0], NULL, &out, NULL), DCPX_E_INVAL);
+    const uint32_t sizes[] = {0, 8, sizeof(in) - 8, sizeof(in) + 8};
+    for (unsigned i = 0; i < 4; i++) {
+      in.size = sizes[i];
+      h[1].alarm = h[1].failed = 0;
+      ck_assert_int_eq(dcpx_push(g.m[1], &in, NULL), DCPX_E_INVAL);
+      ck_assert_uint_eq(h[1].failed, 1);
+      ck_assert_uint_eq(h[1].alarm, 1);
+      ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
+      in.size = sizeof(in);
+      out.size = i == 2 ? sizeof(out) - 8 : sizes[i];
+      ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
+      out.size = sizeof(out);
+    }
+    out.reserved = 1;
+    h[1].alarm = h[1].failed = 0;
+    ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
+    ck_assert_uint_eq(h[1].failed, 1);
+  }
   group_free(&g);
 
   /* A request outside the block table costs that row its outputs only:
@@ -796,7 +835,7 @@ START_TEST(test_bad_inputs) {
     /* ids_out does not depend on the table: the bad row's ids are the
      * reference's (computed with a valid request). */
     int32_t xr[2 * 32], xi[2 * 32], xv[2];
-    ck_assert_int_eq(dcpx_ref_call(&g.sh, 2, (const uint16_t *const *)g.logits,
+    ck_assert_int_eq(t_ref_call(&g.sh, 2, (const uint16_t *const *)g.logits,
                                    g.stride, (const int32_t *const *)g.ends, 0,
                                    g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv,
                                    xi, NULL, NULL),
@@ -813,6 +852,176 @@ END_TEST
 /* The nccl transport is refused before any daemon is asked: with the host
  * backend always, and in a build without NCCL with any backend
  * (DCPX_E_TRANSPORT). A nonsense transport is DCPX_E_INVAL. */
+/* dcpx_member_async_error of rank d, checked for the struct rules. */
+static dcpx_async_error async_of(const group *g, uint32_t d) {
+  dcpx_async_error e = DCPX_ASYNC_ERROR_INIT;
+  e.state = 12345;
+  ck_assert_int_eq(dcpx_member_async_error(g->m[d], &e), 0);
+  ck_assert_int_ne(e.state, 12345);
+  ck_assert_uint_eq(e.generation, 1);
+  return e;
+}
+
+static int row_bit(const dcpx_async_error *e, uint32_t t) {
+  return (int)((e->row_mask[t / 64] >> (t % 64)) & 1u);
+}
+
+/* The errors the caller can see (dcpx_member_async_error) on the host
+ * backend: each reason, the sticky state, and the failed rows. */
+START_TEST(test_async_error) {
+  group g;
+  dcpx_async_error e;
+  group_init(&g, 2, 3, 32, 8, 1, 1, 100, 100000000ull);
+  dcpx_ctl_header *hdr = g.ctl;
+  g.rows = 3;
+  fill(&g, 4, 0);
+
+  /* The struct rules. */
+  e = (dcpx_async_error)DCPX_ASYNC_ERROR_INIT;
+  ck_assert_int_eq(dcpx_member_async_error(NULL, &e), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_member_async_error(g.m[0], NULL), DCPX_E_INVAL);
+  e.size = sizeof(e) - 8;
+  ck_assert_int_eq(dcpx_member_async_error(g.m[0], &e), DCPX_E_INVAL);
+  e.size = sizeof(e);
+  e.reserved = 1;
+  ck_assert_int_eq(dcpx_member_async_error(g.m[0], &e), DCPX_E_INVAL);
+
+  /* Before any call, and after a good one: nothing. */
+  e = async_of(&g, 0);
+  ck_assert_int_eq(e.state, DCPX_OK);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_NONE);
+  run_call(&g);
+  check_exact(&g, "async: good call");
+  for (uint32_t d = 0; d < 2; d++) {
+    e = async_of(&g, d);
+    ck_assert_int_eq(e.state, DCPX_OK);
+    ck_assert_uint_eq(e.reason, DCPX_REASON_NONE);
+    ck_assert_uint_eq(e.rows, 3);
+    ck_assert_uint_eq(e.failed_rows, 0);
+    ck_assert_uint_eq(e.rows_exact, 1);
+  }
+
+  /* A bad block table for row 1 of rank 0: that row only, nobody failed. */
+  g.ends[0][1] = 50;
+  g.req[1] = 1000;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_RANGE);
+  e = async_of(&g, 0);
+  ck_assert_int_eq(e.state, DCPX_OK);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_BLOCK_TABLE);
+  ck_assert_uint_eq(e.failed_rows, 1);
+  ck_assert(row_bit(&e, 1) && !row_bit(&e, 0) && !row_bit(&e, 2));
+  /* The next good call clears it. */
+  g.req[1] = 0;
+  run_call(&g);
+  check_exact(&g, "async: after the bad table");
+  e = async_of(&g, 0);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_NONE);
+  ck_assert_uint_eq(e.failed_rows, 0);
+
+  /* Rank 1 skips a call: rank 0's wait times out. */
+  g.absent = 1u << 1;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
+  e = async_of(&g, 0);
+  ck_assert_int_eq(e.state, DCPX_E_FAILED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_TIMEOUT);
+  ck_assert_uint_eq(e.failed_mask, 1u);
+  ck_assert_uint_eq(e.failed_rows, 3); /* the whole call failed */
+  ck_assert(row_bit(&e, 0) && row_bit(&e, 1) && row_bit(&e, 2));
+  ck_assert(!row_bit(&e, 3));
+  /* Rank 1 sees its peer failed, and itself not (yet). */
+  e = async_of(&g, 1);
+  ck_assert_int_eq(e.state, DCPX_OK);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_PEER_FAILED);
+  /* The abort word, as dcpxd writes it, is sticky and says why. */
+  hdr->abort = DCPX_ABORT_OPERATOR;
+  e = async_of(&g, 1);
+  ck_assert_int_eq(e.state, DCPX_E_ABORTED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_OPERATOR);
+  ck_assert_uint_eq(e.abort, DCPX_ABORT_OPERATOR);
+  e = async_of(&g, 0); /* its own reason stays the more specific */
+  ck_assert_int_eq(e.state, DCPX_E_ABORTED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_TIMEOUT);
+  hdr->abort = DCPX_ABORT_DEAD;
+  ck_assert_uint_eq(async_of(&g, 1).reason, DCPX_REASON_DEAD_RANK);
+  hdr->abort = DCPX_ABORT_ALARM;
+  ck_assert_uint_eq(async_of(&g, 1).reason, DCPX_REASON_PEER_FAILED);
+  group_free(&g);
+
+  /* A call this rank refuses. */
+  group_init(&g, 2, 3, 32, 8, 1, 1, 100, 100000000ull);
+  fill(&g, 4, 0);
+  ck_assert_int_eq(t_push(g.m[1], 4, g.logits[1], g.stride, g.ends[1], 0,
+                          NULL),
+                   DCPX_E_RANGE);
+  e = async_of(&g, 1);
+  ck_assert_int_eq(e.state, DCPX_E_FAILED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_REFUSED);
+  ck_assert_uint_eq(e.failed_mask, 2u);
+  ck_assert_uint_eq(e.rows, 4);
+  ck_assert_uint_eq(e.failed_rows, 3); /* all of the call's, up to R */
+  e = async_of(&g, 0);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_PEER_FAILED);
+  group_free(&g);
+}
+END_TEST
+
+/* What libdcpx wrote on stderr while f(g) ran with DCPX_DEBUG=level
+ * (NULL: unset); the level is read again, as by a new process. */
+static char *stderr_of(const char *level, void (*f)(group *), group *g) {
+  char path[] = "/tmp/dcpx-stderr.XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  ck_assert_int_ge(fd, 0);
+  unlink(path);
+  if (level)
+    setenv("DCPX_DEBUG", level, 1);
+  else
+    unsetenv("DCPX_DEBUG");
+  dcpx__log_level_v = -1;
+  fflush(stderr);
+  dup2(fd, 2);
+  f(g);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  unsetenv("DCPX_DEBUG");
+  dcpx__log_level_v = -1;
+  off_t n = lseek(fd, 0, SEEK_END);
+  char *text = calloc(1, (size_t)n + 1);
+  ck_assert_int_eq(pread(fd, text, (size_t)n, 0), n);
+  close(fd);
+  return text;
+}
+
+static void push_old_struct(group *g) {
+  dcpx_call in = DCPX_CALL_INIT;
+  in.size = 40; /* a dcpx.h that does not match */
+  in.rows = 1;
+  in.logits = g->logits[0];
+  in.stride = g->stride;
+  in.row_ends = g->ends[0];
+  ck_assert_int_eq(dcpx_push(g->m[0], &in, NULL), DCPX_E_INVAL);
+}
+
+/* A refused struct says why, under DCPX_DEBUG=WARN; nothing without. */
+START_TEST(test_struct_message) {
+  group g;
+  group_init(&g, 1, 1, 32, 8, 1, 1, 100, 1000000000ull);
+  fill(&g, 3, 0);
+  char *t = stderr_of("WARN", push_old_struct, &g);
+  ck_assert_msg(strstr(t, "WARN client.c:") &&
+                    strstr(t, "dcpx_push: dcpx_call.size is 40") &&
+                    strstr(t, "_INIT macro"),
+                "no clear message: '%s'", t);
+  free(t);
+  t = stderr_of(NULL, push_old_struct, &g);
+  ck_assert_msg(t[0] == 0, "log off, but: '%s'", t);
+  free(t);
+  group_free(&g);
+}
+END_TEST
+
 START_TEST(test_join_transport_refused) {
   dcpx_client c;
   dcpx_shape sh = DCPX_SHAPE_INIT;
@@ -858,6 +1067,8 @@ int main(void) {
   tcase_add_test(tc, test_rescue_rows);
   tcase_add_test(tc, test_stale_rescue_tags);
   tcase_add_test(tc, test_bad_inputs);
+  tcase_add_test(tc, test_async_error);
+  tcase_add_test(tc, test_struct_message);
   tcase_add_test(tc, test_join_transport_refused);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

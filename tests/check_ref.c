@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "dcpx.h"
+#include "call.h"
 #include "merge.h"
 
 static uint64_t g_seed = 0x5EEDDC9C0FFEEull;
@@ -356,7 +357,7 @@ static void check_call(const tcall *c, const char *what, uint64_t seed,
       sat[t] = 0xEEEEEEEEu;
     }
     dcpx_ref_stats st = {0, 0, 0};
-    int rc = dcpx_ref_call(&c->sh, rows, lg, c->stride, re, d, c->req_id[d],
+    int rc = t_ref_call(&c->sh, rows, lg, c->stride, re, d, c->req_id[d],
                            c->bt[d], c->bt_rows, c->bt_cols, rows_out, valid,
                            ids_out, sat, &st);
     EXPECT(rc == 0, "%s seed=0x%" PRIx64 " d=%u: dcpx_ref_call = %d (%s)",
@@ -421,7 +422,7 @@ static void check_call(const tcall *c, const char *what, uint64_t seed,
   /* ids_out and sat_word are optional. */
   for (uint32_t t = 0; t < rows; t++)
     valid[t] = SENTINEL;
-  int rc = dcpx_ref_call(&c->sh, rows, lg, c->stride, re, 0, c->req_id[0],
+  int rc = t_ref_call(&c->sh, rows, lg, c->stride, re, 0, c->req_id[0],
                          c->bt[0], c->bt_rows, c->bt_cols, rows_out, valid,
                          NULL, NULL, NULL);
   EXPECT(rc == 0, "%s seed=0x%" PRIx64 ": call without optional outputs = %d",
@@ -770,7 +771,7 @@ START_TEST(test_all_equal) {
   const int32_t *re[4] = {c.row_end[0], c.row_end[1], c.row_end[2],
                           c.row_end[3]};
   dcpx_ref_stats st = {0, 0, 0};
-  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, c.stride, re, 0, c.req_id[0],
+  ck_assert_int_eq(t_ref_call(&c.sh, 1, lg, c.stride, re, 0, c.req_id[0],
                                  c.bt[0], 1, c.bt_cols, rows_out, &valid, ids,
                                  &sat, &st),
                    0);
@@ -783,7 +784,7 @@ START_TEST(test_all_equal) {
     ck_assert_int_eq(ids[i], (int32_t)((i / 2) * 8 + i % 2));
     ck_assert_int_eq(rows_out[i], (int32_t)((12 - i / 16) * 16 + i % 16));
   }
-  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, c.stride, re, 1, c.req_id[1],
+  ck_assert_int_eq(t_ref_call(&c.sh, 1, lg, c.stride, re, 1, c.req_id[1],
                                  c.bt[1], 1, c.bt_cols, rows_out, &valid, NULL,
                                  NULL, NULL),
                    0);
@@ -877,7 +878,7 @@ START_TEST(test_special_values) {
   const int32_t *re[2] = {c.row_end[0], c.row_end[1]};
   int32_t ro[3], ids[3], valid;
   uint32_t sat;
-  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, 4, re, 0, c.req_id[0], c.bt[0],
+  ck_assert_int_eq(t_ref_call(&c.sh, 1, lg, 4, re, 0, c.req_id[0], c.bt[0],
                                  1, 4, ro, &valid, ids, &sat, NULL),
                    0);
   /* Top-3: +0 (1,1), -0 (0,0), -0 (0,2); -inf (0,3) is 4th. */
@@ -936,7 +937,7 @@ START_TEST(test_short_rows) {
   const int32_t *re[3] = {c.row_end[0], c.row_end[1], c.row_end[2]};
   int32_t ro[20], ids[20], valid[2];
   uint32_t sat[2] = {1, 1};
-  ck_assert_int_eq(dcpx_ref_call(&c.sh, 2, lg, 8, re, 2, c.req_id[2], c.bt[2],
+  ck_assert_int_eq(t_ref_call(&c.sh, 2, lg, 8, re, 2, c.req_id[2], c.bt[2],
                                  1, 8, ro, valid, ids, sat, NULL),
                    0);
   for (int t = 0; t < 2; t++) {
@@ -1000,7 +1001,7 @@ START_TEST(test_all_saturated) {
   int32_t ro[15], valid;
   uint32_t sat;
   dcpx_ref_stats st = {0, 0, 0};
-  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, 10, re, 4, c.req_id[4], c.bt[4],
+  ck_assert_int_eq(t_ref_call(&c.sh, 1, lg, 10, re, 4, c.req_id[4], c.bt[4],
                                  1, 10, ro, &valid, NULL, &sat, &st),
                    0);
   /* Values grow with l, so each list is l = 7, 8, 9; S1 is all 15 of
@@ -1064,7 +1065,7 @@ START_TEST(test_one_rank_holds_topk) {
   int32_t ro[8], ids[8], valid;
   uint32_t sat;
   dcpx_ref_stats st = {0, 0, 0};
-  ck_assert_int_eq(dcpx_ref_call(&c.sh, 1, lg, 12, re, 1, c.req_id[1], c.bt[1],
+  ck_assert_int_eq(t_ref_call(&c.sh, 1, lg, 12, re, 1, c.req_id[1], c.bt[1],
                                  1, 3, ro, &valid, ids, &sat, &st),
                    0);
   ck_assert_int_eq(valid, 8);
@@ -1148,7 +1149,7 @@ START_TEST(test_errors) {
   int32_t *bt = c.bt[0], *rq = c.req_id[0];
 
 #define CALL(shp, rows, lgp, stride, rep, rank, rqp, btp, btr, btc, rop, vp)   \
-  dcpx_ref_call(shp, rows, lgp, stride, rep, rank, rqp, btp, btr, btc, rop,    \
+  t_ref_call(shp, rows, lgp, stride, rep, rank, rqp, btp, btr, btc, rop,    \
                 vp, ids, sat, &st)
 
   ck_assert_int_eq(CALL(sh, 2, lg, 64, re, 0, rq, bt, 2, 8, ro, valid), 0);
@@ -1212,6 +1213,47 @@ START_TEST(test_errors) {
   /* A row beyond `rows` is not read. */
   ck_assert_int_eq(CALL(sh, 1, lg, 64, re, 0, rq, bt, 2, 8, ro, valid), 0);
   st = (dcpx_ref_stats){7, 8, 9};
+  c.row_end[2][1] = 64;
+  /* The v1 structs: a size this library does not know (an older or newer
+   * dcpx.h, or a struct never initialised) and a reserved word that is
+   * not 0 are refused, and nothing is written. */
+  {
+    dcpx_ref_in in = DCPX_REF_IN_INIT;
+    dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+    in.rows = 2;
+    in.stride = 64;
+    in.logits = lg;
+    in.row_ends = re;
+    in.req_id = rq;
+    in.block_table = bt;
+    in.bt_rows = 2;
+    in.bt_cols = 8;
+    out.rows_out = ro;
+    out.valid_out = valid;
+    ck_assert_int_eq(dcpx_ref_call(sh, &in, &out, NULL), 0);
+    valid[0] = valid[1] = 77;
+    const uint32_t sizes[] = {0, 4, sizeof(in) - 8, sizeof(in) + 8};
+    for (unsigned i = 0; i < 4; i++) {
+      in.size = sizes[i];
+      ck_assert_int_eq(dcpx_ref_call(sh, &in, &out, NULL), DCPX_E_INVAL);
+      in.size = sizeof(in);
+      out.size = sizes[i];
+      ck_assert_int_eq(dcpx_ref_call(sh, &in, &out, NULL), DCPX_E_INVAL);
+      out.size = sizeof(out);
+    }
+    in.reserved = 1;
+    ck_assert_int_eq(dcpx_ref_call(sh, &in, &out, NULL), DCPX_E_INVAL);
+    in.reserved = 0;
+    out.reserved = 1;
+    ck_assert_int_eq(dcpx_ref_call(sh, &in, &out, NULL), DCPX_E_INVAL);
+    out.reserved = 0;
+    ck_assert_int_eq(dcpx_ref_call(sh, NULL, &out, NULL), DCPX_E_INVAL);
+    ck_assert_int_eq(dcpx_ref_call(sh, &in, NULL, NULL), DCPX_E_INVAL);
+    ck_assert_int_eq(valid[0], 77);
+    ck_assert_int_eq(valid[1], 77);
+    ck_assert_int_eq(dcpx_ref_call(sh, &in, &out, NULL), 0);
+    ck_assert_int_ne(valid[0], 77);
+  }
   c.row_end[2][1] = 64;
   ck_assert_int_eq(CALL(sh, 2, lg, 32, re, 0, rq, bt, 2, 8, ro, valid),
                    DCPX_E_RANGE);

@@ -1069,6 +1069,39 @@ START_TEST(test_conns_per_uid) {
 END_TEST
 
 
+/* libdcpx's own dcpx_connect past the cap (issue 12): dcpxd answers and
+ * closes at once, and the caller gets that answer (DCPX_E_BUSY), never
+ * EPIPE or a reset, whichever of Hello's send and the close comes first.
+ * 20 tries; 0 when every one was BUSY, else the first other code. */
+static int do_connect_past_cap(const void *unused) {
+  int s[3], r = 0;
+  (void)unused;
+  for (int i = 0; i < 3; i++)
+    s[i] = hello_conn();
+  for (int i = 0; i < 20 && r == 0; i++) {
+    dcpx_client *c = NULL;
+    int x = dcpx_connect(g_sock, &c);
+    if (x == 0)
+      dcpx_disconnect(c);
+    if (x != DCPX_E_BUSY)
+      r = x < 0 ? x : -9998;
+  }
+  for (int i = 0; i < 3; i++)
+    close(s[i]);
+  return r;
+}
+
+START_TEST(test_connect_refusal_reason) {
+  if (skip_unless_root())
+    return;
+  daemon_start("--max-conns-per-uid=3");
+  int r = as_nobody(0, do_connect_past_cap, NULL);
+  ck_assert_msg(r == 0, "dcpx_connect past the cap gave %d (%s), not BUSY",
+                r, dcpx_strerror(r));
+  daemon_stop();
+}
+END_TEST
+
 /* Holds 3 forming groups of its own (W=2, rank 0 each), tries a 4th, and
  * reports the 4th's status; holds them 600 ms. */
 static int do_groups(const void *prefix) {
@@ -1293,6 +1326,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_hello_and_idle_timeouts);
   tcase_add_test(tc, test_conns_per_uid);
+  tcase_add_test(tc, test_connect_refusal_reason);
   tcase_add_test(tc, test_group_caps);
   tcase_add_test(tc, test_queued_output_cap);
   tcase_add_test(tc, test_nofile_raised);

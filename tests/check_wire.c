@@ -367,25 +367,35 @@ END_TEST
 
 /* ---- global ids (section 2) --------------------------------------------- */
 
+/* dcpx_gid's value, or a code: the tests' one-expression form. */
+static int64_t gid_of(uint32_t l, uint32_t r, uint32_t world,
+                      uint32_t interleave) {
+  int64_t g = -12345;
+  int rc = dcpx_gid(l, r, world, interleave, &g);
+  ck_assert_msg(rc == 0 || g == -12345, "gid written on failure");
+  return rc < 0 ? rc : g;
+}
+
 START_TEST(test_gid) {
-  ck_assert_int_eq(dcpx_gid(0, 0, 1, 1), 0);
-  ck_assert_int_eq(dcpx_gid(5, 0, 1, 1), 5);
-  ck_assert_int_eq(dcpx_gid(5, 1, 2, 1), 11);
+  ck_assert_int_eq(gid_of(0, 0, 1, 1), 0);
+  ck_assert_int_eq(gid_of(5, 0, 1, 1), 5);
+  ck_assert_int_eq(gid_of(5, 1, 2, 1), 11);
   /* W=4, I=64: l=70 is block 1 (offset 6) of rank 1: 1*256 + 64 + 6. */
-  ck_assert_int_eq(dcpx_gid(70, 1, 4, 64), 326);
+  ck_assert_int_eq(gid_of(70, 1, 4, 64), 326);
   /* W=2, I=3: rank 0 holds 0,1,2,6,7,8,..., rank 1 3,4,5,9,... */
   const int64_t r0[] = {0, 1, 2, 6, 7, 8, 12}, r1[] = {3, 4, 5, 9, 10, 11, 15};
   for (uint32_t l = 0; l < 7; l++) {
-    ck_assert_int_eq(dcpx_gid(l, 0, 2, 3), r0[l]);
-    ck_assert_int_eq(dcpx_gid(l, 1, 2, 3), r1[l]);
+    ck_assert_int_eq(gid_of(l, 0, 2, 3), r0[l]);
+    ck_assert_int_eq(gid_of(l, 1, 2, 3), r1[l]);
   }
-  ck_assert_int_eq(dcpx_gid((1u << 17) - 1, 15, 16, 1),
+  ck_assert_int_eq(gid_of((1u << 17) - 1, 15, 16, 1),
                    ((int64_t)(1 << 17) - 1) * 16 + 15);
 
-  ck_assert_int_eq(dcpx_gid(0, 0, 0, 1), DCPX_E_INVAL);
-  ck_assert_int_eq(dcpx_gid(0, 0, 1, 0), DCPX_E_INVAL);
-  ck_assert_int_eq(dcpx_gid(0, 2, 2, 1), DCPX_E_INVAL);
-  ck_assert_int_eq(dcpx_gid(0, 16, 16, 1), DCPX_E_INVAL);
+  ck_assert_int_eq(gid_of(0, 0, 0, 1), DCPX_E_INVAL);
+  ck_assert_int_eq(gid_of(0, 0, 1, 0), DCPX_E_INVAL);
+  ck_assert_int_eq(gid_of(0, 2, 2, 1), DCPX_E_INVAL);
+  ck_assert_int_eq(gid_of(0, 16, 16, 1), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_gid(0, 0, 1, 1, NULL), DCPX_E_INVAL);
 
   /* Formula on random inputs, and a bijection of {r} x [0, M) onto
    * [0, W*M) when I divides M. */
@@ -400,7 +410,7 @@ START_TEST(test_gid) {
     memset(hit, 0, (size_t)W * M);
     for (uint32_t r = 0; r < W; r++)
       for (uint32_t l = 0; l < M; l++) {
-        int64_t g = dcpx_gid(l, r, W, I);
+        int64_t g = gid_of(l, r, W, I);
         int64_t want = (int64_t)(l / I) * I * W + (int64_t)r * I + l % I;
         EXPECT(g == want,
                       "seed=0x%" PRIx64 " gid(l=%u, r=%u, W=%u, I=%u) = "

@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "dcpx.h"
+#include "call.h"
 #include "frame.h"
 #include "layout.h"
 #include "member.h"
@@ -597,7 +598,7 @@ HH_FN int hh_ref_masks(const hh_spec *sp, uint64_t c, uint32_t *masks) {
   for (uint32_t t = 0; t < R; t++)
     req[t] = (int32_t)t;
   hh_inputs(sp, c, lg, en);
-  r = dcpx_ref_call(&shape, R, (const uint16_t *const *)lg, sp->L,
+  r = t_ref_call(&shape, R, (const uint16_t *const *)lg, sp->L,
                     (const int32_t *const *)en, 0, req, bt, R, bt_cols, ro, vo,
                     NULL, sw, NULL);
   for (uint32_t t = 0; t < R && r == 0; t++)
@@ -808,7 +809,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
     hh_inputs(sp, cl, lg, en);
     if ((int32_t)rank == sh->late_rank && cl == sh->late_call)
       hh_sleep_ms(sh->late_ms);
-    r = dcpx_push(m, R, lg[rank], sp->L, en[rank], cl, NULL);
+    r = t_push(m, R, lg[rank], sp->L, en[rank], cl, NULL);
     if ((int32_t)rank == sh->victim_rank && cl == sh->victim_call) {
       if (sh->victim_holder) {
         pid_t h = fork();
@@ -827,7 +828,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
     uint64_t t0 = hh_mono();
     /* Merge even after a failed push, as an engine would (it enqueues
      * both): the merge fails fast and marks every row invalid. */
-    int rm = dcpx_merge(m, R, lg[rank], sp->L, en[rank], req, bt, R, bt_cols,
+    int rm = t_merge(m, R, lg[rank], sp->L, en[rank], req, bt, R, bt_cols,
                         ro, vo, io, so, cl, NULL);
     if (r == 0)
       r = rm;
@@ -877,7 +878,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
       goto out;
     }
     if (sh->check) {
-      r = dcpx_ref_call(&shape, R, (const uint16_t *const *)lg, sp->L,
+      r = t_ref_call(&shape, R, (const uint16_t *const *)lg, sp->L,
                         (const int32_t *const *)en, rank, req, bt, R, bt_cols,
                         xo, xv, xi, xs, NULL);
       if (r < 0 || memcmp(ro, xo, (size_t)R * K * 4) ||
@@ -894,7 +895,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
     st->progress = cl + 1;
   }
   (void)resumed_at;
-  dcpx_health_info hi = {.size = sizeof(hi)};
+  dcpx_health_info hi = DCPX_HEALTH_INFO_INIT;
   if (dcpx_health(m, &hi) == 0)
     st->reattaches = hi.reattaches;
   dcpx_leave(m);

@@ -324,22 +324,50 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
     if (skip) {
       r = DCPX_E_FAILED;
     } else if (!o->cuda) {
-      r = dcpx_push(m, R, lg[rank], o->local_len, en[rank], tag, NULL);
+      dcpx_call in = DCPX_CALL_INIT;
+      dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+      in.rows = R;
+      in.logits = lg[rank];
+      in.stride = o->local_len;
+      in.row_ends = en[rank];
+      in.req_id = req;
+      in.block_table = bt;
+      in.bt_rows = R;
+      in.bt_cols = bt_cols;
+      in.call_tag = tag;
+      out.rows_out = rows_out;
+      out.valid_out = valid;
+      out.ids_out = ids_out;
+      out.sat_word = sat;
+      r = dcpx_push(m, &in, NULL);
       if ((int)c == o->kill_at && rank == o->fault_rank)
         raise(SIGKILL); /* mid-call: pushed, not merged */
       if (r == 0)
-        r = dcpx_merge(m, R, lg[rank], o->local_len, en[rank], req, bt, R,
-                       bt_cols, rows_out, valid, ids_out, sat, tag, NULL);
+        r = dcpx_merge(m, &in, &out, NULL);
     } else {
 #ifdef HAVE_CUDA
-      r = dcpx_push(m, R, g.lg, o->local_len, g.en, tag, g.st);
+      dcpx_call in = DCPX_CALL_INIT;
+      dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+      in.rows = R;
+      in.logits = g.lg;
+      in.stride = o->local_len;
+      in.row_ends = g.en;
+      in.req_id = g.req;
+      in.block_table = g.bt;
+      in.bt_rows = R;
+      in.bt_cols = bt_cols;
+      in.call_tag = tag;
+      out.rows_out = g.rows;
+      out.valid_out = g.valid;
+      out.ids_out = g.ids;
+      out.sat_word = g.sat;
+      r = dcpx_push(m, &in, g.st);
       if ((int)c == o->kill_at && rank == o->fault_rank) {
         cudaStreamSynchronize(g.st);
         raise(SIGKILL); /* mid-call: pushed, not merged */
       }
       if (r == 0)
-        r = dcpx_merge(m, R, g.lg, o->local_len, g.en, g.req, g.bt, R,
-                       bt_cols, g.rows, g.valid, g.ids, g.sat, tag, g.st);
+        r = dcpx_merge(m, &in, &out, g.st);
       if (r == 0 && cudaStreamSynchronize(g.st) != cudaSuccess)
         r = DCPX_E_CUDA;
 #endif
@@ -394,8 +422,22 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
       }
     }
     dcpx_ref_stats st = {0, 0, 0};
-    r = dcpx_ref_call(&shape, R, lg, o->local_len, en, rank, req, bt, R,
-                      bt_cols, x_rows, x_valid, x_ids, x_sat, &st);
+    dcpx_ref_in xin = DCPX_REF_IN_INIT;
+    dcpx_merge_out xout = DCPX_MERGE_OUT_INIT;
+    xin.rows = R;
+    xin.rank = rank;
+    xin.stride = o->local_len;
+    xin.logits = lg;
+    xin.row_ends = en;
+    xin.req_id = req;
+    xin.block_table = bt;
+    xin.bt_rows = R;
+    xin.bt_cols = bt_cols;
+    xout.rows_out = x_rows;
+    xout.valid_out = x_valid;
+    xout.ids_out = x_ids;
+    xout.sat_word = x_sat;
+    r = dcpx_ref_call(&shape, &xin, &xout, &st);
     if (r < 0)
       goto out;
     if (memcmp(rows_out, x_rows, sizeof(int32_t) * (size_t)R * K) ||

@@ -22,7 +22,8 @@ from ._arrays import from_bf16_bits, to_bf16_bits
 from ._lib import LibraryNotFound, library_path
 from ._lib import lib as load
 from .core import (DEFAULT_SOCKET, GROUP_NAME_MAX, MAX_LOCAL, MAX_ROWS,
-                   MAX_TOPK, MAX_WORLD, Backend, Client, Health, JoinOptions,
+                   MAX_TOPK, MAX_WORLD, AsyncError, Backend, Client, Health,
+                   JoinOptions, Reason,
                    Member, MergeResult, PreparedCall, RefStats,
                    Shape, Transport,
                    auto_local_topk, connect, ref_call, ref_local_list,
@@ -32,7 +33,8 @@ from .errors import ERRORS, DcpxError, error_for
 
 __version__ = "0.1.0"
 
-__all__ = ["Backend", "Client", "Health", "JoinOptions", "Member",
+__all__ = ["AsyncError", "Backend", "Client", "Health", "JoinOptions",
+           "Member", "Reason",
            "PreparedCall",
            "MergeResult", "RefStats", "Shape", "Transport", "connect",
            "auto_local_topk", "ref_call", "ref_local_list", "strerror",

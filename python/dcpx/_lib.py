@@ -22,11 +22,13 @@ import os
 import subprocess
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_int, c_int32, c_int64,
-                    c_uint16, c_uint32, c_uint64, c_void_p)
+                    c_size_t, c_uint16, c_uint32, c_uint64, c_void_p)
 from typing import List, Optional
 
 __all__ = ["LibraryNotFound", "lib", "library_path", "DcpxShapeC",
-           "DcpxJoinOptsC", "DcpxHealthInfoC", "DcpxRefStatsC"]
+           "DcpxJoinOptsC", "DcpxHealthInfoC", "DcpxRefStatsC", "DcpxCallC",
+           "DcpxMergeOutC", "DcpxRefInC", "DcpxAsyncErrorC", "call_in",
+           "merge_out"]
 
 
 class LibraryNotFound(ImportError):
@@ -67,11 +69,70 @@ class DcpxRefStatsC(Structure):
                 ("saturated", c_uint64)]
 
 
+class DcpxCallC(Structure):
+    """``struct dcpx_call`` (v1): one call's inputs."""
+    _fields_ = [("size", c_uint32), ("rows", c_uint32), ("stride", c_uint64),
+                ("logits", c_void_p), ("row_ends", c_void_p),
+                ("req_id", c_void_p), ("block_table", c_void_p),
+                ("bt_rows", c_uint32), ("bt_cols", c_uint32),
+                ("call_tag", c_uint64)]
+
+
+class DcpxMergeOutC(Structure):
+    """``struct dcpx_merge_out`` (v1): one call's outputs."""
+    _fields_ = [("size", c_uint32), ("reserved", c_uint32),
+                ("rows_out", c_void_p), ("valid_out", c_void_p),
+                ("ids_out", c_void_p), ("sat_word", c_void_p)]
+
+
+class DcpxRefInC(Structure):
+    """``struct dcpx_ref_in`` (v1): a reference call's inputs."""
+    _fields_ = [("size", c_uint32), ("rows", c_uint32), ("rank", c_uint32),
+                ("reserved", c_uint32), ("stride", c_uint64),
+                ("logits", c_void_p), ("row_ends", c_void_p),
+                ("req_id", c_void_p), ("block_table", c_void_p),
+                ("bt_rows", c_uint32), ("bt_cols", c_uint32)]
+
+
+class DcpxAsyncErrorC(Structure):
+    """``struct dcpx_async_error`` (v1): a member's sticky error state."""
+    _fields_ = [("size", c_uint32), ("state", c_int32), ("reason", c_uint32),
+                ("abort", c_uint32), ("failed_mask", c_uint32),
+                ("generation", c_uint32), ("rows", c_uint32),
+                ("failed_rows", c_uint32), ("rows_exact", c_uint32),
+                ("reserved", c_uint32), ("row_mask", c_uint64 * 64)]
+
+
+def call_in(rows: int, logits: Optional[int], stride: int,
+            row_ends: Optional[int], req_id: Optional[int] = None,
+            block_table: Optional[int] = None, bt_rows: int = 0,
+            bt_cols: int = 0, call_tag: int = 0) -> DcpxCallC:
+    """A ``dcpx_call`` as ``DCPX_CALL_INIT`` and the fields (addresses)."""
+    return DcpxCallC(ctypes.sizeof(DcpxCallC), rows, stride, logits,
+                     row_ends, req_id, block_table, bt_rows, bt_cols,
+                     call_tag)
+
+
+def merge_out(rows_out: Optional[int], valid_out: Optional[int],
+              ids_out: Optional[int] = None,
+              sat_word: Optional[int] = None) -> DcpxMergeOutC:
+    """A ``dcpx_merge_out`` as ``DCPX_MERGE_OUT_INIT`` and the fields."""
+    return DcpxMergeOutC(ctypes.sizeof(DcpxMergeOutC), 0, rows_out,
+                         valid_out, ids_out, sat_word)
+
+
+# DCPX_STRUCT_* of include/dcpx.h: each mirrored struct, by kind, for
+# dcpx_struct_size (python/tests/test_api.py checks every layout).
+STRUCT_KINDS = {1: DcpxShapeC, 2: DcpxJoinOptsC, 3: DcpxHealthInfoC,
+                4: DcpxRefStatsC, 5: DcpxCallC, 6: DcpxMergeOutC,
+                7: DcpxRefInC, 8: DcpxAsyncErrorC}
+
 _P = c_void_p  # every buffer pointer is passed as a plain address
 
 _PROTOS = {
     "dcpx_strerror": (c_char_p, [c_int]),
     "dcpx_version": (c_char_p, []),
+    "dcpx_struct_size": (c_size_t, [c_uint32]),
     "dcpx_shape_check": (c_int, [POINTER(DcpxShapeC)]),
     "dcpx_shape_auto_local_topk": (c_uint32, [c_uint32, c_uint32]),
     "dcpx_bf16_isnan": (c_int, [c_uint32]),
@@ -81,24 +142,24 @@ _PROTOS = {
     "dcpx_word_decode": (c_int, [_P, c_uint32, c_uint32, POINTER(c_uint32),
                                  POINTER(c_uint32)]),
     "dcpx_epoch_next": (c_uint32, [c_uint32]),
-    "dcpx_gid": (c_int64, [c_uint32, c_uint32, c_uint32, c_uint32]),
+    "dcpx_gid": (c_int, [c_uint32, c_uint32, c_uint32, c_uint32,
+                         POINTER(c_int64)]),
     "dcpx_ref_local_list": (c_int, [_P, c_uint32, c_uint32, _P]),
     "dcpx_ref_rescue_list": (c_int, [_P, c_uint32, c_uint32, c_uint32, _P]),
-    "dcpx_ref_call": (c_int, [POINTER(DcpxShapeC), c_uint32, _P, c_uint64,
-                              _P, c_uint32, _P, _P, c_uint32, c_uint32, _P,
-                              _P, _P, _P, POINTER(DcpxRefStatsC)]),
+    "dcpx_ref_call": (c_int, [POINTER(DcpxShapeC), POINTER(DcpxRefInC),
+                              POINTER(DcpxMergeOutC),
+                              POINTER(DcpxRefStatsC)]),
     "dcpx_connect": (c_int, [c_char_p, POINTER(c_void_p)]),
     "dcpx_disconnect": (None, [c_void_p]),
     "dcpx_join": (c_int, [c_void_p, POINTER(DcpxShapeC),
                           POINTER(DcpxJoinOptsC), POINTER(c_void_p)]),
     "dcpx_client_last_error": (c_char_p, [c_void_p]),
     "dcpx_leave": (c_int, [c_void_p]),
-    "dcpx_push": (c_int, [c_void_p, c_uint32, _P, c_uint64, _P, c_uint64,
-                          c_void_p]),
-    "dcpx_merge": (c_int, [c_void_p, c_uint32, _P, c_uint64, _P, _P, _P,
-                           c_uint32, c_uint32, _P, _P, _P, _P, c_uint64,
-                           c_void_p]),
+    "dcpx_push": (c_int, [c_void_p, POINTER(DcpxCallC), c_void_p]),
+    "dcpx_merge": (c_int, [c_void_p, POINTER(DcpxCallC),
+                           POINTER(DcpxMergeOutC), c_void_p]),
     "dcpx_health": (c_int, [c_void_p, POINTER(DcpxHealthInfoC)]),
+    "dcpx_member_async_error": (c_int, [c_void_p, POINTER(DcpxAsyncErrorC)]),
     "dcpx_poll": (c_int, [c_void_p]),
     "dcpx_recover": (c_int, [c_void_p, c_void_p, c_uint32]),
 }

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _arrays as A
-from ._lib import (DcpxHealthInfoC, DcpxJoinOptsC, DcpxRefStatsC,
-                   DcpxShapeC, lib)
+from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
+                   DcpxRefInC,
+                   DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
 from .errors import InvalidArgument, RangeError, StateError, check
 
 __all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
@@ -145,6 +146,31 @@ class Health:
     def ok(self) -> bool:
         """True when the group is not aborted and no rank has failed."""
         return self.abort == 0 and self.failed_mask == 0
+
+
+class Reason(enum.IntEnum):
+    """Why a member failed (``DCPX_REASON_*``)."""
+    NONE = 0
+    REFUSED = 1      #: this rank refused a call (bad arguments, launch)
+    TIMEOUT = 2      #: a wait of this rank timed out
+    PEER_FAILED = 3  #: another rank failed
+    DEAD_RANK = 4    #: a rank's process died or left
+    OPERATOR = 5     #: an operator reset the group, or dcpxd shut down
+    BLOCK_TABLE = 6  #: rows outside the block table (host backend)
+
+
+@dataclass(frozen=True)
+class AsyncError:
+    """A member's sticky state and which rows of its last call failed
+    (``dcpx_member_async_error``)."""
+    state: int          #: 0, or the code: Failed's or Aborted's
+    reason: Reason
+    abort: int          #: the group's abort word
+    failed_mask: int    #: ranks whose FAILED word is set
+    generation: int
+    rows: int           #: rows of the last call (push or merge)
+    failed_rows: List[int] = field(default_factory=list)
+    rows_exact: bool = True  #: False: only rows whose own wait timed out
 
 
 class MergeResult(NamedTuple):
@@ -345,8 +371,9 @@ class Member:
             self._token = tok
             return tok
         rows, stride = self._check_rows(logits, row_ends, "push")
-        r = self._lib.dcpx_push(self._ptr, rows, A.ptr(logits), stride,
-                                A.ptr(row_ends), call_tag & _U64,
+        cin = call_in(rows, A.ptr(logits), stride, A.ptr(row_ends),
+                      call_tag=call_tag & _U64)
+        r = self._lib.dcpx_push(self._ptr, ctypes.byref(cin),
                                 self._stream(stream))
         if r < 0:
             check(r, "dcpx_push")
@@ -380,11 +407,12 @@ class Member:
                                              block_table)
         res = self._outputs(logits, rows, out, ids, sat)
         ptr = A.ptr
-        r = self._lib.dcpx_merge(
-            self._ptr, rows, ptr(logits), stride, ptr(row_ends),
-            ptr(req_id), ptr(block_table), bt_rows, bt_cols,
-            ptr(res.rows_out), ptr(res.valid_out), ptr(res.ids_out),
-            ptr(res.sat_word), call_tag & _U64, self._stream(stream))
+        cin = call_in(rows, ptr(logits), stride, ptr(row_ends), ptr(req_id),
+                      ptr(block_table), bt_rows, bt_cols, call_tag & _U64)
+        cout = merge_out(ptr(res.rows_out), ptr(res.valid_out),
+                         ptr(res.ids_out), ptr(res.sat_word))
+        r = self._lib.dcpx_merge(self._ptr, ctypes.byref(cin),
+                                 ctypes.byref(cout), self._stream(stream))
         if r < 0:
             check(r, "dcpx_merge")
         return res
@@ -476,6 +504,20 @@ class Member:
         return Health(**{f.name: int(getattr(h, f.name))
                          for f in fields(Health)})
 
+    def async_error(self) -> AsyncError:
+        """The member's sticky state, why, and the failed rows of its last
+        call (``dcpx_member_async_error``): reads the control page only,
+        no device sync."""
+        e = DcpxAsyncErrorC()
+        e.size = ctypes.sizeof(DcpxAsyncErrorC)
+        check(lib().dcpx_member_async_error(self._p(), ctypes.byref(e)),
+              "dcpx_member_async_error")
+        rows = [w * 64 + b for w in range(64) if e.row_mask[w]
+                for b in range(64) if (e.row_mask[w] >> b) & 1]
+        return AsyncError(int(e.state), Reason(e.reason), int(e.abort),
+                          int(e.failed_mask), int(e.generation),
+                          int(e.rows), rows, bool(e.rows_exact))
+
     def recover(self, timeout_ms: int = 20000, stream: Any = None) -> None:
         """After Failed/Aborted (or rows with valid_out -1): acknowledges
         and waits up to ``timeout_ms`` for the group's reset
@@ -520,7 +562,7 @@ class PreparedCall:
     Refill the bound arrays in place between calls; ``out`` holds the
     merge's results. It keeps the arrays (and the member) alive."""
 
-    __slots__ = ("member", "arrays", "out", "_push", "_merge", "_pa", "_ma",
+    __slots__ = ("member", "arrays", "out", "_push", "_merge", "_in", "_out",
                  "_stream", "_cuda")
 
     def __init__(self, m: Member, arrays: Tuple[Any, ...], out: MergeResult,
@@ -533,10 +575,11 @@ class PreparedCall:
         self.out = out
         self._push = m._lib.dcpx_push
         self._merge = m._lib.dcpx_merge
-        self._pa = (rows, p(logits), stride, p(row_ends))
-        self._ma = (rows, p(logits), stride, p(row_ends), p(req_id),
-                    p(block_table), bt_rows, bt_cols, p(out.rows_out),
-                    p(out.valid_out), p(out.ids_out), p(out.sat_word))
+        # The v1 structs, built once; a call sets only call_tag.
+        self._in = call_in(rows, p(logits), stride, p(row_ends), p(req_id),
+                           p(block_table), bt_rows, bt_cols)
+        self._out = merge_out(p(out.rows_out), p(out.valid_out),
+                              p(out.ids_out), p(out.sat_word))
         self._stream = stream
         self._cuda = m._cuda
 
@@ -550,7 +593,8 @@ class PreparedCall:
         m = self.member._ptr
         if m is None:
             raise StateError(context="the member has left its group")
-        r = self._push(m, *self._pa, call_tag & _U64, self._s())
+        self._in.call_tag = call_tag & _U64
+        r = self._push(m, ctypes.byref(self._in), self._s())
         if r < 0:
             check(r, "dcpx_push")
 
@@ -559,7 +603,9 @@ class PreparedCall:
         m = self.member._ptr
         if m is None:
             raise StateError(context="the member has left its group")
-        r = self._merge(m, *self._ma, call_tag & _U64, self._s())
+        self._in.call_tag = call_tag & _U64
+        r = self._merge(m, ctypes.byref(self._in), ctypes.byref(self._out),
+                        self._s())
         if r < 0:
             check(r, "dcpx_merge")
         return self.out
@@ -611,11 +657,14 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     ep = (ctypes.c_void_p * W)(*[x.ctypes.data for x in en])
     st = DcpxRefStatsC()
     cs = s._c()
-    r = lib().dcpx_ref_call(
-        ctypes.byref(cs), rows, ctypes.cast(lp, ctypes.c_void_p), stride,
-        ctypes.cast(ep, ctypes.c_void_p), int(rank), A.ptr(req), A.ptr(bt),
-        bt.shape[0], bt.shape[1], A.ptr(res.rows_out), A.ptr(res.valid_out),
-        A.ptr(res.ids_out), A.ptr(res.sat_word), ctypes.byref(st))
+    rin = DcpxRefInC(ctypes.sizeof(DcpxRefInC), rows, int(rank), 0, stride,
+                     ctypes.cast(lp, ctypes.c_void_p).value,
+                     ctypes.cast(ep, ctypes.c_void_p).value, A.ptr(req),
+                     A.ptr(bt), bt.shape[0], bt.shape[1])
+    cout = merge_out(A.ptr(res.rows_out), A.ptr(res.valid_out),
+                     A.ptr(res.ids_out), A.ptr(res.sat_word))
+    r = lib().dcpx_ref_call(ctypes.byref(cs), ctypes.byref(rin),
+                            ctypes.byref(cout), ctypes.byref(st))
     check(r, "dcpx_ref_call")
     if stats is not None:
         stats[0] += st.rows

@@ -1,5 +1,6 @@
 """The package surface: loading, versions, the error table, helpers."""
 
+import ctypes
 import os
 import re
 import subprocess
@@ -20,6 +21,33 @@ def _header_codes():
         text = f.read()
     return {name: int(v) for name, v in
             re.findall(r"X\((DCPX_E_\w+),\s*(-?\d+),", text)}
+
+
+def test_struct_layouts_match_the_library(libdcpx):
+    """Every struct the package mirrors has the C library's size, and the
+    package mirrors every DCPX_STRUCT_* kind of the header: a field added
+    on one side only fails here."""
+    from dcpx._lib import STRUCT_KINDS, lib
+    with open(HEADER) as f:
+        kinds = {int(v) for v in
+                 re.findall(r"#define DCPX_STRUCT_\w+ (\d+)u", f.read())}
+    assert kinds and kinds == set(STRUCT_KINDS)
+    for kind, cls in STRUCT_KINDS.items():
+        assert lib().dcpx_struct_size(kind) == ctypes.sizeof(cls), cls
+    assert lib().dcpx_struct_size(0) == 0
+    assert lib().dcpx_struct_size(max(kinds) + 1) == 0
+
+
+def test_gid(libdcpx):
+    """dcpx_gid: the gid through an out-parameter, a code on bad input."""
+    from dcpx._lib import lib
+    g = ctypes.c_int64(-5)
+    assert lib().dcpx_gid(70, 1, 4, 64, ctypes.byref(g)) == 0
+    assert g.value == 326
+    g.value = -5
+    from dcpx.errors import InvalidArgument
+    assert lib().dcpx_gid(0, 2, 2, 1, ctypes.byref(g)) == InvalidArgument.code
+    assert g.value == -5
 
 
 def test_version(libdcpx):

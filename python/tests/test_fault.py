@@ -30,10 +30,20 @@ def _rank(rank, q, barrier, sock, group, shape, first_call, replacement):
                         os.kill(os.getpid(), signal.SIGKILL)  # pushed only
                     res = m.merge(lg[rank], en[rank], req, bt, sat=True,
                                   call_tag=call)
-                except (dcpx.Failed, dcpx.Aborted):
+                except (dcpx.Failed, dcpx.Aborted) as exc:
                     assert call == KILL_AT, f"call {call} failed"
                     failed += 1
+                    # The sticky state says why, and which rows failed
+                    # (host backend: all of the call's, exactly).
+                    e = m.async_error()
+                    assert e.state == exc.code, (e, exc.code)
+                    assert e.reason in (dcpx.Reason.DEAD_RANK,
+                                        dcpx.Reason.TIMEOUT), e
+                    assert e.rows_exact and e.rows == R, e
+                    assert e.failed_rows == list(range(R)), e
                     m.recover(timeout_ms=20000)
+                    e = m.async_error()
+                    assert (e.state, e.reason) == (0, dcpx.Reason.NONE), e
                     continue
                 compare(res, dcpx.ref_call(shape, lg, en, rank, req, bt), R)
                 exact += 1

@@ -117,7 +117,9 @@ def test_example_cuda_graph(cuda_ok, W):
 def test_overhead_per_call(daemon, cuda_ok, group):
     """Host-side cost per push+merge: raw ctypes call, Member eager, and a
     captured graph's replay (W=1, so no peer is waited for)."""
-    from dcpx._lib import lib
+    import ctypes
+
+    from dcpx._lib import call_in, lib, merge_out
     R, K, L = 16, 256, 4096
     shape = dcpx.Shape(world=1, rows=R, topk=K, local_topk=0, block_size=16,
                        max_local=L)
@@ -141,12 +143,16 @@ def test_overhead_per_call(daemon, cuda_ok, group):
         C = lib()
         mp_ = m._p()
 
+        cin = ctypes.byref(call_in(R, x.data_ptr(), L, e.data_ptr(),
+                                   req.data_ptr(), bt.data_ptr(), R,
+                                   L // 16))
+        cout = ctypes.byref(merge_out(out.rows_out.data_ptr(),
+                                      out.valid_out.data_ptr(),
+                                      out.ids_out.data_ptr(), None))
+
         def raw():
-            C.dcpx_push(mp_, R, x.data_ptr(), L, e.data_ptr(), 0, s)
-            C.dcpx_merge(mp_, R, x.data_ptr(), L, e.data_ptr(),
-                         req.data_ptr(), bt.data_ptr(), R, L // 16,
-                         out.rows_out.data_ptr(), out.valid_out.data_ptr(),
-                         out.ids_out.data_ptr(), None, 0, s)
+            C.dcpx_push(mp_, cin, s)
+            C.dcpx_merge(mp_, cin, cout, s)
 
         def eager():
             m.push(x, e)

@@ -47,8 +47,11 @@ def _compiled(rank, q, sock, group, shape, calls):
     R, L = shape.rows, shape.max_local
     req, bt = tables(rank, R, L, shape.block_size)
     req_t, bt_t = torch.from_numpy(req), torch.from_numpy(bt)
+    # The wait bound covers a peer's first torch.compile: inductor in a
+    # freshly spawned process (the GPU machine's runs) takes longer than
+    # 10 s, and the eager rank's merge then timed out waiting for it.
     with dcpx.Client(sock) as c, c.join(shape, rank=rank, group=group,
-                                        timeout_ns=10_000_000_000) as m:
+                                        timeout_ns=120_000_000_000) as m:
         def step(f32, ends):
             lg = f32.to(torch.bfloat16)
             tok = m.push(lg, ends)

@@ -4,7 +4,7 @@
  *
  * For every pair (GPU 0, GPU j), j = 1 .. #GPUs - 1, with P2P access both
  * ways: GPU j runs the responder and GPU 0 the initiator of
- * kernels/pingpong.cu (dcpx_k_pingpong), N round trips (default 10000) in
+ * tests/gpu/gpu_tools.cu (dcpx_k_pingpong), N round trips (default 10000) in
  * one launch per side, L launches (default 7) after one warm-up launch.
  * Each round trip is two LL pair stores over the link (st.volatile v2.u64
  * into the other GPU's memory), each seen by a volatile poll of local
@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "gpu_group.h" /* CK, KCK, gg_now */
+#include "gpu_tools.h"
 
 static double g_limit_s = 30.0;
 

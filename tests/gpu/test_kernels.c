@@ -27,6 +27,7 @@
 #include <math.h>
 #include <pthread.h>
 
+#include "../call.h"
 #include "gpu_group.h"
 
 /* ---- PRNG and bf16 -------------------------------------------------------- */
@@ -229,7 +230,7 @@ static void *ref_thread(void *p) {
     ends[s] = g->h_ends[s];
   }
   memset(&j->st, 0, sizeof(j->st));
-  j->ret = dcpx_ref_call(&g->sh, g->rows, lg, g->stride, ends, j->r,
+  j->ret = t_ref_call(&g->sh, g->rows, lg, g->stride, ends, j->r,
                          g->h_req[j->r], g->h_bt[j->r], g->bt_rows,
                          g->bt_cols, j->rows, j->valid, j->ids, j->sat,
                          &j->st);

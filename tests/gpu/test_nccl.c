@@ -35,7 +35,9 @@
 #pragma GCC diagnostic pop
 #include <pthread.h>
 
+#include "../call.h"
 #include "gpu_group.h" /* CK, KCK, gg_now */
+#include "gpu_tools.h"
 #include "member.h"
 
 #define NCK(call)                                                             \
@@ -423,7 +425,7 @@ static void gen_call(world_t *w, uint64_t seed, uint32_t c) {
     ep[r] = w->rk[r].h_end;
   }
   for (uint32_t r = 0; r < w->W; r++)
-    KCK(dcpx_ref_call(&w->sh, tc->rows, lp, tc->stride, ep, r, w->h_req,
+    KCK(t_ref_call(&w->sh, tc->rows, lp, tc->stride, ep, r, w->h_req,
                       w->h_bt, w->bt_rows, w->bt_cols, w->x_rows[r],
                       w->x_valid[r], w->x_ids[r], w->x_sat[r], NULL));
 }

@@ -1,4 +1,5 @@
-/* pingpong.cu - the LL one-way latency between two GPUs (tests/gpu/pingpong.c),
+/* gpu_tools.cu - test-only kernels (tests/gpu/gpu_tools.h), never in
+ * libdcpx: the LL one-way latency between two GPUs (tests/gpu/pingpong.c),
  * and a start gate for multi-GPU timings (test_nccl --bench).
  *
  * One thread per side, one launch per side for `iters` round trips. The
@@ -23,6 +24,7 @@
  *   [3] round trips done
  */
 #include "dcpx_device.cuh"
+#include "gpu_tools.h"
 
 __global__ void dcpx_pingpong_kernel(uint4 *mine, uint4 *peer, uint32_t iters,
                                      int initiator, uint32_t tag_base,

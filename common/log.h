@@ -1,0 +1,58 @@
+/* log.h - libdcpx's log (internal): lines on stderr under DCPX_DEBUG, as
+ * NCCL's under NCCL_DEBUG.
+ *
+ * DCPX_DEBUG is read once, at the first check (dcpx__log_on): unset, empty
+ * or unknown means no log at all; WARN logs every error libdcpx returns
+ * where it has something to add (the call that failed, the CUDA or NCCL
+ * error string, the daemon's reason); INFO adds the membership's life
+ * (join, leave, recover, reattach); TRACE adds every push and merge.
+ * A line: "dcpx <pid> WARN cuda.c:123 cudaHostRegister: <error string>".
+ *
+ * Cost when off: one load and compare per check; no syscall, no
+ * allocation, so the call path may check freely. */
+#ifndef DCPX_COMMON_LOG_H
+#define DCPX_COMMON_LOG_H
+
+#include <stdint.h>
+
+#define DCPX__LOG_NONE 0
+#define DCPX__LOG_WARN 1
+#define DCPX__LOG_INFO 2
+#define DCPX__LOG_TRACE 3
+
+__attribute__((visibility("hidden"))) extern int dcpx__log_level_v;
+/* Reads DCPX_DEBUG (once) and returns the level. */
+__attribute__((visibility("hidden"))) int dcpx__log_level_init(void);
+__attribute__((visibility("hidden"), format(printf, 4, 5))) void
+dcpx__log(int level, const char *file, int line, const char *fmt, ...);
+
+static inline int dcpx__log_on(int level) {
+  int v = __atomic_load_n(&dcpx__log_level_v, __ATOMIC_RELAXED);
+  if (__builtin_expect(v < 0, 0))
+    v = dcpx__log_level_init();
+  return __builtin_expect(level <= v, 0);
+}
+
+#define DCPX__LOG(level, ...)                                                 \
+  do {                                                                        \
+    if (dcpx__log_on(level))                                                  \
+      dcpx__log((level), __FILE__, __LINE__, __VA_ARGS__);                    \
+  } while (0)
+#define DCPX_WARN(...) DCPX__LOG(DCPX__LOG_WARN, __VA_ARGS__)
+#define DCPX_INFO(...) DCPX__LOG(DCPX__LOG_INFO, __VA_ARGS__)
+#define DCPX_TRACE(...) DCPX__LOG(DCPX__LOG_TRACE, __VA_ARGS__)
+
+/* A versioned struct's size and reserved word (include/dcpx.h, "a call's
+ * arguments"): 0 if `size` is `want` and `reserved` 0, else DCPX_E_INVAL
+ * with a WARN line naming the function, the struct and what was wrong.
+ * NULL p: DCPX_E_INVAL. */
+__attribute__((visibility("hidden"))) int
+dcpx__struct_check_at(const char *file, int line, const char *fn,
+                      const char *type, const void *p, uint32_t want,
+                      uint32_t reserved);
+/* The WARN line names the caller's file and line. */
+#define dcpx__struct_check(fn, type, p, want, reserved)                       \
+  dcpx__struct_check_at(__FILE__, __LINE__, (fn), (type), (p), (want),        \
+                        (reserved))
+
+#endif /* DCPX_COMMON_LOG_H */
