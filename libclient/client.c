@@ -77,51 +77,17 @@ static void keep_error(char *err, size_t errlen, const Dcpx__Reply *rep) {
     snprintf(err, errlen, "%s", rep->error);
 }
 
-/* Connects and says hello. With err, a refused Hello leaves the daemon's
- * reason there. */
+/* Connects and says hello (proto/frame.c's dcpx__ops_connect, as dcpxctl
+ * does). err gets one line of why, with the daemon's reason when it
+ * refused. */
 static int open_conn(const char *path, int *ret_sock, char *err,
                      size_t errlen) {
-  struct sockaddr_un sa;
-  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
-  Dcpx__Hello hello = DCPX__HELLO__INIT;
-  int s, r;
-
-  memset(&sa, 0, sizeof(sa));
-  sa.sun_family = AF_UNIX;
-  strncpy(sa.sun_path, path, sizeof(sa.sun_path) - 1);
-  s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  const int s = dcpx__ops_connect(path, "libdcpx " DCPX_VERSION_STRING,
+                                  HELLO_TIMEOUT_MS, err, errlen);
   if (s < 0)
-    return -errno;
-  if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-    r = errno == ECONNREFUSED || errno == ENOENT ? DCPX_E_CONNREFUSED : -errno;
-    goto fail;
-  }
-  hello.version = DCPX_PROTO_VERSION;
-  hello.agent = (char *)"libdcpx " DCPX_VERSION_STRING;
-  f.msg_case = DCPX__FRAME__MSG_HELLO;
-  f.hello = &hello;
-  /* A daemon that refuses the connection answers and closes at once: its
-   * answer, not the send's EPIPE, is the reason. */
-  r = dcpx__frame_send_or_reply(s, &f, err, errlen);
-  if (r < 0)
-    goto fail;
-  r = recv_within(s, HELLO_TIMEOUT_MS, &rep, NULL, 0, NULL);
-  if (r < 0)
-    goto fail;
-  if (rep->msg_case != DCPX__FRAME__MSG_REPLY || !rep->reply)
-    r = DCPX_E_PROTO;
-  else if (rep->reply->status < 0) {
-    r = rep->reply->status;
-    keep_error(err, errlen, rep->reply);
-  }
-  dcpx__frame_free(rep);
-  if (r < 0)
-    goto fail;
+    return s;
   *ret_sock = s;
   return 0;
-fail:
-  close(s);
-  return r;
 }
 
 int dcpx_connect(const char *path, dcpx_client **ret_client) {
@@ -140,8 +106,7 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
   r = open_conn(path, &s, why, sizeof(why)); /* fails early if no daemon
                                                 speaks our version */
   if (r < 0) {
-    DCPX_WARN("dcpx_connect %s: %s%s%s", path, dcpx_strerror(r),
-              why[0] ? ": dcpxd says: " : "", why);
+    DCPX_WARN("dcpx_connect %s: %s (%s)", path, why, dcpx_strerror(r));
     return r;
   }
   close(s);

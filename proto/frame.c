@@ -379,8 +379,10 @@ int dcpx__ops_connect(const char *path, const char *agent, int timeout_ms,
     return r;
   }
   if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-    r = -errno;
-    snprintf(err, errlen, "cannot reach dcpxd at %s: %s", path, strerror(-r));
+    const int e = errno;
+    snprintf(err, errlen, "cannot reach dcpxd at %s: %s", path, strerror(e));
+    /* no socket file, or nobody listening on it: no daemon */
+    r = e == ECONNREFUSED || e == ENOENT ? DCPX_E_CONNREFUSED : -e;
     goto fail;
   }
   h.version = DCPX_PROTO_VERSION;
