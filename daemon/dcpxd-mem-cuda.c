@@ -34,44 +34,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda_drv.h"
 #include "dcpx.h"
 #include "dcpxd-log.h"
 #include "dcpxd-mem.h"
 
-typedef struct drv {
-  CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t,
-                         const CUmemAllocationProp *, unsigned long long);
-  CUresult (*mem_release)(CUmemGenericAllocationHandle);
-  CUresult (*export_fd)(void *, CUmemGenericAllocationHandle,
-                        CUmemAllocationHandleType, unsigned long long);
-  CUresult (*import_fd)(CUmemGenericAllocationHandle *, void *,
-                        CUmemAllocationHandleType);
-  CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
-                          CUmemAllocationGranularity_flags);
-  CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
-  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
-                      unsigned long long);
-  CUresult (*addr_free)(CUdeviceptr, size_t);
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                  unsigned long long);
-  CUresult (*unmap)(CUdeviceptr, size_t);
-  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *,
-                         size_t);
-  CUresult (*attr)(int *, CUdevice_attribute, CUdevice);
-} drv;
-
-static drv D;
+static dcpx_cuda_drv D; /* common/cuda_drv.h */
 static int D_status = 1; /* 1: not loaded, 0: loaded, < 0: unavailable */
 static pthread_once_t D_once = PTHREAD_ONCE_INIT;
-
-static int load1(const char *sym, void **fn) {
-  enum cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion(sym, fn, 12000, cudaEnableDefault,
-                                       &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess || !*fn)
-    return DCPX_E_CUDA;
-  return 0;
-}
 
 static void drv_load_once(void) {
   int n = 0;
@@ -79,20 +49,7 @@ static void drv_load_once(void) {
     D_status = DCPX_E_CUDA;
     return;
   }
-  int r = 0;
-  r |= load1("cuMemCreate", (void **)&D.mem_create);
-  r |= load1("cuMemRelease", (void **)&D.mem_release);
-  r |= load1("cuMemExportToShareableHandle", (void **)&D.export_fd);
-  r |= load1("cuMemImportFromShareableHandle", (void **)&D.import_fd);
-  r |= load1("cuMemGetAllocationGranularity", (void **)&D.granularity);
-  r |= load1("cuMemGetAllocationPropertiesFromHandle", (void **)&D.props);
-  r |= load1("cuMemAddressReserve", (void **)&D.reserve);
-  r |= load1("cuMemAddressFree", (void **)&D.addr_free);
-  r |= load1("cuMemMap", (void **)&D.map);
-  r |= load1("cuMemUnmap", (void **)&D.unmap);
-  r |= load1("cuMemSetAccess", (void **)&D.set_access);
-  r |= load1("cuDeviceGetAttribute", (void **)&D.attr);
-  D_status = r ? DCPX_E_CUDA : 0;
+  D_status = dcpx__cuda_drv_load(&D, NULL);
 }
 
 static int drv_get(void) {
@@ -137,7 +94,7 @@ static CUmemAllocationHandleType handle_types(int device) {
       if (D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
               CUDA_SUCCESS &&
           D.mem_create(&h, g, &p, 0) == CUDA_SUCCESS) {
-        D.mem_release(h);
+        D.release(h);
         fabric_ok[device] = 1;
       }
     }
@@ -175,7 +132,7 @@ static int cuda_alloc(int device, uint64_t bytes, const char *label,
     return DCPX_E_NOMEM;
   if (D.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
       CUDA_SUCCESS) {
-    D.mem_release(h);
+    D.release(h);
     return DCPX_E_CUDA;
   }
   pv = calloc(1, sizeof(*pv));
@@ -184,7 +141,7 @@ static int cuda_alloc(int device, uint64_t bytes, const char *label,
     free(pv);
     free(b);
     close(fd);
-    D.mem_release(h);
+    D.release(h);
     return -ENOMEM;
   }
   pv->h = h;
@@ -234,7 +191,7 @@ static int cuda_zero(dcpxd_buf *b) {
 static void cuda_free(dcpxd_buf *b) {
   cuda_priv *pv = b->priv;
   if (pv) {
-    D.mem_release(pv->h);
+    D.release(pv->h);
     free(pv);
   }
   if (b->fd >= 0)
@@ -264,7 +221,7 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
       (device >= 0 && p.location.id != device) ||
       D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
           CUDA_SUCCESS) {
-    D.mem_release(h);
+    D.release(h);
     close(fd);
     return DCPX_E_SHAPE;
   }
@@ -273,7 +230,7 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
   if (!pv || !b) {
     free(pv);
     free(b);
-    D.mem_release(h);
+    D.release(h);
     close(fd);
     return -ENOMEM;
   }

@@ -44,6 +44,7 @@
 #include <unistd.h>
 #include <time.h>
 
+#include "cuda_drv.h"
 #include "cuda_log.h"
 #include "dcpx_kernels.h"
 #include "member.h"
@@ -66,37 +67,9 @@ struct dcpx__cuda {
   struct dcpx__nccl *nccl; /* transport nccl */
 };
 
-static struct {
-  CUresult (*import_fd)(CUmemGenericAllocationHandle *, void *,
-                        CUmemAllocationHandleType);
-  CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
-  CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
-                          CUmemAllocationGranularity_flags);
-  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
-                      unsigned long long);
-  CUresult (*addr_free)(CUdeviceptr, size_t);
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                  unsigned long long);
-  CUresult (*unmap)(CUdeviceptr, size_t);
-  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *,
-                         size_t);
-  CUresult (*release)(CUmemGenericAllocationHandle);
-  CUresult (*error_string)(CUresult, const char **); /* optional */
-} D;
+static dcpx_cuda_drv D; /* common/cuda_drv.h */
 static int D_status = 1;
 static pthread_once_t D_once = PTHREAD_ONCE_INIT;
-
-static int load1(const char *sym, void **fn) {
-  enum cudaDriverEntryPointQueryResult q;
-  cudaError_t e = cudaGetDriverEntryPointByVersion(sym, fn, 12000,
-                                                   cudaEnableDefault, &q);
-  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !*fn) {
-    DCPX_WARN("cudaGetDriverEntryPointByVersion(%s) failed: %s (query "
-              "result %d)", sym, cudaGetErrorString(e), (int)q);
-    return 1;
-  }
-  return 0;
-}
 
 /* A driver call that failed: logged (WARN) with the driver's error
  * string, like CUDA_OK (cuda_log.h). */
@@ -115,19 +88,11 @@ static int drv_ok(CUresult e, const char *what, int line) {
 #define DRV_OK(call) drv_ok((call), #call, __LINE__)
 
 static void load_once(void) {
-  int bad = 0;
-  bad |= load1("cuMemImportFromShareableHandle", (void **)&D.import_fd);
-  bad |= load1("cuMemGetAllocationPropertiesFromHandle", (void **)&D.props);
-  bad |= load1("cuMemGetAllocationGranularity", (void **)&D.granularity);
-  bad |= load1("cuMemAddressReserve", (void **)&D.reserve);
-  bad |= load1("cuMemAddressFree", (void **)&D.addr_free);
-  bad |= load1("cuMemMap", (void **)&D.map);
-  bad |= load1("cuMemUnmap", (void **)&D.unmap);
-  bad |= load1("cuMemSetAccess", (void **)&D.set_access);
-  bad |= load1("cuMemRelease", (void **)&D.release);
-  if (load1("cuGetErrorString", (void **)&D.error_string))
-    D.error_string = NULL; /* only the log's text */
-  D_status = bad ? DCPX_E_CUDA : 0;
+  const char *missing = "?";
+  D_status = dcpx__cuda_drv_load(&D, &missing);
+  if (D_status < 0)
+    DCPX_WARN("cudaGetDriverEntryPointByVersion(%s) failed: no usable CUDA "
+              "driver", missing);
 }
 
 void dcpx__cuda_fini(struct dcpx_member *m) {
