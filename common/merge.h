@@ -17,11 +17,16 @@
 #ifndef DCPX_COMMON_MERGE_H
 #define DCPX_COMMON_MERGE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dcpx.h"
 
 #define DCPX__HIDDEN __attribute__((visibility("hidden")))
+
+/* dcpx_shape_check with one line of why in why[0..n) (the field and its
+ * limit) when it refuses; why may be NULL. The rules live here only. */
+DCPX__HIDDEN int dcpx__shape_why(const dcpx_shape *s, char *why, size_t n);
 
 /* Global id of local index l on rank r (dcpx_gid, arguments checked by
  * the caller: world, interleave >= 1, r < world). */

@@ -3,6 +3,7 @@
  * on integers. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "dcpx.h"
@@ -54,24 +55,60 @@ size_t dcpx_struct_size(uint32_t kind) {
   }
 }
 
-int dcpx_shape_check(const dcpx_shape *s) {
-  if (!s || s->size < sizeof(dcpx_shape))
+/* The shape rules, the one place they are written (dcpx_shape_check,
+ * dcpxd's refusal text, the kernels' context checks). */
+#define WHY(...) (why && n ? (void)snprintf(why, n, __VA_ARGS__) : (void)0)
+
+int dcpx__shape_why(const dcpx_shape *s, char *why, size_t n) {
+  if (!s || s->size < sizeof(dcpx_shape)) {
+    WHY("the shape struct is missing or too small (size %u, want >= %zu)",
+        s ? s->size : 0u, sizeof(dcpx_shape));
     return DCPX_E_INVAL;
+  }
   if (!s->world || !s->rows || !s->topk || !s->local_topk || !s->block_size ||
-      !s->interleave || !s->max_local)
+      !s->interleave || !s->max_local) {
+    WHY("every shape field must be >= 1 (world %u rows %u topk %u "
+        "local_topk %u block_size %u interleave %u max_local %u)",
+        s->world, s->rows, s->topk, s->local_topk, s->block_size,
+        s->interleave, s->max_local);
     return DCPX_E_INVAL;
-  if (s->world > DCPX_MAX_WORLD || s->rows > DCPX_MAX_ROWS ||
-      s->topk > DCPX_MAX_TOPK || s->max_local > DCPX_MAX_LOCAL)
+  }
+  if (s->world > DCPX_MAX_WORLD) {
+    WHY("world %u exceeds the limit of %u", s->world, DCPX_MAX_WORLD);
     return DCPX_E_LIMIT;
-  if (s->local_topk >= s->topk)
+  }
+  if (s->rows > DCPX_MAX_ROWS) {
+    WHY("rows %u exceeds the limit of %u", s->rows, DCPX_MAX_ROWS);
+    return DCPX_E_LIMIT;
+  }
+  if (s->topk > DCPX_MAX_TOPK) {
+    WHY("topk %u exceeds the limit of %u", s->topk, DCPX_MAX_TOPK);
+    return DCPX_E_LIMIT;
+  }
+  if (s->max_local > DCPX_MAX_LOCAL) {
+    WHY("max_local %u exceeds the limit of %u", s->max_local,
+        (unsigned)DCPX_MAX_LOCAL);
+    return DCPX_E_LIMIT;
+  }
+  if (s->local_topk >= s->topk) {
+    WHY("local_topk %u must be less than topk %u", s->local_topk, s->topk);
     return DCPX_E_INVAL;
+  }
   /* gid = (l / I) * I * W + r * I + l % I must fit in int32. */
   if ((uint64_t)(s->max_local / s->interleave + 1) * s->interleave *
           s->world >
-      INT32_MAX)
+      INT32_MAX) {
+    WHY("max_local %u x interleave %u x world %u overflows the 32-bit "
+        "token ids",
+        s->max_local, s->interleave, s->world);
     return DCPX_E_LIMIT;
+  }
   return 0;
 }
+
+#undef WHY
+
+int dcpx_shape_check(const dcpx_shape *s) { return dcpx__shape_why(s, NULL, 0); }
 
 /* The rule for local_topk = 0 (bench/RESULTS.md, "Choosing N"): with DCP's
  * token interleave a rank's share of a row's top K is about Binomial(K,

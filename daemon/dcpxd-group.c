@@ -77,6 +77,7 @@
 #include "dcpxd-log.h"
 #include "dcpxd-util.h"
 #include "dcpxd.h"
+#include "merge.h"
 #include "transport.h"
 
 
@@ -430,38 +431,10 @@ fail:
 
 /* ---- Join ---------------------------------------------------------------- */
 
-/* The message for a shape dcpx_shape_check refused, naming the field. */
+/* The message for a shape dcpx_shape_check refused, naming the field
+ * (common/wire.c holds the rules). */
 static int shape_explain(const dcpx_shape *s, char *buf, size_t n) {
-  int r = dcpx_shape_check(s);
-  if (r == 0)
-    return 0;
-  if (!s->world || !s->rows || !s->topk || !s->local_topk || !s->block_size ||
-      !s->interleave || !s->max_local)
-    snprintf(buf, n,
-             "every shape field must be >= 1 (world %u rows %u topk "
-             "%u local_topk %u block_size %u interleave %u "
-             "max_local %u)",
-             s->world, s->rows, s->topk, s->local_topk, s->block_size,
-             s->interleave, s->max_local);
-  else if (s->world > DCPX_MAX_WORLD)
-    snprintf(buf, n, "world %u exceeds the limit of %u", s->world,
-             DCPX_MAX_WORLD);
-  else if (s->rows > DCPX_MAX_ROWS)
-    snprintf(buf, n, "rows %u exceeds the limit of %u", s->rows, DCPX_MAX_ROWS);
-  else if (s->topk > DCPX_MAX_TOPK)
-    snprintf(buf, n, "topk %u exceeds the limit of %u", s->topk, DCPX_MAX_TOPK);
-  else if (s->max_local > DCPX_MAX_LOCAL)
-    snprintf(buf, n, "max_local %u exceeds the limit of %u", s->max_local,
-             DCPX_MAX_LOCAL);
-  else if (s->local_topk >= s->topk)
-    snprintf(buf, n, "local_topk %u must be less than topk %u", s->local_topk,
-             s->topk);
-  else
-    snprintf(buf, n,
-             "max_local %u x interleave %u x world %u overflows the "
-             "32-bit token ids",
-             s->max_local, s->interleave, s->world);
-  return r;
+  return dcpx__shape_why(s, buf, n);
 }
 
 /* Compares a Join with the group; 0 if identical, else DCPX_E_SHAPE with

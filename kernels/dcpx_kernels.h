@@ -108,16 +108,31 @@ typedef struct dcpx_kctx {
                       selects it from the row again (slower) */
 } dcpx_kctx;
 
+/* The shape rules (dcpx_shape_check, common/wire.c) over a context's
+ * fields, and its rank. */
+static inline int dcpx_k_shape_ok(uint32_t world, uint32_t rank,
+                                  uint32_t rows, uint32_t topk,
+                                  uint32_t local_topk, uint32_t block_size,
+                                  uint32_t interleave, uint32_t max_local) {
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  sh.world = world;
+  sh.rows = rows;
+  sh.topk = topk;
+  sh.local_topk = local_topk;
+  sh.block_size = block_size;
+  sh.interleave = interleave;
+  sh.max_local = max_local;
+  return dcpx_shape_check(&sh) == 0 && rank < world;
+}
+
 /* 0 if the context is complete and its layout matches its shape. */
 static inline int dcpx_k_ctx_check(const dcpx_kctx *c) {
   dcpx_layout L;
   if (!c || !c->peers || !c->ws || !c->ctl || !c->health || !c->records)
     return DCPX_E_INVAL;
-  if (c->world < 1 || c->world > DCPX_MAX_WORLD || c->rank >= c->world ||
-      c->rows_max < 1 || c->rows_max > DCPX_MAX_ROWS || c->local_topk < 1 ||
-      c->local_topk >= c->topk || c->topk > DCPX_MAX_TOPK ||
-      c->block_size < 1 || c->interleave < 1 || c->max_local < 1 ||
-      c->max_local > DCPX_MAX_LOCAL)
+  if (!dcpx_k_shape_ok(c->world, c->rank, c->rows_max, c->topk,
+                       c->local_topk, c->block_size, c->interleave,
+                       c->max_local))
     return DCPX_E_INVAL;
   dcpx_layout_compute(&L, c->world, c->rows_max, c->topk, c->local_topk);
   if (L.world != c->L.world || L.rows != c->L.rows || L.topk != c->L.topk ||
@@ -240,11 +255,9 @@ static inline int dcpx_kn_ctx_check(const dcpx_nkctx *c) {
   dcpx_nccl_layout NL;
   if (!c || !c->ws || !c->buf)
     return DCPX_E_INVAL;
-  if (c->world < 1 || c->world > DCPX_MAX_WORLD || c->rank >= c->world ||
-      c->rows_max < 1 || c->rows_max > DCPX_MAX_ROWS || c->local_topk < 1 ||
-      c->local_topk >= c->topk || c->topk > DCPX_MAX_TOPK ||
-      c->block_size < 1 || c->interleave < 1 || c->max_local < 1 ||
-      c->max_local > DCPX_MAX_LOCAL)
+  if (!dcpx_k_shape_ok(c->world, c->rank, c->rows_max, c->topk,
+                       c->local_topk, c->block_size, c->interleave,
+                       c->max_local))
     return DCPX_E_INVAL;
   dcpx_layout_compute(&L, c->world, c->rows_max, c->topk, c->local_topk);
   dcpx_nccl_layout_compute(&NL, &L);

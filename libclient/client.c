@@ -264,9 +264,12 @@ static const dcpx_shape *shape_resolved(const dcpx_shape *in,
 
 /* dcpx_join, step 1: the arguments, as far as libdcpx can judge them. */
 static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o) {
-  int r = dcpx_shape_check(shape);
-  if (r < 0)
+  char why[200] = "";
+  int r = dcpx__shape_why(shape, why, sizeof(why));
+  if (r < 0) {
+    DCPX_WARN("dcpx_join: %s (%s)", why, dcpx_strerror(r));
     return r;
+  }
   if (!dcpx__group_name_ok(o->group) || o->timeout_ns < 1000000ull)
     return DCPX_E_INVAL;
   if (o->rank >= shape->world)
