@@ -415,6 +415,23 @@ DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
     atomicAdd(stats + 2u * t + 1, 1ull);
 }
 
+/* The waits' view of row t (its record slot, the rank's words). */
+DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t, uint64_t call,
+                            uint32_t armed, dcpx_blkwait *bw) {
+  dcpx_wctx wc;
+  wc.ctl = c->ctl;
+  wc.health = c->health + c->rank;
+  wc.rec = c->records + (uint64_t)c->rank * c->rows_max + t;
+  wc.call_tag = call;
+  wc.rank = c->rank;
+  wc.t = t;
+  wc.st = (dcpx_rank_state *)(c->ws + c->L.off_call);
+  wc.storm = c->poll_storm;
+  wc.armed = armed;
+  wc.bw = bw;
+  return wc;
+}
+
 static __global__ void __launch_bounds__(MT)
     dcpx_merge_kernel(const __grid_constant__ dcpx_kctx c, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
@@ -435,7 +452,7 @@ static __global__ void __launch_bounds__(MT)
 
   const uint32_t tid = threadIdx.x;
   const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
-  const uint32_t R = c.rows_max, P = c.L.pairs;
+  const uint32_t P = c.L.pairs;
   if (c.prof && tid == 0 && blockIdx.x < rows) /* kernel entry */
     c.prof[(uint64_t)blockIdx.x * DCPX_K_PROF_POINTS + 14] = clock64();
   char *ws = c.ws;
@@ -488,17 +505,7 @@ static __global__ void __launch_bounds__(MT)
       for (uint32_t x = tid * 32u; x < bt_cols; x += MT * 32u)
         asm volatile("prefetch.global.L1 [%0];" ::"l"(
             block_table + (uint64_t)req * bt_cols + x));
-    dcpx_wctx wc;
-    wc.ctl = c.ctl;
-    wc.health = c.health + me;
-    wc.rec = c.records + (uint64_t)me * R + t;
-    wc.call_tag = call;
-    wc.rank = me;
-    wc.t = t;
-    wc.st = (dcpx_rank_state *)(ws + c.L.off_call);
-    wc.storm = c.poll_storm;
-    wc.armed = armed;
-    wc.bw = &bw;
+    const dcpx_wctx wc = merge_wctx(&c, t, call, armed, &bw);
     uint32_t sw = 0, mask = 0, kmn = 0xFFFFu, kmx = 0, total = 0, T1 = 0;
     int ok = 0;
 
