@@ -28,6 +28,10 @@
 #   faults2  two GPUs, through dcpxd: a stall and a kill -9
 #   mps      W=8 rank processes on one GPU under MPS, through dcpxd: the
 #            main job, a stall, a kill -9
+#   sandbox  dcpxd with what of its unit's sandbox a systemd-free run can
+#            reproduce (not root: uid/gid 65534 and no supplementary
+#            groups, no capabilities, no new privileges, its own network
+#            namespace), then the main job on two GPUs (or W=1) through it
 #   python   python/gpu-run.sh (needs build-pygpu/)
 #   pytest   its pytest suite only (needs build-pygpu/)
 #   prof     Nsight Compute: one plain and one rescued merge of
@@ -126,6 +130,26 @@ step_mps() {
   demo kill --world 8 --rows 8 --calls 30 --kill-at 12 --fault-rank 2
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+step_sandbox() {
+  local d pid w=1 spread=
+  [ "$ngpu" -ge 2 ] && { w=2; spread=--spread; }
+  d=$(mktemp -d /tmp/dcpx-sb.XXXXXX)
+  mkdir -p "$d/run" "$d/state" && chown -R 65534:65534 "$d" && chmod 755 "$d"
+  unshare --net setpriv --reuid=65534 --regid=65534 --clear-groups \
+    --no-new-privs --bounding-set=-all --inh-caps=-all \
+    "$B/daemon/dcpxd" --config= --socket "$d/run/dcpxd.sock" \
+    --state-dir "$d/state" > "$OUT/sandbox-dcpxd.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [ -S "$d/run/dcpxd.sock" ] && break; sleep 0.1; done
+  say "sandbox: dcpxd pid $pid as $(ps -o user= -p $pid 2>/dev/null), \
+caps $(grep CapEff /proc/$pid/status 2>/dev/null | awk '{print $2}'), \
+netns $(readlink /proc/$pid/ns/net 2>/dev/null) (ours $(readlink /proc/self/ns/net))"
+  demo sandbox --socket "$d/run/dcpxd.sock" $spread --world $w --rows 64 --calls 30
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  tail -5 "$OUT/sandbox-dcpxd.log" >> "$OUT/summary.txt"
+  rm -rf "$d"
 }
 
 step_python() {
