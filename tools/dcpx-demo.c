@@ -15,8 +15,12 @@
  * the rescue round runs). Each call starts at a barrier, is timed from push
  * to merge return, and then each rank checks its outputs (rows_out,
  * valid_out, ids_out, sat_word) bit for bit against dcpx_ref_call. It prints
- * latency percentiles, the rescue rate, and `exact: n/C calls`; the exit
- * status is 0 only if every call was exact.
+ * latency percentiles, the rescue rate, and `exact: n/C calls`. At the
+ * end each rank reads its call counters (dcpx_health: calls, rows,
+ * rescue_rows, failed_calls) and compares them with its own tally of its
+ * calls (tally_call); the parent prints `counters: ok ...` or a
+ * `counters:` line per rank that disagrees. The exit status is 0 only if
+ * every call was exact and every rank's counters agreed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -61,6 +65,18 @@ typedef struct opts {
   char self_dir[512]; /* where this program lives (dcpxd, dcpxctl) */
 } opts;
 
+/* Call counters, as in dcpx_health_info. */
+typedef struct tally {
+  uint64_t calls, rows, rescue_rows, failed_calls;
+} tally;
+
+/* A rank's check of its health block's counters against its own calls. */
+typedef struct ctr_check {
+  int checked; /* 1 once the rank compared them */
+  tally want;  /* what the rank's own calls say the page must show */
+  tally seen;  /* what dcpx_health showed */
+} ctr_check;
+
 /* Shared between the parent and the ranks (MAP_SHARED before fork). */
 typedef struct shared {
   pthread_barrier_t barrier;
@@ -71,6 +87,7 @@ typedef struct shared {
   uint8_t *bad;                        /* [calls]: some rank mismatched */
   uint8_t *faulted;                    /* [calls]: failed as injected */
   double recover_ms[DCPX_MAX_WORLD];   /* dcpx_recover time, last fault */
+  ctr_check ctr[DCPX_MAX_WORLD];       /* written by the rank's last process */
   double lat_us[];                     /* [world][calls] */
 } shared;
 
@@ -199,6 +216,9 @@ typedef struct rank_ctx {
   const uint16_t *lg[DCPX_MAX_WORLD];
   const int32_t *en[DCPX_MAX_WORLD];
   gpu_bufs g;
+  int merged;        /* this call reached dcpx_merge (CUDA: it launched) */
+  tally mine;        /* what this process's calls did (tally_call) */
+  tally before_last; /* CUDA: mine before the last launched merge */
 } rank_ctx;
 
 static int rank_alloc(rank_ctx *x) {
@@ -380,8 +400,10 @@ static int call_host(rank_ctx *x, uint32_t c) {
   int r = dcpx_push(x->m, &in, NULL);
   if (killed_here(x, c))
     raise(SIGKILL); /* mid-call: pushed, not merged */
-  if (r == 0)
+  if (r == 0) {
+    x->merged = 1;
     r = dcpx_merge(x->m, &in, &out, NULL);
+  }
   return r;
 }
 
@@ -409,8 +431,10 @@ static int call_cuda(rank_ctx *x, uint32_t c) {
     cudaStreamSynchronize(g->st);
     raise(SIGKILL); /* mid-call: pushed, not merged */
   }
-  if (r == 0)
+  if (r == 0) {
     r = dcpx_merge(x->m, &in, &out, g->st);
+    x->merged = r == 0 && in.rows > 0; /* 0 rows: nothing is launched */
+  }
   if (r == 0 && cudaStreamSynchronize(g->st) != cudaSuccess)
     r = DCPX_E_CUDA;
   return r;
@@ -430,6 +454,7 @@ static int call_run(rank_ctx *x, uint32_t c, int skip) {
   if (!skip)
     pthread_barrier_wait(&x->sh->barrier);
   double t0 = now_us();
+  x->merged = 0;
   if ((int)c == o->fault_at && x->rank == o->fault_rank)
     late(x->jo.timeout_ns / 3);
   int r = skip ? DCPX_E_FAILED : o->cuda ? call_cuda(x, c) : call_host(x, c);
@@ -453,6 +478,74 @@ static int fetch_outputs(rank_ctx *x) {
 #else
   (void)x;
 #endif
+  return 0;
+}
+
+/* Counts this rank's call as the library counts it (docs/PROTOCOL.md,
+ * the health block). A call that never reached dcpx_merge (a failed
+ * push, the dead rank's call a replacement skips) counts nowhere. A merge
+ * that returned 0 with no row marked failed adds 1 to calls, its rows to
+ * rows and its rescued rows (sat_word's mask non-zero) to rescue_rows. A
+ * failed merge (an error; with CUDA, a row marked -1) adds 1 to
+ * failed_calls; the host backend counts none of its rows, the CUDA
+ * kernels count the rows that finished (each row adds itself; none waits
+ * to learn whether another row of its call fails). The kernels publish
+ * the totals before each merge, so before_last keeps what the page shows
+ * after the last one. Call it after fetch_outputs. (Exact for the LL
+ * transport; the NCCL round kernels count a row at round 1, so a row that
+ * then failed in its rescue would count there and not here.) */
+static void tally_call(rank_ctx *x, int r) {
+  const uint32_t R = x->o->rows;
+  uint64_t rows = 0, rescued = 0;
+  int failed = 0;
+  if (!x->merged)
+    return;
+  if (x->o->cuda)
+    x->before_last = x->mine;
+  if (r < 0) { /* host: the merge failed; CUDA: the stream did */
+    x->mine.failed_calls++;
+    return;
+  }
+  for (uint32_t t = 0; t < R; t++) {
+    if (x->valid[t] < 0) {
+      failed = 1;
+      continue;
+    }
+    rows++;
+    rescued += (x->sat[t] >> 16) != 0;
+  }
+  if (failed)
+    x->mine.failed_calls++;
+  else
+    x->mine.calls++;
+  if (!failed || x->o->cuda) {
+    x->mine.rows += rows;
+    x->mine.rescue_rows += rescued;
+  }
+}
+
+/* After the last call: this rank's counters in dcpx_health against its
+ * tally, into sh->ctr[rank] (the parent reports them). The host backend
+ * counts every call at its end; the CUDA kernels publish, from block 0
+ * of each merge, the totals before it, so the page lacks the last merge
+ * (the stream is synchronized: that merge is done, and so is its
+ * publication). */
+static int check_counters(rank_ctx *x) {
+  dcpx_health_info h = DCPX_HEALTH_INFO_INIT;
+#ifdef HAVE_CUDA
+  if (x->o->cuda && cudaStreamSynchronize(x->g.st) != cudaSuccess)
+    return DCPX_E_CUDA;
+#endif
+  int r = dcpx_health(x->m, &h);
+  if (r < 0)
+    return r;
+  ctr_check *k = &x->sh->ctr[x->rank];
+  k->want = x->o->cuda ? x->before_last : x->mine;
+  k->seen.calls = h.calls;
+  k->seen.rows = h.rows;
+  k->seen.rescue_rows = h.rescue_rows;
+  k->seen.failed_calls = h.failed_calls;
+  k->checked = 1;
   return 0;
 }
 
@@ -537,6 +630,7 @@ static int rank_call(rank_ctx *x, uint32_t c) {
     return r;
   if (o->cuda && r == 0 && !skip && (r = fetch_outputs(x)) < 0)
     return r;
+  tally_call(x, r);
   if (injected_call(o) >= 0) {
     int recovered = 0;
     r = settle_fault(x, c, r, &recovered);
@@ -604,6 +698,8 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
     r = rank_join(&x);
   for (uint32_t c = first_call; c < o->calls && r == 0; c++)
     r = rank_call(&x, c);
+  if (r == 0)
+    r = check_counters(&x);
   sh->status[rank] = r;
   if (r < 0)
     fprintf(stderr, "dcpx-demo: rank %u: %s (%d)\n", rank, dcpx_strerror(r),
@@ -889,6 +985,55 @@ static int report_calls(const opts *o, const shared *sh, int failed) {
              : 1;
 }
 
+static int tally_eq(const tally *a, const tally *b) {
+  return a->calls == b->calls && a->rows == b->rows &&
+         a->rescue_rows == b->rescue_rows && a->failed_calls == b->failed_calls;
+}
+
+/* The counters line(s): one `counters: ok` line, or a `counters:` line
+ * for each rank whose health block disagrees with its calls. Returns 0 if
+ * every rank checked and agreed (or ranks failed: reported already). */
+static int report_counters(const opts *o, const shared *sh, int failed) {
+  uint32_t bad = 0;
+  tally sum = {0, 0, 0, 0};
+  if (failed)
+    return 1;
+  for (uint32_t r = 0; r < o->world; r++) {
+    const ctr_check *k = &sh->ctr[r];
+    if (!k->checked) {
+      printf("counters: rank %u did not check its counters\n", r);
+      bad++;
+    } else if (!tally_eq(&k->want, &k->seen)) {
+      printf("counters: MISMATCH rank %u: dcpx_health says calls %llu rows "
+             "%llu rescue_rows %llu failed_calls %llu; its calls say %llu "
+             "%llu %llu %llu\n",
+             r, (unsigned long long)k->seen.calls,
+             (unsigned long long)k->seen.rows,
+             (unsigned long long)k->seen.rescue_rows,
+             (unsigned long long)k->seen.failed_calls,
+             (unsigned long long)k->want.calls,
+             (unsigned long long)k->want.rows,
+             (unsigned long long)k->want.rescue_rows,
+             (unsigned long long)k->want.failed_calls);
+      bad++;
+    }
+    sum.calls += k->seen.calls;
+    sum.rows += k->seen.rows;
+    sum.rescue_rows += k->seen.rescue_rows;
+    sum.failed_calls += k->seen.failed_calls;
+  }
+  if (bad)
+    return 1;
+  printf("counters: ok: %u ranks' dcpx_health match their calls (%s; all "
+         "ranks: calls %llu rows %llu rescue_rows %llu failed_calls %llu)\n",
+         o->world,
+         o->cuda ? "cuda: all but each rank's last merge" : "host: every call",
+         (unsigned long long)sum.calls, (unsigned long long)sum.rows,
+         (unsigned long long)sum.rescue_rows,
+         (unsigned long long)sum.failed_calls);
+  return 0;
+}
+
 static void stop_daemon(pid_t pid, const char *dir) {
   int st;
   kill(pid, SIGTERM);
@@ -932,6 +1077,8 @@ int main(int argc, char **argv) {
     int failed = run_ranks(&o, sh);
     report_perf(&o, sh, (now_us() - t_start) / 1e6);
     rc = report_calls(&o, sh, failed);
+    if (report_counters(&o, sh, failed))
+      rc = 1;
     munmap(sh, shbytes);
   }
   if (daemon_pid > 0)
