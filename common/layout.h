@@ -101,8 +101,10 @@ typedef struct dcpx_rank_health {
   volatile uint64_t fault_ticks;
   volatile uint32_t fault_fired;
   volatile uint32_t pad0;
-  /* Written by the client at the end of each call (single writer);
-   * last_call_tag is the caller's by-value tag, bookkeeping only. */
+  /* Written by the client at the end of each call (single writer; CUDA:
+   * block 0 of the next merge); zeroed by the client at join, kept by
+   * dcpxd at a recovery. last_call_tag is the caller's by-value tag,
+   * bookkeeping only. */
   volatile uint64_t calls, rows, rescue_rows, failed_calls;
   volatile uint64_t last_call_tag;
   /* Written by the client at join: the transport this rank resolved and

@@ -1029,10 +1029,20 @@ static void group_recovered(dcpxd_group *g) {
   for (uint32_t r = 0; r < W; r++) {
     dcpx_rank_health *h = dcpxd_group_health(g, r);
     uint32_t joined = h->joined, pid = h->pid, transport = h->transport;
+    /* The call counters are the rank process's totals: a recovery keeps
+     * them (the CUDA kernels keep theirs in device memory and publish
+     * them again; zeroing the host backend's here lost its calls before
+     * the fault). A replacement's client zeroes them at its join. */
+    uint64_t calls = h->calls, rows = h->rows, rescue_rows = h->rescue_rows,
+             failed_calls = h->failed_calls;
     memset((void *)h, 0, sizeof(*h));
     h->joined = joined;
     h->pid = pid;
     h->transport = transport; /* resolved at join, still in use */
+    h->calls = calls;
+    h->rows = rows;
+    h->rescue_rows = rescue_rows;
+    h->failed_calls = failed_calls;
     g->member[r].acked = false;
   }
   memset((uint8_t *)g->hdr + g->L.off_records, 0,

@@ -69,8 +69,8 @@ extern "C" {
  * by then, stream order) copies the totals asynchronously at its start
  * and stores them into the rank's health block after its first poll, so
  * the control page shows the calls up to the previous one: calls =
- * launched - failed_calls, and a failed call's rows count nowhere, as in
- * the host backend. */
+ * launched - failed_calls; a failed call's rows that finished count in
+ * rows and rescue_rows (the host backend counts none of them). */
 typedef struct dcpx_k_counters {
   unsigned long long launched, rows, rescue_rows, failed_calls;
   unsigned long long last_failed;

@@ -413,6 +413,11 @@ static int member_start(dcpx_member *m, const Dcpx__JoinReply *jr, int *fds,
   int r = member_map(m, jr, fds, *nfds);
   if (r < 0)
     return r;
+  /* The call counters count this process's calls (dcpx_health): a
+   * replacement for a dead rank starts from zero, not from the dead
+   * process's totals, which dcpxd keeps across recoveries. */
+  dcpx_rank_health *h = &m->health[m->rank];
+  h->calls = h->rows = h->rescue_rows = h->failed_calls = 0;
   if (jr->timeout_ns)
     m->timeout_ns = jr->timeout_ns;
   if (jr->warning)

@@ -15,8 +15,12 @@
  * the rescue round runs). Each call starts at a barrier, is timed from push
  * to merge return, and then each rank checks its outputs (rows_out,
  * valid_out, ids_out, sat_word) bit for bit against dcpx_ref_call. It prints
- * latency percentiles, the rescue rate, and `exact: n/C calls`; the exit
- * status is 0 only if every call was exact.
+ * latency percentiles, the rescue rate, and `exact: n/C calls`. At the
+ * end each rank reads its call counters (dcpx_health: calls, rows,
+ * rescue_rows, failed_calls) and compares them with its own tally of its
+ * calls (tally_call); the parent prints `counters: ok ...` or a
+ * `counters:` line per rank that disagrees. The exit status is 0 only if
+ * every call was exact and every rank's counters agreed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -61,6 +65,18 @@ typedef struct opts {
   char self_dir[512]; /* where this program lives (dcpxd, dcpxctl) */
 } opts;
 
+/* Call counters, as in dcpx_health_info. */
+typedef struct tally {
+  uint64_t calls, rows, rescue_rows, failed_calls;
+} tally;
+
+/* A rank's check of its health block's counters against its own calls. */
+typedef struct ctr_check {
+  int checked; /* 1 once the rank compared them */
+  tally want;  /* what the rank's own calls say the page must show */
+  tally seen;  /* what dcpx_health showed */
+} ctr_check;
+
 /* Shared between the parent and the ranks (MAP_SHARED before fork). */
 typedef struct shared {
   pthread_barrier_t barrier;
@@ -71,6 +87,7 @@ typedef struct shared {
   uint8_t *bad;                        /* [calls]: some rank mismatched */
   uint8_t *faulted;                    /* [calls]: failed as injected */
   double recover_ms[DCPX_MAX_WORLD];   /* dcpx_recover time, last fault */
+  ctr_check ctr[DCPX_MAX_WORLD];       /* written by the rank's last process */
   double lat_us[];                     /* [world][calls] */
 } shared;
 
@@ -168,322 +185,526 @@ static int injected_call(const opts *o) {
   return o->fault_at >= 0 ? o->fault_at : o->kill_at;
 }
 
-/* A rank process. A replacement (for a killed rank) joins, takes the dead
- * rank's place from call first_call on, where its peers are failing, and
- * recovers with them. */
-static int run_rank(const opts *o, uint32_t rank, shared *sh,
-                    uint32_t first_call, int replacement) {
-  gpu_bufs g;
-  const uint32_t W = o->world, R = o->rows, K = o->topk;
-  const uint32_t B = o->block_size;
-  const uint32_t bt_cols = (o->local_len + B - 1) / B;
-  dcpx_shape shape = DCPX_SHAPE_INIT;
-  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
-  dcpx_client *cl = NULL;
-  dcpx_member *m = NULL;
-  int r;
+/* ---- a rank process ------------------------------------------------------
+ *
+ * rank_setup (host buffers, block table, device buffers), rank_join, then
+ * per call: call_inputs, arm_fault, call_run (barrier, push, merge, the
+ * latency), fetch_outputs, settle_fault (the ranks agree on a failed call
+ * and recover) and check_call (the reference); rank_free at the end. */
 
-  memset(&g, 0, sizeof(g));
-  shape.world = W;
-  shape.rows = R;
-  shape.topk = K;
-  shape.local_topk = o->local_topk;
-  shape.block_size = B;
-  shape.interleave = o->interleave;
-  shape.max_local = o->local_len;
-  jo.rank = rank;
-  jo.group = o->group;
-  /* A short bounded wait when a stall is injected, so the demo shows the
-   * whole failure and recovery in well under a second. */
-  jo.timeout_ns = injected_call(o) >= 0 ? 300000000ull : 5000000000ull;
-  int device = o->device;
-
-  size_t per = (size_t)R * o->local_len;
-  uint16_t *all = malloc(sizeof(uint16_t) * per * W);
-  int32_t *ends = malloc(sizeof(int32_t) * R * W);
-  int32_t *req = malloc(sizeof(int32_t) * R);
-  int32_t *bt = malloc(sizeof(int32_t) * (size_t)R * bt_cols);
-  int32_t *rows_out = malloc(sizeof(int32_t) * (size_t)R * K);
-  int32_t *ids_out = malloc(sizeof(int32_t) * (size_t)R * K);
-  int32_t *valid = malloc(sizeof(int32_t) * R);
-  uint32_t *sat = malloc(sizeof(uint32_t) * R);
-  int32_t *x_rows = malloc(sizeof(int32_t) * (size_t)R * K);
-  int32_t *x_ids = malloc(sizeof(int32_t) * (size_t)R * K);
-  int32_t *x_valid = malloc(sizeof(int32_t) * R);
-  uint32_t *x_sat = malloc(sizeof(uint32_t) * R);
-  if (!all || !ends || !req || !bt || !rows_out || !ids_out || !valid ||
-      !sat || !x_rows || !x_ids || !x_valid || !x_sat) {
-    r = DCPX_E_NOMEM;
-    goto out;
-  }
-  /* This rank's block table: a permutation of block ids per request. */
-  uint64_t bs = o->seed ^ (0xB10Cull << 32) ^ rank;
-  for (uint32_t t = 0; t < R; t++) {
-    req[t] = (int32_t)((t * 7u) % R);
-    for (uint32_t b = 0; b < bt_cols; b++)
-      bt[(size_t)t * bt_cols + b] = (int32_t)(t * bt_cols + b);
-    for (uint32_t b = bt_cols; b > 1; b--) {
-      uint32_t k = (uint32_t)(splitmix(&bs) % b);
-      int32_t tmp = bt[(size_t)t * bt_cols + b - 1];
-      bt[(size_t)t * bt_cols + b - 1] = bt[(size_t)t * bt_cols + k];
-      bt[(size_t)t * bt_cols + k] = tmp;
-    }
-  }
-
-#ifdef HAVE_CUDA
-  if (o->cuda && o->spread) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-      r = DCPX_E_CUDA;
-      goto out;
-    }
-    device = (int)(rank % (uint32_t)n);
-  }
-#endif
-  if (o->cuda) {
-    jo.backend = DCPX_BACKEND_CUDA;
-    jo.device = device;
-  }
-#ifdef HAVE_CUDA
-  if (o->cuda) {
-    if (cudaSetDevice(device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&g.st, cudaStreamNonBlocking) !=
-            cudaSuccess ||
-        cudaMalloc((void **)&g.lg, sizeof(uint16_t) * per) != cudaSuccess ||
-        cudaMalloc((void **)&g.en, sizeof(int32_t) * R) != cudaSuccess ||
-        cudaMalloc((void **)&g.req, sizeof(int32_t) * R) != cudaSuccess ||
-        cudaMalloc((void **)&g.bt, sizeof(int32_t) * (size_t)R * bt_cols) !=
-            cudaSuccess ||
-        cudaMalloc((void **)&g.rows, sizeof(int32_t) * (size_t)R * K) !=
-            cudaSuccess ||
-        cudaMalloc((void **)&g.ids, sizeof(int32_t) * (size_t)R * K) !=
-            cudaSuccess ||
-        cudaMalloc((void **)&g.valid, sizeof(int32_t) * R) != cudaSuccess ||
-        cudaMalloc((void **)&g.sat, sizeof(uint32_t) * R) != cudaSuccess ||
-        cudaMemcpy(g.req, req, sizeof(int32_t) * R, cudaMemcpyHostToDevice) !=
-            cudaSuccess ||
-        cudaMemcpy(g.bt, bt, sizeof(int32_t) * (size_t)R * bt_cols,
-                   cudaMemcpyHostToDevice) != cudaSuccess) {
-      r = DCPX_E_CUDA;
-      goto out;
-    }
-  }
-#endif
-  r = dcpx_connect(o->socket, &cl);
-  if (r < 0)
-    goto out;
-  sh->join_start[rank] = now_us();
-  r = dcpx_join(cl, &shape, &jo, &m);
-  sh->join_end[rank] = now_us();
-  if (r < 0)
-    goto out;
-
+/* What one rank process holds. */
+typedef struct rank_ctx {
+  const opts *o;
+  shared *sh;
+  uint32_t rank;
+  uint32_t first_call; /* a replacement starts at the dead rank's call */
+  int replacement;
+  uint32_t bt_cols;
+  size_t per; /* logits of one rank and call: rows * local_len */
+  dcpx_shape shape;
+  dcpx_join_opts jo;
+  dcpx_client *cl;
+  dcpx_member *m;
+  /* Every rank's inputs (the reference needs them all), this rank's
+   * outputs and the reference's. */
+  uint16_t *all;
+  int32_t *ends, *req, *bt;
+  int32_t *rows_out, *ids_out, *valid;
+  uint32_t *sat;
+  int32_t *x_rows, *x_ids, *x_valid;
+  uint32_t *x_sat;
   const uint16_t *lg[DCPX_MAX_WORLD];
   const int32_t *en[DCPX_MAX_WORLD];
+  gpu_bufs g;
+  int merged;        /* this call reached dcpx_merge (CUDA: it launched) */
+  tally mine;        /* what this process's calls did (tally_call) */
+  tally before_last; /* CUDA: mine before the last launched merge */
+} rank_ctx;
+
+static int rank_alloc(rank_ctx *x) {
+  const uint32_t W = x->o->world, R = x->o->rows, K = x->o->topk;
+  x->all = malloc(sizeof(uint16_t) * x->per * W);
+  x->ends = malloc(sizeof(int32_t) * R * W);
+  x->req = malloc(sizeof(int32_t) * R);
+  x->bt = malloc(sizeof(int32_t) * (size_t)R * x->bt_cols);
+  x->rows_out = malloc(sizeof(int32_t) * (size_t)R * K);
+  x->ids_out = malloc(sizeof(int32_t) * (size_t)R * K);
+  x->valid = malloc(sizeof(int32_t) * R);
+  x->sat = malloc(sizeof(uint32_t) * R);
+  x->x_rows = malloc(sizeof(int32_t) * (size_t)R * K);
+  x->x_ids = malloc(sizeof(int32_t) * (size_t)R * K);
+  x->x_valid = malloc(sizeof(int32_t) * R);
+  x->x_sat = malloc(sizeof(uint32_t) * R);
+  if (!x->all || !x->ends || !x->req || !x->bt || !x->rows_out ||
+      !x->ids_out || !x->valid || !x->sat || !x->x_rows || !x->x_ids ||
+      !x->x_valid || !x->x_sat)
+    return DCPX_E_NOMEM;
   for (uint32_t s = 0; s < W; s++) {
-    lg[s] = all + per * s;
-    en[s] = ends + (size_t)R * s;
+    x->lg[s] = x->all + x->per * s;
+    x->en[s] = x->ends + (size_t)R * s;
   }
-  for (uint32_t c = first_call; c < o->calls; c++) {
-    uint64_t tag = c;
-    int skip = replacement && c == first_call; /* the dead rank's call */
-    for (uint32_t s = 0; s < W; s++)
-      gen_inputs(o, c, s, (uint16_t *)lg[s], (int32_t *)en[s]);
-    if (o->cuda) {
+  return 0;
+}
+
+/* This rank's block table: a permutation of block ids per request. */
+static void make_block_table(rank_ctx *x) {
+  const uint32_t R = x->o->rows, cols = x->bt_cols;
+  uint64_t bs = x->o->seed ^ (0xB10Cull << 32) ^ x->rank;
+  for (uint32_t t = 0; t < R; t++) {
+    int32_t *row = x->bt + (size_t)t * cols;
+    x->req[t] = (int32_t)((t * 7u) % R);
+    for (uint32_t b = 0; b < cols; b++)
+      row[b] = (int32_t)(t * cols + b);
+    for (uint32_t b = cols; b > 1; b--) {
+      uint32_t k = (uint32_t)(splitmix(&bs) % b);
+      int32_t tmp = row[b - 1];
+      row[b - 1] = row[k];
+      row[k] = tmp;
+    }
+  }
+}
+
+/* CUDA backend: picks the device (--spread: rank % device count), names
+ * it in the join options, and allocates the rank's device buffers. */
+static int gpu_setup(rank_ctx *x) {
+  const opts *o = x->o;
+  int device = o->device;
 #ifdef HAVE_CUDA
-      if (cudaMemcpy(g.lg, lg[rank], sizeof(uint16_t) * per,
-                     cudaMemcpyHostToDevice) != cudaSuccess ||
-          cudaMemcpy(g.en, en[rank], sizeof(int32_t) * R,
-                     cudaMemcpyHostToDevice) != cudaSuccess) {
-        r = DCPX_E_CUDA;
-        goto out;
-      }
+  const uint32_t R = o->rows, K = o->topk;
+  gpu_bufs *g = &x->g;
+  if (o->cuda && o->spread) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1)
+      return DCPX_E_CUDA;
+    device = (int)(x->rank % (uint32_t)n);
+  }
 #endif
-    }
-    if ((int)c == o->fault_at && rank == 0) {
-      /* Arm the fault hook through the operator tool, as an SRE would. */
-      char cmd[1400], ctl[600];
-      /* dcpxctl sits beside us (or one up, from libtool's .libs). */
-      snprintf(ctl, sizeof(ctl), "%s/dcpxctl", o->self_dir);
-      if (access(ctl, X_OK) != 0)
-        snprintf(ctl, sizeof(ctl), "%s/../dcpxctl", o->self_dir);
-      /* --call counts calls since the join from 1: call c is c + 1. */
-      snprintf(cmd, sizeof(cmd),
-               "'%s' --socket '%s' fault stall --group '%s' "
-               "--rank %u --call %u --ticks %llu >/dev/null",
-               ctl, o->socket, o->group, o->fault_rank, c + 1,
-               (unsigned long long)(3 * jo.timeout_ns));
-      if (system(cmd) != 0)
-        fprintf(stderr, "dcpx-demo: arming the fault failed: %s\n", cmd);
-    }
-    if (!skip)
-      pthread_barrier_wait(&sh->barrier);
-    double t0 = now_us();
-    if ((int)c == o->fault_at && rank == o->fault_rank)
-      late(jo.timeout_ns / 3);
-    if (skip) {
-      r = DCPX_E_FAILED;
-    } else if (!o->cuda) {
-      dcpx_call in = DCPX_CALL_INIT;
-      dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
-      in.rows = R;
-      in.logits = lg[rank];
-      in.stride = o->local_len;
-      in.row_ends = en[rank];
-      in.req_id = req;
-      in.block_table = bt;
-      in.bt_rows = R;
-      in.bt_cols = bt_cols;
-      in.call_tag = tag;
-      out.rows_out = rows_out;
-      out.valid_out = valid;
-      out.ids_out = ids_out;
-      out.sat_word = sat;
-      r = dcpx_push(m, &in, NULL);
-      if ((int)c == o->kill_at && rank == o->fault_rank)
-        raise(SIGKILL); /* mid-call: pushed, not merged */
-      if (r == 0)
-        r = dcpx_merge(m, &in, &out, NULL);
-    } else {
+  if (!o->cuda)
+    return 0;
+  x->jo.backend = DCPX_BACKEND_CUDA;
+  x->jo.device = device;
 #ifdef HAVE_CUDA
-      dcpx_call in = DCPX_CALL_INIT;
-      dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
-      in.rows = R;
-      in.logits = g.lg;
-      in.stride = o->local_len;
-      in.row_ends = g.en;
-      in.req_id = g.req;
-      in.block_table = g.bt;
-      in.bt_rows = R;
-      in.bt_cols = bt_cols;
-      in.call_tag = tag;
-      out.rows_out = g.rows;
-      out.valid_out = g.valid;
-      out.ids_out = g.ids;
-      out.sat_word = g.sat;
-      r = dcpx_push(m, &in, g.st);
-      if ((int)c == o->kill_at && rank == o->fault_rank) {
-        cudaStreamSynchronize(g.st);
-        raise(SIGKILL); /* mid-call: pushed, not merged */
-      }
-      if (r == 0)
-        r = dcpx_merge(m, &in, &out, g.st);
-      if (r == 0 && cudaStreamSynchronize(g.st) != cudaSuccess)
-        r = DCPX_E_CUDA;
+  if (cudaSetDevice(device) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking) !=
+          cudaSuccess ||
+      cudaMalloc((void **)&g->lg, sizeof(uint16_t) * x->per) != cudaSuccess ||
+      cudaMalloc((void **)&g->en, sizeof(int32_t) * R) != cudaSuccess ||
+      cudaMalloc((void **)&g->req, sizeof(int32_t) * R) != cudaSuccess ||
+      cudaMalloc((void **)&g->bt, sizeof(int32_t) * (size_t)R * x->bt_cols) !=
+          cudaSuccess ||
+      cudaMalloc((void **)&g->rows, sizeof(int32_t) * (size_t)R * K) !=
+          cudaSuccess ||
+      cudaMalloc((void **)&g->ids, sizeof(int32_t) * (size_t)R * K) !=
+          cudaSuccess ||
+      cudaMalloc((void **)&g->valid, sizeof(int32_t) * R) != cudaSuccess ||
+      cudaMalloc((void **)&g->sat, sizeof(uint32_t) * R) != cudaSuccess ||
+      cudaMemcpy(g->req, x->req, sizeof(int32_t) * R,
+                 cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(g->bt, x->bt, sizeof(int32_t) * (size_t)R * x->bt_cols,
+                 cudaMemcpyHostToDevice) != cudaSuccess)
+    return DCPX_E_CUDA;
 #endif
-    }
-    sh->lat_us[(size_t)rank * o->calls + c] = now_us() - t0;
-    if (r < 0 && injected_call(o) < 0)
-      goto out;
+  return 0;
+}
+
+/* The shape, the join options, the buffers. */
+static int rank_setup(rank_ctx *x) {
+  const opts *o = x->o;
+  x->bt_cols = (o->local_len + o->block_size - 1) / o->block_size;
+  x->per = (size_t)o->rows * o->local_len;
+  x->shape.world = o->world;
+  x->shape.rows = o->rows;
+  x->shape.topk = o->topk;
+  x->shape.local_topk = o->local_topk;
+  x->shape.block_size = o->block_size;
+  x->shape.interleave = o->interleave;
+  x->shape.max_local = o->local_len;
+  x->jo.rank = x->rank;
+  x->jo.group = o->group;
+  /* A short bounded wait when a stall is injected, so the demo shows the
+   * whole failure and recovery in well under a second. */
+  x->jo.timeout_ns = injected_call(o) >= 0 ? 300000000ull : 5000000000ull;
+  int r = rank_alloc(x);
+  if (r < 0)
+    return r;
+  make_block_table(x);
+  return gpu_setup(x);
+}
+
+static int rank_join(rank_ctx *x) {
+  int r = dcpx_connect(x->o->socket, &x->cl);
+  if (r < 0)
+    return r;
+  x->sh->join_start[x->rank] = now_us();
+  r = dcpx_join(x->cl, &x->shape, &x->jo, &x->m);
+  x->sh->join_end[x->rank] = now_us();
+  return r;
+}
+
+/* Every rank's inputs of call c (and, CUDA, this rank's on the device). */
+static int call_inputs(rank_ctx *x, uint32_t c) {
+  const opts *o = x->o;
+  for (uint32_t s = 0; s < o->world; s++)
+    gen_inputs(o, c, s, (uint16_t *)x->lg[s], (int32_t *)x->en[s]);
 #ifdef HAVE_CUDA
-    if (o->cuda && r == 0 && !skip &&
-        (cudaMemcpy(rows_out, g.rows, sizeof(int32_t) * (size_t)R * K,
-                    cudaMemcpyDeviceToHost) != cudaSuccess ||
-         cudaMemcpy(ids_out, g.ids, sizeof(int32_t) * (size_t)R * K,
-                    cudaMemcpyDeviceToHost) != cudaSuccess ||
-         cudaMemcpy(valid, g.valid, sizeof(int32_t) * R,
-                    cudaMemcpyDeviceToHost) != cudaSuccess ||
-         cudaMemcpy(sat, g.sat, sizeof(uint32_t) * R,
-                    cudaMemcpyDeviceToHost) != cudaSuccess)) {
-      r = DCPX_E_CUDA;
-      goto out;
-    }
+  if (o->cuda &&
+      (cudaMemcpy(x->g.lg, x->lg[x->rank], sizeof(uint16_t) * x->per,
+                  cudaMemcpyHostToDevice) != cudaSuccess ||
+       cudaMemcpy(x->g.en, x->en[x->rank], sizeof(int32_t) * o->rows,
+                  cudaMemcpyHostToDevice) != cudaSuccess))
+    return DCPX_E_CUDA;
 #endif
-    if (injected_call(o) >= 0) {
-      /* A failed call (an error; with CUDA, rows marked -1) is recovered
-       * from, and counted as exact only if it was not the injected one.
-       * A rank can finish a call its peers failed (the stalled rank, whose
-       * own waits were satisfied), so the ranks agree on the outcome here,
-       * as an engine would through its own collective, and recover
-       * together. */
-      int failed_call = r < 0;
-      for (uint32_t t = 0; t < R && !failed_call; t++)
-        failed_call = valid[t] < 0;
-      if (failed_call)
-        sh->faulted[c] = 1;
-      pthread_barrier_wait(&sh->barrier);
-      if (sh->faulted[c]) {
-        double r0 = now_us();
-        if (!o->quiet)
-          fprintf(stderr, "dcpx-demo: rank %u: call %u %s; recovering\n",
-                  rank, c,
-                  r < 0 ? dcpx_strerror(r)
-                        : failed_call ? "failed (rows marked failed)"
-                                      : "failed on a peer");
+  return 0;
+}
+
+/* Arms the fault hook through the operator tool, as an SRE would. */
+static void arm_fault(const rank_ctx *x, uint32_t c) {
+  const opts *o = x->o;
+  char cmd[1400], ctl[600];
+  /* dcpxctl sits beside us (or one up, from libtool's .libs). */
+  snprintf(ctl, sizeof(ctl), "%s/dcpxctl", o->self_dir);
+  if (access(ctl, X_OK) != 0)
+    snprintf(ctl, sizeof(ctl), "%s/../dcpxctl", o->self_dir);
+  /* --call counts calls since the join from 1: call c is c + 1. */
+  snprintf(cmd, sizeof(cmd),
+           "'%s' --socket '%s' fault stall --group '%s' "
+           "--rank %u --call %u --ticks %llu >/dev/null",
+           ctl, o->socket, o->group, o->fault_rank, c + 1,
+           (unsigned long long)(3 * x->jo.timeout_ns));
+  if (system(cmd) != 0)
+    fprintf(stderr, "dcpx-demo: arming the fault failed: %s\n", cmd);
+}
+
+/* Whether this rank is the one killed (-9) in call c, after its push. */
+static int killed_here(const rank_ctx *x, uint32_t c) {
+  return (int)c == x->o->kill_at && x->rank == x->o->fault_rank;
+}
+
+/* Push and merge of call c on the host backend. */
+static int call_host(rank_ctx *x, uint32_t c) {
+  dcpx_call in = DCPX_CALL_INIT;
+  dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+  in.rows = x->o->rows;
+  in.logits = x->lg[x->rank];
+  in.stride = x->o->local_len;
+  in.row_ends = x->en[x->rank];
+  in.req_id = x->req;
+  in.block_table = x->bt;
+  in.bt_rows = x->o->rows;
+  in.bt_cols = x->bt_cols;
+  in.call_tag = c;
+  out.rows_out = x->rows_out;
+  out.valid_out = x->valid;
+  out.ids_out = x->ids_out;
+  out.sat_word = x->sat;
+  int r = dcpx_push(x->m, &in, NULL);
+  if (killed_here(x, c))
+    raise(SIGKILL); /* mid-call: pushed, not merged */
+  if (r == 0) {
+    x->merged = 1;
+    r = dcpx_merge(x->m, &in, &out, NULL);
+  }
+  return r;
+}
+
+/* Push and merge of call c on the CUDA backend, then a stream sync. */
+static int call_cuda(rank_ctx *x, uint32_t c) {
 #ifdef HAVE_CUDA
-        r = dcpx_recover(m, o->cuda ? (void *)g.st : NULL, 20000);
+  gpu_bufs *g = &x->g;
+  dcpx_call in = DCPX_CALL_INIT;
+  dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+  in.rows = x->o->rows;
+  in.logits = g->lg;
+  in.stride = x->o->local_len;
+  in.row_ends = g->en;
+  in.req_id = g->req;
+  in.block_table = g->bt;
+  in.bt_rows = x->o->rows;
+  in.bt_cols = x->bt_cols;
+  in.call_tag = c;
+  out.rows_out = g->rows;
+  out.valid_out = g->valid;
+  out.ids_out = g->ids;
+  out.sat_word = g->sat;
+  int r = dcpx_push(x->m, &in, g->st);
+  if (killed_here(x, c)) {
+    cudaStreamSynchronize(g->st);
+    raise(SIGKILL); /* mid-call: pushed, not merged */
+  }
+  if (r == 0) {
+    r = dcpx_merge(x->m, &in, &out, g->st);
+    x->merged = r == 0 && in.rows > 0; /* 0 rows: nothing is launched */
+  }
+  if (r == 0 && cudaStreamSynchronize(g->st) != cudaSuccess)
+    r = DCPX_E_CUDA;
+  return r;
 #else
-        r = dcpx_recover(m, NULL, 20000);
+  (void)x;
+  (void)c;
+  return DCPX_E_CUDA;
 #endif
-        sh->recover_ms[rank] = (now_us() - r0) / 1e3;
-        if (r < 0)
-          goto out;
-        continue;
-      }
-    }
-    dcpx_ref_stats st = {0, 0, 0};
-    dcpx_ref_in xin = DCPX_REF_IN_INIT;
-    dcpx_merge_out xout = DCPX_MERGE_OUT_INIT;
-    xin.rows = R;
-    xin.rank = rank;
-    xin.stride = o->local_len;
-    xin.logits = lg;
-    xin.row_ends = en;
-    xin.req_id = req;
-    xin.block_table = bt;
-    xin.bt_rows = R;
-    xin.bt_cols = bt_cols;
-    xout.rows_out = x_rows;
-    xout.valid_out = x_valid;
-    xout.ids_out = x_ids;
-    xout.sat_word = x_sat;
-    r = dcpx_ref_call(&shape, &xin, &xout, &st);
-    if (r < 0)
-      goto out;
-    if (memcmp(rows_out, x_rows, sizeof(int32_t) * (size_t)R * K) ||
-        memcmp(ids_out, x_ids, sizeof(int32_t) * (size_t)R * K) ||
-        memcmp(valid, x_valid, sizeof(int32_t) * R) ||
-        memcmp(sat, x_sat, sizeof(uint32_t) * R))
-      sh->bad[c] = 1;
-    if (rank == 0) {
-      sh->rescue_rows += st.rescue_rows;
-      sh->rows += st.rows;
-    }
+}
+
+/* Call c from the barrier to the merge's return, timed; `skip`: the dead
+ * rank's call, which a replacement does not make. */
+static int call_run(rank_ctx *x, uint32_t c, int skip) {
+  const opts *o = x->o;
+  if ((int)c == o->fault_at && x->rank == 0)
+    arm_fault(x, c);
+  if (!skip)
+    pthread_barrier_wait(&x->sh->barrier);
+  double t0 = now_us();
+  x->merged = 0;
+  if ((int)c == o->fault_at && x->rank == o->fault_rank)
+    late(x->jo.timeout_ns / 3);
+  int r = skip ? DCPX_E_FAILED : o->cuda ? call_cuda(x, c) : call_host(x, c);
+  x->sh->lat_us[(size_t)x->rank * o->calls + c] = now_us() - t0;
+  return r;
+}
+
+/* CUDA: this rank's outputs back to the host buffers. */
+static int fetch_outputs(rank_ctx *x) {
+#ifdef HAVE_CUDA
+  const size_t RK = (size_t)x->o->rows * x->o->topk;
+  if (cudaMemcpy(x->rows_out, x->g.rows, sizeof(int32_t) * RK,
+                 cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemcpy(x->ids_out, x->g.ids, sizeof(int32_t) * RK,
+                 cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemcpy(x->valid, x->g.valid, sizeof(int32_t) * x->o->rows,
+                 cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemcpy(x->sat, x->g.sat, sizeof(uint32_t) * x->o->rows,
+                 cudaMemcpyDeviceToHost) != cudaSuccess)
+    return DCPX_E_CUDA;
+#else
+  (void)x;
+#endif
+  return 0;
+}
+
+/* Counts this rank's call as the library counts it (docs/PROTOCOL.md,
+ * the health block). A call that never reached dcpx_merge (a failed
+ * push, the dead rank's call a replacement skips) counts nowhere. A merge
+ * that returned 0 with no row marked failed adds 1 to calls, its rows to
+ * rows and its rescued rows (sat_word's mask non-zero) to rescue_rows. A
+ * failed merge (an error; with CUDA, a row marked -1) adds 1 to
+ * failed_calls; the host backend counts none of its rows, the CUDA
+ * kernels count the rows that finished (each row adds itself; none waits
+ * to learn whether another row of its call fails). The kernels publish
+ * the totals before each merge, so before_last keeps what the page shows
+ * after the last one. Call it after fetch_outputs. (Exact for the LL
+ * transport; the NCCL round kernels count a row at round 1, so a row that
+ * then failed in its rescue would count there and not here.) */
+static void tally_call(rank_ctx *x, int r) {
+  const uint32_t R = x->o->rows;
+  uint64_t rows = 0, rescued = 0;
+  int failed = 0;
+  if (!x->merged)
+    return;
+  if (x->o->cuda)
+    x->before_last = x->mine;
+  if (r < 0) { /* host: the merge failed; CUDA: the stream did */
+    x->mine.failed_calls++;
+    return;
   }
-  r = 0;
-out:
+  for (uint32_t t = 0; t < R; t++) {
+    if (x->valid[t] < 0) {
+      failed = 1;
+      continue;
+    }
+    rows++;
+    rescued += (x->sat[t] >> 16) != 0;
+  }
+  if (failed)
+    x->mine.failed_calls++;
+  else
+    x->mine.calls++;
+  if (!failed || x->o->cuda) {
+    x->mine.rows += rows;
+    x->mine.rescue_rows += rescued;
+  }
+}
+
+/* After the last call: this rank's counters in dcpx_health against its
+ * tally, into sh->ctr[rank] (the parent reports them). The host backend
+ * counts every call at its end; the CUDA kernels publish, from block 0
+ * of each merge, the totals before it, so the page lacks the last merge
+ * (the stream is synchronized: that merge is done, and so is its
+ * publication). */
+static int check_counters(rank_ctx *x) {
+  dcpx_health_info h = DCPX_HEALTH_INFO_INIT;
+#ifdef HAVE_CUDA
+  if (x->o->cuda && cudaStreamSynchronize(x->g.st) != cudaSuccess)
+    return DCPX_E_CUDA;
+#endif
+  int r = dcpx_health(x->m, &h);
+  if (r < 0)
+    return r;
+  ctr_check *k = &x->sh->ctr[x->rank];
+  k->want = x->o->cuda ? x->before_last : x->mine;
+  k->seen.calls = h.calls;
+  k->seen.rows = h.rows;
+  k->seen.rescue_rows = h.rescue_rows;
+  k->seen.failed_calls = h.failed_calls;
+  k->checked = 1;
+  return 0;
+}
+
+/* With a fault injected: a failed call (an error; with CUDA, rows marked
+ * -1) is recovered from, and counted as exact only if it was not the
+ * injected one. A rank can finish a call its peers failed (the stalled
+ * rank, whose own waits were satisfied), so the ranks agree on the
+ * outcome here, as an engine would through its own collective, and
+ * recover together. *ret_recovered: the call failed somewhere and this
+ * rank recovered. Returns r, or dcpx_recover's error. */
+static int settle_fault(rank_ctx *x, uint32_t c, int r, int *ret_recovered) {
+  const opts *o = x->o;
+  int failed_call = r < 0;
+  for (uint32_t t = 0; t < o->rows && !failed_call; t++)
+    failed_call = x->valid[t] < 0;
+  if (failed_call)
+    x->sh->faulted[c] = 1;
+  pthread_barrier_wait(&x->sh->barrier);
+  *ret_recovered = x->sh->faulted[c];
+  if (!x->sh->faulted[c])
+    return r;
+  double r0 = now_us();
+  if (!o->quiet)
+    fprintf(stderr, "dcpx-demo: rank %u: call %u %s; recovering\n", x->rank,
+            c,
+            r < 0 ? dcpx_strerror(r)
+                  : failed_call ? "failed (rows marked failed)"
+                                : "failed on a peer");
+#ifdef HAVE_CUDA
+  r = dcpx_recover(x->m, o->cuda ? (void *)x->g.st : NULL, 20000);
+#else
+  r = dcpx_recover(x->m, NULL, 20000);
+#endif
+  x->sh->recover_ms[x->rank] = (now_us() - r0) / 1e3;
+  return r;
+}
+
+/* Checks call c's outputs bit for bit against dcpx_ref_call. */
+static int check_call(rank_ctx *x, uint32_t c) {
+  const uint32_t R = x->o->rows, K = x->o->topk;
+  dcpx_ref_stats st = {0, 0, 0};
+  dcpx_ref_in xin = DCPX_REF_IN_INIT;
+  dcpx_merge_out xout = DCPX_MERGE_OUT_INIT;
+  xin.rows = R;
+  xin.rank = x->rank;
+  xin.stride = x->o->local_len;
+  xin.logits = x->lg;
+  xin.row_ends = x->en;
+  xin.req_id = x->req;
+  xin.block_table = x->bt;
+  xin.bt_rows = R;
+  xin.bt_cols = x->bt_cols;
+  xout.rows_out = x->x_rows;
+  xout.valid_out = x->x_valid;
+  xout.ids_out = x->x_ids;
+  xout.sat_word = x->x_sat;
+  int r = dcpx_ref_call(&x->shape, &xin, &xout, &st);
+  if (r < 0)
+    return r;
+  if (memcmp(x->rows_out, x->x_rows, sizeof(int32_t) * (size_t)R * K) ||
+      memcmp(x->ids_out, x->x_ids, sizeof(int32_t) * (size_t)R * K) ||
+      memcmp(x->valid, x->x_valid, sizeof(int32_t) * R) ||
+      memcmp(x->sat, x->x_sat, sizeof(uint32_t) * R))
+    x->sh->bad[c] = 1;
+  if (x->rank == 0) {
+    x->sh->rescue_rows += st.rescue_rows;
+    x->sh->rows += st.rows;
+  }
+  return 0;
+}
+
+/* One call, all of it. Returns 0 to go on, or the error that ends the
+ * rank. */
+static int rank_call(rank_ctx *x, uint32_t c) {
+  const opts *o = x->o;
+  int skip = x->replacement && c == x->first_call; /* the dead rank's */
+  int r = call_inputs(x, c);
+  if (r < 0)
+    return r;
+  r = call_run(x, c, skip);
+  if (r < 0 && injected_call(o) < 0)
+    return r;
+  if (o->cuda && r == 0 && !skip && (r = fetch_outputs(x)) < 0)
+    return r;
+  tally_call(x, r);
+  if (injected_call(o) >= 0) {
+    int recovered = 0;
+    r = settle_fault(x, c, r, &recovered);
+    if (recovered)
+      return r;
+  }
+  return check_call(x, c);
+}
+
+static void gpu_free(gpu_bufs *g) {
+#ifdef HAVE_CUDA
+  cudaFree(g->lg);
+  cudaFree(g->en);
+  cudaFree(g->req);
+  cudaFree(g->bt);
+  cudaFree(g->rows);
+  cudaFree(g->ids);
+  cudaFree(g->valid);
+  cudaFree(g->sat);
+  if (g->st)
+    cudaStreamDestroy(g->st);
+#else
+  (void)g;
+#endif
+}
+
+static void rank_free(rank_ctx *x) {
+  dcpx_leave(x->m);
+  dcpx_disconnect(x->cl);
+  free(x->all);
+  free(x->ends);
+  free(x->req);
+  free(x->bt);
+  free(x->rows_out);
+  free(x->ids_out);
+  free(x->valid);
+  free(x->sat);
+  free(x->x_rows);
+  free(x->x_ids);
+  free(x->x_valid);
+  free(x->x_sat);
+  if (x->o->cuda)
+    gpu_free(&x->g);
+}
+
+/* A rank process. A replacement (for a killed rank) joins, takes the dead
+ * rank's place from call first_call on, where its peers are failing, and
+ * recovers with them. Returns the process's exit status. */
+static int run_rank(const opts *o, uint32_t rank, shared *sh,
+                    uint32_t first_call, int replacement) {
+  rank_ctx x;
+  const dcpx_shape shape0 = DCPX_SHAPE_INIT;
+  const dcpx_join_opts jo0 = DCPX_JOIN_OPTS_INIT;
+
+  memset(&x, 0, sizeof(x));
+  x.o = o;
+  x.sh = sh;
+  x.rank = rank;
+  x.first_call = first_call;
+  x.replacement = replacement;
+  x.shape = shape0;
+  x.jo = jo0;
+  int r = rank_setup(&x);
+  if (r == 0)
+    r = rank_join(&x);
+  for (uint32_t c = first_call; c < o->calls && r == 0; c++)
+    r = rank_call(&x, c);
+  if (r == 0)
+    r = check_counters(&x);
   sh->status[rank] = r;
   if (r < 0)
     fprintf(stderr, "dcpx-demo: rank %u: %s (%d)\n", rank, dcpx_strerror(r),
             r);
-  dcpx_leave(m);
-  dcpx_disconnect(cl);
-  free(all);
-  free(ends);
-  free(req);
-  free(bt);
-  free(rows_out);
-  free(ids_out);
-  free(valid);
-  free(sat);
-  free(x_rows);
-  free(x_ids);
-  free(x_valid);
-  free(x_sat);
-#ifdef HAVE_CUDA
-  if (o->cuda) {
-    cudaFree(g.lg);
-    cudaFree(g.en);
-    cudaFree(g.req);
-    cudaFree(g.bt);
-    cudaFree(g.rows);
-    cudaFree(g.ids);
-    cudaFree(g.valid);
-    cudaFree(g.sat);
-    if (g.st)
-      cudaStreamDestroy(g.st);
-  }
-#endif
+  rank_free(&x);
   return r < 0 ? 1 : 0;
 }
 
@@ -561,20 +782,22 @@ static void usage(FILE *f) {
           "[--fault-rank R]\n");
 }
 
-int main(int argc, char **argv) {
-  opts o = {8, 64, 50, 2048, 512, 16384, 64, 1, 1, NULL, NULL, NULL,
-            0, 0, 0, 0, -1, -1, 1, "."};
-  {
-    ssize_t k = readlink("/proc/self/exe", o.self_dir, sizeof(o.self_dir) - 1);
-    if (k > 0) {
-      o.self_dir[k] = 0;
-      char *slash = strrchr(o.self_dir, '/');
-      if (slash)
-        *slash = 0;
-    } else {
-      strcpy(o.self_dir, ".");
-    }
+/* Where this program lives (dcpxd and dcpxctl are found from there). */
+static void find_self_dir(opts *o) {
+  ssize_t k = readlink("/proc/self/exe", o->self_dir, sizeof(o->self_dir) - 1);
+  if (k > 0) {
+    o->self_dir[k] = 0;
+    char *slash = strrchr(o->self_dir, '/');
+    if (slash)
+      *slash = 0;
+  } else {
+    strcpy(o->self_dir, ".");
   }
+}
+
+/* Returns -1 to run, or the exit status (0 after --help, 2 on bad
+ * arguments). */
+static int parse_args(opts *o, int argc, char **argv) {
   static const struct option lo[] = {
       {"world", 1, 0, 'w'},      {"rows", 1, 0, 'r'},
       {"calls", 1, 0, 'c'},      {"topk", 1, 0, 'k'},
@@ -587,66 +810,249 @@ int main(int argc, char **argv) {
       {"spread", 0, 0, 'P'},     {"fault-at", 1, 0, 'F'},
       {"fault-rank", 1, 0, 'R'},  {"kill-at", 1, 0, 'K'},
       {0, 0, 0, 0}};
-  char dir[] = "/tmp/dcpx-demo.XXXXXX", sock[600], group[64];
-  pid_t daemon_pid = 0;
-  int ch, rc = 1;
+  int ch;
 
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     unsigned long v = optarg ? strtoul(optarg, NULL, 0) : 0;
     switch (ch) {
-    case 'w': o.world = (uint32_t)v; break;
-    case 'r': o.rows = (uint32_t)v; break;
-    case 'c': o.calls = (uint32_t)v; break;
-    case 'k': o.topk = (uint32_t)v; break;
-    case 'n': o.local_topk = (uint32_t)v; break;
-    case 'l': o.local_len = (uint32_t)v; break;
-    case 'b': o.block_size = (uint32_t)v; break;
-    case 'i': o.interleave = (uint32_t)v; break;
-    case 's': o.socket = optarg; break;
-    case 'd': o.dcpxd = optarg; break;
-    case 'S': o.seed = strtoull(optarg, NULL, 0); break;
-    case 'g': o.group = optarg; break;
-    case 'q': o.quiet = 1; break;
+    case 'w': o->world = (uint32_t)v; break;
+    case 'r': o->rows = (uint32_t)v; break;
+    case 'c': o->calls = (uint32_t)v; break;
+    case 'k': o->topk = (uint32_t)v; break;
+    case 'n': o->local_topk = (uint32_t)v; break;
+    case 'l': o->local_len = (uint32_t)v; break;
+    case 'b': o->block_size = (uint32_t)v; break;
+    case 'i': o->interleave = (uint32_t)v; break;
+    case 's': o->socket = optarg; break;
+    case 'd': o->dcpxd = optarg; break;
+    case 'S': o->seed = strtoull(optarg, NULL, 0); break;
+    case 'g': o->group = optarg; break;
+    case 'q': o->quiet = 1; break;
     case 'B':
       if (!strcmp(optarg, "cuda"))
-        o.cuda = 1;
+        o->cuda = 1;
       else if (!strcmp(optarg, "host"))
-        o.cuda = 0;
+        o->cuda = 0;
       else {
         fprintf(stderr, "dcpx-demo: --backend host|cuda\n");
         return 2;
       }
       break;
-    case 'D': o.device = (int)v; break;
-    case 'P': o.spread = 1; break;
-    case 'F': o.fault_at = (int)v; break;
-    case 'R': o.fault_rank = (uint32_t)v; break;
-    case 'K': o.kill_at = (int)v; break;
+    case 'D': o->device = (int)v; break;
+    case 'P': o->spread = 1; break;
+    case 'F': o->fault_at = (int)v; break;
+    case 'R': o->fault_rank = (uint32_t)v; break;
+    case 'K': o->kill_at = (int)v; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
+  return -1;
+}
+
+/* Returns 0, or 2 (and says why) if the shape or the fault is bad. */
+static int check_opts(const opts *o) {
   dcpx_shape probe = DCPX_SHAPE_INIT;
-  probe.world = o.world;
-  probe.rows = o.rows;
-  probe.topk = o.topk;
-  probe.local_topk = o.local_topk;
-  probe.block_size = o.block_size ? o.block_size : 1;
-  probe.interleave = o.interleave;
-  probe.max_local = o.local_len;
+  probe.world = o->world;
+  probe.rows = o->rows;
+  probe.topk = o->topk;
+  probe.local_topk = o->local_topk;
+  probe.block_size = o->block_size ? o->block_size : 1;
+  probe.interleave = o->interleave;
+  probe.max_local = o->local_len;
   int sc = dcpx_shape_check(&probe);
-  if (sc < 0 || !o.calls || !o.block_size) {
+  if (sc < 0 || !o->calls || !o->block_size) {
     fprintf(stderr, "dcpx-demo: bad shape: %s\n",
             sc < 0 ? dcpx_strerror(sc) : "calls and block size must be > 0");
     return 2;
   }
-  if ((o.fault_at >= 0 || o.kill_at >= 0) &&
-      (o.fault_rank >= o.world || (o.fault_at >= 0 && o.kill_at >= 0) ||
-       (uint32_t)injected_call(&o) >= o.calls)) {
+  if ((o->fault_at >= 0 || o->kill_at >= 0) &&
+      (o->fault_rank >= o->world || (o->fault_at >= 0 && o->kill_at >= 0) ||
+       (uint32_t)injected_call(o) >= o->calls)) {
     fprintf(stderr, "dcpx-demo: --fault-at/--kill-at need a call < calls, "
                     "a --fault-rank < world, and only one of them\n");
     return 2;
   }
+  return 0;
+}
+
+/* The memory the parent shares with the ranks; NULL on failure. */
+static shared *shared_map(const opts *o, size_t *ret_bytes) {
+  size_t latbytes = sizeof(double) * o->world * o->calls;
+  size_t shbytes = sizeof(shared) + latbytes + 2 * (size_t)o->calls;
+  shared *sh = mmap(NULL, shbytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (sh == MAP_FAILED) {
+    perror("dcpx-demo: mmap");
+    return NULL;
+  }
+  sh->bad = (uint8_t *)sh + sizeof(shared) + latbytes;
+  sh->faulted = sh->bad + o->calls;
+  pthread_barrierattr_t ba;
+  pthread_barrierattr_init(&ba);
+  pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+  pthread_barrier_init(&sh->barrier, &ba, o->world);
+  *ret_bytes = shbytes;
+  return sh;
+}
+
+/* Forks the ranks and waits for them; with --kill-at, a new process
+ * replaces the killed rank. Returns how many ranks failed. */
+static int run_ranks(const opts *o, shared *sh) {
+  pid_t kids[DCPX_MAX_WORLD];
+  for (uint32_t r = 0; r < o->world; r++) {
+    kids[r] = fork();
+    if (kids[r] == 0)
+      _exit(run_rank(o, r, sh, 0, 0));
+  }
+  int failed = 0, replaced = 0;
+  for (uint32_t left = o->world; left > 0;) {
+    int st;
+    pid_t p = waitpid(-1, &st, 0);
+    if (p < 0)
+      break;
+    if (o->kill_at >= 0 && !replaced && p == kids[o->fault_rank] &&
+        WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+      /* The killed rank: a new process joins as that rank. */
+      replaced = 1;
+      kids[o->fault_rank] = fork();
+      if (kids[o->fault_rank] == 0)
+        _exit(run_rank(o, o->fault_rank, sh, (uint32_t)o->kill_at, 1));
+      continue;
+    }
+    left--;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      failed++;
+  }
+  return failed;
+}
+
+/* Latency percentiles, the rescue rate and join-to-ready. */
+static void report_perf(const opts *o, shared *sh, double wall) {
+  size_t n = (size_t)o->world * o->calls;
+  qsort(sh->lat_us, n, sizeof(double), cmp_double);
+  printf("dcpx-demo: W=%u rows=%u N=%u K=%u local=%u calls=%u backend=%s "
+         "(%.1f s)\n",
+         o->world, o->rows, o->local_topk, o->topk, o->local_len, o->calls,
+         o->cuda ? "cuda" : "host", wall);
+  printf("call latency (push+merge, per rank, us): p50 %.1f  p90 %.1f  "
+         "p99 %.1f  max %.1f\n",
+         sh->lat_us[n / 2], sh->lat_us[n * 9 / 10], sh->lat_us[n * 99 / 100],
+         sh->lat_us[n - 1]);
+  printf("rescue rate: %.2f%% of rows (%llu of %llu)\n",
+         sh->rows ? 100.0 * (double)sh->rescue_rows / (double)sh->rows : 0.0,
+         (unsigned long long)sh->rescue_rows, (unsigned long long)sh->rows);
+  /* Join-to-ready: from the last rank's dcpx_join call (the moment the
+   * group can form) to the last rank's return (all members mapped). */
+  double last_call = 0, last_ret = 0;
+  for (uint32_t r = 0; r < o->world; r++) {
+    if (sh->join_start[r] > last_call)
+      last_call = sh->join_start[r];
+    if (sh->join_end[r] > last_ret)
+      last_ret = sh->join_end[r];
+  }
+  printf("join-to-ready: %.0f us (last join call to last member ready)\n",
+         last_ret - last_call);
+}
+
+/* The fault and exact lines; returns the exit status. */
+static int report_calls(const opts *o, const shared *sh, int failed) {
+  uint32_t exact = 0, faulted = 0;
+  for (uint32_t c = 0; c < o->calls && !failed; c++) {
+    faulted += sh->faulted[c];
+    exact += !sh->bad[c] && !sh->faulted[c];
+  }
+  if (failed)
+    printf("ranks failed: %d\n", failed);
+  if (injected_call(o) >= 0) {
+    double worst = 0;
+    for (uint32_t r = 0; r < o->world; r++)
+      if (sh->recover_ms[r] > worst)
+        worst = sh->recover_ms[r];
+    printf("fault: rank %u %s in call %d; %u call(s) failed as "
+           "injected; recovery took %.1f ms (slowest rank)\n",
+           o->fault_rank,
+           o->fault_at >= 0 ? "stalled" : "killed (-9) and replaced",
+           injected_call(o), faulted, worst);
+  }
+  /* Injected failures are not calls the reference can check. */
+  uint32_t checked = o->calls - faulted;
+  printf("exact: %u/%u calls\n", exact, checked);
+  return (!failed && exact == checked &&
+          (injected_call(o) < 0 ||
+           (faulted == 1 && sh->faulted[injected_call(o)])))
+             ? 0
+             : 1;
+}
+
+static int tally_eq(const tally *a, const tally *b) {
+  return a->calls == b->calls && a->rows == b->rows &&
+         a->rescue_rows == b->rescue_rows && a->failed_calls == b->failed_calls;
+}
+
+/* The counters line(s): one `counters: ok` line, or a `counters:` line
+ * for each rank whose health block disagrees with its calls. Returns 0 if
+ * every rank checked and agreed (or ranks failed: reported already). */
+static int report_counters(const opts *o, const shared *sh, int failed) {
+  uint32_t bad = 0;
+  tally sum = {0, 0, 0, 0};
+  if (failed)
+    return 1;
+  for (uint32_t r = 0; r < o->world; r++) {
+    const ctr_check *k = &sh->ctr[r];
+    if (!k->checked) {
+      printf("counters: rank %u did not check its counters\n", r);
+      bad++;
+    } else if (!tally_eq(&k->want, &k->seen)) {
+      printf("counters: MISMATCH rank %u: dcpx_health says calls %llu rows "
+             "%llu rescue_rows %llu failed_calls %llu; its calls say %llu "
+             "%llu %llu %llu\n",
+             r, (unsigned long long)k->seen.calls,
+             (unsigned long long)k->seen.rows,
+             (unsigned long long)k->seen.rescue_rows,
+             (unsigned long long)k->seen.failed_calls,
+             (unsigned long long)k->want.calls,
+             (unsigned long long)k->want.rows,
+             (unsigned long long)k->want.rescue_rows,
+             (unsigned long long)k->want.failed_calls);
+      bad++;
+    }
+    sum.calls += k->seen.calls;
+    sum.rows += k->seen.rows;
+    sum.rescue_rows += k->seen.rescue_rows;
+    sum.failed_calls += k->seen.failed_calls;
+  }
+  if (bad)
+    return 1;
+  printf("counters: ok: %u ranks' dcpx_health match their calls (%s; all "
+         "ranks: calls %llu rows %llu rescue_rows %llu failed_calls %llu)\n",
+         o->world,
+         o->cuda ? "cuda: all but each rank's last merge" : "host: every call",
+         (unsigned long long)sum.calls, (unsigned long long)sum.rows,
+         (unsigned long long)sum.rescue_rows,
+         (unsigned long long)sum.failed_calls);
+  return 0;
+}
+
+static void stop_daemon(pid_t pid, const char *dir) {
+  int st;
+  kill(pid, SIGTERM);
+  waitpid(pid, &st, 0);
+  if (nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+    fprintf(stderr, "dcpx-demo: could not remove %s\n", dir);
+}
+
+int main(int argc, char **argv) {
+  opts o = {8, 64, 50, 2048, 512, 16384, 64, 1, 1, NULL, NULL, NULL,
+            0, 0, 0, 0, -1, -1, 1, "."};
+  char dir[] = "/tmp/dcpx-demo.XXXXXX", sock[600], group[64];
+  pid_t daemon_pid = 0;
+  size_t shbytes = 0;
+  int rc;
+
+  find_self_dir(&o);
+  if ((rc = parse_args(&o, argc, argv)) >= 0 || (rc = check_opts(&o)) != 0)
+    return rc;
   if (!o.group) {
     snprintf(group, sizeof(group), "demo-%d", (int)getpid());
     o.group = group;
@@ -664,107 +1070,18 @@ int main(int argc, char **argv) {
     o.socket = sock;
   }
 
-  size_t latbytes = sizeof(double) * o.world * o.calls;
-  size_t shbytes = sizeof(shared) + latbytes + 2 * (size_t)o.calls;
-  shared *sh = mmap(NULL, shbytes, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (sh == MAP_FAILED) {
-    perror("dcpx-demo: mmap");
-    goto out;
+  rc = 1;
+  shared *sh = shared_map(&o, &shbytes);
+  if (sh) {
+    double t_start = now_us();
+    int failed = run_ranks(&o, sh);
+    report_perf(&o, sh, (now_us() - t_start) / 1e6);
+    rc = report_calls(&o, sh, failed);
+    if (report_counters(&o, sh, failed))
+      rc = 1;
+    munmap(sh, shbytes);
   }
-  sh->bad = (uint8_t *)sh + sizeof(shared) + latbytes;
-  sh->faulted = sh->bad + o.calls;
-  pthread_barrierattr_t ba;
-  pthread_barrierattr_init(&ba);
-  pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
-  pthread_barrier_init(&sh->barrier, &ba, o.world);
-
-  double t_start = now_us();
-  pid_t kids[DCPX_MAX_WORLD];
-  for (uint32_t r = 0; r < o.world; r++) {
-    kids[r] = fork();
-    if (kids[r] == 0)
-      _exit(run_rank(&o, r, sh, 0, 0));
-  }
-  int failed = 0, replaced = 0;
-  for (uint32_t left = o.world; left > 0;) {
-    int st;
-    pid_t p = waitpid(-1, &st, 0);
-    if (p < 0)
-      break;
-    if (o.kill_at >= 0 && !replaced && p == kids[o.fault_rank] &&
-        WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
-      /* The killed rank: a new process joins as that rank. */
-      replaced = 1;
-      kids[o.fault_rank] = fork();
-      if (kids[o.fault_rank] == 0)
-        _exit(run_rank(&o, o.fault_rank, sh, (uint32_t)o.kill_at, 1));
-      continue;
-    }
-    left--;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-      failed++;
-  }
-  double wall = (now_us() - t_start) / 1e6;
-
-  uint32_t exact = 0, faulted = 0;
-  for (uint32_t c = 0; c < o.calls && !failed; c++) {
-    faulted += sh->faulted[c];
-    exact += !sh->bad[c] && !sh->faulted[c];
-  }
-  size_t n = (size_t)o.world * o.calls;
-  qsort(sh->lat_us, n, sizeof(double), cmp_double);
-  printf("dcpx-demo: W=%u rows=%u N=%u K=%u local=%u calls=%u backend=%s "
-         "(%.1f s)\n",
-         o.world, o.rows, o.local_topk, o.topk, o.local_len, o.calls,
-         o.cuda ? "cuda" : "host", wall);
-  printf("call latency (push+merge, per rank, us): p50 %.1f  p90 %.1f  "
-         "p99 %.1f  max %.1f\n",
-         sh->lat_us[n / 2], sh->lat_us[n * 9 / 10], sh->lat_us[n * 99 / 100],
-         sh->lat_us[n - 1]);
-  printf("rescue rate: %.2f%% of rows (%llu of %llu)\n",
-         sh->rows ? 100.0 * (double)sh->rescue_rows / (double)sh->rows : 0.0,
-         (unsigned long long)sh->rescue_rows, (unsigned long long)sh->rows);
-  /* Join-to-ready: from the last rank's dcpx_join call (the moment the
-   * group can form) to the last rank's return (all members mapped). */
-  double last_call = 0, last_ret = 0;
-  for (uint32_t r = 0; r < o.world; r++) {
-    if (sh->join_start[r] > last_call)
-      last_call = sh->join_start[r];
-    if (sh->join_end[r] > last_ret)
-      last_ret = sh->join_end[r];
-  }
-  printf("join-to-ready: %.0f us (last join call to last member ready)\n",
-         last_ret - last_call);
-  if (failed)
-    printf("ranks failed: %d\n", failed);
-  if (injected_call(&o) >= 0) {
-    double worst = 0;
-    for (uint32_t r = 0; r < o.world; r++)
-      if (sh->recover_ms[r] > worst)
-        worst = sh->recover_ms[r];
-    printf("fault: rank %u %s in call %d; %u call(s) failed as "
-           "injected; recovery took %.1f ms (slowest rank)\n",
-           o.fault_rank,
-           o.fault_at >= 0 ? "stalled" : "killed (-9) and replaced",
-           injected_call(&o), faulted, worst);
-  }
-  /* Injected failures are not calls the reference can check. */
-  uint32_t checked = o.calls - faulted;
-  printf("exact: %u/%u calls\n", exact, checked);
-  rc = (!failed && exact == checked &&
-        (injected_call(&o) < 0 ||
-         (faulted == 1 && sh->faulted[injected_call(&o)])))
-           ? 0
-           : 1;
-  munmap(sh, shbytes);
-out:
-  if (daemon_pid > 0) {
-    int st;
-    kill(daemon_pid, SIGTERM);
-    waitpid(daemon_pid, &st, 0);
-    if (nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-      fprintf(stderr, "dcpx-demo: could not remove %s\n", dir);
-  }
+  if (daemon_pid > 0)
+    stop_daemon(daemon_pid, dir);
   return rc;
 }

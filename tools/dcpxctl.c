@@ -1307,7 +1307,27 @@ static int check_query(Dcpx__Query *q, Dcpx__Frame **in) {
                     last_error[0] ? last_error : "query failed");
 }
 
-static int cmd_check(int argc, char **argv) {
+/* dcpxctl check: thresholds (parsed by check_parse), then the health
+ * query (check_group per group), the records query (check_records), and
+ * the status line with performance data (check_report). */
+typedef struct check_limits {
+  double rescue_warn, rescue_crit; /* percent */
+  uint64_t window_ns;              /* how far back records count */
+  uint64_t rec_warn, rec_crit;     /* timeout records; 0: never */
+} check_limits;
+
+/* What check found: problems so far, and the status line's figures. */
+typedef struct check_found {
+  char crit[1024], warn[1024], worst_group[128];
+  double max_rescue;
+  unsigned live, ranks;
+  size_t n_groups;
+  uint64_t n_timeouts;
+} check_found;
+
+/* Returns -1 to go on, or the exit status (after --help, or the UNKNOWN
+ * status line for bad arguments). */
+static int check_parse(int argc, char **argv, check_limits *l) {
   static const struct option opts[] = {
       {"rescue-warning", required_argument, NULL, 'w'},
       {"rescue-critical", required_argument, NULL, 'c'},
@@ -1318,45 +1338,36 @@ static int cmd_check(int argc, char **argv) {
       {"timeout", required_argument, NULL, 'T'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
-  double rescue_warn = 50.0, rescue_crit = 100.0, max_rescue = 0.0;
-  uint64_t window_ns = 15ull * 60 * 1000000000ull, rec_warn = 1, rec_crit = 0;
-  uint64_t n_timeouts = 0;
-  Dcpx__Query q = DCPX__QUERY__INIT;
-  Dcpx__Frame *in = NULL;
-  char crit[1024] = "", warn[1024] = "", worst_group[128] = "";
-  unsigned live = 0, ranks = 0;
-  int opt, r, code;
+  int opt;
 
-  arg_json = false;
-  quiet_errors = true;
   opterr = 0; /* a bad option is the status line's UNKNOWN, not stderr */
   while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (opt) {
     case 'h':
       return cmd_usage("check");
     case 'w':
-      if (!parse_pct(optarg, &rescue_warn))
+      if (!parse_pct(optarg, &l->rescue_warn))
         return check_line(NAGIOS_UNKNOWN,
                           "--rescue-warning must be a percentage 0..100");
       break;
     case 'c':
-      if (!parse_pct(optarg, &rescue_crit))
+      if (!parse_pct(optarg, &l->rescue_crit))
         return check_line(NAGIOS_UNKNOWN,
                           "--rescue-critical must be a percentage 0..100");
       break;
     case 'W':
-      if (!parse_duration_ns(optarg, &window_ns) || window_ns == 0)
+      if (!parse_duration_ns(optarg, &l->window_ns) || l->window_ns == 0)
         return check_line(NAGIOS_UNKNOWN,
                           "--records-window must be a duration > 0 (e.g. "
                           "15m)");
       break;
     case 'r':
-      if (!parse_u64(optarg, &rec_warn))
+      if (!parse_u64(optarg, &l->rec_warn))
         return check_line(NAGIOS_UNKNOWN,
                           "--records-warning must be a count (0: never)");
       break;
     case 'R':
-      if (!parse_u64(optarg, &rec_crit))
+      if (!parse_u64(optarg, &l->rec_crit))
         return check_line(NAGIOS_UNKNOWN,
                           "--records-critical must be a count (0: never)");
       break;
@@ -1364,7 +1375,7 @@ static int cmd_check(int argc, char **argv) {
       arg_socket = optarg;
       break;
     case 'T':
-      if ((r = global_opt(opt)))
+      if (global_opt(opt))
         return check_line(NAGIOS_UNKNOWN, "bad --timeout");
       break;
     default:
@@ -1376,101 +1387,147 @@ static int cmd_check(int argc, char **argv) {
   }
   if (argc - optind > 1)
     return check_line(NAGIOS_UNKNOWN, "too many arguments");
+  return -1;
+}
 
+/* One group's state, its ranks, and its rescue rate against the limits. */
+static void check_group(const Dcpx__GroupInfo *g, const check_limits *l,
+                        check_found *f) {
+  bool forming = g->state && strcmp(g->state, "forming") == 0;
+  uint64_t rows = 0, rescue = 0;
+  if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
+    problem(f->crit, sizeof(f->crit), "group %s aborted (%s)", g->name,
+            dcpx__abort_reason_name(g->abort));
+  else if (strcmp(g->state, "recovering") == 0)
+    problem(f->warn, sizeof(f->warn), "group %s recovering", g->name);
+  for (size_t k = 0; k < g->n_ranks; k++) {
+    const Dcpx__RankInfo *rk = g->ranks[k];
+    if (!rk)
+      continue;
+    f->ranks++;
+    rows += rk->rows;
+    rescue += rk->rescue_rows;
+    if (rk->joined && !rk->alarm && !rk->failed)
+      f->live++;
+    if (!rk->joined && !rk->failed && !rk->alarm && rk->rank < 32 &&
+        ((g->awaiting_reattach >> rk->rank) & 1u))
+      problem(f->warn, sizeof(f->warn), "group %s rank %u awaiting reattach",
+              g->name, rk->rank); /* dcpxd restarted; it comes back */
+    else if (rk->failed || rk->alarm || (!rk->joined && !forming))
+      problem(f->crit, sizeof(f->crit), "group %s rank %u %s", g->name,
+              rk->rank, rank_state(g, rk, true));
+  }
+  double rate = 100.0 * rescue_rate(rescue, rows);
+  if (rows && rate > f->max_rescue) {
+    f->max_rescue = rate;
+    snprintf(f->worst_group, sizeof(f->worst_group), "%s", g->name);
+  }
+  if (rows && rate > l->rescue_crit)
+    problem(f->crit, sizeof(f->crit), "group %s rescue rate %.1f%% > %.1f%%",
+            g->name, rate, l->rescue_crit);
+  else if (rows && rate > l->rescue_warn)
+    problem(f->warn, sizeof(f->warn), "group %s rescue rate %.1f%% > %.1f%%",
+            g->name, rate, l->rescue_warn);
+}
+
+/* The health query: every group (or the one named). Returns -1, or the
+ * exit status of a query that failed (its UNKNOWN line printed). */
+static int check_health(const char *group, const check_limits *l,
+                        check_found *f) {
+  Dcpx__Query q = DCPX__QUERY__INIT;
+  Dcpx__Frame *in = NULL;
+  int code;
   q.what = DCPX__QUERY__WHAT__HEALTH;
-  q.group = optind < argc ? argv[optind] : "";
+  q.group = (char *)group;
   q.rank = -1;
   if ((code = check_query(&q, &in)) >= 0)
     return code;
   const Dcpx__QueryReply *qr = in->query_reply;
-  for (size_t i = 0; i < qr->n_groups; i++) {
-    const Dcpx__GroupInfo *g = qr->groups[i];
-    bool forming = g->state && strcmp(g->state, "forming") == 0;
-    uint64_t rows = 0, rescue = 0;
-    if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
-      problem(crit, sizeof(crit), "group %s aborted (%s)", g->name,
-              dcpx__abort_reason_name(g->abort));
-    else if (strcmp(g->state, "recovering") == 0)
-      problem(warn, sizeof(warn), "group %s recovering", g->name);
-    for (size_t k = 0; k < g->n_ranks; k++) {
-      const Dcpx__RankInfo *rk = g->ranks[k];
-      if (!rk)
-        continue;
-      ranks++;
-      rows += rk->rows;
-      rescue += rk->rescue_rows;
-      if (rk->joined && !rk->alarm && !rk->failed)
-        live++;
-      if (!rk->joined && !rk->failed && !rk->alarm && rk->rank < 32 &&
-          ((g->awaiting_reattach >> rk->rank) & 1u))
-        problem(warn, sizeof(warn), "group %s rank %u awaiting reattach",
-                g->name, rk->rank); /* dcpxd restarted; it comes back */
-      else if (rk->failed || rk->alarm || (!rk->joined && !forming))
-        problem(crit, sizeof(crit), "group %s rank %u %s", g->name, rk->rank,
-                rank_state(g, rk, true));
-    }
-    double rate = 100.0 * rescue_rate(rescue, rows);
-    if (rows && rate > max_rescue) {
-      max_rescue = rate;
-      snprintf(worst_group, sizeof(worst_group), "%s", g->name);
-    }
-    if (rows && rate > rescue_crit)
-      problem(crit, sizeof(crit), "group %s rescue rate %.1f%% > %.1f%%",
-              g->name, rate, rescue_crit);
-    else if (rows && rate > rescue_warn)
-      problem(warn, sizeof(warn), "group %s rescue rate %.1f%% > %.1f%%",
-              g->name, rate, rescue_warn);
-  }
-  size_t n_groups = qr->n_groups;
+  for (size_t i = 0; i < qr->n_groups; i++)
+    check_group(qr->groups[i], l, f);
+  f->n_groups = qr->n_groups;
   dcpx__frame_free(in);
-  in = NULL;
+  return -1;
+}
 
-  if (rec_warn || rec_crit) {
-    Dcpx__Query rq = DCPX__QUERY__INIT;
-    uint64_t now = now_ns();
-    rq.what = DCPX__QUERY__WHAT__RECORDS;
-    rq.group = q.group;
-    rq.rank = -1;
-    rq.since_ns = window_ns < now ? now - window_ns : 1;
-    if ((code = check_query(&rq, &in)) >= 0)
-      return code;
-    for (size_t i = 0; i < in->query_reply->n_records; i++)
-      if (in->query_reply->records[i]->kind == DCPX_REC_TIMEOUT)
-        n_timeouts++;
-    dcpx__frame_free(in);
-    if (rec_crit && n_timeouts >= rec_crit)
-      problem(crit, sizeof(crit), "%" PRIu64 " timeout record%s in %.0f s",
-              n_timeouts, n_timeouts == 1 ? "" : "s", (double)window_ns / 1e9);
-    else if (rec_warn && n_timeouts >= rec_warn)
-      problem(warn, sizeof(warn), "%" PRIu64 " timeout record%s in %.0f s",
-              n_timeouts, n_timeouts == 1 ? "" : "s", (double)window_ns / 1e9);
-  }
+/* Timeout records within the window, against their limits. Returns -1,
+ * or the exit status of a query that failed. */
+static int check_records(const char *group, const check_limits *l,
+                         check_found *f) {
+  Dcpx__Query rq = DCPX__QUERY__INIT;
+  Dcpx__Frame *in = NULL;
+  uint64_t now = now_ns();
+  int code;
+  if (!l->rec_warn && !l->rec_crit)
+    return -1;
+  rq.what = DCPX__QUERY__WHAT__RECORDS;
+  rq.group = (char *)group;
+  rq.rank = -1;
+  rq.since_ns = l->window_ns < now ? now - l->window_ns : 1;
+  if ((code = check_query(&rq, &in)) >= 0)
+    return code;
+  for (size_t i = 0; i < in->query_reply->n_records; i++)
+    if (in->query_reply->records[i]->kind == DCPX_REC_TIMEOUT)
+      f->n_timeouts++;
+  dcpx__frame_free(in);
+  const uint64_t n = f->n_timeouts;
+  const double secs = (double)l->window_ns / 1e9;
+  if (l->rec_crit && n >= l->rec_crit)
+    problem(f->crit, sizeof(f->crit), "%" PRIu64 " timeout record%s in %.0f s",
+            n, n == 1 ? "" : "s", secs);
+  else if (l->rec_warn && n >= l->rec_warn)
+    problem(f->warn, sizeof(f->warn), "%" PRIu64 " timeout record%s in %.0f s",
+            n, n == 1 ? "" : "s", secs);
+  return -1;
+}
 
-  code = crit[0] ? NAGIOS_CRITICAL : warn[0] ? NAGIOS_WARNING : NAGIOS_OK;
+/* The status line and its performance data; returns the Nagios code. */
+static int check_report(const check_limits *l, const check_found *f) {
+  int code = f->crit[0]   ? NAGIOS_CRITICAL
+             : f->warn[0] ? NAGIOS_WARNING
+                          : NAGIOS_OK;
   printf("DCPX %s - ", nagios_name[code]);
-  if (crit[0])
-    printf("%s%s", crit, warn[0] ? ", " : "");
-  if (warn[0])
-    printf("%s", warn);
+  if (f->crit[0])
+    printf("%s%s", f->crit, f->warn[0] ? ", " : "");
+  if (f->warn[0])
+    printf("%s", f->warn);
   if (code == NAGIOS_OK) {
-    printf("%zu group%s, %u/%u ranks live", n_groups, n_groups == 1 ? "" : "s",
-           live, ranks);
-    if (worst_group[0])
-      printf(", rescue rate at most %.1f%% (%s)", max_rescue, worst_group);
+    printf("%zu group%s, %u/%u ranks live", f->n_groups,
+           f->n_groups == 1 ? "" : "s", f->live, f->ranks);
+    if (f->worst_group[0])
+      printf(", rescue rate at most %.1f%% (%s)", f->max_rescue,
+             f->worst_group);
   }
   /* Performance data: label=value;warn;crit;min;max, a threshold left
    * empty where it is off. Nagios alerts at value > threshold, so the
    * record thresholds (N or more) are given as N - 1. */
   char rw[24] = "", rc[24] = "";
-  if (rec_warn)
-    snprintf(rw, sizeof(rw), "%" PRIu64, rec_warn - 1);
-  if (rec_crit)
-    snprintf(rc, sizeof(rc), "%" PRIu64, rec_crit - 1);
+  if (l->rec_warn)
+    snprintf(rw, sizeof(rw), "%" PRIu64, l->rec_warn - 1);
+  if (l->rec_crit)
+    snprintf(rc, sizeof(rc), "%" PRIu64, l->rec_crit - 1);
   printf(" | groups=%zu ranks=%u live_ranks=%u timeout_records=%" PRIu64
          ";%s;%s;0; rescue_max=%.2f%%;%g;%g;0;100\n",
-         n_groups, ranks, live, n_timeouts, rw, rc, max_rescue, rescue_warn,
-         rescue_crit);
+         f->n_groups, f->ranks, f->live, f->n_timeouts, rw, rc, f->max_rescue,
+         l->rescue_warn, l->rescue_crit);
   return code;
+}
+
+static int cmd_check(int argc, char **argv) {
+  check_limits l = {50.0, 100.0, 15ull * 60 * 1000000000ull, 1, 0};
+  check_found f;
+  int code;
+
+  memset(&f, 0, sizeof(f));
+  arg_json = false;
+  quiet_errors = true;
+  if ((code = check_parse(argc, argv, &l)) >= 0)
+    return code;
+  const char *group = optind < argc ? argv[optind] : "";
+  if ((code = check_health(group, &l, &f)) >= 0 ||
+      (code = check_records(group, &l, &f)) >= 0)
+    return code;
+  return check_report(&l, &f);
 }
 
 static void help(void) {
