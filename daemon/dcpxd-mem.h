@@ -3,9 +3,9 @@
  * descriptor.
  *
  * A backend is a table of operations (NCCL-transport style: one backend,
- * one file). The host backend (dcpxd-mem.c) hands out sealed memfds; a CUDA
- * backend (dcpxd-mem-cuda.c, to come) would allocate with cuMemCreate on
- * the rank's device and export a POSIX fd. The group code only ever sees
+ * one file). The host backend (dcpxd-mem.c) hands out sealed memfds; the
+ * CUDA backend (dcpxd-mem-cuda.c) allocates with cuMemCreate on the rank's
+ * device and exports a POSIX fd. The group code only ever sees
  * this interface:
  *
  *   alloc  a buffer of `bytes` on `device`, zero-filled, with an fd that

@@ -12,7 +12,8 @@
  *   dcpxd-query.c    Query and Command (dcpxctl)
  *   dcpxd-records.c  durable, bounded record storage
  *   dcpxd-secrets.c  the groups it created and their secrets (reattach)
- *   dcpxd-mem.c      buffer backends (host memfd; CUDA to come)
+ *   dcpxd-mem.c      the host memory backend (memfd); dcpxd-mem-cuda.c
+ *                    the CUDA one (VMM, POSIX fds)
  *   dcpxd-notify.c   systemd notify / watchdog / socket activation
  *   dcpxd-log.c      logging
  *
