@@ -882,13 +882,18 @@ int main(int argc, char **argv) {
    * ops connection, per group a control page and W workspaces, twice over
    * while one instance goes and the next forms; and a little slack. */
   s.fd_bound = s.fds0 + (int)(O.gangs * (3 * O.W + 2 * (O.W + 1))) + 16;
-  printf("soak: %u gangs x %u ranks, %u calls per join, %.0f s (warm-up "
-         "%.0f s); kill -9 every %.0f s, dcpxd restart every %.0f s, "
-         "recovery bound %.0f s; wait timeout %u ms; dcpxd pid %d (%ld KiB, "
-         "%d fds; fd bound %d)\n",
-         O.gangs, O.W, O.calls, O.seconds, O.warmup, O.kill_every,
-         O.restart_every, O.recover_bound, O.wait_timeout_ms, (int)s.d.pid,
-         s.rss0, s.fds0, s.fd_bound);
+  char kills[48] = "no kill -9", restarts[48] = "no dcpxd restart";
+  if (O.kill_every > 0)
+    snprintf(kills, sizeof(kills), "kill -9 every %g s", O.kill_every);
+  if (O.restart_every > 0)
+    snprintf(restarts, sizeof(restarts), "dcpxd restart every %g s",
+             O.restart_every);
+  printf("soak: %u gangs x %u ranks, %u calls per join, %g s (warm-up "
+         "%g s); %s, %s, recovery bound %g s; wait timeout %u ms; dcpxd pid "
+         "%d (%ld KiB, %d fds; fd bound %d)\n",
+         O.gangs, O.W, O.calls, O.seconds, O.warmup, kills, restarts,
+         O.recover_bound, O.wait_timeout_ms, (int)s.d.pid, s.rss0, s.fds0,
+         s.fd_bound);
   print_header();
   s.t0 = s.last_t = hh_mono();
   for (unsigned g = 0; g < O.gangs; g++)
