@@ -526,8 +526,14 @@ typedef struct hh_shared {
   volatile int32_t late_rank;    /* -1: none */
   volatile uint64_t late_call;
   volatile uint32_t late_ms;
+  /* Rank processes done with their last call; each leaves only once all
+   * W are (or after HH_LEAVE_WAIT_MS): a Leave aborts the group, and a
+   * rank that left first failed a slower peer's last call under load. */
+  volatile uint32_t leaving;
   hh_rank_state r[DCPX_MAX_WORLD];
 } hh_shared;
+
+#define HH_LEAVE_WAIT_MS 5000u
 
 HH_FN hh_shared *hh_shared_new(void) {
   hh_shared *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
@@ -898,6 +904,12 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
   dcpx_health_info hi = DCPX_HEALTH_INFO_INIT;
   if (dcpx_health(m, &hi) == 0)
     st->reattaches = hi.reattaches;
+  /* Leave together (bounded: a rank killed for good never arrives). */
+  __atomic_add_fetch(&sh->leaving, 1u, __ATOMIC_SEQ_CST);
+  for (unsigned i = 0; i < HH_LEAVE_WAIT_MS &&
+                       __atomic_load_n(&sh->leaving, __ATOMIC_SEQ_CST) < sp->W;
+       i++)
+    hh_sleep_ms(1);
   dcpx_leave(m);
   st->status = 1;
   rc = 0;
@@ -993,6 +1005,7 @@ HH_FN int hh_stop_ranks(hh_shared *sh, const pid_t *pids, uint32_t W) {
     waitpid(pids[r], &st, 0);
     bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
+  sh->leaving = 0; /* for ranks this test forks next */
   return bad;
 }
 
