@@ -5,7 +5,8 @@
 # CUDA tensors, CUDA graph capture, torch.compile, the per-call overhead,
 # the example one rank per GPU), then examples/decode_step.py at W=8 on
 # one GPU under MPS and at W=2 on two GPUs. Logs in $OUT (default
-# /tmp/dcpx-pygpu-out); exit 0 when everything passed.
+# /tmp/dcpx-pygpu-out); exit 0 when everything passed. --pytest-only:
+# the pytest suite alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dcpx-pygpu-out}
@@ -22,6 +23,7 @@ python3 -m pytest -p no:cacheprovider -v -s -rfs --durations=10 \
   python/tests > "$OUT/pytest.log" 2>&1 || rc=1
 grep -E 'passed|failed|push\+merge|graph replay' "$OUT/pytest.log" |
   tee -a "$OUT/summary.txt"
+[ "${1:-}" = --pytest-only ] && exit $rc
 
 echo "== example, W=8 on GPU 0 under MPS" | tee -a "$OUT/summary.txt"
 mps=$(mktemp -d /tmp/dcpx-mps.XXXXXX)

@@ -162,12 +162,9 @@ step_python() {
 step_pytest() {
   [ -d build-pygpu ] || { say "pytest: build-pygpu/ missing"; rc=1; return; }
   say "python package: pytest"
-  LD_LIBRARY_PATH=$PWD/build-pygpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-    DCPX_LIBRARY=$PWD/build-pygpu/lib/libdcpx.so.0 \
-    DCPXD=$PWD/build-pygpu/dcpxd PYTHONPATH=$PWD/python \
-    PYTHONDONTWRITEBYTECODE=1 timeout -k 5 300 python3 -m pytest \
-    -p no:cacheprovider -v -s -rfs python/tests > "$OUT/pytest.log" 2>&1 || rc=1
-  show "passed|failed|FAILED|Error" "$OUT/pytest.log" 20
+  OUT="$OUT/python" timeout -k 5 300 bash python/gpu-run.sh --pytest-only \
+    > "$OUT/pytest.txt" 2>&1 || rc=1
+  tail -5 "$OUT/pytest.txt" | tee -a "$OUT/summary.txt"
 }
 
 step_prof() {
