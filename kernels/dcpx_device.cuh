@@ -1146,12 +1146,38 @@ typedef struct dcpx_wctx {
   dcpx_rank_health *health; /* own rank's block */
   dcpx_wait_record *rec;    /* own record slot of this row */
   dcpx_rank_state *st;      /* own rank's state (device memory) */
-  uint64_t call_tag;        /* the call sequence (layout.h call_seq) */
   uint32_t rank, t;
   uint32_t storm;           /* 1: the old every-waiter poll (measurement) */
-  uint32_t armed;           /* block 0, thread 0: fault_armed, read early */
+  /* Block 0, thread 0: the fault-hook words (fault_armed, fault_epoch,
+   * fault_call) copied into shared memory by dcpx_dev_hook_fetch at the
+   * kernel's start; NULL elsewhere. */
+  const uint32_t *hook_s;
   dcpx_blkwait *bw;         /* shared */
 } dcpx_wctx;
+
+/* The call's tag (layout.h call_seq), on the rare paths that need it
+ * (records, the fault hook, failed calls): this rank's push of the call
+ * advanced it, so it is read after the push grid is complete and
+ * visible (PDL; without PDL stream order already guarantees it). The
+ * hot path reads nothing for it, and the push advances it without a
+ * fence (push.cu). */
+DCPX_D uint64_t dcpx_dev_call_tag(const dcpx_wctx *w) {
+  dcpx_dev_pdl_wait();
+  return w->st->call_seq;
+}
+
+/* Block 0, thread 0, at the merge's start: an asynchronous copy of its
+ * health block's fault words (16 bytes at fault_armed: armed, epoch,
+ * call) from the control page (host memory) into dst (shared, 16-byte
+ * aligned). Nobody waits for the PCIe read until the hook's point, after
+ * the first poll (dcpx_dev_fault_hook). */
+DCPX_D void dcpx_dev_hook_fetch(const dcpx_rank_health *h, uint32_t *dst) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d),
+               "l"(&h->fault_armed)
+               : "memory");
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 /* Starts row t's wait phase (thread 0; the caller synchronises). */
 DCPX_D void dcpx_dev_wait_begin(dcpx_blkwait *bw) {
@@ -1178,7 +1204,7 @@ DCPX_D void dcpx_dev_timeout(const dcpx_wctx *w, uint32_t region,
     r->seen = seen;
     r->block = w->t;
     r->time_ns = dcpx_dev_now();
-    r->call_tag = w->call_tag;
+    r->call_tag = dcpx_dev_call_tag(w);
     r->generation = w->ctl->generation;
     r->rank = w->rank;
     __threadfence_system();
@@ -1279,11 +1305,14 @@ DCPX_D int dcpx_dev_wait_ll(const dcpx_wctx *w, const void *p, uint32_t e,
  * the group is aborted or the rank FAILED (read every 20 us). */
 DCPX_D void dcpx_dev_fault_hook(const dcpx_wctx *w, uint32_t e) {
   dcpx_rank_health *h = w->health;
-  if (!w->armed || !h->fault_armed || h->fault_fired)
+  if (!w->hook_s)
+    return;
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  if (!w->hook_s[0] || !h->fault_armed || h->fault_fired)
     return;
   const uint32_t fe = h->fault_epoch;
   const uint64_t fc = h->fault_call;
-  if ((fe != 0 && fe != e) || (fc != ~0ull && fc != w->call_tag))
+  if ((fe != 0 && fe != e) || (fc != ~0ull && fc != dcpx_dev_call_tag(w)))
     return;
   h->fault_fired = 1;
   __threadfence_system();

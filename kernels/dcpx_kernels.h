@@ -67,7 +67,7 @@ extern "C" {
  * (generation, call sequence + 1) counted). Nothing waits at the end of a
  * merge: block 0 of the NEXT merge (its own previous merge has completed
  * by then, stream order) copies the totals asynchronously at its start
- * and stores them into the rank's health block after its first poll, so
+ * and stores them into the rank's health block after its first round 1, so
  * the control page shows the calls up to the previous one: calls =
  * launched - failed_calls; a failed call's rows that finished count in
  * rows and rescue_rows (the host backend counts none of them). */
@@ -76,6 +76,13 @@ typedef struct dcpx_k_counters {
   unsigned long long last_failed;
   unsigned long long pad[3];
 } dcpx_k_counters;
+
+/* kctx.diag bits, for benches that take one cost out to see its size:
+ * the merge neither copies nor checks the fault hook; the merge stores no
+ * rescue list (this breaks the protocol: only for a merge whose peers do
+ * not run, as bench_kernels' one-rank merge). */
+#define DCPX_K_DIAG_NO_HOOK 1u
+#define DCPX_K_DIAG_NO_RESCUE_STORES 2u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull
@@ -86,6 +93,10 @@ typedef struct dcpx_kctx {
   uint32_t max_blocks; /* cap on the merge grid; 0 = one block per row */
   uint32_t poll_storm; /* 0; 1 = every waiter reads the control page every
                           2 us (the old behaviour, for measurement only) */
+  uint32_t diag;       /* 0; measurement only (benches): DCPX_K_DIAG_* */
+  uint32_t push_split_rows; /* calls with more rows push with half-size
+                          blocks, two per SM (dcpx_k_push_threads); set it
+                          to the SM count; 0 = always full blocks */
   uint32_t pdl;        /* 1: launch push and merge with programmatic
                           dependent launch (the merge starts polling while
                           its push runs). Use with one rank per GPU: ranks
@@ -197,6 +208,9 @@ int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm);
  * nothing into any rank's slots (the call fails in the merge). */
 int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
                 uint64_t stride, const int32_t *row_ends, cudaStream_t s);
+
+/* Threads of a push block for a call of `rows` rows (host, no CUDA call). */
+uint32_t dcpx_k_push_threads(const dcpx_kctx *c, uint32_t rows);
 
 /* Merge (docs/PROTOCOL.md sections 4-6) of rows t < rows. Outputs (device):
  *   rows_out  [rows][K]  KV rows of this rank's selected elements, ascending

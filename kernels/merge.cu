@@ -286,6 +286,8 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
   merge_prof(b, t, 3);
   const uint32_t slot = __popc(mask & ((1u << me) - 1u));
   const uint64_t dst = c->L.off_rescue + dcpx_rescue_offset(&c->L, t, slot, 0);
+  if (c->diag & DCPX_K_DIAG_NO_RESCUE_STORES)
+    return;
 #pragma unroll 1
   for (uint32_t i = threadIdx.x; i < PK; i += MT) {
     const uint2 w = ((const uint2 *)b->list2)[i];
@@ -380,7 +382,7 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
 
 /* A row whose wait gave up: -1 outputs, sat_word as far as known, and
  * the call counted as failed. */
-DCPX_D void merge_row_failed(const dcpx_kctx *c, uint64_t call, uint32_t t,
+DCPX_D void merge_row_failed(const dcpx_kctx *c, const dcpx_wctx *wc, uint32_t t,
                              uint32_t K, uint32_t sw, int32_t *rows_out,
                              int32_t *valid_out, int32_t *ids_out,
                              uint32_t *sat_out) {
@@ -392,7 +394,7 @@ DCPX_D void merge_row_failed(const dcpx_kctx *c, uint64_t call, uint32_t t,
   }
   if (threadIdx.x == 0) {
     if (c->ctr)
-      dcpx_dev_count_failed(c->ctr, c->ctl, call);
+      dcpx_dev_count_failed(c->ctr, c->ctl, dcpx_dev_call_tag(wc));
     valid_out[t] = -1;
     if (sat_out)
       sat_out[t] = sw;
@@ -416,18 +418,17 @@ DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
 }
 
 /* The waits' view of row t (its record slot, the rank's words). */
-DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t, uint64_t call,
-                            uint32_t armed, dcpx_blkwait *bw) {
+DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t,
+                            const uint32_t *hook_s, dcpx_blkwait *bw) {
   dcpx_wctx wc;
   wc.ctl = c->ctl;
   wc.health = c->health + c->rank;
   wc.rec = c->records + (uint64_t)c->rank * c->rows_max + t;
-  wc.call_tag = call;
   wc.rank = c->rank;
   wc.t = t;
   wc.st = (dcpx_rank_state *)(c->ws + c->L.off_call);
   wc.storm = c->poll_storm;
-  wc.armed = armed;
+  wc.hook_s = hook_s;
   wc.bw = bw;
   return wc;
 }
@@ -448,6 +449,7 @@ static __global__ void __launch_bounds__(MT)
   __shared__ uint32_t kmin_s;
   __shared__ char *peer[DCPX_MAX_WORLD];
   __shared__ __align__(16) unsigned long long snap[4]; /* counters, block 0 */
+  __shared__ __align__(16) uint32_t hook_w[4]; /* fault words, block 0 */
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -457,7 +459,6 @@ static __global__ void __launch_bounds__(MT)
     c.prof[(uint64_t)blockIdx.x * DCPX_K_PROF_POINTS + 14] = clock64();
   char *ws = c.ws;
   uint32_t *epoch = (uint32_t *)(ws + c.L.off_epoch);
-  const uint64_t call = *(const volatile uint64_t *)(ws + c.L.off_call);
   const uint32_t max_len =
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
   mblk b;
@@ -476,7 +477,7 @@ static __global__ void __launch_bounds__(MT)
                          c.interleave, plan.rcp_b, plan.rcp_i);
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after the row's first barrier */
-  const int publish = c.ctr && blockIdx.x == 0 && tid == 0;
+  int publish = c.ctr && blockIdx.x == 0 && tid == 0;
   if (publish)
     dcpx_dev_count_fetch(c.ctr, snap);
   /* PDL: this merge may have started while its push still runs (it was
@@ -485,13 +486,14 @@ static __global__ void __launch_bounds__(MT)
    * before it writes epoch[t]. The next kernel may launch now: it waits
    * itself before it reads anything this merge writes. */
   dcpx_dev_pdl_trigger();
-  /* The fault hook (block 0, thread 0, its first row): its word lives in
-   * host memory, so it is asked for now and looked at only when the row
-   * first waits or has finished its poll. */
+  /* The fault hook (block 0, thread 0, its first row): its words live in
+   * host memory, so they are copied asynchronously now and looked at only
+   * when the row first waits or has finished its poll. */
   int hook = 0;
-  uint32_t armed = 0;
-  if (blockIdx.x == 0 && tid == 0) {
-    armed = c.health[me].fault_armed;
+  const uint32_t *hook_s = NULL;
+  if (blockIdx.x == 0 && tid == 0 && !(c.diag & DCPX_K_DIAG_NO_HOOK)) {
+    dcpx_dev_hook_fetch(c.health + me, hook_w);
+    hook_s = hook_w;
     hook = 1;
   }
 
@@ -505,7 +507,7 @@ static __global__ void __launch_bounds__(MT)
       for (uint32_t x = tid * 32u; x < bt_cols; x += MT * 32u)
         asm volatile("prefetch.global.L1 [%0];" ::"l"(
             block_table + (uint64_t)req * bt_cols + x));
-    const dcpx_wctx wc = merge_wctx(&c, t, call, armed, &bw);
+    const dcpx_wctx wc = merge_wctx(&c, t, hook_s, &bw);
     uint32_t sw = 0, mask = 0, kmn = 0xFFFFu, kmx = 0, total = 0, T1 = 0;
     int ok = 0;
 
@@ -535,8 +537,6 @@ static __global__ void __launch_bounds__(MT)
         hook = 0;
         dcpx_dev_fault_hook(&wc, e);
       }
-      if (publish && t == 0) /* long before the kernel ends */
-        dcpx_dev_count_publish(c.ctr, snap, c.health + me);
       merge_prof(&b, t, 1);
       if (bw.fail)
         break;
@@ -544,6 +544,11 @@ static __global__ void __launch_bounds__(MT)
       /* ---- 2. round 1; 3.-5. rescue and round 2 when a rank saturated ---- */
       mask = merge_round1(&b, t, &total, &T1);
       sw = (mask << 16) | T1;
+      /* Long after its copies landed, long before the kernel ends. */
+      if (publish) {
+        publish = 0;
+        dcpx_dev_count_publish(c.ctr, snap, c.health + me);
+      }
       merge_prof(&b, t, 2);
       if (mask) {
         const int32_t re = row_ends[t];
@@ -564,8 +569,12 @@ static __global__ void __launch_bounds__(MT)
     } while (0);
 
     if (!ok)
-      merge_row_failed(&c, call, t, K, sw, rows_out, valid_out, ids_out,
+      merge_row_failed(&c, &wc, t, K, sw, rows_out, valid_out, ids_out,
                        sat_out);
+    if (publish) { /* the row failed before round 1 ended */
+      publish = 0;
+      dcpx_dev_count_publish(c.ctr, snap, c.health + me);
+    }
     /* Every thread is done with row t, and the own push grid has completed
      * (PDL wait): the next call's epoch. */
     __syncthreads();

@@ -37,13 +37,13 @@ static __device__ void push_lists(const dcpx_kctx *c, dcpx_sel_smem *S,
   uint4 *dst = (uint4 *)(c->klist + (uint64_t)t * rw_k);
   uint32_t kmn = 0xFFFFu, kmx = 0;
 #pragma unroll 1
-  for (uint32_t v = threadIdx.x; v < rw_k / 4; v += PT)
+  for (uint32_t v = threadIdx.x; v < rw_k / 4; v += blockDim.x)
     dst[v] = ((const uint4 *)kw)[v];
 #pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < c->L.rw_n; i += PT)
+  for (uint32_t i = threadIdx.x; i < c->L.rw_n; i += blockDim.x)
     words[i] = 0;
 #pragma unroll 1
-  for (uint32_t f = threadIdx.x; f < K; f += PT) {
+  for (uint32_t f = threadIdx.x; f < K; f += blockDim.x) {
     const uint32_t o = kw[f] >> 16;
     if (o) {
       kmn = min(kmn, o);
@@ -100,19 +100,17 @@ static __global__ void __launch_bounds__(PT)
   uint32_t seen = 0;
   /* PDL: everything earlier in the stream (the engine's logits, this
    * rank's previous merge) is complete before the push reads anything;
-   * then the merge may launch and start polling while this push works. The
-   * call sequence is advanced and fenced before the trigger, so the merge
-   * reads it. */
+   * then the merge may launch and start polling while this push works.
+   * Block 0 advances the call sequence with a reduction: no fence and no
+   * wait here, since the merge reads it only on its rare paths, after its
+   * own PDL wait (dcpx_dev_call_tag). */
   dcpx_dev_pdl_wait();
+  dcpx_dev_pdl_trigger();
   if (tid == 0) {
     seen = st->stop;
-    if (blockIdx.x == 0) {
-      st->call_seq = st->call_seq + 1;
-      __threadfence();
-    }
+    if (blockIdx.x == 0)
+      atomicAdd((unsigned long long *)&st->call_seq, 1ull);
   }
-  __syncthreads();
-  dcpx_dev_pdl_trigger();
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after local_list's barriers */
 
@@ -142,7 +140,7 @@ static __global__ void __launch_bounds__(PT)
 
     /* rw_n is a multiple of 4, so the list is exactly P pairs. */
 #pragma unroll 1
-    for (uint32_t i = tid; i < P; i += PT) {
+    for (uint32_t i = tid; i < P; i += blockDim.x) {
       const uint2 w = ((const uint2 *)words)[i];
 #pragma unroll 1
       for (uint32_t d = 0; d < W; d++)
@@ -153,6 +151,15 @@ static __global__ void __launch_bounds__(PT)
 }
 
 /* ---- host side ------------------------------------------------------------ */
+
+/* A push block has PT threads (one block per SM: 64 registers each), or
+ * PT / 2 when the call has more rows than one wave of those holds
+ * (c->push_split_rows): two half blocks per SM then run every row at
+ * once, where full blocks would take two waves. The kernel's loops step
+ * by blockDim.x, and the list selection works at either size. */
+uint32_t dcpx_k_push_threads(const dcpx_kctx *c, uint32_t rows) {
+  return c->push_split_rows && rows > c->push_split_rows ? PT / 2u : PT;
+}
 
 size_t dcpx_k_push_smem(const dcpx_kctx *c) {
   return 4u * ((size_t)c->L.rw_n + (c->klist ? c->L.rw_k : 0u)) +
@@ -183,9 +190,10 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
    * block 0 advances the call sequence (as the host backend does). */
   cudaLaunchAttribute pdl;
   const uint32_t grid = rows ? rows : 1u;
+  const uint32_t nt = dcpx_k_push_threads(c, rows);
   const cudaLaunchConfig_t cfg =
-      c->pdl ? dcpx_launch_cfg_pdl(grid, PT, dcpx_k_push_smem(c), s, &pdl)
-             : dcpx_launch_cfg(grid, PT, dcpx_k_push_smem(c), s);
+      c->pdl ? dcpx_launch_cfg_pdl(grid, nt, dcpx_k_push_smem(c), s, &pdl)
+             : dcpx_launch_cfg(grid, nt, dcpx_k_push_smem(c), s);
   /* The launch's own status, not cudaGetLastError's (merge.cu). */
   if (cudaLaunchKernelEx(&cfg, dcpx_push_kernel, *c, rows, logits, stride,
                          row_ends) != cudaSuccess)

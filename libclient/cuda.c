@@ -343,6 +343,15 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   (void)nccl_id_len;
 #endif
 
+  /* A call with more rows than the GPU has SMs pushes with half blocks,
+   * two per SM, in one wave (push.cu dcpx_k_push_threads). */
+  int nsm = 0;
+  if (!CUDA_OK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount,
+                                      cu->device))) {
+    r = DCPX_E_CUDA;
+    goto out;
+  }
+  k->push_split_rows = (uint32_t)nsm;
   /* Ranks sharing this GPU must all fit at once (see the file comment). */
   uint32_t share = 0;
   for (uint32_t d = 0; d < W && d < ndevices; d++)

@@ -19,6 +19,15 @@
 #            with two GPUs)
 #   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
 #            merge, merge with rescue, whole calls (5 graph replays each)
+#   ab       bench_kernels A/B: this build, this build with full push
+#            blocks always (DCPX_PUSH_SPLIT_ROWS=0), and a baseline build's
+#            bench_kernels if one is carried at $BASE (default
+#            build-gpu/base/bench_kernels), all in one run
+#   diag     bench_kernels at rows 64 without the call counters (what
+#            block 0's counter duty costs)
+#   diag2    bench_kernels with DCPX_BENCH_DIAG 1 (no fault hook), 2 (no
+#            rescue stores), 3 (neither), rows 1 and 64
+#   prof2    Nsight Compute source counters of one rescued merge, as CSV
 #   torch    torch.topk on the same shapes (graph replays), an independent
 #            set check
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
@@ -73,6 +82,61 @@ step_bench1() {
   BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$B/tests/gpu/bench_kernels" \
     > "$OUT/bench_kernels.md" 2>&1 || rc=1
   tee -a "$OUT/summary.txt" < "$OUT/bench_kernels.md" | tail -40
+}
+
+step_ab() {
+  local base=${BASE:-$B/base/bench_kernels} i
+  for i in $(seq "${AB_ROUNDS:-1}"); do
+    say "ab round $i: bench_kernels (this build)"
+    BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$B/tests/gpu/bench_kernels" \
+      > "$OUT/ab${i}_new.md" 2>&1 || rc=1
+    show "^\| 16384|entry|rows 1\.\.|one block" "$OUT/ab${i}_new.md" 60
+    say "ab round $i: DCPX_PUSH_SPLIT_ROWS=0"
+    DCPX_PUSH_SPLIT_ROWS=0 BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 \
+      "$B/tests/gpu/bench_kernels" > "$OUT/ab${i}_nosplit.md" 2>&1 || rc=1
+    show "^\| 16384" "$OUT/ab${i}_nosplit.md" 8
+    if [ -x "$base" ]; then
+      say "ab round $i: baseline $base"
+      BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$base" \
+        > "$OUT/ab${i}_base.md" 2>&1 || rc=1
+      show "^\| 16384|entry" "$OUT/ab${i}_base.md" 30
+    fi
+  done
+}
+
+step_diag() {
+  say "diag: bench_kernels rows 64 without the call counters"
+  DCPX_BENCH_NOCTR=1 BENCH_ROWS=64 BENCH_REPS=5 BENCH_LEN=16384 \
+    timeout -k 5 120 "$B/tests/gpu/bench_kernels" > "$OUT/diag_noctr.md" 2>&1 || rc=1
+  show "^\| 16384|entry|rows 1\.\.|one block" "$OUT/diag_noctr.md" 30
+}
+
+step_prof2() {
+  # Where a rescued merge's time goes, by source line: Nsight Compute's
+  # warp-state samples of one skewed merge (rows 1), as CSV.
+  mkdir -p /tmp/dcpx-gpu-src && cp -r kernels common include /tmp/dcpx-gpu-src/
+  BENCH_QUICK=1 BENCH_ROWS=1 BENCH_REPS=5 BENCH_LEN=16384 \
+    timeout -k 5 200 ncu --section SourceCounters --section WarpStateStats \
+    --import-source yes -k regex:dcpx_merge_kernel -s 141 -c 1 \
+    -o "$OUT/merge_skew2" -f "$B/tests/gpu/bench_kernels" \
+    > "$OUT/ncu_skew2.log" 2>&1 || rc=1
+  ncu -i "$OUT/merge_skew2.ncu-rep" --page source --csv --print-source cuda \
+    > "$OUT/merge_skew2_cuda.csv" 2>&1
+  ncu -i "$OUT/merge_skew2.ncu-rep" --page source --csv --print-source sass \
+    > "$OUT/merge_skew2_sass.csv" 2>&1
+  say "prof2: $(wc -l < "$OUT/merge_skew2_cuda.csv") cuda lines, $(wc -l < "$OUT/merge_skew2_sass.csv") sass lines"
+}
+
+step_diag2() {
+  local d
+  for d in 1 2 3; do
+    say "diag2: DCPX_BENCH_DIAG=$d rows 1 and 64"
+    for r in 1 64; do
+      DCPX_BENCH_DIAG=$d BENCH_ROWS=$r BENCH_REPS=5 BENCH_LEN=16384 \
+        timeout -k 5 120 "$B/tests/gpu/bench_kernels" > "$OUT/diag2_${d}_$r.md" 2>&1 || rc=1
+      show "^\| 16384|entry|rows 1\.\.|us at" "$OUT/diag2_${d}_$r.md" 30
+    done
+  done
 }
 
 step_torch() {

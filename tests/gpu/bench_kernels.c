@@ -177,12 +177,52 @@ static void note(const char *fmt, ...) {
   va_end(ap);
 }
 
+/* Cold against warm code: the same merge with ONE block walking the rows,
+ * so row 0 runs the kernel's code for the first time on its SM and rows
+ * 1.. run it again (instruction caches warm). Prints rows 0-3's phases. */
+static void profile_warm(gg *g, int khz) {
+  static const char *names[10] = {"",        "poll",   "round 1",
+                                  "list",    "stores", "r2 copy",
+                                  "r2 poll", "round 2", "outputs", "end"};
+  const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
+  unsigned long long *d = NULL;
+  unsigned long long *hh = (unsigned long long *)calloc(n, 8);
+  const uint32_t mb = g->kc[0].max_blocks;
+  CK(cudaMalloc((void **)&d, n * 8));
+  CK(cudaMemset(d, 0, n * 8));
+  CK(cudaDeviceSynchronize());
+  g->kc[0].prof = d;
+  g->kc[0].max_blocks = 1;
+  gg_merge(g, 0);
+  CK(cudaStreamSynchronize(g->st[0]));
+  g->kc[0].prof = NULL;
+  g->kc[0].max_blocks = mb;
+  CK(cudaMemcpy(hh, d, n * 8, cudaMemcpyDeviceToHost));
+  CK(cudaFree(d));
+  CK(cudaMemset(g->ws[0] + g->L.off_epoch, 0, 4 * (size_t)g->rows));
+  CK(cudaDeviceSynchronize());
+  for (uint32_t t = 0; t < 4; t++) {
+    const unsigned long long *q = hh + (size_t)t * DCPX_K_PROF_POINTS;
+    note("  one block, row %u (%s):", t, t ? "warm" : "cold");
+    unsigned long long prev = q[0];
+    for (int i = 1; i < 10; i++) {
+      if (!q[i])
+        continue;
+      note(" %s %.2f;", names[i], (double)(q[i] - prev) * 1e3 / khz);
+      prev = q[i];
+    }
+    note(" total %.2f\n", (double)(q[9] - q[0]) * 1e3 / khz);
+  }
+  free(hh);
+}
+
 static void profile_merge(gg *g, const char *what) {
   static const char *names[DCPX_K_PROF_POINTS] = {
       "", "poll", "round 1", "rescue list", "rescue stores", "round-2 copy",
       "rescue poll", "round 2", "outputs", "end", "", "", "", "", "", ""};
   const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
   unsigned long long *d = NULL, h[DCPX_K_PROF_POINTS];
+  unsigned long long *all = (unsigned long long *)calloc(n, 8);
   int khz = 0;
   CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   CK(cudaMalloc((void **)&d, n * 8));
@@ -192,7 +232,8 @@ static void profile_merge(gg *g, const char *what) {
   gg_merge(g, 0);
   CK(cudaStreamSynchronize(g->st[0]));
   g->kc[0].prof = NULL;
-  CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(all, d, n * 8, cudaMemcpyDeviceToHost));
+  memcpy(h, all, sizeof(h));
   CK(cudaFree(d));
   CK(cudaMemset(g->ws[0] + g->L.off_epoch, 0, 4 * (size_t)g->rows));
   CK(cudaDeviceSynchronize());
@@ -213,6 +254,27 @@ static void profile_merge(gg *g, const char *what) {
          "counters) %.2f, entry to exit %.2f\n",
          (double)(h[0] - h[14]) * 1e3 / khz, (double)(h[15] - h[9]) * 1e3 / khz,
          (double)(h[15] - h[14]) * 1e3 / khz);
+  /* The other rows' blocks (no fault-hook or counter duty): entry to
+   * row start and the row's total, mean over rows 1.. of their first row. */
+  if (g->rows > 1) {
+    double es = 0, tot = 0;
+    uint32_t cnt = 0;
+    for (uint32_t t = 1; t < g->rows; t++) {
+      const unsigned long long *q = all + (size_t)t * DCPX_K_PROF_POINTS;
+      if (!q[14] || !q[0] || !q[9])
+        continue;
+      es += (double)(q[0] - q[14]) * 1e3 / khz;
+      tot += (double)(q[9] - q[0]) * 1e3 / khz;
+      cnt++;
+    }
+    if (cnt)
+      note("  rows 1..%u (mean of %u blocks): kernel entry to row start "
+           "%.2f, row total %.2f\n",
+           g->rows - 1, cnt, es / cnt, tot / cnt);
+  }
+  free(all);
+  if (g->rows >= 4)
+    profile_warm(g, khz);
   if (h[12] && h[13])
     note("  rescue list from the row = start and count %.2f + thread 0's "
          "placing %.2f + the rest %.2f\n",

@@ -166,6 +166,11 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
     c->records = (dcpx_wait_record *)(g->ctl_d + g->L.off_records);
     c->poll_storm = getenv("DCPX_POLL_STORM") != NULL;
     c->pdl = getenv("DCPX_PDL") != NULL; /* W ranks share one GPU here */
+    /* As libdcpx sets it (the SM count); DCPX_PUSH_SPLIT_ROWS overrides
+     * it (0: full push blocks always), for the benches. */
+    c->push_split_rows = getenv("DCPX_PUSH_SPLIT_ROWS")
+                             ? (uint32_t)atoi(getenv("DCPX_PUSH_SPLIT_ROWS"))
+                             : (uint32_t)g->sms;
     c->stage = NULL;
     c->prof = NULL;
     if (dcpx_k_merge_stage_bytes(c))
@@ -175,6 +180,13 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
       CK(cudaMalloc((void **)&c->klist, dcpx_k_klist_bytes(c)));
     CK(cudaMalloc((void **)&c->ctr, sizeof(dcpx_k_counters)));
     CK(cudaMemset(c->ctr, 0, sizeof(dcpx_k_counters)));
+    c->diag = getenv("DCPX_BENCH_DIAG")
+                  ? (uint32_t)atoi(getenv("DCPX_BENCH_DIAG"))
+                  : 0u;
+    if (getenv("DCPX_BENCH_NOCTR")) { /* benches: what the counters cost */
+      CK(cudaFree(c->ctr));
+      c->ctr = NULL;
+    }
     KCK(dcpx_k_ctx_check(c));
 
     g->h_logits[r] = (uint16_t *)calloc(nlog, 2);
