@@ -83,6 +83,9 @@ typedef struct dcpx_k_counters {
  * not run, as bench_kernels' one-rank merge). */
 #define DCPX_K_DIAG_NO_HOOK 1u
 #define DCPX_K_DIAG_NO_RESCUE_STORES 2u
+/* The merge runs its rescue poll twice in a row (is its cost the code's
+ * first run, e.g. instruction fetch, or the work?). */
+#define DCPX_K_DIAG_POLL_TWICE 4u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

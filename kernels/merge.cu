@@ -362,6 +362,12 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
              c->ws + c->L.off_rescue, hook, &kmn, &kmx);
   dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
   __syncthreads();
+  if (c->diag & DCPX_K_DIAG_POLL_TWICE) { /* the same code again, at once */
+    poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
+               c->ws + c->L.off_rescue, hook, &kmn, &kmx);
+    dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
+    __syncthreads();
+  }
   merge_prof(b, t, 6);
   if (b->bw->fail)
     return 0;
@@ -533,6 +539,12 @@ static __global__ void __launch_bounds__(MT)
                  &hook, &kmn, &kmx);
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
       __syncthreads();
+      if (c.diag & DCPX_K_DIAG_POLL_TWICE) {
+        poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS,
+                   ws + c.L.off_ll, &hook, &kmn, &kmx);
+        dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
+        __syncthreads();
+      }
       if (hook) {
         hook = 0;
         dcpx_dev_fault_hook(&wc, e);
