@@ -57,7 +57,10 @@ extern "C" {
  * 1: its threshold found (10), its keys placed (11); inside a rescue list
  * built from the row: counted (12), thread 0's warp placed (13); and the
  * block's kernel entry (14) and exit (15), slot of its first row. */
-#define DCPX_K_PROF_POINTS 16
+#define DCPX_K_PROF_POINTS 24
+/* 16..19: inside the rescue poll: thread 0 after its polls (16) and after
+ * publishing the key range (17); thread 480 (warp 15) at the section's
+ * start (18) and after publishing (19). */
 
 /* A rank's call counters in device memory (kctx.ctr, allocated by the
  * library at join and kept across recoveries). Every merge block adds its
@@ -86,6 +89,9 @@ typedef struct dcpx_k_counters {
 /* The merge runs its rescue poll twice in a row (is its cost the code's
  * first run, e.g. instruction fetch, or the work?). */
 #define DCPX_K_DIAG_POLL_TWICE 4u
+/* The merge sleeps 3 us before its rescue poll (is that poll's cost
+ * something still draining from the phases before it?). */
+#define DCPX_K_DIAG_SLEEP 8u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

@@ -235,10 +235,14 @@ DCPX_D void merge_block_init(mblk *b, const dcpx_kctx *c,
   b->km.rcp_n = plan->rcp_n;
 }
 
-/* Phase timestamp i of row t (kctx.prof, diagnostics). */
-DCPX_D void merge_prof(const mblk *b, uint32_t t, uint32_t i) {
-  if (b->prof && threadIdx.x == 0)
+/* Phase timestamp i of row t (kctx.prof, diagnostics), by thread tx. */
+DCPX_D void merge_prof_by(const mblk *b, uint32_t t, uint32_t i, uint32_t tx) {
+  if (b->prof && threadIdx.x == tx)
     b->prof[(uint64_t)t * DCPX_K_PROF_POINTS + i] = clock64();
+}
+
+DCPX_D void merge_prof(const mblk *b, uint32_t t, uint32_t i) {
+  merge_prof_by(b, t, i, 0);
 }
 
 /* Round 1 of row t over the staged W lists: S1 into list (r << 17 | l) and
@@ -357,10 +361,18 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
     merge_keep_own(b, mask, &kmn, &kmx);
   round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, &kmn, &kmx);
   __syncthreads();
+  if (c->diag & DCPX_K_DIAG_SLEEP) { /* let the memory system drain */
+    __nanosleep(3000);
+    __syncthreads();
+  }
   merge_prof(b, t, 5);
+  merge_prof_by(b, t, 18, MT - 32);
   poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
              c->ws + c->L.off_rescue, hook, &kmn, &kmx);
+  merge_prof(b, t, 16);
   dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
+  merge_prof(b, t, 17);
+  merge_prof_by(b, t, 19, MT - 32);
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_POLL_TWICE) { /* the same code again, at once */
     poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,

@@ -275,6 +275,13 @@ static void profile_merge(gg *g, const char *what) {
   free(all);
   if (g->rows >= 4)
     profile_warm(g, khz);
+  if (h[16] && h[17] && h[18] && h[19])
+    note("  rescue poll: thread 0 polls %.2f, publishes %.2f, waits at the "
+         "barrier %.2f; thread 480 from the section's start to its barrier "
+         "%.2f (its start %.2f after thread 0's)\n",
+         (double)(h[16] - h[5]) * 1e3 / khz, (double)(h[17] - h[16]) * 1e3 / khz,
+         (double)(h[6] - h[17]) * 1e3 / khz, (double)(h[19] - h[18]) * 1e3 / khz,
+         ((double)h[18] - (double)h[5]) * 1e3 / khz);
   if (h[12] && h[13])
     note("  rescue list from the row = start and count %.2f + thread 0's "
          "placing %.2f + the rest %.2f\n",
