@@ -6,7 +6,8 @@
 # the example one rank per GPU), then examples/decode_step.py at W=8 on
 # one GPU under MPS and at W=2 on two GPUs. Logs in $OUT (default
 # /tmp/dcpx-pygpu-out); exit 0 when everything passed. --pytest-only:
-# the pytest suite alone.
+# the pytest suite alone; --profile: python/bench/profile_eager.py alone
+# (where the eager calls' host time goes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dcpx-pygpu-out}
@@ -17,6 +18,11 @@ export DCPX_LIBRARY=$b/lib/libdcpx.so.0 DCPXD=$b/dcpxd
 export PYTHONPATH=$PWD/python PYTHONDONTWRITEBYTECODE=1
 rc=0
 ex=python/examples/decode_step.py
+
+if [ "${1:-}" = --profile ]; then
+  python3 python/bench/profile_eager.py 2>&1 | tee "$OUT/profile_eager.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 
 echo "== pytest" | tee "$OUT/summary.txt"
 python3 -m pytest -p no:cacheprovider -v -s -rfs --durations=10 \
