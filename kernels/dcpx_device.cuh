@@ -1148,9 +1148,8 @@ typedef struct dcpx_wctx {
   dcpx_rank_state *st;      /* own rank's state (device memory) */
   uint32_t rank, t;
   uint32_t storm;           /* 1: the old every-waiter poll (measurement) */
-  /* Block 0, thread 0: the fault-hook words (fault_armed, fault_epoch,
-   * fault_call) copied into shared memory by dcpx_dev_hook_fetch at the
-   * kernel's start; NULL elsewhere. */
+  /* Block 0, thread 0: fault_armed as read during the row's poll
+   * (shared memory, merge.cu); NULL elsewhere. */
   const uint32_t *hook_s;
   dcpx_blkwait *bw;         /* shared */
 } dcpx_wctx;
@@ -1166,18 +1165,6 @@ DCPX_D uint64_t dcpx_dev_call_tag(const dcpx_wctx *w) {
   return w->st->call_seq;
 }
 
-/* Block 0, thread 0, at the merge's start: an asynchronous copy of its
- * health block's fault words (16 bytes at fault_armed: armed, epoch,
- * call) from the control page (host memory) into dst (shared, 16-byte
- * aligned). Nobody waits for the PCIe read until the hook's point, after
- * the first poll (dcpx_dev_fault_hook). */
-DCPX_D void dcpx_dev_hook_fetch(const dcpx_rank_health *h, uint32_t *dst) {
-  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d),
-               "l"(&h->fault_armed)
-               : "memory");
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
 
 /* Starts row t's wait phase (thread 0; the caller synchronises). */
 DCPX_D void dcpx_dev_wait_begin(dcpx_blkwait *bw) {
@@ -1299,16 +1286,12 @@ DCPX_D int dcpx_dev_wait_ll(const dcpx_wctx *w, const void *p, uint32_t e,
 }
 
 /* The fault hook (tests; armed by dcpxd): stalls fault_ticks ns once, in
- * the call whose epoch (0 = any) and call sequence (~0 = any) match, by one
- * thread of block 0 before its first wait or right after its round-1
- * reads. The stall is capped at the group's timeout and ends early when
+ * the call whose epoch (0 = any) and call sequence (~0 = any) match, by
+ * thread 0 of block 0 right after its first row's round-1 poll. The stall is capped at the group's timeout and ends early when
  * the group is aborted or the rank FAILED (read every 20 us). */
 DCPX_D void dcpx_dev_fault_hook(const dcpx_wctx *w, uint32_t e) {
   dcpx_rank_health *h = w->health;
-  if (!w->hook_s)
-    return;
-  asm volatile("cp.async.wait_all;" ::: "memory");
-  if (!w->hook_s[0] || !h->fault_armed || h->fault_fired)
+  if (!w->hook_s || !w->hook_s[0] || !h->fault_armed || h->fault_fired)
     return;
   const uint32_t fe = h->fault_epoch;
   const uint64_t fc = h->fault_call;

@@ -16,8 +16,8 @@
  *      step). Pass C writes each selected key's (r << 17 | l) at its output
  *      position in `list` and the S1 membership bits; the per-rank bounds
  *      of `list` give the saturated ranks (all N selected) and me's range.
- *   The fault hook (block 0, first row) fires at the row's first
- *   unsatisfied poll or, if there was none, right after the poll.
+ *   The fault hook (block 0, first row) fires right after this poll
+ *   (docs/PROTOCOL.md 6.6).
  *   3. No saturated rank: `list` is the answer.
  *   4. Rescue, with q2 = next(seq2[t]) and T1 = sat_word & 0xFFFF: a
  *      saturated `me` builds its rescue list (its local top-K entries with
@@ -107,13 +107,12 @@ DCPX_D void stage_word(const poll_map *m, uint32_t x, uint32_t j, uint32_t C,
 
 /* Polls nsrc lists of `pairs` LL pairs (tag e) into the staging area and
  * tracks the range of the non-empty entry keys. region_base: the start of
- * the polled region in this rank's workspace (record indices). *hook: the
- * fault hook is still to fire (block 0, thread 0, first row). The pairs
+ * the polled region in this rank's workspace (record indices). The pairs
  * that carry tag e at the first look are staged by the unrolled fast
  * path; the others wait one by one (dcpx_dev_wait_ll, out of line). */
 DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
                        uint32_t pairs, uint32_t C, uint32_t e,
-                       uint32_t region, const char *region_base, int *hook,
+                       uint32_t region, const char *region_base,
                        uint32_t *kmn, uint32_t *kmx) {
 #pragma unroll 1
   for (uint32_t i = threadIdx.x; i < pairs && !w->bw->fail; i += MT) {
@@ -136,10 +135,6 @@ DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
         }
         stage_word(m, x, 2 * i, C, (uint32_t)a[u], kmn, kmx);
         stage_word(m, x, 2 * i + 1, C, (uint32_t)b[u], kmn, kmx);
-      }
-      if (late && *hook) {
-        *hook = 0;
-        dcpx_dev_fault_hook(w, e);
       }
       while (late) {
         const uint32_t x = x0 + __ffs(late) - 1;
@@ -323,7 +318,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
  * with the result in list2 and bound, *ret_total its keys. */
 DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
                         uint32_t mask, uint32_t T1, const uint16_t *row,
-                        uint32_t len, int *hook, uint32_t *ret_total) {
+                        uint32_t len, uint32_t *ret_total) {
   const dcpx_kctx *c = b->c;
   const uint32_t W = c->world, N = c->local_topk, K = c->topk, me = c->rank;
   const uint32_t PK = c->L.rpairs, tid = threadIdx.x;
@@ -368,7 +363,7 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   merge_prof(b, t, 5);
   merge_prof_by(b, t, 18, MT - 32);
   poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
-             c->ws + c->L.off_rescue, hook, &kmn, &kmx);
+             c->ws + c->L.off_rescue, &kmn, &kmx);
   merge_prof(b, t, 16);
   dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
   merge_prof(b, t, 17);
@@ -376,7 +371,7 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_POLL_TWICE) { /* the same code again, at once */
     poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
-               c->ws + c->L.off_rescue, hook, &kmn, &kmx);
+               c->ws + c->L.off_rescue, &kmn, &kmx);
     dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
     __syncthreads();
   }
@@ -504,16 +499,14 @@ static __global__ void __launch_bounds__(MT)
    * before it writes epoch[t]. The next kernel may launch now: it waits
    * itself before it reads anything this merge writes. */
   dcpx_dev_pdl_trigger();
-  /* The fault hook (block 0, thread 0, its first row): its words live in
-   * host memory, so they are copied asynchronously now and looked at only
-   * when the row first waits or has finished its poll. */
-  int hook = 0;
-  const uint32_t *hook_s = NULL;
-  if (blockIdx.x == 0 && tid == 0 && !(c.diag & DCPX_K_DIAG_NO_HOOK)) {
-    dcpx_dev_hook_fetch(c.health + me, hook_w);
-    hook_s = hook_w;
-    hook = 1;
-  }
+  /* The fault hook (block 0, its first row, after the round-1 poll): its
+   * armed word lives in host memory, so the block's last thread reads it
+   * while the poll runs (that thread polls nothing unless a list has more
+   * pairs than the block has threads), and thread 0 looks at it after the
+   * poll's barrier: no thread on the path waits for the PCIe read. */
+  const int hook_on = blockIdx.x == 0 && !(c.diag & DCPX_K_DIAG_NO_HOOK);
+  int hook = hook_on && tid == 0;
+  const uint32_t *hook_s = hook ? hook_w : NULL;
 
 #pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
@@ -548,12 +541,14 @@ static __global__ void __launch_bounds__(MT)
     do {
       /* ---- 1. poll the W lists ---- */
       poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
-                 &hook, &kmn, &kmx);
+                 &kmn, &kmx);
+      if (hook_on && t == 0 && tid == MT - 1)
+        hook_w[0] = c.health[me].fault_armed;
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
       __syncthreads();
       if (c.diag & DCPX_K_DIAG_POLL_TWICE) {
         poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS,
-                   ws + c.L.off_ll, &hook, &kmn, &kmx);
+                   ws + c.L.off_ll, &kmn, &kmx);
         dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
         __syncthreads();
       }
@@ -579,7 +574,7 @@ static __global__ void __launch_bounds__(MT)
         const uint32_t len =
             re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
         if (!merge_rescue(&b, &wc, t, mask, T1, logits + (uint64_t)t * stride,
-                          len, &hook, &total))
+                          len, &total))
           break;
       }
 
