@@ -437,8 +437,9 @@ DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
 /* Push lists the engine already has (e.g. torch.topk's, its indices
  * sorted ascending) instead of selecting them from the logits: in place
  * of dcpx_push, followed by dcpx_merge as usual. in->rows, row_ends and
- * call_tag are read (in->logits is not, but the matching dcpx_merge still
- * needs the logits: a saturated rank's rescue list comes from them);
+ * call_tag are read (row_ends checked as dcpx_push checks them, but for
+ * the stride); the logits are not, but the matching dcpx_merge still
+ * needs them: a saturated rank's rescue list comes from them;
  * lists (dcpx_lists) holds in->rows rows of n = N entries. Checked before
  * anything is stored: lists->rows == in->rows and n == N, else
  * DCPX_E_INVAL; every index below its row's row_end, no NaN value, empty

@@ -273,7 +273,8 @@ static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
   }
 }
 
-/* need_logits: 0 for dcpx_push_list, which does not read them. */
+/* need_logits: 0 for dcpx_push_list, which reads neither the logits nor
+ * their stride. */
 static int check_rows(const struct dcpx_member *m, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
                       const int32_t *row_ends, int need_logits) {
@@ -289,7 +290,7 @@ static int check_rows(const struct dcpx_member *m, uint32_t rows,
   }
   for (uint32_t t = 0; t < rows; t++)
     if (row_ends[t] < 0 || (uint32_t)row_ends[t] > m->shape.max_local ||
-        (uint64_t)row_ends[t] > stride) {
+        (need_logits && (uint64_t)row_ends[t] > stride)) {
       DCPX_WARN("group %s rank %u: row_ends[%u] = %d is outside 0..%u "
                 "(max_local %u, stride %llu)",
                 m->group, m->rank, t, row_ends[t],
