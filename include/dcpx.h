@@ -473,7 +473,7 @@ typedef struct dcpx_device {
   char *const *peers;  /* [W]: every rank's workspace (a device array) */
   const uint32_t *epoch; /* [R]: this rank's epoch words (read only) */
   uint64_t *call_seq;  /* this rank's call sequence (6.5) */
-  const uint32_t *stop; /* this rank's stop word (6.7) */
+  uint32_t *stop;      /* this rank's stop word (6.7) */
   uint32_t *alarm, *failed; /* this rank's health words (6.3) */
 } dcpx_device;
 
