@@ -553,8 +553,11 @@ int main(int argc, char **argv) {
   pid_t pids[16];
   for (uint32_t r = 0; r < o.world; r++) {
     pids[r] = fork();
-    if (pids[r] == 0)
-      _exit(rank_main(&o, r, group)); /* CUDA starts in the child only */
+    if (pids[r] == 0) { /* CUDA starts in the child only */
+      const int rc = rank_main(&o, r, group);
+      fflush(stdout);
+      _exit(rc);
+    }
   }
   int rc = 0;
   for (uint32_t r = 0; r < o.world; r++) {
