@@ -12,9 +12,10 @@
  *
  * The ordering is dcpx_push's (push.cu): under PDL, wait for the stream's
  * earlier kernels (this rank's previous merge) before reading an epoch,
- * advance the call sequence, then let the merge launch; the merge reads
- * no klist after such a push (cuda.c merges with a klist-free context),
- * and the lists are all it needs from this kernel.
+ * then let the merge launch at once; block 0 advances the call sequence
+ * (the merge reads it after its own PDL wait). The merge reads no klist
+ * after such a push (cuda.c merges with a klist-free context), and the
+ * LL slots are all it needs from this kernel.
  */
 #include <dcpx/device.cuh>
 
@@ -31,10 +32,9 @@ static __global__ void __launch_bounds__(LT)
   const uint32_t N = dev.local_topk;
 
   dcpx_device_pdl_wait();
+  dcpx_device_pdl_trigger();
   if (blockIdx.x == 0 && threadIdx.x == 0)
     dcpx_device_call_begin(&dev);
-  __syncthreads();
-  dcpx_device_pdl_trigger();
 
 #pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {

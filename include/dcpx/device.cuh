@@ -18,13 +18,14 @@
  *      before any other function of this header (dcpx_merge lets its
  *      successor launch early).
  *   2. The call sequence. Exactly one thread of the grid calls
- *      dcpx_device_call_begin() once per call, also for a call of 0 rows.
- *      If the kernel lets its dependents launch early
- *      (dcpx_device_pdl_trigger) while dev.pdl is 1, it does so only
- *      after that call and after its last write of the logits that
- *      dcpx_merge of call n will read (a saturated rank's merge reads
- *      them without waiting); a kernel that never triggers is always
- *      right (the merge then starts when it ends).
+ *      dcpx_device_call_begin() once per call, also for a call of 0 rows,
+ *      anywhere in the kernel (the merge reads the word only after its
+ *      predecessor has completed). If the kernel lets its dependents
+ *      launch early (dcpx_device_pdl_trigger) while dev.pdl is 1, it does
+ *      so only after its last write of the logits that dcpx_merge of
+ *      call n will read, and a __threadfence() (a saturated rank's merge
+ *      reads them without waiting); a kernel that never triggers is
+ *      always right (the merge then starts when it ends).
  *   3. Every row t < rows of the call is stored exactly once, whole: all
  *      its LL pairs into every rank (dcpx_device_store_row, or
  *      dcpx_device_store_pair for every pair i < row_words / 2), by any
@@ -161,11 +162,10 @@ DCPX_DEVICE_FN void dcpx_device_pdl_trigger(void) {
 /* ---- the push (section 4.4) ---------------------------------------------- */
 
 /* Once per call, by one thread of the grid (rule 2): the call sequence
- * that wait records and the fault hook name the call by (section 6.5). */
+ * that wait records and the fault hook name the call by (section 6.5).
+ * A reduction nothing waits for, as in the library's push. */
 DCPX_DEVICE_FN void dcpx_device_call_begin(const dcpx_device *dev) {
-  volatile uint64_t *seq = dev->call_seq;
-  *seq = *seq + 1u;
-  __threadfence();
+  atomicAdd((unsigned long long *)dev->call_seq, 1ull);
 }
 
 /* 1 once this rank's kernels have seen its group aborted or itself
