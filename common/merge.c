@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "merge.h"
 
 /* Walks a 256-bucket histogram from the top until `need` keys are covered.
@@ -94,6 +95,54 @@ uint32_t dcpx__local_list(const uint16_t *logits, uint32_t len, uint32_t cap,
       put_entry(words, cap, j++, o, l);
   }
   return j;
+}
+
+int dcpx__given_list(const uint16_t *values, const int32_t *indices,
+                     uint32_t n, uint32_t len, int check_order,
+                     uint32_t *words, const char **ret_why) {
+  const char *why = NULL;
+  uint32_t j = 0;
+  int64_t prev = -1;
+
+  memset(words, 0, sizeof(uint32_t) * dcpx_row_words(n));
+  for (; j < n && indices[j] >= 0 && !why; j++) {
+    const uint32_t l = (uint32_t)indices[j];
+    const uint32_t o = dcpx__key_of_bf16(values[j]);
+    if (l >= len)
+      why = "an index at or above the row's row_end";
+    else if (!o)
+      why = "a NaN value";
+    else if (check_order && (int64_t)l <= prev)
+      why = "indices not strictly ascending (unsorted or repeated)";
+    else
+      put_entry(words, n, j, o, l);
+    prev = l;
+  }
+  for (uint32_t k = j; k < n && !why; k++)
+    if (indices[k] >= 0)
+      why = "a full entry after an empty one";
+  if (why) {
+    if (ret_why)
+      *ret_why = why;
+    return DCPX_E_RANGE;
+  }
+  return (int)j;
+}
+
+int dcpx__lists_check(const char *fn, const dcpx_lists *li, uint32_t rows,
+                      uint32_t n) {
+  int r = dcpx__struct_check(fn, "dcpx_lists", li, sizeof(dcpx_lists), 0);
+  if (r < 0)
+    return r;
+  if (!li->values || !li->indices || li->rows != rows || li->n != n ||
+      (li->flags & ~DCPX_LISTS_CHECK_ORDER)) {
+    DCPX_WARN("%s: dcpx_lists of %u rows of %u entries (flags 0x%x, values "
+              "%s, indices %s); the call has %u rows of N = %u",
+              fn, li->rows, li->n, li->flags, li->values ? "set" : "NULL",
+              li->indices ? "set" : "NULL", rows, n);
+    return DCPX_E_INVAL;
+  }
+  return 0;
 }
 
 /* Elements with ord16 >= t1 (NaN never counts), counted up to cap + 1. */

@@ -135,6 +135,23 @@ DCPX__HIDDEN int dcpx__outputs(const dcpx__merge_ws *ws, const dcpx_shape *sh,
 DCPX__HIDDEN uint32_t dcpx__local_list(const uint16_t *logits, uint32_t len,
                                        uint32_t cap, uint32_t *words);
 
+/* Row j's list of a dcpx_lists (values, indices: its n entries) into
+ * capacity-n wire words, the way dcpx_push_list sends it: entries in the
+ * given order. Returns the entry count, or DCPX_E_RANGE (*ret_why, if not
+ * NULL, says which rule of dcpx_lists broke: an index >= len, a NaN, a full
+ * entry after an empty one, with check_order an index not above the
+ * previous one). */
+DCPX__HIDDEN int dcpx__given_list(const uint16_t *values,
+                                  const int32_t *indices, uint32_t n,
+                                  uint32_t len, int check_order,
+                                  uint32_t *words, const char **ret_why);
+
+/* A dcpx_lists for a call of `rows` rows of a shape with N = n: its size,
+ * pointers, rows, n and flags. 0 or DCPX_E_INVAL (logged under
+ * DCPX_DEBUG=WARN, naming fn). */
+DCPX__HIDDEN int dcpx__lists_check(const char *fn, const dcpx_lists *li,
+                                   uint32_t rows, uint32_t n);
+
 /* Rescue list (what a saturated rank sends for round 2): the entries of
  * the local top-cap list whose ord16 >= t1, packed in ascending l, in the
  * same capacity-cap words. With c elements at or above t1, c <= cap means

@@ -1,5 +1,6 @@
 /* ref.c - the CPU reference: one whole call, every rank's lists computed
- * from every rank's logits, merged as docs/PROTOCOL.md section 5 says.
+ * from every rank's logits (or given, as dcpx_push_list gives them:
+ * docs/PROTOCOL.md 5.8), merged as docs/PROTOCOL.md section 5 says.
  * This is the oracle every backend and kernel is tested against, bit for
  * bit. It
  * allocates its workspace per call; backends keep theirs. */
@@ -58,8 +59,29 @@ static int check_call(const dcpx_shape *sh, const dcpx_ref_in *in,
       if (e < 0 || (uint32_t)e > sh->max_local || (uint64_t)e > in->stride)
         return DCPX_E_RANGE;
     }
+    if (in->lists && in->lists[s] &&
+        (r = dcpx__lists_check("dcpx_ref_call", in->lists[s], in->rows,
+                               sh->local_topk)) < 0)
+      return r;
   }
   return 0;
+}
+
+/* Rank s's round-1 list of row t: given, else from its logits. */
+static int round1_list(const dcpx_shape *sh, const dcpx_ref_in *in,
+                       uint32_t s, uint32_t t, uint32_t *words) {
+  const uint32_t N = sh->local_topk, len = (uint32_t)in->row_ends[s][t];
+  const dcpx_lists *li = in->lists ? in->lists[s] : NULL;
+  const char *why = "";
+  if (!li)
+    return (int)dcpx__local_list(in->logits[s] + t * in->stride, len, N,
+                                 words);
+  int r = dcpx__given_list(li->values + (uint64_t)t * N,
+                           li->indices + (uint64_t)t * N, N, len, 1, words,
+                           &why);
+  if (r < 0)
+    DCPX_WARN("dcpx_ref_call: rank %u's list of row %u has %s", s, t, why);
+  return r;
 }
 
 int dcpx_ref_call(const dcpx_shape *sh, const dcpx_ref_in *in,
@@ -98,8 +120,9 @@ int dcpx_ref_call(const dcpx_shape *sh, const dcpx_ref_in *in,
     uint32_t sw;
 
     for (uint32_t s = 0; s < W; s++)
-      dcpx__local_list(logits[s] + t * stride, (uint32_t)row_ends[s][t], N,
-                       (uint32_t *)lists[s]);
+      if ((r = round1_list(sh, in, s, t, (uint32_t *)lists[s])) < 0)
+        goto done;
+    r = 0;
     uint32_t mask = dcpx__round1(&ws, lists, &s1, &sw);
     for (uint32_t s = 0; s < W; s++)
       if ((mask >> s) & 1u)

@@ -50,6 +50,10 @@ size_t dcpx_struct_size(uint32_t kind) {
     return sizeof(dcpx_ref_in);
   case DCPX_STRUCT_ASYNC_ERROR:
     return sizeof(dcpx_async_error);
+  case DCPX_STRUCT_LISTS:
+    return sizeof(dcpx_lists);
+  case DCPX_STRUCT_DEVICE:
+    return sizeof(dcpx_device);
   default:
     return 0;
   }

@@ -107,6 +107,8 @@ DCPX_API const char *dcpx_version(void);
 #define DCPX_STRUCT_MERGE_OUT 6u   /* dcpx_merge_out */
 #define DCPX_STRUCT_REF_IN 7u      /* dcpx_ref_in */
 #define DCPX_STRUCT_ASYNC_ERROR 8u /* dcpx_async_error */
+#define DCPX_STRUCT_LISTS 9u        /* dcpx_lists */
+#define DCPX_STRUCT_DEVICE 10u      /* dcpx_device */
 
 /* sizeof the struct `kind` (DCPX_STRUCT_*) as this library was compiled,
  * or 0 for an unknown kind: bindings that mirror the structs (Python
@@ -228,6 +230,34 @@ typedef struct dcpx_merge_out {
 #define DCPX_MERGE_OUT_INIT                                                   \
   {sizeof(dcpx_merge_out), 0, NULL, NULL, NULL, NULL}
 
+/* Lists an engine computed itself (dcpx_push_list, and dcpx_ref_in.lists):
+ * row t's entries are values[t * n + j] (bf16 bits) and indices[t * n + j]
+ * (local index l) for j < n. Full entries come first, in ascending l,
+ * each l once, each below the row's row_end, no value NaN; a negative
+ * index marks an empty entry, and only empty entries may follow one (a
+ * row with fewer than n candidates). The list must be the rank's local
+ * top-n of its logits (docs/PROTOCOL.md section 2, ties to the lower l)
+ * for the call's result to be the exact top-K of the logits; any other
+ * valid list gives the result "exact for the lists given" (section 5.8:
+ * dcpx_ref_call with these lists). */
+typedef struct dcpx_lists {
+  uint32_t size;          /* sizeof(dcpx_lists) */
+  uint32_t rows;          /* rows of values and indices: the call's rows */
+  uint32_t n;             /* entries per row: the shape's local_topk N */
+  uint32_t flags;         /* DCPX_LISTS_* */
+  const uint16_t *values; /* [rows][n] bf16 bits */
+  const int32_t *indices; /* [rows][n] local indices, negative: empty */
+} dcpx_lists;
+
+/* Also check that each row's full entries are in strictly ascending l
+ * (so each l once). dcpx_push_list always checks the rest (indices below
+ * row_end, no NaN, empties last); DCPX_CHECK_LISTS=1 in the environment
+ * at dcpx_join sets this flag for every dcpx_push_list of the member.
+ * dcpx_ref_call checks everything always. */
+#define DCPX_LISTS_CHECK_ORDER 1u
+
+#define DCPX_LISTS_INIT {sizeof(dcpx_lists), 0, 0, 0, NULL, NULL}
+
 /* ---- the CPU reference (docs/PROTOCOL.md sections 2, 3 and 5) -------- */
 
 /* A rank's local top-`cap` list of one row, in wire words: its `cap` best
@@ -269,18 +299,24 @@ typedef struct dcpx_ref_in {
   const int32_t *req_id;          /* [rows] (rank `rank`'s) */
   const int32_t *block_table;     /* [bt_rows][bt_cols] (rank `rank`'s) */
   uint32_t bt_rows, bt_cols;
+  /* [W] or NULL: rank r's round-1 list of every row is lists[r]'s (as
+   * dcpx_push_list pushes it) instead of its local top-N of logits[r];
+   * NULL, or lists[r] NULL, computes it from the logits. A saturated
+   * rank's rescue list always comes from its logits (section 5.8). */
+  const dcpx_lists *const *lists;
 } dcpx_ref_in;
 
 #define DCPX_REF_IN_INIT                                                      \
-  {sizeof(dcpx_ref_in), 0, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0}
+  {sizeof(dcpx_ref_in), 0, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL}
 
 /* One whole call as every backend must compute it, giving rank in->rank's
  * outputs (dcpx_merge_out; rows_out and valid_out required). ret_stats,
  * or NULL, is added to, not overwritten.
  *
- * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size) /
- * DCPX_E_LIMIT / DCPX_E_RANGE (a row_end over max_local, a req_id or
- * block outside the table), DCPX_E_NOMEM. */
+ * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size, a
+ * dcpx_lists whose rows or n is not the call's) / DCPX_E_LIMIT /
+ * DCPX_E_RANGE (a row_end over max_local, a req_id or block outside the
+ * table, a given list that breaks a rule of dcpx_lists), DCPX_E_NOMEM. */
 DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
                            const dcpx_merge_out *out,
                            dcpx_ref_stats *ret_stats);
@@ -397,6 +433,61 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * hold for dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
                         const dcpx_merge_out *out, void *stream);
+
+/* Push lists the engine already has (e.g. torch.topk's, its indices
+ * sorted ascending) instead of selecting them from the logits: in place
+ * of dcpx_push, followed by dcpx_merge as usual. in->rows, row_ends and
+ * call_tag are read (row_ends checked as dcpx_push checks them, but for
+ * the stride); the logits are not, but the matching dcpx_merge still
+ * needs them: a saturated rank's rescue list comes from them;
+ * lists (dcpx_lists) holds in->rows rows of n = N entries. Checked before
+ * anything is stored: lists->rows == in->rows and n == N, else
+ * DCPX_E_INVAL; every index below its row's row_end, no NaN value, empty
+ * entries last, and with DCPX_LISTS_CHECK_ORDER ascending l, else
+ * DCPX_E_RANGE. A refused call marks the rank FAILED, as dcpx_push does.
+ * CUDA backend: lists are device memory and are checked by the kernel; a
+ * bad row is stored nowhere and marks the rank FAILED (alarm, then
+ * FAILED: dcpxd aborts the group; dcpx_recover), so the call fails and
+ * never gives a wrong answer. DCPX_E_NOSYS with the NCCL transport. */
+DCPX_API int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
+                            const dcpx_lists *lists, void *stream);
+
+/* What an engine's own CUDA kernel needs to push from its epilogue
+ * (include/dcpx/device.cuh; docs/PROTOCOL.md section 4.7): device
+ * addresses and constants of this member, valid until dcpx_leave (a
+ * recovery keeps them). Everything is a device address of the member's
+ * GPU, except alarm and failed (the control page, mapped for the
+ * device). */
+typedef struct dcpx_device {
+  uint32_t size;       /* sizeof(dcpx_device), set by the caller */
+  uint32_t world;      /* W */
+  uint32_t rank;       /* this member's rank */
+  uint32_t rows;       /* the shape's R: ll_slots are [2][W][R][pairs] */
+  uint32_t local_topk; /* N: entries of a list */
+  uint32_t row_words;  /* dcpx_row_words(N) (pairs = row_words / 2) */
+  uint32_t max_local;  /* the shape's max_local */
+  uint32_t pdl;        /* 1: the library launches dcpx_merge with
+                          programmatic dependent launch (device.cuh says
+                          what the engine kernel must then do) */
+  uint64_t off_ll;     /* byte offset of ll_slots in every workspace */
+  char *const *peers;  /* [W]: every rank's workspace (a device array) */
+  const uint32_t *epoch; /* [R]: this rank's epoch words (read only) */
+  uint64_t *call_seq;  /* this rank's call sequence (6.5) */
+  uint32_t *stop;      /* this rank's stop word (6.7) */
+  uint32_t *alarm, *failed; /* this rank's health words (6.3) */
+} dcpx_device;
+
+#define DCPX_DEVICE_INIT                                                      \
+  {sizeof(dcpx_device), 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL,       \
+   NULL, NULL}
+
+/* Fills *ret_ctx for an engine kernel that pushes through
+ * include/dcpx/device.cuh, and switches the member's merges to take a
+ * saturated rank's rescue list from the logits rather than from the
+ * push's saved top-K list (the engine's kernel saves none). CUDA backend
+ * with the LL transport only: DCPX_E_NOSYS otherwise; DCPX_E_INVAL for a
+ * NULL or a size this library does not know. */
+DCPX_API int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx);
 
 typedef struct dcpx_health_info {
   uint32_t size;       /* sizeof(dcpx_health_info), set by the caller */

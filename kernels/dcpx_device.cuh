@@ -64,6 +64,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <dcpx/device.cuh>
+
 #include "dcpx_kernels.h"
 #include "layout.h"
 
@@ -115,16 +117,12 @@ dcpx_launch_cfg_pdl(uint32_t grid, uint32_t block, size_t smem,
 
 /* ---- the order and the wire --------------------------------------------- */
 
-/* ord16 of a bf16, or 0 for NaN (never a candidate). */
-DCPX_D uint32_t dcpx_dev_key(uint32_t b) {
-  b &= 0xFFFFu;
-  if ((b & 0x7FFFu) > 0x7F80u)
-    return 0;
-  return (b & 0x8000u) ? (~b & 0xFFFFu) : (b | 0x8000u);
-}
+/* ord16 (0 for NaN), the epoch step, the LL store and PDL: the public
+ * device header's (include/dcpx/device.cuh), which engine kernels use. */
+DCPX_D uint32_t dcpx_dev_key(uint32_t b) { return dcpx_device_ord16(b); }
 
 DCPX_D uint32_t dcpx_dev_epoch_next(uint32_t e) {
-  return e == 0xFFFFFFFEu ? 1u : e + 1u;
+  return dcpx_device_epoch_next(e);
 }
 
 DCPX_D uint32_t dcpx_dev_row_words(uint32_t c) { return DCPX_ROW_WORDS(c); }
@@ -152,10 +150,7 @@ DCPX_D uint64_t dcpx_dev_now(void) {
 
 /* One LL store: words w0, w1 tagged with e, as (w0, e, w1, e). */
 DCPX_D void dcpx_dev_ll_store(void *p, uint32_t w0, uint32_t w1, uint32_t e) {
-  uint64_t a = ((uint64_t)e << 32) | w0, b = ((uint64_t)e << 32) | w1;
-  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a),
-               "l"(b)
-               : "memory");
+  dcpx_device_ll_store(p, w0, w1, e);
 }
 
 /* The two tagged halves of an LL pair. */
@@ -193,13 +188,9 @@ DCPX_D void dcpx_dev_st_release_sys(void *p, uint32_t v) {
  * of the stream has completed and its memory is visible (a no-op when the
  * kernel was launched without PDL); let the next kernel of the stream
  * launch (it waits itself before it reads what this one writes). */
-DCPX_D void dcpx_dev_pdl_wait(void) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
+DCPX_D void dcpx_dev_pdl_wait(void) { dcpx_device_pdl_wait(); }
 
-DCPX_D void dcpx_dev_pdl_trigger(void) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+DCPX_D void dcpx_dev_pdl_trigger(void) { dcpx_device_pdl_trigger(); }
 
 /* ---- scans ---------------------------------------------------------------- */
 

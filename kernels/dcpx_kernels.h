@@ -221,6 +221,41 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
 /* Threads of a push block for a call of `rows` rows (host, no CUDA call). */
 uint32_t dcpx_k_push_threads(const dcpx_kctx *c, uint32_t rows);
 
+/* The public device context (dcpx.h dcpx_device; include/dcpx/device.cuh)
+ * of a kernel context: what an engine kernel, or dcpx_k_push_list, needs
+ * to push as this rank. */
+static inline void dcpx_k_device(const dcpx_kctx *c, dcpx_device *ret) {
+  char *st = c->ws + c->L.off_call;
+  ret->size = sizeof(dcpx_device);
+  ret->world = c->world;
+  ret->rank = c->rank;
+  ret->rows = c->rows_max;
+  ret->local_topk = c->local_topk;
+  ret->row_words = c->L.rw_n;
+  ret->max_local = c->max_local;
+  ret->pdl = c->pdl;
+  ret->off_ll = c->L.off_ll;
+  ret->peers = c->peers;
+  ret->epoch = (const uint32_t *)(c->ws + c->L.off_epoch);
+  ret->call_seq = (uint64_t *)(st + offsetof(dcpx_rank_state, call_seq));
+  ret->stop = (uint32_t *)(st + offsetof(dcpx_rank_state, stop));
+  ret->alarm = (uint32_t *)&c->health[c->rank].alarm;
+  ret->failed = (uint32_t *)&c->health[c->rank].failed;
+}
+
+/* Push of lists the caller computed (dcpx_push_list): row t's list is
+ * values/indices[t * N .. t * N + N) (device), checked and encoded by
+ * dcpx_device_list_words (check_order: also ascending order), stored with
+ * epoch next(epoch[t]) into every rank's LL slots; a bad row is stored
+ * nowhere and refuses the call (dcpx_device_refuse: alarm, then FAILED).
+ * row_ends[t] is clamped to [0, max_local]. Block 0 advances the call
+ * sequence. The merge of such a call must not use the klist (the push
+ * built none): the caller merges with a context whose klist is NULL. */
+int dcpx_k_push_list(const dcpx_kctx *c, uint32_t rows,
+                     const uint16_t *values, const int32_t *indices,
+                     const int32_t *row_ends, int check_order,
+                     cudaStream_t s);
+
 /* Merge (docs/PROTOCOL.md sections 4-6) of rows t < rows. Outputs (device):
  *   rows_out  [rows][K]  KV rows of this rank's selected elements, ascending
  *                        l, -1 padded

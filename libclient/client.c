@@ -212,6 +212,12 @@ static void member_keep_fds(dcpx_member *m, const int *fds, int nfds) {
   m->link = DCPX__LINK_UP;
 }
 
+/* DCPX_CHECK_LISTS=1: every dcpx_push_list of the member checks order. */
+static uint32_t check_lists_env(void) {
+  const char *e = getenv("DCPX_CHECK_LISTS");
+  return e && e[0] == '1' && !e[1];
+}
+
 int dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
                         uint64_t timeout_ns, void *ctl, char *const *ws,
                         dcpx_member **ret_member) {
@@ -228,6 +234,7 @@ int dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
   m->shape = *shape;
   m->rank = rank;
   m->timeout_ns = timeout_ns;
+  m->check_lists = check_lists_env();
   dcpx_layout_compute(&m->L, shape->world, shape->rows, shape->topk,
                       shape->local_topk);
   m->hdr = (dcpx_ctl_header *)ctl;
@@ -306,6 +313,7 @@ static dcpx_member *member_new(const dcpx_client *c, const dcpx_shape *shape,
   memcpy(m->path, c->path, sizeof(m->path));
   m->device = o->device;
   m->join_timeout_ms = o->join_timeout_ms;
+  m->check_lists = check_lists_env();
   m->shape = *shape;
   m->shape.size = sizeof(dcpx_shape);
   m->rank = o->rank;
@@ -541,6 +549,37 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
 #endif
   (void)stream;
   return dcpx__host_push(m, in);
+}
+
+int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
+                   const dcpx_lists *lists, void *stream) {
+  int r;
+  if (!m)
+    return DCPX_E_INVAL;
+  if ((r = call_check(m, "dcpx_push_list", in, NULL, 0)) < 0)
+    return r;
+  DCPX_TRACE("dcpx_push_list group %s rank %u rows %u tag %llu", m->group,
+             m->rank, in->rows, (unsigned long long)in->call_tag);
+#ifdef HAVE_CUDA
+  if (m->cuda)
+    return dcpx__cuda_push_list(m, in, lists, stream);
+#endif
+  (void)stream;
+  return dcpx__host_push_list(m, in, lists);
+}
+
+int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx) {
+  int r = dcpx__struct_check("dcpx_device_ctx", "dcpx_device", ret_ctx,
+                             sizeof(dcpx_device), 0);
+  if (!m || r < 0)
+    return DCPX_E_INVAL;
+#ifdef HAVE_CUDA
+  if (m->cuda)
+    return dcpx__cuda_device_ctx(m, ret_ctx);
+#endif
+  DCPX_WARN("dcpx_device_ctx: group %s rank %u uses the host backend; a "
+            "device context needs the CUDA backend", m->group, m->rank);
+  return DCPX_E_NOSYS;
 }
 
 int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,

@@ -48,6 +48,7 @@
 #include "cuda_log.h"
 #include "dcpx_kernels.h"
 #include "member.h"
+#include "merge.h"
 #include "transport.h"
 
 #define DEFAULT_AGREE_MS 30000
@@ -65,6 +66,12 @@ struct dcpx__cuda {
                            recoveries; published into the health block) */
   int registered;
   struct dcpx__nccl *nccl; /* transport nccl */
+  /* k without its klist, for calls whose push built none: after a
+   * dcpx_push_list (list_push, until the next dcpx_push), and for good
+   * once an engine kernel may push (device_ctx given out). A merge of
+   * such a call selects a rescue list from the logits (push_list.cu). */
+  dcpx_kctx kx;
+  int list_push, device_ctx;
 };
 
 static dcpx_cuda_drv D; /* common/cuda_drv.h */
@@ -372,6 +379,8 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   /* PDL with one rank per GPU (bench/RESULTS.md: 1-2 us per call there;
    * ranks sharing a GPU lose SMs to merges that start early). */
   k->pdl = share <= 1 ? !getenv("DCPX_NO_PDL") : getenv("DCPX_PDL") != NULL;
+  cu->kx = *k;
+  cu->kx.klist = NULL;
   r = dcpx_k_ctx_check(k);
 out:
   if (prev >= 0)
@@ -381,18 +390,30 @@ out:
   return r;
 }
 
-int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
-                    void *stream) {
-  int r;
-  /* Refused, not enqueued, while the group is aborted or this rank FAILED
-   * (two loads of the mapped control page, no syscall): such a push must
-   * store nothing (docs/PROTOCOL.md 4), and after a refused call the
-   * device's stop word may not know yet. dcpx_recover clears both. */
-  m->last_rows = in->rows;
+/* The context of this call's push and merge: k, or kx when the push
+ * builds no klist (struct dcpx__cuda). */
+static const dcpx_kctx *merge_ctx(const struct dcpx__cuda *cu) {
+  return cu->list_push || cu->device_ctx ? &cu->kx : &cu->k;
+}
+
+/* Refused, not enqueued, while the group is aborted or this rank FAILED
+ * (two loads of the mapped control page, no syscall): such a push must
+ * store nothing (docs/PROTOCOL.md 4), and after a refused call the
+ * device's stop word may not know yet. dcpx_recover clears both. */
+static int push_allowed(const struct dcpx_member *m) {
   if (m->hdr->abort)
     return DCPX_E_ABORTED;
   if (m->health[m->rank].failed)
     return DCPX_E_FAILED;
+  return 0;
+}
+
+int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
+                    void *stream) {
+  int r;
+  m->last_rows = in->rows;
+  if ((r = push_allowed(m)) < 0)
+    return r;
   if (in->rows > m->shape.rows) {
     DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
@@ -402,15 +423,60 @@ int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
     r = dcpx__nccl_push(m->cuda->nccl, in->rows, in->logits, in->stride,
                         in->row_ends, stream);
 #endif
-  else
-    r = DCPX_KLOG(dcpx_k_push(&m->cuda->k, in->rows, in->logits, in->stride,
-                              in->row_ends, (cudaStream_t)stream),
+  else {
+    m->cuda->list_push = 0;
+    r = DCPX_KLOG(dcpx_k_push(merge_ctx(m->cuda), in->rows, in->logits,
+                              in->stride, in->row_ends, (cudaStream_t)stream),
                   "dcpx_k_push");
+  }
   if (r < 0)
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
   else
     m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
   return r;
+}
+
+int dcpx__cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
+                         const dcpx_lists *li, void *stream) {
+  struct dcpx__cuda *cu = m->cuda;
+  int r;
+  m->last_rows = in->rows;
+  if ((r = push_allowed(m)) < 0)
+    return r;
+  if (cu->nccl) {
+    DCPX_WARN("dcpx_push_list: group %s uses the nccl transport, which "
+              "dcpx_push_list does not support", m->group);
+    r = DCPX_E_NOSYS;
+  } else if (in->rows > m->shape.rows) {
+    DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
+    r = DCPX_E_RANGE;
+  } else if ((r = dcpx__lists_check("dcpx_push_list", li, in->rows,
+                                    m->shape.local_topk)) == 0) {
+    cu->list_push = 1;
+    r = DCPX_KLOG(dcpx_k_push_list(&cu->kx, in->rows, li->values,
+                                   li->indices, in->row_ends,
+                                   m->check_lists ||
+                                       (li->flags & DCPX_LISTS_CHECK_ORDER),
+                                   (cudaStream_t)stream),
+                  "dcpx_k_push_list");
+  }
+  if (r < 0)
+    dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
+  else
+    m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
+  return r;
+}
+
+int dcpx__cuda_device_ctx(struct dcpx_member *m, dcpx_device *ret) {
+  struct dcpx__cuda *cu = m->cuda;
+  if (cu->nccl) {
+    DCPX_WARN("dcpx_device_ctx: group %s uses the nccl transport; a "
+              "device context needs the ll transport", m->group);
+    return DCPX_E_NOSYS;
+  }
+  cu->device_ctx = 1; /* from now on no merge reads the klist */
+  dcpx_k_device(&cu->kx, ret);
+  return 0;
 }
 
 int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
@@ -430,7 +496,8 @@ int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                          out->valid_out, out->ids_out, out->sat_word, stream);
 #endif
   else
-    r = DCPX_KLOG(dcpx_k_merge(&m->cuda->k, in->rows, in->logits, in->stride,
+    r = DCPX_KLOG(dcpx_k_merge(merge_ctx(m->cuda), in->rows, in->logits,
+                               in->stride,
                                in->row_ends, in->req_id, in->block_table,
                                in->bt_rows, in->bt_cols, out->rows_out,
                                out->valid_out, out->ids_out, out->sat_word,

@@ -273,10 +273,12 @@ static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
   }
 }
 
+/* need_logits: 0 for dcpx_push_list, which reads neither the logits nor
+ * their stride. */
 static int check_rows(const struct dcpx_member *m, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
-                      const int32_t *row_ends) {
-  if (!logits || !row_ends) {
+                      const int32_t *row_ends, int need_logits) {
+  if ((!logits && need_logits) || !row_ends) {
     DCPX_WARN("group %s rank %u: logits or row_ends is NULL", m->group,
               m->rank);
     return DCPX_E_INVAL;
@@ -288,7 +290,7 @@ static int check_rows(const struct dcpx_member *m, uint32_t rows,
   }
   for (uint32_t t = 0; t < rows; t++)
     if (row_ends[t] < 0 || (uint32_t)row_ends[t] > m->shape.max_local ||
-        (uint64_t)row_ends[t] > stride) {
+        (need_logits && (uint64_t)row_ends[t] > stride)) {
       DCPX_WARN("group %s rank %u: row_ends[%u] = %d is outside 0..%u "
                 "(max_local %u, stride %llu)",
                 m->group, m->rank, t, row_ends[t],
@@ -308,7 +310,7 @@ int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
   const dcpx_layout *L = &m->L;
   const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
-  int r = check_rows(m, rows, logits, stride, row_ends);
+  int r = check_rows(m, rows, logits, stride, row_ends, 1);
   rows_begin(m, rows);
   if (r < 0) {
     dcpx__member_refuse(m);
@@ -327,6 +329,60 @@ int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
     dcpx__local_list(logits + t * stride, (uint32_t)row_ends[t],
                      L->local_topk, w);
     /* rw_n is a multiple of 4, so the list is exactly `pairs` pairs. */
+    ll_store_all(m, DCPX_REGION_LL_SLOTS,
+                 dcpx_ll_offset(L, e & 1, m->rank, t, 0), w, L->rw_n, e);
+  }
+  return 0;
+}
+
+/* dcpx_push_list's arguments, every row's list included: all are checked
+ * before anything is stored, so a refused call stores nothing. */
+static int check_lists(const struct dcpx_member *m, const dcpx_call *in,
+                       const dcpx_lists *li, int order) {
+  const uint32_t N = m->L.local_topk;
+  const char *why = "";
+  int r = check_rows(m, in->rows, in->logits, in->stride, in->row_ends, 0);
+  if (r == 0)
+    r = dcpx__lists_check("dcpx_push_list", li, in->rows, N);
+  for (uint32_t t = 0; r >= 0 && t < in->rows; t++) {
+    r = dcpx__given_list(li->values + (uint64_t)t * N,
+                         li->indices + (uint64_t)t * N, N,
+                         (uint32_t)in->row_ends[t], order, m->lists_buf,
+                         &why);
+    if (r < 0)
+      DCPX_WARN("group %s rank %u: dcpx_push_list: row %u's list has %s",
+                m->group, m->rank, t, why);
+  }
+  return r < 0 ? r : 0;
+}
+
+int dcpx__host_push_list(struct dcpx_member *m, const dcpx_call *in,
+                         const dcpx_lists *li) {
+  const dcpx_layout *L = &m->L;
+  const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
+  const uint32_t N = L->local_topk;
+  const int order = m->check_lists || (li && (li->flags &
+                                              DCPX_LISTS_CHECK_ORDER));
+  uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
+  int r = check_lists(m, in, li, order);
+  rows_begin(m, in->rows);
+  if (r < 0) {
+    dcpx__member_refuse(m);
+    rows_failed(m, in->rows);
+    return r;
+  }
+  *call_seq(m) += 1;
+  r = stop_reason(m);
+  if (r < 0) {
+    rows_failed(m, in->rows);
+    return r;
+  }
+
+  for (uint32_t t = 0; t < in->rows; t++) {
+    uint32_t e = dcpx_epoch_next(epoch[t]);
+    dcpx__given_list(li->values + (uint64_t)t * N,
+                     li->indices + (uint64_t)t * N, N,
+                     (uint32_t)in->row_ends[t], 0, w, NULL);
     ll_store_all(m, DCPX_REGION_LL_SLOTS,
                  dcpx_ll_offset(L, e & 1, m->rank, t, 0), w, L->rw_n, e);
   }
@@ -468,7 +524,7 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
     rows_failed(m, rows);
     return DCPX_E_INVAL;
   }
-  r = check_rows(m, rows, in->logits, in->stride, in->row_ends);
+  r = check_rows(m, rows, in->logits, in->stride, in->row_ends, 1);
   if (r < 0) {
     dcpx__member_refuse(m);
     rows_failed(m, rows);

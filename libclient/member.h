@@ -59,6 +59,10 @@ struct dcpx_member {
   uint32_t bt_rows_bad;
   uint64_t row_err[DCPX_MAX_ROWS / 64];
 
+  /* DCPX_CHECK_LISTS=1 at join: every dcpx_push_list checks ascending
+   * order (DCPX_LISTS_CHECK_ORDER). */
+  uint32_t check_lists;
+
   /* Host backend scratch, sized at join. */
   dcpx__merge_ws mws;
   uint32_t *lists_buf; /* [W][rw_n] */
@@ -112,6 +116,11 @@ __attribute__((visibility("hidden"))) void
 dcpx__cuda_fini(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in, void *stream);
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
+                     const dcpx_lists *lists, void *stream);
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_device_ctx(struct dcpx_member *m, dcpx_device *ret);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                  const dcpx_merge_out *out, void *stream);
@@ -170,6 +179,9 @@ __attribute__((visibility("hidden"))) void
 dcpx__host_fini(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int
 dcpx__host_push(struct dcpx_member *m, const dcpx_call *in);
+__attribute__((visibility("hidden"))) int
+dcpx__host_push_list(struct dcpx_member *m, const dcpx_call *in,
+                     const dcpx_lists *lists);
 __attribute__((visibility("hidden"))) int
 dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
                  const dcpx_merge_out *out);

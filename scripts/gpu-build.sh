@@ -18,4 +18,5 @@ cd "$top/build-gpu"
   --disable-maintainer-mode
 make -j"$(nproc)" >/dev/null
 ls -la daemon/dcpxd tools/dcpx-demo tools/dcpxctl tests/gpu/test_kernels \
-  tests/gpu/bench_kernels tests/gpu/test_nccl tests/gpu/pingpong
+  tests/gpu/bench_kernels tests/gpu/test_nccl tests/gpu/pingpong \
+  examples/indexer_push

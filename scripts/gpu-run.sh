@@ -41,6 +41,12 @@
 #            reproduce (not root: uid/gid 65534 and no supplementary
 #            groups, no capabilities, no new privileges, its own network
 #            namespace), then the main job on two GPUs (or W=1) through it
+#   devapi   the device API (issue 16): examples/indexer_push, an engine
+#            kernel that pushes from its epilogue, every call against the
+#            reference (fused, dcpx_push, dcpx_push_list, lists that are
+#            not the top-N), W=8 under MPS on one GPU and W=2 on two GPUs;
+#            then its benchmark: the fused kernel against the indexer +
+#            dcpx_push (graph replays, min / median / max of 5)
 #   python   python/gpu-run.sh (needs build-pygpu/)
 #   pytest   its pytest suite only (needs build-pygpu/)
 #   prof     Nsight Compute: one plain and one rescued merge of
@@ -216,6 +222,43 @@ netns $(readlink /proc/$pid/ns/net 2>/dev/null) (ours $(readlink /proc/self/ns/n
   rm -rf "$d"
 }
 
+# A private dcpxd on a socket of a fresh folder: dcpxd_up sets $dsock and
+# $dpid, dcpxd_down stops it.
+dcpxd_up() { # log name
+  local d
+  d=$(mktemp -d /tmp/dcpx-devapi.XXXXXX)
+  dsock=$d/dcpxd.sock
+  "$B/daemon/dcpxd" --config= --socket "$dsock" --state-dir "$d" \
+    > "$OUT/$1-dcpxd.log" 2>&1 &
+  dpid=$!
+  for _ in $(seq 100); do [ -S "$dsock" ] && break; sleep 0.1; done
+}
+dcpxd_down() {
+  kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
+  rm -rf "$(dirname "$dsock")"
+}
+
+devapi() { # name, args...
+  local name=$1; shift
+  dcpxd_up "$name"
+  timeout -k 5 400 "$B/examples/indexer_push" --socket "$dsock" "$@" \
+    > "$OUT/$name.txt" 2>&1 || rc=1
+  dcpxd_down
+  say "$name: $*"
+  show "indexer_push:|devapi|MISMATCH|^\| [0-9]|failed" "$OUT/$name.txt" 24
+}
+
+step_devapi() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  mkdir -p /tmp/mps /tmp/mpslog
+  nvidia-cuda-mps-control -d
+  devapi devapi_w8 --world 8 --rows 64 --calls 16 --bench
+  echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  [ "$ngpu" -ge 2 ] || { say "devapi W=2: needs two GPUs, skipped"; return; }
+  devapi devapi_w2 --world 2 --rows 64 --calls 16 --spread --bench
+}
+
 step_python() {
   [ -d build-pygpu ] || { say "python: build-pygpu/ missing"; rc=1; return; }
   say "python package"
@@ -261,7 +304,7 @@ if len(r)>2:
 }
 
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(kernels nccl bench1 torch bench2 faults2 mps python)
+[ ${#steps[@]} -gt 0 ] || steps=(kernels nccl bench1 torch bench2 faults2 mps devapi python)
 for s in "${steps[@]}"; do
   if ! declare -F "step_$s" > /dev/null; then
     echo "gpu-run: unknown step '$s'" >&2

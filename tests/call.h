@@ -8,15 +8,16 @@
 
 #include "dcpx.h"
 
-static inline int t_ref_call(const dcpx_shape *sh, uint32_t rows,
-                             const uint16_t *const *logits, uint64_t stride,
-                             const int32_t *const *row_ends, uint32_t rank,
-                             const int32_t *req_id, const int32_t *bt,
-                             uint32_t bt_rows, uint32_t bt_cols,
-                             int32_t *rows_out, int32_t *valid_out,
-                             int32_t *ids_out, uint32_t *sat_word,
-                             dcpx_ref_stats *ret_stats) {
+/* lists: dcpx_ref_in.lists ([W] or NULL). */
+static inline int t_ref_call_lists(
+    const dcpx_shape *sh, uint32_t rows, const uint16_t *const *logits,
+    uint64_t stride, const int32_t *const *row_ends, uint32_t rank,
+    const int32_t *req_id, const int32_t *bt, uint32_t bt_rows,
+    uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
+    int32_t *ids_out, uint32_t *sat_word, dcpx_ref_stats *ret_stats,
+    const dcpx_lists *const *lists) {
   dcpx_ref_in in = DCPX_REF_IN_INIT;
+  in.lists = lists;
   dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
   in.rows = rows;
   in.rank = rank;
@@ -32,6 +33,19 @@ static inline int t_ref_call(const dcpx_shape *sh, uint32_t rows,
   out.ids_out = ids_out;
   out.sat_word = sat_word;
   return dcpx_ref_call(sh, &in, &out, ret_stats);
+}
+
+static inline int t_ref_call(const dcpx_shape *sh, uint32_t rows,
+                             const uint16_t *const *logits, uint64_t stride,
+                             const int32_t *const *row_ends, uint32_t rank,
+                             const int32_t *req_id, const int32_t *bt,
+                             uint32_t bt_rows, uint32_t bt_cols,
+                             int32_t *rows_out, int32_t *valid_out,
+                             int32_t *ids_out, uint32_t *sat_word,
+                             dcpx_ref_stats *ret_stats) {
+  return t_ref_call_lists(sh, rows, logits, stride, row_ends, rank, req_id,
+                          bt, bt_rows, bt_cols, rows_out, valid_out, ids_out,
+                          sat_word, ret_stats, NULL);
 }
 
 static inline int t_push(dcpx_member *m, uint32_t rows,

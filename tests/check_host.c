@@ -59,6 +59,11 @@ typedef struct group {
   uint32_t absent; /* mask of ranks that skip the call */
   uint64_t delay_ns[DCPX_MAX_WORLD]; /* sleep before the push */
   uint64_t elapsed_ns[DCPX_MAX_WORLD];
+  /* dcpx_push_list: rank d pushes given[d] when it is set (lists_init),
+   * and check_exact gives the reference the lists when ref_given is. */
+  const dcpx_lists *given[DCPX_MAX_WORLD];
+  dcpx_lists lists[DCPX_MAX_WORLD];
+  int ref_given;
 } group;
 
 static void group_init(group *g, uint32_t W, uint32_t R, uint32_t K,
@@ -119,6 +124,8 @@ static void group_free(group *g) {
     free(g->ids[d]);
     free(g->valid[d]);
     free(g->sat[d]);
+    free((void *)g->lists[d].values);
+    free((void *)g->lists[d].indices);
   }
   free(g->ctl);
   free(g->req);
@@ -177,8 +184,14 @@ static void *rank_main(void *arg) {
   int r = 0;
   sleep_ns(g->delay_ns[d]);
   if (!((g->absent >> d) & 1u)) {
-    r = t_push(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
-                  g->tag, NULL);
+    dcpx_call in = DCPX_CALL_INIT;
+    in.rows = g->rows;
+    in.logits = g->logits[d];
+    in.stride = g->stride;
+    in.row_ends = g->ends[d];
+    in.call_tag = g->tag;
+    r = g->given[d] ? dcpx_push_list(g->m[d], &in, g->given[d], NULL)
+                    : dcpx_push(g->m[d], &in, NULL);
     if (r == 0)
       r = t_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
                      g->req, g->bt, g->bt_rows, g->bt_cols, g->rows_out[d],
@@ -213,10 +226,11 @@ static uint64_t check_exact(group *g, const char *what) {
     ck_assert_msg(g->rc[d] == 0, "%s: rank %u: %s", what, d,
                   dcpx_strerror(g->rc[d]));
     ck_assert_int_eq(
-        t_ref_call(&g->sh, R, (const uint16_t *const *)g->logits,
-                      g->stride, (const int32_t *const *)g->ends, d, g->req,
-                      g->bt, g->bt_rows, g->bt_cols, xr, xv, xi, xs,
-                      d == 0 ? &st : NULL),
+        t_ref_call_lists(&g->sh, R, (const uint16_t *const *)g->logits,
+                         g->stride, (const int32_t *const *)g->ends, d,
+                         g->req, g->bt, g->bt_rows, g->bt_cols, xr, xv, xi,
+                         xs, d == 0 ? &st : NULL,
+                         g->ref_given ? g->given : NULL),
         0);
     for (uint32_t t = 0; t < R; t++) {
       ck_assert_msg(xv[t] == g->valid[d][t], "%s: rank %u row %u valid %d/%d",
@@ -262,6 +276,253 @@ START_TEST(test_exact_random) {
          (unsigned long long)calls, (unsigned long long)rescues);
   ck_assert_msg(rescues > 10, "rescue ran only %llu times",
                 (unsigned long long)rescues);
+}
+END_TEST
+
+/* ---- dcpx_push_list ------------------------------------------------------ */
+
+/* Rank d's lists storage, for g->rows rows of N entries, all empty. */
+static dcpx_lists *lists_init(group *g, uint32_t d) {
+  const uint32_t N = g->sh.local_topk, R = g->sh.rows;
+  dcpx_lists *li = &g->lists[d];
+  if (!li->values) {
+    *li = (dcpx_lists)DCPX_LISTS_INIT;
+    li->values = calloc((size_t)R * N, sizeof(uint16_t));
+    li->indices = calloc((size_t)R * N, sizeof(int32_t));
+  }
+  li->rows = g->rows;
+  li->n = N;
+  memset((void *)li->values, 0, sizeof(uint16_t) * R * N);
+  memset((void *)li->indices, 0xFF, sizeof(int32_t) * R * N); /* -1 */
+  return li;
+}
+
+/* Rank d's lists as the contract's local top-N of its logits: what
+ * dcpx_push would push, from dcpx_ref_local_list's words. */
+static void lists_from_ref(group *g, uint32_t d) {
+  const uint32_t N = g->sh.local_topk;
+  dcpx_lists *li = lists_init(g, d);
+  uint32_t *w = calloc(dcpx_row_words(N), sizeof(uint32_t));
+  for (uint32_t t = 0; t < g->rows; t++) {
+    const uint16_t *row = g->logits[d] + t * g->stride;
+    int n = dcpx_ref_local_list(row, (uint32_t)g->ends[d][t], N, w);
+    ck_assert_int_ge(n, 0);
+    for (uint32_t j = 0; j < (uint32_t)n; j++) {
+      uint32_t o, l;
+      ck_assert_int_eq(dcpx_word_decode(w, N, j, &o, &l), 1);
+      ((uint16_t *)li->values)[t * N + j] = row[l];
+      ((int32_t *)li->indices)[t * N + j] = (int32_t)l;
+    }
+  }
+  free(w);
+  g->given[d] = li;
+}
+
+/* Rank d's lists as any valid lists: a random ascending subset of its
+ * non-NaN elements (full in about half of the rows, so that ranks
+ * saturate), with the logit as value, or now and then another value. */
+static void lists_random(group *g, uint32_t d, uint64_t seed) {
+  const uint32_t N = g->sh.local_topk;
+  dcpx_lists *li = lists_init(g, d);
+  uint64_t s = seed;
+  for (uint32_t t = 0; t < g->rows; t++) {
+    const uint16_t *row = g->logits[d] + t * g->stride;
+    const uint32_t len = (uint32_t)g->ends[d][t];
+    uint32_t avail = 0, j = 0;
+    for (uint32_t l = 0; l < len; l++)
+      avail += !dcpx_bf16_isnan(row[l]);
+    uint32_t want = avail < N ? avail : N;
+    if (mix(&s) & 1)
+      want = want ? (uint32_t)(mix(&s) % (want + 1)) : 0;
+    for (uint32_t l = 0; l < len && j < want; l++) {
+      if (dcpx_bf16_isnan(row[l]))
+        continue;
+      if (mix(&s) % avail-- >= want - j)
+        continue;
+      uint16_t v = row[l];
+      if (mix(&s) % 4 == 0)
+        v = (uint16_t)(0x3F00 + mix(&s) % 0x100);
+      ((uint16_t *)li->values)[t * N + j] = v;
+      ((int32_t *)li->indices)[t * N + j++] = (int32_t)l;
+    }
+    ck_assert_uint_eq(j, want);
+  }
+  g->given[d] = li;
+}
+
+/* Lists equal to the local top-N give dcpx_ref_call's result from the
+ * logits alone, bit for bit, on random and tie-heavy rows, whether every
+ * rank or some ranks push lists. */
+START_TEST(test_push_list_exact) {
+  static const uint32_t Ws[] = {1, 2, 3, 8};
+  uint64_t rescues = 0, calls = 0;
+  for (unsigned wi = 0; wi < sizeof(Ws) / sizeof(Ws[0]); wi++) {
+    const uint32_t W = Ws[wi];
+    uint64_t s = 777 + W;
+    uint32_t K = 16 + (uint32_t)(mix(&s) % 200);
+    uint32_t N = 1 + (uint32_t)(mix(&s) % (K - 1));
+    group g;
+    group_init(&g, W, 6, K, N, 1 + W % 4, 1 + W % 3, 700, 5000000000ull);
+    for (int c = 0; c < 12; c++) {
+      g.rows = 1 + (uint32_t)(mix(&s) % 6);
+      g.tag = (uint64_t)c;
+      fill(&g, mix(&s), c % 6); /* 1, 2 and 5: ties everywhere */
+      for (uint32_t d = 0; d < W; d++) {
+        g.given[d] = NULL;
+        if (c % 3 == 0 || (d + (uint32_t)c) % 2 == 0)
+          lists_from_ref(&g, d);
+      }
+      run_call(&g);
+      char what[80];
+      snprintf(what, sizeof(what), "push_list W=%u K=%u N=%u call %d", W, K,
+               N, c);
+      rescues += check_exact(&g, what);
+      calls++;
+    }
+    group_free(&g);
+  }
+  printf("check_host: push_list: %llu calls exact, %llu rescue rows\n",
+         (unsigned long long)calls, (unsigned long long)rescues);
+  ck_assert_msg(rescues > 10, "rescue ran only %llu times",
+                (unsigned long long)rescues);
+}
+END_TEST
+
+/* Any valid lists give the result "exact for the lists given":
+ * dcpx_ref_call with those lists (round 1 from the lists, a saturated
+ * rank's rescue from its logits), which here differs from the logits'
+ * own result in many rows. */
+START_TEST(test_push_list_given) {
+  static const uint32_t Ws[] = {1, 2, 4, 8};
+  uint64_t rescues = 0, differ = 0;
+  for (unsigned wi = 0; wi < sizeof(Ws) / sizeof(Ws[0]); wi++) {
+    const uint32_t W = Ws[wi];
+    uint64_t s = 4242 + W;
+    const uint32_t K = 24 + (uint32_t)(mix(&s) % 100);
+    const uint32_t N = W == 1 ? K / 2 : K / W + 1 + (uint32_t)(mix(&s) % 5);
+    group g;
+    group_init(&g, W, 6, K, N, 2, 1 + W % 3, 300, 5000000000ull);
+    int32_t *xi = malloc(sizeof(int32_t) * 6 * K);
+    int32_t *xr = malloc(sizeof(int32_t) * 6 * K);
+    int32_t *xv = malloc(sizeof(int32_t) * 6);
+    g.ref_given = 1;
+    for (int c = 0; c < 12; c++) {
+      g.rows = 1 + (uint32_t)(mix(&s) % 6);
+      g.tag = (uint64_t)c;
+      fill(&g, mix(&s), c % 6);
+      for (uint32_t d = 0; d < W; d++) {
+        g.given[d] = NULL;
+        if (c % 4 != 3 || d % 2 == 0)
+          lists_random(&g, d, mix(&s));
+      }
+      run_call(&g);
+      char what[80];
+      snprintf(what, sizeof(what), "given lists W=%u K=%u N=%u call %d", W,
+               K, N, c);
+      rescues += check_exact(&g, what);
+      ck_assert_int_eq(t_ref_call(&g.sh, g.rows,
+                                  (const uint16_t *const *)g.logits, g.stride,
+                                  (const int32_t *const *)g.ends, 0, g.req,
+                                  g.bt, g.bt_rows, g.bt_cols, xr, xv, xi,
+                                  NULL, NULL),
+                       0);
+      for (uint32_t t = 0; t < g.rows; t++)
+        differ += memcmp(xi + t * K, g.ids[0] + t * K, sizeof(int32_t) * K) != 0;
+    }
+    free(xi);
+    free(xr);
+    free(xv);
+    group_free(&g);
+  }
+  printf("check_host: given lists: %llu rescue rows, %llu rows unlike the "
+         "logits' result\n",
+         (unsigned long long)rescues, (unsigned long long)differ);
+  ck_assert_msg(rescues > 10, "rescue ran only %llu times",
+                (unsigned long long)rescues);
+  ck_assert_msg(differ > 10, "only %llu rows differ from the logits' result",
+                (unsigned long long)differ);
+}
+END_TEST
+
+/* One dcpx_push_list by rank 0 of a fresh W=2 group; rank 0's LL slots
+ * must stay untouched when it is refused. */
+static int push_list_once(group *g, const dcpx_lists *li) {
+  dcpx_call in = DCPX_CALL_INIT;
+  in.rows = g->rows;
+  in.logits = g->logits[0];
+  in.stride = g->stride;
+  in.row_ends = g->ends[0];
+  int r = dcpx_push_list(g->m[0], &in, li, NULL);
+  const dcpx_rank_health *h =
+      (const dcpx_rank_health *)((char *)g->ctl + g->L.off_ranks);
+  const char *ll = g->ws[1] + g->L.off_ll;
+  int stored = 0;
+  for (uint64_t b = 0; b < g->L.reg[DCPX_REGION_LL_SLOTS].bytes; b++)
+    stored |= ll[b] != 0;
+  ck_assert_int_eq(stored, r == 0);
+  ck_assert_uint_eq(h[0].failed, r < 0);
+  return r;
+}
+
+#define BAD_LIST(field, value, code, order)                                   \
+  do {                                                                        \
+    group g;                                                                  \
+    group_init(&g, 2, 4, 32, 8, 1, 1, 100, 1000000000ull);                    \
+    g.rows = 3;                                                               \
+    fill(&g, 5, 0);                                                           \
+    for (uint32_t t = 0; t < g.rows; t++)                                     \
+      g.ends[0][t] = 50;                                                      \
+    lists_from_ref(&g, 0);                                                    \
+    dcpx_lists li = g.lists[0];                                               \
+    li.flags = (order);                                                       \
+    int32_t *ix = (int32_t *)li.indices;                                      \
+    uint16_t *vx = (uint16_t *)li.values;                                     \
+    (void)ix;                                                                 \
+    (void)vx;                                                                 \
+    field = (value);                                                          \
+    ck_assert_int_eq(push_list_once(&g, &li), (code));                        \
+    group_free(&g);                                                           \
+  } while (0)
+
+/* Bad lists are refused before anything is stored, and the rank marks
+ * itself FAILED (as for any refused call). */
+START_TEST(test_push_list_bad) {
+  const uint32_t O = DCPX_LISTS_CHECK_ORDER;
+  BAD_LIST(ix[8 + 3], 50, DCPX_E_RANGE, 0);         /* index == row_end */
+  BAD_LIST(ix[8 + 3], 99, DCPX_E_RANGE, 0);         /* index > row_end */
+  BAD_LIST(vx[16 + 2], 0x7FC0, DCPX_E_RANGE, 0);    /* NaN */
+  BAD_LIST(vx[16 + 2], 0xFF81, DCPX_E_RANGE, 0);    /* -NaN */
+  BAD_LIST(ix[2], -1, DCPX_E_RANGE, 0);             /* full after empty */
+  BAD_LIST(li.n, 7, DCPX_E_INVAL, 0);               /* n != N */
+  BAD_LIST(li.rows, 2, DCPX_E_INVAL, 0);            /* rows != the call's */
+  BAD_LIST(li.values, NULL, DCPX_E_INVAL, 0);
+  BAD_LIST(li.flags, 2, DCPX_E_INVAL, 0);           /* unknown flag */
+  BAD_LIST(li.size, 8, DCPX_E_INVAL, 0);
+  /* Order: accepted as given without the check, refused with it. */
+  BAD_LIST(ix[1], ix[0], 0, 0);                     /* a duplicate */
+  BAD_LIST(ix[1], ix[0], DCPX_E_RANGE, O);
+  BAD_LIST(ix[5], ix[4] - 1, DCPX_E_RANGE, O);      /* unsorted */
+  BAD_LIST(ix[5], ix[5], 0, O);                     /* as it was */
+  /* DCPX_CHECK_LISTS=1 at join turns the check on for every call. */
+  setenv("DCPX_CHECK_LISTS", "1", 1);
+  BAD_LIST(ix[5], ix[4] - 1, DCPX_E_RANGE, 0);
+  unsetenv("DCPX_CHECK_LISTS");
+  {
+    group g;
+    group_init(&g, 2, 4, 32, 8, 1, 1, 100, 1000000000ull);
+    g.rows = 2;
+    fill(&g, 5, 0);
+    lists_from_ref(&g, 0);
+    ck_assert_int_eq(push_list_once(&g, NULL), DCPX_E_INVAL);
+    group_free(&g);
+  }
+  dcpx_device dev = DCPX_DEVICE_INIT;
+  group g;
+  group_init(&g, 1, 1, 4, 2, 1, 1, 10, 1000000000ull);
+  ck_assert_int_eq(dcpx_device_ctx(g.m[0], &dev), DCPX_E_NOSYS);
+  ck_assert_int_eq(dcpx_device_ctx(g.m[0], NULL), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_device_ctx(NULL, &dev), DCPX_E_INVAL);
+  group_free(&g);
 }
 END_TEST
 
@@ -1070,6 +1331,9 @@ int main(void) {
   tcase_add_test(tc, test_async_error);
   tcase_add_test(tc, test_struct_message);
   tcase_add_test(tc, test_join_transport_refused);
+  tcase_add_test(tc, test_push_list_exact);
+  tcase_add_test(tc, test_push_list_given);
+  tcase_add_test(tc, test_push_list_bad);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

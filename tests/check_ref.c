@@ -1729,6 +1729,230 @@ START_TEST(test_auto_local_topk) {
 }
 END_TEST
 
+/* ---- lists given by the engine (docs/PROTOCOL.md 5.8) --------------------- */
+
+/* The result exact for the lists given, straight from section 5.8 and the
+ * oracle's order: round 1 over the given keys (their values as given),
+ * S1 its first K; rank r saturated when its list holds N keys, all in S1;
+ * with a saturated rank, round 2 over every element of the saturated
+ * ranks whose logit is at or above T1 (the rescue list of 5.4, but for
+ * elements beyond the rank's top K, which K of its own beat) and the S1
+ * keys of the others. Writes the selection's gids in (r, l) order, -1
+ * padded, and the sat_word. */
+static void given_oracle(uint32_t W, uint32_t K, uint32_t N, uint32_t I,
+                         uint32_t len, const uint16_t *const *lg,
+                         const uint16_t *const *v, const int32_t *const *ix,
+                         int32_t *ids, uint32_t *sat) {
+  uint64_t *k1 = xcalloc((size_t)W * N + 1, 8);
+  uint64_t *k2 = xcalloc((size_t)W * (len + N) + 1, 8);
+  uint32_t n1 = 0, n2 = 0, mask = 0, cnt[DCPX_MAX_WORLD] = {0};
+  for (uint32_t r = 0; r < W; r++)
+    for (uint32_t j = 0; j < N && ix[r][j] >= 0; j++, cnt[r]++)
+      k1[n1++] = okey((uint32_t)o_rank[v[r][j]], r, (uint32_t)ix[r][j]);
+  qsort(k1, n1, 8, cmp_u64);
+  const uint32_t c1 = n1 < K ? n1 : K;
+  uint32_t in_s1[DCPX_MAX_WORLD] = {0};
+  for (uint32_t i = 0; i < c1; i++)
+    in_s1[okey_r(k1[i])]++;
+  for (uint32_t r = 0; r < W; r++)
+    mask |= (uint32_t)(cnt[r] == N && in_s1[r] == N) << r;
+  const uint32_t t1 = c1 == K ? spec_ord16(okey_bits(k1[K - 1])) : 0u;
+  *sat = (mask << 16) | t1;
+  if (mask) {
+    for (uint32_t i = 0; i < c1; i++)
+      if (!((mask >> okey_r(k1[i])) & 1u))
+        k2[n2++] = k1[i];
+    for (uint32_t r = 0; r < W; r++)
+      for (uint32_t l = 0; l < len && ((mask >> r) & 1u); l++)
+        if (o_rank[lg[r][l]] >= 0 && spec_ord16(lg[r][l]) >= t1)
+          k2[n2++] = okey((uint32_t)o_rank[lg[r][l]], r, l);
+    qsort(k2, n2, 8, cmp_u64);
+  } else {
+    memcpy(k2, k1, 8 * (size_t)c1);
+    n2 = c1;
+  }
+  const uint32_t c2 = n2 < K ? n2 : K;
+  uint64_t *rl = xcalloc((size_t)c2 + 1, 8);
+  for (uint32_t i = 0; i < c2; i++)
+    rl[i] = ((uint64_t)okey_r(k2[i]) << 17) | okey_l(k2[i]);
+  qsort(rl, c2, 8, cmp_u64);
+  for (uint32_t i = 0; i < K; i++) {
+    int64_t gid = -1;
+    if (i < c2)
+      ck_assert_int_eq(dcpx_gid((uint32_t)rl[i] & 0x1FFFFu,
+                                (uint32_t)(rl[i] >> 17), W, I, &gid),
+                       0);
+    ids[i] = (int32_t)gid;
+  }
+  free(k1);
+  free(k2);
+  free(rl);
+}
+
+/* dcpx_ref_call with dcpx_ref_in.lists against given_oracle, on random
+ * valid lists (random ascending subsets, full in about half of the rows,
+ * values now and then unlike the logit) over tie-heavy rows; lists that
+ * are the local top-N give the logits' own result; bad lists are refused. */
+START_TEST(test_given_lists) {
+  uint64_t s = g_seed ^ 0x6177E4ull;
+  uint64_t rescued = 0, differ = 0;
+  for (uint32_t c = 0; c < 300; c++) {
+    const uint32_t W = 1 + rnd_below(&s, 5), K = 2 + rnd_below(&s, 40);
+    const uint32_t N = 1 + rnd_below(&s, K - 1), I = 1 + rnd_below(&s, 3);
+    const uint32_t len = rnd_below(&s, 3 * K), nvals = 1 + rnd_below(&s, 12);
+    dcpx_shape sh = DCPX_SHAPE_INIT;
+    sh.world = W;
+    sh.rows = 1;
+    sh.topk = K;
+    sh.local_topk = N;
+    sh.interleave = I;
+    sh.max_local = len ? len : 1;
+    uint16_t *lg[DCPX_MAX_WORLD], *v[DCPX_MAX_WORLD];
+    int32_t *ix[DCPX_MAX_WORLD], ends[DCPX_MAX_WORLD][1];
+    const int32_t *ep[DCPX_MAX_WORLD];
+    dcpx_lists li[DCPX_MAX_WORLD];
+    const dcpx_lists *lp[DCPX_MAX_WORLD];
+    for (uint32_t r = 0; r < W; r++) {
+      lg[r] = xcalloc(len + 1, 2);
+      v[r] = xcalloc(N, 2);
+      ix[r] = xcalloc(N, 4);
+      for (uint32_t l = 0; l < len; l++)
+        lg[r][l] = rnd_below(&s, 20) ? (uint16_t)(0x3F80 + rnd_below(&s, nvals))
+                                     : 0x7FC1; /* NaN now and then */
+      uint32_t avail = 0, want, j = 0;
+      for (uint32_t l = 0; l < len; l++)
+        avail += o_rank[lg[r][l]] >= 0;
+      want = avail < N ? avail : N;
+      if (rnd_below(&s, 2))
+        want = rnd_below(&s, want + 1);
+      for (uint32_t l = 0; l < len && j < want; l++) {
+        if (o_rank[lg[r][l]] < 0 || rnd_below(&s, avail--) >= want - j)
+          continue;
+        v[r][j] = rnd_below(&s, 4) ? lg[r][l] : (uint16_t)(0x3F80 + rnd_below(&s, 16));
+        ix[r][j++] = (int32_t)l;
+      }
+      for (; j < N; j++)
+        ix[r][j] = -1;
+      ends[r][0] = (int32_t)len;
+      ep[r] = ends[r];
+      li[r] = (dcpx_lists)DCPX_LISTS_INIT;
+      li[r].rows = 1;
+      li[r].n = N;
+      li[r].values = v[r];
+      li[r].indices = ix[r];
+      lp[r] = &li[r];
+    }
+    int32_t req = 0, bt[1] = {0}, rows_out[4096], valid, ids[4096], want_ids[4096];
+    int32_t plain_ids[4096];
+    uint32_t sat, want_sat;
+    dcpx_ref_stats st = {0, 0, 0};
+    /* block_size 1 and a table of one block: only rows_out of rank 0
+     * elements beyond l = 0 fail; ids_out and sat_word do not care. */
+    sh.block_size = 1;
+    int32_t *btab = xcalloc(len + 1, 4);
+    ck_assert_int_eq(t_ref_call_lists(&sh, 1, (const uint16_t *const *)lg, len,
+                                      ep, 0, &req, btab, 1, len ? len : 1,
+                                      rows_out, &valid, ids, &sat, &st, lp),
+                     0);
+    given_oracle(W, K, N, I, len, (const uint16_t *const *)lg,
+                 (const uint16_t *const *)v, (const int32_t *const *)ix,
+                 want_ids, &want_sat);
+    ck_assert_msg(!memcmp(ids, want_ids, 4 * (size_t)K) && sat == want_sat,
+                  "given lists: case %u W=%u K=%u N=%u len=%u: ids/sat "
+                  "differ from the oracle (sat %08x, want %08x)",
+                  c, W, K, N, len, sat, want_sat);
+    rescued += st.rescue_rows;
+    ck_assert_int_eq(t_ref_call(&sh, 1, (const uint16_t *const *)lg, len, ep,
+                                0, &req, btab, 1, len ? len : 1, rows_out,
+                                &valid, plain_ids, NULL, NULL),
+                     0);
+    differ += memcmp(ids, plain_ids, 4 * (size_t)K) != 0;
+    (void)bt;
+    free(btab);
+    for (uint32_t r = 0; r < W; r++) {
+      free(lg[r]);
+      free(v[r]);
+      free(ix[r]);
+    }
+  }
+  printf("check_ref: given lists: 300 calls as the oracle, %" PRIu64
+         " rescued, %" PRIu64 " unlike the logits' result\n", rescued, differ);
+  ck_assert_uint_gt(rescued, 20);
+  ck_assert_uint_gt(differ, 20);
+}
+END_TEST
+
+/* The local top-N as given lists: the logits' own result; and the rules
+ * of dcpx_lists, checked by the reference always. */
+START_TEST(test_given_lists_rules) {
+  const uint32_t N = 4, K = 8, L = 16;
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  sh.world = 2;
+  sh.rows = 1;
+  sh.topk = K;
+  sh.local_topk = N;
+  sh.max_local = L;
+  uint16_t lg0[16], lg1[16], v[2][4];
+  int32_t ix[2][4], e0[1] = {16}, e1[1] = {12};
+  const uint16_t *lg[2] = {lg0, lg1};
+  const int32_t *ep[2] = {e0, e1};
+  for (uint32_t l = 0; l < L; l++) {
+    lg0[l] = (uint16_t)(0x3F80 + (l * 7) % 5);
+    lg1[l] = (uint16_t)(0x3F80 + (l * 3) % 4);
+  }
+  dcpx_lists li[2];
+  const dcpx_lists *lp[2] = {&li[0], &li[1]};
+  uint32_t w[8];
+  for (uint32_t r = 0; r < 2; r++) {
+    int n = dcpx_ref_local_list(lg[r], (uint32_t)ep[r][0], N, w);
+    ck_assert_int_eq(n, (int)N);
+    for (uint32_t j = 0; j < N; j++) {
+      uint32_t o, l;
+      ck_assert_int_eq(dcpx_word_decode(w, N, j, &o, &l), 1);
+      v[r][j] = lg[r][l];
+      ix[r][j] = (int32_t)l;
+    }
+    li[r] = (dcpx_lists)DCPX_LISTS_INIT;
+    li[r].rows = 1;
+    li[r].n = N;
+    li[r].values = v[r];
+    li[r].indices = ix[r];
+  }
+  int32_t req = 0, bt[16], ro[8], va, ids[8], ro2[8], va2, ids2[8];
+  uint32_t sat, sat2;
+  for (int i = 0; i < 16; i++)
+    bt[i] = i;
+  ck_assert_int_eq(t_ref_call(&sh, 1, lg, L, ep, 0, &req, bt, 1, 16, ro, &va,
+                              ids, &sat, NULL), 0);
+  ck_assert_int_eq(t_ref_call_lists(&sh, 1, lg, L, ep, 0, &req, bt, 1, 16, ro2,
+                                    &va2, ids2, &sat2, NULL, lp), 0);
+  ck_assert(!memcmp(ro, ro2, sizeof(ro)) && va == va2 &&
+            !memcmp(ids, ids2, sizeof(ids)) && sat == sat2);
+#define REF_BAD(stmt, code)                                                   \
+  do {                                                                        \
+    int32_t keep_ix = ix[1][1], keep_ix2 = ix[1][2];                          \
+    uint16_t keep_v = v[1][1];                                                \
+    uint32_t keep_n = li[1].n, keep_rows = li[1].rows;                        \
+    stmt;                                                                     \
+    ck_assert_int_eq(t_ref_call_lists(&sh, 1, lg, L, ep, 0, &req, bt, 1, 16,  \
+                                      ro2, &va2, ids2, NULL, NULL, lp),       \
+                     (code));                                                 \
+    ix[1][1] = keep_ix, ix[1][2] = keep_ix2, v[1][1] = keep_v;                \
+    li[1].n = keep_n, li[1].rows = keep_rows;                                 \
+  } while (0)
+  REF_BAD(ix[1][1] = 12, DCPX_E_RANGE);             /* == rank 1's row_end */
+  REF_BAD(v[1][1] = 0x7FC0, DCPX_E_RANGE);          /* NaN */
+  REF_BAD(ix[1][1] = ix[1][2], DCPX_E_RANGE);       /* repeated */
+  REF_BAD((ix[1][1] = ix[1][2], ix[1][2] = keep_ix), DCPX_E_RANGE); /* order */
+  REF_BAD(ix[1][1] = -1, DCPX_E_RANGE);             /* full after empty */
+  REF_BAD(li[1].n = 3, DCPX_E_INVAL);
+  REF_BAD(li[1].rows = 2, DCPX_E_INVAL);
+#undef REF_BAD
+  ck_assert_int_eq(t_ref_call_lists(&sh, 1, lg, L, ep, 0, &req, bt, 1, 16, ro2,
+                                    &va2, ids2, NULL, NULL, lp), 0);
+}
+END_TEST
+
 static Suite *ref_suite(void) {
   Suite *s = suite_create("ref");
   TCase *tc;
@@ -1741,6 +1965,8 @@ static Suite *ref_suite(void) {
   tcase_add_test(tc, test_local_list);
   tcase_add_test(tc, test_rescue_list);
   tcase_add_test(tc, test_auto_local_topk);
+  tcase_add_test(tc, test_given_lists);
+  tcase_add_test(tc, test_given_lists_rules);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("random");

@@ -27,7 +27,8 @@ from typing import List, Optional
 
 __all__ = ["LibraryNotFound", "lib", "library_path", "DcpxShapeC",
            "DcpxJoinOptsC", "DcpxHealthInfoC", "DcpxRefStatsC", "DcpxCallC",
-           "DcpxMergeOutC", "DcpxRefInC", "DcpxAsyncErrorC", "call_in",
+           "DcpxMergeOutC", "DcpxRefInC", "DcpxListsC", "DcpxDeviceC",
+           "DcpxAsyncErrorC", "call_in",
            "merge_out"]
 
 
@@ -91,7 +92,27 @@ class DcpxRefInC(Structure):
                 ("reserved", c_uint32), ("stride", c_uint64),
                 ("logits", c_void_p), ("row_ends", c_void_p),
                 ("req_id", c_void_p), ("block_table", c_void_p),
-                ("bt_rows", c_uint32), ("bt_cols", c_uint32)]
+                ("bt_rows", c_uint32), ("bt_cols", c_uint32),
+                ("lists", c_void_p)]
+
+
+class DcpxListsC(Structure):
+    """``struct dcpx_lists`` (v1): lists an engine computed itself."""
+    _fields_ = [("size", c_uint32), ("rows", c_uint32), ("n", c_uint32),
+                ("flags", c_uint32), ("values", c_void_p),
+                ("indices", c_void_p)]
+
+
+class DcpxDeviceC(Structure):
+    """``struct dcpx_device`` (v1): a member's device context, for an
+    engine kernel that pushes itself (``include/dcpx/device.cuh``)."""
+    _fields_ = [("size", c_uint32), ("world", c_uint32), ("rank", c_uint32),
+                ("rows", c_uint32), ("local_topk", c_uint32),
+                ("row_words", c_uint32), ("max_local", c_uint32),
+                ("pdl", c_uint32), ("off_ll", c_uint64), ("peers", c_void_p),
+                ("epoch", c_void_p), ("call_seq", c_void_p),
+                ("stop", c_void_p), ("alarm", c_void_p),
+                ("failed", c_void_p)]
 
 
 class DcpxAsyncErrorC(Structure):
@@ -125,7 +146,8 @@ def merge_out(rows_out: Optional[int], valid_out: Optional[int],
 # dcpx_struct_size (python/tests/test_api.py checks every layout).
 STRUCT_KINDS = {1: DcpxShapeC, 2: DcpxJoinOptsC, 3: DcpxHealthInfoC,
                 4: DcpxRefStatsC, 5: DcpxCallC, 6: DcpxMergeOutC,
-                7: DcpxRefInC, 8: DcpxAsyncErrorC}
+                7: DcpxRefInC, 8: DcpxAsyncErrorC, 9: DcpxListsC,
+                10: DcpxDeviceC}
 
 _P = c_void_p  # every buffer pointer is passed as a plain address
 
@@ -158,6 +180,9 @@ _PROTOS = {
     "dcpx_push": (c_int, [c_void_p, POINTER(DcpxCallC), c_void_p]),
     "dcpx_merge": (c_int, [c_void_p, POINTER(DcpxCallC),
                            POINTER(DcpxMergeOutC), c_void_p]),
+    "dcpx_push_list": (c_int, [c_void_p, POINTER(DcpxCallC),
+                               POINTER(DcpxListsC), c_void_p]),
+    "dcpx_device_ctx": (c_int, [c_void_p, POINTER(DcpxDeviceC)]),
     "dcpx_health": (c_int, [c_void_p, POINTER(DcpxHealthInfoC)]),
     "dcpx_member_async_error": (c_int, [c_void_p, POINTER(DcpxAsyncErrorC)]),
     "dcpx_poll": (c_int, [c_void_p]),

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _arrays as A
 from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
-                   DcpxRefInC,
+                   DcpxListsC, DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
 from .errors import InvalidArgument, RangeError, StateError, check
 
@@ -379,6 +379,56 @@ class Member:
             check(r, "dcpx_push")
         return None
 
+    def push_list(self, values: Any, indices: Any, row_ends: Any, *,
+                  check_order: bool = False, call_tag: int = 0,
+                  stream: Any = None) -> None:
+        """Pushes lists the engine already has instead of selecting them
+        from the logits (``dcpx_push_list``); :meth:`merge` follows as
+        after :meth:`push`, with the logits (a rescue reads them).
+
+        values: ``[rows][N]`` bf16 bits, indices: ``[rows][N]`` int32, N
+        the group's ``local_topk``, both C-contiguous on the member's
+        device; row t's full entries first, in ascending index, each below
+        ``row_ends[t]``, no NaN; a negative index marks an empty entry
+        (only empty ones may follow). From ``torch.topk``::
+
+            v, i = torch.topk(logits, N, dim=1)   # in score order
+            i, p = i.sort(dim=1)                  # ascending index
+            m.push_list(v.gather(1, p), i.int(), row_ends)
+
+        The result is the exact top-K when every list is the rank's
+        local top-N with ties to the lower index (``torch.topk`` does not
+        promise that order among equal values); otherwise it is exact for
+        the lists given (docs/PROTOCOL.md 5.8). The library checks indices
+        and NaN; ``check_order`` (or ``DCPX_CHECK_LISTS=1``) also the
+        order. Raises :class:`RangeError` for a bad list (the rank is then
+        FAILED: :meth:`recover`), :class:`InvalidArgument` for a wrong
+        shape.
+        """
+        if self._ptr is None:
+            raise StateError(context="the member has left its group")
+        where = self._where_t
+        N = self.shape.local_topk
+        A.check_array(values, "values", A.BF16, 2, where)
+        rows, n = values.shape
+        if n != N:
+            raise InvalidArgument(context=f"push_list: values has {n} "
+                                  f"columns, the group's local_topk is {N}")
+        A.check_array(indices, "indices", A.I32, 2, where, (rows, N))
+        A.check_array(row_ends, "row_ends", A.I32, 1, where, (rows,))
+        if rows > self.shape.rows:
+            raise RangeError(context=f"push_list: {rows} rows, more than "
+                             f"the group's rows={self.shape.rows}")
+        cin = call_in(rows, None, 0, A.ptr(row_ends),
+                      call_tag=call_tag & _U64)
+        li = DcpxListsC(ctypes.sizeof(DcpxListsC), rows, N,
+                        1 if check_order else 0, A.ptr(values),
+                        A.ptr(indices))
+        r = self._lib.dcpx_push_list(self._ptr, ctypes.byref(cin),
+                                     ctypes.byref(li), self._stream(stream))
+        if r < 0:
+            check(r, "dcpx_push_list")
+
     def merge(self, logits: Any, row_ends: Any, req_id: Any,
               block_table: Any, out: Optional[Sequence[Any]] = None, *,
               ids: bool = True, sat: bool = False, call_tag: int = 0,
@@ -620,14 +670,18 @@ class PreparedCall:
 
 def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
              rank: int, req_id: Any, block_table: Any, *, ids: bool = True,
-             sat: bool = True,
-             stats: Optional[List[int]] = None) -> MergeResult:
+             sat: bool = True, stats: Optional[List[int]] = None,
+             lists: Optional[Sequence[Any]] = None) -> MergeResult:
     """One whole call as every backend must compute it, for rank ``rank``
     (``dcpx_ref_call``): the oracle. ``logits[r]`` is rank r's
     ``[rows][stride]`` bf16 array (numpy, all the same shape),
     ``row_ends[r]`` its ``[rows]`` int32 row ends; req_id and block_table
     are rank ``rank``'s. Returns numpy outputs; ``stats`` (a list of
-    three ints) is added to, as the C function does."""
+    three ints) is added to, as the C function does. ``lists``: None, or
+    per rank None or a ``(values, indices)`` pair as
+    :meth:`Member.push_list` takes them: that rank's round-1 lists are
+    those (the result "exact for the lists given", docs/PROTOCOL.md
+    5.8)."""
     import numpy as np
     s = shape.resolved()
     W = s.world
@@ -657,10 +711,11 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     ep = (ctypes.c_void_p * W)(*[x.ctypes.data for x in en])
     st = DcpxRefStatsC()
     cs = s._c()
+    keep, lsp = _ref_lists(lists, W)
     rin = DcpxRefInC(ctypes.sizeof(DcpxRefInC), rows, int(rank), 0, stride,
                      ctypes.cast(lp, ctypes.c_void_p).value,
                      ctypes.cast(ep, ctypes.c_void_p).value, A.ptr(req),
-                     A.ptr(bt), bt.shape[0], bt.shape[1])
+                     A.ptr(bt), bt.shape[0], bt.shape[1], lsp)
     cout = merge_out(A.ptr(res.rows_out), A.ptr(res.valid_out),
                      A.ptr(res.ids_out), A.ptr(res.sat_word))
     r = lib().dcpx_ref_call(ctypes.byref(cs), ctypes.byref(rin),
@@ -671,6 +726,29 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
         stats[1] += st.rescue_rows
         stats[2] += st.saturated
     return res
+
+
+def _ref_lists(lists: Optional[Sequence[Any]],
+               W: int) -> Tuple[List[Any], Optional[int]]:
+    """dcpx_ref_in.lists for ref_call: the arrays to keep alive, and the
+    address of the [W] array of dcpx_lists pointers (None: no lists)."""
+    if lists is None:
+        return [], None
+    if len(lists) != W:
+        raise InvalidArgument(context=f"ref_call needs {W} lists (or None)")
+    keep: List[Any] = []
+    ptrs = (ctypes.c_void_p * W)()
+    for r, pair in enumerate(lists):
+        if pair is None:
+            continue
+        v = A.to_numpy_host(pair[0], "values", A.BF16, 2)
+        i = A.to_numpy_host(pair[1], "indices", A.I32, 2)
+        li = DcpxListsC(ctypes.sizeof(DcpxListsC), v.shape[0], v.shape[1],
+                        0, A.ptr(v), A.ptr(i))
+        keep += [v, i, li]
+        ptrs[r] = ctypes.addressof(li)
+    keep.append(ptrs)
+    return keep, ctypes.addressof(ptrs)
 
 
 def ref_local_list(logits: Any, cap: int) -> List[Tuple[int, int]]:

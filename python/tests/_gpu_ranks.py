@@ -84,6 +84,61 @@ def run_eager(rank, sock, group, shape, ngpu, calls):
     return calls
 
 
+def _top_lists(lg, en, N):
+    """The local top-N of every row as push_list takes it (the
+    reference's own lists: ties to the lower index)."""
+    rows = lg.shape[0]
+    vals = np.zeros((rows, N), np.uint16)
+    idx = np.full((rows, N), -1, np.int32)
+    for t in range(rows):
+        for j, (_, l) in enumerate(dcpx.ref_local_list(lg[t, :en[t]], N)):
+            vals[t, j], idx[t, j] = lg[t, l], l
+    return vals, idx
+
+
+def _torch_lists(lg, N):
+    """torch.topk's lists of full rows (on the CPU, so that every rank
+    computes every rank's lists alike), indices sorted ascending."""
+    import torch
+    x = torch.from_numpy(dcpx.from_bf16_bits(lg))
+    _, i = torch.topk(x, N, dim=1)
+    i, _ = i.sort(dim=1)
+    v = torch.from_numpy(lg.view(np.int16)).gather(1, i)
+    return v.numpy().view(np.uint16).copy(), i.int().numpy().copy()
+
+
+def run_push_list(rank, sock, group, shape, ngpu, calls):
+    """Member.push_list with CUDA tensors: the reference's top-N lists
+    (even calls) against the logits' result, torch.topk's lists of full
+    rows (odd calls) against the result exact for those lists."""
+    import torch
+    c, m, d = _join(rank, sock, group, shape, ngpu)
+    R, L, N = shape.rows, shape.max_local, m.shape.local_topk
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    for call in range(calls):
+        lg, en = inputs(61, call, shape.world, R, L,
+                        ("random", "skew")[call // 2 % 2])
+        if call % 2:
+            en = [np.full(R, L, np.int32) for _ in en]
+            lists = [_torch_lists(x, N) for x in lg]
+        else:
+            lists = [_top_lists(x, e, N) for x, e in zip(lg, en)]
+        x, e = _lg(lg[rank], d), _t(en[rank], d)
+        v, i = lists[rank]
+        m.push_list(_lg(v, d), _t(i, d), e, check_order=True, call_tag=call)
+        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
+        compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt,
+                                          lists=lists if call % 2 else None),
+                R)
+    torch.cuda.synchronize()
+    assert m.health().ok
+    BARRIER.wait(120)  # nobody leaves while a peer still merges
+    m.leave()
+    c.close()
+    return calls
+
+
 def run_graph(rank, sock, group, shape, ngpu, calls):
     """push + merge captured once in a CUDA graph, replayed per call with
     new inputs copied into the static buffers."""

@@ -76,6 +76,15 @@ def test_cuda_eager_exact(daemon, cuda_ok, group, W):
 
 
 @pytest.mark.parametrize("W", WORLDS)
+def test_cuda_push_list(daemon, cuda_ok, group, W):
+    """Member.push_list on the CUDA backend (dcpx_push_list's kernel)."""
+    shape = dcpx.Shape(world=W, rows=8, topk=128, local_topk=0,
+                       block_size=16, interleave=1, max_local=1024)
+    out = _spawn("push_list", W, daemon.socket, group, shape)
+    assert len(out) == W
+
+
+@pytest.mark.parametrize("W", WORLDS)
 def test_cuda_graph_capture(daemon, cuda_ok, group, W):
     shape = dcpx.Shape(world=W, rows=8, topk=128, local_topk=0,
                        block_size=16, interleave=2, max_local=4096)

@@ -18,7 +18,10 @@
  * epochs and seq2 started just below the wrap and run 40 calls through
  * it; the fault hook (a rank stalls past the timeout: the others record,
  * alarm, fail and end) and an abort (the others end at once), each followed
- * by a recovery and exact calls.
+ * by a recovery and exact calls. dcpx_k_push_list (the lists an engine
+ * computed): the local top-N lists against the logits' reference, lists
+ * that are not the top-N against the reference given those lists, and a
+ * bad list refused on the device.
  *
  * Prints one line per case and "gpu-exact: P/T cases"; exits 0 only if all
  * are exact. DCPX_TEST_SEED overrides the base seed; DCPX_TEST_ONLY=<substr>
@@ -213,6 +216,7 @@ static void gen_call(gg *g, const tcase *tc, uint64_t seed, uint32_t call) {
 typedef struct refjob {
   gg *g;
   uint32_t r;
+  const dcpx_lists *const *lists; /* dcpx_ref_in.lists, or NULL */
   int32_t *rows, *valid, *ids;
   uint32_t *sat;
   dcpx_ref_stats st;
@@ -230,10 +234,10 @@ static void *ref_thread(void *p) {
     ends[s] = g->h_ends[s];
   }
   memset(&j->st, 0, sizeof(j->st));
-  j->ret = t_ref_call(&g->sh, g->rows, lg, g->stride, ends, j->r,
-                         g->h_req[j->r], g->h_bt[j->r], g->bt_rows,
-                         g->bt_cols, j->rows, j->valid, j->ids, j->sat,
-                         &j->st);
+  j->ret = t_ref_call_lists(&g->sh, g->rows, lg, g->stride, ends, j->r,
+                            g->h_req[j->r], g->h_bt[j->r], g->bt_rows,
+                            g->bt_cols, j->rows, j->valid, j->ids, j->sat,
+                            &j->st, j->lists);
   return NULL;
 }
 
@@ -1116,6 +1120,148 @@ static int run_corners(void) {
   return ok;
 }
 
+/* ---- dcpx_k_push_list ------------------------------------------------------------- */
+
+/* Rank r's lists of every row as dcpx_push_list takes them: the
+ * reference's local top-N, or (cut) with the last entry of odd rows
+ * dropped, which is valid but not the top-N. */
+static void host_lists(gg *g, uint32_t r, int cut, uint16_t *v, int32_t *ix) {
+  const uint32_t N = g->sh.local_topk;
+  uint32_t *w = (uint32_t *)calloc(dcpx_row_words(N), 4);
+  for (uint32_t t = 0; t < g->rows; t++) {
+    const uint16_t *row = g->h_logits[r] + g->lofs + (size_t)t * g->stride;
+    int n = dcpx_ref_local_list(row, (uint32_t)g->h_ends[r][t], N, w);
+    if (cut && n > 0 && t % 2)
+      n--;
+    for (uint32_t j = 0; j < N; j++) {
+      uint32_t o, l;
+      const int full = (int)j < n && dcpx_word_decode(w, N, j, &o, &l) == 1;
+      v[(size_t)t * N + j] = full ? row[l] : 0;
+      ix[(size_t)t * N + j] = full ? (int32_t)l : -1;
+    }
+  }
+  free(w);
+}
+
+/* Every rank pushes lists with dcpx_k_push_list and merges with its
+ * context's klist cleared (as libdcpx does after a list push): the local
+ * top-N lists (even calls) must give the logits' reference result, the
+ * cut lists (odd calls) the result exact for the lists given; then a list
+ * with an index at its row_end is refused on the device (rank 0's alarm
+ * and FAILED set, the row stored nowhere). */
+static int run_push_list(const tcase *tc, uint64_t seed) {
+  gg g;
+  refset rs;
+  const double t0 = gg_now();
+  gg_init(&g, tc->W, tc->rows, tc->rows, tc->N, tc->K, tc->B, tc->I,
+          tc->max_local, tc->max_local, 0, 0);
+  gg_set_max_blocks(&g, gg_auto_max_blocks(&g));
+  ref_alloc(&rs, &g);
+  const uint32_t W = g.W, N = g.sh.local_topk, R = g.rows;
+  uint16_t *hv[DCPX_MAX_WORLD], *dv[DCPX_MAX_WORLD];
+  int32_t *hi[DCPX_MAX_WORLD], *di[DCPX_MAX_WORLD];
+  dcpx_lists li[DCPX_MAX_WORLD];
+  const dcpx_lists *lp[DCPX_MAX_WORLD];
+  dcpx_kctx kx[DCPX_MAX_WORLD];
+  for (uint32_t r = 0; r < W; r++) {
+    hv[r] = (uint16_t *)calloc((size_t)R * N, 2);
+    hi[r] = (int32_t *)calloc((size_t)R * N, 4);
+    CK(cudaMalloc((void **)&dv[r], 2 * (size_t)R * N));
+    CK(cudaMalloc((void **)&di[r], 4 * (size_t)R * N));
+    li[r] = (dcpx_lists)DCPX_LISTS_INIT;
+    li[r].rows = R;
+    li[r].n = N;
+    li[r].values = hv[r];
+    li[r].indices = hi[r];
+    lp[r] = &li[r];
+    kx[r] = g.kc[r];
+    kx[r].klist = NULL;
+  }
+  uint64_t rescue_rows = 0;
+  uint32_t bad = 0;
+  int hung = 0;
+  for (uint32_t call = 0; call < tc->calls && !bad && !hung; call++) {
+    const int cut = call % 2;
+    gen_call(&g, tc, seed, call);
+    gg_upload(&g);
+    gg_poison(&g);
+    for (uint32_t r = 0; r < W; r++) {
+      host_lists(&g, r, cut, hv[r], hi[r]);
+      CK(cudaMemcpy(dv[r], hv[r], 2 * (size_t)R * N, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(di[r], hi[r], 4 * (size_t)R * N, cudaMemcpyHostToDevice));
+      CK(cudaStreamSynchronize(g.st[r]));
+      rs.job[r].lists = cut ? lp : NULL;
+    }
+    for (uint32_t r = 0; r < W; r++)
+      KCK(dcpx_k_push_list(&kx[r], R, dv[r], di[r], g.d_ends[r], 1, g.st[r]));
+    for (uint32_t r = 0; r < W; r++)
+      KCK(dcpx_k_merge(&kx[r], R, gg_dlogits(&g, r), g.stride, g.d_ends[r],
+                       g.d_req[r], g.d_bt[r], g.bt_rows, g.bt_cols,
+                       g.d_rows[r], g.d_valid[r], g.d_ids[r], g.d_sat[r],
+                       g.st[r]));
+    if (gg_wait(&g, 60.0, gg_now(), NULL) < 0)
+      hung = 1;
+    CK(cudaGetLastError());
+    gg_download(&g);
+    if (ref_run(&rs, &g) < 0) {
+      bad++;
+      break;
+    }
+    rescue_rows += rs.job[0].st.rescue_rows;
+    for (uint32_t r = 0; r < W; r++)
+      bad += compare_rank(&g, &rs.job[r], r, tc->name, call, NULL, NULL);
+  }
+  /* A bad list: refused on the device, nothing of its row stored. */
+  uint32_t refused = 0;
+  if (!bad && !hung) {
+    uint32_t t = 0;
+    while (t < R && hi[0][(size_t)t * N] < 0)
+      t++;
+    if (t < R) {
+      hi[0][(size_t)t * N] = g.h_ends[0][t];
+      CK(cudaMemcpy(di[0], hi[0], 4 * (size_t)R * N, cudaMemcpyHostToDevice));
+      KCK(dcpx_k_push_list(&kx[0], R, dv[0], di[0], g.d_ends[0], 0, g.st[0]));
+      CK(cudaStreamSynchronize(g.st[0]));
+      refused = g.health[0].alarm == 1 && g.health[0].failed == 1;
+      if (!refused) {
+        printf("  %s: a list with index row_end was not refused (alarm %u "
+               "failed %u)\n", tc->name, g.health[0].alarm,
+               g.health[0].failed);
+        bad++;
+      }
+    }
+  }
+  if (rescue_rows == 0) {
+    printf("  %s: expected rescue rows, the reference ran none\n", tc->name);
+    bad++;
+  }
+  const int ok = !bad && !hung;
+  printf("case %-30s W=%-2u N=%-4u K=%-4u L=%-6u rows=%-3u calls=%-2u "
+         "rescue=%" PRIu64 " refused=%u %5.2fs %s\n",
+         tc->name, tc->W, tc->N, tc->K, tc->max_local, tc->rows, tc->calls,
+         rescue_rows, refused, gg_now() - t0,
+         ok ? "exact" : hung ? "HUNG" : "FAIL");
+  fflush(stdout);
+  for (uint32_t r = 0; r < W; r++) {
+    free(hv[r]);
+    free(hi[r]);
+    cudaFree(dv[r]);
+    cudaFree(di[r]);
+  }
+  ref_free(&rs, W);
+  gg_free(&g);
+  return ok;
+}
+
+static const tcase list_cases[] = {
+    {"push-list-w4-n64-k256-mix", 4, 64, 256, 4096, 8, 16, 1, G_MIX,
+     LEN_MIX, 4, 0, 0, 0, 1, 0},
+    {"push-list-w8-n512-k2048-dominant", 8, 512, 2048, 16384, 8, 64, 1,
+     G_DOMINANT, LEN_FULL, 4, 0, 0, 0, 1, 0},
+    {"push-list-w8-n256-k2048-ints", 8, 256, 2048, 8192, 8, 64, 2, G_INTS,
+     LEN_FULL, 4, 0, 0, 0, 1, 0},
+};
+
 /* ---- bad arguments --------------------------------------------------------------- */
 
 static int run_args(void) {
@@ -1190,6 +1336,12 @@ int main(void) {
     uint64_t s = g_seed ^ ((uint64_t)(i + 1) * 0x100000001B3ull);
     total++;
     pass += (uint32_t)run_case(&cases[i], splitmix64(&s));
+  }
+  for (size_t i = 0; i < sizeof(list_cases) / sizeof(list_cases[0]); i++) {
+    if (g_only && !strstr(list_cases[i].name, g_only))
+      continue;
+    total++;
+    pass += (uint32_t)run_push_list(&list_cases[i], g_seed ^ (0x11570 + i));
   }
   if (!g_only || strstr("fault-abort-recover", g_only)) {
     total++;
