@@ -198,15 +198,21 @@ static int one_call(const opts *o, dcpx_member *m, const dcpx_device *dev,
 
   /* Every rank's logits by the same kernel, for the reference. */
   make_q(o, c, q);
-  CK(cudaMemcpy(b->q, q, 2 * (size_t)R * o->dim, cudaMemcpyHostToDevice));
+  /* Every upload and the memset on st: the stream is non-blocking, so
+   * legacy-stream copies and memsets would not be ordered with its kernels
+   * (a memset still running once the indexer wrote logits made rows NaN). */
+  CK(cudaMemcpyAsync(b->q, q, 2 * (size_t)R * o->dim, cudaMemcpyHostToDevice,
+                     st));
   for (uint32_t s = 0; s < W; s++) {
     lg[s] = malloc(2 * (size_t)R * L);
     en[s] = malloc(4 * (size_t)R);
     gv[s] = malloc(2 * (size_t)R * N);
     gi[s] = malloc(4 * (size_t)R * N);
     make_kv(o, c, s, kv, en[s]);
-    CK(cudaMemcpy(b->kv, kv, 2 * (size_t)L * o->dim, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b->ends, en[s], 4 * (size_t)R, cudaMemcpyHostToDevice));
+    CK(cudaMemcpyAsync(b->kv, kv, 2 * (size_t)L * o->dim,
+                       cudaMemcpyHostToDevice, st));
+    CK(cudaMemcpyAsync(b->ends, en[s], 4 * (size_t)R, cudaMemcpyHostToDevice,
+                       st));
     DK(ix_launch(IX_SCORE, dev, &a, st));
     CK(cudaMemcpyAsync(lg[s], b->logits, 2 * (size_t)R * L,
                        cudaMemcpyDeviceToHost, st));
@@ -221,9 +227,11 @@ static int one_call(const opts *o, dcpx_member *m, const dcpx_device *dev,
   }
   /* This rank's own inputs back in place. */
   make_kv(o, c, rank, kv, en[rank]);
-  CK(cudaMemcpy(b->kv, kv, 2 * (size_t)L * o->dim, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(b->ends, en[rank], 4 * (size_t)R, cudaMemcpyHostToDevice));
-  CK(cudaMemset(b->logits, 0xFF, 2 * (size_t)R * L)); /* NaN until scored */
+  CK(cudaMemcpyAsync(b->kv, kv, 2 * (size_t)L * o->dim, cudaMemcpyHostToDevice,
+                     st));
+  CK(cudaMemcpyAsync(b->ends, en[rank], 4 * (size_t)R, cudaMemcpyHostToDevice,
+                     st));
+  CK(cudaMemsetAsync(b->logits, 0xFF, 2 * (size_t)R * L, st)); /* NaN until scored */
 
   dcpx_call in = DCPX_CALL_INIT;
   in.rows = R;
@@ -268,6 +276,34 @@ static int one_call(const opts *o, dcpx_member *m, const dcpx_device *dev,
   }
   DK(dcpx_merge(m, &in, &out, st));
   CK(cudaStreamSynchronize(st));
+  if (getenv("IX_CHECK_LISTS")) { /* the indexer's lists against the reference's */
+    const uint32_t rw = dcpx_row_words(N);
+    uint32_t *sink = NULL, *hs = malloc(4 * (size_t)R * rw), *w = malloc(4 * rw);
+    uint16_t *hl = malloc(2 * (size_t)R * L);
+    CK(cudaMalloc((void **)&sink, 4 * (size_t)R * rw));
+    ix_args a2 = a;
+    a2.sink = sink;
+    DK(ix_launch(IX_SELECT, dev, &a2, st));
+    CK(cudaMemcpyAsync(hs, sink, 4 * (size_t)R * rw, cudaMemcpyDeviceToHost, st));
+    CK(cudaMemcpyAsync(hl, b->logits, 2 * (size_t)R * L, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    for (uint32_t t = 0; t < R; t++) {
+      const uint32_t re = (uint32_t)en[rank][t];
+      if (memcmp(hl + (size_t)t * L, lg[rank] + (size_t)t * L, 2 * (size_t)re))
+        fprintf(stderr, "LOGITS rank %u call %u row %u differ from the score kernel's\n",
+                rank, c, t);
+      dcpx_ref_local_list(lg[rank] + (size_t)t * L, re, N, w);
+      for (uint32_t j = 0; j < rw; j++)
+        if (w[j] != hs[(size_t)t * rw + j]) {
+          fprintf(stderr, "LIST rank %u call %u row %u (end %u, N %u): word %u "
+                  "device %08x reference %08x\n", rank, c, t, re, N, j,
+                  hs[(size_t)t * rw + j], w[j]);
+          break;
+        }
+    }
+    CK(cudaFree(sink));
+    free(hs), free(w), free(hl);
+  }
 
   int32_t *rows_out = malloc(4 * (size_t)R * K), *ids = malloc(4 * (size_t)R * K);
   int32_t *valid = malloc(4 * R), *xr = malloc(4 * (size_t)R * K);
@@ -488,6 +524,7 @@ static int rank_main(const opts *o, uint32_t rank, const char *group) {
   }
   CK(cudaMemcpy(b.req, req, 4 * o->rows, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(b.bt, bt, 4 * (size_t)o->rows * bt_cols, cudaMemcpyHostToDevice));
+  CK(cudaDeviceSynchronize()); /* st is non-blocking: the uploads first */
 
   uint32_t exact = 0, per[4] = {0, 0, 0, 0};
   uint64_t rescued = 0;

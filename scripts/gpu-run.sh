@@ -241,7 +241,7 @@ dcpxd_down() {
 devapi() { # name, args...
   local name=$1; shift
   dcpxd_up "$name"
-  timeout -k 5 400 "$B/examples/indexer_push" --socket "$dsock" "$@" \
+  timeout -k 5 "${DEVAPI_TIMEOUT:-400}" "$B/examples/indexer_push" --socket "$dsock" "$@" \
     > "$OUT/$name.txt" 2>&1 || rc=1
   dcpxd_down
   say "$name: $*"
@@ -252,7 +252,7 @@ step_devapi() {
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
   mkdir -p /tmp/mps /tmp/mpslog
   nvidia-cuda-mps-control -d
-  devapi devapi_w8 --world 8 --rows 64 --calls 16 --bench
+  devapi devapi_w8 --world 8 --rows 64 --calls ${DEVAPI_CALLS:-16} ${DEVAPI_BENCH---bench}
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   [ "$ngpu" -ge 2 ] || { say "devapi W=2: needs two GPUs, skipped"; return; }
