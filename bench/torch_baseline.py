@@ -50,13 +50,11 @@ def graph_time_us(fn, iters=20, reps=15):
 def check_sets(lib, W, N, K, L, rows, seed=1):
     """dcpx_ref_call ids vs torch.topk over the concatenation, as sets."""
     dcpx = ctypes.CDLL(lib)
+    # The v1 structs as the Python package mirrors them (one definition;
+    # python/tests/test_api.py checks each against the library's size).
+    from dcpx._lib import DcpxMergeOutC, DcpxRefInC, DcpxShapeC
 
-    class Shape(ctypes.Structure):
-        _fields_ = [(f, ctypes.c_uint32) for f in
-                    ("size", "world", "rows", "topk", "local_topk",
-                     "block_size", "interleave", "max_local")]
-
-    sh = Shape(ctypes.sizeof(Shape), W, rows, K, N, 1, 1, L)
+    sh = DcpxShapeC(ctypes.sizeof(DcpxShapeC), W, rows, K, N, 1, 1, L)
     g = torch.Generator().manual_seed(seed)
     # Distinct values per row (positive finite bf16 bit patterns), so
     # torch's arbitrary tie order cannot matter.
@@ -81,27 +79,11 @@ def check_sets(lib, W, N, K, L, rows, seed=1):
     rows_out = (ctypes.c_int32 * (rows * K))()
     valid = (ctypes.c_int32 * rows)()
     ids = (ctypes.c_int32 * (rows * K))()
-    # struct dcpx_ref_in and dcpx_merge_out (include/dcpx.h, v1)
-    P = ctypes.c_void_p
-
-    class RefIn(ctypes.Structure):
-        _fields_ = [("size", ctypes.c_uint32), ("rows", ctypes.c_uint32),
-                    ("rank", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
-                    ("stride", ctypes.c_uint64), ("logits", P),
-                    ("row_ends", P), ("req_id", P), ("block_table", P),
-                    ("bt_rows", ctypes.c_uint32),
-                    ("bt_cols", ctypes.c_uint32)]
-
-    class MergeOut(ctypes.Structure):
-        _fields_ = [("size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
-                    ("rows_out", P), ("valid_out", P), ("ids_out", P),
-                    ("sat_word", P)]
-
     addr = ctypes.addressof
-    rin = RefIn(ctypes.sizeof(RefIn), rows, 0, 0, L, addr(lp), addr(ep),
-                addr(req), addr(bt), rows, L)
-    rout = MergeOut(ctypes.sizeof(MergeOut), 0, addr(rows_out), addr(valid),
-                    addr(ids), None)
+    rin = DcpxRefInC(ctypes.sizeof(DcpxRefInC), rows, 0, 0, L, addr(lp),
+                     addr(ep), addr(req), addr(bt), rows, L, None)
+    rout = DcpxMergeOutC(ctypes.sizeof(DcpxMergeOutC), 0, addr(rows_out),
+                         addr(valid), addr(ids), None)
     rc = dcpx.dcpx_ref_call(ctypes.byref(sh), ctypes.byref(rin),
                             ctypes.byref(rout), None)
     if rc != 0:

@@ -150,7 +150,8 @@ step_torch() {
   gcc -shared -fPIC -O2 -std=gnu11 -Iinclude -Icommon -I"$B/include" \
     common/wire.c common/merge.c common/ref.c common/log.c \
     -o /tmp/libdcpxref.so 2>&1 | tail -3
-  timeout -k 5 300 python3 bench/torch_baseline.py --lib /tmp/libdcpxref.so \
+  PYTHONPATH=$PWD/python timeout -k 5 300 python3 bench/torch_baseline.py \
+    --lib /tmp/libdcpxref.so \
     > "$OUT/torch_baseline.md" 2>&1 || rc=1
   tail -12 "$OUT/torch_baseline.md" | tee -a "$OUT/summary.txt"
 }
