@@ -25,6 +25,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,15 +212,31 @@ static void client_drain(int s) {
   }
 }
 
-/* Runs the daemon's loop until a turn finds nothing to do (bounded), with
- * the clients reading their answers in between. */
+/* Whether the daemon's loop has nothing to do now: no descriptor ready
+ * (its epoll fd not readable), no idle handle, pending callback or due
+ * timer (uv_backend_timeout 0), no thread pool work in flight, no
+ * connection waiting for the reaper. */
+static int loop_quiet(void) {
+  struct pollfd p = {.fd = uv_backend_fd(&L), .events = POLLIN};
+  return L.active_reqs.count == 0 && TAILQ_EMPTY(&M.reap) &&
+         uv_backend_timeout(&L) != 0 && poll(&p, 1, 0) == 0;
+}
+
+/* Runs the daemon's loop until it has nothing to do (bounded), with the
+ * clients reading their answers in between. */
 static void pump(const int *cl) {
   for (int i = 0; i < 16; i++) {
-    int busy = uv_run(&L, UV_RUN_NOWAIT);
+    struct pollfd p[N_CLIENTS];
+    nfds_t np = 0;
+    uv_run(&L, UV_RUN_NOWAIT);
     for (int k = 0; k < N_CLIENTS; k++)
       if (cl[k] >= 0)
-        client_drain(cl[k]);
-    if (!busy && TAILQ_EMPTY(&M.reap))
+        p[np++] = (struct pollfd){.fd = cl[k], .events = POLLIN};
+    if (np && poll(p, np, 0) > 0)
+      for (nfds_t k = 0; k < np; k++)
+        if (p[k].revents)
+          client_drain(p[k].fd);
+    if (loop_quiet())
       break;
   }
 }
