@@ -41,7 +41,6 @@
 #ifndef DCPX_COMMON_LAYOUT_H
 #define DCPX_COMMON_LAYOUT_H
 
-#include <stddef.h>
 #include <stdint.h>
 
 #define DCPX_CTL_MAGIC 0x44435058u /* "DCPX" */
@@ -163,10 +162,6 @@ typedef struct dcpx_ctl_header {
 #ifndef __cplusplus
 _Static_assert(sizeof(dcpx_ctl_header) == 256, "the header is 256 bytes");
 _Static_assert(sizeof(dcpx_rank_health) == 128, "a health block is 128 bytes");
-/* The merge copies the three fault words as one 16-byte block. */
-_Static_assert(offsetof(dcpx_rank_health, fault_armed) == 16 &&
-                   offsetof(dcpx_rank_health, fault_call) == 24,
-               "fault words: 16 bytes at offset 16");
 #endif
 
 /* The offset helpers below are the one place each formula is written; the

@@ -1156,7 +1156,6 @@ DCPX_D uint64_t dcpx_dev_call_tag(const dcpx_wctx *w) {
   return w->st->call_seq;
 }
 
-
 /* Starts row t's wait phase (thread 0; the caller synchronises). */
 DCPX_D void dcpx_dev_wait_begin(dcpx_blkwait *bw) {
   const uint64_t now = dcpx_dev_now();
@@ -1278,8 +1277,9 @@ DCPX_D int dcpx_dev_wait_ll(const dcpx_wctx *w, const void *p, uint32_t e,
 
 /* The fault hook (tests; armed by dcpxd): stalls fault_ticks ns once, in
  * the call whose epoch (0 = any) and call sequence (~0 = any) match, by
- * thread 0 of block 0 right after its first row's round-1 poll. The stall is capped at the group's timeout and ends early when
- * the group is aborted or the rank FAILED (read every 20 us). */
+ * thread 0 of block 0 right after its first row's round-1 poll. The stall
+ * is capped at the group's timeout and ends early when the group is
+ * aborted or the rank FAILED (read every 20 us). */
 DCPX_D void dcpx_dev_fault_hook(const dcpx_wctx *w, uint32_t e) {
   dcpx_rank_health *h = w->health;
   if (!w->hook_s || !w->hook_s[0] || !h->fault_armed || h->fault_fired)

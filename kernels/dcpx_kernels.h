@@ -81,7 +81,7 @@ typedef struct dcpx_k_counters {
 } dcpx_k_counters;
 
 /* kctx.diag bits, for benches that take one cost out to see its size:
- * the merge neither copies nor checks the fault hook; the merge stores no
+ * the merge neither reads nor checks the fault hook; the merge stores no
  * rescue list (this breaks the protocol: only for a merge whose peers do
  * not run, as bench_kernels' one-rank merge). */
 #define DCPX_K_DIAG_NO_HOOK 1u

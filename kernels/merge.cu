@@ -462,7 +462,7 @@ static __global__ void __launch_bounds__(MT)
   __shared__ uint32_t kmin_s;
   __shared__ char *peer[DCPX_MAX_WORLD];
   __shared__ __align__(16) unsigned long long snap[4]; /* counters, block 0 */
-  __shared__ __align__(16) uint32_t hook_w[4]; /* fault words, block 0 */
+  __shared__ uint32_t hook_armed; /* fault_armed as read, block 0 */
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -506,7 +506,7 @@ static __global__ void __launch_bounds__(MT)
    * poll's barrier: no thread on the path waits for the PCIe read. */
   const int hook_on = blockIdx.x == 0 && !(c.diag & DCPX_K_DIAG_NO_HOOK);
   int hook = hook_on && tid == 0;
-  const uint32_t *hook_s = hook ? hook_w : NULL;
+  const uint32_t *hook_s = hook ? &hook_armed : NULL;
 
 #pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
@@ -543,7 +543,7 @@ static __global__ void __launch_bounds__(MT)
       poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
                  &kmn, &kmx);
       if (hook_on && t == 0 && tid == MT - 1)
-        hook_w[0] = c.health[me].fault_armed;
+        hook_armed = c.health[me].fault_armed;
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
       __syncthreads();
       if (c.diag & DCPX_K_DIAG_POLL_TWICE) {

@@ -177,13 +177,15 @@ static void note(const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Cold against warm code: the same merge with ONE block walking the rows,
- * so row 0 runs the kernel's code for the first time on its SM and rows
- * 1.. run it again (instruction caches warm). Prints rows 0-3's phases. */
-static void profile_warm(gg *g, int khz) {
-  static const char *names[10] = {"",        "poll",   "round 1",
-                                  "list",    "stores", "r2 copy",
-                                  "r2 poll", "round 2", "outputs", "end"};
+/* Phase names of the merge's timestamps 1..9 (kernels/dcpx_kernels.h). */
+static const char *const g_phase[10] = {
+    "", "poll", "round 1", "rescue list", "rescue stores", "round-2 copy",
+    "rescue poll", "round 2", "outputs", "end"};
+
+/* One more merge of rank 0 with the phase timestamps on (grid capped at
+ * max_blocks; 0: one block per row), its epochs reset after it; returns
+ * every row's points (calloc'd, [rows][DCPX_K_PROF_POINTS]). */
+static unsigned long long *profiled_merge(gg *g, uint32_t max_blocks) {
   const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
   unsigned long long *d = NULL;
   unsigned long long *hh = (unsigned long long *)calloc(n, 8);
@@ -192,7 +194,7 @@ static void profile_warm(gg *g, int khz) {
   CK(cudaMemset(d, 0, n * 8));
   CK(cudaDeviceSynchronize());
   g->kc[0].prof = d;
-  g->kc[0].max_blocks = 1;
+  g->kc[0].max_blocks = max_blocks;
   gg_merge(g, 0);
   CK(cudaStreamSynchronize(g->st[0]));
   g->kc[0].prof = NULL;
@@ -201,53 +203,45 @@ static void profile_warm(gg *g, int khz) {
   CK(cudaFree(d));
   CK(cudaMemset(g->ws[0] + g->L.off_epoch, 0, 4 * (size_t)g->rows));
   CK(cudaDeviceSynchronize());
+  return hh;
+}
+
+/* The phases 1..9 of one row's points q, then its total. */
+static void note_phases(const unsigned long long *q, int khz) {
+  unsigned long long prev = q[0];
+  for (int i = 1; i < 10; i++) {
+    if (!q[i])
+      continue;
+    note(" %s %.2f;", g_phase[i], (double)(q[i] - prev) * 1e3 / khz);
+    prev = q[i];
+  }
+  note(" total %.2f", (double)(q[9] - q[0]) * 1e3 / khz);
+}
+
+/* Cold against warm code: the same merge with ONE block walking the rows,
+ * so row 0 runs the kernel's code for the first time on its SM and rows
+ * 1.. run it again (instruction caches warm). Prints rows 0-3's phases. */
+static void profile_warm(gg *g, int khz) {
+  unsigned long long *hh = profiled_merge(g, 1);
   for (uint32_t t = 0; t < 4; t++) {
-    const unsigned long long *q = hh + (size_t)t * DCPX_K_PROF_POINTS;
     note("  one block, row %u (%s):", t, t ? "warm" : "cold");
-    unsigned long long prev = q[0];
-    for (int i = 1; i < 10; i++) {
-      if (!q[i])
-        continue;
-      note(" %s %.2f;", names[i], (double)(q[i] - prev) * 1e3 / khz);
-      prev = q[i];
-    }
-    note(" total %.2f\n", (double)(q[9] - q[0]) * 1e3 / khz);
+    note_phases(hh + (size_t)t * DCPX_K_PROF_POINTS, khz);
+    note("\n");
   }
   free(hh);
 }
 
 static void profile_merge(gg *g, const char *what) {
-  static const char *names[DCPX_K_PROF_POINTS] = {
-      "", "poll", "round 1", "rescue list", "rescue stores", "round-2 copy",
-      "rescue poll", "round 2", "outputs", "end", "", "", "", "", "", ""};
-  const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
-  unsigned long long *d = NULL, h[DCPX_K_PROF_POINTS];
-  unsigned long long *all = (unsigned long long *)calloc(n, 8);
+  unsigned long long h[DCPX_K_PROF_POINTS];
   int khz = 0;
   CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-  CK(cudaMalloc((void **)&d, n * 8));
-  CK(cudaMemset(d, 0, n * 8));
-  CK(cudaDeviceSynchronize());
-  g->kc[0].prof = d;
-  gg_merge(g, 0);
-  CK(cudaStreamSynchronize(g->st[0]));
-  g->kc[0].prof = NULL;
-  CK(cudaMemcpy(all, d, n * 8, cudaMemcpyDeviceToHost));
+  unsigned long long *all = profiled_merge(g, g->kc[0].max_blocks);
   memcpy(h, all, sizeof(h));
-  CK(cudaFree(d));
-  CK(cudaMemset(g->ws[0] + g->L.off_epoch, 0, 4 * (size_t)g->rows));
-  CK(cudaDeviceSynchronize());
   note("- %s (us at %d MHz):", what, khz / 1000);
-  unsigned long long prev = h[0];
-  for (int i = 1; i < 10; i++) {
-    if (!h[i])
-      continue;
-    note(" %s %.2f;", names[i], (double)(h[i] - prev) * 1e3 / khz);
-    prev = h[i];
-  }
-  note(" total %.2f; round 1 = threshold %.2f + placement %.2f + bounds "
+  note_phases(h, khz);
+  note("; round 1 = threshold %.2f + placement %.2f + bounds "
        "and mask %.2f\n",
-       (double)(h[9] - h[0]) * 1e3 / khz, (double)(h[10] - h[1]) * 1e3 / khz,
+       (double)(h[10] - h[1]) * 1e3 / khz,
        (double)(h[11] - h[10]) * 1e3 / khz, (double)(h[2] - h[11]) * 1e3 / khz);
   if (h[14] && h[15])
     note("  kernel entry to row start %.2f, row end to kernel exit (call "
