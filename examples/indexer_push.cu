@@ -14,7 +14,8 @@
  *   2. Block 0's thread 0 calls dcpx_device_call_begin, also for 0 rows
  *      (the grid is then one block); the kernel never triggers its
  *      dependents early, so the merge starts after its last logit.
- *   3. Each row is one block's, stored once by dcpx_device_store_row.
+ *   3. Each row is one block's, stored once by dcpx_device_store_row_at
+ *      (its epoch and the stop word read at the kernel's start).
  *   4. The selection puts entry j at its rank in ascending l (below), so
  *      the list is ascending, unique, below row_end and NaN-free (scores
  *      are finite).
@@ -149,6 +150,11 @@ static __global__ void __launch_bounds__(IT)
   const uint32_t t = blockIdx.x;
   if (t >= a.rows)
     return;
+  /* The epilogue's epoch and stop word, read now: their latency hides
+   * behind the scoring. */
+  dcpx_device_row dr = {0u, 0u};
+  if (MODE == IX_FUSED)
+    dr = dcpx_device_row_begin(&dev, t);
   const int32_t re = a.row_ends[t];
   const uint32_t n = re < 0 ? 0u : ((uint32_t)re > a.len ? a.len : (uint32_t)re);
 
@@ -210,7 +216,7 @@ static __global__ void __launch_bounds__(IT)
   }
   __syncthreads();
   if (MODE == IX_FUSED) /* the epilogue: the row into every rank */
-    dcpx_device_store_row(&dev, t, words);
+    dcpx_device_store_row_at(&dev, dr, t, words);
   else if (a.sink)
     for (uint32_t i = threadIdx.x; i < rw; i += IT)
       a.sink[(uint64_t)t * rw + i] = words[i];

@@ -148,6 +148,28 @@ DCPX_D uint64_t dcpx_dev_now(void) {
   return t;
 }
 
+/* 16 bytes from global (through L2) into shared memory, asynchronously:
+ * no register receives them, so nothing waits for the load until the
+ * issuing thread calls dcpx_dev_async_wait (then a barrier, for the
+ * block). Both addresses 16-byte aligned. */
+DCPX_D void dcpx_dev_async16(void *smem, const void *gmem) {
+  const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa),
+               "l"(gmem)
+               : "memory");
+}
+
+DCPX_D void dcpx_dev_async_wait(void) {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+/* Diagnostic timestamp i (kctx.prof, benches only): thread 0's clock64
+ * into pf[i] when pf is set. */
+DCPX_D void dcpx_dev_stamp(unsigned long long *pf, uint32_t i) {
+  if (pf && threadIdx.x == 0)
+    pf[i] = clock64();
+}
+
 /* One LL store: words w0, w1 tagged with e, as (w0, e, w1, e). */
 DCPX_D void dcpx_dev_ll_store(void *p, uint32_t w0, uint32_t w1, uint32_t e) {
   dcpx_device_ll_store(p, w0, w1, e);
@@ -206,15 +228,17 @@ DCPX_D uint32_t dcpx_dev_warp_incl(uint32_t v) {
 }
 
 /* Exclusive block scan of v in thread order; *ret_total = sum over the
- * block. scratch: DCPX_MAX_WARPS words of shared memory. Contains two
- * barriers; every thread must call it. The warp totals are scanned with
- * shuffles (one shared load per lane), not a loop of dependent loads. */
+ * block. scratch: DCPX_MAX_WARPS words of shared memory. For a caller
+ * that has passed a barrier since any earlier scan's last read of
+ * scratch (every use in these kernels: the histogram a scan runs over
+ * is complete only after one): one barrier; every thread must call it.
+ * The warp totals are scanned with shuffles (one shared load per lane),
+ * not a loop of dependent loads. */
 DCPX_D uint32_t dcpx_dev_block_excl(uint32_t v, uint32_t *scratch,
                                     uint32_t *ret_total) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t nw = blockDim.x >> 5;
   const uint32_t incl = dcpx_dev_warp_incl(v);
-  __syncthreads(); /* scratch may still be read by a previous scan */
   if (lane == 31)
     scratch[warp] = incl;
   __syncthreads();
@@ -293,38 +317,81 @@ DCPX_D uint32_t dcpx_dev_passb8(uint32_t *h16w, uint4 k, uint32_t lim) {
          dcpx_dev_passb(h16w, k.w >> 16, lim);
 }
 
+/* The bucket of S->hist (higher buckets hold better keys) that holds the
+ * need-th best key: S->hb = that bucket, S->above = the keys in higher
+ * buckets, S->T = kbase + hb and S->take = need - above (the single-level
+ * selection's threshold and ties, kbase its key offset); returns the
+ * keys in all buckets (nothing is written when that is below need). With
+ * `zero` the buckets are zeroed as they are read. Warp w reads the
+ * buckets [w * 32 * per, (w + 1) * 32 * per), per = DCPX_HI_BINS /
+ * blockDim.x (4 or 8), lane j the buckets 32 i + j of them: no bank
+ * conflicts (a thread owning per consecutive buckets made every access
+ * per-way conflicted); the warp whose range holds the bucket finds it
+ * with warp reductions. Two barriers; every thread calls it, after the
+ * histogram is complete (a barrier). */
+DCPX_D uint32_t dcpx_dev_hist_find(dcpx_sel_smem *S, uint32_t need,
+                                   uint32_t kbase, int zero) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t nw = blockDim.x >> 5, per = DCPX_HI_BINS / blockDim.x;
+  uint32_t *hw = S->hist + warp * 32u * per + lane;
+  uint32_t h[8], sum = 0;
+#pragma unroll
+  for (uint32_t i = 0; i < 8; i++) {
+    h[i] = i < per ? hw[32u * i] : 0u;
+    sum += h[i];
+  }
+  if (zero)
+#pragma unroll
+    for (uint32_t i = 0; i < 8; i++)
+      if (i < per)
+        hw[32u * i] = 0;
+  sum = __reduce_add_sync(DCPX_FULL, sum);
+  if (lane == 0)
+    S->scan[warp] = sum;
+  __syncthreads();
+  const uint32_t x = lane < nw ? S->scan[lane] : 0u;
+  const uint32_t total = __reduce_add_sync(DCPX_FULL, x);
+  uint32_t above = __reduce_add_sync(DCPX_FULL, lane > warp ? x : 0u);
+  if (total >= need && above < need && above + sum >= need) { /* one warp */
+#pragma unroll
+    for (int i = 7; i >= 0; i--) {
+      if ((uint32_t)i >= per)
+        continue;
+      const uint32_t rt = __reduce_add_sync(DCPX_FULL, h[i]);
+      if (above + rt >= need) {
+        uint32_t suf = h[i]; /* this lane's bucket and the higher lanes' */
+#pragma unroll
+        for (uint32_t d = 1; d < 32; d <<= 1) {
+          const uint32_t y = __shfl_down_sync(DCPX_FULL, suf, d);
+          if (lane + d < 32)
+            suf += y;
+        }
+        const uint32_t ex = suf - h[i];
+        if (above + ex < need && above + suf >= need) { /* one lane */
+          const uint32_t b = warp * 32u * per + 32u * (uint32_t)i + lane;
+          S->hb = b;
+          S->above = above + ex;
+          S->T = kbase + b;
+          S->take = need - above - ex;
+        }
+        break;
+      }
+      above += rt;
+    }
+  }
+  __syncthreads();
+  return total;
+}
+
 /* After pass A: returns 1 if fewer than `need` keys are non-empty (select
  * all; pass B then runs with hb = 0), else 0 with S->hb the bucket holding
  * the need-th best key and S->above the keys in higher buckets.
  * *ret_nz: non-empty keys. Every thread must call it. */
 DCPX_D int dcpx_dev_sel_after_a(dcpx_sel_smem *S, uint32_t need,
                                 uint32_t *ret_nz) {
-  uint32_t total;
   __syncthreads();
-  /* Thread i owns buckets [top - per, top), thread 0 the highest. */
-  const uint32_t per = DCPX_HI_BINS / blockDim.x;
-  const uint32_t top = DCPX_HI_BINS - threadIdx.x * per;
-  uint32_t sum = 0;
-#pragma unroll 1
-  for (uint32_t b = top - per; b < top; b++)
-    sum += S->hist[b];
-  uint32_t above = dcpx_dev_block_excl(sum, S->scan, &total);
-  *ret_nz = total;
-  if (total < need)
-    return 1;
-  if (above < need && above + sum >= need) {
-#pragma unroll 1
-    for (uint32_t b = top; b-- > top - per;) {
-      if (above + S->hist[b] >= need) {
-        S->hb = b;
-        S->above = above;
-        break;
-      }
-      above += S->hist[b];
-    }
-  }
-  __syncthreads();
-  return 0;
+  *ret_nz = dcpx_dev_hist_find(S, need, 0u, 0);
+  return *ret_nz < need;
 }
 
 /* After pass B: the threshold T and tie count take, and each warp's counts
@@ -388,55 +455,33 @@ DCPX_D void dcpx_dev_sel_finish(dcpx_sel_smem *S, uint32_t need, int all) {
  * all: T = take = 0), else 0 with S->T, S->take. Every thread calls it. */
 DCPX_D int dcpx_dev_sel1_pick(dcpx_sel_smem *S, uint32_t need, uint32_t kmin,
                               uint32_t *ret_nz) {
-  uint32_t total;
   __syncthreads();
-  const uint32_t per = DCPX_HI_BINS / blockDim.x;
-  const uint32_t top = DCPX_HI_BINS - threadIdx.x * per;
-  uint32_t h[8], sum = 0;
-#pragma unroll
-  for (uint32_t i = 0; i < 8; i++) {
-    h[i] = i < per ? S->hist[top - 1 - i] : 0u;
-    sum += h[i];
-  }
-  uint32_t above = dcpx_dev_block_excl(sum, S->scan, &total);
-  *ret_nz = total;
-  if (total < need)
-    return 1;
-  if (above < need && above + sum >= need) {
-#pragma unroll
-    for (uint32_t i = 0; i < 8; i++) {
-      if (i < per && above + h[i] >= need) {
-        S->T = kmin + top - 1 - i;
-        S->take = need - above;
-        break;
-      }
-      above += h[i];
-    }
-  }
-  __syncthreads();
-  return 0;
+  *ret_nz = dcpx_dev_hist_find(S, need, kmin, 0);
+  return *ret_nz < need;
 }
 
 /* After the counting pass (per-warp keys > T in S->wgtb, == T in S->weqc):
- * each warp's bases S->wgt/weq (index nwarps: totals). */
+ * each warp's bases S->wgt/weq, computed by the warp itself from the
+ * counts before it (one barrier, no serial step of warp 0); a warp may
+ * read its own entry right after, another's (and the totals at index
+ * nwarps) only after a barrier. */
 DCPX_D void dcpx_dev_sel1_bases(dcpx_sel_smem *S) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t nw = blockDim.x >> 5;
   __syncthreads();
-  if (warp == 0) {
-    const uint32_t gt = lane < nw ? S->wgtb[lane] : 0u;
-    const uint32_t eq = lane < nw ? S->weqc[lane] : 0u;
-    const uint32_t ig = dcpx_dev_warp_incl(gt), iq = dcpx_dev_warp_incl(eq);
-    if (lane < nw) {
-      S->wgt[lane] = ig - gt;
-      S->weq[lane] = iq - eq;
-    }
-    if (lane == 31) {
-      S->wgt[nw] = ig;
-      S->weq[nw] = iq;
-    }
+  const uint32_t gt = lane < nw ? S->wgtb[lane] : 0u;
+  const uint32_t eq = lane < nw ? S->weqc[lane] : 0u;
+  const uint32_t bg = __reduce_add_sync(DCPX_FULL, lane < warp ? gt : 0u);
+  const uint32_t bq = __reduce_add_sync(DCPX_FULL, lane < warp ? eq : 0u);
+  if (lane == 0) {
+    S->wgt[warp] = bg;
+    S->weq[warp] = bq;
   }
-  __syncthreads();
+  if (warp == nw - 1u && lane == nw - 1u) {
+    S->wgt[nw] = bg + gt;
+    S->weq[nw] = bq + eq;
+  }
+  __syncwarp();
 }
 
 /* Output position bookkeeping of one key in pass C. *gb / *qb: keys > T
@@ -789,6 +834,20 @@ DCPX_D uint4 dcpx_dev_group_get(const dcpx_rowgeo *R, uint32_t g) {
   return dcpx_dev_group_load(R->base, R->a, R->len, g);
 }
 
+/* This lane's groups g0 + 32u + lane (u < 4) of its warp's range, those
+ * wholly inside the row, raw into raw[u] (the others are left as they
+ * are: their keys come from dcpx_dev_group_load). */
+DCPX_D void dcpx_dev_chunk_load(const dcpx_rowgeo *R, uint32_t g0,
+                                uint4 *raw) {
+  const uint32_t lane = threadIdx.x & 31u;
+#pragma unroll
+  for (uint32_t u = 0; u < 4; u++) {
+    const uint32_t g = g0 + 32u * u + lane;
+    if (g < R->gend && dcpx_dev_group_full(R->a, R->len, g))
+      raw[u] = dcpx_dev_group_raw(R, g);
+  }
+}
+
 /* The exact path: pass A, pass B and pass C over every group of the row
  * (the later passes re-read it from L2). Expects the histograms and words
  * zeroed. */
@@ -802,12 +861,7 @@ DCPX_COLD void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
 #pragma unroll 1
   for (uint32_t g0 = gbeg; g0 < gend; g0 += 128) {
     uint4 raw[4];
-#pragma unroll
-    for (uint32_t u = 0; u < 4; u++) {
-      const uint32_t g = g0 + 32u * u + lane;
-      if (g < gend && dcpx_dev_group_full(a, len, g))
-        raw[u] = dcpx_dev_group_raw(R, g);
-    }
+    dcpx_dev_chunk_load(R, g0, raw);
 #pragma unroll
     for (uint32_t u = 0; u < 4; u++) {
       const uint32_t g = g0 + 32u * u + lane;
@@ -892,7 +946,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
                                const uint16_t *row, uint32_t cap,
                                uint32_t r_samp, uint32_t *words,
                                uint16_t *ckey, uint32_t *cl,
-                               uint32_t cand_max) {
+                               uint32_t cand_max, unsigned long long *pf) {
   const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
   const uint32_t nt = blockDim.x, nw = nt >> 5;
   const uint32_t a = R->a, len = R->len, gbeg = R->gbeg, gend = R->gend;
@@ -907,34 +961,10 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
                       dcpx_dev_key(__ldg(row + (((2u * tid + 1u) * len) >>
                                                 __ffs(nt)))));
   __syncthreads();
-  {
-    const uint32_t per = DCPX_HI_BINS / nt;
-    const uint32_t top = DCPX_HI_BINS - tid * per;
-    uint32_t h[8], sum = 0, total;
-#pragma unroll
-    for (uint32_t i = 0; i < 8; i++) {
-      h[i] = 0;
-      if (i < per) {
-        h[i] = S->hist[top - 1 - i];
-        S->hist[top - 1 - i] = 0; /* this thread's bins only */
-        sum += h[i];
-      }
-    }
-    uint32_t above = dcpx_dev_block_excl(sum, S->scan, &total);
-    if (total < r_samp)
-      return 0; /* uniform: too few non-empty samples */
-    if (above < r_samp && above + sum >= r_samp) {
-#pragma unroll
-      for (uint32_t i = 0; i < 8; i++) {
-        if (i < per && above + h[i] >= r_samp) {
-          S->hb = top - 1 - i;
-          break;
-        }
-        above += h[i];
-      }
-    }
-  }
-  __syncthreads();
+  dcpx_dev_stamp(pf, 1);
+  if (dcpx_dev_hist_find(S, r_samp, 0u, 1) < r_samp)
+    return 0; /* uniform: too few non-empty samples (buckets zeroed) */
+  dcpx_dev_stamp(pf, 2);
   const uint32_t tau = max(S->hb << 4, 0x7Fu), span = 0xFF80u - tau;
   /* With tau >= 0x8000 (a positive threshold) the test runs on raw bf16
    * halves: ord16 >= tau and not NaN <=> b in [tau - 0x8000, 0x7F80], one
@@ -950,12 +980,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
 #pragma unroll 1
   for (uint32_t g0 = gbeg; g0 < gend; g0 += 128) {
     uint4 raw[4];
-#pragma unroll
-    for (uint32_t u = 0; u < 4; u++) {
-      const uint32_t g = g0 + 32u * u + lane;
-      if (g < gend && dcpx_dev_group_full(a, len, g))
-        raw[u] = dcpx_dev_group_raw(R, g);
-    }
+    dcpx_dev_chunk_load(R, g0, raw);
 #pragma unroll
     for (uint32_t u = 0; u < 4; u++) {
       const uint32_t g = g0 + 32u * u + lane;
@@ -1006,12 +1031,14 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
       wc += __shfl_sync(DCPX_FULL, incl, 31);
     }
   }
+  dcpx_dev_stamp(pf, 3);
   kmax = __reduce_max_sync(DCPX_FULL, kmax);
   if (lane == 0)
     atomicMax(&S->kmax, kmax);
   if (lane == 0)
     S->wcnt[warp] = wc;
   __syncthreads();
+  dcpx_dev_stamp(pf, 4);
   const uint32_t wcl = lane < nw ? S->wcnt[lane] : 0u;
   const uint32_t total = __reduce_add_sync(DCPX_FULL, wcl);
   const uint32_t over = __any_sync(DCPX_FULL, wcl > cw);
@@ -1026,6 +1053,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
     for (uint32_t i = lane; i < wc; i += 32)
       atomicAdd(S->hist + (wk[i] - tau), 1u);
     dcpx_dev_sel1_pick(S, cap, tau, &nz); /* nz = total >= cap: never all */
+    dcpx_dev_stamp(pf, 5);
     const uint32_t T = S->T;
     uint32_t gt = 0, eq = 0;
 #pragma unroll 1
@@ -1040,6 +1068,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
       S->weqc[warp] = eq;
     }
     dcpx_dev_sel1_bases(S);
+    dcpx_dev_stamp(pf, 6);
   } else {
 #pragma unroll 1
     for (uint32_t i0 = 0; i0 < wc; i0 += 32)
@@ -1073,6 +1102,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
     rq += tot & 0xFFFFu;
   }
   __syncthreads();
+  dcpx_dev_stamp(pf, 7);
   return 1;
 }
 
@@ -1080,11 +1110,13 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
  * (shared memory): the cap best non-NaN elements in ascending l, then
  * zeros, then the bit-16 plane. ckey/cl: candidate buffers of cand_max
  * entries for the fast path (NULL: exact path only). Every thread must
- * call it; it ends with a barrier. */
-DCPX_COLD void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
-                                uint32_t len, uint32_t cap, uint32_t *words,
-                                uint16_t *ckey, uint32_t *cl,
-                                uint32_t cand_max) {
+ * call it; it ends with a barrier. pf (benches; NULL): thread 0's
+ * clock64 at the end of its steps, pf[0..7]. */
+DCPX_COLD void dcpx_dev_local_list_p(dcpx_sel_smem *S, const uint16_t *row,
+                                  uint32_t len, uint32_t cap,
+                                  uint32_t *words, uint16_t *ckey,
+                                  uint32_t *cl, uint32_t cand_max,
+                                  unsigned long long *pf) {
   const uint32_t nt = blockDim.x;
   const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len);
   const uint32_t rw = dcpx_dev_row_words(cap);
@@ -1094,6 +1126,7 @@ DCPX_COLD void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
     words[i] = 0;
   dcpx_dev_sel_zero(S);
   __syncthreads();
+  dcpx_dev_stamp(pf, 0);
 
   /* The sample must be small against the row, and the expected candidates
    * (r / nt of the row) well inside the buffers. */
@@ -1101,10 +1134,18 @@ DCPX_COLD void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
     const uint32_t r = (2u * cap * nt + len - 1u) / len + 8u;
     if (r <= nt / 2u &&
         (uint64_t)r * len <= (uint64_t)nt * (cand_max / 4u * 3u) &&
-        dcpx_dev_local_fast(S, &R, row, cap, r, words, ckey, cl, cand_max))
+        dcpx_dev_local_fast(S, &R, row, cap, r, words, ckey, cl, cand_max,
+                            pf))
       return;
   }
   dcpx_dev_local_exact(S, &R, cap, words);
+}
+
+DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
+                                uint32_t len, uint32_t cap, uint32_t *words,
+                                uint16_t *ckey, uint32_t *cl,
+                                uint32_t cand_max) {
+  dcpx_dev_local_list_p(S, row, len, cap, words, ckey, cl, cand_max, NULL);
 }
 
 /* ---- bounded waits (docs/PROTOCOL.md section 6) --------------------------------- */
@@ -1327,7 +1368,7 @@ DCPX_D void dcpx_dev_rescue_from_klist(dcpx_sel_smem *S, const uint32_t *kl,
     w[u] = u < per && j0 + u < cap ? kl[j0 + u] : 0u;
     c += (w[u] >> 16) != 0 && (w[u] >> 16) >= t1;
   }
-  uint32_t pos = dcpx_dev_block_excl(c, S->scan, &total); /* two barriers */
+  uint32_t pos = dcpx_dev_block_excl(c, S->scan, &total); /* a barrier */
 #pragma unroll
   for (uint32_t u = 0; u < 8; u++) {
     const uint32_t j = j0 + u;

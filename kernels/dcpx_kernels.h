@@ -56,8 +56,13 @@ extern "C" {
  * (the rescue points stay 0 on a row without a rescue); then, inside round
  * 1: its threshold found (10), its keys placed (11); inside a rescue list
  * built from the row: counted (12), thread 0's warp placed (13); and the
- * block's kernel entry (14) and exit (15), slot of its first row. */
-#define DCPX_K_PROF_POINTS 24
+ * block's kernel entry (14) and exit (15), slot of its first row; the
+ * rescue poll's (16-19). The push's from DCPX_K_PROF_PUSH: kernel entry
+ * (+0, slot of the block's first row), row start (+1), inside the local
+ * list (+2 .. +9: dcpx_dev_local_list_p's pf[0..7]), the list done
+ * (+10), the LL stores done (+11). */
+#define DCPX_K_PROF_POINTS 40
+#define DCPX_K_PROF_PUSH 24
 /* 16..19: inside the rescue poll: thread 0 after its polls (16) and after
  * publishing the key range (17); thread 480 (warp 15) at the section's
  * start (18) and after publishing (19). */
@@ -106,6 +111,9 @@ typedef struct dcpx_kctx {
   uint32_t push_split_rows; /* calls with more rows push with half-size
                           blocks, two per SM (dcpx_k_push_threads); set it
                           to the SM count; 0 = always full blocks */
+  uint32_t push_threads; /* 0: as push_split_rows says; else the push's
+                          block size, DCPX_K_PUSH_THREADS or half of it
+                          (measurement only, benches) */
   uint32_t pdl;        /* 1: launch push and merge with programmatic
                           dependent launch (the merge starts polling while
                           its push runs). Use with one rank per GPU: ranks
@@ -119,8 +127,9 @@ typedef struct dcpx_kctx {
   uint32_t *stage; /* merge staging, dcpx_k_merge_stage_bytes (device), or
                       NULL when that is 0 */
   unsigned long long *prof; /* NULL, or (diagnostics) device [rows_max]
-                      [DCPX_K_PROF_POINTS]: the merge's clock64 at the
-                      phase points of merge.cu, thread 0 of each row */
+                      [DCPX_K_PROF_POINTS]: the merge's and the push's
+                      clock64 at their phase points, thread 0 of each
+                      row */
   dcpx_k_counters *ctr; /* device, zeroed at join; NULL: no counters */
   uint32_t *klist; /* dcpx_k_klist_bytes (device), or NULL: the push keeps
                       each row's local top-K list here, so that a rescue

@@ -22,6 +22,10 @@
 
 #define PT DCPX_K_PUSH_THREADS
 
+/* The push reads the stop word as word 2 of the state's bytes 16..31. */
+static_assert(offsetof(dcpx_rank_state, stop) == 24,
+              "dcpx_rank_state: stop at byte 24");
+
 /* With kctx.klist: the local top-K list of the row into kw (shared) and
  * into klist[t] (this rank's device memory, for a rescue of this call:
  * the merge then only filters it, merge.cu), and the local top-N list, the
@@ -72,13 +76,21 @@ static __device__ void push_lists(const dcpx_kctx *c, dcpx_sel_smem *S,
   dcpx_dev_flat_place(S, kw, K, &km, fbeg, fend, words, NULL);
 }
 
+/* PROF: the variant with the phase timestamps (kctx.prof set, benches);
+ * the other has none of their code. */
+template <int PROF>
 static __global__ void __launch_bounds__(PT)
     dcpx_push_kernel(const dcpx_kctx c, uint32_t rows,
                      const uint16_t *logits, uint64_t stride,
                      const int32_t *row_ends) {
   __shared__ dcpx_sel_smem S;
   __shared__ char *peer[DCPX_MAX_WORLD];
-  __shared__ uint32_t stop, kmin_s;
+  __shared__ uint32_t kmin_s;
+  /* Read asynchronously (dcpx_dev_async16), so that no thread waits at
+   * the row's start for loads used only at its end: bytes 16..31 of the
+   * rank state (stop is word 2) and the aligned 4 epochs holding row t's. */
+  __shared__ __align__(16) uint32_t st4[4];
+  __shared__ __align__(16) uint32_t ep4[4];
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -97,17 +109,21 @@ static __global__ void __launch_bounds__(PT)
    * merge that ended early set it, and only such a merge breaks the
    * stream-order chain that keeps parity reuse safe (docs/PROTOCOL.md 4). */
   dcpx_rank_state *st = (dcpx_rank_state *)(c.ws + c.L.off_call);
-  uint32_t seen = 0;
   /* PDL: everything earlier in the stream (the engine's logits, this
    * rank's previous merge) is complete before the push reads anything;
    * then the merge may launch and start polling while this push works.
    * Block 0 advances the call sequence with a reduction: no fence and no
    * wait here, since the merge reads it only on its rare paths, after its
    * own PDL wait (dcpx_dev_call_tag). */
+  unsigned long long *pf = NULL; /* diagnostics (kctx.prof) */
+  if (PROF && blockIdx.x < rows) {
+    pf = c.prof + (uint64_t)blockIdx.x * DCPX_K_PROF_POINTS + DCPX_K_PROF_PUSH;
+    dcpx_dev_stamp(pf, 0);
+  }
   dcpx_dev_pdl_wait();
   dcpx_dev_pdl_trigger();
   if (tid == 0) {
-    seen = st->stop;
+    dcpx_dev_async16(st4, (const char *)st + 16);
     if (blockIdx.x == 0)
       atomicAdd((unsigned long long *)&st->call_seq, 1ull);
   }
@@ -119,24 +135,29 @@ static __global__ void __launch_bounds__(PT)
     const int32_t re = row_ends[t];
     const uint32_t len =
         re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
-    const uint32_t e = dcpx_dev_epoch_next(epoch[t]);
-    const uint64_t slot =
-        c.L.off_ll + dcpx_ll_offset(&c.L, e & 1u, me, t, 0);
+    if (tid == 0)
+      dcpx_dev_async16(ep4, epoch + (t & ~3u)); /* 256-aligned region */
 
+    if (PROF && t != blockIdx.x)
+      pf = c.prof + (uint64_t)t * DCPX_K_PROF_POINTS + DCPX_K_PROF_PUSH;
+    dcpx_dev_stamp(pf, 1);
     if (c.klist)
       push_lists(&c, &S, logits + (uint64_t)t * stride, len, t, words, kw,
                  ckey, cl, &kmin_s);
     else
-      dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, N, words,
-                          ckey, cl, DCPX_K_CAND);
-    if (t == blockIdx.x) {
-      if (tid == 0)
-        stop = seen;
-      __syncthreads();
-    }
-    /* Aborted or FAILED: store nothing; the merge fails the call. */
-    if (stop)
+      dcpx_dev_local_list_p(&S, logits + (uint64_t)t * stride, len, N, words,
+                            ckey, cl, DCPX_K_CAND, pf ? pf + 2 : NULL);
+    dcpx_dev_stamp(pf, 10);
+    if (tid == 0)
+      dcpx_dev_async_wait();
+    __syncthreads();
+    /* Aborted or FAILED (as read at the kernel's start): store nothing;
+     * the merge fails the call. */
+    if (st4[2])
       break;
+    const uint32_t e = dcpx_dev_epoch_next(ep4[t & 3u]);
+    const uint64_t slot =
+        c.L.off_ll + dcpx_ll_offset(&c.L, e & 1u, me, t, 0);
 
     /* rw_n is a multiple of 4, so the list is exactly P pairs. */
 #pragma unroll 1
@@ -146,7 +167,8 @@ static __global__ void __launch_bounds__(PT)
       for (uint32_t d = 0; d < W; d++)
         dcpx_dev_ll_store(peer[d] + slot + (uint64_t)i * 16u, w.x, w.y, e);
     }
-    __syncthreads(); /* words are rewritten by the next row */
+    dcpx_dev_stamp(pf, 11);
+    __syncthreads(); /* words and ep4 are rewritten by the next row */
   }
 }
 
@@ -158,6 +180,8 @@ static __global__ void __launch_bounds__(PT)
  * once, where full blocks would take two waves. The kernel's loops step
  * by blockDim.x, and the list selection works at either size. */
 uint32_t dcpx_k_push_threads(const dcpx_kctx *c, uint32_t rows) {
+  if (c->push_threads == PT || c->push_threads == PT / 2u)
+    return c->push_threads;
   return c->push_split_rows && rows > c->push_split_rows ? PT / 2u : PT;
 }
 
@@ -172,7 +196,10 @@ size_t dcpx_k_klist_bytes(const dcpx_kctx *c) {
 
 int dcpx_k_push_prepare(void) {
   const int max_dyn = 4 * (4224 + 4224) + 6 * (int)DCPX_K_CAND;
-  if (cudaFuncSetAttribute(dcpx_push_kernel,
+  if (cudaFuncSetAttribute(dcpx_push_kernel<0>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           max_dyn) != cudaSuccess ||
+      cudaFuncSetAttribute(dcpx_push_kernel<1>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_dyn) != cudaSuccess)
     return DCPX_E_CUDA;
@@ -195,8 +222,8 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
       c->pdl ? dcpx_launch_cfg_pdl(grid, nt, dcpx_k_push_smem(c), s, &pdl)
              : dcpx_launch_cfg(grid, nt, dcpx_k_push_smem(c), s);
   /* The launch's own status, not cudaGetLastError's (merge.cu). */
-  if (cudaLaunchKernelEx(&cfg, dcpx_push_kernel, *c, rows, logits, stride,
-                         row_ends) != cudaSuccess)
+  if (cudaLaunchKernelEx(&cfg, c->prof ? dcpx_push_kernel<1> : dcpx_push_kernel<0>,
+                         *c, rows, logits, stride, row_ends) != cudaSuccess)
     return DCPX_E_CUDA;
   return 0;
 }

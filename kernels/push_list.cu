@@ -38,6 +38,7 @@ static __global__ void __launch_bounds__(LT)
 
 #pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
+    const dcpx_device_row dr = dcpx_device_row_begin(&dev, t); /* early */
     const int32_t re = row_ends[t];
     const uint32_t len =
         re < 0 ? 0u : ((uint32_t)re > dev.max_local ? dev.max_local
@@ -49,7 +50,7 @@ static __global__ void __launch_bounds__(LT)
         dcpx_device_refuse(&dev);
       continue; /* list_words ended with a barrier: words are free */
     }
-    dcpx_device_store_row(&dev, t, words);
+    dcpx_device_store_row_at(&dev, dr, t, words);
     __syncthreads(); /* words are rewritten by the next row */
   }
 }

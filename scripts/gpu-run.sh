@@ -23,13 +23,19 @@
 #            blocks always (DCPX_PUSH_SPLIT_ROWS=0), and a baseline build's
 #            bench_kernels if one is carried at $BASE (default
 #            build-gpu/base/bench_kernels), all in one run
+#   pushthreads  bench_kernels with push blocks of 1024 and of 512
+#            threads at every rows count (DCPX_PUSH_THREADS)
 #   diag     bench_kernels at rows 64 without the call counters (what
 #            block 0's counter duty costs)
 #   diag2    bench_kernels with DCPX_BENCH_DIAG 1 (no fault hook), 2 (no
 #            rescue stores), 3 (neither), rows 1 and 64
 #   prof2    Nsight Compute source counters of one rescued merge, as CSV
+#   profpush Nsight Compute source counters of one push, as CSV
 #   torch    torch.topk on the same shapes (graph replays), an independent
 #            set check
+#   ab2      two GPUs: test_nccl --bench 2 (N=1280, N=512) of this build
+#            and of a baseline build's test_nccl at $BASE2 (default
+#            build-gpu/base/test_nccl), in one run
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
 #            (rescue rare) and N=512 (every row rescues), and N=1280
 #            without PDL
@@ -110,6 +116,19 @@ step_ab() {
   done
 }
 
+step_pushthreads() { # the push's block size against the automatic choice
+  local nt
+  for nt in 1024 512; do
+    say "pushthreads: DCPX_PUSH_THREADS=$nt"
+    DCPX_PUSH_THREADS=$nt BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 \
+      "$B/tests/gpu/bench_kernels" > "$OUT/pushthreads_$nt.md" 2>&1 || rc=1
+    show "^\| 16384" "$OUT/pushthreads_$nt.md" 8
+    DCPX_PUSH_THREADS=$nt BENCH_REPS=5 BENCH_LEN=65536 timeout -k 5 240 \
+      "$B/tests/gpu/bench_kernels" > "$OUT/pushthreads_${nt}_65536.md" 2>&1 || rc=1
+    show "^\| 65536" "$OUT/pushthreads_${nt}_65536.md" 8
+  done
+}
+
 step_diag() {
   say "diag: bench_kernels rows 64 without the call counters"
   DCPX_BENCH_NOCTR=1 BENCH_ROWS=64 BENCH_REPS=5 BENCH_LEN=16384 \
@@ -131,6 +150,26 @@ step_prof2() {
   ncu -i "$OUT/merge_skew2.ncu-rep" --page source --csv --print-source sass \
     > "$OUT/merge_skew2_sass.csv" 2>&1
   say "prof2: $(wc -l < "$OUT/merge_skew2_cuda.csv") cuda lines, $(wc -l < "$OUT/merge_skew2_sass.csv") sass lines"
+}
+
+step_profpush() {
+  # Where a push's time goes, by source line: Nsight Compute's warp-state
+  # samples of one push (rows 1, local 16,384), as CSV.
+  mkdir -p /tmp/dcpx-gpu-src && cp -r kernels common include /tmp/dcpx-gpu-src/
+  BENCH_QUICK=1 BENCH_ROWS=1 BENCH_REPS=5 BENCH_LEN=16384 \
+    timeout -k 5 200 ncu --section SourceCounters --section WarpStateStats \
+    --section LaunchStats --section Occupancy --import-source yes \
+    --warp-sampling-interval 0 -k regex:dcpx_push_kernel -s 40 -c 1 \
+    -o "$OUT/push" -f "$B/tests/gpu/bench_kernels" \
+    > "$OUT/ncu_push.log" 2>&1 || rc=1
+  ncu -i "$OUT/push.ncu-rep" --page source --csv --print-source cuda \
+    > "$OUT/push_cuda.csv" 2>&1
+  ncu -i "$OUT/push.ncu-rep" --page source --csv --print-source sass \
+    > "$OUT/push_sass.csv" 2>&1
+  ncu -i "$OUT/push.ncu-rep" --page source --csv --print-source cuda,sass \
+    > "$OUT/push_cuda_sass.csv" 2>&1
+  ncu -i "$OUT/push.ncu-rep" --page details --csv > "$OUT/push_details.csv" 2>&1
+  say "profpush: $(wc -l < "$OUT/push_cuda.csv") cuda lines, $(wc -l < "$OUT/push_sass.csv") sass lines"
 }
 
 step_diag2() {
@@ -169,6 +208,20 @@ step_bench2() {
   gbench gbench_n1280 DCPX_BENCH_N=1280
   gbench gbench_n512 DCPX_BENCH_N=512
   gbench gbench_n1280_nopdl DCPX_BENCH_N=1280 DCPX_NO_PDL=1
+}
+
+step_ab2() { # this build's W=2 whole calls against a baseline's, one job
+  [ "$ngpu" -ge 2 ] || { say "ab2: needs two GPUs, skipped"; return; }
+  local base=${BASE2:-$B/base/test_nccl} n
+  for n in 1280 512; do
+    gbench ab2_new_n$n DCPX_BENCH_N=$n
+    if [ -x "$base" ]; then
+      say "ab2: baseline $base"
+      DCPX_BENCH_N=$n timeout -k 5 150 "$base" --bench 2 \
+        > "$OUT/ab2_base_n$n.md" 2>&1 || rc=1
+      show "^\||gbench|MISMATCH" "$OUT/ab2_base_n$n.md" 20
+    fi
+  done
 }
 
 demo() { # name, args...

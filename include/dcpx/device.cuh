@@ -28,8 +28,10 @@
  *      always right (the merge then starts when it ends).
  *   3. Every row t < rows of the call is stored exactly once, whole: all
  *      its LL pairs into every rank (dcpx_device_store_row, or
- *      dcpx_device_store_pair for every pair i < row_words / 2), by any
- *      threads of any blocks, with the epoch dcpx_device_row_epoch(t).
+ *      dcpx_device_store_row_at with dcpx_device_row_begin(t) read
+ *      earlier in the same kernel, or dcpx_device_store_pair for every
+ *      pair i < row_words / 2), by any threads of any blocks, with the
+ *      epoch dcpx_device_row_epoch(t).
  *   4. The list. Entries j < c are the row's c candidates in ascending
  *      local index l, each l once, l below the row's row_end, no NaN;
  *      then empty entries (word 0) up to N; the bit-16 plane; padding 0
@@ -200,17 +202,42 @@ DCPX_DEVICE_FN void dcpx_device_store_pair(const dcpx_device *dev,
     dcpx_device_ll_store(dcpx_device_slot(dev, d, e, t, i), w0, w1, e);
 }
 
+/* What storing row t needs from device memory: its epoch and whether
+ * this rank's kernels were stopped. Both are fixed for the whole call
+ * (the previous merge wrote them; rule 1 orders it before this kernel),
+ * so a kernel can read them at its start, where their latency hides
+ * behind its own work, instead of on the epilogue's path. */
+typedef struct dcpx_device_row {
+  uint32_t e;       /* next(epoch[t]) */
+  uint32_t stopped; /* dcpx_device_stopped */
+} dcpx_device_row;
+
+DCPX_DEVICE_FN dcpx_device_row dcpx_device_row_begin(const dcpx_device *dev,
+                                                     uint32_t t) {
+  dcpx_device_row r;
+  r.e = dcpx_device_row_epoch(dev, t);
+  r.stopped = (uint32_t)dcpx_device_stopped(dev);
+  return r;
+}
+
 /* Row t's finished list (words: row_words words, complete and visible to
  * every thread of the block: a barrier before) into every rank, pairs
- * spread over the block's threads; nothing when stopped. No barrier
- * inside: the words may be rewritten only after one. */
+ * spread over the block's threads, with r from dcpx_device_row_begin(t)
+ * read in this kernel; nothing when stopped. No barrier inside: the
+ * words may be rewritten only after one. */
+DCPX_DEVICE_FN void dcpx_device_store_row_at(const dcpx_device *dev,
+                                             dcpx_device_row r, uint32_t t,
+                                             const uint32_t *words) {
+  if (r.stopped)
+    return;
+  for (uint32_t i = threadIdx.x; i < dev->row_words / 2u; i += blockDim.x)
+    dcpx_device_store_pair(dev, t, r.e, i, words[2 * i], words[2 * i + 1]);
+}
+
+/* The same, reading the epoch and the stop word here. */
 DCPX_DEVICE_FN void dcpx_device_store_row(const dcpx_device *dev, uint32_t t,
                                           const uint32_t *words) {
-  if (dcpx_device_stopped(dev))
-    return;
-  const uint32_t e = dcpx_device_row_epoch(dev, t);
-  for (uint32_t i = threadIdx.x; i < dev->row_words / 2u; i += blockDim.x)
-    dcpx_device_store_pair(dev, t, e, i, words[2 * i], words[2 * i + 1]);
+  dcpx_device_store_row_at(dev, dcpx_device_row_begin(dev, t), t, words);
 }
 
 /* Refuses the call (one thread): the rank raises its alarm and, after it

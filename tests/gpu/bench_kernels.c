@@ -283,6 +283,39 @@ static void profile_merge(gg *g, const char *what) {
          (double)(h[3] - h[13]) * 1e3 / khz);
 }
 
+/* Where one push of rank 0 goes (kctx.prof, thread 0 of row 0): its
+ * phases, in us, on one line. */
+static void profile_push(gg *g, const char *what) {
+  static const char *const name[12] = {
+      "", "entry to row start", "list: zeroing", "sample", "tau",
+      "row pass", "counts", "threshold", "bases", "placing", "end of list",
+      "LL stores"};
+  const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
+  unsigned long long *d = NULL, *hh = (unsigned long long *)calloc(n, 8);
+  int khz = 0;
+  CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  CK(cudaMalloc((void **)&d, n * 8));
+  CK(cudaMemset(d, 0, n * 8));
+  CK(cudaDeviceSynchronize());
+  g->kc[0].prof = d;
+  gg_push(g, 0);
+  CK(cudaStreamSynchronize(g->st[0]));
+  g->kc[0].prof = NULL;
+  CK(cudaMemcpy(hh, d, n * 8, cudaMemcpyDeviceToHost));
+  CK(cudaFree(d));
+  const unsigned long long *q = hh + DCPX_K_PROF_PUSH;
+  note("- push, %s (us at %d MHz):", what, khz / 1000);
+  unsigned long long prev = q[0];
+  for (int i = 1; i < 12; i++) {
+    if (!q[i])
+      continue;
+    note(" %s %.2f;", name[i], (double)(q[i] - prev) * 1e3 / khz);
+    prev = q[i];
+  }
+  note(" total %.2f\n", (double)(prev - q[0]) * 1e3 / khz);
+  free(hh);
+}
+
 static double bench_e2e(gg *g) {
   cudaStream_t s = g->st[0];
   cudaEvent_t fork[64], join[64][DCPX_MAX_WORLD];
@@ -379,8 +412,14 @@ int main(void) {
         gg_upload(&g);
         g.rows = rows;
         gg_set_max_blocks(&g, 0);
-        if (mode == FILL_PLAIN)
+        if (mode == FILL_PLAIN) {
           tp = bench_push(&g);
+          if (rows == 1 || rows == 64) {
+            char pw[32];
+            snprintf(pw, sizeof(pw), "rows %u", rows);
+            profile_push(&g, pw);
+          }
+        }
         tm[mode] = bench_merge(&g, &resc[mode]);
         if (rows == 1 || rows == 64) {
           char what[64];

@@ -171,6 +171,9 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
     c->push_split_rows = getenv("DCPX_PUSH_SPLIT_ROWS")
                              ? (uint32_t)atoi(getenv("DCPX_PUSH_SPLIT_ROWS"))
                              : (uint32_t)g->sms;
+    c->push_threads = getenv("DCPX_PUSH_THREADS")
+                          ? (uint32_t)atoi(getenv("DCPX_PUSH_THREADS"))
+                          : 0u;
     c->stage = NULL;
     c->prof = NULL;
     if (dcpx_k_merge_stage_bytes(c))
