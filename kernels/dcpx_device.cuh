@@ -657,14 +657,25 @@ DCPX_D void dcpx_dev_place_word(const dcpx_key_map *m, uint32_t *list,
  * list[pos]: as (s << 17 | l) in the merge's rounds (m->round 1, 2), as a
  * capacity-m->N list's words with their bit-16 plane (m->round 0: the top
  * N of a capacity-K list m->p1). bits1 (or NULL): S1 membership bits.
- * Ends with a barrier. */
+ * bound (or NULL; round 1 with N >= 4 only): bound[s] for 0 < s < W, the
+ * first position of rank s's entries (the caller writes bound[0] = 0 and
+ * bound[W] = the keys selected). Ends with a barrier. */
 DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
                                 uint32_t n, const dcpx_key_map *m,
                                 uint32_t fbeg, uint32_t fend, uint32_t *list,
-                                uint32_t *bits1) {
+                                uint32_t *bits1, uint32_t *bound) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t T = S->T, take = S->take, teq = T ? T : 0xFFFFFFFFu;
   uint32_t rg = S->wgt[warp], rq = S->weq[warp];
+  /* Round 1 with bound (N >= 4): the next rank segment start s N of this
+   * warp's keys (0 < s < W); the lane whose group holds it records
+   * bound[s], the count of keys selected before it (dcpx_dev_list_bounds's
+   * result, without a pass over the list). */
+  uint32_t s_next = 0, next = 0xFFFFFFFFu;
+  if (bound) {
+    s_next = max(1u, dcpx_dev_div(fbeg + m->N - 1u, m->N, m->rcp_n));
+    next = s_next * m->N;
+  }
 #pragma unroll 1
   for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
     const uint32_t f = f0 + 4u * lane;
@@ -675,13 +686,23 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
                             dcpx_dev_passc(k.w >> 16, T, teq);
     const uint32_t incl = dcpx_dev_warp_incl(packed);
     const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
-    uint32_t nib = 0;
-    if (packed) {
+    uint32_t nib = 0, starts = 0, sidx = 0;
+    while (next < f0 + 128u && next < fend && s_next < m->W) { /* uniform */
+      if (next - f < 4u) { /* N >= 4: one start per group at most */
+        starts = 1u << (next - f);
+        sidx = s_next;
+      }
+      s_next++;
+      next += m->N;
+    }
+    if (packed || starts) {
       const uint32_t ex = incl - packed;
       uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
 #pragma unroll
       for (uint32_t e = 0; e < 4; e++) {
         const uint32_t w = dcpx_dev_u4word(k, e);
+        if ((starts >> e) & 1u)
+          bound[sidx] = gb + min(qb, take);
         if (dcpx_dev_sel_place(w >> 16, T, take, &gb, &qb, &pos)) {
           if (m->round)
             list[pos] = dcpx_dev_entry_of(m, f + e, w);

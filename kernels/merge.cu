@@ -254,12 +254,18 @@ DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
                                        *b->kmin_s, S->kmax, fbeg, fend, &nz);
   merge_prof(b, t, 10);
   b->km.round = 1;
-  dcpx_dev_flat_place(S, b->k1, b->plan.k1_words, &b->km, fbeg, fend, b->list,
-                      b->bits1);
-  merge_prof(b, t, 11);
   *ret_total = all ? nz : K;
   *ret_t1 = all ? 0u : S->T;
-  dcpx_dev_list_bounds(b->list, *ret_total, W, b->bound);
+  const int fb = N >= 4u; /* flat_place finds the bounds */
+  if (fb && threadIdx.x == 0) { /* the others: flat_place, before its barrier */
+    b->bound[0] = 0;
+    b->bound[W] = *ret_total;
+  }
+  dcpx_dev_flat_place(S, b->k1, b->plan.k1_words, &b->km, fbeg, fend, b->list,
+                      b->bits1, fb ? b->bound : NULL);
+  merge_prof(b, t, 11);
+  if (!fb)
+    dcpx_dev_list_bounds(b->list, *ret_total, W, b->bound);
   const uint32_t rc = lane < W ? b->bound[lane + 1] - b->bound[lane] : 0u;
   return __ballot_sync(DCPX_FULL, lane < W && rc == N);
 }
@@ -384,7 +390,8 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
                                        b->S->kmax, fbeg, fend, &nz);
   b->km.round = 2;
   b->km.mask = mask;
-  dcpx_dev_flat_place(b->S, b->k2, n2, &b->km, fbeg, fend, b->list2, NULL);
+  dcpx_dev_flat_place(b->S, b->k2, n2, &b->km, fbeg, fend, b->list2, NULL,
+                      NULL);
   *ret_total = all ? nz : K;
   dcpx_dev_list_bounds(b->list2, *ret_total, W, b->bound);
   if (tid == 0)

@@ -73,7 +73,7 @@ static __device__ void push_lists(const dcpx_kctx *c, dcpx_sel_smem *S,
   km.p1 = kw;
   km.K = K;
   km.N = N;
-  dcpx_dev_flat_place(S, kw, K, &km, fbeg, fend, words, NULL);
+  dcpx_dev_flat_place(S, kw, K, &km, fbeg, fend, words, NULL, NULL);
 }
 
 /* PROF: the variant with the phase timestamps (kctx.prof set, benches);
