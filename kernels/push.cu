@@ -222,8 +222,11 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
       c->pdl ? dcpx_launch_cfg_pdl(grid, nt, dcpx_k_push_smem(c), s, &pdl)
              : dcpx_launch_cfg(grid, nt, dcpx_k_push_smem(c), s);
   /* The launch's own status, not cudaGetLastError's (merge.cu). */
-  if (cudaLaunchKernelEx(&cfg, c->prof ? dcpx_push_kernel<1> : dcpx_push_kernel<0>,
-                         *c, rows, logits, stride, row_ends) != cudaSuccess)
+  void (*const k)(const dcpx_kctx, uint32_t, const uint16_t *, uint64_t,
+                  const int32_t *) =
+      c->prof ? dcpx_push_kernel<1> : dcpx_push_kernel<0>;
+  if (cudaLaunchKernelEx(&cfg, k, *c, rows, logits, stride, row_ends) !=
+      cudaSuccess)
     return DCPX_E_CUDA;
   return 0;
 }
