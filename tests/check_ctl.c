@@ -238,6 +238,11 @@ START_TEST(test_check_records) {
     hh_sleep_ms(5);
   }
   CTL(0, "reset", "--group", "rec");
+  /* Numbers are decimal (or 0x hex), never octal: "09" is nine. */
+  CTL(0, "records", "--limit", "09");
+  CTL(0, "records", "--limit", "0x10");
+  CTL(2, "records", "--limit", "0x");
+  CTL(2, "records", "--limit", "12abc");
   sh->release = 0x7;
   CC_ASSERT(hh_wait_progress(sh, W, sh->resume_at + 20, 20000) == 0,
             "no calls after the reset: %s", hh_rank_errors(sh, W));

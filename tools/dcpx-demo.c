@@ -24,8 +24,10 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <ctype.h>
 #include <ftw.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -795,6 +797,29 @@ static void find_self_dir(opts *o) {
   }
 }
 
+/* A numeric option's value: decimal, or hexadecimal after "0x", never
+ * octal; at most max. 0, or -1 after saying what is wrong. */
+static int parse_num(const char *name, const char *s, uint64_t max,
+                     uint64_t *ret) {
+  char *end = NULL;
+  int base = 10;
+  const char *p = s;
+  if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
+    p += 2;
+    base = 16;
+  }
+  errno = 0;
+  unsigned long long v =
+      isxdigit((unsigned char)*p) ? strtoull(p, &end, base) : 0;
+  if (!end || *end || errno || *s == '-' || *s == '+' || v > max) {
+    fprintf(stderr, "dcpx-demo: --%s: '%s' is not a number from 0 to %llu\n",
+            name, s, (unsigned long long)max);
+    return -1;
+  }
+  *ret = v;
+  return 0;
+}
+
 /* Returns -1 to run, or the exit status (0 after --help, 2 on bad
  * arguments). */
 static int parse_args(opts *o, int argc, char **argv) {
@@ -810,10 +835,19 @@ static int parse_args(opts *o, int argc, char **argv) {
       {"spread", 0, 0, 'P'},     {"fault-at", 1, 0, 'F'},
       {"fault-rank", 1, 0, 'R'},  {"kill-at", 1, 0, 'K'},
       {0, 0, 0, 0}};
-  int ch;
+  int ch, li = -1;
 
-  while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-    unsigned long v = optarg ? strtoul(optarg, NULL, 0) : 0;
+  while ((ch = getopt_long(argc, argv, "", lo, &li)) != -1) {
+    uint64_t v = 0;
+    /* Every option with a value but these three is a number. */
+    if (optarg && !strchr("sdgB", ch) &&
+        parse_num(li >= 0 ? lo[li].name : "?", optarg,
+                  ch == 'S' ? UINT64_MAX
+                            : strchr("DFK", ch) ? (uint64_t)INT_MAX
+                                                 : (uint64_t)UINT32_MAX,
+                  &v) < 0)
+      return 2;
+    li = -1;
     switch (ch) {
     case 'w': o->world = (uint32_t)v; break;
     case 'r': o->rows = (uint32_t)v; break;
@@ -825,7 +859,7 @@ static int parse_args(opts *o, int argc, char **argv) {
     case 'i': o->interleave = (uint32_t)v; break;
     case 's': o->socket = optarg; break;
     case 'd': o->dcpxd = optarg; break;
-    case 'S': o->seed = strtoull(optarg, NULL, 0); break;
+    case 'S': o->seed = v; break;
     case 'g': o->group = optarg; break;
     case 'q': o->quiet = 1; break;
     case 'B':

@@ -26,6 +26,7 @@
 #include "config.h"
 #endif
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -84,12 +85,21 @@ static int usage_error(const char *fmt, ...) {
   return EXIT_USAGE;
 }
 
+/* A number: decimal, or hexadecimal after "0x" (call tags are printed
+ * both ways). Never octal: "010" is ten. */
 static bool parse_u64(const char *s, uint64_t *ret) {
   char *end;
+  int base = 10;
   if (!s || !*s || *s == '-' || *s == '+')
     return false;
+  if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    s += 2;
+    base = 16;
+    if (!isxdigit((unsigned char)*s))
+      return false;
+  }
   errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
+  unsigned long long v = strtoull(s, &end, base);
   if (errno || *end)
     return false;
   *ret = v;
