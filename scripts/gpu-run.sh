@@ -31,6 +31,7 @@
 #            rescue stores), 3 (neither), rows 1 and 64
 #   prof2    Nsight Compute source counters of one rescued merge, as CSV
 #   profpush Nsight Compute source counters of one push, as CSV
+#   profmerge  the same for one plain merge
 #   torch    torch.topk on the same shapes (graph replays), an independent
 #            set check
 #   ab2      two GPUs: test_nccl --bench 2 (N=1280, N=512) of this build
@@ -170,6 +171,21 @@ step_profpush() {
     > "$OUT/push_cuda_sass.csv" 2>&1
   ncu -i "$OUT/push.ncu-rep" --page details --csv > "$OUT/push_details.csv" 2>&1
   say "profpush: $(wc -l < "$OUT/push_cuda.csv") cuda lines, $(wc -l < "$OUT/push_sass.csv") sass lines"
+}
+
+step_profmerge() {
+  # Where a plain merge's time goes, by source line: Nsight Compute's
+  # warp-state samples at the finest interval, one merge (rows 1), CSV.
+  mkdir -p /tmp/dcpx-gpu-src && cp -r kernels common include /tmp/dcpx-gpu-src/
+  BENCH_QUICK=1 BENCH_ROWS=1 BENCH_REPS=5 BENCH_LEN=16384 \
+    timeout -k 5 200 ncu --section SourceCounters --section WarpStateStats \
+    --import-source yes --warp-sampling-interval 0 \
+    -k regex:dcpx_merge_kernel -s 40 -c 1 \
+    -o "$OUT/merge_plain" -f "$B/tests/gpu/bench_kernels" \
+    > "$OUT/ncu_merge_plain.log" 2>&1 || rc=1
+  ncu -i "$OUT/merge_plain.ncu-rep" --page source --csv --print-source cuda,sass \
+    > "$OUT/merge_plain_cuda_sass.csv" 2>&1
+  say "profmerge: $(wc -l < "$OUT/merge_plain_cuda_sass.csv") lines"
 }
 
 step_diag2() {
