@@ -67,6 +67,18 @@ static inline int dcpxd_parse_u64(const char *s, int base, uint64_t *ret) {
   return 0;
 }
 
+/* A number as a person types it (the tools' options): decimal, or
+ * hexadecimal after "0x"; never octal, so "010" is ten. */
+static inline int dcpxd_parse_num(const char *s, uint64_t *ret) {
+  if (s && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    /* strtoull would take a second "0x", or a sign, after the first */
+    if (s[2] == '+' || s[2] == '-' || (s[2] == '0' && (s[3] | 0x20) == 'x'))
+      return -EINVAL;
+    return dcpxd_parse_u64(s + 2, 16, ret);
+  }
+  return dcpxd_parse_u64(s, 10, ret);
+}
+
 static inline int dcpxd_parse_u32(const char *s, int base, uint32_t *ret) {
   uint64_t v;
   int r = dcpxd_parse_u64(s, base, &v);

@@ -24,7 +24,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <ctype.h>
 #include <ftw.h>
 #include <getopt.h>
 #include <limits.h>
@@ -50,6 +49,7 @@
 #endif
 
 #include "dcpx.h"
+#include "dcpxd-util.h"
 
 typedef struct opts {
   uint32_t world, rows, calls, topk, local_topk, local_len, block_size,
@@ -797,26 +797,15 @@ static void find_self_dir(opts *o) {
   }
 }
 
-/* A numeric option's value: decimal, or hexadecimal after "0x", never
- * octal; at most max. 0, or -1 after saying what is wrong. */
+/* A numeric option's value (dcpxd_parse_num: decimal or 0x hex, never
+ * octal), at most max. 0, or -1 after saying what is wrong. */
 static int parse_num(const char *name, const char *s, uint64_t max,
                      uint64_t *ret) {
-  char *end = NULL;
-  int base = 10;
-  const char *p = s;
-  if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
-    p += 2;
-    base = 16;
-  }
-  errno = 0;
-  unsigned long long v =
-      isxdigit((unsigned char)*p) ? strtoull(p, &end, base) : 0;
-  if (!end || *end || errno || *s == '-' || *s == '+' || v > max) {
+  if (dcpxd_parse_num(s, ret) < 0 || *ret > max) {
     fprintf(stderr, "dcpx-demo: --%s: '%s' is not a number from 0 to %llu\n",
             name, s, (unsigned long long)max);
     return -1;
   }
-  *ret = v;
   return 0;
 }
 

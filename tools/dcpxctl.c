@@ -49,6 +49,7 @@
 
 #include "dcpx.h"
 #include "dcpxctl-json.h"
+#include "dcpxd-util.h"
 #include "frame.h"
 #include "layout.h"
 #include "transport.h"
@@ -86,24 +87,9 @@ static int usage_error(const char *fmt, ...) {
 }
 
 /* A number: decimal, or hexadecimal after "0x" (call tags are printed
- * both ways). Never octal: "010" is ten. */
+ * both ways); never octal. */
 static bool parse_u64(const char *s, uint64_t *ret) {
-  char *end;
-  int base = 10;
-  if (!s || !*s || *s == '-' || *s == '+')
-    return false;
-  if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
-    s += 2;
-    base = 16;
-    if (!isxdigit((unsigned char)*s))
-      return false;
-  }
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, base);
-  if (errno || *end)
-    return false;
-  *ret = v;
-  return true;
+  return dcpxd_parse_num(s, ret) == 0;
 }
 
 static bool parse_i32(const char *s, int32_t *ret) {
