@@ -182,10 +182,12 @@ static const char *const g_phase[10] = {
     "", "poll", "round 1", "rescue list", "rescue stores", "round-2 copy",
     "rescue poll", "round 2", "outputs", "end"};
 
-/* One more merge of rank 0 with the phase timestamps on (grid capped at
- * max_blocks; 0: one block per row), its epochs reset after it; returns
- * every row's points (calloc'd, [rows][DCPX_K_PROF_POINTS]). */
-static unsigned long long *profiled_merge(gg *g, uint32_t max_blocks) {
+/* One more push (push = 1) or merge of rank 0 with the phase timestamps
+ * on (a merge's grid capped at max_blocks, 0: one block per row; its
+ * epochs reset after it); returns every row's points (calloc'd,
+ * [rows][DCPX_K_PROF_POINTS]). */
+static unsigned long long *profiled_call(gg *g, int push,
+                                         uint32_t max_blocks) {
   const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
   unsigned long long *d = NULL;
   unsigned long long *hh = (unsigned long long *)calloc(n, 8);
@@ -194,14 +196,19 @@ static unsigned long long *profiled_merge(gg *g, uint32_t max_blocks) {
   CK(cudaMemset(d, 0, n * 8));
   CK(cudaDeviceSynchronize());
   g->kc[0].prof = d;
-  g->kc[0].max_blocks = max_blocks;
-  gg_merge(g, 0);
+  if (push) {
+    gg_push(g, 0);
+  } else {
+    g->kc[0].max_blocks = max_blocks;
+    gg_merge(g, 0);
+  }
   CK(cudaStreamSynchronize(g->st[0]));
   g->kc[0].prof = NULL;
   g->kc[0].max_blocks = mb;
   CK(cudaMemcpy(hh, d, n * 8, cudaMemcpyDeviceToHost));
   CK(cudaFree(d));
-  CK(cudaMemset(g->ws[0] + g->L.off_epoch, 0, 4 * (size_t)g->rows));
+  if (!push)
+    CK(cudaMemset(g->ws[0] + g->L.off_epoch, 0, 4 * (size_t)g->rows));
   CK(cudaDeviceSynchronize());
   return hh;
 }
@@ -222,7 +229,7 @@ static void note_phases(const unsigned long long *q, int khz) {
  * so row 0 runs the kernel's code for the first time on its SM and rows
  * 1.. run it again (instruction caches warm). Prints rows 0-3's phases. */
 static void profile_warm(gg *g, int khz) {
-  unsigned long long *hh = profiled_merge(g, 1);
+  unsigned long long *hh = profiled_call(g, 0, 1);
   for (uint32_t t = 0; t < 4; t++) {
     note("  one block, row %u (%s):", t, t ? "warm" : "cold");
     note_phases(hh + (size_t)t * DCPX_K_PROF_POINTS, khz);
@@ -235,7 +242,7 @@ static void profile_merge(gg *g, const char *what) {
   unsigned long long h[DCPX_K_PROF_POINTS];
   int khz = 0;
   CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-  unsigned long long *all = profiled_merge(g, g->kc[0].max_blocks);
+  unsigned long long *all = profiled_call(g, 0, g->kc[0].max_blocks);
   memcpy(h, all, sizeof(h));
   note("- %s (us at %d MHz):", what, khz / 1000);
   note_phases(h, khz);
@@ -290,19 +297,9 @@ static void profile_push(gg *g, const char *what) {
       "", "entry to row start", "list: zeroing", "sample", "tau",
       "row pass", "counts", "threshold", "bases", "placing", "end of list",
       "LL stores"};
-  const size_t n = (size_t)g->sh.rows * DCPX_K_PROF_POINTS;
-  unsigned long long *d = NULL, *hh = (unsigned long long *)calloc(n, 8);
   int khz = 0;
   CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-  CK(cudaMalloc((void **)&d, n * 8));
-  CK(cudaMemset(d, 0, n * 8));
-  CK(cudaDeviceSynchronize());
-  g->kc[0].prof = d;
-  gg_push(g, 0);
-  CK(cudaStreamSynchronize(g->st[0]));
-  g->kc[0].prof = NULL;
-  CK(cudaMemcpy(hh, d, n * 8, cudaMemcpyDeviceToHost));
-  CK(cudaFree(d));
+  unsigned long long *hh = profiled_call(g, 1, 0);
   const unsigned long long *q = hh + DCPX_K_PROF_PUSH;
   note("- push, %s (us at %d MHz):", what, khz / 1000);
   unsigned long long prev = q[0];
