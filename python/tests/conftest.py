@@ -59,3 +59,19 @@ def group(request):
     name = "py-" + request.node.name.replace("[", "-").replace("]", "")
     return "".join(c if c.isalnum() or c in "._-" else "-"
                    for c in name)[:50] + f"-{os.getpid()}-{_n[0]}"
+
+
+@pytest.fixture
+def small_shape():
+    """One rank, 4 rows, K=16 of N=4 over 128 logits: the shape of the
+    argument and error tests."""
+    return dcpx.Shape(world=1, rows=4, topk=16, local_topk=4, block_size=4,
+                      interleave=1, max_local=128)
+
+
+@pytest.fixture
+def member(daemon, group, small_shape):
+    """Rank 0 of a fresh one-rank group of small_shape."""
+    with dcpx.Client(daemon.socket) as c, c.join(small_shape, rank=0,
+                                                 group=group) as m:
+        yield m

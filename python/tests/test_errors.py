@@ -10,17 +10,6 @@ import pytest
 import dcpx
 from _ranks import compare, inputs, run_ranks, sync, tables
 
-SHAPE = dcpx.Shape(world=1, rows=4, topk=16, local_topk=4, block_size=4,
-                   interleave=1, max_local=128)
-
-
-@pytest.fixture
-def member(daemon, group):
-    with dcpx.Client(daemon.socket) as c, c.join(SHAPE, rank=0,
-                                                 group=group) as m:
-        yield m
-
-
 def _args(rows=4, L=128):
     lg = np.arange(rows * L, dtype=np.uint16).reshape(rows, L)
     en = np.full(rows, L, np.int32)
@@ -148,9 +137,9 @@ def test_join_errors(daemon, group):
         c.join(s2, rank=0, group=group)
 
 
-def test_left_member(daemon, group):
+def test_left_member(daemon, group, small_shape):
     with dcpx.Client(daemon.socket) as c:
-        m = c.join(SHAPE, rank=0, group=group)
+        m = c.join(small_shape, rank=0, group=group)
         m.leave()
         m.leave()
         lg, en, _, _ = _args()

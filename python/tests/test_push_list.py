@@ -92,17 +92,6 @@ def test_push_list_exact(daemon, group, W, kind, given):
         assert sum(sum(v[3:]) for v in out.values()) > 0
 
 
-SHAPE = dcpx.Shape(world=1, rows=4, topk=16, local_topk=4, block_size=4,
-                   interleave=1, max_local=128)
-
-
-@pytest.fixture
-def member(daemon, group):
-    with dcpx.Client(daemon.socket) as c, c.join(SHAPE, rank=0,
-                                                 group=group) as m:
-        yield m
-
-
 def _args(rows=4, L=128):
     lg = ((np.arange(rows * L) * 37) % 1000 + 0x3F00).astype(
         np.uint16).reshape(rows, L)
