@@ -159,6 +159,14 @@ DCPX_D void dcpx_dev_async16(void *smem, const void *gmem) {
                : "memory");
 }
 
+/* The same for 4 bytes (both addresses 4-byte aligned). */
+DCPX_D void dcpx_dev_async4(void *smem, const void *gmem) {
+  const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa),
+               "l"(gmem)
+               : "memory");
+}
+
 DCPX_D void dcpx_dev_async_wait(void) {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
@@ -260,6 +268,7 @@ typedef struct dcpx_sel_smem {
   uint32_t wcnt[DCPX_MAX_WARPS];      /* per warp: candidates (fast path) */
   uint32_t weqc[DCPX_MAX_WARPS];      /* per warp: keys == T (single level) */
   uint32_t hb, above, T, take, kmax;
+  uint32_t kmin; /* dcpx_dev_resc_top's key range */
 } dcpx_sel_smem;
 
 DCPX_D void dcpx_dev_sel_zero(dcpx_sel_smem *S) {
@@ -622,20 +631,29 @@ typedef struct dcpx_key_map {
   float rcp_n;
 } dcpx_key_map;
 
-/* (s << 17) | l of key f whose word is w. */
-DCPX_D uint32_t dcpx_dev_entry_of(const dcpx_key_map *m, uint32_t f,
-                                   uint32_t w) {
-  uint32_t s, j;
+/* Round 2: the rank whose segment holds key f. Segments start at
+ * multiples of 4 (each is padded to 4 keys), so the 4 keys of a group
+ * f .. f+3 (f a multiple of 4) share it: pass C looks it up once per
+ * group. */
+DCPX_D uint32_t dcpx_dev_seg2(const dcpx_key_map *m, uint32_t f) {
+  uint32_t s = 0;
+  for (uint32_t step = 8; step; step >>= 1)
+    if (s + step < m->W && m->off2[s + step] <= f)
+      s += step;
+  return s;
+}
+
+/* (s << 17) | l of key f whose word is w; in round 2 s is the rank whose
+ * segment holds f (dcpx_dev_seg2), in round 1 it is found here. */
+DCPX_D uint32_t dcpx_dev_entry_of(const dcpx_key_map *m, uint32_t s,
+                                  uint32_t f, uint32_t w) {
+  uint32_t j;
   const uint32_t *pl;
   if (m->round == 1) {
     s = dcpx_dev_div(f, m->N, m->rcp_n);
     j = f - s * m->N;
     pl = m->p1 + s * m->pwn;
   } else {
-    s = 0;
-    for (uint32_t step = 8; step; step >>= 1)
-      if (s + step < m->W && m->off2[s + step] <= f)
-        s += step;
     j = f - m->off2[s];
     if (!((m->mask >> s) & 1u))
       return m->s1[m->bound1[s] + j];
@@ -698,6 +716,7 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
     if (packed || starts) {
       const uint32_t ex = incl - packed;
       uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
+      const uint32_t s2 = m->round == 2 && packed ? dcpx_dev_seg2(m, f) : 0u;
 #pragma unroll
       for (uint32_t e = 0; e < 4; e++) {
         const uint32_t w = dcpx_dev_u4word(k, e);
@@ -705,7 +724,7 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
           bound[sidx] = gb + min(qb, take);
         if (dcpx_dev_sel_place(w >> 16, T, take, &gb, &qb, &pos)) {
           if (m->round)
-            list[pos] = dcpx_dev_entry_of(m, f + e, w);
+            list[pos] = dcpx_dev_entry_of(m, s2, f + e, w);
           else
             dcpx_dev_place_word(m, list, pos, f + e, w);
           nib |= 1u << e;
@@ -1448,21 +1467,169 @@ DCPX_D void dcpx_dev_resc_load(const dcpx_rowgeo *R, uint32_t g0, uint32_t t1,
   }
 }
 
+/* Places this lane's qualifying keys (masks m, keys k of its
+ * DCPX_RESC_U groups from group gl) at words[p ..], in ascending l: every
+ * position from the prefix popcount of the lane's 32 mask bits, so the
+ * stores do not wait for each other (no loop over set bits). */
+DCPX_D void dcpx_dev_resc_place(const dcpx_rowgeo *R, uint32_t gl,
+                                const uint4 *k, const uint32_t *m, uint32_t p,
+                                uint32_t cap, uint32_t *words) {
+  uint32_t all = 0;
+#pragma unroll
+  for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+    all |= m[u] << (8u * u);
+#pragma unroll
+  for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+#pragma unroll
+    for (uint32_t e = 0; e < 8; e++) {
+      const uint32_t bit = 8u * u + e;
+      if ((all >> bit) & 1u) {
+        const uint32_t q = p + __popc(all & ((1u << bit) - 1u));
+        const uint32_t l = (gl + u) * 8u + e - R->a;
+        words[q] = (dcpx_dev_u4get(k[u], e) << 16) | (l & 0xFFFFu);
+        if (l >> 16)
+          atomicOr(words + cap + (q >> 5), 1u << (q & 31u));
+      }
+    }
+}
+
+/* The top-cap list of a row with more than cap qualifying keys (key != 0,
+ * key >= t1: the masks), in ascending l, into words (zeroed, planes
+ * included): the flat selection (dcpx_dev_flat_select: one level when the
+ * qualifying keys span fewer than 4,096 values, else two) over the row
+ * itself, whose keys stay in registers when each warp's range is one step
+ * (`one`). Its entries are the row's top cap: when more than cap keys are
+ * >= t1, the cap-th best is >= t1 too. Histograms dirty on entry; every
+ * thread calls it; ends with a barrier. */
+DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
+                              uint32_t cap, uint32_t t1, uint32_t *words,
+                              uint4 *k, uint32_t *m) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t step = 32u * DCPX_RESC_U;
+  uint32_t nz, kmn = 0xFFFFu, kmx = 0;
+  dcpx_dev_sel_zero(S);
+  if (threadIdx.x == 0)
+    S->kmin = 0xFFFFu;
+  /* the qualifying keys' range */
+#pragma unroll 1
+  for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
+    if (!one)
+      dcpx_dev_resc_load(R, g0, t1, k, m);
+#pragma unroll
+    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+#pragma unroll
+      for (uint32_t e = 0; e < 8; e++)
+        if ((m[u] >> e) & 1u) {
+          kmn = min(kmn, dcpx_dev_u4get(k[u], e));
+          kmx = max(kmx, dcpx_dev_u4get(k[u], e));
+        }
+  }
+  __syncthreads(); /* sel_zero and kmin's reset before the range */
+  dcpx_dev_range_publish(kmn, kmx, &S->kmin, S);
+  __syncthreads();
+  const uint32_t kmin = S->kmin, one_level = S->kmax - kmin < DCPX_HI_BINS;
+  /* pass A: keys per value - kmin (one level) or per ord >> 4 */
+#pragma unroll 1
+  for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
+    if (!one)
+      dcpx_dev_resc_load(R, g0, t1, k, m);
+#pragma unroll
+    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+#pragma unroll
+      for (uint32_t e = 0; e < 8; e++)
+        if ((m[u] >> e) & 1u) {
+          const uint32_t o = dcpx_dev_u4get(k[u], e);
+          atomicAdd(S->hist + (one_level ? o - kmin : o >> 4), 1u);
+        }
+  }
+  if (one_level) {
+    dcpx_dev_sel1_pick(S, cap, kmin, &nz); /* nz > cap: not "all" */
+  } else {
+    dcpx_dev_sel_after_a(S, cap, &nz);
+  }
+  /* pass B: keys > T and == T per warp (one level), or the keys inside
+   * bucket hb per warp and those above it */
+  const uint32_t T1l = S->T, lim = S->hb << 4;
+  uint32_t *h16w = S->h16 + 16u * warp, gt = 0, eq = 0;
+#pragma unroll 1
+  for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
+    if (!one)
+      dcpx_dev_resc_load(R, g0, t1, k, m);
+#pragma unroll
+    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+#pragma unroll
+      for (uint32_t e = 0; e < 8; e++)
+        if ((m[u] >> e) & 1u) {
+          const uint32_t o = dcpx_dev_u4get(k[u], e);
+          if (one_level) {
+            gt += o > T1l;
+            eq += o == T1l;
+          } else {
+            gt += dcpx_dev_passb(h16w, o, lim);
+          }
+        }
+  }
+  gt = __reduce_add_sync(DCPX_FULL, gt);
+  eq = __reduce_add_sync(DCPX_FULL, eq);
+  if (lane == 0) {
+    S->wgtb[warp] = gt;
+    S->weqc[warp] = eq;
+  }
+  if (one_level)
+    dcpx_dev_sel1_bases(S);
+  else
+    dcpx_dev_sel_finish(S, cap, 0);
+  /* pass C: the selected keys in order (T != 0: the cap-th key is one) */
+  const uint32_t T = S->T, take = S->take;
+  uint32_t rg = S->wgt[warp], rq = S->weq[warp];
+#pragma unroll 1
+  for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
+    if (!one)
+      dcpx_dev_resc_load(R, g0, t1, k, m);
+    uint32_t packed = 0;
+#pragma unroll
+    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+#pragma unroll
+      for (uint32_t e = 0; e < 8; e++)
+        if ((m[u] >> e) & 1u)
+          packed += dcpx_dev_passc(dcpx_dev_u4get(k[u], e), T, T);
+    const uint32_t incl = dcpx_dev_warp_incl(packed);
+    const uint32_t ex = incl - packed;
+    uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
+    const uint32_t gl = g0 + lane * DCPX_RESC_U;
+#pragma unroll
+    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+#pragma unroll
+      for (uint32_t e = 0; e < 8; e++) {
+        const uint32_t o = ((m[u] >> e) & 1u) ? dcpx_dev_u4get(k[u], e) : 0u;
+        if (dcpx_dev_sel_place(o, T, take, &gb, &qb, &pos)) {
+          const uint32_t l = (gl + u) * 8u + e - R->a;
+          words[pos] = (o << 16) | (l & 0xFFFFu);
+          if (l >> 16)
+            atomicOr(words + cap + (pos >> 5), 1u << (pos & 31u));
+        }
+      }
+    const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
+    rg += tot >> 16;
+    rq += tot & 0xFFFFu;
+  }
+  __syncthreads();
+}
+
 /* The rescue list of a saturated rank's row into words[0..row_words(cap))
  * (shared): the entries of its local top-cap list with ord16 >= t1, in
  * ascending l, then zeros, then the bit-16 plane. When at most cap
  * elements of the row have ord16 >= t1 (the usual case) that is all of
  * them: a counting step and a placing step over the row (the row read
  * once when each warp's range is one step). Otherwise the top-cap list
- * itself (dcpx_dev_local_list, sampled fast path with the candidate
- * buffers ckey/cl of cand_max entries), whose entries are then all >= t1.
+ * itself (dcpx_dev_resc_top: the same row in the same registers, selected
+ * in three more steps), whose entries are then all >= t1.
  * prof (diagnostics, or NULL): thread 0's clock64 after the count, after
- * its warp's placing. Every thread must call it; it ends with a barrier. */
+ * its warp's placing. Every thread must call it; it ends with a barrier;
+ * it leaves the selection's histograms dirty. */
 DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
                                  uint32_t len, uint32_t cap, uint32_t t1,
-                                 uint32_t *words, uint16_t *ckey,
-                                 uint32_t *cl, uint32_t cand_max,
-                                 unsigned long long *prof) {
+                                 uint32_t *words, unsigned long long *prof) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t nw = blockDim.x >> 5, step = 32u * DCPX_RESC_U;
   const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len);
@@ -1488,13 +1655,15 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
   __syncthreads();
   const uint32_t wc = lane < nw ? S->wcnt[lane] : 0u;
   const uint32_t total = __reduce_add_sync(DCPX_FULL, wc);
+  if (prof && threadIdx.x == 0)
+    prof[0] = clock64();
   if (total > cap) {
-    dcpx_dev_local_list(S, row, len, cap, words, ckey, cl, cand_max);
+    dcpx_dev_resc_top(S, &R, one, cap, t1, words, k, m);
+    if (prof && threadIdx.x == 0)
+      prof[1] = clock64();
     return;
   }
   uint32_t pos = __reduce_add_sync(DCPX_FULL, lane < warp ? wc : 0u);
-  if (prof && threadIdx.x == 0)
-    prof[0] = clock64();
 #pragma unroll 1
   for (uint32_t g0 = R.gbeg; g0 < R.gend; g0 += step) {
     if (!one)
@@ -1504,20 +1673,8 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
     for (uint32_t u = 0; u < DCPX_RESC_U; u++)
       n += __popc(m[u]);
     const uint32_t incl = dcpx_dev_warp_incl(n);
-    uint32_t p = pos + incl - n;
-    const uint32_t gl = g0 + lane * DCPX_RESC_U;
-#pragma unroll
-    for (uint32_t u = 0; u < DCPX_RESC_U; u++) {
-      uint32_t mu = m[u];
-      while (mu) {
-        const uint32_t e = __ffs(mu) - 1, l = (gl + u) * 8u + e - R.a;
-        mu &= mu - 1;
-        words[p] = (dcpx_dev_u4get(k[u], e) << 16) | (l & 0xFFFFu);
-        if (l >> 16)
-          atomicOr(words + cap + (p >> 5), 1u << (p & 31u));
-        p++;
-      }
-    }
+    dcpx_dev_resc_place(&R, g0 + lane * DCPX_RESC_U, k, m, pos + incl - n,
+                        cap, words);
     pos += __shfl_sync(DCPX_FULL, incl, 31);
   }
   if (prof && threadIdx.x == 0)
@@ -1626,9 +1783,9 @@ DCPX_D void dcpx_dev_round2_offsets(uint32_t *off2, uint32_t mask, uint32_t W,
 
 /* Outputs of row t from list[0..total) (entries r << 17 | l, in (r, l)
  * order); rank me's entries are list[base .. base + cnt). Each thread owns
- * entries p = tid + u * DCPX_K_MERGE_THREADS (u < 8, K <= 4096): its block-table loads are
- * all issued before the first store. Blocks of DCPX_K_MERGE_THREADS
- * threads (the merge, and the NCCL transport's round kernels). */
+ * entries p = tid + u * DCPX_K_MERGE_THREADS. Blocks of
+ * DCPX_K_MERGE_THREADS threads (the merge, and the NCCL transport's round
+ * kernels). */
 DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
                           const uint32_t *list, uint32_t base, uint32_t cnt,
                           uint32_t total) {
@@ -1637,30 +1794,14 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
   const int32_t *bt = o->block_table + (uint64_t)(req_ok ? req : 0) * o->bt_cols;
   int32_t *ro = o->rows_out + (uint64_t)t * K;
   int32_t *io = o->ids_out ? o->ids_out + (uint64_t)t * K : NULL;
-  int32_t blk[8];
-  uint32_t lv[8];
   int bad = 0;
 
-#pragma unroll
-  for (uint32_t u = 0; u < 8; u++) {
-    const uint32_t p = threadIdx.x + u * DCPX_K_MERGE_THREADS;
-    blk[u] = -1;
-    lv[u] = 0;
-    if (p < cnt) {
-      const uint32_t l = list[base + p] & 0x1FFFFu;
-      const uint32_t col = dcpx_dev_div(l, B, o->rcp_b);
-      lv[u] = l - col * B;
-      if (req_ok && col < o->bt_cols)
-        blk[u] = __ldg(bt + col);
-      else
-        bad = 1;
-    }
-  }
-#pragma unroll
-  for (uint32_t u = 0; u < 8; u++) {
-    const uint32_t p = threadIdx.x + u * DCPX_K_MERGE_THREADS;
-    if (p >= K)
-      break;
+  /* One rolled loop (a few iterations per thread): this phase runs once
+   * per row, cold, and Nsight Compute showed its unrolled form waiting
+   * mostly for instruction fetch; the block-table loads hit L1 (the row
+   * start prefetched the request's row). */
+#pragma unroll 1
+  for (uint32_t p = threadIdx.x; p < K; p += DCPX_K_MERGE_THREADS) {
     if (io) {
       int32_t g = -1;
       if (p < total) {
@@ -1672,10 +1813,17 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
     }
     int32_t v = -1;
     if (p < cnt) {
-      const int64_t kv = (int64_t)blk[u] * B + lv[u];
-      if (blk[u] < 0 || kv > INT32_MAX)
+      const uint32_t l = list[base + p] & 0x1FFFFu;
+      const uint32_t col = dcpx_dev_div(l, B, o->rcp_b);
+      if (req_ok && col < o->bt_cols) {
+        const int32_t blk = __ldg(bt + col);
+        const int64_t kv = (int64_t)blk * B + (l - col * B);
+        if (blk < 0 || kv > INT32_MAX)
+          bad = 1;
+        v = (int32_t)kv;
+      } else {
         bad = 1;
-      v = (int32_t)kv;
+      }
     }
     ro[p] = v;
   }

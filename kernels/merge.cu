@@ -44,9 +44,8 @@
  * list [row_words(K)] | list2 [row_words(K)] | S1 bits | the staging
  * area (when it fits):
  * k1 [W*N, to 4] | p1 [W][rw_n - N] | k2 [round-2 keys] | p2 [S][rw_k - K],
- * then the rescue list's candidate buffers (DCPX_K_CAND entries: a 32-bit
- * index and a 16-bit key each), used only when a saturated rank has more
- * than K elements >= T1 and must select its top K.
+ * (a saturated rank with more than K elements >= T1 selects its top K
+ * from the row in registers: no candidate buffers).
  */
 #include "dcpx_device.cuh"
 
@@ -195,8 +194,7 @@ typedef struct mblk {
   poll_map *pm;
   uint32_t *bound, *off2, *kmin_s;
   char **peer;
-  uint32_t *list, *list2, *bits1, *k1, *p1, *k2, *p2, *cl;
-  uint16_t *ckey;
+  uint32_t *list, *list2, *bits1, *k1, *p1, *k2, *p2;
   dcpx_key_map km;
   unsigned long long *prof;
 } mblk;
@@ -215,8 +213,6 @@ DCPX_D void merge_block_init(mblk *b, const dcpx_kctx *c,
   b->p1 = b->k1 + plan->k1_words;
   b->k2 = b->p1 + plan->p1_words;
   b->p2 = b->k2 + plan->k2_words;
-  b->cl = b->bits1 + plan->bits_words + (plan->in_smem ? plan->stage_words : 0u);
-  b->ckey = (uint16_t *)(b->cl + DCPX_K_CAND);
   b->km.p1 = b->p1;
   b->km.p2 = b->p2;
   b->km.off2 = b->off2;
@@ -283,8 +279,7 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
     dcpx_dev_rescue_from_klist(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
                                b->list2);
   } else {
-    dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list2, b->ckey, b->cl,
-                         DCPX_K_CAND,
+    dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list2,
                          b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
                                  : NULL);
   }
@@ -318,18 +313,19 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
     stage_word(&own, 0, j, K, b->list2[j], kmn, kmx);
 }
 
-/* Rescue and round 2 of row t (mask != 0): a saturated me sends its rescue
- * list; every rank polls the other saturated ranks' lists into k2 beside the
+/* Rescue and round 2 of row t (mask != 0, q2 = next(seq2[t])): a
+ * saturated me sends its rescue list (from its row of len elements);
+ * every rank polls the other saturated ranks' lists into k2 beside the
  * others' S1 entries and selects again. 0 when a wait gave up, else 1
  * with the result in list2 and bound, *ret_total its keys. */
 DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
-                        uint32_t mask, uint32_t T1, const uint16_t *row,
-                        uint32_t len, uint32_t *ret_total) {
+                        uint32_t mask, uint32_t T1, uint32_t q2,
+                        const uint16_t *row, uint32_t len,
+                        uint32_t *ret_total) {
   const dcpx_kctx *c = b->c;
   const uint32_t W = c->world, N = c->local_topk, K = c->topk, me = c->rank;
   const uint32_t PK = c->L.rpairs, tid = threadIdx.x;
   uint32_t *seq2 = (uint32_t *)(c->ws + c->L.off_seq2);
-  const uint32_t q2 = dcpx_dev_epoch_next(seq2[t]);
   const char *resc = c->ws + c->L.off_rescue;
   uint32_t kmn = 0xFFFFu, kmx = 0, fbeg, fend, nz;
   if (tid == 0) {
@@ -470,6 +466,10 @@ static __global__ void __launch_bounds__(MT)
   __shared__ char *peer[DCPX_MAX_WORLD];
   __shared__ __align__(16) unsigned long long snap[4]; /* counters, block 0 */
   __shared__ uint32_t hook_armed; /* fault_armed as read, block 0 */
+  /* The row's seq2 word (in a 16-byte chunk) and row_ends word, copied in
+   * by thread 0 at the row's start with cp.async: a rescue does not wait
+   * for two dependent global loads after round 1. */
+  __shared__ __align__(16) uint32_t rowq[8];
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -532,6 +532,8 @@ static __global__ void __launch_bounds__(MT)
     if (tid == 0) {
       dcpx_dev_wait_begin(&bw);
       kmin_s = 0xFFFFu;
+      dcpx_dev_async16(rowq, ws + c.L.off_seq2 + 4u * (t & ~3u));
+      dcpx_dev_async4(rowq + 4, row_ends + t);
     }
     if (tid < W) {
       pm.src[tid] = ws + c.L.off_ll + dcpx_ll_offset(&c.L, e & 1u, tid, t, 0);
@@ -552,6 +554,8 @@ static __global__ void __launch_bounds__(MT)
       if (hook_on && t == 0 && tid == MT - 1)
         hook_armed = c.health[me].fault_armed;
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
+      if (tid == 0)
+        dcpx_dev_async_wait(); /* rowq */
       __syncthreads();
       if (c.diag & DCPX_K_DIAG_POLL_TWICE) {
         poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS,
@@ -577,11 +581,12 @@ static __global__ void __launch_bounds__(MT)
       }
       merge_prof(&b, t, 2);
       if (mask) {
-        const int32_t re = row_ends[t];
+        const int32_t re = (int32_t)rowq[4];
         const uint32_t len =
             re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
-        if (!merge_rescue(&b, &wc, t, mask, T1, logits + (uint64_t)t * stride,
-                          len, &total))
+        if (!merge_rescue(&b, &wc, t, mask, T1,
+                          dcpx_dev_epoch_next(rowq[t & 3u]),
+                          logits + (uint64_t)t * stride, len, &total))
           break;
       }
 
@@ -619,8 +624,7 @@ static __global__ void __launch_bounds__(MT)
 size_t dcpx_k_merge_smem(const dcpx_kctx *c) {
   const merge_plan p = plan_of(c);
   return 4u * (2u * (size_t)p.list_words + p.bits_words +
-               (p.in_smem ? p.stage_words : 0u)) +
-         6u * (size_t)DCPX_K_CAND;
+               (p.in_smem ? p.stage_words : 0u));
 }
 
 size_t dcpx_k_merge_stage_bytes(const dcpx_kctx *c) {
@@ -630,9 +634,8 @@ size_t dcpx_k_merge_stage_bytes(const dcpx_kctx *c) {
 
 int dcpx_k_merge_prepare(void) {
   /* The largest plan: list and list2 4224 words each, bits 2048, the
-   * staging budget, the candidate buffers. */
-  const int max_dyn = 4 * (2 * 4224 + 2048) + (int)DCPX_STAGE_SMEM_BYTES +
-                      6 * (int)DCPX_K_CAND;
+   * staging budget. */
+  const int max_dyn = 4 * (2 * 4224 + 2048) + (int)DCPX_STAGE_SMEM_BYTES;
   if (cudaFuncSetAttribute(dcpx_merge_kernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_dyn) != cudaSuccess)

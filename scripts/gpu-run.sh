@@ -143,14 +143,13 @@ step_prof2() {
   mkdir -p /tmp/dcpx-gpu-src && cp -r kernels common include /tmp/dcpx-gpu-src/
   BENCH_QUICK=1 BENCH_ROWS=1 BENCH_REPS=5 BENCH_LEN=16384 \
     timeout -k 5 200 ncu --section SourceCounters --section WarpStateStats \
-    --import-source yes -k regex:dcpx_merge_kernel -s 141 -c 1 \
+    --import-source yes --warp-sampling-interval 0 \
+    -k regex:dcpx_merge_kernel -s 141 -c 1 \
     -o "$OUT/merge_skew2" -f "$B/tests/gpu/bench_kernels" \
     > "$OUT/ncu_skew2.log" 2>&1 || rc=1
-  ncu -i "$OUT/merge_skew2.ncu-rep" --page source --csv --print-source cuda \
-    > "$OUT/merge_skew2_cuda.csv" 2>&1
-  ncu -i "$OUT/merge_skew2.ncu-rep" --page source --csv --print-source sass \
-    > "$OUT/merge_skew2_sass.csv" 2>&1
-  say "prof2: $(wc -l < "$OUT/merge_skew2_cuda.csv") cuda lines, $(wc -l < "$OUT/merge_skew2_sass.csv") sass lines"
+  ncu -i "$OUT/merge_skew2.ncu-rep" --page source --csv --print-source cuda,sass \
+    > "$OUT/merge_skew2_cuda_sass.csv" 2>&1
+  say "prof2: $(wc -l < "$OUT/merge_skew2_cuda_sass.csv") lines"
 }
 
 step_profpush() {
