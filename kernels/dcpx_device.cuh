@@ -1467,17 +1467,23 @@ DCPX_D void dcpx_dev_resc_load(const dcpx_rowgeo *R, uint32_t g0, uint32_t t1,
   }
 }
 
-/* Places this lane's qualifying keys (masks m, keys k of its
- * DCPX_RESC_U groups from group gl) at words[p ..], in ascending l: every
- * position from the prefix popcount of the lane's 32 mask bits, so the
- * stores do not wait for each other (no loop over set bits). */
-DCPX_D void dcpx_dev_resc_place(const dcpx_rowgeo *R, uint32_t gl,
-                                const uint4 *k, const uint32_t *m, uint32_t p,
-                                uint32_t cap, uint32_t *words) {
+/* The 32 bits of a lane's DCPX_RESC_U masks, group u at bits 8u.. */
+DCPX_D uint32_t dcpx_dev_resc_bits(const uint32_t *m) {
   uint32_t all = 0;
 #pragma unroll
   for (uint32_t u = 0; u < DCPX_RESC_U; u++)
     all |= m[u] << (8u * u);
+  return all;
+}
+
+/* Places the keys of this lane whose bits are set in `all` (bit 8u + e:
+ * key e of its group gl + u, keys k) at words[p ..], in ascending l: each
+ * position from the prefix popcount of `all`, so the stores do not wait
+ * for each other. The bit-16 plane only when a lane's elements reach
+ * l = 65536 (rows that long), in a rolled loop of its own. */
+DCPX_D void dcpx_dev_resc_place(const dcpx_rowgeo *R, uint32_t gl,
+                                const uint4 *k, uint32_t all, uint32_t p,
+                                uint32_t cap, uint32_t *words) {
 #pragma unroll
   for (uint32_t u = 0; u < DCPX_RESC_U; u++)
 #pragma unroll
@@ -1487,10 +1493,19 @@ DCPX_D void dcpx_dev_resc_place(const dcpx_rowgeo *R, uint32_t gl,
         const uint32_t q = p + __popc(all & ((1u << bit) - 1u));
         const uint32_t l = (gl + u) * 8u + e - R->a;
         words[q] = (dcpx_dev_u4get(k[u], e) << 16) | (l & 0xFFFFu);
-        if (l >> 16)
-          atomicOr(words + cap + (q >> 5), 1u << (q & 31u));
       }
     }
+  if ((gl + DCPX_RESC_U) * 8u > R->a + 65536u) {
+    uint32_t x = all;
+#pragma unroll 1
+    while (x) {
+      const uint32_t bit = __ffs(x) - 1;
+      x &= x - 1;
+      const uint32_t q = p + __popc(all & ((1u << bit) - 1u));
+      if (((gl + (bit >> 3)) * 8u + (bit & 7u) - R->a) >> 16)
+        atomicOr(words + cap + (q >> 5), 1u << (q & 31u));
+    }
+  }
 }
 
 /* The top-cap list of a row with more than cap qualifying keys (key != 0,
@@ -1503,7 +1518,7 @@ DCPX_D void dcpx_dev_resc_place(const dcpx_rowgeo *R, uint32_t gl,
  * thread calls it; ends with a barrier. */
 DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
                               uint32_t cap, uint32_t t1, uint32_t *words,
-                              uint4 *k, uint32_t *m) {
+                              uint4 *k, uint32_t *m, unsigned long long *pf) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t step = 32u * DCPX_RESC_U;
   uint32_t nz, kmn = 0xFFFFu, kmx = 0;
@@ -1528,6 +1543,7 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
   dcpx_dev_range_publish(kmn, kmx, &S->kmin, S);
   __syncthreads();
   const uint32_t kmin = S->kmin, one_level = S->kmax - kmin < DCPX_HI_BINS;
+  dcpx_dev_stamp(pf, 0);
   /* pass A: keys per value - kmin (one level) or per ord >> 4 */
 #pragma unroll 1
   for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
@@ -1547,6 +1563,7 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
   } else {
     dcpx_dev_sel_after_a(S, cap, &nz);
   }
+  dcpx_dev_stamp(pf, 1);
   /* pass B: keys > T and == T per warp (one level), or the keys inside
    * bucket hb per warp and those above it */
   const uint32_t T1l = S->T, lim = S->hb << 4;
@@ -1579,36 +1596,35 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
     dcpx_dev_sel1_bases(S);
   else
     dcpx_dev_sel_finish(S, cap, 0);
-  /* pass C: the selected keys in order (T != 0: the cap-th key is one) */
+  dcpx_dev_stamp(pf, 2);
+  /* pass C: the selected keys in order (T != 0: the cap-th key is one):
+   * this lane's keys > T, and of its keys == T those that the tie count
+   * still takes, placed after the selected keys before the lane */
   const uint32_t T = S->T, take = S->take;
   uint32_t rg = S->wgt[warp], rq = S->weq[warp];
 #pragma unroll 1
   for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
     if (!one)
       dcpx_dev_resc_load(R, g0, t1, k, m);
-    uint32_t packed = 0;
-#pragma unroll
-    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
-#pragma unroll
-      for (uint32_t e = 0; e < 8; e++)
-        if ((m[u] >> e) & 1u)
-          packed += dcpx_dev_passc(dcpx_dev_u4get(k[u], e), T, T);
-    const uint32_t incl = dcpx_dev_warp_incl(packed);
-    const uint32_t ex = incl - packed;
-    uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
-    const uint32_t gl = g0 + lane * DCPX_RESC_U;
+    uint32_t gtm = 0, eqm = 0;
 #pragma unroll
     for (uint32_t u = 0; u < DCPX_RESC_U; u++)
 #pragma unroll
       for (uint32_t e = 0; e < 8; e++) {
         const uint32_t o = ((m[u] >> e) & 1u) ? dcpx_dev_u4get(k[u], e) : 0u;
-        if (dcpx_dev_sel_place(o, T, take, &gb, &qb, &pos)) {
-          const uint32_t l = (gl + u) * 8u + e - R->a;
-          words[pos] = (o << 16) | (l & 0xFFFFu);
-          if (l >> 16)
-            atomicOr(words + cap + (pos >> 5), 1u << (pos & 31u));
-        }
+        gtm |= (uint32_t)(o > T) << (8u * u + e);
+        eqm |= (uint32_t)(o == T) << (8u * u + e);
       }
+    const uint32_t packed = (__popc(gtm) << 16) | __popc(eqm);
+    const uint32_t incl = dcpx_dev_warp_incl(packed);
+    const uint32_t ex = incl - packed;
+    const uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu);
+    const uint32_t ntie = qb < take ? min((uint32_t)__popc(eqm), take - qb) : 0u;
+#pragma unroll 1
+    while ((uint32_t)__popc(eqm) > ntie) /* keep the first ntie ties */
+      eqm ^= 1u << (31 - __clz(eqm));
+    dcpx_dev_resc_place(R, g0 + lane * DCPX_RESC_U, k, gtm | eqm,
+                        gb + min(qb, take), cap, words);
     const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
     rg += tot >> 16;
     rq += tot & 0xFFFFu;
@@ -1625,7 +1641,8 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
  * itself (dcpx_dev_resc_top: the same row in the same registers, selected
  * in three more steps), whose entries are then all >= t1.
  * prof (diagnostics, or NULL): thread 0's clock64 after the count, after
- * its warp's placing. Every thread must call it; it ends with a barrier;
+ * its warp's placing; with more than cap keys >= t1, prof[8..10] after
+ * the top cap's key range, threshold and per-warp bases. Every thread must call it; it ends with a barrier;
  * it leaves the selection's histograms dirty. */
 DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
                                  uint32_t len, uint32_t cap, uint32_t t1,
@@ -1658,7 +1675,7 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
   if (prof && threadIdx.x == 0)
     prof[0] = clock64();
   if (total > cap) {
-    dcpx_dev_resc_top(S, &R, one, cap, t1, words, k, m);
+    dcpx_dev_resc_top(S, &R, one, cap, t1, words, k, m, prof ? prof + 8 : NULL);
     if (prof && threadIdx.x == 0)
       prof[1] = clock64();
     return;
@@ -1673,8 +1690,8 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
     for (uint32_t u = 0; u < DCPX_RESC_U; u++)
       n += __popc(m[u]);
     const uint32_t incl = dcpx_dev_warp_incl(n);
-    dcpx_dev_resc_place(&R, g0 + lane * DCPX_RESC_U, k, m, pos + incl - n,
-                        cap, words);
+    dcpx_dev_resc_place(&R, g0 + lane * DCPX_RESC_U, k, dcpx_dev_resc_bits(m),
+                        pos + incl - n, cap, words);
     pos += __shfl_sync(DCPX_FULL, incl, 31);
   }
   if (prof && threadIdx.x == 0)

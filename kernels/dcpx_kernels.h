@@ -57,7 +57,9 @@ extern "C" {
  * 1: its threshold found (10), its keys placed (11); inside a rescue list
  * built from the row: counted (12), thread 0's warp placed (13); and the
  * block's kernel entry (14) and exit (15), slot of its first row; the
- * rescue poll's (16-19). The push's from DCPX_K_PROF_PUSH: kernel entry
+ * rescue poll's (16-19); inside a rescue list that selects its top K
+ * (more than K elements >= T1): its key range (20), its threshold (21),
+ * its per-warp bases (22). The push's from DCPX_K_PROF_PUSH: kernel entry
  * (+0, slot of the block's first row), row start (+1), inside the local
  * list (+2 .. +9: dcpx_dev_local_list_p's pf[0..7]), the list done
  * (+10), the LL stores done (+11). */

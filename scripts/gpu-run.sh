@@ -22,7 +22,8 @@
 #   ab       bench_kernels A/B: this build, this build with full push
 #            blocks always (DCPX_PUSH_SPLIT_ROWS=0), and a baseline build's
 #            bench_kernels if one is carried at $BASE (default
-#            build-gpu/base/bench_kernels), all in one run
+#            build-gpu/base/bench_kernels), and a previous build's at $PREV
+#            (default build-gpu/prev/bench_kernels), all in one run
 #   pushthreads  bench_kernels with push blocks of 1024 and of 512
 #            threads at every rows count (DCPX_PUSH_THREADS)
 #   diag     bench_kernels at rows 64 without the call counters (what
@@ -99,6 +100,7 @@ step_bench1() {
 
 step_ab() {
   local base=${BASE:-$B/base/bench_kernels} i
+  local prev=${PREV:-$B/prev/bench_kernels}
   for i in $(seq "${AB_ROUNDS:-1}"); do
     say "ab round $i: bench_kernels (this build)"
     BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$B/tests/gpu/bench_kernels" \
@@ -113,6 +115,12 @@ step_ab() {
       BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$base" \
         > "$OUT/ab${i}_base.md" 2>&1 || rc=1
       show "^\| 16384|entry" "$OUT/ab${i}_base.md" 30
+    fi
+    if [ -x "$prev" ]; then
+      say "ab round $i: previous build $prev"
+      BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$prev" \
+        > "$OUT/ab${i}_prev.md" 2>&1 || rc=1
+      show "^\| 16384" "$OUT/ab${i}_prev.md" 8
     fi
   done
 }

@@ -288,6 +288,11 @@ static void profile_merge(gg *g, const char *what) {
          "placing %.2f + the rest %.2f\n",
          (double)(h[12] - h[2]) * 1e3 / khz, (double)(h[13] - h[12]) * 1e3 / khz,
          (double)(h[3] - h[13]) * 1e3 / khz);
+  if (h[12] && h[20] && h[21] && h[22] && h[13])
+    note("  its top K from the row = key range %.2f + threshold %.2f + "
+         "bases %.2f + placing %.2f\n",
+         (double)(h[20] - h[12]) * 1e3 / khz, (double)(h[21] - h[20]) * 1e3 / khz,
+         (double)(h[22] - h[21]) * 1e3 / khz, (double)(h[13] - h[22]) * 1e3 / khz);
 }
 
 /* Where one push of rank 0 goes (kctx.prof, thread 0 of row 0): its
