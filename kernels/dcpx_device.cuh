@@ -1567,24 +1567,32 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
   /* pass B: keys > T and == T per warp (one level), or the keys inside
    * bucket hb per warp and those above it */
   const uint32_t T1l = S->T, lim = S->hb << 4;
-  uint32_t *h16w = S->h16 + 16u * warp, gt = 0, eq = 0;
+  uint32_t *h16w = S->h16 + 16u * warp, gt = 0, eq = 0, gtm = 0, eqm = 0;
 #pragma unroll 1
   for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
     if (!one)
       dcpx_dev_resc_load(R, g0, t1, k, m);
+    if (one_level) { /* the masks of keys > T and == T (pass C's, when
+                        the row is one step) */
+      gtm = eqm = 0;
 #pragma unroll
-    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+      for (uint32_t u = 0; u < DCPX_RESC_U; u++)
 #pragma unroll
-      for (uint32_t e = 0; e < 8; e++)
-        if ((m[u] >> e) & 1u) {
-          const uint32_t o = dcpx_dev_u4get(k[u], e);
-          if (one_level) {
-            gt += o > T1l;
-            eq += o == T1l;
-          } else {
-            gt += dcpx_dev_passb(h16w, o, lim);
-          }
+        for (uint32_t e = 0; e < 8; e++) {
+          const uint32_t o = ((m[u] >> e) & 1u) ? dcpx_dev_u4get(k[u], e) : 0u;
+          gtm |= (uint32_t)(o > T1l) << (8u * u + e);
+          eqm |= (uint32_t)(o == T1l) << (8u * u + e);
         }
+      gt += __popc(gtm);
+      eq += __popc(eqm);
+    } else {
+#pragma unroll
+      for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+#pragma unroll
+        for (uint32_t e = 0; e < 8; e++)
+          if ((m[u] >> e) & 1u)
+            gt += dcpx_dev_passb(h16w, dcpx_dev_u4get(k[u], e), lim);
+    }
   }
   gt = __reduce_add_sync(DCPX_FULL, gt);
   eq = __reduce_add_sync(DCPX_FULL, eq);
@@ -1606,15 +1614,17 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
   for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
     if (!one)
       dcpx_dev_resc_load(R, g0, t1, k, m);
-    uint32_t gtm = 0, eqm = 0;
+    if (!one || !one_level) {
+      gtm = eqm = 0;
 #pragma unroll
-    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
+      for (uint32_t u = 0; u < DCPX_RESC_U; u++)
 #pragma unroll
-      for (uint32_t e = 0; e < 8; e++) {
-        const uint32_t o = ((m[u] >> e) & 1u) ? dcpx_dev_u4get(k[u], e) : 0u;
-        gtm |= (uint32_t)(o > T) << (8u * u + e);
-        eqm |= (uint32_t)(o == T) << (8u * u + e);
-      }
+        for (uint32_t e = 0; e < 8; e++) {
+          const uint32_t o = ((m[u] >> e) & 1u) ? dcpx_dev_u4get(k[u], e) : 0u;
+          gtm |= (uint32_t)(o > T) << (8u * u + e);
+          eqm |= (uint32_t)(o == T) << (8u * u + e);
+        }
+    }
     const uint32_t packed = (__popc(gtm) << 16) | __popc(eqm);
     const uint32_t incl = dcpx_dev_warp_incl(packed);
     const uint32_t ex = incl - packed;

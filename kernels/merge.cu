@@ -328,15 +328,18 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   uint32_t *seq2 = (uint32_t *)(c->ws + c->L.off_seq2);
   const char *resc = c->ws + c->L.off_rescue;
   uint32_t kmn = 0xFFFFu, kmx = 0, fbeg, fend, nz;
-  if (tid == 0) {
-    uint32_t o = 0;
-#pragma unroll 1
-    for (uint32_t s = 0; s < W; s++) {
-      b->off2[s] = o;
-      o += dcpx__pad4(((mask >> s) & 1u) ? K : b->bound[s + 1] - b->bound[s]);
-    }
-    b->off2[W] = o;
-    *b->kmin_s = 0xFFFFu;
+  if (tid < 32) { /* warp 0: the segment offsets by one scan */
+    const uint32_t sz =
+        tid < W ? dcpx__pad4(((mask >> tid) & 1u) ? K
+                                                  : b->bound[tid + 1] - b->bound[tid])
+                : 0u;
+    const uint32_t inc = dcpx_dev_warp_incl(sz);
+    if (tid < W)
+      b->off2[tid] = inc - sz;
+    if (tid == W - 1)
+      b->off2[W] = inc;
+    if (tid == 0)
+      *b->kmin_s = 0xFFFFu;
   }
   /* The polled lists: the saturated ranks but me, y-th of them at slot
    * x. */
