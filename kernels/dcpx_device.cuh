@@ -698,10 +698,15 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
   for (uint32_t f0 = fbeg; f0 < fend; f0 += 128) {
     const uint32_t f = f0 + 4u * lane;
     const uint4 k = f < fend ? dcpx_dev_key4(keys, f, n) : make_uint4(0, 0, 0, 0);
-    const uint32_t packed = dcpx_dev_passc(k.x >> 16, T, teq) +
-                            dcpx_dev_passc(k.y >> 16, T, teq) +
-                            dcpx_dev_passc(k.z >> 16, T, teq) +
-                            dcpx_dev_passc(k.w >> 16, T, teq);
+    /* this lane's keys > T and == T, bit e for key f + e */
+    uint32_t gtm = 0, eqm = 0;
+#pragma unroll
+    for (uint32_t e = 0; e < 4; e++) {
+      const uint32_t o = dcpx_dev_u4word(k, e) >> 16;
+      gtm |= (uint32_t)(o > T) << e;
+      eqm |= (uint32_t)(o == teq) << e;
+    }
+    const uint32_t packed = ((uint32_t)__popc(gtm) << 16) | (uint32_t)__popc(eqm);
     const uint32_t incl = dcpx_dev_warp_incl(packed);
     const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
     uint32_t nib = 0, starts = 0, sidx = 0;
@@ -713,22 +718,42 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
       s_next++;
       next += m->N;
     }
-    if (packed || starts) {
+    if (packed && m->round == 0) {
+      /* The push's top N of its klist (64 registers there): positions by
+       * the running counts, key after key. */
       const uint32_t ex = incl - packed;
       uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu), pos = 0;
-      const uint32_t s2 = m->round == 2 && packed ? dcpx_dev_seg2(m, f) : 0u;
 #pragma unroll
       for (uint32_t e = 0; e < 4; e++) {
         const uint32_t w = dcpx_dev_u4word(k, e);
-        if ((starts >> e) & 1u)
-          bound[sidx] = gb + min(qb, take);
-        if (dcpx_dev_sel_place(w >> 16, T, take, &gb, &qb, &pos)) {
-          if (m->round)
-            list[pos] = dcpx_dev_entry_of(m, s2, f + e, w);
-          else
-            dcpx_dev_place_word(m, list, pos, f + e, w);
-          nib |= 1u << e;
+        if (dcpx_dev_sel_place(w >> 16, T, take, &gb, &qb, &pos))
+          dcpx_dev_place_word(m, list, pos, f + e, w);
+      }
+    } else if (packed || starts) {
+      /* Selected: the keys > T, and the ties while the tie count lasts.
+       * A selected key's position is the count of selected keys before
+       * it, so every position comes from popcounts (no chain from key to
+       * key): base = selected keys before this lane. */
+      const uint32_t ex = incl - packed;
+      const uint32_t gb = rg + (ex >> 16), qb = rq + (ex & 0xFFFFu);
+      const uint32_t ntie = qb < take ? take - qb : 0u;
+      uint32_t eqs = 0, ne = 0;
+#pragma unroll
+      for (uint32_t e = 0; e < 4; e++) /* the first ntie ties */
+        if ((eqm >> e) & 1u) {
+          eqs |= (uint32_t)(ne < ntie) << e;
+          ne++;
         }
+      nib = gtm | eqs;
+      const uint32_t base = gb + min(qb, take);
+      const uint32_t s2 = m->round == 2 && nib ? dcpx_dev_seg2(m, f) : 0u;
+#pragma unroll
+      for (uint32_t e = 0; e < 4; e++) {
+        const uint32_t pos = base + __popc(nib & ((1u << e) - 1u));
+        if ((starts >> e) & 1u)
+          bound[sidx] = pos;
+        if ((nib >> e) & 1u)
+          list[pos] = dcpx_dev_entry_of(m, s2, f + e, dcpx_dev_u4word(k, e));
       }
     }
     if (bits1) { /* lanes 8i .. 8i+7 make word f0 / 32 + i */

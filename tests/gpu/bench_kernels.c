@@ -288,6 +288,14 @@ static void profile_merge(gg *g, const char *what) {
          "placing %.2f + the rest %.2f\n",
          (double)(h[12] - h[2]) * 1e3 / khz, (double)(h[13] - h[12]) * 1e3 / khz,
          (double)(h[3] - h[13]) * 1e3 / khz);
+  if (h[4] && h[36] && h[37] && h[38] && h[39] && h[5])
+    note("  round-2 copy = first barrier %.2f + own rescue list %.2f + "
+         "thread 0's warp's copy %.2f (warp W-1 done at %.2f) + the rest "
+         "%.2f\n",
+         (double)(h[36] - h[4]) * 1e3 / khz, (double)(h[37] - h[36]) * 1e3 / khz,
+         (double)(h[38] - h[37]) * 1e3 / khz,
+         ((double)h[39] - (double)h[36]) * 1e3 / khz,
+         (double)(h[5] - h[38]) * 1e3 / khz);
   if (h[12] && h[20] && h[21] && h[22] && h[13])
     note("  its top K from the row = key range %.2f + threshold %.2f + "
          "bases %.2f + placing %.2f\n",
