@@ -61,8 +61,7 @@ extern "C" {
  * (more than K elements >= T1): its key range (20), its threshold (21),
  * its per-warp bases (22); inside the round-2 copy: thread 0 after its
  * first barrier (36), after the own rescue list's copy (37), after its
- * warp's copy of rank 0's keys (38), and warp W-1's lane 0 after its copy
- * (39). The push's from DCPX_K_PROF_PUSH: kernel entry
+ * warp's copy (38), and the last warp's lane 0 after its copy (39). The push's from DCPX_K_PROF_PUSH: kernel entry
  * (+0, slot of the block's first row), row start (+1), inside the local
  * list (+2 .. +9: dcpx_dev_local_list_p's pf[0..7]), the list done
  * (+10), the LL stores done (+11). */

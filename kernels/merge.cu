@@ -153,32 +153,50 @@ DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
 /* Round 2's keys besides the rescue lists: each non-saturated rank's S1
  * keys, compacted in order (their entries are round 1's list[bound[s] +
  * j]: the key map's s1), and every segment's padding, into k2 (segment s
- * at off2[s]); warp s copies rank s (W <= the number of warps). */
+ * at off2[s]). Each rank's N entries are split among P = MW / W warps
+ * (W <= MW), 32-entry chunks each: warp w copies part w % P of rank
+ * w / P, starting after the S1 keys of the parts before it (popcounts of
+ * bits1); the last part pads the segment. */
 DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
                         const uint32_t *off2, uint32_t *k2, uint32_t mask,
                         uint32_t W, uint32_t N, uint32_t K, uint32_t *kmn,
                         uint32_t *kmx) {
-  const uint32_t s = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const uint32_t P = MW / W, s = w / P, q = w - s * P;
   if (s >= W)
     return;
   const uint32_t o = off2[s], end = off2[s + 1] - o;
+  const uint32_t chunk = (((N + P - 1) / P) + 31u) & ~31u;
+  const uint32_t jb = min(N, q * chunk), je = min(N, jb + chunk);
   uint32_t n = K;
   if (!((mask >> s) & 1u)) {
-    n = 0;
+    /* the S1 keys of rank s's entries [0, jb): 32 per lane and step */
+    uint32_t c = 0;
 #pragma unroll 1
-    for (uint32_t j0 = 0; j0 < N; j0 += 32) {
+    for (uint32_t j = 32u * lane; j < jb; j += 32u * 32u) {
+      const uint32_t f = s * N + j, sh = f & 31u, nb = min(32u, jb - j);
+      uint32_t x = bits1[f >> 5] >> sh;
+      if (sh + nb > 32u) /* the window spans two words */
+        x |= bits1[(f >> 5) + 1] << (32u - sh);
+      c += __popc(nb < 32u ? x & ((1u << nb) - 1u) : x);
+    }
+    n = __reduce_add_sync(DCPX_FULL, c);
+#pragma unroll 1
+    for (uint32_t j0 = jb; j0 < je; j0 += 32) {
       const uint32_t j = j0 + lane, f = s * N + j;
-      const int in = j < N && ((bits1[f >> 5] >> (f & 31u)) & 1u);
+      const int in = j < je && ((bits1[f >> 5] >> (f & 31u)) & 1u);
       const uint32_t bal = __ballot_sync(DCPX_FULL, in);
       if (in) {
-        const uint32_t w = k1[f];
-        k2[o + n + __popc(bal & ((1u << lane) - 1u))] = w;
-        *kmn = min(*kmn, w >> 16);
-        *kmx = max(*kmx, w >> 16);
+        const uint32_t v = k1[f];
+        k2[o + n + __popc(bal & ((1u << lane) - 1u))] = v;
+        *kmn = min(*kmn, v >> 16);
+        *kmx = max(*kmx, v >> 16);
       }
       n += __popc(bal);
     }
   }
+  if (q != P - 1u)
+    return;
 #pragma unroll 1
   for (uint32_t j = n + lane; j < end; j += 32)
     k2[o + j] = 0;
@@ -355,11 +373,15 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   merge_prof(b, t, 4);
   dcpx_dev_sel_zero(b->S);
   __syncthreads();
+  merge_prof(b, t, 36);
   if (tid < W && ((others >> tid) & 1u))
     b->pm->ent[__popc(others & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
   if ((mask >> me) & 1u)
     merge_keep_own(b, mask, &kmn, &kmx);
+  merge_prof(b, t, 37);
   round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, &kmn, &kmx);
+  merge_prof(b, t, 38);
+  merge_prof_by(b, t, 39, MT - 32u); /* the last warp */
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_SLEEP) { /* let the memory system drain */
     __nanosleep(3000);

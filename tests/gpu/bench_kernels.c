@@ -290,7 +290,7 @@ static void profile_merge(gg *g, const char *what) {
          (double)(h[3] - h[13]) * 1e3 / khz);
   if (h[4] && h[36] && h[37] && h[38] && h[39] && h[5])
     note("  round-2 copy = first barrier %.2f + own rescue list %.2f + "
-         "thread 0's warp's copy %.2f (warp W-1 done at %.2f) + the rest "
+         "thread 0's warp's copy %.2f (the last warp done at %.2f) + the rest "
          "%.2f\n",
          (double)(h[36] - h[4]) * 1e3 / khz, (double)(h[37] - h[36]) * 1e3 / khz,
          (double)(h[38] - h[37]) * 1e3 / khz,
