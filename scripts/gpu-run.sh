@@ -38,6 +38,9 @@
 #   ab2      two GPUs: test_nccl --bench 2 (N=1280, N=512) of this build
 #            and of a baseline build's test_nccl at $BASE2 (default
 #            build-gpu/base/test_nccl), in one run
+#   klist2   two GPUs: test_nccl --bench 2 at N=512 (every row rescues)
+#            with the push's klist (DCPX_KLIST=1, the automatic choice
+#            there) and without it (the rescue list selected from the row)
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
 #            (rescue rare) and N=512 (every row rescues), and N=1280
 #            without PDL
@@ -231,6 +234,12 @@ step_bench2() {
   gbench gbench_n1280 DCPX_BENCH_N=1280
   gbench gbench_n512 DCPX_BENCH_N=512
   gbench gbench_n1280_nopdl DCPX_BENCH_N=1280 DCPX_NO_PDL=1
+}
+
+step_klist2() { # W=2, every row rescuing: the push's klist against none
+  [ "$ngpu" -ge 2 ] || { say "klist2: needs two GPUs, skipped"; return; }
+  gbench klist2_on DCPX_BENCH_N=512 DCPX_KLIST=1
+  gbench klist2_off DCPX_BENCH_N=512 DCPX_KLIST=0
 }
 
 step_ab2() { # this build's W=2 whole calls against a baseline's, one job
