@@ -1533,14 +1533,40 @@ DCPX_D void dcpx_dev_resc_place(const dcpx_rowgeo *R, uint32_t gl,
   }
 }
 
+/* stmt for each of this lane's qualifying keys in k, m (one step of
+ * dcpx_dev_resc_load): o is the key, bit its bit 8u + e (group u, place
+ * e). Unrolled: the keys stay in registers. */
+#define DCPX_RESC_KEYS(k, m, stmt)                                           \
+  _Pragma("unroll") for (uint32_t u_ = 0; u_ < DCPX_RESC_U; u_++)           \
+    _Pragma("unroll") for (uint32_t e_ = 0; e_ < 8; e_++)                   \
+      if (((m)[u_] >> e_) & 1u) {                                           \
+        const uint32_t o = dcpx_dev_u4get((k)[u_], e_);                     \
+        const uint32_t bit = 8u * u_ + e_;                                  \
+        (void)bit;                                                          \
+        stmt;                                                               \
+      }
+
+/* The masks of this lane's qualifying keys above T and equal to T. */
+DCPX_D void dcpx_dev_resc_masks(const uint4 *k, const uint32_t *m, uint32_t T,
+                                uint32_t *ret_gt, uint32_t *ret_eq) {
+  uint32_t gtm = 0, eqm = 0;
+  DCPX_RESC_KEYS(k, m, {
+    gtm |= (uint32_t)(o > T) << bit;
+    eqm |= (uint32_t)(o == T) << bit;
+  });
+  *ret_gt = gtm;
+  *ret_eq = eqm;
+}
+
 /* The top-cap list of a row with more than cap qualifying keys (key != 0,
  * key >= t1: the masks), in ascending l, into words (zeroed, planes
  * included): the flat selection (dcpx_dev_flat_select: one level when the
  * qualifying keys span fewer than 4,096 values, else two) over the row
  * itself, whose keys stay in registers when each warp's range is one step
- * (`one`). Its entries are the row's top cap: when more than cap keys are
- * >= t1, the cap-th best is >= t1 too. Histograms dirty on entry; every
- * thread calls it; ends with a barrier. */
+ * (`one`; else every pass loads its steps again). Its entries are the
+ * row's top cap: when more than cap keys are >= t1, the cap-th best is >=
+ * t1 too. Histograms dirty on entry; every thread calls it; ends with a
+ * barrier. */
 DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
                               uint32_t cap, uint32_t t1, uint32_t *words,
                               uint4 *k, uint32_t *m, unsigned long long *pf) {
@@ -1555,14 +1581,10 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
   for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
     if (!one)
       dcpx_dev_resc_load(R, g0, t1, k, m);
-#pragma unroll
-    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
-#pragma unroll
-      for (uint32_t e = 0; e < 8; e++)
-        if ((m[u] >> e) & 1u) {
-          kmn = min(kmn, dcpx_dev_u4get(k[u], e));
-          kmx = max(kmx, dcpx_dev_u4get(k[u], e));
-        }
+    DCPX_RESC_KEYS(k, m, {
+      kmn = min(kmn, o);
+      kmx = max(kmx, o);
+    });
   }
   __syncthreads(); /* sel_zero and kmin's reset before the range */
   dcpx_dev_range_publish(kmn, kmx, &S->kmin, S);
@@ -1574,49 +1596,29 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
   for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
     if (!one)
       dcpx_dev_resc_load(R, g0, t1, k, m);
-#pragma unroll
-    for (uint32_t u = 0; u < DCPX_RESC_U; u++)
-#pragma unroll
-      for (uint32_t e = 0; e < 8; e++)
-        if ((m[u] >> e) & 1u) {
-          const uint32_t o = dcpx_dev_u4get(k[u], e);
-          atomicAdd(S->hist + (one_level ? o - kmin : o >> 4), 1u);
-        }
+    DCPX_RESC_KEYS(k, m,
+                   atomicAdd(S->hist + (one_level ? o - kmin : o >> 4), 1u));
   }
-  if (one_level) {
+  if (one_level)
     dcpx_dev_sel1_pick(S, cap, kmin, &nz); /* nz > cap: not "all" */
-  } else {
+  else
     dcpx_dev_sel_after_a(S, cap, &nz);
-  }
   dcpx_dev_stamp(pf, 1);
-  /* pass B: keys > T and == T per warp (one level), or the keys inside
-   * bucket hb per warp and those above it */
-  const uint32_t T1l = S->T, lim = S->hb << 4;
+  /* pass B: keys > T and == T per warp (one level: the masks, which pass
+   * C reuses when the row is one step), or the keys inside bucket hb per
+   * warp and those above it */
+  const uint32_t lim = S->hb << 4;
   uint32_t *h16w = S->h16 + 16u * warp, gt = 0, eq = 0, gtm = 0, eqm = 0;
 #pragma unroll 1
   for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
     if (!one)
       dcpx_dev_resc_load(R, g0, t1, k, m);
-    if (one_level) { /* the masks of keys > T and == T (pass C's, when
-                        the row is one step) */
-      gtm = eqm = 0;
-#pragma unroll
-      for (uint32_t u = 0; u < DCPX_RESC_U; u++)
-#pragma unroll
-        for (uint32_t e = 0; e < 8; e++) {
-          const uint32_t o = ((m[u] >> e) & 1u) ? dcpx_dev_u4get(k[u], e) : 0u;
-          gtm |= (uint32_t)(o > T1l) << (8u * u + e);
-          eqm |= (uint32_t)(o == T1l) << (8u * u + e);
-        }
+    if (one_level) {
+      dcpx_dev_resc_masks(k, m, S->T, &gtm, &eqm);
       gt += __popc(gtm);
       eq += __popc(eqm);
     } else {
-#pragma unroll
-      for (uint32_t u = 0; u < DCPX_RESC_U; u++)
-#pragma unroll
-        for (uint32_t e = 0; e < 8; e++)
-          if ((m[u] >> e) & 1u)
-            gt += dcpx_dev_passb(h16w, dcpx_dev_u4get(k[u], e), lim);
+      DCPX_RESC_KEYS(k, m, gt += dcpx_dev_passb(h16w, o, lim));
     }
   }
   gt = __reduce_add_sync(DCPX_FULL, gt);
@@ -1639,17 +1641,8 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
   for (uint32_t g0 = R->gbeg; g0 < R->gend; g0 += step) {
     if (!one)
       dcpx_dev_resc_load(R, g0, t1, k, m);
-    if (!one || !one_level) {
-      gtm = eqm = 0;
-#pragma unroll
-      for (uint32_t u = 0; u < DCPX_RESC_U; u++)
-#pragma unroll
-        for (uint32_t e = 0; e < 8; e++) {
-          const uint32_t o = ((m[u] >> e) & 1u) ? dcpx_dev_u4get(k[u], e) : 0u;
-          gtm |= (uint32_t)(o > T) << (8u * u + e);
-          eqm |= (uint32_t)(o == T) << (8u * u + e);
-        }
-    }
+    if (!one || !one_level)
+      dcpx_dev_resc_masks(k, m, T, &gtm, &eqm);
     const uint32_t packed = (__popc(gtm) << 16) | __popc(eqm);
     const uint32_t incl = dcpx_dev_warp_incl(packed);
     const uint32_t ex = incl - packed;
