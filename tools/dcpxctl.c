@@ -878,8 +878,13 @@ static int cmd_usage(const char *name) {
 
 /* ---- commands ------------------------------------------------------------ */
 
-/* Handles a global option (--socket, --json, --timeout), accepted before
- * the command and among its own options. */
+/* The global options, accepted before the command and among its own
+ * options (each command's table includes them; global_opt handles them). */
+#define GLOBAL_OPTS                                                            \
+  {"socket", required_argument, NULL, 'S'}, {"json", no_argument, NULL, 'J'},   \
+  {"timeout", required_argument, NULL, 'T'}
+
+/* Handles a global option (--socket, --json, --timeout). */
 static int global_opt(int opt) {
   uint64_t v;
   switch (opt) {
@@ -934,9 +939,7 @@ static int output_end(const char *path, const char *tmp) {
 
 static int cmd_groups_like(int argc, char **argv, int what) {
   static const struct option opts[] = {
-      {"socket", required_argument, NULL, 'S'},
-      {"json", no_argument, NULL, 'J'},
-      {"timeout", required_argument, NULL, 'T'},
+      GLOBAL_OPTS,
       {"format", required_argument, NULL, 'F'},
       {"output", required_argument, NULL, 'o'},
       {"help", no_argument, NULL, 'h'},
@@ -1038,9 +1041,7 @@ static int cmd_records(int argc, char **argv) {
       {"since", required_argument, NULL, 's'},
       {"until", required_argument, NULL, 'u'},
       {"limit", required_argument, NULL, 'l'},
-      {"socket", required_argument, NULL, 'S'},
-      {"json", no_argument, NULL, 'J'},
-      {"timeout", required_argument, NULL, 'T'},
+      GLOBAL_OPTS,
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   Dcpx__Query q = DCPX__QUERY__INIT;
@@ -1124,9 +1125,7 @@ static int cmd_records(int argc, char **argv) {
 static int cmd_reset(int argc, char **argv) {
   static const struct option opts[] = {
       {"group", required_argument, NULL, 'g'},
-      {"socket", required_argument, NULL, 'S'},
-      {"json", no_argument, NULL, 'J'},
-      {"timeout", required_argument, NULL, 'T'},
+      GLOBAL_OPTS,
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   Dcpx__Command cmd = DCPX__COMMAND__INIT;
@@ -1164,9 +1163,7 @@ static int cmd_fault(int argc, char **argv) {
       {"epoch", required_argument, NULL, 'e'},
       {"call", required_argument, NULL, 'c'},
       {"ticks", required_argument, NULL, 't'},
-      {"socket", required_argument, NULL, 'S'},
-      {"json", no_argument, NULL, 'J'},
-      {"timeout", required_argument, NULL, 'T'},
+      GLOBAL_OPTS,
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   Dcpx__Command cmd = DCPX__COMMAND__INIT;
@@ -1594,9 +1591,7 @@ static void help(void) {
 
 int main(int argc, char **argv) {
   static const struct option opts[] = {
-      {"socket", required_argument, NULL, 'S'},
-      {"json", no_argument, NULL, 'J'},
-      {"timeout", required_argument, NULL, 'T'},
+      GLOBAL_OPTS,
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
