@@ -139,6 +139,16 @@ typedef struct dcpx_kctx {
                       each row's local top-K list here, so that a rescue
                       only filters it; with NULL a saturated rank's merge
                       selects it from the row again (slower) */
+  uint32_t resc_early; /* calls of 1 .. resc_early rows (0: none) run the
+                      early rescue list: the merge selects this rank's
+                      local top-K list of each row at the row's start,
+                      before it polls, and uses it as the rescue list when
+                      T1 = 0 (always when W*N < K); their push builds no
+                      klist and their merge ignores it. With PDL the merge
+                      starts while its push runs, and this selection fills
+                      time it would spend waiting for the lists, as long
+                      as push and merge blocks fit on the GPU together
+                      (dcpx_k_resc_early_rows). */
 } dcpx_kctx;
 
 /* The shape rules (dcpx_shape_check, common/wire.c) over a context's
@@ -201,18 +211,56 @@ size_t dcpx_k_merge_stage_bytes(const dcpx_kctx *c);
 /* Device memory of kctx.klist: rows_max local top-K lists (bytes). */
 size_t dcpx_k_klist_bytes(const dcpx_kctx *c);
 
+/* 0 or 1 when the environment variable is exactly "0" or "1", else -1. */
+static inline int dcpx_k_env01(const char *name) {
+  const char *e = getenv(name);
+  return e && (e[0] == '0' || e[0] == '1') && !e[1] ? e[0] - '0' : -1;
+}
+
+#ifdef __CUDACC__
+#define DCPX_K_HD __host__ __device__
+#else
+#define DCPX_K_HD
+#endif
+
+/* Whether a call of `rows` rows runs the early rescue list (kctx
+ * resc_early); push and merge of a call decide alike. */
+static inline DCPX_K_HD int dcpx_k_early(uint32_t resc_early, uint32_t rows) {
+  return rows && rows <= resc_early;
+}
+
+/* kctx.resc_early for a context whose pdl is set, on a GPU of `sms`
+ * multiprocessors: when every full row rescues with T1 = 0 (W*N < K) and
+ * the merge starts while its push runs (pdl), calls whose push and merge
+ * blocks fit on the GPU together (2 * rows <= sms: both kernels run one
+ * block per SM) select the rescue list early; larger calls keep the
+ * push's klist (bench/RESULTS.md, session 7). DCPX_RESC_EARLY=0 (never)
+ * or 1 (every call) in the environment overrides (measurement). Host
+ * query, at join. */
+static inline uint32_t dcpx_k_resc_early_rows(const dcpx_kctx *c, int sms) {
+  const int e = dcpx_k_env01("DCPX_RESC_EARLY");
+  if (e >= 0)
+    return e ? 0xFFFFFFFFu : 0u;
+  if (!c->pdl || (uint64_t)c->world * c->local_topk >= c->topk || sms < 2)
+    return 0;
+  return (uint32_t)sms / 2u;
+}
+
 /* Whether a context should have a klist. It costs every push a top-K
  * selection (+5.7 us at local 16,384 on an H200) and saves a rescued row
  * its top-K selection from the row (about 13 us), which a rescue needs only
  * when the saturated rank has more than K elements >= T1: always when
  * W*N <= K (every full row rescues, T1 = 0), rarely otherwise (the merge
- * then filters the row in two passes). So: on when W*N <= K. DCPX_KLIST=0
- * or 1 in the environment overrides (measurement). Host query, at join. */
+ * then filters the row in two passes). So: on when W*N <= K, unless the
+ * merge selects that list early in every call (resc_early >= rows_max).
+ * DCPX_KLIST=0 or 1 in the environment overrides (measurement). Host
+ * query, at join, after resc_early is set. */
 static inline int dcpx_k_klist_wanted(const dcpx_kctx *c) {
-  const char *e = getenv("DCPX_KLIST");
-  if (e && (e[0] == '0' || e[0] == '1') && !e[1])
-    return e[0] == '1';
-  return (uint64_t)c->world * c->local_topk <= c->topk;
+  const int e = dcpx_k_env01("DCPX_KLIST");
+  if (e >= 0)
+    return e;
+  return (uint64_t)c->world * c->local_topk <= c->topk &&
+         c->resc_early < c->rows_max;
 }
 
 /* Merge blocks of this context that fit on one multiprocessor

@@ -288,14 +288,16 @@ DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
  * list2, then stored as LL pairs tagged q2 into its slot of row t of every
  * rank. */
 DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
-                              uint32_t q2,
-                              const uint16_t *row, uint32_t len) {
+                              uint32_t q2, const uint16_t *row, uint32_t len,
+                              int early) {
   const dcpx_kctx *c = b->c;
   const uint32_t W = c->world, K = c->topk, me = c->rank, PK = c->L.rpairs;
-  if (c->klist) {
+  if (c->klist && !early) {
     dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
     dcpx_dev_rescue_from_klist(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
                                b->list2);
+  } else if (early && T1 == 0u) {
+    /* list2 holds it since the row's start (merge_rescue_early) */
   } else {
     dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list2,
                          b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
@@ -314,6 +316,24 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
       if (d != me)
         dcpx_dev_ll_store(b->peer[d] + dst + (uint64_t)i * 16u, w.x, w.y, q2);
   }
+}
+
+/* The early rescue list (kctx.resc_early): me's rescue list for T1 = 0,
+ * its local top-K list of row t, into list2 at the row's start, before
+ * the poll: with PDL the merge starts while its push runs and would spend
+ * that time waiting for the lists. Used when the row rescues with T1 = 0
+ * (always when W*N < K); else list2 is overwritten. Ends with a
+ * barrier. */
+DCPX_D void merge_rescue_early(mblk *b, uint32_t t, const uint16_t *logits,
+                               uint64_t stride, const int32_t *row_ends,
+                               uint32_t max_len) {
+  const int32_t re = row_ends[t];
+  const uint32_t len =
+      re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+  dcpx_dev_rescue_list(b->S, logits + (uint64_t)t * stride, len,
+                       b->c->topk, 0u, b->list2,
+                       b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
+                               : NULL);
 }
 
 /* A saturated me's own rescue list, from list2 (shared) straight into its
@@ -338,7 +358,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
  * with the result in list2 and bound, *ret_total its keys. */
 DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
                         uint32_t mask, uint32_t T1, uint32_t q2,
-                        const uint16_t *row, uint32_t len,
+                        const uint16_t *row, uint32_t len, int early,
                         uint32_t *ret_total) {
   const dcpx_kctx *c = b->c;
   const uint32_t W = c->world, N = c->local_topk, K = c->topk, me = c->rank;
@@ -369,7 +389,7 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
     b->pm->pl[y] = b->p2 + x * b->km.pk2;
   }
   if ((mask >> me) & 1u)
-    merge_send_rescue(b, t, mask, T1, q2, row, len);
+    merge_send_rescue(b, t, mask, T1, q2, row, len, early);
   merge_prof(b, t, 4);
   dcpx_dev_sel_zero(b->S);
   __syncthreads();
@@ -474,6 +494,9 @@ DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t,
   return wc;
 }
 
+/* EARLY: a call with the early rescue list (dcpx_k_early); the kernel
+ * without it has none of its code. */
+template <int EARLY>
 static __global__ void __launch_bounds__(MT)
     dcpx_merge_kernel(const __grid_constant__ dcpx_kctx c, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
@@ -568,6 +591,8 @@ static __global__ void __launch_bounds__(MT)
 #pragma unroll 1
     for (uint32_t f = W * N + tid; f < plan.k1_words; f += MT)
       b.k1[f] = 0; /* the padding keys */
+    if (EARLY)
+      merge_rescue_early(&b, t, logits, stride, row_ends, max_len);
     dcpx_dev_sel_zero(&S);
     __syncthreads();
 
@@ -611,7 +636,8 @@ static __global__ void __launch_bounds__(MT)
             re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
         if (!merge_rescue(&b, &wc, t, mask, T1,
                           dcpx_dev_epoch_next(rowq[t & 3u]),
-                          logits + (uint64_t)t * stride, len, &total))
+                          logits + (uint64_t)t * stride, len, EARLY,
+                          &total))
           break;
       }
 
@@ -661,7 +687,10 @@ int dcpx_k_merge_prepare(void) {
   /* The largest plan: list and list2 4224 words each, bits 2048, the
    * staging budget. */
   const int max_dyn = 4 * (2 * 4224 + 2048) + (int)DCPX_STAGE_SMEM_BYTES;
-  if (cudaFuncSetAttribute(dcpx_merge_kernel,
+  if (cudaFuncSetAttribute(dcpx_merge_kernel<0>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           max_dyn) != cudaSuccess ||
+      cudaFuncSetAttribute(dcpx_merge_kernel<1>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_dyn) != cudaSuccess)
     return DCPX_E_CUDA;
@@ -673,7 +702,7 @@ int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm) {
   if (dcpx_k_ctx_check(c) < 0 || !ret_blocks_per_sm)
     return DCPX_E_INVAL;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &n, dcpx_merge_kernel, MT, dcpx_k_merge_smem(c)) != cudaSuccess)
+          &n, dcpx_merge_kernel<0>, MT, dcpx_k_merge_smem(c)) != cudaSuccess)
     return DCPX_E_CUDA;
   *ret_blocks_per_sm = n;
   return 0;
@@ -705,7 +734,11 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
              : dcpx_launch_cfg(grid, MT, dcpx_k_merge_smem(c), s);
   /* The launch's own status: an earlier, unrelated error of the caller's
    * thread stays where it was (cudaGetLastError would take it). */
-  if (cudaLaunchKernelEx(&cfg, dcpx_merge_kernel, *c, rows, logits, stride,
+  if (cudaLaunchKernelEx(&cfg,
+                         dcpx_k_early(c->resc_early, rows)
+                             ? dcpx_merge_kernel<1>
+                             : dcpx_merge_kernel<0>,
+                         *c, rows, logits, stride,
                          row_ends, req_id, block_table, bt_rows, bt_cols,
                          rows_out, valid_out, ids_out, sat_out, p) !=
       cudaSuccess)

@@ -141,7 +141,7 @@ static __global__ void __launch_bounds__(PT)
     if (PROF && t != blockIdx.x)
       pf = c.prof + (uint64_t)t * DCPX_K_PROF_POINTS + DCPX_K_PROF_PUSH;
     dcpx_dev_stamp(pf, 1);
-    if (c.klist)
+    if (c.klist && !dcpx_k_early(c.resc_early, rows))
       push_lists(&c, &S, logits + (uint64_t)t * stride, len, t, words, kw,
                  ckey, cl, &kmin_s);
     else

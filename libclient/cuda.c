@@ -315,12 +315,6 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     goto out;
   }
   k->stage = cu->stage;
-  if (dcpx_k_klist_wanted(k) &&
-      !CUDA_OK(cudaMalloc((void **)&cu->klist, dcpx_k_klist_bytes(k)))) {
-    r = DCPX_E_NOMEM;
-    goto out;
-  }
-  k->klist = cu->klist;
   if (!CUDA_OK(cudaMalloc((void **)&cu->ctr, sizeof(dcpx_k_counters)))) {
     cu->ctr = NULL;
     r = DCPX_E_NOMEM;
@@ -379,6 +373,16 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   /* PDL with one rank per GPU (bench/RESULTS.md: 1-2 us per call there;
    * ranks sharing a GPU lose SMs to merges that start early). */
   k->pdl = share <= 1 ? !getenv("DCPX_NO_PDL") : getenv("DCPX_PDL") != NULL;
+  /* A saturated rank's top-K list: selected by the merge while it waits
+   * for the lists (PDL, calls that fit the GPU twice), or kept by the push
+   * (dcpx_kernels.h). */
+  k->resc_early = dcpx_k_resc_early_rows(k, nsm);
+  if (dcpx_k_klist_wanted(k) &&
+      !CUDA_OK(cudaMalloc((void **)&cu->klist, dcpx_k_klist_bytes(k)))) {
+    r = DCPX_E_NOMEM;
+    goto out;
+  }
+  k->klist = cu->klist;
   cu->kx = *k;
   cu->kx.klist = NULL;
   r = dcpx_k_ctx_check(k);

@@ -13,8 +13,8 @@
 #   kernels  test_kernels: every kernel case against the CPU reference and
 #            the unsafe corners (staged copy under overwrite, push under
 #            abort and FAILED, a stale CUDA error, call tags under graph
-#            replay, a trickling peer), as shipped, with DCPX_PDL=1 and
-#            with DCPX_KLIST=1
+#            replay, a trickling peer), as shipped, with DCPX_PDL=1,
+#            with DCPX_KLIST=1 and with DCPX_RESC_EARLY=1
 #   nccl     test_nccl: both transports against the reference (W=1; W=2
 #            with two GPUs)
 #   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
@@ -41,6 +41,13 @@
 #   klist2   two GPUs: test_nccl --bench 2 at N=512 (every row rescues)
 #            with the push's klist (DCPX_KLIST=1, the automatic choice
 #            there) and without it (the rescue list selected from the row)
+#   early1   one GPU, W=1 (every row rescues, T1 = 0, PDL): test_nccl
+#            --bench 1 at N=512 as shipped (the early rescue list at rows
+#            <= SMs / 2, the push's klist above), the early list at every
+#            rows count (DCPX_RESC_EARLY=1), the klist always
+#            (DCPX_RESC_EARLY=0), and neither (the list from the row
+#            after round 1)
+#   early2   the same at W=2 on two GPUs
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
 #            (rescue rare) and N=512 (every row rescues), and N=1280
 #            without PDL
@@ -80,7 +87,7 @@ show() { grep -E "$1" "$2" | tail -"${3:-8}" | tee -a "$OUT/summary.txt"; }
 
 step_kernels() {
   local v
-  for v in "" DCPX_PDL=1 DCPX_KLIST=1; do
+  for v in "" DCPX_PDL=1 DCPX_KLIST=1 DCPX_RESC_EARLY=1; do
     local log="$OUT/test_kernels${v:+_${v%%=*}}.log"
     say "test_kernels ${v:-(as shipped)}"
     env $v timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$log" 2>&1 || rc=1
@@ -223,8 +230,8 @@ step_torch() {
 
 gbench() { # name, env...
   local name=$1; shift
-  say "test_nccl --bench 2: $*"
-  env "$@" timeout -k 5 150 "$B/tests/gpu/test_nccl" --bench 2 \
+  say "test_nccl --bench ${GB_W:-2}: $*"
+  env "$@" timeout -k 5 150 "$B/tests/gpu/test_nccl" --bench "${GB_W:-2}" \
     > "$OUT/$name.md" 2>&1 || rc=1
   show "^\||gbench|MISMATCH" "$OUT/$name.md" 20
 }
@@ -240,6 +247,20 @@ step_klist2() { # W=2, every row rescuing: the push's klist against none
   [ "$ngpu" -ge 2 ] || { say "klist2: needs two GPUs, skipped"; return; }
   gbench klist2_on DCPX_BENCH_N=512 DCPX_KLIST=1
   gbench klist2_off DCPX_BENCH_N=512 DCPX_KLIST=0
+}
+
+early() { # W, name prefix: every row rescuing (N=512), four ways
+  GB_W=$1 gbench ${2}_auto DCPX_BENCH_N=512
+  GB_W=$1 gbench ${2}_all DCPX_BENCH_N=512 DCPX_RESC_EARLY=1
+  GB_W=$1 gbench ${2}_klist DCPX_BENCH_N=512 DCPX_RESC_EARLY=0
+  GB_W=$1 gbench ${2}_row DCPX_BENCH_N=512 DCPX_RESC_EARLY=0 DCPX_KLIST=0
+}
+
+step_early1() { early 1 early1; }
+
+step_early2() {
+  [ "$ngpu" -ge 2 ] || { say "early2: needs two GPUs, skipped"; return; }
+  early 2 early2
 }
 
 step_ab2() { # this build's W=2 whole calls against a baseline's, one job

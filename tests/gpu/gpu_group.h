@@ -178,6 +178,7 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
     c->prof = NULL;
     if (dcpx_k_merge_stage_bytes(c))
       CK(cudaMalloc((void **)&c->stage, dcpx_k_merge_stage_bytes(c)));
+    c->resc_early = dcpx_k_resc_early_rows(c, (int)g->sms);
     c->klist = NULL;
     if (dcpx_k_klist_wanted(c))
       CK(cudaMalloc((void **)&c->klist, dcpx_k_klist_bytes(c)));

@@ -326,6 +326,10 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
       c->ctr = w->rk[i].ctr;
       if (dcpx_k_merge_stage_bytes(c))
         CK(cudaMalloc((void **)&c->stage, dcpx_k_merge_stage_bytes(c)));
+      int sms = 0;
+      CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                devs[i]));
+      c->resc_early = dcpx_k_resc_early_rows(c, sms);
       if (dcpx_k_klist_wanted(c))
         CK(cudaMalloc((void **)&c->klist, dcpx_k_klist_bytes(c)));
       KCK(dcpx_k_ctx_check(c));
