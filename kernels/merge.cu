@@ -150,13 +150,24 @@ DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
   }
 }
 
+/* The S1 bits of the nb <= 32 flat keys from f on (bit i: key f + i). */
+DCPX_D uint32_t s1_window(const uint32_t *bits1, uint32_t f, uint32_t nb) {
+  const uint32_t sh = f & 31u;
+  uint32_t x = bits1[f >> 5] >> sh;
+  if (sh + nb > 32u) /* the window spans two words */
+    x |= bits1[(f >> 5) + 1] << (32u - sh);
+  return nb < 32u ? x & ((1u << nb) - 1u) : x;
+}
+
 /* Round 2's keys besides the rescue lists: each non-saturated rank's S1
  * keys, compacted in order (their entries are round 1's list[bound[s] +
  * j]: the key map's s1), and every segment's padding, into k2 (segment s
  * at off2[s]). Each rank's N entries are split among P = MW / W warps
  * (W <= MW), 32-entry chunks each: warp w copies part w % P of rank
  * w / P, starting after the S1 keys of the parts before it (popcounts of
- * bits1); the last part pads the segment. */
+ * bits1); the last part pads the segment. Within a part, lane i holds the
+ * bits of 32-entry window i and, by one scan, where its keys go; each
+ * window's copy then depends on nothing before it. */
 DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
                         const uint32_t *off2, uint32_t *k2, uint32_t mask,
                         uint32_t W, uint32_t N, uint32_t K, uint32_t *kmn,
@@ -173,27 +184,33 @@ DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
     /* the S1 keys of rank s's entries [0, jb): 32 per lane and step */
     uint32_t c = 0;
 #pragma unroll 1
-    for (uint32_t j = 32u * lane; j < jb; j += 32u * 32u) {
-      const uint32_t f = s * N + j, sh = f & 31u, nb = min(32u, jb - j);
-      uint32_t x = bits1[f >> 5] >> sh;
-      if (sh + nb > 32u) /* the window spans two words */
-        x |= bits1[(f >> 5) + 1] << (32u - sh);
-      c += __popc(nb < 32u ? x & ((1u << nb) - 1u) : x);
-    }
+    for (uint32_t j = 32u * lane; j < jb; j += 32u * 32u)
+      c += __popc(s1_window(bits1, s * N + j, min(32u, jb - j)));
     n = __reduce_add_sync(DCPX_FULL, c);
+    uint32_t mn = *kmn, mx = *kmx;
 #pragma unroll 1
-    for (uint32_t j0 = jb; j0 < je; j0 += 32) {
-      const uint32_t j = j0 + lane, f = s * N + j;
-      const int in = j < je && ((bits1[f >> 5] >> (f & 31u)) & 1u);
-      const uint32_t bal = __ballot_sync(DCPX_FULL, in);
-      if (in) {
-        const uint32_t v = k1[f];
-        k2[o + n + __popc(bal & ((1u << lane) - 1u))] = v;
-        *kmn = min(*kmn, v >> 16);
-        *kmx = max(*kmx, v >> 16);
+    for (uint32_t j1 = jb; j1 < je; j1 += 32u * 32u) {
+      const uint32_t j = j1 + 32u * lane;
+      const uint32_t x = j < je ? s1_window(bits1, s * N + j, min(32u, je - j))
+                                : 0u;
+      const uint32_t cx = __popc(x), incl = dcpx_dev_warp_incl(cx);
+      const uint32_t base = n + incl - cx;
+      const uint32_t nwin = min(32u, (je - j1 + 31u) >> 5);
+#pragma unroll 4
+      for (uint32_t i = 0; i < nwin; i++) {
+        const uint32_t xi = __shfl_sync(DCPX_FULL, x, i);
+        const uint32_t bi = __shfl_sync(DCPX_FULL, base, i);
+        if ((xi >> lane) & 1u) {
+          const uint32_t v = k1[s * N + j1 + 32u * i + lane];
+          k2[o + bi + __popc(xi & ((1u << lane) - 1u))] = v;
+          mn = min(mn, v >> 16);
+          mx = max(mx, v >> 16);
+        }
       }
-      n += __popc(bal);
+      n += __shfl_sync(DCPX_FULL, incl, 31);
     }
+    *kmn = mn;
+    *kmx = mx;
   }
   if (q != P - 1u)
     return;
@@ -338,17 +355,43 @@ DCPX_D void merge_rescue_early(mblk *b, uint32_t t, const uint16_t *logits,
 
 /* A saturated me's own rescue list, from list2 (shared) straight into its
  * round-2 segment and planes: nothing reads a rank's own rescue slot, so
- * it is neither stored nor polled (docs/PROTOCOL.md 5.4). */
+ * it is neither stored nor polled (docs/PROTOCOL.md 5.4). Entries four at
+ * a time (list2, k2 and every segment start are 16-byte aligned; at K =
+ * 2048 one vector per thread); the segment's padding is round2_copy's. */
 DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
                            uint32_t *kmx) {
   const dcpx_kctx *c = b->c;
-  const uint32_t K = c->topk, me = c->rank, nw = 2u * c->L.rpairs;
-  poll_map own;
-  own.ent[0] = b->k2 + b->off2[me];
-  own.pl[0] = b->p2 + __popc(mask & ((1u << me) - 1u)) * b->km.pk2;
+  const uint32_t K = c->topk, me = c->rank, K4 = K & ~3u;
+  const uint32_t *src = b->list2;
+  uint32_t *ent = b->k2 + b->off2[me];
+  uint32_t *pl = b->p2 + __popc(mask & ((1u << me) - 1u)) * b->km.pk2;
+  uint32_t mn = *kmn, mx = *kmx;
 #pragma unroll 1
-  for (uint32_t j = threadIdx.x; j < nw; j += MT)
-    stage_word(&own, 0, j, K, b->list2[j], kmn, kmx);
+  for (uint32_t j = 4u * threadIdx.x; j < K4; j += 4u * MT) {
+    const uint4 v = *(const uint4 *)(src + j);
+    *(uint4 *)(ent + j) = v;
+    const uint32_t k4[4] = {v.x >> 16, v.y >> 16, v.z >> 16, v.w >> 16};
+#pragma unroll
+    for (uint32_t u = 0; u < 4; u++)
+      if (k4[u]) {
+        mn = min(mn, k4[u]);
+        mx = max(mx, k4[u]);
+      }
+  }
+#pragma unroll 1
+  for (uint32_t j = K4 + threadIdx.x; j < K; j += MT) {
+    const uint32_t w = src[j], k = w >> 16;
+    ent[j] = w;
+    if (k) {
+      mn = min(mn, k);
+      mx = max(mx, k);
+    }
+  }
+#pragma unroll 1
+  for (uint32_t j = threadIdx.x; j < b->km.pk2; j += MT)
+    pl[j] = src[K + j];
+  *kmn = mn;
+  *kmx = mx;
 }
 
 /* Rescue and round 2 of row t (mask != 0, q2 = next(seq2[t])): a
@@ -566,13 +609,7 @@ static __global__ void __launch_bounds__(MT)
 #pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t e = dcpx_dev_epoch_next(epoch[t]);
-    const int32_t req = req_id[t];
-    /* The request's block-table row, read at the end: into L1 now. */
-    if (req >= 0 && (uint32_t)req < bt_rows)
-#pragma unroll 1
-      for (uint32_t x = tid * 32u; x < bt_cols; x += MT * 32u)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(
-            block_table + (uint64_t)req * bt_cols + x));
+    const int32_t req = req_id[t]; /* used after the poll */
     const dcpx_wctx wc = merge_wctx(&c, t, hook_s, &bw);
     uint32_t sw = 0, mask = 0, kmn = 0xFFFFu, kmx = 0, total = 0, T1 = 0;
     int ok = 0;
@@ -620,6 +657,13 @@ static __global__ void __launch_bounds__(MT)
       merge_prof(&b, t, 1);
       if (bw.fail)
         break;
+      /* The request's block-table row, read at the end: into L1 now (here,
+       * not at the row's start, whose barrier would wait for req_id[t]). */
+      if (req >= 0 && (uint32_t)req < bt_rows)
+#pragma unroll 1
+        for (uint32_t x = tid * 32u; x < bt_cols; x += MT * 32u)
+          asm volatile("prefetch.global.L1 [%0];" ::"l"(
+              block_table + (uint64_t)req * bt_cols + x));
 
       /* ---- 2. round 1; 3.-5. rescue and round 2 when a rank saturated ---- */
       mask = merge_round1(&b, t, &total, &T1);
