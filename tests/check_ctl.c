@@ -238,6 +238,15 @@ START_TEST(test_check_records) {
     hh_sleep_ms(5);
   }
   CTL(0, "reset", "--group", "rec");
+  /* Reset, the ranks held before their dcpx_recover: the group is
+   * recovering, not aborted (its abort word stays set until the recovery
+   * ends); still CRITICAL, for its FAILED ranks. */
+  CTL(2, "check", "rec", "--rescue-warning", "100", "--records-warning", "0");
+  one_line("CRITICAL");
+  CC_ASSERT(strstr(g_o.out, "group rec recovering") &&
+                strstr(g_o.out, "group rec rank 0 FAILED") &&
+                !strstr(g_o.out, "aborted"),
+            "%s", g_o.out);
   /* Numbers are decimal (or 0x hex), never octal: "09" is nine. */
   CTL(0, "records", "--limit", "09");
   CTL(0, "records", "--limit", "0x10");

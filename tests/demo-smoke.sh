@@ -8,7 +8,9 @@
 # counters (dcpx_health: calls, rows, rescue_rows, failed_calls) equal to
 # its own tally of its calls: dcpx-demo's exit status, and its
 # `exact:` and `counters: ok` lines (so a check that stopped running
-# fails too). First, bad numeric options must be refused.
+# fails too). First, bad numeric options must be refused; other bad
+# arguments too, and a dcpxd that cannot start is reported with its log,
+# leaving no runtime folder behind (nor does a SIGTERM).
 set -eu
 demo=${DEMO:-tools/dcpx-demo}
 out=$(mktemp "${TMPDIR:-/tmp}/demo-smoke.XXXXXX")
@@ -51,3 +53,47 @@ run --world 4 --rows 4 --local-len 3000 --calls 8
 run --world 3 --rows 4 --local-len 2048 --calls 8 --fault-at 3
 run --world 2 --rows 3 --local-len 2048 --calls 4 --fault-at 3 --fault-rank 0
 run --world 5 --rows 3 --local-len 2048 --calls 8 --kill-at 4 --fault-rank 2
+
+# Rows shorter than N, where local lengths are shorter than N themselves.
+run --world 2 --rows 4 --local-len 8 --local-topk 16 --topk 32 --calls 4
+run --world 1 --rows 3 --local-len 2048 --calls 4 --kill-at 1
+
+# Other bad arguments: exit 2 and a reason, before anything starts.
+refused() { # pattern, args...
+  pat=$1
+  shift
+  if "$demo" "$@" >"$out" 2>&1 || [ $? -ne 2 ] || ! grep -q -- "$pat" "$out"; then
+    cat "$out"
+    echo "demo-smoke: FAIL: dcpx-demo $* was not refused with '$pat'" >&2
+    exit 1
+  fi
+}
+refused "unexpected argument 'extra'" extra
+refused "exceed int32" --world 2 --block-size 4294967295
+refused "needs --world >= 2" --world 1 --fault-at 1
+
+# No dcpxd: its reason is shown, and no /tmp/dcpx-demo.* folder stays.
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/demo-smoke-t.XXXXXX")
+trap 'rm -f "$out"; rm -rf "$tmp"' EXIT
+if TMPDIR=$tmp "$demo" --dcpxd /nonexistent/dcpxd >"$out" 2>&1 ||
+    ! grep -q "cannot run /nonexistent/dcpxd" "$out" ||
+    [ -n "$(ls -A "$tmp")" ]; then
+  cat "$out"; ls -A "$tmp"
+  echo "demo-smoke: FAIL: a dcpxd that cannot start" >&2
+  exit 1
+fi
+# SIGTERM mid-run: the demo stops its ranks and dcpxd, removes its folder
+# and dies of the signal.
+TMPDIR=$tmp "$demo" --world 2 --rows 8 --local-len 4096 --calls 100000 \
+  --quiet >"$out" 2>&1 &
+pid=$!
+sleep 1
+kill -TERM "$pid"
+st=0
+wait "$pid" || st=$?
+if [ "$st" -ne 143 ] || [ -n "$(ls -A "$tmp")" ]; then
+  cat "$out"; ls -A "$tmp"
+  echo "demo-smoke: FAIL: SIGTERM: exit $st" >&2
+  exit 1
+fi
+echo "demo-smoke: ok"

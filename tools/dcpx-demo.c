@@ -63,7 +63,8 @@ typedef struct opts {
   int fault_at; /* call index whose merge stalls fault_rank, or -1 */
   int kill_at;  /* call index in which fault_rank is killed (-9) after its
                    push, then replaced by a new process; or -1 */
-  uint32_t fault_rank;
+  uint32_t fault_rank;   /* default: 1, or 0 when W = 1 */
+  int fault_rank_given;
   char self_dir[512]; /* where this program lives (dcpxd, dcpxctl) */
 } opts;
 
@@ -132,7 +133,10 @@ static void gen_inputs(const opts *o, uint32_t c, uint32_t r, uint16_t *lg,
     uint32_t len = o->local_len;
     double u = unif(&s);
     if (u < 0.05 && !((int)c == o->fault_at && r == o->fault_rank))
-      len = (uint32_t)(splitmix(&s) % (o->local_topk + 1)); /* short row */
+      len = (uint32_t)(splitmix(&s) % ((o->local_topk < o->local_len
+                                            ? o->local_topk
+                                            : o->local_len) +
+                                       1)); /* short row */
     else
       len -= (uint32_t)(splitmix(&s) % (o->local_len / 4 + 1));
     ends[t] = (int32_t)len;
@@ -312,7 +316,8 @@ static int gpu_setup(rank_ctx *x) {
 /* The shape, the join options, the buffers. */
 static int rank_setup(rank_ctx *x) {
   const opts *o = x->o;
-  x->bt_cols = (o->local_len + o->block_size - 1) / o->block_size;
+  x->bt_cols = (uint32_t)(((uint64_t)o->local_len + o->block_size - 1) /
+                          o->block_size);
   x->per = (size_t)o->rows * o->local_len;
   x->shape.world = o->world;
   x->shape.rows = o->rows;
@@ -745,6 +750,7 @@ static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n) {
            o->fault_at >= 0 ? "--enable-fault-injection" : "--log-level=info",
            (char *)NULL);
     fprintf(stderr, "dcpx-demo: cannot run %s: %s\n", bin, strerror(errno));
+    fflush(stderr); /* freopen made it buffered; _exit flushes nothing */
     _exit(127);
   }
   if (pid < 0)
@@ -782,6 +788,44 @@ static void usage(FILE *f) {
           "                 [--backend host|cuda] [--device N] [--spread]\n"
           "                 [--fault-at CALL | --kill-at CALL] "
           "[--fault-rank R]\n");
+}
+
+/* --help: the synopsis, then what each option means and its default. */
+static void help(void) {
+  usage(stdout);
+  fputs(
+      "\n"
+      "W rank processes join one group through dcpxd and run C calls of R\n"
+      "rows; every call is checked bit for bit against the CPU reference.\n"
+      "Prints latency percentiles, the rescue rate, 'exact: n/C calls' and\n"
+      "'counters: ok ...'; exit 0 only if every call was exact.\n"
+      "\n"
+      "  --world W        ranks (default 8; 1..16)\n"
+      "  --rows R         rows per call (default 64)\n"
+      "  --calls C        calls (default 50)\n"
+      "  --topk K         the global top-K (default 2048)\n"
+      "  --local-topk N   candidates each rank pushes (default 512)\n"
+      "  --local-len L    logits per rank and row (default 16384)\n"
+      "  --block-size B   KV block size of the block table (default 64)\n"
+      "  --interleave I   DCP interleave of token positions (default 1)\n"
+      "  --socket PATH    use this running dcpxd (default: start a private\n"
+      "                   one in a fresh $TMPDIR/dcpx-demo.* folder)\n"
+      "  --dcpxd PATH     the dcpxd to start (default $DCPXD, else\n"
+      "                   ../daemon/dcpxd next to this program, else PATH)\n"
+      "  --seed S         input generator seed (default 1)\n"
+      "  --group NAME     group name (default demo-PID)\n"
+      "  --quiet          only the summary lines\n"
+      "  --backend B      host (shared memory) or cuda (default host)\n"
+      "  --device N       CUDA device of every rank (default 0)\n"
+      "  --spread         CUDA: rank r on device r % (device count)\n"
+      "  --fault-at CALL  stall --fault-rank's merge in call CALL (needs a\n"
+      "                   private dcpxd: fault injection); the group aborts,\n"
+      "                   recovers, and the calls after it must be exact\n"
+      "  --kill-at CALL   kill -9 --fault-rank after its push in call CALL;\n"
+      "                   a new process replaces it\n"
+      "  --fault-rank R   the rank --fault-at/--kill-at hit (default 1, or 0\n"
+      "                   when W = 1)\n",
+      stdout);
 }
 
 /* Where this program lives (dcpxd and dcpxctl are found from there). */
@@ -864,12 +908,29 @@ static int parse_args(opts *o, int argc, char **argv) {
     case 'D': o->device = (int)v; break;
     case 'P': o->spread = 1; break;
     case 'F': o->fault_at = (int)v; break;
-    case 'R': o->fault_rank = (uint32_t)v; break;
+    case 'R':
+      o->fault_rank = (uint32_t)v;
+      o->fault_rank_given = 1;
+      break;
     case 'K': o->kill_at = (int)v; break;
-    case 'h': usage(stdout); return 0;
+    case 'h': help(); return 0;
     default: usage(stderr); return 2;
     }
   }
+  if (optind < argc) {
+    fprintf(stderr, "dcpx-demo: unexpected argument '%s'\n", argv[optind]);
+    usage(stderr);
+    return 2;
+  }
+#ifndef HAVE_CUDA
+  if (o->cuda) {
+    fprintf(stderr, "dcpx-demo: --backend cuda: this build has no CUDA "
+                    "(configure --with-cuda)\n");
+    return 2;
+  }
+#endif
+  if (!o->fault_rank_given && o->world == 1)
+    o->fault_rank = 0;
   return -1;
 }
 
@@ -887,6 +948,20 @@ static int check_opts(const opts *o) {
   if (sc < 0 || !o->calls || !o->block_size) {
     fprintf(stderr, "dcpx-demo: bad shape: %s\n",
             sc < 0 ? dcpx_strerror(sc) : "calls and block size must be > 0");
+    return 2;
+  }
+  /* Request t's KV blocks are ids t * cols .. (t + 1) * cols - 1, so
+   * KV rows reach rows * cols * B - 1, which must be an int32. */
+  const uint64_t cols = ((uint64_t)o->local_len + o->block_size - 1) /
+                        o->block_size;
+  if ((uint64_t)o->rows * cols * o->block_size > (uint64_t)INT32_MAX + 1u) {
+    fprintf(stderr, "dcpx-demo: bad shape: the block table's KV rows "
+                    "(rows x blocks per row x block size) exceed int32\n");
+    return 2;
+  }
+  if (o->fault_at >= 0 && o->world < 2) {
+    fprintf(stderr, "dcpx-demo: --fault-at needs --world >= 2 (a stall is "
+                    "felt by the peers that wait for it)\n");
     return 2;
   }
   if ((o->fault_at >= 0 || o->kill_at >= 0) &&
@@ -919,28 +994,57 @@ static shared *shared_map(const opts *o, size_t *ret_bytes) {
   return sh;
 }
 
+/* SIGINT or SIGTERM to the parent: it stops the ranks and its dcpxd,
+ * removes its runtime folder, then dies of that signal. */
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int sig) { g_signal = sig; }
+
+static void catch_signals(void (*fn)(int)) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = fn; /* no SA_RESTART: waitpid returns EINTR */
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+static pid_t fork_rank(const opts *o, uint32_t r, shared *sh, uint32_t first,
+                       int replacement) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    catch_signals(SIG_DFL);
+    _exit(run_rank(o, r, sh, first, replacement));
+  }
+  return pid;
+}
+
 /* Forks the ranks and waits for them; with --kill-at, a new process
- * replaces the killed rank. Returns how many ranks failed. */
+ * replaces the killed rank. Returns how many ranks failed; after a
+ * signal, every rank is killed and reaped. */
 static int run_ranks(const opts *o, shared *sh) {
   pid_t kids[DCPX_MAX_WORLD];
-  for (uint32_t r = 0; r < o->world; r++) {
-    kids[r] = fork();
-    if (kids[r] == 0)
-      _exit(run_rank(o, r, sh, 0, 0));
-  }
+  for (uint32_t r = 0; r < o->world; r++)
+    kids[r] = fork_rank(o, r, sh, 0, 0);
   int failed = 0, replaced = 0;
   for (uint32_t left = o->world; left > 0;) {
     int st;
-    pid_t p = waitpid(-1, &st, 0);
-    if (p < 0)
+    pid_t p = g_signal ? -1 : waitpid(-1, &st, 0);
+    if (p < 0 && errno == EINTR && !g_signal)
+      continue;
+    if (p < 0) { /* a signal (or no children left) */
+      for (uint32_t r = 0; g_signal && r < o->world; r++)
+        if (kids[r] > 0 && kill(kids[r], SIGKILL) == 0)
+          while (waitpid(kids[r], &st, 0) < 0 && errno == EINTR)
+            ;
       break;
+    }
     if (o->kill_at >= 0 && !replaced && p == kids[o->fault_rank] &&
         WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
       /* The killed rank: a new process joins as that rank. */
       replaced = 1;
-      kids[o->fault_rank] = fork();
-      if (kids[o->fault_rank] == 0)
-        _exit(run_rank(o, o->fault_rank, sh, (uint32_t)o->kill_at, 1));
+      kids[o->fault_rank] =
+          fork_rank(o, o->fault_rank, sh, (uint32_t)o->kill_at, 1);
       continue;
     }
     left--;
@@ -1057,18 +1161,41 @@ static int report_counters(const opts *o, const shared *sh, int failed) {
   return 0;
 }
 
-static void stop_daemon(pid_t pid, const char *dir) {
-  int st;
-  kill(pid, SIGTERM);
-  waitpid(pid, &st, 0);
+static void remove_dir(const char *dir) {
   if (nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
     fprintf(stderr, "dcpx-demo: could not remove %s\n", dir);
 }
 
+/* The private dcpxd's log (its last 4 KiB), to stderr. */
+static void show_daemon_log(const char *dir) {
+  char path[600], buf[4096];
+  snprintf(path, sizeof(path), "%s/dcpxd.log", dir);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return;
+  if (fseek(f, 0, SEEK_END) == 0 && ftell(f) > (long)sizeof(buf))
+    fseek(f, -(long)sizeof(buf), SEEK_END);
+  else
+    fseek(f, 0, SEEK_SET);
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+    fwrite(buf, 1, n, stderr);
+  fclose(f);
+}
+
+static void stop_daemon(pid_t pid, const char *dir) {
+  int st;
+  kill(pid, SIGTERM);
+  waitpid(pid, &st, 0);
+  remove_dir(dir);
+}
+
 int main(int argc, char **argv) {
-  opts o = {8, 64, 50, 2048, 512, 16384, 64, 1, 1, NULL, NULL, NULL,
-            0, 0, 0, 0, -1, -1, 1, "."};
-  char dir[] = "/tmp/dcpx-demo.XXXXXX", sock[600], group[64];
+  opts o = {.world = 8, .rows = 64, .calls = 50, .topk = 2048,
+            .local_topk = 512, .local_len = 16384, .block_size = 64,
+            .interleave = 1, .seed = 1, .fault_at = -1, .kill_at = -1,
+            .fault_rank = 1, .self_dir = "."};
+  char dir[128], sock[600], group[64];
   pid_t daemon_pid = 0;
   size_t shbytes = 0;
   int rc;
@@ -1080,14 +1207,22 @@ int main(int argc, char **argv) {
     snprintf(group, sizeof(group), "demo-%d", (int)getpid());
     o.group = group;
   }
+  catch_signals(on_signal);
   if (!o.socket) {
+    /* $TMPDIR when its socket path fits sockaddr_un, else /tmp */
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !tmp[0] || strlen(tmp) > 64)
+      tmp = "/tmp";
+    snprintf(dir, sizeof(dir), "%s/dcpx-demo.XXXXXX", tmp);
     if (!mkdtemp(dir)) {
       perror("dcpx-demo: mkdtemp");
       return 1;
     }
     daemon_pid = start_daemon(&o, dir, sock, sizeof(sock));
     if (daemon_pid < 0) {
-      fprintf(stderr, "dcpx-demo: could not start dcpxd\n");
+      fprintf(stderr, "dcpx-demo: could not start dcpxd; its log:\n");
+      show_daemon_log(dir);
+      remove_dir(dir);
       return 1;
     }
     o.socket = sock;
@@ -1098,13 +1233,20 @@ int main(int argc, char **argv) {
   if (sh) {
     double t_start = now_us();
     int failed = run_ranks(&o, sh);
-    report_perf(&o, sh, (now_us() - t_start) / 1e6);
-    rc = report_calls(&o, sh, failed);
-    if (report_counters(&o, sh, failed))
-      rc = 1;
+    if (!g_signal) {
+      report_perf(&o, sh, (now_us() - t_start) / 1e6);
+      rc = report_calls(&o, sh, failed);
+      if (report_counters(&o, sh, failed))
+        rc = 1;
+    }
     munmap(sh, shbytes);
   }
   if (daemon_pid > 0)
     stop_daemon(daemon_pid, dir);
+  if (g_signal) {
+    fprintf(stderr, "dcpx-demo: stopped by signal %d\n", (int)g_signal);
+    catch_signals(SIG_DFL);
+    raise(g_signal);
+  }
   return rc;
 }

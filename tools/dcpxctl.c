@@ -1388,11 +1388,13 @@ static void check_group(const Dcpx__GroupInfo *g, const check_limits *l,
                         check_found *f) {
   bool forming = g->state && strcmp(g->state, "forming") == 0;
   uint64_t rows = 0, rescue = 0;
-  if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
+  /* A recovering group keeps its abort word until the recovery ends
+   * (dcpxd-group.c), so "recovering" is tested first. */
+  if (g->state && strcmp(g->state, "recovering") == 0)
+    problem(f->warn, sizeof(f->warn), "group %s recovering", g->name);
+  else if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
     problem(f->crit, sizeof(f->crit), "group %s aborted (%s)", g->name,
             dcpx__abort_reason_name(g->abort));
-  else if (strcmp(g->state, "recovering") == 0)
-    problem(f->warn, sizeof(f->warn), "group %s recovering", g->name);
   for (size_t k = 0; k < g->n_ranks; k++) {
     const Dcpx__RankInfo *rk = g->ranks[k];
     if (!rk)
