@@ -490,12 +490,13 @@ static void on_join_timeout(uv_timer_t *t) {
 
   if (!g || g->state != DCPXD_GROUP_FORMING)
     return;
-  member_detach(g, rank);
+  /* Counted before this rank leaves: it had joined too. */
   joined = g->live;
   for (uint32_t r = 0; r < g->shape.world; r++)
     if (g->member[r].conn)
       k +=
           (size_t)snprintf(have + k, sizeof(have) - k, "%s%u", k ? "," : "", r);
+  member_detach(g, rank);
   join_refuse(c, DCPX_E_TIMEDOUT,
               "group '%s' did not form in time: %u of %u ranks joined "
               "(ranks %s)",

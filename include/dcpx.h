@@ -316,7 +316,11 @@ typedef struct dcpx_ref_in {
  * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size, a
  * dcpx_lists whose rows or n is not the call's) / DCPX_E_LIMIT /
  * DCPX_E_RANGE (a row_end over max_local, a req_id or block outside the
- * table, a given list that breaks a rule of dcpx_lists), DCPX_E_NOMEM. */
+ * table, a given list that breaks a rule of dcpx_lists), DCPX_E_NOMEM.
+ * Unlike a backend, which gives only such a row valid_out -1 and
+ * computes the others (docs/PROTOCOL.md 5.7), the reference refuses the
+ * whole call on a req_id or block outside the table: its outputs are then
+ * not defined. */
 DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
                            const dcpx_merge_out *out,
                            dcpx_ref_stats *ret_stats);
@@ -426,7 +430,10 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *                   own element fell outside block_table; that row has
  *                   valid_out -1, the others are exact, nobody failed.
  * After FAILED, ABORTED or a refused call, valid_out[t] = -1 for every row
- * and the member must dcpx_recover before the next call. With the CUDA
+ * t < min(rows, R) (not when the call was refused for a struct of unknown
+ * size or a NULL valid_out; with the CUDA backend a refused merge sets
+ * them with cudaMemsetAsync on the stream), and the member must
+ * dcpx_recover before the next call. With the CUDA
  * backend waits end inside the kernel: the call returns 0 (or a launch
  * error), and a failed row shows as valid_out[t] = -1, in
  * dcpx_member_async_error and in dcpx_health. The same argument rules

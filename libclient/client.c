@@ -924,9 +924,9 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   for (;;) {
     if (acked && recovered_since(m, gen))
       return 0;
+    if (!acked && !needs_recovery(m))
+      return 0; /* at once, whether or not dcpxd is reachable */
     if (!acked && m->link == DCPX__LINK_UP) {
-      if (!needs_recovery(m))
-        return 0;
       /* Acknowledge for the generation being recovered. A daemon that
        * restarted since forgot earlier acks, so this runs again after
        * every reattach. */

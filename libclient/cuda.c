@@ -507,8 +507,15 @@ int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                                out->valid_out, out->ids_out, out->sat_word,
                                (cudaStream_t)stream),
                   "dcpx_k_merge");
-  if (r < 0)
+  if (r < 0) {
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
+    /* valid_out -1 on the rows it can hold, in stream order (best effort:
+     * after a launch error the stream may refuse this too) */
+    const uint32_t n = in->rows < m->shape.rows ? in->rows : m->shape.rows;
+    if (out->valid_out && n)
+      (void)cudaMemsetAsync(out->valid_out, 0xFF, sizeof(int32_t) * n,
+                            (cudaStream_t)stream);
+  }
   return r;
 }
 

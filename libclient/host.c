@@ -517,15 +517,16 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
   int r, range = 0;
 
   rows_begin(m, rows);
-  if (!in->req_id || !in->block_table || !out->rows_out || !valid_out) {
+  const int no_args =
+      !in->req_id || !in->block_table || !out->rows_out || !valid_out;
+  if (no_args)
     DCPX_WARN("group %s rank %u: dcpx_merge without req_id, block_table, "
               "rows_out or valid_out", m->group, m->rank);
-    dcpx__member_refuse(m);
-    rows_failed(m, rows);
-    return DCPX_E_INVAL;
-  }
-  r = check_rows(m, rows, in->logits, in->stride, in->row_ends, 1);
-  if (r < 0) {
+  r = no_args ? DCPX_E_INVAL
+              : check_rows(m, rows, in->logits, in->stride, in->row_ends, 1);
+  if (r < 0) { /* refused: valid_out -1 on the rows it can hold */
+    for (uint32_t t = 0; valid_out && t < rows && t < m->shape.rows; t++)
+      valid_out[t] = -1;
     dcpx__member_refuse(m);
     rows_failed(m, rows);
     return r;

@@ -117,6 +117,18 @@ START_TEST(test_check_codes) {
   one_line("UNKNOWN");
   CTL(3, "check", "nosuchgroup");
   one_line("UNKNOWN");
+  /* check has no --json, wherever it is given; thresholds must be in
+   * order. */
+  CTL(3, "check", "--json");
+  one_line("UNKNOWN");
+  CTL(3, "--json", "check");
+  one_line("UNKNOWN");
+  CTL(3, "check", "--rescue-warning", "50", "--rescue-critical", "10");
+  one_line("UNKNOWN");
+  /* A date that does not exist is refused, not moved to March. */
+  CTL(2, "records", "--since", "2025-02-30T00:00:00Z");
+  CTL(0, "records", "--since", "2025-02-28T00:00:00Z");
+  CTL(0, "help", "help");
 
   /* OK: no groups. */
   CTL(0, "check");

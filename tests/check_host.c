@@ -1040,6 +1040,24 @@ START_TEST(test_bad_inputs) {
                               NULL, g.bt, g.bt_rows, g.bt_cols,
                               g.rows_out[0], g.valid[0], NULL, NULL, 0, NULL),
                    DCPX_E_INVAL);
+  /* A refused merge marks the rows it can hold -1 (dcpx.h): a row end out
+   * of range, rows over R (only R rows written). */
+  g.valid[0][0] = g.valid[0][1] = 77;
+  g.ends[0][1] = 101;
+  ck_assert_int_eq(t_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0],
+                              g.req, g.bt, g.bt_rows, g.bt_cols,
+                              g.rows_out[0], g.valid[0], NULL, NULL, 0, NULL),
+                   DCPX_E_RANGE);
+  ck_assert_int_eq(g.valid[0][0], -1);
+  ck_assert_int_eq(g.valid[0][1], -1);
+  g.ends[0][1] = 1;
+  g.valid[0][0] = g.valid[0][1] = 77;
+  ck_assert_int_eq(t_merge(g.m[0], 3, g.logits[0], g.stride, g.ends[0],
+                              g.req, g.bt, g.bt_rows, g.bt_cols,
+                              g.rows_out[0], g.valid[0], NULL, NULL, 0, NULL),
+                   DCPX_E_RANGE);
+  ck_assert_int_eq(g.valid[0][0], -1);
+  ck_assert_int_eq(g.valid[0][1], -1);
   /* v1 structs of a size this library does not know, or with a reserved
    * word set, are refused as bad arguments: the rank fails. */
   {

@@ -161,8 +161,14 @@ static bool parse_time_ns(const char *s, uint64_t *ret) {
   if (!end)
     end = strptime(s, "%Y-%m-%d %H:%M:%S", &tm);
   if (end && (*end == '\0' || strcmp(end, "Z") == 0)) {
+    const struct tm want = tm;
+    struct tm back;
     time_t t = timegm(&tm);
-    if (t < 0)
+    /* timegm normalises: 2025-02-30 would become 2 March */
+    if (t < 0 || !gmtime_r(&t, &back) || back.tm_year != want.tm_year ||
+        back.tm_mon != want.tm_mon || back.tm_mday != want.tm_mday ||
+        back.tm_hour != want.tm_hour || back.tm_min != want.tm_min ||
+        back.tm_sec != want.tm_sec)
       return false;
     *ret = (uint64_t)t * 1000000000ull;
     return true;
@@ -861,12 +867,18 @@ static const char common_opts_help[] =
     "Options of every command:\n"
     "  --socket PATH   dcpxd's socket (default $DCPX_SOCKET, else\n"
     "                  " DEFAULT_SOCKET ")\n"
-    "  --json          machine-readable output (not check)\n"
+    "  --json          machine-readable output (check refuses it)\n"
     "  --timeout SEC   wait at most SEC seconds for an answer (default 10)\n"
     "  -h, --help      this text\n";
 
 /* Prints the help of command `name`; returns EXIT_OK. */
+static void help(void);
+
 static int cmd_usage(const char *name) {
+  if (strcmp(name, "help") == 0) {
+    help();
+    return EXIT_OK;
+  }
   for (size_t i = 0; i < sizeof(cmd_help) / sizeof(cmd_help[0]); i++)
     if (strcmp(cmd_help[i].name, name) == 0) {
       fputs(cmd_help[i].text, stdout);
@@ -1327,8 +1339,7 @@ static int check_parse(int argc, char **argv, check_limits *l) {
       {"records-window", required_argument, NULL, 'W'},
       {"records-warning", required_argument, NULL, 'r'},
       {"records-critical", required_argument, NULL, 'R'},
-      {"socket", required_argument, NULL, 'S'},
-      {"timeout", required_argument, NULL, 'T'},
+      GLOBAL_OPTS,
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   int opt;
@@ -1365,7 +1376,8 @@ static int check_parse(int argc, char **argv, check_limits *l) {
                           "--records-critical must be a count (0: never)");
       break;
     case 'S':
-      arg_socket = optarg;
+    case 'J': /* refused after the loop, wherever it was given */
+      global_opt(opt);
       break;
     case 'T':
       if (global_opt(opt))
@@ -1380,6 +1392,12 @@ static int check_parse(int argc, char **argv, check_limits *l) {
   }
   if (argc - optind > 1)
     return check_line(NAGIOS_UNKNOWN, "too many arguments");
+  if (arg_json) /* given before the command or among check's options */
+    return check_line(NAGIOS_UNKNOWN,
+                      "check has no --json (its output is one status line)");
+  if (l->rescue_crit < l->rescue_warn)
+    return check_line(NAGIOS_UNKNOWN,
+                      "--rescue-critical is below --rescue-warning");
   return -1;
 }
 
@@ -1514,7 +1532,6 @@ static int cmd_check(int argc, char **argv) {
   int code;
 
   memset(&f, 0, sizeof(f));
-  arg_json = false;
   quiet_errors = true;
   if ((code = check_parse(argc, argv, &l)) >= 0)
     return code;
