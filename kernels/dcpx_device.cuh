@@ -333,25 +333,28 @@ DCPX_D uint32_t dcpx_dev_passb8(uint32_t *h16w, uint4 k, uint32_t lim) {
  * keys in all buckets (nothing is written when that is below need). With
  * `zero` the buckets are zeroed as they are read. Warp w reads the
  * buckets [w * 32 * per, (w + 1) * 32 * per), per = DCPX_HI_BINS /
- * blockDim.x (4 or 8), lane j the buckets 32 i + j of them: no bank
+ * blockDim.x (4 or 8; 16 where DCPX_HF_PER_MAX allows), lane j the buckets 32 i + j of them: no bank
  * conflicts (a thread owning per consecutive buckets made every access
  * per-way conflicted); the warp whose range holds the bucket finds it
  * with warp reductions. Two barriers; every thread calls it, after the
  * histogram is complete (a barrier). */
+#ifndef DCPX_HF_PER_MAX
+#define DCPX_HF_PER_MAX 8 /* blocks of >= 512 threads; 16 allows 256 */
+#endif
 DCPX_D uint32_t dcpx_dev_hist_find(dcpx_sel_smem *S, uint32_t need,
                                    uint32_t kbase, int zero) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t nw = blockDim.x >> 5, per = DCPX_HI_BINS / blockDim.x;
   uint32_t *hw = S->hist + warp * 32u * per + lane;
-  uint32_t h[8], sum = 0;
+  uint32_t h[DCPX_HF_PER_MAX], sum = 0;
 #pragma unroll
-  for (uint32_t i = 0; i < 8; i++) {
+  for (uint32_t i = 0; i < DCPX_HF_PER_MAX; i++) {
     h[i] = i < per ? hw[32u * i] : 0u;
     sum += h[i];
   }
   if (zero)
 #pragma unroll
-    for (uint32_t i = 0; i < 8; i++)
+    for (uint32_t i = 0; i < DCPX_HF_PER_MAX; i++)
       if (i < per)
         hw[32u * i] = 0;
   sum = __reduce_add_sync(DCPX_FULL, sum);
@@ -363,7 +366,7 @@ DCPX_D uint32_t dcpx_dev_hist_find(dcpx_sel_smem *S, uint32_t need,
   uint32_t above = __reduce_add_sync(DCPX_FULL, lane > warp ? x : 0u);
   if (total >= need && above < need && above + sum >= need) { /* one warp */
 #pragma unroll
-    for (int i = 7; i >= 0; i--) {
+    for (int i = DCPX_HF_PER_MAX - 1; i >= 0; i--) {
       if ((uint32_t)i >= per)
         continue;
       const uint32_t rt = __reduce_add_sync(DCPX_FULL, h[i]);
@@ -1828,9 +1831,7 @@ DCPX_D void dcpx_dev_round2_offsets(uint32_t *off2, uint32_t mask, uint32_t W,
 
 /* Outputs of row t from list[0..total) (entries r << 17 | l, in (r, l)
  * order); rank me's entries are list[base .. base + cnt). Each thread owns
- * entries p = tid + u * DCPX_K_MERGE_THREADS. Blocks of
- * DCPX_K_MERGE_THREADS threads (the merge, and the NCCL transport's round
- * kernels). */
+ * entries p = tid + u * blockDim.x. */
 DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
                           const uint32_t *list, uint32_t base, uint32_t cnt,
                           uint32_t total) {
@@ -1846,7 +1847,7 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
    * mostly for instruction fetch; the block-table loads hit L1 (the row
    * start prefetched the request's row). */
 #pragma unroll 1
-  for (uint32_t p = threadIdx.x; p < K; p += DCPX_K_MERGE_THREADS) {
+  for (uint32_t p = threadIdx.x; p < K; p += blockDim.x) {
     if (io) {
       int32_t g = -1;
       if (p < total) {
@@ -1878,7 +1879,7 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
   const int anybad = __syncthreads_or(bad || !req_ok);
   if (anybad) {
 #pragma unroll 1
-    for (uint32_t p = threadIdx.x; p < K; p += DCPX_K_MERGE_THREADS)
+    for (uint32_t p = threadIdx.x; p < K; p += blockDim.x)
       ro[p] = -1;
   }
   if (threadIdx.x == 0)

@@ -115,6 +115,13 @@ typedef struct dcpx_kctx {
   uint32_t push_split_rows; /* calls with more rows push with half-size
                           blocks, two per SM (dcpx_k_push_threads); set it
                           to the SM count; 0 = always full blocks */
+  uint32_t merge_split_rows; /* calls with more rows merge with half-size
+                          blocks, two per SM (dcpx_k_merge_threads); set it
+                          to the SM count when dcpx_k_merge_split_ok; 0 =
+                          always full blocks */
+  uint32_t merge_threads; /* 0: as merge_split_rows says; else the merge's
+                          block size, DCPX_K_MERGE_THREADS or half of it
+                          (measurement only, benches) */
   uint32_t push_threads; /* 0: as push_split_rows says; else the push's
                           block size, DCPX_K_PUSH_THREADS or half of it
                           (measurement only, benches) */
@@ -281,6 +288,17 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
 
 /* Threads of a push block for a call of `rows` rows (host, no CUDA call). */
 uint32_t dcpx_k_push_threads(const dcpx_kctx *c, uint32_t rows);
+
+/* The merge's block size for a call of `rows` rows: DCPX_K_MERGE_THREADS,
+ * or half of it (two blocks per SM, one wave for up to twice the SMs;
+ * W <= 8) when rows > merge_split_rows and the grid is not capped
+ * (max_blocks 0). */
+uint32_t dcpx_k_merge_threads(const dcpx_kctx *c, uint32_t rows);
+
+/* *ret_ok = 1 when this context's merge may run half-size blocks: W <= 8,
+ * K <= 2048 and two of them fit on a multiprocessor (shared memory). Host query, at
+ * join. 0, DCPX_E_INVAL or DCPX_E_CUDA. */
+int dcpx_k_merge_split_ok(const dcpx_kctx *c, int *ret_ok);
 
 /* The public device context (dcpx.h dcpx_device; include/dcpx/device.cuh)
  * of a kernel context: what an engine kernel, or dcpx_k_push_list, needs

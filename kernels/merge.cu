@@ -47,13 +47,13 @@
  * (a saturated rank with more than K elements >= T1 selects its top K
  * from the row in registers: no candidate buffers).
  */
+/* merge_half.cu includes this file for the half-size blocks (MT / 2
+ * threads, two per SM), whose selection needs 16 buckets per lane in
+ * dcpx_dev_hist_find (DCPX_HF_PER_MAX): compiled apart, so that the
+ * full blocks' code keeps 8. */
 #include "dcpx_device.cuh"
 
 #define MT DCPX_K_MERGE_THREADS
-#define MW (MT / 32)
-#if DCPX_MAX_TOPK > 8 * MT
-#error "merge_outputs assumes K <= 8 * DCPX_K_MERGE_THREADS"
-#endif
 
 
 /* Dynamic shared memory plan of a context (word counts of each region),
@@ -111,10 +111,10 @@ DCPX_D void stage_word(const poll_map *m, uint32_t x, uint32_t j, uint32_t C,
  * path; the others wait one by one (dcpx_dev_wait_ll, out of line). */
 DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
                        uint32_t pairs, uint32_t C, uint32_t e,
-                       uint32_t region, const char *region_base,
+                       uint32_t region, const char *region_base, uint32_t nt,
                        uint32_t *kmn, uint32_t *kmx) {
 #pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < pairs && !w->bw->fail; i += MT) {
+  for (uint32_t i = threadIdx.x; i < pairs && !w->bw->fail; i += nt) {
 #pragma unroll 1
     for (uint32_t x0 = 0; x0 < nsrc; x0 += 8) {
       uint64_t a[8], b[8];
@@ -162,18 +162,18 @@ DCPX_D uint32_t s1_window(const uint32_t *bits1, uint32_t f, uint32_t nb) {
 /* Round 2's keys besides the rescue lists: each non-saturated rank's S1
  * keys, compacted in order (their entries are round 1's list[bound[s] +
  * j]: the key map's s1), and every segment's padding, into k2 (segment s
- * at off2[s]). Each rank's N entries are split among P = MW / W warps
- * (W <= MW), 32-entry chunks each: warp w copies part w % P of rank
+ * at off2[s]). Each rank's N entries are split among P = nw / W warps
+ * (W <= nw, the block's warps), 32-entry chunks each: warp w copies part w % P of rank
  * w / P, starting after the S1 keys of the parts before it (popcounts of
  * bits1); the last part pads the segment. Within a part, lane i holds the
  * bits of 32-entry window i and, by one scan, where its keys go; each
  * window's copy then depends on nothing before it. */
 DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
                         const uint32_t *off2, uint32_t *k2, uint32_t mask,
-                        uint32_t W, uint32_t N, uint32_t K, uint32_t *kmn,
-                        uint32_t *kmx) {
+                        uint32_t W, uint32_t N, uint32_t K, uint32_t nw,
+                        uint32_t *kmn, uint32_t *kmx) {
   const uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31u;
-  const uint32_t P = MW / W, s = w / P, q = w - s * P;
+  const uint32_t P = nw / W, s = w / P, q = w - s * P;
   if (s >= W)
     return;
   const uint32_t o = off2[s], end = off2[s + 1] - o;
@@ -223,6 +223,7 @@ DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
  * staging regions (set once per kernel by merge_block_init). */
 typedef struct mblk {
   const dcpx_kctx *c;
+  uint32_t nt; /* threads of the block: MT, or MT / 2 (two per SM) */
   merge_plan plan;
   dcpx_sel_smem *S;
   dcpx_blkwait *bw;
@@ -235,8 +236,9 @@ typedef struct mblk {
 } mblk;
 
 DCPX_D void merge_block_init(mblk *b, const dcpx_kctx *c,
-                             const merge_plan *plan, uint4 *dyn) {
+                             const merge_plan *plan, uint4 *dyn, uint32_t nt) {
   b->c = c;
+  b->nt = nt;
   b->plan = *plan;
   b->prof = c->prof;
   b->list = (uint32_t *)dyn;
@@ -326,7 +328,7 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
   if (c->diag & DCPX_K_DIAG_NO_RESCUE_STORES)
     return;
 #pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < PK; i += MT) {
+  for (uint32_t i = threadIdx.x; i < PK; i += b->nt) {
     const uint2 w = ((const uint2 *)b->list2)[i];
 #pragma unroll 1
     for (uint32_t d = 0; d < W; d++)
@@ -367,7 +369,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
   uint32_t *pl = b->p2 + __popc(mask & ((1u << me) - 1u)) * b->km.pk2;
   uint32_t mn = *kmn, mx = *kmx;
 #pragma unroll 1
-  for (uint32_t j = 4u * threadIdx.x; j < K4; j += 4u * MT) {
+  for (uint32_t j = 4u * threadIdx.x; j < K4; j += 4u * b->nt) {
     const uint4 v = *(const uint4 *)(src + j);
     *(uint4 *)(ent + j) = v;
     const uint32_t k4[4] = {v.x >> 16, v.y >> 16, v.z >> 16, v.w >> 16};
@@ -379,7 +381,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
       }
   }
 #pragma unroll 1
-  for (uint32_t j = K4 + threadIdx.x; j < K; j += MT) {
+  for (uint32_t j = K4 + threadIdx.x; j < K; j += b->nt) {
     const uint32_t w = src[j], k = w >> 16;
     ent[j] = w;
     if (k) {
@@ -388,7 +390,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
     }
   }
 #pragma unroll 1
-  for (uint32_t j = threadIdx.x; j < b->km.pk2; j += MT)
+  for (uint32_t j = threadIdx.x; j < b->km.pk2; j += b->nt)
     pl[j] = src[K + j];
   *kmn = mn;
   *kmx = mx;
@@ -442,26 +444,27 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   if ((mask >> me) & 1u)
     merge_keep_own(b, mask, &kmn, &kmx);
   merge_prof(b, t, 37);
-  round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, &kmn, &kmx);
+  round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, b->nt >> 5,
+              &kmn, &kmx);
   merge_prof(b, t, 38);
-  merge_prof_by(b, t, 39, MT - 32u); /* the last warp */
+  merge_prof_by(b, t, 39, b->nt - 32u); /* the last warp */
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_SLEEP) { /* let the memory system drain */
     __nanosleep(3000);
     __syncthreads();
   }
   merge_prof(b, t, 5);
-  merge_prof_by(b, t, 18, MT - 32);
+  merge_prof_by(b, t, 18, b->nt - 32);
   poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
-             c->ws + c->L.off_rescue, &kmn, &kmx);
+             c->ws + c->L.off_rescue, b->nt, &kmn, &kmx);
   merge_prof(b, t, 16);
   dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
   merge_prof(b, t, 17);
-  merge_prof_by(b, t, 19, MT - 32);
+  merge_prof_by(b, t, 19, b->nt - 32);
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_POLL_TWICE) { /* the same code again, at once */
     poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
-               c->ws + c->L.off_rescue, &kmn, &kmx);
+               c->ws + c->L.off_rescue, b->nt, &kmn, &kmx);
     dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
     __syncthreads();
   }
@@ -491,7 +494,7 @@ DCPX_D void merge_row_failed(const dcpx_kctx *c, const dcpx_wctx *wc, uint32_t t
                              int32_t *valid_out, int32_t *ids_out,
                              uint32_t *sat_out) {
 #pragma unroll 1
-  for (uint32_t p = threadIdx.x; p < K; p += MT) {
+  for (uint32_t p = threadIdx.x; p < K; p += blockDim.x) {
     rows_out[(uint64_t)t * K + p] = -1;
     if (ids_out)
       ids_out[(uint64_t)t * K + p] = -1;
@@ -538,9 +541,11 @@ DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t,
 }
 
 /* EARLY: a call with the early rescue list (dcpx_k_early); the kernel
- * without it has none of its code. */
-template <int EARLY>
-static __global__ void __launch_bounds__(MT)
+ * without it has none of its code. NT: MT threads, or MT / 2 with two
+ * blocks per SM (calls of more rows than one wave of full blocks holds,
+ * W <= 8: dcpx_k_merge_threads). */
+template <int EARLY, int NT>
+static __global__ void __launch_bounds__(NT, MT / NT)
     dcpx_merge_kernel(const __grid_constant__ dcpx_kctx c, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
                       const int32_t *row_ends, const int32_t *req_id,
@@ -580,7 +585,7 @@ static __global__ void __launch_bounds__(MT)
   b.off2 = off2;
   b.kmin_s = &kmin_s;
   b.peer = peer;
-  merge_block_init(&b, &c, &plan, dyn);
+  merge_block_init(&b, &c, &plan, dyn, NT);
 
   dcpx_out_args oa;
   dcpx_dev_out_args_init(&oa, block_table, bt_rows, bt_cols, rows_out,
@@ -626,7 +631,7 @@ static __global__ void __launch_bounds__(MT)
       pm.pl[tid] = b.p1 + tid * b.km.pwn;
     }
 #pragma unroll 1
-    for (uint32_t f = W * N + tid; f < plan.k1_words; f += MT)
+    for (uint32_t f = W * N + tid; f < plan.k1_words; f += NT)
       b.k1[f] = 0; /* the padding keys */
     if (EARLY)
       merge_rescue_early(&b, t, logits, stride, row_ends, max_len);
@@ -637,8 +642,8 @@ static __global__ void __launch_bounds__(MT)
     do {
       /* ---- 1. poll the W lists ---- */
       poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
-                 &kmn, &kmx);
-      if (hook_on && t == 0 && tid == MT - 1)
+                 NT, &kmn, &kmx);
+      if (hook_on && t == 0 && tid == NT - 1)
         hook_armed = c.health[me].fault_armed;
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
       if (tid == 0)
@@ -646,7 +651,7 @@ static __global__ void __launch_bounds__(MT)
       __syncthreads();
       if (c.diag & DCPX_K_DIAG_POLL_TWICE) {
         poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS,
-                   ws + c.L.off_ll, &kmn, &kmx);
+                   ws + c.L.off_ll, NT, &kmn, &kmx);
         dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
         __syncthreads();
       }
@@ -661,7 +666,7 @@ static __global__ void __launch_bounds__(MT)
        * not at the row's start, whose barrier would wait for req_id[t]). */
       if (req >= 0 && (uint32_t)req < bt_rows)
 #pragma unroll 1
-        for (uint32_t x = tid * 32u; x < bt_cols; x += MT * 32u)
+        for (uint32_t x = tid * 32u; x < bt_cols; x += NT * 32u)
           asm volatile("prefetch.global.L1 [%0];" ::"l"(
               block_table + (uint64_t)req * bt_cols + x));
 
@@ -716,6 +721,20 @@ static __global__ void __launch_bounds__(MT)
 
 /* ---- host side ------------------------------------------------------------ */
 
+typedef void (*merge_fn)(const dcpx_kctx, uint32_t, const uint16_t *,
+                         uint64_t, const int32_t *, const int32_t *,
+                         const int32_t *, uint32_t, uint32_t, int32_t *,
+                         int32_t *, int32_t *, uint32_t *, merge_plan);
+
+/* The half-size instances (merge_half.cu). */
+merge_fn dcpx_k__merge_half(int early);
+
+#ifdef DCPX_MERGE_HALF
+merge_fn dcpx_k__merge_half(int early) {
+  return early ? dcpx_merge_kernel<1, MT / 2> : dcpx_merge_kernel<0, MT / 2>;
+}
+#else
+
 size_t dcpx_k_merge_smem(const dcpx_kctx *c) {
   const merge_plan p = plan_of(c);
   return 4u * (2u * (size_t)p.list_words + p.bits_words +
@@ -727,29 +746,67 @@ size_t dcpx_k_merge_stage_bytes(const dcpx_kctx *c) {
   return p.in_smem ? 0 : 4u * (size_t)p.stage_words * c->rows_max;
 }
 
+/* The four instances: early rescue list or not, full blocks here, half
+ * blocks from merge_half.cu. */
+static merge_fn merge_kernel_of(int early, uint32_t nt) {
+  if (nt == MT)
+    return early ? dcpx_merge_kernel<1, MT> : dcpx_merge_kernel<0, MT>;
+  return dcpx_k__merge_half(early);
+}
+
 int dcpx_k_merge_prepare(void) {
   /* The largest plan: list and list2 4224 words each, bits 2048, the
    * staging budget. */
   const int max_dyn = 4 * (2 * 4224 + 2048) + (int)DCPX_STAGE_SMEM_BYTES;
-  if (cudaFuncSetAttribute(dcpx_merge_kernel<0>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           max_dyn) != cudaSuccess ||
-      cudaFuncSetAttribute(dcpx_merge_kernel<1>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           max_dyn) != cudaSuccess)
-    return DCPX_E_CUDA;
+  for (int i = 0; i < 4; i++)
+    if (cudaFuncSetAttribute(merge_kernel_of(i & 1, i & 2 ? MT / 2 : MT),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             max_dyn) != cudaSuccess)
+      return DCPX_E_CUDA;
   return 0;
 }
 
-int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm) {
+/* Blocks of nt threads of this context that fit on one multiprocessor. */
+static int merge_occupancy(const dcpx_kctx *c, uint32_t nt, int *ret) {
   int n = 0;
-  if (dcpx_k_ctx_check(c) < 0 || !ret_blocks_per_sm)
+  if (dcpx_k_ctx_check(c) < 0 || !ret)
     return DCPX_E_INVAL;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &n, dcpx_merge_kernel<0>, MT, dcpx_k_merge_smem(c)) != cudaSuccess)
+          &n, merge_kernel_of(0, nt), (int)nt, dcpx_k_merge_smem(c)) !=
+      cudaSuccess)
     return DCPX_E_CUDA;
-  *ret_blocks_per_sm = n;
+  *ret = n;
   return 0;
+}
+
+int dcpx_k_merge_split_ok(const dcpx_kctx *c, int *ret_ok) {
+  int n = 0, r;
+  if (!ret_ok)
+    return DCPX_E_INVAL;
+  *ret_ok = 0;
+  /* round2_copy needs a warp per rank, dcpx_dev_rescue_from_klist at most
+   * 8 entries per thread */
+  if (c && (c->world > MT / 2 / 32 || c->topk > 8u * (MT / 2)))
+    return dcpx_k_ctx_check(c);
+  if ((r = merge_occupancy(c, MT / 2, &n)) < 0)
+    return r;
+  *ret_ok = n >= 2;
+  return 0;
+}
+
+uint32_t dcpx_k_merge_threads(const dcpx_kctx *c, uint32_t rows) {
+  if (c->merge_threads == MT ||
+      (c->merge_threads == MT / 2 && c->world <= MT / 2 / 32 &&
+       c->topk <= 8u * (MT / 2)))
+    return c->merge_threads;
+  /* not with a capped grid (ranks sharing a GPU): its blocks walk rows */
+  return c->merge_split_rows && rows > c->merge_split_rows && !c->max_blocks
+             ? MT / 2
+             : MT;
+}
+
+int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm) {
+  return merge_occupancy(c, MT, ret_blocks_per_sm);
 }
 
 int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
@@ -773,15 +830,14 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
   if (c->max_blocks && c->max_blocks < grid)
     grid = c->max_blocks;
   cudaLaunchAttribute pdl;
+  const uint32_t nt = dcpx_k_merge_threads(c, rows);
   const cudaLaunchConfig_t cfg =
-      c->pdl ? dcpx_launch_cfg_pdl(grid, MT, dcpx_k_merge_smem(c), s, &pdl)
-             : dcpx_launch_cfg(grid, MT, dcpx_k_merge_smem(c), s);
+      c->pdl ? dcpx_launch_cfg_pdl(grid, nt, dcpx_k_merge_smem(c), s, &pdl)
+             : dcpx_launch_cfg(grid, nt, dcpx_k_merge_smem(c), s);
   /* The launch's own status: an earlier, unrelated error of the caller's
    * thread stays where it was (cudaGetLastError would take it). */
   if (cudaLaunchKernelEx(&cfg,
-                         dcpx_k_early(c->resc_early, rows)
-                             ? dcpx_merge_kernel<1>
-                             : dcpx_merge_kernel<0>,
+                         merge_kernel_of(dcpx_k_early(c->resc_early, rows), nt),
                          *c, rows, logits, stride,
                          row_ends, req_id, block_table, bt_rows, bt_cols,
                          rows_out, valid_out, ids_out, sat_out, p) !=
@@ -789,3 +845,4 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
     return DCPX_E_CUDA;
   return 0;
 }
+#endif /* DCPX_MERGE_HALF */

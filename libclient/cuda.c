@@ -353,6 +353,13 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     goto out;
   }
   k->push_split_rows = (uint32_t)nsm;
+  int split = 0;
+  if (DCPX_KLOG(dcpx_k_merge_split_ok(k, &split), "dcpx_k_merge_split_ok") <
+      0) {
+    r = DCPX_E_CUDA;
+    goto out;
+  }
+  k->merge_split_rows = split ? (uint32_t)nsm : 0u;
   /* Ranks sharing this GPU must all fit at once (see the file comment). */
   uint32_t share = 0;
   for (uint32_t d = 0; d < W && d < ndevices; d++)

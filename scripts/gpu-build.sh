@@ -20,6 +20,7 @@ make -j"$(nproc)" >/dev/null
 # Objects and static libraries are linked in already: the GPU machine
 # needs none of them, and the carried folder must stay under 64 MiB.
 find . \( -name '*.o' -o -name '*.a' -o -name '*.lo' \) -delete
+rm -rf bench # host benches: gpu-run.sh runs none of them
 ls -la daemon/dcpxd tools/dcpx-demo tools/dcpxctl tests/gpu/test_kernels \
   tests/gpu/bench_kernels tests/gpu/test_nccl tests/gpu/pingpong \
   examples/indexer_push

@@ -14,7 +14,8 @@
 #            the unsafe corners (staged copy under overwrite, push under
 #            abort and FAILED, a stale CUDA error, call tags under graph
 #            replay, a trickling peer), as shipped, with DCPX_PDL=1,
-#            with DCPX_KLIST=1 and with DCPX_RESC_EARLY=1
+#            with DCPX_KLIST=1, with DCPX_RESC_EARLY=1 and with half-size
+#            merge blocks in every call (DCPX_MERGE_THREADS=256)
 #   nccl     test_nccl: both transports against the reference (W=1; W=2
 #            with two GPUs)
 #   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
@@ -87,7 +88,8 @@ show() { grep -E "$1" "$2" | tail -"${3:-8}" | tee -a "$OUT/summary.txt"; }
 
 step_kernels() {
   local v
-  for v in "" DCPX_PDL=1 DCPX_KLIST=1 DCPX_RESC_EARLY=1; do
+  for v in "" DCPX_PDL=1 DCPX_KLIST=1 DCPX_RESC_EARLY=1 \
+    DCPX_MERGE_THREADS=256; do
     local log="$OUT/test_kernels${v:+_${v%%=*}}.log"
     say "test_kernels ${v:-(as shipped)}"
     env $v timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$log" 2>&1 || rc=1

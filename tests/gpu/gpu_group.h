@@ -171,6 +171,16 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
     c->push_split_rows = getenv("DCPX_PUSH_SPLIT_ROWS")
                              ? (uint32_t)atoi(getenv("DCPX_PUSH_SPLIT_ROWS"))
                              : (uint32_t)g->sms;
+    {
+      int split = 0;
+      KCK(dcpx_k_merge_split_ok(c, &split));
+      c->merge_split_rows = getenv("DCPX_MERGE_SPLIT_ROWS")
+                                ? (uint32_t)atoi(getenv("DCPX_MERGE_SPLIT_ROWS"))
+                                : split ? (uint32_t)g->sms : 0u;
+    }
+    c->merge_threads = getenv("DCPX_MERGE_THREADS")
+                           ? (uint32_t)atoi(getenv("DCPX_MERGE_THREADS"))
+                           : 0u;
     c->push_threads = getenv("DCPX_PUSH_THREADS")
                           ? (uint32_t)atoi(getenv("DCPX_PUSH_THREADS"))
                           : 0u;

@@ -330,6 +330,9 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
       CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                 devs[i]));
       c->resc_early = dcpx_k_resc_early_rows(c, sms);
+      int split = 0;
+      KCK(dcpx_k_merge_split_ok(c, &split)); /* as libdcpx sets it */
+      c->merge_split_rows = split ? (uint32_t)sms : 0u;
       if (dcpx_k_klist_wanted(c))
         CK(cudaMalloc((void **)&c->klist, dcpx_k_klist_bytes(c)));
       KCK(dcpx_k_ctx_check(c));
