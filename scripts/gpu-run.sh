@@ -49,6 +49,8 @@
 #            (DCPX_RESC_EARLY=0), and neither (the list from the row
 #            after round 1)
 #   early2   the same at W=2 on two GPUs
+#   ab1      one GPU, W=1: test_nccl --bench 1 at N=512 of this build and
+#            of a baseline build's test_nccl at $BASE2, in one run
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
 #            (rescue rare) and N=512 (every row rescues), and N=1280
 #            without PDL
@@ -265,19 +267,26 @@ step_early2() {
   early 2 early2
 }
 
-step_ab2() { # this build's W=2 whole calls against a baseline's, one job
-  [ "$ngpu" -ge 2 ] || { say "ab2: needs two GPUs, skipped"; return; }
-  local base=${BASE2:-$B/base/test_nccl} n
-  for n in 1280 512; do
-    gbench ab2_new_n$n DCPX_BENCH_N=$n
+abw() { # W, N...: this build's whole calls against a baseline's, one job
+  local w=$1 base=${BASE2:-$B/base/test_nccl} n
+  shift
+  for n in "$@"; do
+    GB_W=$w gbench ab${w}w_new_n$n DCPX_BENCH_N=$n
     if [ -x "$base" ]; then
-      say "ab2: baseline $base"
-      DCPX_BENCH_N=$n timeout -k 5 150 "$base" --bench 2 \
-        > "$OUT/ab2_base_n$n.md" 2>&1 || rc=1
-      show "^\||gbench|MISMATCH" "$OUT/ab2_base_n$n.md" 20
+      say "ab${w}w: baseline $base"
+      DCPX_BENCH_N=$n timeout -k 5 150 "$base" --bench "$w" \
+        > "$OUT/ab${w}w_base_n$n.md" 2>&1 || rc=1
+      show "^\||gbench|MISMATCH" "$OUT/ab${w}w_base_n$n.md" 20
     fi
   done
 }
+
+step_ab2() { # this build's W=2 whole calls against a baseline's, one job
+  [ "$ngpu" -ge 2 ] || { say "ab2: needs two GPUs, skipped"; return; }
+  abw 2 1280 512
+}
+
+step_ab1() { abw 1 512; } # the same at W=1 on one GPU (every row rescues)
 
 demo() { # name, args...
   local name=$1; shift
