@@ -230,7 +230,18 @@ def to_bf16_bits(x: Any) -> Any:
 
 
 def from_bf16_bits(b: Any) -> Any:
-    """bf16 bit patterns -> float32 numpy array."""
+    """bf16 bit patterns (integers 0..0xFFFF, any integer dtype, or a
+    list of them) -> float32 numpy array of the same shape."""
     import numpy as np
-    b = np.ascontiguousarray(np.asarray(b)).view(np.uint16)
-    return (b.astype(np.uint32) << 16).view(np.float32)
+    a = np.asarray(b)
+    if a.dtype == np.uint16 or a.dtype == np.int16:
+        a = a.view(np.uint16)  # the bit patterns themselves
+    elif a.dtype.kind in "iu" or (a.size == 0 and a.dtype.kind == "f"):
+        if a.size and (a.min() < 0 or a.max() > 0xFFFF):
+            raise InvalidArgument(
+                context="from_bf16_bits: bit patterns must be 0..0xFFFF")
+        a = a.astype(np.uint16)
+    else:
+        raise InvalidArgument(context=f"from_bf16_bits: integers expected, "
+                                      f"got dtype {a.dtype}")
+    return (np.ascontiguousarray(a).astype(np.uint32) << 16).view(np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import itertools
+import operator
 import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -21,7 +22,7 @@ from . import _arrays as A
 from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
                    DcpxListsC, DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
-from .errors import InvalidArgument, RangeError, StateError, check
+from .errors import InvalidArgument, RangeError, StateError, TextError, check
 
 __all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
            "MergeResult", "RefStats", "Client", "Member", "PreparedCall",
@@ -58,8 +59,11 @@ def version() -> str:
 
 
 def strerror(code: int) -> str:
-    """The text of a dcpx code (``dcpx_strerror``)."""
-    return lib().dcpx_strerror(int(code)).decode("utf-8", "replace")
+    """The text of a dcpx code (``dcpx_strerror``); codes are int32."""
+    code = int(code)
+    if not -(1 << 31) <= code < 1 << 31:
+        raise InvalidArgument(context=f"strerror: {code} is not an int32 code")
+    return lib().dcpx_strerror(code).decode("utf-8", "replace")
 
 
 def auto_local_topk(world: int, topk: int) -> int:
@@ -92,16 +96,21 @@ class Shape:
         return s
 
     def _c(self) -> DcpxShapeC:
+        v: Dict[str, int] = {}
         for f in fields(self):
-            v = getattr(self, f.name)
-            if not isinstance(v, int) or isinstance(v, bool) or \
-                    not 0 <= v <= 0xFFFFFFFF:
+            x = getattr(self, f.name)
+            if isinstance(x, bool) or not hasattr(x, "__index__"):
                 raise InvalidArgument(
-                    context=f"Shape.{f.name} must be an int in "
-                            f"0..2^32-1, got {v!r}")
-        return DcpxShapeC(ctypes.sizeof(DcpxShapeC), self.world, self.rows,
-                          self.topk, self.local_topk, self.block_size,
-                          self.interleave, self.max_local)
+                    context=f"Shape.{f.name} must be an integer, got "
+                            f"{type(x).__name__} {x!r}")
+            v[f.name] = operator.index(x)  # numpy integers too
+            if not 0 <= v[f.name] <= 0xFFFFFFFF:
+                raise InvalidArgument(
+                    context=f"Shape.{f.name} must be in 0..2^32-1, got "
+                            f"{v[f.name]}")
+        return DcpxShapeC(ctypes.sizeof(DcpxShapeC), v["world"], v["rows"],
+                          v["topk"], v["local_topk"], v["block_size"],
+                          v["interleave"], v["max_local"])
 
     def check(self) -> None:
         """Raises :class:`LimitError` / :class:`InvalidArgument` if the
@@ -225,7 +234,11 @@ class Client:
 
     def __post_init__(self) -> None:
         p = ctypes.c_void_p()
+        if self.socket is not None and not isinstance(self.socket, str):
+            raise InvalidArgument(context="Client socket must be a str path")
         path = None if self.socket is None else self.socket.encode()
+        if path is not None and b"\0" in path:
+            raise TextError(context="Client socket path contains a NUL")
         check(lib().dcpx_connect(path, ctypes.byref(p)),
               f"connecting to dcpxd at {self.socket or '$DCPX_SOCKET'}")
         self._ptr = p.value
@@ -248,10 +261,16 @@ class Client:
             group = opts.group.encode("utf-8")
         except (AttributeError, UnicodeError):
             raise InvalidArgument(context="group must be a str") from None
+        if b"\0" in group:  # C would stop there: another group's name
+            raise TextError(context=f"group {opts.group!r} contains a NUL")
         for name in ("rank", "join_timeout_ms"):
             v = getattr(opts, name)
             if not isinstance(v, int) or not 0 <= v <= 0xFFFFFFFF:
                 raise InvalidArgument(context=f"JoinOptions.{name}={v!r}")
+        if not isinstance(opts.device, int) or isinstance(opts.device, bool) \
+                or not -(1 << 31) <= opts.device < 1 << 31:
+            raise InvalidArgument(context=f"JoinOptions.device={opts.device!r}"
+                                          " (an int32; -1: host backend)")
         if not isinstance(opts.timeout_ns, int) or \
                 not 0 <= opts.timeout_ns < 1 << 64:
             raise InvalidArgument(context=f"timeout_ns={opts.timeout_ns!r}")
@@ -743,6 +762,10 @@ def _ref_lists(lists: Optional[Sequence[Any]],
             continue
         v = A.to_numpy_host(pair[0], "values", A.BF16, 2)
         i = A.to_numpy_host(pair[1], "indices", A.I32, 2)
+        if i.shape != v.shape:  # C reads rows * n of each
+            raise InvalidArgument(
+                context=f"ref_call lists[{r}]: indices {tuple(i.shape)} "
+                        f"!= values {tuple(v.shape)}")
         li = DcpxListsC(ctypes.sizeof(DcpxListsC), v.shape[0], v.shape[1],
                         0, A.ptr(v), A.ptr(i))
         keep += [v, i, li]

@@ -1,0 +1,79 @@
+"""Inputs that ctypes would pass on wrongly unless the package checks
+them (a new user's audit, session 7): index arrays of the wrong shape
+for ref_call's lists, NUL bytes in names and paths, integers beyond the
+C types, bf16 bit patterns of other integer types."""
+
+import numpy as np
+import pytest
+
+import dcpx
+
+
+def _ref_args(shape):
+    rows, L = shape.rows, shape.max_local
+    rng = np.random.default_rng(7)
+    lg = dcpx.to_bf16_bits(rng.standard_normal((rows, L)).astype(np.float32))
+    en = np.full(rows, L, np.int32)
+    req = np.arange(rows, dtype=np.int32)
+    bt = np.arange(rows * 32, dtype=np.int32).reshape(rows, 32)
+    return lg, en, req, bt
+
+
+def test_ref_call_lists_indices_shape(libdcpx, small_shape):
+    lg, en, req, bt = _ref_args(small_shape)
+    rows, n = small_shape.rows, small_shape.local_topk
+    vals = np.zeros((rows, n), np.uint16)
+    big = np.zeros((rows * 4, n), np.int32)
+    for idx in (big[:1], big[:1, :1], big[:, :n - 1]):
+        with pytest.raises(dcpx.InvalidArgument, match="indices"):
+            dcpx.ref_call(small_shape, [lg], [en], 0, req, bt,
+                          lists=[(vals, idx)])
+    # the right shape is taken: a valid given list (the first n entries)
+    idx = np.tile(np.arange(n, dtype=np.int32), (rows, 1))
+    dcpx.ref_call(small_shape, [lg], [en], 0, req, bt,
+                  lists=[(np.ascontiguousarray(lg[:, :n]), idx)])
+
+
+def test_nul_in_names(daemon, group, small_shape):
+    with pytest.raises(dcpx.TextError):
+        dcpx.Client(daemon.socket + "\0junk")
+    with pytest.raises(dcpx.InvalidArgument):
+        dcpx.Client(daemon.socket.encode())
+    with dcpx.Client(daemon.socket) as c:
+        with pytest.raises(dcpx.TextError):
+            c.join(small_shape, rank=0, group=group + "\0other")
+
+
+def test_join_device_range(daemon, group, small_shape):
+    with dcpx.Client(daemon.socket) as c:
+        for dev in (1 << 31, 1 << 32, -(1 << 31) - 1, 1.0):
+            with pytest.raises(dcpx.InvalidArgument, match="device"):
+                c.join(small_shape, rank=0, group=group, device=dev)
+
+
+def test_integer_ranges(libdcpx, small_shape):
+    with pytest.raises(dcpx.InvalidArgument):
+        dcpx.strerror(1 << 40)
+    assert dcpx.strerror(0) == dcpx.strerror(np.int64(0))
+    # numpy integers are integers
+    s = dcpx.Shape(world=np.int64(1), rows=np.uint32(4), topk=16,
+                   local_topk=4, block_size=4, interleave=1, max_local=128)
+    s.check()
+    with pytest.raises(dcpx.InvalidArgument, match="integer"):
+        dcpx.Shape(world=1.0, rows=4, topk=16, local_topk=4, block_size=4,
+                   interleave=1, max_local=128).check()
+
+
+def test_from_bf16_bits_types(libdcpx):
+    want = np.array([1.0, 2.0, -0.5], np.float32)
+    bits = dcpx.to_bf16_bits(want)
+    for b in (bits, list(map(int, bits)), bits.astype(np.int32),
+              bits.astype(np.uint32), bits.astype(np.int64)):
+        got = dcpx.from_bf16_bits(b)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(got, want)
+    two = dcpx.from_bf16_bits(bits.astype(np.uint32).reshape(1, 3))
+    assert two.shape == (1, 3)
+    for bad in ([0x10000], [-1], np.array([1.5])):
+        with pytest.raises(dcpx.InvalidArgument):
+            dcpx.from_bf16_bits(bad)
