@@ -333,10 +333,10 @@ DCPX_D uint32_t dcpx_dev_passb8(uint32_t *h16w, uint4 k, uint32_t lim) {
  * keys in all buckets (nothing is written when that is below need). With
  * `zero` the buckets are zeroed as they are read. Warp w reads the
  * buckets [w * 32 * per, (w + 1) * 32 * per), per = DCPX_HI_BINS /
- * blockDim.x (4 or 8; 16 where DCPX_HF_PER_MAX allows), lane j the buckets 32 i + j of them: no bank
- * conflicts (a thread owning per consecutive buckets made every access
- * per-way conflicted); the warp whose range holds the bucket finds it
- * with warp reductions. Two barriers; every thread calls it, after the
+ * blockDim.x (4 or 8; 16 where DCPX_HF_PER_MAX allows), lane j the
+ * buckets 32 i + j of them: no bank conflicts (a thread owning per
+ * consecutive buckets made every access per-way conflicted); the warp
+ * whose range holds the bucket finds it with warp reductions. Two barriers; every thread calls it, after the
  * histogram is complete (a barrier). */
 #ifndef DCPX_HF_PER_MAX
 #define DCPX_HF_PER_MAX 8 /* blocks of >= 512 threads; 16 allows 256 */
@@ -868,6 +868,12 @@ DCPX_D void dcpx_dev_place(uint32_t *words, uint32_t cap, uint32_t o,
     if (l >> 16)
       atomicOr(words + cap + (pos >> 5), 1u << (pos & 31u));
   }
+}
+
+/* A row_ends[t] value clamped into [0, max_len] (docs/PROTOCOL.md 1:
+ * the kernels cannot refuse device-resident arguments). */
+DCPX_D uint32_t dcpx_dev_row_len(int32_t re, uint32_t max_len) {
+  return re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
 }
 
 /* Geometry of a row split into groups of 8 elements, one contiguous range

@@ -346,9 +346,7 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
 DCPX_D void merge_rescue_early(mblk *b, uint32_t t, const uint16_t *logits,
                                uint64_t stride, const int32_t *row_ends,
                                uint32_t max_len) {
-  const int32_t re = row_ends[t];
-  const uint32_t len =
-      re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+  const uint32_t len = dcpx_dev_row_len(row_ends[t], max_len);
   dcpx_dev_rescue_list(b->S, logits + (uint64_t)t * stride, len,
                        b->c->topk, 0u, b->list2,
                        b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
@@ -680,9 +678,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       }
       merge_prof(&b, t, 2);
       if (mask) {
-        const int32_t re = (int32_t)rowq[4];
-        const uint32_t len =
-            re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+        const uint32_t len = dcpx_dev_row_len((int32_t)rowq[4], max_len);
         if (!merge_rescue(&b, &wc, t, mask, T1,
                           dcpx_dev_epoch_next(rowq[t & 3u]),
                           logits + (uint64_t)t * stride, len, EARLY,
@@ -779,25 +775,26 @@ static int merge_occupancy(const dcpx_kctx *c, uint32_t nt, int *ret) {
   return 0;
 }
 
+/* Whether the shape allows half-size blocks: round2_copy needs a warp
+ * per rank, dcpx_dev_rescue_from_klist at most 8 entries per thread. */
+static int merge_half_shape(const dcpx_kctx *c) {
+  return c->world <= MT / 2 / 32 && c->topk <= 8u * (MT / 2);
+}
+
 int dcpx_k_merge_split_ok(const dcpx_kctx *c, int *ret_ok) {
   int n = 0, r;
   if (!ret_ok)
     return DCPX_E_INVAL;
   *ret_ok = 0;
-  /* round2_copy needs a warp per rank, dcpx_dev_rescue_from_klist at most
-   * 8 entries per thread */
-  if (c && (c->world > MT / 2 / 32 || c->topk > 8u * (MT / 2)))
-    return dcpx_k_ctx_check(c);
   if ((r = merge_occupancy(c, MT / 2, &n)) < 0)
     return r;
-  *ret_ok = n >= 2;
+  *ret_ok = merge_half_shape(c) && n >= 2;
   return 0;
 }
 
 uint32_t dcpx_k_merge_threads(const dcpx_kctx *c, uint32_t rows) {
   if (c->merge_threads == MT ||
-      (c->merge_threads == MT / 2 && c->world <= MT / 2 / 32 &&
-       c->topk <= 8u * (MT / 2)))
+      (c->merge_threads == MT / 2 && merge_half_shape(c)))
     return c->merge_threads;
   /* not with a capped grid (ranks sharing a GPU): its blocks walk rows */
   return c->merge_split_rows && rows > c->merge_split_rows && !c->max_blocks

@@ -58,9 +58,7 @@ static __global__ void __launch_bounds__(LT)
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
 
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
-    const int32_t re = row_ends[t];
-    const uint32_t len =
-        re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+    const uint32_t len = dcpx_dev_row_len(row_ends[t], max_len);
     dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, N, words,
                         ckey, cl, DCPX_K_CAND);
     uint4 *dst = (uint4 *)(send + (uint64_t)t * rw_n);
@@ -225,9 +223,7 @@ static __global__ void __launch_bounds__(NT)
         gbits[(uint64_t)t * bw + i] = bits[i];
       if ((mask >> me) & 1u) {
         /* S (and list) are free again: the rescue list, capacity K */
-        const int32_t re = row_ends[t];
-        const uint32_t len =
-            re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+        const uint32_t len = dcpx_dev_row_len(row_ends[t], max_len);
         __syncthreads();
         dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, K, list,
                             ckey, cl, DCPX_K_CAND);

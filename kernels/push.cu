@@ -132,9 +132,7 @@ static __global__ void __launch_bounds__(PT)
 
 #pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
-    const int32_t re = row_ends[t];
-    const uint32_t len =
-        re < 0 ? 0u : ((uint32_t)re > max_len ? max_len : (uint32_t)re);
+    const uint32_t len = dcpx_dev_row_len(row_ends[t], max_len);
     if (tid == 0)
       dcpx_dev_async16(ep4, epoch + (t & ~3u)); /* 256-aligned region */
 
