@@ -731,7 +731,9 @@ static int link_reattach_start(dcpx_member *m) {
   return 0;
 fail:
   close(s);
-  return r;
+  /* The daemon went away between our connect and the send (one killed as
+   * it accepted): like no daemon, try again soon, not a failure. */
+  return r == -EPIPE || r == DCPX_E_CONNRESET ? DCPX_E_CONNREFUSED : r;
 }
 
 /* Handles a frame that answers the reattach. Returns 0 (consumed), or a

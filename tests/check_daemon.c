@@ -775,6 +775,66 @@ START_TEST(test_connect_refused_with_reason) {
 }
 END_TEST
 
+/* A daemon that goes away between libdcpx's connect and its Hello (here
+ * one that accepts and closes at once, as a dcpxd killed mid-restart
+ * does) is a daemon not back yet: dcpx_recover keeps trying until its
+ * timeout and never returns the broken pipe of the failed send. */
+static volatile int g_flap_stop;
+static void *flapper(void *arg) {
+  int ls = *(int *)arg, n = 0;
+  while (!g_flap_stop) {
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0)
+      break;
+    close(fd);
+    n++;
+  }
+  return (void *)(intptr_t)n;
+}
+
+START_TEST(test_recover_daemon_flapping) {
+  dcpx_client *c;
+  dcpx_member *m;
+  dcpx_shape sh;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  struct sockaddr_un sa;
+  pthread_t th;
+  void *accepted;
+  spec sp = small("flap", 1);
+  shape_of(&sp, &sh);
+  daemon_start();
+  ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
+  jo.group = "flap";
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), 0);
+  daemon_stop();
+  /* The group is aborted (as the old daemon would have left it). */
+  __atomic_store_n(&m->hdr->abort, DCPX_ABORT_OPERATOR, __ATOMIC_RELEASE);
+  ck_assert_int_eq(mkdir(g_dir, 0700), 0);
+  int ls = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  strcpy(sa.sun_path, g_sock);
+  ck_assert_int_eq(bind(ls, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  ck_assert_int_eq(listen(ls, 64), 0);
+  g_flap_stop = 0;
+  pthread_create(&th, NULL, flapper, &ls);
+  for (int i = 0; i < 8; i++) {
+    int r = dcpx_recover(m, NULL, 250);
+    ck_assert_msg(r == DCPX_E_TIMEDOUT, "dcpx_recover: %d (%s), attempt %d", r,
+                  dcpx_strerror(r), i);
+  }
+  g_flap_stop = 1;
+  shutdown(ls, SHUT_RDWR);
+  pthread_join(th, &accepted);
+  close(ls);
+  ck_assert_msg((intptr_t)accepted > 20, "only %d connections tried",
+                (int)(intptr_t)accepted);
+  (void)dcpx_leave(m);
+  dcpx_disconnect(c);
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("end-to-end");
@@ -791,6 +851,7 @@ int main(void) {
   tcase_add_test(tc, test_debug_log);
   tcase_add_test(tc, test_send_after_refusal);
   tcase_add_test(tc, test_connect_refused_with_reason);
+  tcase_add_test(tc, test_recover_daemon_flapping);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
