@@ -631,7 +631,7 @@ START_TEST(test_restart_during_recovery) {
             (unsigned long long)sh->r[1].fails[0].call,
             (unsigned long long)F);
   /* Ranks 0 and 1 acknowledged; the group waits for rank 2. */
-  for (int i = 0; i < 500; i++) {
+  for (int i = 0; i < 2000; i++) {
     if (hh_ctl(&g_d, &g_o, "health", "midrec", "--json", (char *)NULL) == 1 &&
         strstr(g_o.out, "\"state\":\"recovering\""))
       break;
@@ -642,7 +642,7 @@ START_TEST(test_restart_during_recovery) {
   HC_ASSERT(hh_daemon_stop(&g_d, SIGKILL) >= 0, "kill");
   start(k_fault);
   /* Rank 0 and 1 come back on their own, from inside dcpx_recover. */
-  for (int i = 0; i < 500; i++) {
+  for (int i = 0; i < 2000; i++) {
     if (hh_ctl(&g_d, &g_o, "health", "midrec", "--json", (char *)NULL) == 1 &&
         strstr(g_o.out, "\"awaiting_reattach\":4"))
       break;
