@@ -45,8 +45,11 @@ static inline uint64_t xs(void) {
  * elements >= T1 (its rescue list is a filter of its row: the realistic
  * rescue); FILL_DOMINANT: rank 0's are positive and 2^10 larger, so all
  * of its row is >= T1 and its rescue needs its whole top K (the worst
- * case). */
-enum { FILL_PLAIN, FILL_SKEW, FILL_DOMINANT };
+ * case). FILL_CLUSTER (the push only): every rank alike, but the last
+ * 1/16 of each row is 8x larger, so a row's top N lies in one contiguous
+ * window (a recent-token window scoring high), in a few warps' ranges of
+ * the push's row pass. */
+enum { FILL_PLAIN, FILL_SKEW, FILL_DOMINANT, FILL_CLUSTER };
 static void fill(gg *g, uint32_t rows, int mode) {
   for (uint32_t r = 0; r < g->W; r++) {
     for (uint32_t t = 0; t < rows; t++) {
@@ -63,6 +66,9 @@ static void fill(gg *g, uint32_t rows, int mode) {
             exp += 10;
             sign = 0;
           }
+          if (mode == FILL_CLUSTER &&
+              l + k >= g->sh.max_local - g->sh.max_local / 16u)
+            exp += 3;
           row[l + k] = (uint16_t)((sign << 15) | (exp << 7) | (b & 0x7F));
         }
       }
@@ -399,8 +405,8 @@ int main(void) {
   printf("| local | rows | push | merge | merge+rescue, skewed (rescued) | "
          "ratio | merge+rescue, dominant (rescued) | ratio | e2e call, "
          "rescue rare | e2e, every row rescues (skewed) | e2e, every row "
-         "rescues (dominant) | merge blocks/rank |\n");
-  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+         "rescues (dominant) | merge blocks/rank | push, clustered |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   fflush(stdout);
   const uint32_t only_len = (e = getenv("BENCH_LEN")) ? (uint32_t)atoi(e) : 0;
   const uint32_t only_rows = (e = getenv("BENCH_ROWS")) ? (uint32_t)atoi(e) : 0;
@@ -415,7 +421,18 @@ int main(void) {
       if (only_rows && rows != only_rows)
         continue;
       uint32_t resc[3] = {0, 0, 0};
-      double tm[3], te[3], tlo[3], thi[3], tp = 0;
+      double tm[3], te[3], tlo[3], thi[3], tp = 0, tpc;
+      g.rows = RMAX;
+      fill(&g, rows, FILL_CLUSTER);
+      gg_upload(&g);
+      g.rows = rows;
+      gg_set_max_blocks(&g, 0);
+      tpc = bench_push(&g);
+      if (rows == 1) {
+        char pw[32];
+        snprintf(pw, sizeof(pw), "rows %u, clustered", rows);
+        profile_push(&g, pw);
+      }
       for (int mode = FILL_PLAIN; mode <= FILL_DOMINANT; mode++) {
         g.rows = RMAX;
         fill(&g, rows, mode);
@@ -450,11 +467,11 @@ int main(void) {
       }
       printf("| %u | %u | %.1f | %.1f%s | %.1f (%u/%u) | %.2f | %.1f (%u/%u) | "
              "%.2f | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) "
-             "| %u |\n",
+             "| %u | %.1f |\n",
              lens[li], rows, tp, tm[0], resc[0] ? " (some rescued)" : "",
              tm[1], resc[1], rows, tm[1] / tm[0], tm[2], resc[2], rows,
              tm[2] / tm[0], te[0], tlo[0], thi[0], te[1], tlo[1], thi[1],
-             te[2], tlo[2], thi[2], gg_auto_max_blocks(&g));
+             te[2], tlo[2], thi[2], gg_auto_max_blocks(&g), tpc);
       fflush(stdout);
     }
     g.rows = RMAX;
