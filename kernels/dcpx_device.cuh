@@ -1004,42 +1004,16 @@ DCPX_COLD void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
   __syncthreads();
 }
 
-/* The fast path. One sampled key per thread gives a lower bound tau on the
- * cap-th best key (the bucket of the r-th best sample, r about twice the
- * expected count plus a margin); one pass over the row then appends every
- * key >= tau, in order, to its warp's candidate buffer, testing raw ord16
- * values against [tau, 0xFF80] (which also rejects NaN: their ord16 lie
- * outside it); the exact selection runs on the candidates only. The top
- * `cap` of the row are the top `cap` of the candidates whenever there are at
- * least cap of them, so the result is exact by construction. Returns 1 when
- * done, else 0 (block-uniformly: too few non-empty samples, too few
- * candidates, or a buffer ran full) with the histograms zero, and the
- * caller runs the exact path. ckey/cl: cand_max entries, split evenly among
- * the warps. */
-DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
-                               const uint16_t *row, uint32_t cap,
-                               uint32_t r_samp, uint32_t *words,
-                               uint16_t *ckey, uint32_t *cl,
-                               uint32_t cand_max, unsigned long long *pf) {
-  const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
-  const uint32_t nt = blockDim.x, nw = nt >> 5;
-  const uint32_t a = R->a, len = R->len, gbeg = R->gbeg, gend = R->gend;
-  const uint16_t *base = R->base;
-  const uint32_t cw = cand_max / nw;
-  uint16_t *wk = ckey + warp * cw;
-  uint32_t *wl = cl + warp * cw;
-
-  /* 1. tau: bucket of the r_samp-th best of nt evenly spaced samples
-   * ((2 tid + 1) len / 2nt < 2^32 for len <= 2^17, nt <= 1024). */
-  dcpx_dev_hist_add(S->hist,
-                      dcpx_dev_key(__ldg(row + (((2u * tid + 1u) * len) >>
-                                                __ffs(nt)))));
-  __syncthreads();
-  dcpx_dev_stamp(pf, 1);
-  if (dcpx_dev_hist_find(S, r_samp, 0u, 1) < r_samp)
-    return 0; /* uniform: too few non-empty samples (buckets zeroed) */
-  dcpx_dev_stamp(pf, 2);
-  const uint32_t tau = max(S->hb << 4, 0x7Fu), span = 0xFF80u - tau;
+/* The fast path's row pass: every key of the warp's range >= tau (raw
+ * ord16 in [tau, 0xFF80], which also rejects NaN), in order, appended to
+ * wk/wl, at most cw of them. Returns how many there were, those past cw
+ * included; *kmax: the largest. */
+DCPX_D uint32_t dcpx_dev_fast_pass(const dcpx_rowgeo *R, uint32_t tau,
+                                   uint16_t *wk, uint32_t *wl, uint32_t cw,
+                                   uint32_t *kmax) {
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t a = R->a, len = R->len, gend = R->gend;
+  const uint32_t span = 0xFF80u - tau;
   /* With tau >= 0x8000 (a positive threshold) the test runs on raw bf16
    * halves: ord16 >= tau and not NaN <=> b in [tau - 0x8000, 0x7F80], one
    * subtract and compare per half (th, tw: that range in the high half),
@@ -1047,12 +1021,9 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
   const int quick = tau >= 0x8000u;
   const uint32_t th = (tau - 0x8000u) << 16;
   const uint32_t tw = (0x7F81u - (tau - 0x8000u)) << 16;
-  uint32_t kmax = 0;
-
-  /* 2. One pass over the row, appending candidates in order. */
-  uint32_t wc = 0;
+  uint32_t wc = 0, km = *kmax;
 #pragma unroll 1
-  for (uint32_t g0 = gbeg; g0 < gend; g0 += 128) {
+  for (uint32_t g0 = R->gbeg; g0 < gend; g0 += 128) {
     uint4 raw[4];
     dcpx_dev_chunk_load(R, g0, raw);
 #pragma unroll
@@ -1079,7 +1050,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
             k = make_uint4(dcpx_dev_ord2(k.x), dcpx_dev_ord2(k.y),
                            dcpx_dev_ord2(k.z), dcpx_dev_ord2(k.w));
           else
-            k = dcpx_dev_group_load(base, a, len, g);
+            k = dcpx_dev_group_load(R->base, a, len, g);
 #pragma unroll
           for (uint32_t e = 0; e < 8; e++)
             m |= (uint32_t)(dcpx_dev_u4get(k, e) - tau <= span) << e;
@@ -1095,7 +1066,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
         m &= m - 1;
         const uint32_t w = dcpx_dev_u4word(k, e >> 1);
         const uint32_t key = (e & 1u) ? w >> 16 : w & 0xFFFFu;
-        kmax = max(kmax, key);
+        km = max(km, key);
         if (pos < cw) {
           wk[pos] = (uint16_t)key;
           wl[pos] = g * 8u + e - a;
@@ -1105,6 +1076,53 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
       wc += __shfl_sync(DCPX_FULL, incl, 31);
     }
   }
+  *kmax = km;
+  return wc;
+}
+
+/* The fast path. One sampled key per thread gives a lower bound tau on the
+ * cap-th best key (the bucket of the r-th best sample, r about twice the
+ * expected count plus a margin); one pass over the row then appends every
+ * key >= tau, in order, to its warp's candidate buffer (dcpx_dev_fast_pass);
+ * the exact selection runs on the candidates only. The top `cap` of the
+ * row are the top `cap` of the candidates whenever there are at least cap
+ * of them, so the result is exact by construction. Each warp's buffer is
+ * cand_max / warps entries; when a warp's range holds more (the row's best
+ * keys lie close together, e.g. a recent-token window) but all the
+ * candidates fit cand_max, the pass runs again, each warp into its exact
+ * share of the buffers (its count's place among the warps'), instead of
+ * the exact path's three passes, and the selection then splits the
+ * candidates evenly among the warps. Returns 1 when done, else 0
+ * (block-uniformly: too few non-empty samples, too few or too many
+ * candidates) with the histograms zero, and the caller runs the exact
+ * path. */
+DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
+                               const uint16_t *row, uint32_t cap,
+                               uint32_t r_samp, uint32_t *words,
+                               uint16_t *ckey, uint32_t *cl,
+                               uint32_t cand_max, unsigned long long *pf) {
+  const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+  const uint32_t nt = blockDim.x, nw = nt >> 5;
+  const uint32_t len = R->len;
+  const uint32_t cw = cand_max / nw;
+  uint16_t *wk = ckey + warp * cw;
+  uint32_t *wl = cl + warp * cw;
+
+  /* 1. tau: bucket of the r_samp-th best of nt evenly spaced samples
+   * ((2 tid + 1) len / 2nt < 2^32 for len <= 2^17, nt <= 1024). */
+  dcpx_dev_hist_add(S->hist,
+                      dcpx_dev_key(__ldg(row + (((2u * tid + 1u) * len) >>
+                                                __ffs(nt)))));
+  __syncthreads();
+  dcpx_dev_stamp(pf, 1);
+  if (dcpx_dev_hist_find(S, r_samp, 0u, 1) < r_samp)
+    return 0; /* uniform: too few non-empty samples (buckets zeroed) */
+  dcpx_dev_stamp(pf, 2);
+  const uint32_t tau = max(S->hb << 4, 0x7Fu);
+  uint32_t kmax = 0;
+
+  /* 2. One pass over the row, appending candidates in order. */
+  uint32_t wc = dcpx_dev_fast_pass(R, tau, wk, wl, cw, &kmax);
   dcpx_dev_stamp(pf, 3);
   kmax = __reduce_max_sync(DCPX_FULL, kmax);
   if (lane == 0)
@@ -1116,8 +1134,24 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
   const uint32_t wcl = lane < nw ? S->wcnt[lane] : 0u;
   const uint32_t total = __reduce_add_sync(DCPX_FULL, wcl);
   const uint32_t over = __any_sync(DCPX_FULL, wcl > cw);
-  if (over || total < cap)
+  if (total < cap || total > cand_max)
     return 0; /* uniform */
+  if (over) { /* uniform; the barrier above ended every warp's pass */
+    const uint32_t off = __reduce_add_sync(DCPX_FULL, lane < warp ? wcl : 0u);
+    uint32_t km = 0;
+    wk -= warp * cw; /* ckey and cl, from what is live already */
+    wl -= warp * cw;
+    (void)dcpx_dev_fast_pass(R, tau, wk + off, wl + off, wc, &km);
+    __syncthreads();
+    /* The buffers hold every candidate in row order now: the selection
+     * below takes them in equal shares, warp w the w-th (a few warps'
+     * ranges held most of them). */
+    const uint32_t b0 = (uint32_t)(((uint64_t)total * warp) / nw);
+    const uint32_t b1 = (uint32_t)(((uint64_t)total * (warp + 1u)) / nw);
+    wk += b0;
+    wl += b0;
+    wc = b1 - b0;
+  }
 
   /* 3. The exact selection over the candidates (warp w's buffer is its
    * segment of the order): single-level when they span < 4096 values. */

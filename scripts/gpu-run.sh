@@ -25,6 +25,8 @@
 #            bench_kernels if one is carried at $BASE (default
 #            build-gpu/base/bench_kernels), and a previous build's at $PREV
 #            (default build-gpu/prev/bench_kernels), all in one run
+#   pushlong bench_kernels at local 65,536 (push, merge; no whole calls)
+#            of this build and of the baseline at $BASE, in one run
 #   pushthreads  bench_kernels with push blocks of 1024 and of 512
 #            threads at every rows count (DCPX_PUSH_THREADS)
 #   diag     bench_kernels at rows 64 without the call counters (what
@@ -137,6 +139,20 @@ step_ab() {
       show "^\| 16384" "$OUT/ab${i}_prev.md" 8
     fi
   done
+}
+
+step_pushlong() { # long rows: this build's push against a baseline's
+  local base=${BASE:-$B/base/bench_kernels}
+  say "pushlong: bench_kernels at local 65536 (this build)"
+  BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=65536 timeout -k 5 240 \
+    "$B/tests/gpu/bench_kernels" > "$OUT/pushlong_new.md" 2>&1 || rc=1
+  show "^\| 65536|push, rows" "$OUT/pushlong_new.md" 12
+  if [ -x "$base" ]; then
+    say "pushlong: baseline $base"
+    BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=65536 timeout -k 5 240 "$base" \
+      > "$OUT/pushlong_base.md" 2>&1 || rc=1
+    show "^\| 65536|push, rows" "$OUT/pushlong_base.md" 12
+  fi
 }
 
 step_pushthreads() { # the push's block size against the automatic choice

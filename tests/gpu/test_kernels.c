@@ -82,6 +82,8 @@ enum gen {
   G_ASC,      /* ascending with l (top at the end) */
   G_TIEK,     /* few large values per rank, the rest one tied value */
   G_NEG,      /* every value negative: the threshold is below -0 */
+  G_WINDOW,   /* random, with a hot window of len / 16 holding the top N
+                 (where: per row): a few warps' candidate buffers overrun */
   NGEN,
   G_MIX = 100 /* row t of call c uses gen (t + c) % NGEN */
 };
@@ -89,7 +91,7 @@ enum gen {
 static const char *gen_name(int gen) {
   static const char *n[] = {"random", "fewvals", "alleq", "special",
                             "dominant", "ints", "allnan", "desc",
-                            "asc", "tiek", "neg"};
+                            "asc", "tiek", "neg", "window"};
   return gen == G_MIX ? "mix" : n[gen];
 }
 
@@ -135,6 +137,11 @@ static uint16_t gen_value(int gen, uint64_t *s, uint32_t r, uint32_t l,
     return 0x3F80;
   case G_NEG:
     return f2bf((float)(-1.0 - fabs(rnd_normal(s) * 4.0)));
+  case G_WINDOW: {
+    const uint32_t w0 = (uint32_t)(((uint64_t)dom * len) / W);
+    return f2bf((float)(rnd_normal(s) +
+                        (l >= w0 && l - w0 < len / 16u + 1u ? 20.0 : 0.0)));
+  }
   }
   return 0;
 }
@@ -379,6 +386,10 @@ static const tcase cases[] = {
      LEN_FULL, 2, 0, 0, 0, -1, 0},
     {"w8-n512-k2048-mix-65536", 8, 512, 2048, 65536, 10, 64, 1, G_MIX,
      LEN_MIX, 2, 0, 0, 8, 1, 0},
+    {"w8-n512-k2048-window", 8, 512, 2048, 16384, 12, 64, 1, G_WINDOW,
+     LEN_FULL, 2, 0, 0, 0, 0, 0},
+    {"w4-n1024-k2048-window-65536", 4, 1024, 2048, 65536, 8, 64, 1, G_WINDOW,
+     LEN_MIX, 2, 0, 3, 0, 0, 0},
     {"w8-n512-k4096-len131072", 8, 512, 4096, 131072, 4, 64, 2, G_MIX,
      LEN_FULL, 2, 0, 1, 0, 1, 0},
     {"w8-n512-k2048-alleq", 8, 512, 2048, 8192, 6, 64, 1, G_ALLEQ, LEN_FULL,
