@@ -925,8 +925,11 @@ DCPX_D void dcpx_dev_chunk_load(const dcpx_rowgeo *R, uint32_t g0,
 /* The exact path: pass A, pass B and pass C over every group of the row
  * (the later passes re-read it from L2). Expects the histograms and words
  * zeroed. */
-DCPX_COLD void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo *R,
+DCPX_COLD void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo Rv,
                                  uint32_t cap, uint32_t *words) {
+  /* By value: a pointer to the caller's copy would keep that copy in
+   * local memory, and every access of the fast path to it a load. */
+  const dcpx_rowgeo *R = &Rv;
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t a = R->a, len = R->len, gbeg = R->gbeg, gend = R->gend;
   uint32_t nz;
@@ -1134,7 +1137,7 @@ DCPX_D int dcpx_dev_local_fast(dcpx_sel_smem *S, const dcpx_rowgeo *R,
   const uint32_t wcl = lane < nw ? S->wcnt[lane] : 0u;
   const uint32_t total = __reduce_add_sync(DCPX_FULL, wcl);
   const uint32_t over = __any_sync(DCPX_FULL, wcl > cw);
-  if (total < cap || total > cand_max)
+  if (total < cap || total > cw * nw) /* cw * nw: cand_max, live already */
     return 0; /* uniform */
   if (over) { /* uniform; the barrier above ended every warp's pass */
     const uint32_t off = __reduce_add_sync(DCPX_FULL, lane < warp ? wcl : 0u);
@@ -1246,7 +1249,7 @@ DCPX_COLD void dcpx_dev_local_list_p(dcpx_sel_smem *S, const uint16_t *row,
                             pf))
       return;
   }
-  dcpx_dev_local_exact(S, &R, cap, words);
+  dcpx_dev_local_exact(S, R, cap, words);
 }
 
 DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,

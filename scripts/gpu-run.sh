@@ -26,7 +26,8 @@
 #            build-gpu/base/bench_kernels), and a previous build's at $PREV
 #            (default build-gpu/prev/bench_kernels), all in one run
 #   pushlong bench_kernels at local 65,536 (push, merge; no whole calls)
-#            of this build and of the baseline at $BASE, in one run
+#            of this build, the baseline at $BASE and the previous build at
+#            $PREV, in one run
 #   pushthreads  bench_kernels with push blocks of 1024 and of 512
 #            threads at every rows count (DCPX_PUSH_THREADS)
 #   diag     bench_kernels at rows 64 without the call counters (what
@@ -143,6 +144,7 @@ step_ab() {
 
 step_pushlong() { # long rows: this build's push against a baseline's
   local base=${BASE:-$B/base/bench_kernels}
+  local prev=${PREV:-$B/prev/bench_kernels}
   say "pushlong: bench_kernels at local 65536 (this build)"
   BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=65536 timeout -k 5 240 \
     "$B/tests/gpu/bench_kernels" > "$OUT/pushlong_new.md" 2>&1 || rc=1
@@ -152,6 +154,12 @@ step_pushlong() { # long rows: this build's push against a baseline's
     BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=65536 timeout -k 5 240 "$base" \
       > "$OUT/pushlong_base.md" 2>&1 || rc=1
     show "^\| 65536|push, rows" "$OUT/pushlong_base.md" 12
+  fi
+  if [ -x "$prev" ]; then
+    say "pushlong: previous build $prev"
+    BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=65536 timeout -k 5 240 "$prev" \
+      > "$OUT/pushlong_prev.md" 2>&1 || rc=1
+    show "^\| 65536|push, rows" "$OUT/pushlong_prev.md" 12
   fi
 }
 
