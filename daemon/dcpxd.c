@@ -33,12 +33,15 @@
 #endif
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <dcpx/version.h>
@@ -184,12 +187,76 @@ static void raise_nofile(void) {
              (unsigned long)rl.rlim_max);
 }
 
+/* Makes the state dir if need be and holds an exclusive lock on
+ * STATE_DIR/lock (with this pid in it) for the life of the process: two
+ * daemons on one state dir would each rewrite its groups file from their
+ * own memory, and a restart of either would then refuse to adopt the
+ * other's running groups. Then checks that the groups file can be
+ * written (its save goes through groups.tmp), so that a state dir dcpxd
+ * cannot write stops it here rather than failing every join later.
+ * Returns the lock's fd (kept open), or -1 (logged). */
+static int state_dir_lock(const char *dir) {
+  _cleanup_free_ char *lock = NULL, *tmp = NULL;
+  char held[32] = "";
+  struct stat st;
+  int fd, tf;
+
+  if (mkdir(dir, 0750) < 0 && errno != EEXIST)
+    return log_error_errno(-errno, "Cannot create state dir %s: %m", dir), -1;
+  if (stat(dir, &st) < 0)
+    return log_error_errno(-errno, "Cannot use state dir %s: %m", dir), -1;
+  if (!S_ISDIR(st.st_mode))
+    return log_error_errno(-ENOTDIR, "State dir %s: %m", dir), -1;
+  if (asprintf(&lock, "%s/lock", dir) < 0 ||
+      asprintf(&tmp, "%s/groups.tmp", dir) < 0)
+    return log_error_errno(-ENOMEM, "State dir %s: %m", dir), -1;
+  fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
+  if (fd < 0)
+    return log_error_errno(-errno, "Cannot open %s: %m", lock), -1;
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    const int e = errno;
+    const ssize_t n = pread(fd, held, sizeof(held) - 1, 0);
+    held[n > 0 ? n : 0] = '\0';
+    held[strcspn(held, "\n")] = '\0';
+    close(fd);
+    if (e == EWOULDBLOCK)
+      log_error("State dir %s is in use by another dcpxd (pid %s); each "
+                "dcpxd needs a state dir of its own (--state-dir)",
+                dir, held[0] ? held : "?");
+    else
+      log_error_errno(-e, "Cannot lock %s: %m", lock);
+    return -1;
+  }
+  if (ftruncate(fd, 0) == 0)
+    dprintf(fd, "%d\n", (int)getpid());
+  /* A groups.tmp left by a crash is dcpxd_secrets_open's to remove; one
+   * that is not a file would make every save fail. */
+  if (lstat(tmp, &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      log_error("Cannot write the groups file: %s is in the way (not a "
+                "regular file)", tmp);
+      close(fd);
+      return -1;
+    }
+  } else if ((tf = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC |
+                                 O_NOFOLLOW, 0600)) < 0) {
+    log_error_errno(-errno, "State dir %s is not writable (%s): %m", dir,
+                    tmp);
+    close(fd);
+    return -1;
+  } else {
+    close(tf);
+    (void)unlink(tmp);
+  }
+  return fd;
+}
+
 int main(int argc, char **argv) {
   dcpxd_conf conf;
   dcpxd_manager mgr, *m = &mgr;
   uv_loop_t loop;
   uint64_t wd_usec;
-  int r, ret = EXIT_FAILURE;
+  int r, ret = EXIT_FAILURE, lock_fd;
 
   dcpxd_log_setup();
   r = dcpxd_conf_load(&conf, argc, argv);
@@ -217,10 +284,13 @@ int main(int argc, char **argv) {
            conf.config_path ? conf.config_path : "none", conf.state_dir,
            conf.poll_ms, conf.fault_injection ? "ENABLED" : "off");
 
+  lock_fd = state_dir_lock(conf.state_dir);
+  if (lock_fd < 0)
+    goto out_conf;
   r = dcpxd_records_open(conf.state_dir, conf.records_max_bytes,
                          DCPXD_RECORDS_RING, &m->records);
   if (r < 0)
-    goto out_conf;
+    goto out_lock;
 
   r = dcpxd_secrets_open(conf.state_dir, &m->secrets);
   if (r < 0)
@@ -283,6 +353,9 @@ out_loop:
 out_records:
   m->secrets = dcpxd_secrets_free(m->secrets);
   m->records = dcpxd_records_free(m->records);
+out_lock:
+  if (lock_fd >= 0)
+    close(lock_fd);
 out_conf:
   dcpxd_conf_done(&conf);
   return ret;

@@ -918,6 +918,109 @@ static pid_t rank_process(const char *g) {
   return pid;
 }
 
+/* ---- state directory: one dcpxd each, and writable -------------------- */
+
+/* Runs dcpxd on its own socket in g_dir with the given state dir until it
+ * exits (10 s at most); its stderr into out. Returns its exit status, or
+ * -1 if it did not exit (killed). */
+static int dcpxd_once(const char *state, char *out, size_t outlen,
+                      int stop_when_ready) {
+  const char *bin = getenv("DCPXD");
+  char sock[192], logp[192];
+  int st = 0;
+  pid_t pid;
+  if (!bin)
+    bin = "./daemon/dcpxd";
+  snprintf(sock, sizeof(sock), "%s/other.sock", g_dir);
+  snprintf(logp, sizeof(logp), "%s/other.log", g_dir);
+  pid = fork();
+  if (pid == 0) {
+    int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0)
+      dup2(fd, 2);
+    execl(bin, bin, "--config=", "--socket", sock, "--state-dir", state,
+          (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 1000; i++) {
+    FILE *f = fopen(logp, "r");
+    size_t n = 0;
+    if (f) {
+      n = fread(out, 1, outlen - 1, f);
+      fclose(f);
+    }
+    out[n] = '\0';
+    if (waitpid(pid, &st, WNOHANG) == pid)
+      break;
+    if (stop_when_ready && strstr(out, "Ready")) {
+      kill(pid, SIGTERM);
+      waitpid(pid, &st, 0);
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    }
+    usleep(10000);
+    if (i == 999) {
+      kill(pid, SIGKILL);
+      waitpid(pid, NULL, 0);
+      return -1;
+    }
+  }
+  ck_assert_int_ne(access(sock, F_OK), 0); /* it never listened */
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Two dcpxd on one state dir would each rewrite its groups file from
+ * their own memory (and a restart of either then refuses to adopt the
+ * other's groups): the second stops at start, naming the first, and
+ * touches nothing. A state dir whose groups file cannot be written stops
+ * dcpxd at start too, instead of failing every join. */
+START_TEST(test_state_dir_lock) {
+  char state[160], out[4096], pid[32], tmp[192];
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *cl;
+  dcpx_member *m;
+
+  daemon_start();
+  snprintf(state, sizeof(state), "%s/state", g_dir);
+  sh.world = 1, sh.rows = 2, sh.topk = 16, sh.local_topk = 4;
+  sh.block_size = 4, sh.interleave = 2, sh.max_local = 64;
+  jo.group = "st-lock";
+  ck_assert_int_eq(dcpx_connect(g_sock, &cl), 0);
+  ck_assert_int_eq(dcpx_join(cl, &sh, &jo, &m), 0);
+  const char *before = groups_line("st-lock");
+  ck_assert_str_ne(before, "");
+  char keep[512];
+  snprintf(keep, sizeof(keep), "%s", before);
+
+  ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 0), 1);
+  snprintf(pid, sizeof(pid), "(pid %d)", (int)g_daemon);
+  ck_assert_msg(strstr(out, "is in use by another dcpxd") && strstr(out, pid),
+                "second dcpxd said: %s", out);
+  ck_assert_str_eq(groups_line("st-lock"), keep); /* untouched */
+  dcpx_leave(m);
+  dcpx_disconnect(cl);
+  daemon_stop();
+
+  /* groups.tmp in the way (a directory: root, as CI runs, writes
+   * anywhere else) */
+  strcpy(g_dir, "/tmp/dcpx-sec.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  snprintf(state, sizeof(state), "%s/state", g_dir);
+  ck_assert_int_eq(mkdir(state, 0750), 0);
+  snprintf(tmp, sizeof(tmp), "%s/groups.tmp", state);
+  ck_assert_int_eq(mkdir(tmp, 0750), 0);
+  ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 0), 1);
+  ck_assert_msg(strstr(out, "groups.tmp is in the way"), "dcpxd said: %s",
+                out);
+  ck_assert_int_eq(rmdir(tmp), 0);
+  /* and with it gone, the same state dir serves (the lock went with the
+   * process) */
+  ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 1), 0);
+  ck_assert_msg(strstr(out, "Ready"), "dcpxd said: %s", out);
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+END_TEST
+
 static pid_t g_doomed;
 static void kill_doomed(void) { /* while no dcpxd runs */
   char tmp[192];
@@ -1331,6 +1434,7 @@ int main(void) {
   tcase_add_test(tc, test_queued_output_cap);
   tcase_add_test(tc, test_nofile_raised);
   tcase_add_test(tc, test_emfile_on_accept);
+  tcase_add_test(tc, test_state_dir_lock);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
