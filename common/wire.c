@@ -64,8 +64,9 @@ size_t dcpx_struct_size(uint32_t kind) {
 #define WHY(...) (why && n ? (void)snprintf(why, n, __VA_ARGS__) : (void)0)
 
 int dcpx__shape_why(const dcpx_shape *s, char *why, size_t n) {
-  if (!s || s->size < sizeof(dcpx_shape)) {
-    WHY("the shape struct is missing or too small (size %u, want >= %zu)",
+  if (!s || s->size != sizeof(dcpx_shape)) {
+    WHY("the shape struct is missing or of a size this library does not "
+        "know (size %u, want %zu)",
         s ? s->size : 0u, sizeof(dcpx_shape));
     return DCPX_E_INVAL;
   }

@@ -158,7 +158,7 @@ static void help(void) {
          "                               allow dcpxctl fault stall (off by "
          "default)\n"
          "      --records-max-bytes=SIZE rotate records.log beyond SIZE "
-         "(K, M, G\n"
+         "(K, M, G, T\n"
          "                               suffixes; default 4M)\n"
          "      --log-level=LEVEL        err, warning, notice, info (default) "
          "or debug\n"
@@ -231,6 +231,10 @@ static int parse_size(const char *v, uint64_t *ret) {
     break;
   case 'G':
     mul = 1ull << 30;
+    end++;
+    break;
+  case 'T':
+    mul = 1ull << 40;
     end++;
     break;
   default:
@@ -562,6 +566,8 @@ static char *conf_read_line(char *str, int num, void *stream) {
       conf_file_error(cf, "NUL byte in line");
       return NULL;
     }
+    if (n == cap && ch == '\n')
+      break; /* a full line: inih takes it without its newline */
     if (n == cap) {
       cf->lineno++;
       conf_file_error(cf, "line longer than %zu bytes", cap);

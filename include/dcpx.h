@@ -382,9 +382,11 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
 /* Joins group opts->group as opts->rank with the given shape; blocks until
  * the group has formed. shape->local_topk = 0 asks the library to choose N:
  * dcpx_shape_auto_local_topk(world, topk), the same on every rank (a rank
- * may also pass that value itself). Errors: DCPX_E_SHAPE, DCPX_E_DUPRANK,
- * DCPX_E_BADRANK, DCPX_E_LIMIT, DCPX_E_TIMEDOUT, DCPX_E_VERSION,
- * DCPX_E_NOSYS (backend not built), connection errors. */
+ * may also pass that value itself). Errors: DCPX_E_INVAL (a NULL, a
+ * shape or opts `size` this library does not know, a bad name, timeout,
+ * backend or device), DCPX_E_SHAPE, DCPX_E_DUPRANK, DCPX_E_BADRANK,
+ * DCPX_E_LIMIT, DCPX_E_TIMEDOUT, DCPX_E_VERSION, DCPX_E_NOSYS (the CUDA
+ * backend in a build without it), connection errors. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
 

@@ -262,7 +262,7 @@ void dcpx__member_detach(dcpx_member *m) {
  * rank resolves it alike, so dcpxd sees one shape). */
 static const dcpx_shape *shape_resolved(const dcpx_shape *in,
                                         dcpx_shape *buf) {
-  if (!in || in->size < sizeof(dcpx_shape) || in->local_topk)
+  if (!in || in->size != sizeof(dcpx_shape) || in->local_topk)
     return in;
   *buf = *in;
   buf->local_topk = dcpx_shape_auto_local_topk(in->world, in->topk);
@@ -281,13 +281,13 @@ static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o) {
     return DCPX_E_INVAL;
   if (o->rank >= shape->world)
     return DCPX_E_BADRANK;
-#ifdef HAVE_CUDA
   if (o->backend != DCPX_BACKEND_HOST && o->backend != DCPX_BACKEND_CUDA)
-    return DCPX_E_INVAL;
+    return DCPX_E_INVAL; /* no such backend, in any build */
+#ifdef HAVE_CUDA
   if (o->backend == DCPX_BACKEND_CUDA && o->device < 0)
     return DCPX_E_INVAL;
 #else
-  if (o->backend != DCPX_BACKEND_HOST)
+  if (o->backend == DCPX_BACKEND_CUDA)
     return DCPX_E_NOSYS; /* the CUDA backend is not in this build */
 #endif
   if (o->transport > DCPX_TRANSPORT_NCCL)
@@ -453,8 +453,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
 
   if (c)
     c->last_error[0] = '\0';
-  if (!c || !o || !ret_member || o->size < sizeof(dcpx_join_opts))
-    return DCPX_E_INVAL;
+  if (!c || !o || !ret_member || o->size != sizeof(dcpx_join_opts))
+    return DCPX_E_INVAL; /* NULL, or a size this library does not know */
   shape = shape_resolved(shape, &auto_shape);
   r = join_check(shape, o);
   if (r < 0)

@@ -213,6 +213,14 @@ START_TEST(test_bad_values) {
   expect_error_str("log-level = loud\n", 1, "unknown log-level 'loud'");
   expect_error_str("records-max-bytes = 1K\n", 1,
                    "records-max-bytes '1K' must be a size from 4K to 1T");
+  expect_error_str("records-max-bytes = 2T\n", 1,
+                   "records-max-bytes '2T' must be a size from 4K to 1T");
+  { /* the bound the message names is one the parser reads */
+    dcpxd_conf c;
+    ck_assert_int_eq(load_str(&c, "records-max-bytes = 1T\n"), DCPXD_CONF_RUN);
+    ck_assert_uint_eq(c.records_max_bytes, 1ull << 40);
+    cleanup(&c);
+  }
   expect_error_str("max-workspace-bytes = 18446744073709551615G\n", 1,
                    "max-workspace-bytes '18446744073709551615G' is not a "
                    "size");
@@ -243,6 +251,23 @@ START_TEST(test_oversized) {
   memset(text + n, 'k', 150);
   strcpy(text + n + 150, " = 1\n");
   expect_error_str(text, 3, "unknown setting 'kkkk");
+
+  /* dcpxd.conf(5): a line is at most 199 bytes long, newline or not;
+   * one of 200 is refused. */
+  for (int nl = 0; nl < 2; nl++) {
+    dcpxd_conf c;
+    n = (size_t)snprintf(text, sizeof(text), "poll-ms = ");
+    memset(text + n, '0', 199 - n - 1);
+    strcpy(text + 198, nl ? "3\n" : "3");
+    ck_assert_uint_eq(strcspn(text, "\n"), 199);
+    ck_assert_int_eq(load_str(&c, text), DCPXD_CONF_RUN);
+    ck_assert_uint_eq(c.poll_ms, 3);
+    cleanup(&c);
+  }
+  n = (size_t)snprintf(text, sizeof(text), "poll-ms = ");
+  memset(text + n, '0', 200 - n - 1);
+  strcpy(text + 199, "3\n");
+  expect_error_str(text, 1, "line longer than 199 bytes");
 }
 END_TEST
 

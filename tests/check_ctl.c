@@ -113,6 +113,14 @@ START_TEST(test_check_codes) {
   one_line("UNKNOWN");
   CTL(3, "check", "--bogus");
   one_line("UNKNOWN");
+  /* ... also given before the command (dcpxctl(1)); other commands
+   * exit 2 for the same. */
+  CTL(3, "--timeout", "0", "check");
+  one_line("UNKNOWN");
+  CTL(3, "--bogus", "check");
+  one_line("UNKNOWN");
+  CTL(2, "--timeout", "0", "groups");
+  CTL(2, "--bogus", "groups");
   CTL(3, "check", "a", "b");
   one_line("UNKNOWN");
   CTL(3, "check", "nosuchgroup");

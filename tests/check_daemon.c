@@ -504,6 +504,20 @@ START_TEST(test_client_side_errors) {
   jo.group = "bad name!";
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
   jo.group = "ok";
+  /* Sizes this library does not know, smaller or larger (a newer
+   * dcpx.h), and a backend no build has: DCPX_E_INVAL, before any
+   * message goes out. */
+  jo.size = sizeof(jo) + 64;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
+  jo.size = sizeof(jo) - 8;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
+  jo.size = sizeof(jo);
+  sh.size = sizeof(sh) + 64;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
+  sh.size = sizeof(sh);
+  jo.backend = 7;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
+  jo.backend = DCPX_BACKEND_HOST;
   jo.rank = 2;
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_BADRANK);
   jo.rank = 0;

@@ -453,6 +453,8 @@ START_TEST(test_shape_check) {
   ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
   s.size = 0;
   ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
+  s.size = sizeof(dcpx_shape) + 64; /* from a newer dcpx.h: refused too */
+  ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
 
   /* World. */
   const uint32_t worlds[] = {0, 1, 16, 17, 1000};

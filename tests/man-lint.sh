@@ -67,5 +67,14 @@ done
 for e in $(sed -n 's/^ *X(\(DCPX_E_[A-Z]*\),.*/\1/p' "$hdr"); do
   has dcpx.3 "$e"
 done
+# ... every struct kind of dcpx_struct_size, and no section twice in a
+# row (mandoc does not warn about it).
+for k in $(sed -n 's/^#define \(DCPX_STRUCT_[A-Z_]*\) .*/\1/p' "$hdr"); do
+  has dcpx.3 "$k"
+done
+for p in $pages; do
+  d=$(grep -n '^\.S[SH] ' "$man/$p" | awk -F: 'prev == $2 { print $1 } { prev = $2 }')
+  [ -z "$d" ] || bad "$p: a heading repeated at line $d"
+done
 [ $fail -eq 0 ] && echo "man-lint: $pages: clean and complete"
 exit $fail

@@ -1615,9 +1615,12 @@ int main(int argc, char **argv) {
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   const char *cmd;
+  char bad[200] = ""; /* the first bad global option */
+  uint64_t v;
   int opt, r;
 
   setlocale(LC_CTYPE, "");
+  opterr = 0; /* reported below: as check's UNKNOWN line before check */
   while ((opt = getopt_long(argc, argv, "+hV", opts, NULL)) != -1) {
     switch (opt) {
     case 'h':
@@ -1627,16 +1630,28 @@ int main(int argc, char **argv) {
       printf("dcpxctl %s (protocol %u)\n", DCPX_VERSION_STRING,
              DCPX_PROTO_VERSION);
       return EXIT_OK;
+    case 'T':
+      if (!bad[0] && (!parse_u64(optarg, &v) || v == 0 || v > 3600))
+        snprintf(bad, sizeof(bad), "--timeout must be 1..3600 seconds");
+      else
+        (void)global_opt(opt);
+      break;
     case '?':
-      return EXIT_USAGE;
+      if (!bad[0])
+        snprintf(bad, sizeof(bad), "bad option or missing argument: %s",
+                 optind > 0 && optind <= argc ? argv[optind - 1] : "?");
+      break;
     default:
-      if ((r = global_opt(opt)))
-        return r;
+      (void)global_opt(opt);
     }
   }
-  if (optind >= argc)
+  cmd = optind < argc ? argv[optind] : NULL;
+  if (bad[0]) /* dcpxctl(1): check exits 3 UNKNOWN on any usage error */
+    return cmd && strcmp(cmd, "check") == 0
+               ? check_line(NAGIOS_UNKNOWN, "%s", bad)
+               : usage_error("%s", bad);
+  if (!cmd)
     return usage_error("missing command");
-  cmd = argv[optind];
   argc -= optind;
   argv += optind;
   optind = 0; /* reset getopt: the command's own options follow its name */
