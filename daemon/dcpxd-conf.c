@@ -395,12 +395,20 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
       return log_error_errno(-EINVAL,
                              "%s: socket path must be 1..%zu bytes long", where,
                              sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+    if (v[0] != '/')
+      log_warning("%s: socket path '%s' is relative: it is taken from "
+                  "dcpxd's working directory, which engines do not share",
+                  where, v);
     return set_string(&c->socket_path, v);
   }
   if (strcmp(key, "socket-mode") == 0) {
     if (dcpxd_parse_u64(v, 8, &u) < 0 || u > 07777)
       return log_error_errno(
           -EINVAL, "%s: socket-mode '%s' is not an octal mode", where, v);
+    if (!(u & 0022) && !(u & 0200))
+      log_warning("%s: socket-mode %04o lets nobody but root connect "
+                  "(connecting needs write permission)",
+                  where, (unsigned)u);
     c->socket_mode = (mode_t)u;
     return 0;
   }
@@ -647,11 +655,15 @@ static int conf_load_file(dcpxd_conf *c, const char *path, bool must_exist) {
   conf_file cf = {.f = f, .path = path, .c = c};
   int r;
 
+  struct stat st;
+
   if (!f) {
     if (errno == ENOENT && !must_exist)
       return 0;
     return log_error_errno(-errno, "Cannot read config file %s: %m", path);
   }
+  if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode))
+    return log_error_errno(-EISDIR, "Cannot read config file %s: %m", path);
   r = ini_parse_stream(conf_read_line, &cf, conf_handler, &cf);
   if (cf.error)
     return cf.error;

@@ -375,7 +375,11 @@ typedef struct dcpx_join_opts {
    DCPX_TRANSPORT_AUTO, 0, 1000000000ull}
 
 /* Connects to dcpxd at socket_path (NULL: $DCPX_SOCKET, else
- * DCPX_DEFAULT_SOCKET) and checks the protocol version. */
+ * DCPX_DEFAULT_SOCKET) and checks the protocol version. Errors:
+ * DCPX_E_INVAL (NULL ret_client), DCPX_E_RANGE (a path of 108 bytes or
+ * more: a Unix socket's limit), DCPX_E_CONNREFUSED (no dcpxd there),
+ * DCPX_E_VERSION, DCPX_E_TIMEDOUT (no answer in 5 s), the daemon's
+ * refusal (e.g. DCPX_E_BUSY: too many connections). */
 DCPX_API int dcpx_connect(const char *socket_path, dcpx_client **ret_client);
 DCPX_API void dcpx_disconnect(dcpx_client *client);
 

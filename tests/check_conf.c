@@ -215,6 +215,16 @@ START_TEST(test_bad_values) {
                    "records-max-bytes '1K' must be a size from 4K to 1T");
   expect_error_str("records-max-bytes = 2T\n", 1,
                    "records-max-bytes '2T' must be a size from 4K to 1T");
+  { /* accepted, with a warning: nobody but root could connect; a
+     * relative socket path depends on dcpxd's working directory */
+    dcpxd_conf c;
+    ck_assert_int_eq(load_str(&c, "socket-mode = 0\nsocket = d.sock\n"),
+                     DCPXD_CONF_RUN);
+    ck_assert_msg(strstr(errors(), "lets nobody but root connect") &&
+                      strstr(errors(), "'d.sock' is relative"),
+                  "%s", errors());
+    cleanup(&c);
+  }
   { /* the bound the message names is one the parser reads */
     dcpxd_conf c;
     ck_assert_int_eq(load_str(&c, "records-max-bytes = 1T\n"), DCPXD_CONF_RUN);
@@ -277,6 +287,28 @@ START_TEST(test_missing_file) {
   char *argv[] = {"dcpxd", "--config=/nonexistent/dcpxd.conf", NULL};
   memset(&c, 0, sizeof(c));
   ck_assert_int_eq(dcpxd_conf_load(&c, 2, argv), -EINVAL);
+  dcpxd_conf_done(&c);
+  /* A directory says so (fopen opens it; the read would fail without a
+   * reason); /dev/null stays a way to say "no settings". */
+  char *dir[] = {"dcpxd", "--config=/tmp", NULL};
+  char tmpl[] = "/tmp/dcpx-conf-err.XXXXXX", said[512] = "";
+  int fd = mkstemp(tmpl), saved = dup(STDERR_FILENO);
+  ck_assert_int_ge(fd, 0);
+  fflush(stderr);
+  dup2(fd, STDERR_FILENO);
+  memset(&c, 0, sizeof(c));
+  ck_assert_int_eq(dcpxd_conf_load(&c, 2, dir), -EINVAL);
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  ck_assert_int_ge(pread(fd, said, sizeof(said) - 1, 0), 1);
+  close(fd);
+  unlink(tmpl);
+  ck_assert_msg(strstr(said, "/tmp: Is a directory"), "%s", said);
+  dcpxd_conf_done(&c);
+  char *null[] = {"dcpxd", "--config=/dev/null", NULL};
+  memset(&c, 0, sizeof(c));
+  ck_assert_int_eq(dcpxd_conf_load(&c, 2, null), DCPXD_CONF_RUN);
   dcpxd_conf_done(&c);
 }
 END_TEST
