@@ -327,8 +327,11 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
 
 /* ---- the client: connect, join, push, merge, health, recover ------------
  *
- * A dcpx_client is a connection to the node's dcpxd; a dcpx_member is one
- * rank's membership of one group (a process may hold several). Both are
+ * A dcpx_client names the node's dcpxd (dcpx_connect checks that it
+ * answers, then keeps only its socket path and the reason of the last
+ * refused join; each dcpx_join opens its own connection, which its member
+ * keeps); a dcpx_member is one rank's membership of one group (a process
+ * may hold several). Both are
  * opaque, and not safe to share between threads without a lock: give each
  * engine thread its own member.
  *
@@ -374,7 +377,7 @@ typedef struct dcpx_join_opts {
   {sizeof(dcpx_join_opts), 0, NULL, -1, DCPX_BACKEND_HOST,                    \
    DCPX_TRANSPORT_AUTO, 0, 1000000000ull}
 
-/* Connects to dcpxd at socket_path (NULL: $DCPX_SOCKET, else
+/* Connects to dcpxd at socket_path (NULL or "": $DCPX_SOCKET, else
  * DCPX_DEFAULT_SOCKET) and checks the protocol version. Errors:
  * DCPX_E_INVAL (NULL ret_client), DCPX_E_RANGE (a path of 108 bytes or
  * more: a Unix socket's limit), DCPX_E_CONNREFUSED (no dcpxd there),

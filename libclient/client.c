@@ -96,10 +96,7 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
 
   if (!ret_client)
     return DCPX_E_INVAL;
-  if (!path)
-    path = getenv("DCPX_SOCKET");
-  if (!path || !*path)
-    path = DCPX_DEFAULT_SOCKET;
+  path = dcpx__socket_path(path); /* as dcpxctl finds it */
   if (strlen(path) >= sizeof(c->path))
     return DCPX_E_RANGE;
   char why[512] = "";
@@ -736,6 +733,17 @@ fail:
   return r == -EPIPE || r == DCPX_E_CONNRESET ? DCPX_E_CONNREFUSED : r;
 }
 
+/* The daemon refused the reattach: says why (DCPX_DEBUG=WARN), drops the
+ * link until the retry, and returns the daemon's code. */
+static int reattach_refused(dcpx_member *m, const Dcpx__Reply *rep) {
+  DCPX_WARN("group %s rank %u: dcpxd refused the reattach: %s (%s); "
+            "retrying in %d ms",
+            m->group, m->rank, rep->error && rep->error[0] ? rep->error : "-",
+            dcpx_strerror(rep->status), RETRY_REFUSED_MS);
+  link_down(m, RETRY_REFUSED_MS);
+  return rep->status;
+}
+
 /* Handles a frame that answers the reattach. Returns 0 (consumed), or a
  * negative code after which the link is down. */
 static int link_reattach_frame(dcpx_member *m, const Dcpx__Frame *f,
@@ -743,25 +751,19 @@ static int link_reattach_frame(dcpx_member *m, const Dcpx__Frame *f,
   if (m->reattach_step == 0) { /* the Hello's answer */
     if (f->msg_case != DCPX__FRAME__MSG_REPLY || !f->reply)
       goto proto;
-    if (f->reply->status < 0) {
-      link_down(m, RETRY_REFUSED_MS);
-      return f->reply->status;
-    }
+    if (f->reply->status < 0)
+      return reattach_refused(m, f->reply);
     m->reattach_step = 1;
     return 0;
   }
   if (f->msg_case == DCPX__FRAME__MSG_REPLY && f->reply &&
-      f->reply->status < 0) {
-    link_down(m, RETRY_REFUSED_MS);
-    return f->reply->status;
-  }
+      f->reply->status < 0)
+    return reattach_refused(m, f->reply);
   if (f->msg_case != DCPX__FRAME__MSG_JOIN_REPLY || !f->join_reply ||
       !f->join_reply->reply)
     goto proto;
-  if (f->join_reply->reply->status < 0) {
-    link_down(m, RETRY_REFUSED_MS);
-    return f->join_reply->reply->status;
-  }
+  if (f->join_reply->reply->status < 0)
+    return reattach_refused(m, f->join_reply->reply);
   /* A daemon that gives out memory did not adopt ours (it predates
    * reattach): our calls would run on memory it does not watch. */
   if (nfds > 0 || f->join_reply->n_fds > 0)
@@ -970,6 +972,12 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
     if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply &&
         ev->reply->status < 0 && acked) {
       r = ev->reply->status;
+      DCPX_WARN("dcpx_recover group %s rank %u: dcpxd refused the "
+                "acknowledgement: %s (%s)",
+                m->group, m->rank,
+                ev->reply->error && ev->reply->error[0] ? ev->reply->error
+                                                        : "-",
+                dcpx_strerror(r));
       dcpx__frame_free(ev);
       if (recovered_since(m, gen))
         return 0;

@@ -500,6 +500,14 @@ START_TEST(test_client_side_errors) {
   ck_assert_int_eq(dcpx_connect("/nonexistent/dcpx.sock", &c),
                    DCPX_E_CONNREFUSED);
   daemon_start();
+  /* NULL and "" both mean $DCPX_SOCKET (then the default), as for
+   * dcpxctl. */
+  setenv("DCPX_SOCKET", g_sock, 1);
+  ck_assert_int_eq(dcpx_connect(NULL, &c), 0);
+  dcpx_disconnect(c);
+  ck_assert_int_eq(dcpx_connect("", &c), 0);
+  dcpx_disconnect(c);
+  unsetenv("DCPX_SOCKET");
   ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
   jo.group = "bad name!";
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
@@ -849,6 +857,79 @@ START_TEST(test_recover_daemon_flapping) {
 }
 END_TEST
 
+/* systemd's protocols without systemd, in either build (libsystemd's
+ * sd_listen_fds / sd_notify, or dcpxd-notify.c's own): a listening socket
+ * passed as fd 3 (LISTEN_FDS, LISTEN_PID) is served, READY=1 goes to
+ * NOTIFY_SOCKET once dcpxd listens, and WATCHDOG=1 every WATCHDOG_USEC / 2;
+ * the passed socket's file stays at exit (it is the service manager's). */
+START_TEST(test_socket_activation) {
+  const char *bin = getenv("DCPXD");
+  char dir[] = "/tmp/dcpx-act.XXXXXX", sock[128], ntf[128], state[128];
+  char buf[512];
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct timeval tv = {10, 0};
+  int ls, ns, st, ready = 0, dogs = 0;
+  pid_t pid;
+  dcpx_client *c;
+
+  if (!bin)
+    bin = "./daemon/dcpxd";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(sock, sizeof(sock), "%s/act.sock", dir);
+  snprintf(ntf, sizeof(ntf), "%s/notify", dir);
+  snprintf(state, sizeof(state), "%s/state", dir);
+  ls = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  strcpy(sa.sun_path, sock);
+  ck_assert_int_eq(bind(ls, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  ck_assert_int_eq(listen(ls, 16), 0);
+  ns = socket(AF_UNIX, SOCK_DGRAM, 0);
+  strcpy(sa.sun_path, ntf);
+  ck_assert_int_eq(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  pid = fork();
+  if (pid == 0) {
+    char p[32];
+    close(ns);
+    if (ls != 3) {
+      dup2(ls, 3);
+      close(ls);
+    }
+    snprintf(p, sizeof(p), "%d", (int)getpid());
+    setenv("LISTEN_PID", p, 1);
+    setenv("LISTEN_FDS", "1", 1);
+    setenv("NOTIFY_SOCKET", ntf, 1);
+    setenv("WATCHDOG_USEC", "200000", 1);
+    unsetenv("WATCHDOG_PID");
+    execl(bin, bin, "--config=", "--socket", sock, "--state-dir", state,
+          (char *)NULL);
+    _exit(127);
+  }
+  close(ls);
+  setsockopt(ns, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  while (!ready) {
+    ssize_t n = recv(ns, buf, sizeof(buf) - 1, 0);
+    ck_assert_msg(n > 0, "no READY=1 from dcpxd within 10 s");
+    buf[n] = '\0';
+    ready = strstr(buf, "READY=1") != NULL;
+  }
+  tv.tv_sec = 2;
+  setsockopt(ns, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  while (dogs < 3) {
+    ssize_t n = recv(ns, buf, sizeof(buf) - 1, 0);
+    ck_assert_msg(n > 0, "%d WATCHDOG=1 in time (every 100 ms wanted)", dogs);
+    buf[n] = '\0';
+    dogs += strstr(buf, "WATCHDOG=1") != NULL;
+  }
+  ck_assert_int_eq(dcpx_connect(sock, &c), 0);
+  dcpx_disconnect(c);
+  kill(pid, SIGTERM);
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+  ck_assert_int_eq(access(sock, F_OK), 0);
+  close(ns);
+  nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("end-to-end");
@@ -866,6 +947,7 @@ int main(void) {
   tcase_add_test(tc, test_send_after_refusal);
   tcase_add_test(tc, test_connect_refused_with_reason);
   tcase_add_test(tc, test_recover_daemon_flapping);
+  tcase_add_test(tc, test_socket_activation);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
