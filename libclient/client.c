@@ -171,6 +171,34 @@ static int map_fd(int fd, size_t bytes, void **ret) {
 
 /* Maps what a successful JoinReply carries and checks it against the
  * layout this library computes for the same shape. */
+/* The workspace regions the daemon laid out (JoinReply.regions) are the
+ * ones this library computes for the shape, every one of them: a dcpxd
+ * and a libdcpx of different layouts would otherwise store into each
+ * other's words. */
+static int regions_agree(const dcpx_member *m, const Dcpx__JoinReply *jr) {
+  uint32_t seen = 0, want = 0; /* bit id: region id */
+  for (uint32_t id = 1; id <= DCPX_REGION_MAX; id++)
+    want |= (m->L.reg[id].bytes != 0) << id;
+  for (size_t i = 0; i < jr->n_regions; i++) {
+    const Dcpx__Region *g = jr->regions[i];
+    if (!g || g->id < 1 || g->id > DCPX_REGION_MAX ||
+        g->offset != m->L.reg[g->id].off ||
+        g->bytes != m->L.reg[g->id].bytes || !g->bytes) {
+      DCPX_WARN("dcpx_join: dcpxd's workspace region %s (id %u) at %llu, "
+                "%llu bytes is not this library's",
+                g && g->name ? g->name : "?", g ? g->id : 0u,
+                g ? (unsigned long long)g->offset : 0ull,
+                g ? (unsigned long long)g->bytes : 0ull);
+      return 0;
+    }
+    seen |= 1u << g->id;
+  }
+  if (seen != want)
+    DCPX_WARN("dcpx_join: dcpxd named workspace regions 0x%x, this library "
+              "has 0x%x", seen, want);
+  return seen == want;
+}
+
 static int member_map(dcpx_member *m, const Dcpx__JoinReply *jr,
                       const int *fds, int nfds) {
   const uint32_t W = m->shape.world;
@@ -178,7 +206,8 @@ static int member_map(dcpx_member *m, const Dcpx__JoinReply *jr,
 
   if (nfds != (int)W + 1 || jr->n_fds != W + 1)
     return DCPX_E_PROTO;
-  if (jr->ws_bytes != m->L.ws_bytes || jr->ctl_bytes != m->L.ctl_bytes)
+  if (jr->ws_bytes != m->L.ws_bytes || jr->ctl_bytes != m->L.ctl_bytes ||
+      !regions_agree(m, jr))
     return DCPX_E_PROTO; /* daemon and library disagree on the layout */
   m->ctl_bytes = m->L.ctl_bytes;
   m->ws_bytes = m->L.ws_bytes;

@@ -1323,6 +1323,8 @@ START_TEST(test_join_transport_refused) {
   ck_assert_int_eq(dcpx_join(&c, &sh, &o, &m), DCPX_E_TRANSPORT);
 #elif !defined(HAVE_CUDA)
   ck_assert_int_eq(dcpx_join(&c, &sh, &o, &m), DCPX_E_NOSYS);
+#else /* CUDA and NCCL: libdcpx accepts it, and there is no daemon */
+  ck_assert_int_eq(dcpx_join(&c, &sh, &o, &m), DCPX_E_CONNREFUSED);
 #endif
   o.backend = DCPX_BACKEND_HOST;
   o.device = -1;
