@@ -292,6 +292,11 @@ static const dcpx_shape *shape_resolved(const dcpx_shape *in,
     return in;
   *buf = *in;
   buf->local_topk = dcpx_shape_auto_local_topk(in->world, in->topk);
+  /* No N for a world or topk beyond the limits: any N, so that the check
+   * names the limit (DCPX_E_LIMIT), not a zero field. */
+  if (!buf->local_topk &&
+      (in->world > DCPX_MAX_WORLD || in->topk > DCPX_MAX_TOPK))
+    buf->local_topk = 1;
   return buf;
 }
 

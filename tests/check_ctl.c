@@ -121,6 +121,11 @@ START_TEST(test_check_codes) {
   one_line("UNKNOWN");
   CTL(2, "--timeout", "0", "groups");
   CTL(2, "--bogus", "groups");
+  CC_ASSERT(strstr(g_o.err, "--bogus"), "no reason: %s", g_o.err);
+  CTL(2, "groups", "--bogus"); /* a command's own: getopt's message */
+  CC_ASSERT(strstr(g_o.err, "--bogus"), "no reason: %s", g_o.err);
+  CTL(2, "records", "--limit");
+  CC_ASSERT(g_o.err[0], "no reason for a missing argument");
   CTL(3, "check", "a", "b");
   one_line("UNKNOWN");
   CTL(3, "check", "nosuchgroup");

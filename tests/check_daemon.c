@@ -526,6 +526,14 @@ START_TEST(test_client_side_errors) {
   jo.backend = 7;
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
   jo.backend = DCPX_BACKEND_HOST;
+  /* local_topk 0 (the library's choice) with a world beyond the limits:
+   * the limit, not a zero field */
+  {
+    dcpx_shape big = sh;
+    big.world = DCPX_MAX_WORLD + 1;
+    big.local_topk = 0;
+    ck_assert_int_eq(dcpx_join(c, &big, &jo, &m), DCPX_E_LIMIT);
+  }
   jo.rank = 2;
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_BADRANK);
   jo.rank = 0;

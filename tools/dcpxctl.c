@@ -1645,6 +1645,7 @@ int main(int argc, char **argv) {
       (void)global_opt(opt);
     }
   }
+  opterr = 1; /* the commands' own options: getopt says what is wrong */
   cmd = optind < argc ? argv[optind] : NULL;
   if (bad[0]) /* dcpxctl(1): check exits 3 UNKNOWN on any usage error */
     return cmd && strcmp(cmd, "check") == 0

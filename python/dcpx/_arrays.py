@@ -141,12 +141,19 @@ def check_array(x: Any, name: str, kind: str, ndim: int,
                               ".contiguous() / np.ascontiguousarray)")
 
 
+#: What an empty torch tensor passes (its data_ptr() is 0, which libdcpx
+#: refuses as a missing array): any non-NULL address, never read, since an
+#: empty array has nothing to read (a zero-row call).
+_EMPTY_ADDR = 16
+
+
 def ptr(x: Any) -> Optional[int]:
     """The data address of an array, or None for None."""
     if x is None:
         return None
     try:
-        return x.data_ptr()  # torch
+        p = x.data_ptr()  # torch
+        return p if p or x.numel() else _EMPTY_ADDR
     except AttributeError:
         return x.ctypes.data  # numpy
 

@@ -11,6 +11,7 @@ Everything is checked (dtype, device, shape, contiguity) before any work.
 from __future__ import annotations
 
 import ctypes
+import threading
 import enum
 import itertools
 import operator
@@ -93,6 +94,9 @@ class Shape:
             return Shape(**self.__dict__)
         s = Shape(**self.__dict__)
         s.local_topk = auto_local_topk(self.world, self.topk)
+        if not s.local_topk and (_int_or(self.world) > MAX_WORLD or
+                                 _int_or(self.topk) > MAX_TOPK):
+            s.local_topk = 1  # so that the check names the limit (as C)
         return s
 
     def _c(self) -> DcpxShapeC:
@@ -118,6 +122,13 @@ class Shape:
         (``dcpx_shape_check``)."""
         c = self.resolved()._c()
         check(lib().dcpx_shape_check(ctypes.byref(c)), "shape check")
+
+
+def _int_or(x: Any, default: int = 0) -> int:
+    """x as an int if it is one (numpy ints too), else default."""
+    if isinstance(x, bool) or not hasattr(x, "__index__"):
+        return default
+    return operator.index(x)
 
 
 @dataclass
@@ -319,7 +330,12 @@ class Member:
     :meth:`Client.join`. A context manager that leaves the group.
 
     Not thread-safe (give each engine thread its own member), except that
-    :meth:`poll` may run on another thread while push/merge run.
+    :meth:`poll` may run on another thread while push/merge run. Whatever
+    the threads do, Python never touches a freed member: :meth:`leave`
+    (and :meth:`close`, ``with``, garbage collection) waits for the calls
+    running on other threads to return, and every call after it raises
+    :class:`StateError`; :meth:`poll`, :meth:`health`,
+    :meth:`async_error` and :meth:`recover` run one at a time.
     """
     _ptr: Optional[int]
     client: Client
@@ -338,6 +354,12 @@ class Member:
         self._where_t: Tuple[str, int] = \
             ("cuda", int(self.options.device)) if self._cuda else ("cpu", -1)
         self._lib = lib()
+        # In-flight C calls (leave waits for them), and the lock of the
+        # calls that drive the daemon link (poll, health, recover, ...).
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._busy = 0
+        self._link = threading.Lock()
         _members[self.handle] = weakref.ref(self)
 
     # -- properties -----------------------------------------------------
@@ -357,10 +379,21 @@ class Member:
     def closed(self) -> bool:
         return self._ptr is None
 
-    def _p(self) -> ctypes.c_void_p:
-        if self._ptr is None:
-            raise StateError(context="the member has left its group")
-        return ctypes.c_void_p(self._ptr)
+    def _begin(self) -> int:
+        """The member's pointer for one C call (end it with :meth:`_end`);
+        StateError once it left."""
+        with self._lock:
+            p = self._ptr
+            if p is None:
+                raise StateError(context="the member has left its group")
+            self._busy += 1
+            return p
+
+    def _end(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            if not self._busy:
+                self._idle.notify_all()
 
     def __repr__(self) -> str:
         return (f"Member(group={self.options.group!r}, rank={self.rank}, "
@@ -392,8 +425,12 @@ class Member:
         rows, stride = self._check_rows(logits, row_ends, "push")
         cin = call_in(rows, A.ptr(logits), stride, A.ptr(row_ends),
                       call_tag=call_tag & _U64)
-        r = self._lib.dcpx_push(self._ptr, ctypes.byref(cin),
-                                self._stream(stream))
+        p = self._begin()
+        try:
+            r = self._lib.dcpx_push(p, ctypes.byref(cin),
+                                    self._stream(stream))
+        finally:
+            self._end()
         if r < 0:
             check(r, "dcpx_push")
         return None
@@ -443,8 +480,13 @@ class Member:
         li = DcpxListsC(ctypes.sizeof(DcpxListsC), rows, N,
                         1 if check_order else 0, A.ptr(values),
                         A.ptr(indices))
-        r = self._lib.dcpx_push_list(self._ptr, ctypes.byref(cin),
-                                     ctypes.byref(li), self._stream(stream))
+        p = self._begin()
+        try:
+            r = self._lib.dcpx_push_list(p, ctypes.byref(cin),
+                                         ctypes.byref(li),
+                                         self._stream(stream))
+        finally:
+            self._end()
         if r < 0:
             check(r, "dcpx_push_list")
 
@@ -480,8 +522,12 @@ class Member:
                       ptr(block_table), bt_rows, bt_cols, call_tag & _U64)
         cout = merge_out(ptr(res.rows_out), ptr(res.valid_out),
                          ptr(res.ids_out), ptr(res.sat_word))
-        r = self._lib.dcpx_merge(self._ptr, ctypes.byref(cin),
-                                 ctypes.byref(cout), self._stream(stream))
+        p = self._begin()
+        try:
+            r = self._lib.dcpx_merge(p, ctypes.byref(cin),
+                                     ctypes.byref(cout), self._stream(stream))
+        finally:
+            self._end()
         if r < 0:
             check(r, "dcpx_merge")
         return res
@@ -562,14 +608,25 @@ class Member:
         step, off the hot path. Returns 0 when attached; a negative code
         (NotConnected -107, ConnectionRefused -111, ...) while not attached:
         that affects no call, so it is returned, not raised."""
-        r = lib().dcpx_poll(self._p())
+        p = self._begin()
+        try:
+            with self._link:
+                r = self._lib.dcpx_poll(p)
+        finally:
+            self._end()
         return int(r)
 
     def health(self) -> Health:
         """This member's view of its group (``dcpx_health``)."""
         h = DcpxHealthInfoC()
         h.size = ctypes.sizeof(DcpxHealthInfoC)
-        check(lib().dcpx_health(self._p(), ctypes.byref(h)), "dcpx_health")
+        p = self._begin()
+        try:
+            with self._link:
+                r = self._lib.dcpx_health(p, ctypes.byref(h))
+        finally:
+            self._end()
+        check(r, "dcpx_health")
         return Health(**{f.name: int(getattr(h, f.name))
                          for f in fields(Health)})
 
@@ -579,8 +636,13 @@ class Member:
         no device sync."""
         e = DcpxAsyncErrorC()
         e.size = ctypes.sizeof(DcpxAsyncErrorC)
-        check(lib().dcpx_member_async_error(self._p(), ctypes.byref(e)),
-              "dcpx_member_async_error")
+        p = self._begin()
+        try:
+            with self._link:
+                r = self._lib.dcpx_member_async_error(p, ctypes.byref(e))
+        finally:
+            self._end()
+        check(r, "dcpx_member_async_error")
         rows = [w * 64 + b for w in range(64) if e.row_mask[w]
                 for b in range(64) if (e.row_mask[w] >> b) & 1]
         return AsyncError(int(e.state), Reason(e.reason), int(e.abort),
@@ -597,19 +659,32 @@ class Member:
             s = A.stream_handle(stream) if stream is not None else \
                 A.current_stream_of_device(self.options.device)
         self._token = None
-        check(lib().dcpx_recover(self._p(), s, int(timeout_ms)),
-              "dcpx_recover")
+        p = self._begin()
+        try:
+            with self._link:
+                r = self._lib.dcpx_recover(p, s, int(timeout_ms))
+        finally:
+            self._end()
+        check(r, "dcpx_recover")
 
     def leave(self) -> None:
         """Leaves the group and frees the member (``dcpx_leave``);
-        idempotent. Leave together: a rank that leaves while a peer still
-        merges the last call takes the group down under that peer (its
-        merge raises :class:`Aborted`); synchronize the ranks first."""
-        if self._ptr is not None:
-            p, self._ptr = self._ptr, None
-            _members.pop(self.handle, None)
-            self._token = None
-            check(lib().dcpx_leave(ctypes.c_void_p(p)), "dcpx_leave")
+        idempotent. Calls running on other threads return first (a merge
+        waiting for its peers: at most the group's timeout); later calls
+        raise :class:`StateError`. Leave together: a rank that leaves while
+        a peer still merges the last call takes the group down under that
+        peer (its merge raises :class:`Aborted`); synchronize the ranks
+        first."""
+        with self._lock:
+            p = self._ptr
+            if p is None:
+                return
+            self._ptr = None
+            while self._busy:
+                self._idle.wait()
+        _members.pop(self.handle, None)
+        self._token = None
+        check(self._lib.dcpx_leave(ctypes.c_void_p(p)), "dcpx_leave")
 
     close = leave
 
@@ -659,22 +734,26 @@ class PreparedCall:
 
     def push(self, call_tag: int = 0) -> None:
         """``dcpx_push`` over the bound buffers."""
-        m = self.member._ptr
-        if m is None:
-            raise StateError(context="the member has left its group")
-        self._in.call_tag = call_tag & _U64
-        r = self._push(m, ctypes.byref(self._in), self._s())
+        mb = self.member
+        m = mb._begin()
+        try:
+            self._in.call_tag = call_tag & _U64
+            r = self._push(m, ctypes.byref(self._in), self._s())
+        finally:
+            mb._end()
         if r < 0:
             check(r, "dcpx_push")
 
     def merge(self, call_tag: int = 0) -> MergeResult:
         """``dcpx_merge`` into ``out``; returns ``out``."""
-        m = self.member._ptr
-        if m is None:
-            raise StateError(context="the member has left its group")
-        self._in.call_tag = call_tag & _U64
-        r = self._merge(m, ctypes.byref(self._in), ctypes.byref(self._out),
-                        self._s())
+        mb = self.member
+        m = mb._begin()
+        try:
+            self._in.call_tag = call_tag & _U64
+            r = self._merge(m, ctypes.byref(self._in),
+                            ctypes.byref(self._out), self._s())
+        finally:
+            mb._end()
         if r < 0:
             check(r, "dcpx_merge")
         return self.out

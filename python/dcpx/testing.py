@@ -72,14 +72,24 @@ class PrivateDaemon:
         self.log = os.path.join(self.dir, "dcpxd.log")
 
     def start(self, timeout_s: float = 10.0) -> "PrivateDaemon":
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL)
+        """Starts dcpxd and waits until it answers; raises RuntimeError
+        (with its log) if it does not, leaving nothing behind (its temp
+        dir goes too)."""
+        try:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(self.args, stdout=log,
+                                             stderr=log,
+                                             stdin=subprocess.DEVNULL)
+        except OSError as e:
+            self.stop()
+            raise RuntimeError(f"cannot run {self.args[0]}: {e}") from e
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"dcpxd exited {self.proc.returncode}: "
-                                   f"{self.read_log()}")
+                why = (f"dcpxd exited {self.proc.returncode}: "
+                       f"{self.read_log()}")
+                self.stop()
+                raise RuntimeError(why)
             if os.path.exists(self.socket):
                 try:
                     Client(self.socket).close()
@@ -87,8 +97,9 @@ class PrivateDaemon:
                 except DcpxError:
                     pass
             time.sleep(0.01)
+        why = "dcpxd did not come up: " + self.read_log()
         self.stop()
-        raise RuntimeError("dcpxd did not come up: " + self.read_log())
+        raise RuntimeError(why)
 
     def read_log(self) -> str:
         try:

@@ -90,6 +90,14 @@ def test_join_errors(daemon, group):
     with pytest.raises(dcpx.LimitError):
         c.join(dcpx.Shape(world=2, rows=5000, topk=8, local_topk=2,
                           max_local=64), rank=0, group=group)
+    # a world or topk beyond the limits with local_topk=0 (the default)
+    # is a LimitError too, not a zero field
+    for big in (dict(world=17, topk=8), dict(world=1, topk=4097)):
+        with pytest.raises(dcpx.LimitError):
+            dcpx.Shape(**big).check()
+        with pytest.raises(dcpx.LimitError):
+            c.join(dcpx.Shape(rows=2, max_local=64, **big), rank=0,
+                   group=group)
     with pytest.raises(dcpx.InvalidArgument):
         c.join(s2, rank=0, group="bad name!")
     with pytest.raises(dcpx.InvalidArgument):

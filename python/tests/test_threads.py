@@ -1,0 +1,144 @@
+"""A member used from several threads: leave() while another thread is
+inside a call waits for that call (it used to free the member under it:
+a segfault or heap corruption), later calls raise StateError; the link
+calls (poll, health, ...) run one at a time. And a zero-row call with
+empty torch tensors (data_ptr() 0) is a call, not a refused one."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dcpx
+
+
+def _args(rows=4, L=128):
+    lg = np.arange(rows * L, dtype=np.uint16).reshape(rows, L)
+    en = np.full(rows, L, np.int32)
+    req = np.arange(rows, dtype=np.int32)
+    bt = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
+    return lg, en, req, bt
+
+
+def _pair(daemon, group, timeout_ns):
+    """Both ranks of a W=2 group, joined from two threads."""
+    shape = dcpx.Shape(world=2, rows=4, topk=16, local_topk=4, block_size=4,
+                       max_local=128)
+    got = {}
+
+    def join(r):
+        got[r] = dcpx.Client(daemon.socket).join(
+            shape, rank=r, group=group, timeout_ns=timeout_ns)
+
+    ts = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    return got[0], got[1]
+
+
+def test_leave_waits_for_a_merge_on_another_thread(daemon, group):
+    m0, m1 = _pair(daemon, group, 400_000_000)  # waits give up at 0.4 s
+    lg, en, req, bt = _args()
+    seen = []
+
+    def merge():
+        m0.push(lg, en)
+        try:
+            m0.merge(lg, en, req, bt)  # rank 1 never pushes: it waits
+            seen.append("returned")
+        except dcpx.DcpxError as e:
+            seen.append(type(e).__name__)
+
+    t = threading.Thread(target=merge)
+    t.start()
+    time.sleep(0.1)  # the merge is waiting inside libdcpx now
+    t0 = time.monotonic()
+    m0.leave()
+    waited = time.monotonic() - t0
+    t.join(10)
+    assert not t.is_alive()
+    assert seen == ["Failed"], seen
+    assert waited > 0.1, f"leave returned after {waited:.3f} s, before the merge"
+    assert m0.closed
+    with pytest.raises(dcpx.StateError):
+        m0.push(lg, en)
+    with pytest.raises(dcpx.StateError):
+        m0.poll()
+    m1.leave()
+
+
+def test_leave_under_a_poll_and_health_loop(daemon, group):
+    m0, m1 = _pair(daemon, group, 1_000_000_000)
+    errors = []
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            try:
+                m0.poll()
+                m0.health()
+                m0.async_error()
+            except dcpx.StateError:
+                return
+            except Exception as e:  # noqa: BLE001 - the test's verdict
+                errors.append(repr(e))
+                return
+
+    ts = [threading.Thread(target=loop) for _ in range(3)]
+    for t in ts:
+        t.start()
+    time.sleep(0.2)
+    m0.leave()
+    stop.set()
+    for t in ts:
+        t.join(10)
+        assert not t.is_alive()
+    assert errors == []
+    m1.leave()
+
+
+def test_prepared_call_after_leave(daemon, group, small_shape):
+    lg, en, req, bt = _args()
+    m = dcpx.Client(daemon.socket).join(small_shape, rank=0, group=group)
+    pc = m.prepare(lg, en, req, bt)
+    pc()
+    m.leave()
+    with pytest.raises(dcpx.StateError):
+        pc.push()
+    with pytest.raises(dcpx.StateError):
+        pc.merge()
+
+
+def test_zero_rows_torch(member):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    lg0 = torch.empty((0, 128), dtype=torch.int16)
+    en0 = torch.empty(0, dtype=torch.int32)
+    assert lg0.data_ptr() == 0  # what used to reach libdcpx as NULL
+    bt = torch.arange(4 * 32, dtype=torch.int32).reshape(4, 32)
+    member.push(lg0, en0)
+    res = member.merge(lg0, en0, en0, bt)
+    assert tuple(res.rows_out.shape) == (0, 16)
+    assert member.async_error().state == 0
+    lg, en, req, btn = _args()
+    member.push(lg, en)
+    res = member.merge(lg, en, req, btn)
+    ref = dcpx.ref_call(member.shape, [lg], [en], 0, req, btn)
+    assert (np.asarray(res.rows_out) == np.asarray(ref.rows_out)).all()
+
+
+@pytest.mark.parametrize("kw", [{"binary": "/bin/false"},
+                                {"extra_args": ["--bogus"]},
+                                {"binary": "/nonexistent/dcpxd"}])
+def test_private_daemon_start_failure_leaves_nothing(libdcpx, kw):
+    import os
+    import dcpx.testing
+    if "binary" not in kw and not dcpx.testing.find_dcpxd():
+        pytest.skip("dcpxd not found (set DCPXD)")
+    d = dcpx.testing.PrivateDaemon(**kw)
+    assert os.path.isdir(d.dir)
+    with pytest.raises(RuntimeError):
+        d.start(timeout_s=5)
+    assert not os.path.exists(d.dir)
