@@ -193,6 +193,16 @@ START_TEST(test_check_codes) {
   CC_ASSERT(strstr(g_o.out, "group mon aborted (dead)") &&
                 strstr(g_o.out, "group mon rank 1 DEAD"),
             "%s", g_o.out);
+  /* --json: the totals have failed_calls as the text has; an unreachable
+   * dcpxd answers in JSON too (dcpxctl(1), JSON OUTPUT). */
+  CTL(0, "stats", "--json");
+  CC_ASSERT(strstr(g_o.out, "\"totals\":{") &&
+                strstr(strstr(g_o.out, "\"totals\":{"), "\"failed_calls\":"),
+            "%s", g_o.out);
+  CTL(3, "--socket", "/nonexistent/dcpx.sock", "--json", "groups");
+  CC_ASSERT(strstr(g_o.out, "\"unreachable\":true") &&
+                strstr(g_o.out, "\"status\":-111"),
+            "%s", g_o.out);
 
   for (uint32_t r = 0; r < W; r++)
     if (pids[r] > 0) {

@@ -204,20 +204,27 @@ static int sock_fd = -1;
 static char last_error[512];
 static bool quiet_errors;
 
-static int die_unreachable(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
-static int die_unreachable(const char *fmt, ...) {
+/* dcpxd cannot be reached (code: the dcpx error code of why): says so on
+ * stderr, and with --json also as {"status": code, "error": text, ...} on
+ * stdout, as a refusal is; returns EXIT_UNREACHABLE. */
+static int die_unreachable(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int die_unreachable(int code, const char *fmt, ...) {
   va_list ap;
-  if (!quiet_errors) {
-    fputs("dcpxctl: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-  }
   va_start(ap, fmt);
   vsnprintf(last_error, sizeof(last_error), fmt, ap);
   va_end(ap);
+  if (!quiet_errors)
+    fprintf(stderr, "dcpxctl: %s\n", last_error);
+  if (arg_json && !quiet_errors) {
+    jw w = jw_start(stdout);
+    jw_obj(&w, NULL);
+    jw_i64(&w, "status", code);
+    jw_str(&w, "error", last_error);
+    jw_bool(&w, "unreachable", true);
+    jw_obj_end(&w);
+    jw_end(&w);
+  }
   return EXIT_UNREACHABLE;
 }
 
@@ -226,16 +233,16 @@ static Dcpx__Frame *recv_answer(void) {
   Dcpx__Frame *f = NULL;
   int r = dcpx__frame_recv_answer(sock_fd, arg_timeout_ms, &f);
   if (r == DCPX_E_TIMEDOUT)
-    die_unreachable("no answer from dcpxd within %d ms", arg_timeout_ms);
+    die_unreachable(r, "no answer from dcpxd within %d ms", arg_timeout_ms);
   else if (r < 0)
-    die_unreachable("receiving from dcpxd: %s", dcpx_strerror(r));
+    die_unreachable(r, "receiving from dcpxd: %s", dcpx_strerror(r));
   return r < 0 ? NULL : f;
 }
 
 static int send_frame(const Dcpx__Frame *f) {
   int r = dcpx__frame_send(sock_fd, f, NULL, 0);
   if (r < 0)
-    return die_unreachable("sending to dcpxd: %s", dcpx_strerror(r));
+    return die_unreachable(r, "sending to dcpxd: %s", dcpx_strerror(r));
   return 0;
 }
 
@@ -248,7 +255,7 @@ static int connect_daemon(void) {
   if (r == DCPX_E_INVAL)
     return usage_error("%s", err);
   if (r < 0)
-    return die_unreachable("%s", err);
+    return die_unreachable(r, "%s", err);
   sock_fd = r;
   return 0;
 }
@@ -292,7 +299,7 @@ static int run_query(Dcpx__Query *q, Dcpx__Frame **ret) {
   if (in->msg_case != DCPX__FRAME__MSG_QUERY_REPLY || !in->query_reply ||
       !in->query_reply->reply) {
     dcpx__frame_free(in);
-    return die_unreachable("unexpected answer from dcpxd");
+    return die_unreachable(DCPX_E_PROTO, "unexpected answer from dcpxd");
   }
   if (in->query_reply->reply->status < 0) {
     r = daemon_error(in->query_reply->reply->status,
@@ -318,7 +325,7 @@ static int run_command(Dcpx__Command *cmd) {
     return EXIT_UNREACHABLE;
   if (in->msg_case != DCPX__FRAME__MSG_REPLY || !in->reply) {
     dcpx__frame_free(in);
-    return die_unreachable("unexpected answer from dcpxd");
+    return die_unreachable(DCPX_E_PROTO, "unexpected answer from dcpxd");
   }
   if (in->reply->status < 0) {
     r = daemon_error(in->reply->status, in->reply->error);
@@ -381,6 +388,15 @@ static double rescue_rate(uint64_t rescue, uint64_t rows) {
   return rows ? (double)rescue / (double)rows : 0.0;
 }
 
+/* "rescue_rate": rescued rows / rows, null without rows (the text's
+ * "-"). */
+static void json_rate(jw *w, uint64_t rescue, uint64_t rows) {
+  if (rows)
+    jw_double(w, "rescue_rate", rescue_rate(rescue, rows));
+  else
+    jw_null(w, "rescue_rate");
+}
+
 static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
   char t[64];
   format_time(r->time_ns, t, sizeof(t));
@@ -409,7 +425,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   jw_arr(&w, "groups");
   for (size_t i = 0; i < qr->n_groups; i++) {
     const Dcpx__GroupInfo *g = qr->groups[i];
-    uint64_t rows = 0, rescue = 0, calls = 0;
+    uint64_t rows = 0, rescue = 0, calls = 0, failed = 0;
     bool ok = group_healthy(g);
     all_ok = all_ok && ok;
     jw_obj(&w, NULL);
@@ -449,25 +465,30 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
       jw_str(&w, "state", rank_state(g, r, false));
       jw_bool(&w, "joined", r->joined);
       jw_u64(&w, "pid", r->pid);
-      jw_i64(&w, "device", r->device);
+      if (r->joined)
+        jw_i64(&w, "device", r->device);
+      else
+        jw_null(&w, "device");
       jw_bool(&w, "alarm", r->alarm);
       jw_bool(&w, "failed", r->failed);
       jw_u64(&w, "calls", r->calls);
       jw_u64(&w, "rows", r->rows);
       jw_u64(&w, "rescue_rows", r->rescue_rows);
       jw_u64(&w, "failed_calls", r->failed_calls);
-      jw_double(&w, "rescue_rate", rescue_rate(r->rescue_rows, r->rows));
+      json_rate(&w, r->rescue_rows, r->rows);
       jw_obj_end(&w);
       rows += r->rows;
       rescue += r->rescue_rows;
       calls += r->calls;
+      failed += r->failed_calls;
     }
     jw_arr_end(&w);
     jw_obj(&w, "totals");
     jw_u64(&w, "calls", calls);
     jw_u64(&w, "rows", rows);
     jw_u64(&w, "rescue_rows", rescue);
-    jw_double(&w, "rescue_rate", rescue_rate(rescue, rows));
+    jw_u64(&w, "failed_calls", failed);
+    json_rate(&w, rescue, rows);
     jw_obj_end(&w);
     if (g->last_record)
       json_record(&w, "last_record", g->last_record);
@@ -564,9 +585,12 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
       bool last = k + 1 == g->n_ranks && !g->last_record;
       if (!r)
         continue;
-      printf("  %s rank %-2u %-7s pid %-7u device %-3d calls %-10" PRIu64,
+      char dev[16] = "-";
+      if (r->joined)
+        snprintf(dev, sizeof(dev), "%d", (int)r->device);
+      printf("  %s rank %-2u %-7s pid %-7u device %-3s calls %-10" PRIu64,
              last ? elbow : tee, r->rank, rank_state(g, r, true), r->pid,
-             (int)r->device, r->calls);
+             dev, r->calls);
       if (r->rows)
         printf(" rescue %6.2f%%", 100.0 * rescue_rate(r->rescue_rows, r->rows));
       else
