@@ -124,6 +124,16 @@ class Shape:
         check(lib().dcpx_shape_check(ctypes.byref(c)), "shape check")
 
 
+def _ranged(x: Any, lo: int, hi: int, what: str) -> int:
+    """x as an int in lo..hi (numpy integers too; not bool), else
+    InvalidArgument naming ``what``."""
+    if isinstance(x, bool) or not hasattr(x, "__index__") or \
+            not lo <= operator.index(x) <= hi:
+        raise InvalidArgument(context=f"{what}: {x!r} is not an integer in "
+                              f"{lo}..{hi}")
+    return operator.index(x)
+
+
 def _int_or(x: Any, default: int = 0) -> int:
     """x as an int if it is one (numpy ints too), else default."""
     if isinstance(x, bool) or not hasattr(x, "__index__"):
@@ -274,21 +284,15 @@ class Client:
             raise InvalidArgument(context="group must be a str") from None
         if b"\0" in group:  # C would stop there: another group's name
             raise TextError(context=f"group {opts.group!r} contains a NUL")
-        for name in ("rank", "join_timeout_ms"):
-            v = getattr(opts, name)
-            if not isinstance(v, int) or not 0 <= v <= 0xFFFFFFFF:
-                raise InvalidArgument(context=f"JoinOptions.{name}={v!r}")
-        if not isinstance(opts.device, int) or isinstance(opts.device, bool) \
-                or not -(1 << 31) <= opts.device < 1 << 31:
-            raise InvalidArgument(context=f"JoinOptions.device={opts.device!r}"
-                                          " (an int32; -1: host backend)")
-        if not isinstance(opts.timeout_ns, int) or \
-                not 0 <= opts.timeout_ns < 1 << 64:
-            raise InvalidArgument(context=f"timeout_ns={opts.timeout_ns!r}")
-        co = DcpxJoinOptsC(ctypes.sizeof(DcpxJoinOptsC), opts.rank, group,
-                           int(opts.device), int(opts.backend),
-                           int(opts.transport), opts.join_timeout_ms,
-                           opts.timeout_ns)
+        rank = _ranged(opts.rank, 0, 0xFFFFFFFF, "JoinOptions.rank")
+        jt = _ranged(opts.join_timeout_ms, 0, 0xFFFFFFFF,
+                     "JoinOptions.join_timeout_ms")
+        dev = _ranged(opts.device, -(1 << 31), (1 << 31) - 1,
+                      "JoinOptions.device (an int32; -1: host backend)")
+        tns = _ranged(opts.timeout_ns, 0, (1 << 64) - 1,
+                      "JoinOptions.timeout_ns")
+        co = DcpxJoinOptsC(ctypes.sizeof(DcpxJoinOptsC), rank, group, dev,
+                           int(opts.backend), int(opts.transport), jt, tns)
         p = ctypes.c_void_p()
         r = lib().dcpx_join(ctypes.c_void_p(self._ptr), ctypes.byref(cs),
                             ctypes.byref(co), ctypes.byref(p))
@@ -810,7 +814,8 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     st = DcpxRefStatsC()
     cs = s._c()
     keep, lsp = _ref_lists(lists, W)
-    rin = DcpxRefInC(ctypes.sizeof(DcpxRefInC), rows, int(rank), 0, stride,
+    rank = _ranged(rank, 0, 0xFFFFFFFF, "ref_call rank")
+    rin = DcpxRefInC(ctypes.sizeof(DcpxRefInC), rows, rank, 0, stride,
                      ctypes.cast(lp, ctypes.c_void_p).value,
                      ctypes.cast(ep, ctypes.c_void_p).value, A.ptr(req),
                      A.ptr(bt), bt.shape[0], bt.shape[1], lsp)
@@ -857,6 +862,7 @@ def ref_local_list(logits: Any, cap: int) -> List[Tuple[int, int]]:
     """A rank's local top-``cap`` list of one row (``dcpx_ref_local_list``)
     as ``[(ord16, l), ...]`` in ascending l."""
     import numpy as np
+    cap = _ranged(cap, 0, 0xFFFFFFFF, "ref_local_list cap")
     x = A.to_numpy_host(logits, "logits", A.BF16, 1)
     words = np.zeros(max(int(lib().dcpx_row_words(cap)), 1), np.uint32)
     n = check(lib().dcpx_ref_local_list(A.ptr(x), x.shape[0], cap,

@@ -37,7 +37,9 @@ class DcpxError(Exception):
         if code is not None:
             self.code = code
         if message is None:
-            message = _strerror(self.code)
+            # the bare base class names no code (its -1 is also PERM's)
+            message = "unknown dcpx error" if code is None and \
+                type(self) is DcpxError else _strerror(self.code)
         self.message = message
         self.context = context
         text = f"{context}: {message}" if context else message

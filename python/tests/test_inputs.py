@@ -51,6 +51,31 @@ def test_join_device_range(daemon, group, small_shape):
                 c.join(small_shape, rank=0, group=group, device=dev)
 
 
+def test_join_rank_types(daemon, group, small_shape):
+    """JoinOptions' integers are checked as Shape's: numpy integers are
+    integers, bools and values out of range are not."""
+    with dcpx.Client(daemon.socket) as c:
+        for bad in (True, -1, 1 << 32, 0.0):
+            with pytest.raises(dcpx.InvalidArgument, match="rank"):
+                c.join(small_shape, rank=bad, group=group)
+        with c.join(small_shape, rank=np.int32(0), group=group) as m:
+            assert m.rank == 0
+
+
+def test_ref_ranges(libdcpx, small_shape):
+    """ref_call's rank and ref_local_list's cap are uint32 in C: a larger
+    value is refused, not wrapped to another rank or cap."""
+    lg = np.arange(128, dtype=np.uint16).reshape(1, 128)
+    en = np.full(1, 128, np.int32)
+    req = np.zeros(1, np.int32)
+    bt = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
+    with pytest.raises(dcpx.InvalidArgument, match="rank"):
+        dcpx.ref_call(small_shape, [lg], [en], 1 << 32, req, bt)
+    with pytest.raises(dcpx.InvalidArgument, match="cap"):
+        dcpx.ref_local_list(lg[0], (1 << 32) + 4)
+    assert len(dcpx.ref_local_list(lg[0], 4)) == 4
+
+
 def test_integer_ranges(libdcpx, small_shape):
     with pytest.raises(dcpx.InvalidArgument):
         dcpx.strerror(1 << 40)
