@@ -57,6 +57,8 @@ run --world 5 --rows 3 --local-len 2048 --calls 8 --kill-at 4 --fault-rank 2
 # Rows shorter than N, where local lengths are shorter than N themselves.
 run --world 2 --rows 4 --local-len 8 --local-topk 16 --topk 32 --calls 4
 run --world 1 --rows 3 --local-len 2048 --calls 4 --kill-at 1
+# --local-topk 0: the library's choice, as a dcpx_shape's 0
+run --world 3 --rows 2 --local-len 2048 --calls 2 --local-topk 0
 
 # Other bad arguments: exit 2 and a reason, before anything starts.
 refused() { # pattern, args...

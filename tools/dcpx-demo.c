@@ -804,7 +804,8 @@ static void help(void) {
       "  --rows R         rows per call (default 64)\n"
       "  --calls C        calls (default 50)\n"
       "  --topk K         the global top-K (default 2048)\n"
-      "  --local-topk N   candidates each rank pushes (default 512)\n"
+      "  --local-topk N   candidates each rank pushes (default 512; 0: the\n"
+      "                   library's choice for W and K)\n"
       "  --local-len L    logits per rank and row (default 16384)\n"
       "  --block-size B   KV block size of the block table (default 64)\n"
       "  --interleave I   DCP interleave of token positions (default 1)\n"
@@ -931,6 +932,8 @@ static int parse_args(opts *o, int argc, char **argv) {
 #endif
   if (!o->fault_rank_given && o->world == 1)
     o->fault_rank = 0;
+  if (!o->local_topk) /* 0: the library's choice, as in dcpx_shape */
+    o->local_topk = dcpx_shape_auto_local_topk(o->world, o->topk);
   return -1;
 }
 
@@ -1091,7 +1094,13 @@ static int report_calls(const opts *o, const shared *sh, int failed) {
   }
   if (failed)
     printf("ranks failed: %d\n", failed);
-  if (injected_call(o) >= 0) {
+  if (injected_call(o) >= 0 && !faulted) {
+    printf("fault: no call failed: the %s of rank %u in call %d did not "
+           "take (a dcpxd without --enable-fault-injection refuses to arm "
+           "a stall)\n",
+           o->fault_at >= 0 ? "stall" : "kill", o->fault_rank,
+           injected_call(o));
+  } else if (injected_call(o) >= 0) {
     double worst = 0;
     for (uint32_t r = 0; r < o->world; r++)
       if (sh->recover_ms[r] > worst)
