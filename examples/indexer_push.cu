@@ -27,6 +27,7 @@
  * (> T, == T) gives every selected key its output position.
  */
 #include <cuda_bf16.h>
+#include <string.h>
 
 #include <dcpx/device.cuh>
 
@@ -250,21 +251,31 @@ extern "C" int ix_launch(enum ix_mode mode, const dcpx_device *dev,
                          const ix_args *a, cudaStream_t s) {
   if (a->dim > MAX_DIM || !dev || dev->row_words > 4224)
     return DCPX_E_INVAL;
-  const dim3 grid(a->rows ? a->rows : 1u), block(IT);
-  const size_t smem = ix_smem(dev, a->len);
+  void (*k)(const dcpx_device, const ix_args) = NULL;
   switch (mode) {
   case IX_SCORE:
-    ix_kernel<IX_SCORE><<<grid, block, smem, s>>>(*dev, *a);
+    k = ix_kernel<IX_SCORE>;
     break;
   case IX_SELECT:
-    ix_kernel<IX_SELECT><<<grid, block, smem, s>>>(*dev, *a);
+    k = ix_kernel<IX_SELECT>;
     break;
   case IX_LISTS:
-    ix_kernel<IX_LISTS><<<grid, block, smem, s>>>(*dev, *a);
+    k = ix_kernel<IX_LISTS>;
     break;
   case IX_FUSED:
-    ix_kernel<IX_FUSED><<<grid, block, smem, s>>>(*dev, *a);
+    k = ix_kernel<IX_FUSED>;
     break;
   }
-  return cudaPeekAtLastError() == cudaSuccess ? 0 : DCPX_E_CUDA;
+  if (!k)
+    return DCPX_E_INVAL;
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.gridDim = dim3(a->rows ? a->rows : 1u);
+  cfg.blockDim = dim3(IT);
+  cfg.dynamicSmemBytes = ix_smem(dev, a->len);
+  cfg.stream = s;
+  /* The launch's own status: an engine's earlier, unrelated error (which
+   * cudaPeekAtLastError would report) must not fail this call. */
+  return cudaLaunchKernelEx(&cfg, k, *dev, *a) == cudaSuccess ? 0
+                                                              : DCPX_E_CUDA;
 }
