@@ -124,6 +124,16 @@ class Shape:
         check(lib().dcpx_shape_check(ctypes.byref(c)), "shape check")
 
 
+def _tag(call_tag: Any) -> int:
+    """A call tag as the C uint64 (any integer, taken modulo 2^64)."""
+    if type(call_tag) is int:
+        return call_tag & _U64
+    if isinstance(call_tag, bool) or not hasattr(call_tag, "__index__"):
+        raise InvalidArgument(context=f"call_tag must be an integer, got "
+                              f"{type(call_tag).__name__} {call_tag!r}")
+    return operator.index(call_tag) & _U64
+
+
 def _ranged(x: Any, lo: int, hi: int, what: str) -> int:
     """x as an int in lo..hi (numpy integers too; not bool), else
     InvalidArgument naming ``what``."""
@@ -428,7 +438,7 @@ class Member:
             return tok
         rows, stride = self._check_rows(logits, row_ends, "push")
         cin = call_in(rows, A.ptr(logits), stride, A.ptr(row_ends),
-                      call_tag=call_tag & _U64)
+                      call_tag=_tag(call_tag))
         p = self._begin()
         try:
             r = self._lib.dcpx_push(p, ctypes.byref(cin),
@@ -480,7 +490,7 @@ class Member:
             raise RangeError(context=f"push_list: {rows} rows, more than "
                              f"the group's rows={self.shape.rows}")
         cin = call_in(rows, None, 0, A.ptr(row_ends),
-                      call_tag=call_tag & _U64)
+                      call_tag=_tag(call_tag))
         li = DcpxListsC(ctypes.sizeof(DcpxListsC), rows, N,
                         1 if check_order else 0, A.ptr(values),
                         A.ptr(indices))
@@ -511,6 +521,9 @@ class Member:
         sat_word if ``sat``). Raises :class:`Failed` / :class:`Aborted`
         (then :meth:`recover`), :class:`RangeError`, ...; with the CUDA
         backend a failed row shows as ``valid_out[t] == -1`` instead.
+        When it raises, the outputs it allocated are lost with it; pass
+        ``out`` to keep the rows that did complete (a :class:`RangeError`
+        for one row's ``req_id`` leaves the others exact in ``out``).
         """
         if _is_compiling():
             return _torch_ops.merge(self, logits, row_ends, req_id,
@@ -523,7 +536,7 @@ class Member:
         res = self._outputs(logits, rows, out, ids, sat)
         ptr = A.ptr
         cin = call_in(rows, ptr(logits), stride, ptr(row_ends), ptr(req_id),
-                      ptr(block_table), bt_rows, bt_cols, call_tag & _U64)
+                      ptr(block_table), bt_rows, bt_cols, _tag(call_tag))
         cout = merge_out(ptr(res.rows_out), ptr(res.valid_out),
                          ptr(res.ids_out), ptr(res.sat_word))
         p = self._begin()
@@ -592,7 +605,12 @@ class Member:
                 A.empty(like, (rows, K), A.I32) if ids else None,
                 A.empty(like, (rows,), A.U32) if sat else None)
         if type(out) is not MergeResult:
-            out = MergeResult(*out)
+            try:
+                out = MergeResult(*out)
+            except TypeError:
+                raise InvalidArgument(
+                    context="out must be (rows_out, valid_out[, ids_out"
+                            "[, sat_word]])") from None
         where = self._where_t
         A.check_array(out.rows_out, "out.rows_out", A.I32, 2, where,
                       (rows, K), writable=True)
@@ -741,7 +759,7 @@ class PreparedCall:
         mb = self.member
         m = mb._begin()
         try:
-            self._in.call_tag = call_tag & _U64
+            self._in.call_tag = _tag(call_tag)
             r = self._push(m, ctypes.byref(self._in), self._s())
         finally:
             mb._end()
@@ -753,7 +771,7 @@ class PreparedCall:
         mb = self.member
         m = mb._begin()
         try:
-            self._in.call_tag = call_tag & _U64
+            self._in.call_tag = _tag(call_tag)
             r = self._merge(m, ctypes.byref(self._in),
                             ctypes.byref(self._out), self._s())
         finally:

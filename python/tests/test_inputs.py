@@ -102,3 +102,19 @@ def test_from_bf16_bits_types(libdcpx):
     for bad in ([0x10000], [-1], np.array([1.5])):
         with pytest.raises(dcpx.InvalidArgument):
             dcpx.from_bf16_bits(bad)
+
+
+def test_call_tag_and_out_types(member):
+    lg = np.arange(4 * 128, dtype=np.uint16).reshape(4, 128)
+    en = np.full(4, 128, np.int32)
+    req = np.arange(4, dtype=np.int32)
+    bt = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
+    with pytest.raises(dcpx.InvalidArgument, match="call_tag"):
+        member.push(lg, en, call_tag=1.5)
+    with pytest.raises(dcpx.InvalidArgument, match="call_tag"):
+        member.push(lg, en, call_tag=True)
+    member.push(lg, en, call_tag=np.uint64(7))  # numpy integers are fine
+    with pytest.raises(dcpx.InvalidArgument, match="out must be"):
+        member.merge(lg, en, req, bt, out=(np.empty((4, 16), np.int32),))
+    member.merge(lg, en, req, bt, call_tag=-1)  # modulo 2^64, as C
+    assert member.async_error().state == 0
