@@ -20,16 +20,10 @@
 #include <string.h>
 
 #include "dcpx.h"
-
-static uint64_t mix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+#include "rng.h"
 
 static double unif(uint64_t *s) {
-  return (double)(mix(s) >> 11) * (1.0 / 9007199254740992.0) + 1e-300;
+  return (double)(dcpx_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0) + 1e-300;
 }
 
 static uint16_t to_bf16(float f) {

@@ -29,6 +29,7 @@
 #include "frame.h"
 #include "log.h"
 #include "member.h"
+#include "rng.h"
 
 static char g_dir[64], g_sock[128];
 static pid_t g_daemon;
@@ -80,13 +81,6 @@ static void daemon_stop(void) {
   g_daemon = 0;
 }
 
-static uint64_t mix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 typedef struct spec {
   const char *group;
   uint32_t W, R, K, N, L, calls;
@@ -113,10 +107,10 @@ static void inputs(const spec *sp, uint32_t c, uint16_t **lg, int32_t **en) {
     uint64_t s = ((uint64_t)c << 32) ^ (d * 7919u) ^ 0xD0D0;
     for (uint32_t t = 0; t < sp->R; t++) {
       int hot = (c + t) % 3 == 0 && d == (c + t) % sp->W; /* rescues */
-      en[d][t] = (int32_t)(mix(&s) % (sp->L + 1));
+      en[d][t] = (int32_t)(dcpx_splitmix64(&s) % (sp->L + 1));
       for (uint32_t l = 0; l < sp->L; l++)
         lg[d][t * sp->L + l] =
-            (uint16_t)((hot ? 0x4100 : 0x3F00) + mix(&s) % 0x60);
+            (uint16_t)((hot ? 0x4100 : 0x3F00) + dcpx_splitmix64(&s) % 0x60);
     }
   }
 }
@@ -435,9 +429,9 @@ START_TEST(test_daemon_survives_abuse) {
   uint64_t seed = 7;
   for (int i = 0; i < 50; i++) {
     uint8_t junk[512];
-    size_t n = 1 + mix(&seed) % sizeof(junk);
+    size_t n = 1 + dcpx_splitmix64(&seed) % sizeof(junk);
     for (size_t k = 0; k < n; k++)
-      junk[k] = (uint8_t)mix(&seed);
+      junk[k] = (uint8_t)dcpx_splitmix64(&seed);
     s = raw_connect();
     if (i % 2)
       raw_hello(s, DCPX_PROTO_VERSION);

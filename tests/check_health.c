@@ -819,7 +819,7 @@ START_TEST(test_records_durable) {
     snprintf(path, sizeof(path), "%s/records.log%s", g_d.state,
              k ? ".1" : "");
     for (size_t i = 0; i < sizeof(junk); i++)
-      junk[i] = (char)hh_mix(&s);
+      junk[i] = (char)dcpx_splitmix64(&s);
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0640);
     HC_ASSERT(fd >= 0 && write(fd, junk, sizeof(junk)) == (ssize_t)sizeof(junk),
               "write %s", path);

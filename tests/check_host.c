@@ -22,13 +22,7 @@
 #include "layout.h"
 #include "log.h"
 #include "member.h"
-
-static uint64_t mix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+#include "rng.h"
 
 static uint64_t mono_ns(void) {
   struct timespec ts;
@@ -140,8 +134,8 @@ static void fill(group *g, uint64_t seed, int kind) {
   for (uint32_t d = 0; d < g->sh.world; d++) {
     for (uint32_t t = 0; t < g->rows; t++) {
       uint16_t *row = g->logits[d] + t * g->stride;
-      uint32_t len = (uint32_t)(mix(&s) % (g->sh.max_local + 1));
-      int k = kind == 4 ? (int)(mix(&s) % 4) : kind;
+      uint32_t len = (uint32_t)(dcpx_splitmix64(&s) % (g->sh.max_local + 1));
+      int k = kind == 4 ? (int)(dcpx_splitmix64(&s) % 4) : kind;
       if (k == 3)
         len %= g->sh.local_topk + 1;
       g->ends[d][t] = (int32_t)len;
@@ -149,7 +143,7 @@ static void fill(group *g, uint64_t seed, int kind) {
       if (k == 5)
         k = 1;
       for (uint32_t l = 0; l < g->sh.max_local; l++) {
-        uint64_t x = mix(&s);
+        uint64_t x = dcpx_splitmix64(&s);
         uint16_t b;
         if (k == 2)
           b = 0x3F80;
@@ -256,14 +250,14 @@ START_TEST(test_exact_random) {
   for (unsigned wi = 0; wi < sizeof(Ws) / sizeof(Ws[0]); wi++) {
     uint32_t W = Ws[wi];
     uint64_t s = 1234 + W;
-    uint32_t K = 16 + (uint32_t)(mix(&s) % 200);
-    uint32_t N = 1 + (uint32_t)(mix(&s) % (K - 1));
+    uint32_t K = 16 + (uint32_t)(dcpx_splitmix64(&s) % 200);
+    uint32_t N = 1 + (uint32_t)(dcpx_splitmix64(&s) % (K - 1));
     group g;
     group_init(&g, W, 6, K, N, 1 + W % 4, 1 + W % 3, 700, 5000000000ull);
     for (int c = 0; c < 12; c++) {
-      g.rows = 1 + (uint32_t)(mix(&s) % 6);
+      g.rows = 1 + (uint32_t)(dcpx_splitmix64(&s) % 6);
       g.tag = (uint64_t)c;
-      fill(&g, mix(&s), c % 5);
+      fill(&g, dcpx_splitmix64(&s), c % 5);
       run_call(&g);
       char what[64];
       snprintf(what, sizeof(what), "W=%u K=%u N=%u call %d", W, K, N, c);
@@ -332,16 +326,16 @@ static void lists_random(group *g, uint32_t d, uint64_t seed) {
     for (uint32_t l = 0; l < len; l++)
       avail += !dcpx_bf16_isnan(row[l]);
     uint32_t want = avail < N ? avail : N;
-    if (mix(&s) & 1)
-      want = want ? (uint32_t)(mix(&s) % (want + 1)) : 0;
+    if (dcpx_splitmix64(&s) & 1)
+      want = want ? (uint32_t)(dcpx_splitmix64(&s) % (want + 1)) : 0;
     for (uint32_t l = 0; l < len && j < want; l++) {
       if (dcpx_bf16_isnan(row[l]))
         continue;
-      if (mix(&s) % avail-- >= want - j)
+      if (dcpx_splitmix64(&s) % avail-- >= want - j)
         continue;
       uint16_t v = row[l];
-      if (mix(&s) % 4 == 0)
-        v = (uint16_t)(0x3F00 + mix(&s) % 0x100);
+      if (dcpx_splitmix64(&s) % 4 == 0)
+        v = (uint16_t)(0x3F00 + dcpx_splitmix64(&s) % 0x100);
       ((uint16_t *)li->values)[t * N + j] = v;
       ((int32_t *)li->indices)[t * N + j++] = (int32_t)l;
     }
@@ -359,14 +353,14 @@ START_TEST(test_push_list_exact) {
   for (unsigned wi = 0; wi < sizeof(Ws) / sizeof(Ws[0]); wi++) {
     const uint32_t W = Ws[wi];
     uint64_t s = 777 + W;
-    uint32_t K = 16 + (uint32_t)(mix(&s) % 200);
-    uint32_t N = 1 + (uint32_t)(mix(&s) % (K - 1));
+    uint32_t K = 16 + (uint32_t)(dcpx_splitmix64(&s) % 200);
+    uint32_t N = 1 + (uint32_t)(dcpx_splitmix64(&s) % (K - 1));
     group g;
     group_init(&g, W, 6, K, N, 1 + W % 4, 1 + W % 3, 700, 5000000000ull);
     for (int c = 0; c < 12; c++) {
-      g.rows = 1 + (uint32_t)(mix(&s) % 6);
+      g.rows = 1 + (uint32_t)(dcpx_splitmix64(&s) % 6);
       g.tag = (uint64_t)c;
-      fill(&g, mix(&s), c % 6); /* 1, 2 and 5: ties everywhere */
+      fill(&g, dcpx_splitmix64(&s), c % 6); /* 1, 2 and 5: ties everywhere */
       for (uint32_t d = 0; d < W; d++) {
         g.given[d] = NULL;
         if (c % 3 == 0 || (d + (uint32_t)c) % 2 == 0)
@@ -398,8 +392,8 @@ START_TEST(test_push_list_given) {
   for (unsigned wi = 0; wi < sizeof(Ws) / sizeof(Ws[0]); wi++) {
     const uint32_t W = Ws[wi];
     uint64_t s = 4242 + W;
-    const uint32_t K = 24 + (uint32_t)(mix(&s) % 100);
-    const uint32_t N = W == 1 ? K / 2 : K / W + 1 + (uint32_t)(mix(&s) % 5);
+    const uint32_t K = 24 + (uint32_t)(dcpx_splitmix64(&s) % 100);
+    const uint32_t N = W == 1 ? K / 2 : K / W + 1 + (uint32_t)(dcpx_splitmix64(&s) % 5);
     group g;
     group_init(&g, W, 6, K, N, 2, 1 + W % 3, 300, 5000000000ull);
     int32_t *xi = malloc(sizeof(int32_t) * 6 * K);
@@ -407,13 +401,13 @@ START_TEST(test_push_list_given) {
     int32_t *xv = malloc(sizeof(int32_t) * 6);
     g.ref_given = 1;
     for (int c = 0; c < 12; c++) {
-      g.rows = 1 + (uint32_t)(mix(&s) % 6);
+      g.rows = 1 + (uint32_t)(dcpx_splitmix64(&s) % 6);
       g.tag = (uint64_t)c;
-      fill(&g, mix(&s), c % 6);
+      fill(&g, dcpx_splitmix64(&s), c % 6);
       for (uint32_t d = 0; d < W; d++) {
         g.given[d] = NULL;
         if (c % 4 != 3 || d % 2 == 0)
-          lists_random(&g, d, mix(&s));
+          lists_random(&g, d, dcpx_splitmix64(&s));
       }
       run_call(&g);
       char what[80];
@@ -540,7 +534,7 @@ START_TEST(test_epoch_wrap) {
   }
   for (int c = 0; c < 40; c++) {
     g.rows = 3;
-    fill(&g, mix(&s), c % 2); /* every other call rescues */
+    fill(&g, dcpx_splitmix64(&s), c % 2); /* every other call rescues */
     run_call(&g);
     rescues += check_exact(&g, "epoch wrap");
   }
@@ -891,7 +885,7 @@ START_TEST(test_rescue_rows) {
     group_init(&g, x[0], x[4], x[1], x[2], 7, 2, x[3], 5000000000ull);
     for (int c = 0; c < 4; c++) {
       g.rows = x[4];
-      fill(&g, mix(&s), c % 2 ? 0 : 2);
+      fill(&g, dcpx_splitmix64(&s), c % 2 ? 0 : 2);
       fill_full(&g);
       run_call(&g);
       ck_assert_uint_eq(check_exact(&g, "every row rescues"), g.rows);
@@ -903,7 +897,7 @@ START_TEST(test_rescue_rows) {
   group_init(&g, 4, 8, 48, 16, 4, 1, 200, 5000000000ull);
   for (int c = 0; c < 12; c++) {
     g.rows = 8;
-    fill(&g, mix(&s), 4);
+    fill(&g, dcpx_splitmix64(&s), 4);
     run_call(&g);
     rescued += check_exact(&g, "some rows rescue");
     rows += g.rows;

@@ -34,6 +34,7 @@
 #include "dcpx.h"
 #include "call.h"
 #include "merge.h"
+#include "rng.h"
 
 static uint64_t g_seed = 0x5EEDDC9C0FFEEull;
 static uint32_t g_scale = 100;
@@ -49,27 +50,15 @@ static uint64_t g_replay; /* 0: none */
 
 /* ---- PRNG --------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* Uniform in [0, n). */
-static uint32_t rnd_below(uint64_t *s, uint32_t n) {
-  return (uint32_t)(((splitmix64(s) >> 32) * (uint64_t)n) >> 32);
-}
-
 /* Uniform in [lo, hi]. */
 static uint32_t rnd_in(uint64_t *s, uint32_t lo, uint32_t hi) {
-  return lo + rnd_below(s, hi - lo + 1);
+  return lo + dcpx_rnd_below(s, hi - lo + 1);
 }
 
 /* The seed of case i of a test: reproducible on its own. */
 static uint64_t case_seed(uint64_t salt, uint32_t i) {
   uint64_t s = g_seed ^ (salt * 0x100000001B3ull) ^ ((uint64_t)i << 40);
-  return splitmix64(&s);
+  return dcpx_splitmix64(&s);
 }
 
 static void *xcalloc(size_t n, size_t sz) {
@@ -193,13 +182,13 @@ static void tcall_random_tables(tcall *c, uint64_t *s) {
     for (size_t i = 0; i < n; i++)
       bt[i] = (int32_t)i;
     for (size_t i = n - 1; i > 0; i--) {
-      size_t j = rnd_below(s, (uint32_t)(i + 1));
+      size_t j = dcpx_rnd_below(s, (uint32_t)(i + 1));
       int32_t x = bt[i];
       bt[i] = bt[j];
       bt[j] = x;
     }
     for (uint32_t t = 0; t < c->rows; t++)
-      c->req_id[r][t] = (int32_t)rnd_below(s, c->bt_rows);
+      c->req_id[r][t] = (int32_t)dcpx_rnd_below(s, c->bt_rows);
   }
 }
 
@@ -493,7 +482,7 @@ typedef struct gen {
 
 static uint16_t random_finite(uint64_t *s) {
   for (;;) {
-    uint16_t b = (uint16_t)splitmix64(s);
+    uint16_t b = (uint16_t)dcpx_splitmix64(s);
     if ((b & 0x7F80u) != 0x7F80u)
       return b;
   }
@@ -504,31 +493,31 @@ static void gen_init(gen *g, uint64_t *s, enum dist d, uint32_t W) {
   g->dist = d;
   g->npal = rnd_in(s, 1, 6);
   for (uint32_t i = 0; i < g->npal; i++)
-    g->palette[i] = rnd_below(s, 3) == 0 ? specials[rnd_below(s, NSPECIALS)]
+    g->palette[i] = dcpx_rnd_below(s, 3) == 0 ? specials[dcpx_rnd_below(s, NSPECIALS)]
                                          : random_finite(s);
   g->base = random_finite(s);
   g->width = rnd_in(s, 1, 8);
-  g->hot = rnd_below(s, W);
+  g->hot = dcpx_rnd_below(s, W);
 }
 
 static uint16_t gen_value(const gen *g, uint64_t *s, uint32_t r) {
   switch (g->dist) {
   case D_BITS:
-    return (uint16_t)splitmix64(s);
+    return (uint16_t)dcpx_splitmix64(s);
   case D_NARROW:
-    return (uint16_t)(g->base + rnd_below(s, g->width));
+    return (uint16_t)(g->base + dcpx_rnd_below(s, g->width));
   case D_DISCRETE:
-    return g->palette[rnd_below(s, g->npal)];
+    return g->palette[dcpx_rnd_below(s, g->npal)];
   case D_SPECIAL:
-    return rnd_below(s, 4) ? specials[rnd_below(s, NSPECIALS)]
-                           : (uint16_t)splitmix64(s);
+    return dcpx_rnd_below(s, 4) ? specials[dcpx_rnd_below(s, NSPECIALS)]
+                           : (uint16_t)dcpx_splitmix64(s);
   case D_BIASED:
     /* The hot rank: positive values 2^8..2^9 mostly; the others: below 1,
      * with some overlap so that the cut is not trivial. */
     if (r == g->hot)
-      return rnd_below(s, 8) ? (uint16_t)(0x4380 + rnd_below(s, 0x80))
-                             : (uint16_t)(0x3F00 + rnd_below(s, 0x100));
-    return (uint16_t)(0x3E00 + rnd_below(s, 0x180));
+      return dcpx_rnd_below(s, 8) ? (uint16_t)(0x4380 + dcpx_rnd_below(s, 0x80))
+                             : (uint16_t)(0x3F00 + dcpx_rnd_below(s, 0x100));
+    return (uint16_t)(0x3E00 + dcpx_rnd_below(s, 0x180));
   case D_FINITE:
   default:
     return random_finite(s);
@@ -539,12 +528,12 @@ static uint16_t gen_value(const gen *g, uint64_t *s, uint32_t r) {
  * max_local. */
 static uint32_t pick_len(uint64_t *s, uint32_t N, uint32_t K, uint32_t max) {
   uint32_t v;
-  switch (rnd_below(s, 10)) {
+  switch (dcpx_rnd_below(s, 10)) {
   case 0:
     v = 0;
     break;
   case 1:
-    v = rnd_below(s, N); /* shorter than N */
+    v = dcpx_rnd_below(s, N); /* shorter than N */
     break;
   case 2:
     v = N;
@@ -576,7 +565,7 @@ static void fill_random(tcall *c, uint64_t *s, int mixed, enum dist d) {
   for (uint32_t t = 0; t < c->rows; t++)
     for (uint32_t r = 0; r < W; r++) {
       if (mixed)
-        gen_init(&g, s, (enum dist)rnd_below(s, D_NDIST), W);
+        gen_init(&g, s, (enum dist)dcpx_rnd_below(s, D_NDIST), W);
       uint32_t len = pick_len(s, N, K, c->sh.max_local);
       c->row_end[r][t] = (int32_t)len;
       uint16_t *x = row_of(c, r, t);
@@ -592,14 +581,14 @@ static void fill_random(tcall *c, uint64_t *s, int mixed, enum dist d) {
 static uint32_t pick_N(uint64_t *s, uint32_t K, uint32_t W) {
   const uint32_t cand[] = {1, 7, 31, 32, 33, 100, K - 1, K / 2, K / W,
                            K / (W + 1), rnd_in(s, 1, K - 1)};
-  uint32_t n = cand[rnd_below(s, sizeof(cand) / sizeof(cand[0]))];
+  uint32_t n = cand[dcpx_rnd_below(s, sizeof(cand) / sizeof(cand[0]))];
   if (n == 0 || n >= K)
     n = rnd_in(s, 1, K - 1);
   return n;
 }
 
 static uint32_t pick_K(uint64_t *s) {
-  switch (rnd_below(s, 10)) {
+  switch (dcpx_rnd_below(s, 10)) {
   case 0:
     return 2;
   case 1:
@@ -622,20 +611,20 @@ static void random_case(uint64_t seed, counts *acc) {
   uint64_t s = seed;
   tcall c;
   uint32_t W = rnd_in(&s, 1, 16), K = pick_K(&s), N = pick_N(&s, K, W);
-  uint32_t B = Bs[rnd_below(&s, 3)], I = Is[rnd_below(&s, 4)];
+  uint32_t B = Bs[dcpx_rnd_below(&s, 3)], I = Is[dcpx_rnd_below(&s, 4)];
   uint32_t rows = rnd_in(&s, 1, 4);
   /* Keep the work per case around W * rows * max_local <= 48k. */
   uint32_t budget = 48000 / (W * rows);
   uint32_t max_local = rnd_in(&s, 1, budget < 2 * K + 64 ? budget : 2 * K + 64);
-  if (rnd_below(&s, 8) == 0)
+  if (dcpx_rnd_below(&s, 8) == 0)
     max_local = rnd_in(&s, 1, 16);
-  uint64_t stride = max_local + rnd_below(&s, 5);
+  uint64_t stride = max_local + dcpx_rnd_below(&s, 5);
   tcall_init(&c, W, rows, K, N, B, I, max_local, stride, rnd_in(&s, 1, 3));
-  if (rnd_below(&s, 4) == 0)
-    c.sh.rows = rows + rnd_below(&s, 3); /* a call below the shape's rows */
+  if (dcpx_rnd_below(&s, 4) == 0)
+    c.sh.rows = rows + dcpx_rnd_below(&s, 3); /* a call below the shape's rows */
   tcall_random_tables(&c, &s);
-  int mixed = rnd_below(&s, 3) == 0;
-  fill_random(&c, &s, mixed, (enum dist)rnd_below(&s, D_NDIST));
+  int mixed = dcpx_rnd_below(&s, 3) == 0;
+  fill_random(&c, &s, mixed, (enum dist)dcpx_rnd_below(&s, D_NDIST));
   char what[160];
   snprintf(what, sizeof(what),
            "random W=%u K=%u N=%u B=%u I=%u rows=%u max_local=%u", W, K, N, B,
@@ -696,7 +685,7 @@ static void large_case(uint64_t seed, uint32_t W, uint32_t K, uint32_t N,
       if (hot_high && r == g.hot)
         /* The best values of the hot rank, all at l >= 2^16 (plane bit). */
         for (uint32_t j = 0; j < K + 17 && (1u << 16) + 3 * j < len; j++)
-          x[(1u << 16) + 3 * j] = (uint16_t)(0x4700 + rnd_below(&s, 0x80));
+          x[(1u << 16) + 3 * j] = (uint16_t)(0x4700 + dcpx_rnd_below(&s, 0x80));
     }
   char what[160];
   snprintf(what, sizeof(what), "large W=%u K=%u N=%u B=%u I=%u rows=%u dist=%d",
@@ -817,9 +806,9 @@ static void fill_ties_kth(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
   /* Half of the values are v = 0x4000 (2.0), the rest below it; then a
    * few distinct values above v (0x4100..) at random positions. */
   for (uint32_t l = 0; l < len; l++)
-    x[l] = rnd_below(s, 2) ? 0x4000 : (uint16_t)(0x3000 + rnd_below(s, 0x100));
+    x[l] = dcpx_rnd_below(s, 2) ? 0x4000 : (uint16_t)(0x3000 + dcpx_rnd_below(s, 0x100));
   for (uint32_t j = 0; j < g_ties_above; j++)
-    x[rnd_below(s, len)] = (uint16_t)(0x4100 + r * 64 + j % 64);
+    x[dcpx_rnd_below(s, len)] = (uint16_t)(0x4100 + r * 64 + j % 64);
   (void)t;
 }
 
@@ -850,13 +839,13 @@ static void fill_special(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
   uint32_t mode = t % 4;
   for (uint32_t l = 0; l < len; l++) {
     if (mode == 0) /* only +-0 */
-      x[l] = rnd_below(s, 2) ? 0x0000 : 0x8000;
+      x[l] = dcpx_rnd_below(s, 2) ? 0x0000 : 0x8000;
     else if (mode == 1) /* only NaNs and -inf */
-      x[l] = rnd_below(s, 3) ? specials[rnd_below(s, 4)] : 0xFF80;
+      x[l] = dcpx_rnd_below(s, 3) ? specials[dcpx_rnd_below(s, 4)] : 0xFF80;
     else if (mode == 2) /* the whole zoo */
-      x[l] = specials[rnd_below(s, NSPECIALS)];
+      x[l] = specials[dcpx_rnd_below(s, NSPECIALS)];
     else /* NaN everywhere */
-      x[l] = specials[rnd_below(s, 4)];
+      x[l] = specials[dcpx_rnd_below(s, 4)];
   }
 }
 
@@ -909,11 +898,11 @@ END_TEST
 /* Empty rows and rows shorter than N: no rank is ever full, so no rescue
  * can run. */
 static void fill_short(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
-  uint32_t len = t == 0 ? 0 : rnd_below(s, c->sh.local_topk);
+  uint32_t len = t == 0 ? 0 : dcpx_rnd_below(s, c->sh.local_topk);
   uint16_t *x = row_of(c, r, t);
   c->row_end[r][t] = (int32_t)len;
   for (uint32_t l = 0; l < len; l++)
-    x[l] = rnd_below(s, 2) ? (uint16_t)splitmix64(s) : 0x3F80;
+    x[l] = dcpx_rnd_below(s, 2) ? (uint16_t)dcpx_splitmix64(s) : 0x3F80;
 }
 
 START_TEST(test_short_rows) {
@@ -1023,8 +1012,8 @@ static void fill_one_rank(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
   uint16_t *x = row_of(c, r, t);
   c->row_end[r][t] = (int32_t)len;
   for (uint32_t l = 0; l < len; l++)
-    x[l] = r == g_hot_rank ? (uint16_t)(0x4400 + rnd_below(s, 0x40))
-                           : (uint16_t)(0x4000 + rnd_below(s, 0x100));
+    x[l] = r == g_hot_rank ? (uint16_t)(0x4400 + dcpx_rnd_below(s, 0x40))
+                           : (uint16_t)(0x4000 + dcpx_rnd_below(s, 0x100));
   (void)t;
 }
 
@@ -1034,7 +1023,7 @@ START_TEST(test_one_rank_holds_topk) {
   for (uint32_t i = 0; i < 50; i++) {
     uint32_t W = rnd_in(&s, 2, 16), K = rnd_in(&s, 2, 1024);
     uint32_t N = pick_N(&s, K, W);
-    g_hot_rank = rnd_below(&s, W);
+    g_hot_rank = dcpx_rnd_below(&s, W);
     uint32_t rows = 2;
     run_filled("one-rank", case_seed(8, i + 1), W, K, N, Bs[i % 3], Is[i % 4],
                rows, rnd_in(&s, K, K + 200), fill_one_rank, &k);
@@ -1084,11 +1073,11 @@ END_TEST
 /* Fewer than K elements overall (some ranks full, some not). */
 static void fill_few(tcall *c, uint32_t t, uint32_t r, uint64_t *s) {
   uint32_t W = c->sh.world, K = c->sh.topk;
-  uint32_t len = rnd_below(s, K / W); /* < K / W: fewer than K in all */
+  uint32_t len = dcpx_rnd_below(s, K / W); /* < K / W: fewer than K in all */
   uint16_t *x = row_of(c, r, t);
   c->row_end[r][t] = (int32_t)len;
   for (uint32_t l = 0; l < len; l++)
-    x[l] = rnd_below(s, 10) ? random_finite(s) : specials[rnd_below(s, 8)];
+    x[l] = dcpx_rnd_below(s, 10) ? random_finite(s) : specials[dcpx_rnd_below(s, 8)];
   (void)t;
 }
 
@@ -1365,11 +1354,11 @@ START_TEST(test_local_list) {
   uint32_t hi = 0;
   for (uint32_t i = 0; i < 400; i++) {
     uint64_t seed = case_seed(12, i + 1), s = seed;
-    uint32_t cap = rnd_below(&s, 4) ? rnd_in(&s, 1, 300) : rnd_in(&s, 1, 4096);
-    uint32_t len = i < 6 ? DCPX_MAX_LOCAL - rnd_below(&s, 3)
-                         : rnd_in(&s, 0, rnd_below(&s, 3) ? 2 * cap : 5000);
+    uint32_t cap = dcpx_rnd_below(&s, 4) ? rnd_in(&s, 1, 300) : rnd_in(&s, 1, 4096);
+    uint32_t len = i < 6 ? DCPX_MAX_LOCAL - dcpx_rnd_below(&s, 3)
+                         : rnd_in(&s, 0, dcpx_rnd_below(&s, 3) ? 2 * cap : 5000);
     gen g;
-    gen_init(&g, &s, (enum dist)rnd_below(&s, D_NDIST), 1);
+    gen_init(&g, &s, (enum dist)dcpx_rnd_below(&s, D_NDIST), 1);
     for (uint32_t l = 0; l < len; l++)
       x[l] = gen_value(&g, &s, 0);
     uint32_t rw = dcpx_row_words(cap);
@@ -1423,13 +1412,13 @@ static uint32_t kth_ord16(const uint16_t *x, uint32_t len, uint32_t k) {
 static uint32_t pick_t1(uint64_t *s, const uint16_t *x, uint32_t len,
                         uint32_t cap) {
   uint32_t k = rnd_in(s, 1, 2 * cap + 1), t;
-  switch (rnd_below(s, 8)) {
+  switch (dcpx_rnd_below(s, 8)) {
   case 0:
     return 0;
   case 1:
-    return rnd_below(s, 0x10000);
+    return dcpx_rnd_below(s, 0x10000);
   case 2:
-    return (uint32_t)(rnd_below(s, 2) ? 0xFFFF : 0xFF80); /* > max, +inf */
+    return (uint32_t)(dcpx_rnd_below(s, 2) ? 0xFFFF : 0xFF80); /* > max, +inf */
   case 3:
     t = kth_ord16(x, len, k);
     return t + (t < 0xFFFF);
@@ -1486,12 +1475,12 @@ START_TEST(test_rescue_list) {
   rl_counts k = {0, 0, 0, 0};
   for (uint32_t i = 0; i < 600; i++) {
     uint64_t seed = case_seed(15, i + 1), s = seed;
-    uint32_t cap = rnd_below(&s, 4) ? rnd_in(&s, 1, 300) : rnd_in(&s, 1, 4096);
-    uint32_t len = i < 12 ? DCPX_MAX_LOCAL - rnd_below(&s, 3) * 20000
-                          : rnd_in(&s, 0, rnd_below(&s, 3) ? 2 * cap : 5000);
+    uint32_t cap = dcpx_rnd_below(&s, 4) ? rnd_in(&s, 1, 300) : rnd_in(&s, 1, 4096);
+    uint32_t len = i < 12 ? DCPX_MAX_LOCAL - dcpx_rnd_below(&s, 3) * 20000
+                          : rnd_in(&s, 0, dcpx_rnd_below(&s, 3) ? 2 * cap : 5000);
     gen g;
-    gen_init(&g, &s, (enum dist)rnd_below(&s, D_NDIST), 1);
-    const uint16_t same = rnd_below(&s, 2) ? 0x3F80 : specials[i % NSPECIALS];
+    gen_init(&g, &s, (enum dist)dcpx_rnd_below(&s, D_NDIST), 1);
+    const uint16_t same = dcpx_rnd_below(&s, 2) ? 0x3F80 : specials[i % NSPECIALS];
     for (uint32_t l = 0; l < len; l++) /* every 10th case: all equal */
       x[l] = i % 10 == 9 ? same : gen_value(&g, &s, 0);
     /* The long rows: t1 near the cap-th best, so that a filtered list
@@ -1524,25 +1513,25 @@ START_TEST(test_select) {
   uint8_t *in = xcalloc(6000, 1);
   for (uint32_t i = 0; i < 3000; i++) {
     uint64_t seed = case_seed(13, i), s = seed;
-    uint32_t n = rnd_below(&s, 4) ? rnd_in(&s, 0, 300) : rnd_in(&s, 0, 6000);
+    uint32_t n = dcpx_rnd_below(&s, 4) ? rnd_in(&s, 0, 300) : rnd_in(&s, 0, 6000);
     uint32_t k = rnd_in(&s, 1, n + 10);
-    uint32_t mode = rnd_below(&s, 5), zeros = rnd_below(&s, 4);
+    uint32_t mode = dcpx_rnd_below(&s, 5), zeros = dcpx_rnd_below(&s, 4);
     uint16_t pal[4];
     for (int j = 0; j < 4; j++)
-      pal[j] = (uint16_t)(1 + rnd_below(&s, 0xFFFF));
+      pal[j] = (uint16_t)(1 + dcpx_rnd_below(&s, 0xFFFF));
     for (uint32_t j = 0; j < n; j++) {
       uint16_t v;
       if (mode == 0)
-        v = (uint16_t)splitmix64(&s);
+        v = (uint16_t)dcpx_splitmix64(&s);
       else if (mode == 1)
-        v = pal[rnd_below(&s, 4)];
+        v = pal[dcpx_rnd_below(&s, 4)];
       else if (mode == 2) /* ties within one high-byte bucket */
-        v = (uint16_t)(0x8000 + rnd_below(&s, 4));
+        v = (uint16_t)(0x8000 + dcpx_rnd_below(&s, 4));
       else if (mode == 3) /* ties across bucket boundaries */
-        v = (uint16_t)(0x80FE + rnd_below(&s, 4));
+        v = (uint16_t)(0x80FE + dcpx_rnd_below(&s, 4));
       else /* small keys, bucket 0 */
-        v = (uint16_t)rnd_below(&s, 300);
-      if (zeros && rnd_below(&s, 4) == 0)
+        v = (uint16_t)dcpx_rnd_below(&s, 300);
+      if (zeros && dcpx_rnd_below(&s, 4) == 0)
         v = 0;
       ord[j] = v;
     }
@@ -1596,22 +1585,22 @@ START_TEST(test_round1) {
   for (uint32_t i = 0; i < 1500; i++) {
     uint64_t seed = case_seed(14, i), s = seed;
     uint32_t W = rnd_in(&s, 1, 16);
-    uint32_t K = rnd_below(&s, 8) ? rnd_in(&s, 2, 200) : rnd_in(&s, 2, 4096);
+    uint32_t K = dcpx_rnd_below(&s, 8) ? rnd_in(&s, 2, 200) : rnd_in(&s, 2, 4096);
     uint32_t N = pick_N(&s, K, W), rw = dcpx_row_words(N);
-    uint32_t nvals = rnd_below(&s, 2) ? 3 : 0xFFFF;
-    uint32_t base = 1 + rnd_below(&s, 0xFFFF - (nvals == 3 ? 3 : 0));
+    uint32_t nvals = dcpx_rnd_below(&s, 2) ? 3 : 0xFFFF;
+    uint32_t base = 1 + dcpx_rnd_below(&s, 0xFFFF - (nvals == 3 ? 3 : 0));
     const uint32_t *lists[DCPX_MAX_WORLD];
     uint32_t cnt[DCPX_MAX_WORLD], n = 0;
     memset(words, 0, sizeof(uint32_t) * W * rw);
     for (uint32_t r = 0; r < W; r++) {
       uint32_t *w = words + (size_t)r * rw;
       lists[r] = w;
-      cnt[r] = rnd_below(&s, 3) ? N : rnd_in(&s, 0, N);
-      uint32_t l = rnd_below(&s, 4) ? 0 : 60000;
+      cnt[r] = dcpx_rnd_below(&s, 3) ? N : rnd_in(&s, 0, N);
+      uint32_t l = dcpx_rnd_below(&s, 4) ? 0 : 60000;
       for (uint32_t j = 0; j < cnt[r]; j++) {
-        l += 1 + rnd_below(&s, 3);
-        uint32_t o = nvals == 3 ? base + rnd_below(&s, 3)
-                                : 1 + rnd_below(&s, 0xFFFF);
+        l += 1 + dcpx_rnd_below(&s, 3);
+        uint32_t o = nvals == 3 ? base + dcpx_rnd_below(&s, 3)
+                                : 1 + dcpx_rnd_below(&s, 0xFFFF);
         w[j] = (o << 16) | (l & 0xFFFFu);
         if (l >> 16)
           w[N + j / 32] |= 1u << (j % 32);
@@ -1797,9 +1786,9 @@ START_TEST(test_given_lists) {
   uint64_t s = g_seed ^ 0x6177E4ull;
   uint64_t rescued = 0, differ = 0;
   for (uint32_t c = 0; c < 300; c++) {
-    const uint32_t W = 1 + rnd_below(&s, 5), K = 2 + rnd_below(&s, 40);
-    const uint32_t N = 1 + rnd_below(&s, K - 1), I = 1 + rnd_below(&s, 3);
-    const uint32_t len = rnd_below(&s, 3 * K), nvals = 1 + rnd_below(&s, 12);
+    const uint32_t W = 1 + dcpx_rnd_below(&s, 5), K = 2 + dcpx_rnd_below(&s, 40);
+    const uint32_t N = 1 + dcpx_rnd_below(&s, K - 1), I = 1 + dcpx_rnd_below(&s, 3);
+    const uint32_t len = dcpx_rnd_below(&s, 3 * K), nvals = 1 + dcpx_rnd_below(&s, 12);
     dcpx_shape sh = DCPX_SHAPE_INIT;
     sh.world = W;
     sh.rows = 1;
@@ -1817,18 +1806,18 @@ START_TEST(test_given_lists) {
       v[r] = xcalloc(N, 2);
       ix[r] = xcalloc(N, 4);
       for (uint32_t l = 0; l < len; l++)
-        lg[r][l] = rnd_below(&s, 20) ? (uint16_t)(0x3F80 + rnd_below(&s, nvals))
+        lg[r][l] = dcpx_rnd_below(&s, 20) ? (uint16_t)(0x3F80 + dcpx_rnd_below(&s, nvals))
                                      : 0x7FC1; /* NaN now and then */
       uint32_t avail = 0, want, j = 0;
       for (uint32_t l = 0; l < len; l++)
         avail += o_rank[lg[r][l]] >= 0;
       want = avail < N ? avail : N;
-      if (rnd_below(&s, 2))
-        want = rnd_below(&s, want + 1);
+      if (dcpx_rnd_below(&s, 2))
+        want = dcpx_rnd_below(&s, want + 1);
       for (uint32_t l = 0; l < len && j < want; l++) {
-        if (o_rank[lg[r][l]] < 0 || rnd_below(&s, avail--) >= want - j)
+        if (o_rank[lg[r][l]] < 0 || dcpx_rnd_below(&s, avail--) >= want - j)
           continue;
-        v[r][j] = rnd_below(&s, 4) ? lg[r][l] : (uint16_t)(0x3F80 + rnd_below(&s, 16));
+        v[r][j] = dcpx_rnd_below(&s, 4) ? lg[r][l] : (uint16_t)(0x3F80 + dcpx_rnd_below(&s, 16));
         ix[r][j++] = (int32_t)l;
       }
       for (; j < N; j++)

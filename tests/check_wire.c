@@ -19,15 +19,9 @@
 
 #include "dcpx.h"
 #include "merge.h"
+#include "rng.h"
 
 static uint64_t g_seed = 0xD0C9A11CE5EEDull;
-
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 /* ck_assert_msg records a checkpoint (a write to Check's pipe) on every
  * passing assertion; in hot loops we only call into Check on failure. */
@@ -36,11 +30,6 @@ static uint64_t splitmix64(uint64_t *s) {
     if (!(cond))                                                               \
       ck_abort_msg(__VA_ARGS__);                                               \
   } while (0)
-
-/* Uniform in [0, n). */
-static uint32_t rnd_below(uint64_t *s, uint32_t n) {
-  return (uint32_t)(((splitmix64(s) >> 32) * (uint64_t)n) >> 32);
-}
 
 /* The float value of bf16 bits: the high half of a float32. */
 static float bf16_to_float(uint32_t b) {
@@ -137,8 +126,8 @@ END_TEST
 START_TEST(test_ord16_pairs) {
   uint64_t s = g_seed ^ 0x11;
   for (int i = 0; i < 200000; i++) {
-    uint32_t a = (uint32_t)splitmix64(&s) & 0xFFFFu;
-    uint32_t b = (uint32_t)splitmix64(&s) & 0xFFFFu;
+    uint32_t a = (uint32_t)dcpx_splitmix64(&s) & 0xFFFFu;
+    uint32_t b = (uint32_t)dcpx_splitmix64(&s) & 0xFFFFu;
     float fa = bf16_to_float(a), fb = bf16_to_float(b);
     if (isnan(fa) || isnan(fb))
       continue;
@@ -201,7 +190,7 @@ START_TEST(test_word_roundtrip) {
   for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
     caps[ncap++] = fixed[i];
   while (ncap < 64)
-    caps[ncap++] = 1 + rnd_below(&s, DCPX_MAX_TOPK);
+    caps[ncap++] = 1 + dcpx_rnd_below(&s, DCPX_MAX_TOPK);
 
   for (int ci = 0; ci < ncap; ci++) {
     uint32_t c = caps[ci], rw = dcpx_row_words(c);
@@ -209,19 +198,19 @@ START_TEST(test_word_roundtrip) {
     for (uint32_t i = 0; i < rw + 8; i++)
       words[i] = i < rw ? 0 : 0xDEADBEEFu;
     for (uint32_t j = 0; j < c; j++) {
-      ords[j] = 1 + rnd_below(&s, 0xFFFF);
-      switch (rnd_below(&s, 4)) {
+      ords[j] = 1 + dcpx_rnd_below(&s, 0xFFFF);
+      switch (dcpx_rnd_below(&s, 4)) {
       case 0:
-        ls[j] = rnd_below(&s, 1u << 16); /* plane bit 0 */
+        ls[j] = dcpx_rnd_below(&s, 1u << 16); /* plane bit 0 */
         break;
       case 1:
-        ls[j] = (1u << 16) + rnd_below(&s, 1u << 16); /* plane bit 1 */
+        ls[j] = (1u << 16) + dcpx_rnd_below(&s, 1u << 16); /* plane bit 1 */
         break;
       case 2:
         ls[j] = (j & 1) ? (1u << 17) - 1 : 0xFFFFu;
         break;
       default:
-        ls[j] = rnd_below(&s, 1u << 17);
+        ls[j] = dcpx_rnd_below(&s, 1u << 17);
       }
       int rc = dcpx_word_encode(words, c, j, ords[j], ls[j]);
       EXPECT(rc == 0, "encode(c=%u, j=%u, 0x%x, %u) = %d", c, j, ords[j],
@@ -251,7 +240,7 @@ START_TEST(test_word_roundtrip) {
 
     /* Re-encoding an entry with bit 16 clear clears the plane bit and
      * leaves the neighbours alone. */
-    uint32_t j = rnd_below(&s, c);
+    uint32_t j = dcpx_rnd_below(&s, c);
     ck_assert_int_eq(dcpx_word_encode(words, c, j, 0x1234, (1u << 16) | 7),
                      0);
     ck_assert_int_eq(dcpx_word_encode(words, c, j, 0x4321, 9), 0);
@@ -357,7 +346,7 @@ START_TEST(test_epoch_next) {
   /* Random epochs in the reachable range. */
   uint64_t s = g_seed ^ 0x33;
   for (int i = 0; i < 100000; i++) {
-    uint32_t x = 1 + rnd_below(&s, 0xFFFFFFFEu); /* 1..0xFFFFFFFE */
+    uint32_t x = 1 + dcpx_rnd_below(&s, 0xFFFFFFFEu); /* 1..0xFFFFFFFE */
     uint32_t n = dcpx_epoch_next(x);
     EXPECT(n != 0 && (n & 1u) != (x & 1u),
                   "seed=0x%" PRIx64 ": next(0x%08x) = 0x%08x", g_seed, x, n);
@@ -403,8 +392,8 @@ START_TEST(test_gid) {
   const uint32_t ils[] = {1, 2, 3, 64};
   static uint8_t hit[16 * 64 * 40];
   for (int rep = 0; rep < 200; rep++) {
-    uint32_t W = 1 + rnd_below(&s, 16), I = ils[rnd_below(&s, 4)];
-    uint32_t M = I * (1 + rnd_below(&s, 40 * 64 / I));
+    uint32_t W = 1 + dcpx_rnd_below(&s, 16), I = ils[dcpx_rnd_below(&s, 4)];
+    uint32_t M = I * (1 + dcpx_rnd_below(&s, 40 * 64 / I));
     if (M > 64 * 40)
       M = 64 * 40 / I * I;
     memset(hit, 0, (size_t)W * M);

@@ -49,6 +49,7 @@
 #include "frame.h"
 #include "layout.h"
 #include "member.h"
+#include "rng.h"
 
 /* Every function: the test and the benchmark each use a part. */
 #define HH_FN static __attribute__((unused))
@@ -550,13 +551,6 @@ HH_FN hh_shared *hh_shared_new(void) {
   return s;
 }
 
-HH_FN uint64_t hh_mix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 HH_FN void hh_shape(const hh_spec *sp, dcpx_shape *sh) {
   dcpx_shape s = DCPX_SHAPE_INIT;
   s.world = sp->W;
@@ -576,10 +570,10 @@ HH_FN void hh_inputs(const hh_spec *sp, uint64_t c, uint16_t **lg,
     uint64_t s = (c << 20) ^ (d * 7919u) ^ 0x4EA1;
     for (uint32_t t = 0; t < sp->R; t++) {
       int hot = (c + t) % 3 == 0 && d == (c + t) % sp->W; /* rescues */
-      en[d][t] = (int32_t)(sp->L / 2 + hh_mix(&s) % (sp->L / 2 + 1));
+      en[d][t] = (int32_t)(sp->L / 2 + dcpx_splitmix64(&s) % (sp->L / 2 + 1));
       for (uint32_t l = 0; l < sp->L; l++)
         lg[d][t * sp->L + l] =
-            (uint16_t)((hot ? 0x4100 : 0x3F00) + hh_mix(&s) % 0x60);
+            (uint16_t)((hot ? 0x4100 : 0x3F00) + dcpx_splitmix64(&s) % 0x60);
     }
   }
 }

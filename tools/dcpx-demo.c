@@ -50,6 +50,7 @@
 
 #include "dcpx.h"
 #include "dcpxd-util.h"
+#include "rng.h"
 
 typedef struct opts {
   uint32_t world, rows, calls, topk, local_topk, local_len, block_size,
@@ -94,15 +95,8 @@ typedef struct shared {
   double lat_us[];                     /* [world][calls] */
 } shared;
 
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 static double unif(uint64_t *s) {
-  return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
+  return (double)(dcpx_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 static uint16_t to_bf16(float f) {
@@ -120,7 +114,7 @@ static void gen_inputs(const opts *o, uint32_t c, uint32_t r, uint16_t *lg,
     uint64_t rs = o->seed ^ ((uint64_t)c << 40) ^ ((uint64_t)t << 20) ^ 0x5151;
     uint64_t s = rs ^ ((uint64_t)r << 8);
     /* Row-wide choices (same on every rank): who is hot, and length. */
-    uint32_t hot_rank = (uint32_t)(splitmix(&rs) % o->world);
+    uint32_t hot_rank = (uint32_t)(dcpx_splitmix64(&rs) % o->world);
     int one_rank_hot = unif(&rs) < 0.25;
     if ((int)c == o->fault_at) {
       /* The stalled rank holds every row's best (and no row of it is
@@ -133,16 +127,16 @@ static void gen_inputs(const opts *o, uint32_t c, uint32_t r, uint16_t *lg,
     uint32_t len = o->local_len;
     double u = unif(&s);
     if (u < 0.05 && !((int)c == o->fault_at && r == o->fault_rank))
-      len = (uint32_t)(splitmix(&s) % ((o->local_topk < o->local_len
+      len = (uint32_t)(dcpx_splitmix64(&s) % ((o->local_topk < o->local_len
                                             ? o->local_topk
                                             : o->local_len) +
                                        1)); /* short row */
     else
-      len -= (uint32_t)(splitmix(&s) % (o->local_len / 4 + 1));
+      len -= (uint32_t)(dcpx_splitmix64(&s) % (o->local_len / 4 + 1));
     ends[t] = (int32_t)len;
     double shift = (one_rank_hot && r == hot_rank) ? 3.0 : 0.0;
     uint16_t *row = lg + (size_t)t * o->local_len;
-    uint32_t hot_at = (uint32_t)(splitmix(&s) % (len ? len : 1));
+    uint32_t hot_at = (uint32_t)(dcpx_splitmix64(&s) % (len ? len : 1));
     for (uint32_t l = 0; l < o->local_len; l++) {
       double g = sqrt(-2.0 * log(unif(&s) + 1e-300)) *
                  cos(6.283185307179586 * unif(&s));
@@ -262,7 +256,7 @@ static void make_block_table(rank_ctx *x) {
     for (uint32_t b = 0; b < cols; b++)
       row[b] = (int32_t)(t * cols + b);
     for (uint32_t b = cols; b > 1; b--) {
-      uint32_t k = (uint32_t)(splitmix(&bs) % b);
+      uint32_t k = (uint32_t)(dcpx_splitmix64(&bs) % b);
       int32_t tmp = row[b - 1];
       row[b - 1] = row[k];
       row[k] = tmp;

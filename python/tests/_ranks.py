@@ -38,6 +38,17 @@ def inputs(seed, call, W, R, L, kind="random"):
     return lg, en
 
 
+def small_args(rows=4, L=128):
+    """One rank's arguments for the small shapes of the argument and
+    thread tests: logits 0.. as bf16 bits, full rows, req_id t, a 4 x 32
+    block table."""
+    lg = np.arange(rows * L, dtype=np.uint16).reshape(rows, L)
+    en = np.full(rows, L, np.int32)
+    req = np.arange(rows, dtype=np.int32)
+    bt = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
+    return lg, en, req, bt
+
+
 def tables(rank, R, L, B):
     cols = (L + B - 1) // B
     rng = np.random.default_rng([77, rank])

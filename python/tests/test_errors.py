@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 
 import dcpx
-from _ranks import compare, inputs, run_ranks, sync, tables
+from _ranks import compare, inputs, run_ranks, small_args, sync, tables
 
-def _args(rows=4, L=128):
-    lg = np.arange(rows * L, dtype=np.uint16).reshape(rows, L)
-    en = np.full(rows, L, np.int32)
-    req = np.arange(rows, dtype=np.int32)
-    bt = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
-    return lg, en, req, bt
+_args = small_args
 
 
 def _still_works(m):

@@ -11,14 +11,10 @@ import numpy as np
 import pytest
 
 import dcpx
+from _ranks import small_args
 
 
-def _args(rows=4, L=128):
-    lg = np.arange(rows * L, dtype=np.uint16).reshape(rows, L)
-    en = np.full(rows, L, np.int32)
-    req = np.arange(rows, dtype=np.int32)
-    bt = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
-    return lg, en, req, bt
+_args = small_args
 
 
 def _pair(daemon, group, timeout_ns):

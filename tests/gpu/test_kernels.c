@@ -32,24 +32,14 @@
 
 #include "../call.h"
 #include "gpu_group.h"
+#include "rng.h"
 
 /* ---- PRNG and bf16 -------------------------------------------------------- */
 
 static uint64_t g_seed = 0xDC9C0FFEE5EEDull;
 
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static uint32_t rnd_below(uint64_t *s, uint32_t n) {
-  return n ? (uint32_t)(((splitmix64(s) >> 32) * (uint64_t)n) >> 32) : 0;
-}
-
 static double rnd_unit(uint64_t *s) {
-  return (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+  return (double)(dcpx_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 static double rnd_normal(uint64_t *s) {
@@ -110,29 +100,29 @@ static uint16_t gen_value(int gen, uint64_t *s, uint32_t r, uint32_t l,
     return f2bf((float)(rnd_normal(s) * 3.0));
   case G_FEWVALS: {
     static const float v[] = {1.0f, 0.5f, -2.0f, 1.0078125f, 3.0f};
-    uint32_t x = rnd_below(s, 100);
+    uint32_t x = dcpx_rnd_below(s, 100);
     return f2bf(v[x < 50 ? 0 : x < 75 ? 1 : x < 90 ? 2 : x < 97 ? 3 : 4]);
   }
   case G_ALLEQ:
     return 0x3F80;
   case G_SPECIAL:
-    if (rnd_below(s, 10) < 4)
-      return specials[rnd_below(s, sizeof(specials) / sizeof(specials[0]))];
+    if (dcpx_rnd_below(s, 10) < 4)
+      return specials[dcpx_rnd_below(s, sizeof(specials) / sizeof(specials[0]))];
     return f2bf((float)rnd_normal(s));
   case G_DOMINANT:
     return f2bf((float)(rnd_normal(s) + (r == dom ? 60.0 : 0.0)));
   case G_INTS:
-    return f2bf((float)((int)rnd_below(s, 9) - 4));
+    return f2bf((float)((int)dcpx_rnd_below(s, 9) - 4));
   case G_ALLNAN:
-    return (uint16_t)(0x7F81 + rnd_below(s, 0x7E)) |
-           (uint16_t)(rnd_below(s, 2) << 15);
+    return (uint16_t)(0x7F81 + dcpx_rnd_below(s, 0x7E)) |
+           (uint16_t)(dcpx_rnd_below(s, 2) << 15);
   case G_DESC:
     return f2bf(100.0f - 0.01f * (float)l);
   case G_ASC:
     return f2bf(-100.0f + 0.01f * (float)l);
   case G_TIEK:
     /* about K / 2W large values per rank: the K-th value is the tie */
-    if (rnd_below(s, len) < K / (2 * W) + 1)
+    if (dcpx_rnd_below(s, len) < K / (2 * W) + 1)
       return f2bf((float)(10.0 + rnd_normal(s)));
     return 0x3F80;
   case G_NEG:
@@ -163,23 +153,23 @@ static void gen_call(gg *g, const tcase *tc, uint64_t seed, uint32_t call) {
   const uint32_t W = g->W, N = g->sh.local_topk, K = g->sh.topk;
   const uint32_t ML = g->sh.max_local;
   uint64_t s = seed ^ ((uint64_t)call * 0x9E3779B97F4A7C15ull);
-  splitmix64(&s);
+  dcpx_splitmix64(&s);
   for (uint32_t t = 0; t < g->rows; t++) {
     int gen = tc->gen == G_MIX ? (int)((t + call) % NGEN) : tc->gen;
     uint32_t dom = (t * 7 + call) % W;
     for (uint32_t r = 0; r < W; r++) {
       uint32_t len = ML;
       if (tc->lenmode == LEN_MIX) {
-        switch (rnd_below(&s, 8)) {
+        switch (dcpx_rnd_below(&s, 8)) {
         case 0:
         case 1:
           len = ML;
           break;
         case 2:
-          len = rnd_below(&s, ML + 1);
+          len = dcpx_rnd_below(&s, ML + 1);
           break;
         case 3:
-          len = rnd_below(&s, N < ML ? N : ML);
+          len = dcpx_rnd_below(&s, N < ML ? N : ML);
           break;
         case 4:
           len = 0;
@@ -208,13 +198,13 @@ static void gen_call(gg *g, const tcase *tc, uint64_t seed, uint32_t call) {
   }
   for (uint32_t r = 0; r < W; r++) {
     for (uint32_t t = 0; t < g->rows; t++)
-      g->h_req[r][t] = (int32_t)rnd_below(&s, g->bt_rows);
+      g->h_req[r][t] = (int32_t)dcpx_rnd_below(&s, g->bt_rows);
     const uint32_t B = g->sh.block_size;
     uint32_t bmax = (uint32_t)(INT32_MAX / B) - 1;
     if (bmax > (1u << 20))
       bmax = 1u << 20;
     for (size_t i = 0; i < (size_t)g->bt_rows * g->bt_cols; i++)
-      g->h_bt[r][i] = (int32_t)rnd_below(&s, bmax);
+      g->h_bt[r][i] = (int32_t)dcpx_rnd_below(&s, bmax);
   }
 }
 
@@ -614,10 +604,10 @@ static void gen_dominant_rank1(gg *g, uint64_t seed) {
       g->h_ends[r][t] = (int32_t)g->sh.max_local;
       for (uint32_t l = 0; l < g->sh.max_local; l++)
         row[l] = f2bf((float)(rnd_normal(&s) + (r == 1 ? 60.0 : 0.0)));
-      g->h_req[r][t] = (int32_t)rnd_below(&s, g->bt_rows);
+      g->h_req[r][t] = (int32_t)dcpx_rnd_below(&s, g->bt_rows);
     }
     for (size_t i = 0; i < (size_t)g->bt_rows * g->bt_cols; i++)
-      g->h_bt[r][i] = (int32_t)rnd_below(&s, 1u << 16);
+      g->h_bt[r][i] = (int32_t)dcpx_rnd_below(&s, 1u << 16);
   }
 }
 
@@ -1346,7 +1336,7 @@ int main(void) {
       continue;
     uint64_t s = g_seed ^ ((uint64_t)(i + 1) * 0x100000001B3ull);
     total++;
-    pass += (uint32_t)run_case(&cases[i], splitmix64(&s));
+    pass += (uint32_t)run_case(&cases[i], dcpx_splitmix64(&s));
   }
   for (size_t i = 0; i < sizeof(list_cases) / sizeof(list_cases[0]); i++) {
     if (g_only && !strstr(list_cases[i].name, g_only))

@@ -39,6 +39,7 @@
 #include "gpu_group.h" /* CK, KCK, gg_now */
 #include "gpu_tools.h"
 #include "member.h"
+#include "rng.h"
 
 #define NCK(call)                                                             \
   do {                                                                        \
@@ -53,18 +54,9 @@
 
 static double g_limit_s = 60.0;
 
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static uint32_t rnd_below(uint64_t *s, uint32_t n) {
-  return n ? (uint32_t)(((splitmix64(s) >> 32) * (uint64_t)n) >> 32) : 0;
-}
 static double rnd_normal(uint64_t *s) {
-  double u = (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
-  double v = (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+  double u = (double)(dcpx_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+  double v = (double)(dcpx_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
   if (u < 1e-300)
     u = 1e-300;
   return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
@@ -89,18 +81,18 @@ static uint16_t value(uint32_t gen, uint64_t *s, uint32_t r, uint32_t l) {
     return f2bf((float)(rnd_normal(s) * 3.0));
   case 1: {
     static const float v[] = {1.0f, 0.5f, -2.0f, 1.0078125f, 3.0f};
-    return f2bf(v[rnd_below(s, 5)]);
+    return f2bf(v[dcpx_rnd_below(s, 5)]);
   }
   case 2:
     return 0x3F80; /* all equal */
   case 3:
-    if (rnd_below(s, 10) < 4)
-      return specials[rnd_below(s, sizeof(specials) / 2)];
+    if (dcpx_rnd_below(s, 10) < 4)
+      return specials[dcpx_rnd_below(s, sizeof(specials) / 2)];
     return f2bf((float)rnd_normal(s));
   case 4:
     return 0x7FC0; /* all NaN: no candidates */
   case 5:
-    return f2bf((float)((int)rnd_below(s, 9) - 4));
+    return f2bf((float)((int)dcpx_rnd_below(s, 9) - 4));
   case 6:
     return f2bf((float)(rnd_normal(s) + (r == 0 ? 60.0 : 0.0))); /* dominant */
   case 7:
@@ -407,7 +399,7 @@ static void gen_call(world_t *w, uint64_t seed, uint32_t c) {
         len = tc->N;
         break;
       case 4:
-        len = 1 + rnd_below(&s, tc->max_local);
+        len = 1 + dcpx_rnd_below(&s, tc->max_local);
         break;
       default:
         break;
