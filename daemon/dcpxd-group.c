@@ -553,6 +553,126 @@ static void reattach_done(dcpxd_group *g, dcpxd_conn *c, uint32_t rank) {
                "the group is aborted");
 }
 
+/* group_adopt, step 1: the group's memory from the reattaching member's
+ * fds (takes them all), then the checks that it is a group this daemon
+ * created and that the caller may use it. Returns 0, or -1 after refusing
+ * the join (g freed). */
+static int adopt_memory(dcpxd_conn *c, dcpxd_group *g, const Dcpx__Join *j,
+                        int *fds) {
+  const uint32_t W = g->shape.world;
+  dcpx_ctl_header *hdr;
+  void *map;
+  int r;
+
+  r = dcpxd_buf_adopt(&dcpxd_mem_host, TAKE_FD(fds[0]), g->L.ctl_bytes, -1,
+                      &g->ctl);
+  if (r < 0) {
+    uint64_t bytes = g->L.ctl_bytes;
+    for (uint32_t i = 1; i <= W; i++)
+      close(TAKE_FD(fds[i]));
+    group_free(g);
+    join_refuse(c, r,
+                "cannot adopt the control page of group '%s' (%" PRIu64
+                " bytes, a sealed memfd expected): %s",
+                j->group, bytes, dcpx_strerror(r));
+    return -1;
+  }
+  for (uint32_t i = 0; i < W; i++) {
+    int fd = TAKE_FD(fds[1 + i]);
+    if (r == 0)
+      r = dcpxd_buf_adopt(g->mem, fd, g->L.ws_bytes,
+                          i == j->rank ? j->device : -1, &g->ws[i]);
+    else
+      close(fd);
+  }
+  if (r < 0) {
+    uint64_t bytes = g->L.ws_bytes;
+    group_free(g);
+    join_refuse(c, r,
+                "cannot adopt the workspaces of group '%s' (%" PRIu64
+                " bytes each): %s",
+                j->group, bytes, dcpx_strerror(r));
+    return -1;
+  }
+  r = dcpxd_mem_host.map(g->ctl, &map);
+  if (r < 0) {
+    group_free(g);
+    join_refuse(c, r, "cannot map the control page: %s", dcpx_strerror(r));
+    return -1;
+  }
+  hdr = map;
+  if (hdr->magic != DCPX_CTL_MAGIC || hdr->version != DCPX_CTL_VERSION ||
+      hdr->world != W || hdr->rows != g->shape.rows) {
+    int bad_version = hdr->magic == DCPX_CTL_MAGIC &&
+                      hdr->version != DCPX_CTL_VERSION;
+    char why[160];
+    dcpxd_bprintf(why,
+                  "magic 0x%08x version %u world %u rows %u, expected "
+                  "0x%08x %u %u %u",
+                  hdr->magic, hdr->version, hdr->world, hdr->rows,
+                  DCPX_CTL_MAGIC, DCPX_CTL_VERSION, W, g->shape.rows);
+    group_free(g);
+    join_refuse(c, bad_version ? DCPX_E_VERSION : DCPX_E_SHAPE,
+                "the control page does not match the group: %s", why);
+    return -1;
+  }
+  if (!dcpxd_secrets_match(c->m->secrets, g->name, hdr->secret, &g->owner)) {
+    group_free(g);
+    join_refuse(c, DCPX_E_ACCES,
+                "cannot adopt group '%s': its control page's secret is not "
+                "that of a group '%s' this dcpxd created",
+                j->group, j->group);
+    return -1;
+  }
+  if (!dcpxd_may_use(c, g)) {
+    uid_t owner = g->owner;
+    group_free(g);
+    join_refuse(c, DCPX_E_ACCES,
+                "group '%s' belongs to uid %u: only its owner and root may "
+                "reattach to it",
+                j->group, (unsigned)owner);
+    return -1;
+  }
+  g->harvested = calloc(((size_t)W * g->shape.rows + 7) / 8, 1);
+  if (!g->harvested) {
+    group_free(g);
+    join_refuse(c, DCPX_E_NOMEM, "out of memory");
+    return -1;
+  }
+  g->hdr = hdr;
+  return 0;
+}
+
+/* group_adopt, step 2: the group's state as its control page says it,
+ * the ranks' pids and devices, and the ranks awaited back (besides the
+ * reattaching `rank`; their list into awaited). */
+static void adopt_state(dcpxd_group *g, const Dcpx__Join *j, char *awaited,
+                        size_t n) {
+  const dcpx_ctl_header *hdr = g->hdr;
+  size_t k = 0;
+
+  g->generation = hdr->generation;
+  g->adopted = true;
+  if (hdr->abort)
+    g->state = hdr->recovering ? DCPXD_GROUP_RECOVERING : DCPXD_GROUP_ABORTED;
+  else
+    g->state = DCPXD_GROUP_READY;
+  if (hdr->timeout_ns != j->timeout_ns)
+    log_warning("group=%s: the control page says timeout %" PRIu64
+                " ns, rank %u's reattach %" PRIu64 " ns; using the latter",
+                g->name, (uint64_t)hdr->timeout_ns, j->rank, j->timeout_ns);
+  awaited[0] = '\0';
+  for (uint32_t i = 0; i < g->shape.world; i++) {
+    const dcpx_rank_health *h = dcpxd_group_health(g, i);
+    g->member[i].pid = (pid_t)h->pid;
+    g->member[i].device = g->ws[i]->device; /* -1 for host memory */
+    if (h->joined && i != j->rank) {
+      g->awaiting |= 1u << i;
+      k += (size_t)snprintf(awaited + k, n - k, "%s%u", k ? "," : "", i);
+    }
+  }
+}
+
 /* Recreates a group from the memory of its first reattaching member. Takes
  * every fd. */
 static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
@@ -561,11 +681,7 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   const uint32_t W = shape->world, rank = j->rank;
   dcpxd_manager *m = c->m;
   dcpxd_group *g;
-  dcpx_ctl_header *hdr;
-  char awaited[3 * DCPX_MAX_WORLD + 1] = "";
-  void *map;
-  size_t k = 0;
-  int r;
+  char awaited[3 * DCPX_MAX_WORLD + 1];
 
   g = calloc(1, sizeof(*g));
   if (!g) {
@@ -584,97 +700,10 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   g->mem = mem;
   dcpx_layout_compute(&g->L, W, shape->rows, shape->topk, shape->local_topk);
   g->bytes = group_bytes(&g->L, W); /* counted, never refused: it exists */
+  if (adopt_memory(c, g, j, fds) < 0)
+    return;
+  adopt_state(g, j, awaited, sizeof(awaited));
 
-  r = dcpxd_buf_adopt(&dcpxd_mem_host, TAKE_FD(fds[0]), g->L.ctl_bytes, -1,
-                      &g->ctl);
-  if (r < 0) {
-    uint64_t bytes = g->L.ctl_bytes;
-    for (uint32_t i = 1; i <= W; i++)
-      close(TAKE_FD(fds[i]));
-    group_free(g);
-    return join_refuse(c, r,
-                       "cannot adopt the control page of group '%s' "
-                       "(%" PRIu64 " bytes, a sealed memfd expected): %s",
-                       j->group, bytes, dcpx_strerror(r));
-  }
-  for (uint32_t i = 0; i < W; i++) {
-    int fd = TAKE_FD(fds[1 + i]);
-    if (r == 0)
-      r = dcpxd_buf_adopt(mem, fd, g->L.ws_bytes, i == rank ? j->device : -1,
-                          &g->ws[i]);
-    else
-      close(fd);
-  }
-  if (r < 0) {
-    uint64_t bytes = g->L.ws_bytes;
-    group_free(g);
-    return join_refuse(c, r,
-                       "cannot adopt the workspaces of group '%s' (%" PRIu64
-                       " bytes each): %s",
-                       j->group, bytes, dcpx_strerror(r));
-  }
-  r = dcpxd_mem_host.map(g->ctl, &map);
-  if (r < 0) {
-    group_free(g);
-    return join_refuse(c, r, "cannot map the control page: %s",
-                       dcpx_strerror(r));
-  }
-  hdr = map;
-  if (hdr->magic != DCPX_CTL_MAGIC || hdr->version != DCPX_CTL_VERSION ||
-      hdr->world != W || hdr->rows != shape->rows) {
-    int bad_version = hdr->magic == DCPX_CTL_MAGIC &&
-                      hdr->version != DCPX_CTL_VERSION;
-    char why[160];
-    dcpxd_bprintf(why,
-                  "magic 0x%08x version %u world %u rows %u, expected "
-                  "0x%08x %u %u %u",
-                  hdr->magic, hdr->version, hdr->world, hdr->rows,
-                  DCPX_CTL_MAGIC, DCPX_CTL_VERSION, W, shape->rows);
-    group_free(g);
-    return join_refuse(c, bad_version ? DCPX_E_VERSION : DCPX_E_SHAPE,
-                       "the control page does not match the group: %s", why);
-  }
-  if (!dcpxd_secrets_match(m->secrets, g->name, hdr->secret, &g->owner)) {
-    group_free(g);
-    return join_refuse(c, DCPX_E_ACCES,
-                       "cannot adopt group '%s': its control page's secret "
-                       "is not that of a group '%s' this dcpxd created",
-                       j->group, j->group);
-  }
-  if (!dcpxd_may_use(c, g)) {
-    uid_t owner = g->owner;
-    group_free(g);
-    return join_refuse(c, DCPX_E_ACCES,
-                       "group '%s' belongs to uid %u: only its owner and root "
-                       "may reattach to it",
-                       j->group, (unsigned)owner);
-  }
-  g->harvested = calloc(((size_t)W * shape->rows + 7) / 8, 1);
-  if (!g->harvested) {
-    group_free(g);
-    return join_refuse(c, DCPX_E_NOMEM, "out of memory");
-  }
-  g->hdr = hdr;
-  g->generation = hdr->generation;
-  g->adopted = true;
-  if (hdr->abort)
-    g->state = hdr->recovering ? DCPXD_GROUP_RECOVERING : DCPXD_GROUP_ABORTED;
-  else
-    g->state = DCPXD_GROUP_READY;
-  if (hdr->timeout_ns != j->timeout_ns)
-    log_warning("group=%s: the control page says timeout %" PRIu64
-                " ns, rank %u's reattach %" PRIu64 " ns; using the latter",
-                g->name, (uint64_t)hdr->timeout_ns, rank, j->timeout_ns);
-  for (uint32_t i = 0; i < W; i++) {
-    const dcpx_rank_health *h = dcpxd_group_health(g, i);
-    g->member[i].pid = (pid_t)h->pid;
-    g->member[i].device = g->ws[i]->device; /* -1 for host memory */
-    if (h->joined && i != rank) {
-      g->awaiting |= 1u << i;
-      k += (size_t)snprintf(awaited + k, sizeof(awaited) - k, "%s%u",
-                            k ? "," : "", i);
-    }
-  }
   TAILQ_INSERT_TAIL(&m->groups, g, link);
   dcpxd_health_adopt(g);
   member_attach(g, rank, c, j);
@@ -684,14 +713,14 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
              "brought back its memory; generation %u, %s, abort=%s; "
              "awaiting ranks %s",
              g->name, rank, (int)c->pid, g->generation,
-             dcpxd_group_state_name(g), dcpx__abort_reason_name(hdr->abort),
-             k ? awaited : "none");
+             dcpxd_group_state_name(g), dcpx__abort_reason_name(g->hdr->abort),
+             awaited[0] ? awaited : "none");
   if (j->generation && j->generation != g->generation)
     log_info("group=%s: rank %u saw generation %u, the page says %u",
              g->name, rank, j->generation, g->generation);
   reattach_done(g, c, rank);
   /* Records written while no daemon watched (their alarms too). */
-  if (hdr->abort)
+  if (g->hdr->abort)
     dcpxd_health_harvest(g);
   dcpxd_group_check_awaiting(g);
   g->next_pid_check_ns =
