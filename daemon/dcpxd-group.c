@@ -855,64 +855,180 @@ static dcpxd_group *group_new(dcpxd_conn *c, const Dcpx__Join *j,
   return g;
 }
 
-void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
-  dcpxd_manager *m = c->m;
-  dcpx_shape shape = DCPX_SHAPE_INIT;
-  const dcpxd_mem_ops *mem;
+/* dcpxd_group_join, step 1: the Join's own arguments (the connection holds
+ * no rank yet; name, shape, rank, transport, backend, timeout, NCCL id).
+ * Returns 0 with *shape, *transport and *mem, or -1 after refusing. */
+static int join_args(dcpxd_conn *c, const Dcpx__Join *j, dcpx_shape *shape,
+                     int *transport, const dcpxd_mem_ops **mem) {
   const char *why = NULL;
-  dcpxd_group *g;
-  int transport, r;
-  uint32_t timeout_ms;
   char msg[256];
+  int r;
 
-  if (c->group)
-    return join_refuse(c, DCPX_E_STATE,
-                       "this connection already holds rank %u of group '%s'",
-                       c->rank, c->group->name);
-  if (!dcpx__group_name_ok(j->group))
-    return join_refuse(c, DCPX_E_INVAL, DCPXD_BAD_NAME_FMT,
-                       DCPX_GROUP_NAME_MAX);
-  if (!j->shape)
-    return join_refuse(c, DCPX_E_INVAL, "Join without a shape");
-  dcpx__shape_from_pb(j->shape, &shape);
-  r = shape_explain(&shape, msg, sizeof(msg));
-  if (r < 0)
-    return join_refuse(c, r, "%s", msg);
-  if (j->rank >= shape.world)
-    return join_refuse(c, DCPX_E_BADRANK, "rank %u out of range for world %u",
-                       j->rank, shape.world);
-
+  if (c->group) {
+    join_refuse(c, DCPX_E_STATE,
+                "this connection already holds rank %u of group '%s'", c->rank,
+                c->group->name);
+    return -1;
+  }
+  if (!dcpx__group_name_ok(j->group)) {
+    join_refuse(c, DCPX_E_INVAL, DCPXD_BAD_NAME_FMT, DCPX_GROUP_NAME_MAX);
+    return -1;
+  }
+  if (!j->shape) {
+    join_refuse(c, DCPX_E_INVAL, "Join without a shape");
+    return -1;
+  }
+  dcpx__shape_from_pb(j->shape, shape);
+  r = shape_explain(shape, msg, sizeof(msg));
+  if (r < 0) {
+    join_refuse(c, r, "%s", msg);
+    return -1;
+  }
+  if (j->rank >= shape->world) {
+    join_refuse(c, DCPX_E_BADRANK, "rank %u out of range for world %u",
+                j->rank, shape->world);
+    return -1;
+  }
   /* auto stays auto for the CUDA backend: each rank resolves it from the
    * devices and its peer access (libclient/cuda.c; this daemon has no
    * CUDA context to ask) and writes the result into its health block,
    * where queries read it. The host backend always uses ll. */
   switch ((int)j->transport) {
   case DCPX__TRANSPORT__TRANSPORT_AUTO:
-    transport = j->backend == DCPX__BACKEND__BACKEND_CUDA
-                    ? DCPX__TRANSPORT__TRANSPORT_AUTO
-                    : DCPX__TRANSPORT__TRANSPORT_LL;
+    *transport = j->backend == DCPX__BACKEND__BACKEND_CUDA
+                     ? DCPX__TRANSPORT__TRANSPORT_AUTO
+                     : DCPX__TRANSPORT__TRANSPORT_LL;
     break;
   case DCPX__TRANSPORT__TRANSPORT_LL:
-    transport = DCPX__TRANSPORT__TRANSPORT_LL;
+    *transport = DCPX__TRANSPORT__TRANSPORT_LL;
     break;
   case DCPX__TRANSPORT__TRANSPORT_NCCL:
-    transport = DCPX__TRANSPORT__TRANSPORT_NCCL;
+    *transport = DCPX__TRANSPORT__TRANSPORT_NCCL;
     break;
   default:
-    return join_refuse(c, DCPX_E_INVAL, "unknown transport %d",
-                       (int)j->transport);
+    join_refuse(c, DCPX_E_INVAL, "unknown transport %d", (int)j->transport);
+    return -1;
   }
-  mem = dcpxd_mem_backend((int)j->backend, &why);
-  if (!mem)
-    return join_refuse(c,
-                       j->backend == DCPX__BACKEND__BACKEND_CUDA ? DCPX_E_NOSYS
-                                                                 : DCPX_E_INVAL,
-                       "%s (backend %d)", why, (int)j->backend);
-  if (j->timeout_ns == 0)
-    return join_refuse(c, DCPX_E_INVAL, "timeout_ns must be > 0");
-  if (j->nccl_id.len > NCCL_ID_MAX)
-    return join_refuse(c, DCPX_E_INVAL, "nccl_id longer than %d bytes",
-                       NCCL_ID_MAX);
+  *mem = dcpxd_mem_backend((int)j->backend, &why);
+  if (!*mem) {
+    join_refuse(c,
+                j->backend == DCPX__BACKEND__BACKEND_CUDA ? DCPX_E_NOSYS
+                                                          : DCPX_E_INVAL,
+                "%s (backend %d)", why, (int)j->backend);
+    return -1;
+  }
+  if (j->timeout_ns == 0) {
+    join_refuse(c, DCPX_E_INVAL, "timeout_ns must be > 0");
+    return -1;
+  }
+  if (j->nccl_id.len > NCCL_ID_MAX) {
+    join_refuse(c, DCPX_E_INVAL, "nccl_id longer than %d bytes", NCCL_ID_MAX);
+    return -1;
+  }
+  return 0;
+}
+
+/* dcpxd_group_join, step 2, for a group that exists: the same shape, and
+ * the rank free (a holder whose connection is closing is retired first,
+ * which may destroy the group: *g is looked up again). Returns 0, or -1
+ * after refusing. */
+static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
+                         const dcpx_shape *shape, int transport,
+                         dcpxd_group **g) {
+  dcpxd_member *mb = &(*g)->member[j->rank < (*g)->shape.world ? j->rank : 0];
+  char msg[256];
+  int r = group_compare(*g, shape, transport, (int)j->backend, j->timeout_ns,
+                        msg, sizeof(msg));
+
+  if (r < 0) {
+    join_refuse(c, r, "shape mismatch: %s", msg);
+    return -1;
+  }
+  if (mb->conn && mb->conn->closing) {
+    /* Its holder hung up and the reaper has not run yet: retire it now,
+     * then look again (that may have destroyed the group). */
+    dcpxd_group_member_gone(mb->conn);
+    *g = dcpxd_group_find(c->m, j->group);
+    if (!*g)
+      return 0;
+  }
+  if (dcpxd_member_live(&(*g)->member[j->rank])) {
+    join_refuse(c, DCPX_E_DUPRANK,
+                "rank %u of group '%s' is already held by pid %d", j->rank,
+                (*g)->name, (int)(*g)->member[j->rank].pid);
+    return -1;
+  }
+  if (((*g)->awaiting >> j->rank) & 1u) {
+    /* Awaited since a restart: a replacement only if its holder died. */
+    dcpxd_group_check_awaiting(*g);
+    if (((*g)->awaiting >> j->rank) & 1u) {
+      join_refuse(c, DCPX_E_DUPRANK,
+                  "rank %u of group '%s' is still held by pid %d, which has "
+                  "not reattached since dcpxd restarted",
+                  j->rank, (*g)->name, (int)(*g)->member[j->rank].pid);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* A replacement for a rank whose process is gone, in a formed group
+ * (invariant 4). */
+static void join_replace(dcpxd_conn *c, const Dcpx__Join *j, dcpxd_group *g) {
+  dcpx_rank_health *h = dcpxd_group_health(g, j->rank);
+  char msg[96];
+
+  member_attach(g, j->rank, c, j);
+  g->member[j->rank].acked = true;
+  h->pid = (uint32_t)c->pid;
+  h->joined = 1;
+  log_notice("group=%s gen=%u rank=%u: replaced by pid %d (%s), %u/%u "
+             "ranks live",
+             g->name, g->generation, j->rank, (int)c->pid,
+             dcpxd_group_state_name(g), g->live, g->shape.world);
+  send_join_reply(g, j->rank);
+  if (g->state == DCPXD_GROUP_ABORTED) {
+    dcpxd_bprintf(msg, "rank %u was replaced; drain and acknowledge",
+                  j->rank);
+    group_request_reset(g, msg);
+  }
+  group_recover_maybe(g);
+}
+
+/* A rank joins a forming group (g) and waits for the others, at most the
+ * join timeout; the last one forms it. */
+static void join_forming(dcpxd_conn *c, const Dcpx__Join *j, dcpxd_group *g) {
+  const uint32_t W = g->shape.world;
+  uint32_t timeout_ms;
+
+  if (j->rank == 0 && j->nccl_id.len) {
+    memcpy(g->nccl_id, j->nccl_id.data, j->nccl_id.len);
+    g->nccl_id_len = j->nccl_id.len;
+  }
+  member_attach(g, j->rank, c, j);
+  timeout_ms =
+      j->join_timeout_ms ? j->join_timeout_ms : c->m->conf->join_timeout_ms;
+  uv_timer_start(&c->join_timer, on_join_timeout, timeout_ms, 0);
+  log_info("group=%s rank=%u joined (pid %d, node '%s', device %d): %u/%u",
+           g->name, j->rank, (int)c->pid, g->member[j->rank].node,
+           (int)j->device, g->live, W);
+  /* Retire members whose connection is closing but not yet reaped, so
+   * that the group forms only with live processes. */
+  for (uint32_t i = 0; i < W; i++)
+    if (g->member[i].conn && g->member[i].conn->closing)
+      dcpxd_group_member_gone(g->member[i].conn);
+  if (g->live == W)
+    group_form(g);
+}
+
+void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
+  dcpx_shape shape = DCPX_SHAPE_INIT;
+  const dcpxd_mem_ops *mem;
+  dcpxd_group *g;
+  int transport;
+
+  if (join_args(c, j, &shape, &transport, &mem) < 0)
+    return;
   if (j->reattach)
     return group_reattach(c, j, &shape, transport, mem, fds, nfds);
   if (transport == DCPX__TRANSPORT__TRANSPORT_NCCL &&
@@ -923,79 +1039,16 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
       j->nccl_id.len == 0)
     return join_refuse(c, DCPX_E_INVAL,
                        "rank 0 of an nccl group must send its nccl_id");
-
-  g = dcpxd_group_find(m, j->group);
+  g = dcpxd_group_find(c->m, j->group);
   if (!join_allowed(c, g, j->group))
     return;
-  if (g) {
-    dcpxd_member *mb = &g->member[j->rank < g->shape.world ? j->rank : 0];
-
-    r = group_compare(g, &shape, transport, (int)j->backend, j->timeout_ns, msg,
-                      sizeof(msg));
-    if (r < 0)
-      return join_refuse(c, r, "shape mismatch: %s", msg);
-    if (mb->conn && mb->conn->closing) {
-      /* Its holder hung up and the reaper has not run yet: retire it now,
-       * then look again (that may have destroyed the group). */
-      dcpxd_group_member_gone(mb->conn);
-      g = dcpxd_group_find(m, j->group);
-    }
-  }
-  if (g && dcpxd_member_live(&g->member[j->rank]))
-    return join_refuse(c, DCPX_E_DUPRANK,
-                       "rank %u of group '%s' is already held by pid %d",
-                       j->rank, g->name, (int)g->member[j->rank].pid);
-  if (g && ((g->awaiting >> j->rank) & 1u)) {
-    /* Awaited since a restart: a replacement only if its holder died. */
-    dcpxd_group_check_awaiting(g);
-    if ((g->awaiting >> j->rank) & 1u)
-      return join_refuse(c, DCPX_E_DUPRANK,
-                         "rank %u of group '%s' is still held by pid %d, "
-                         "which has not reattached since dcpxd restarted",
-                         j->rank, g->name, (int)g->member[j->rank].pid);
-  }
-
-  if (g && g->state != DCPXD_GROUP_FORMING) {
-    /* A replacement for a rank whose process is gone (invariant 4). */
-    dcpx_rank_health *h = dcpxd_group_health(g, j->rank);
-    member_attach(g, j->rank, c, j);
-    g->member[j->rank].acked = true;
-    h->pid = (uint32_t)c->pid;
-    h->joined = 1;
-    log_notice("group=%s gen=%u rank=%u: replaced by pid %d (%s), %u/%u "
-               "ranks live",
-               g->name, g->generation, j->rank, (int)c->pid,
-               dcpxd_group_state_name(g), g->live, g->shape.world);
-    send_join_reply(g, j->rank);
-    if (g->state == DCPXD_GROUP_ABORTED) {
-      dcpxd_bprintf(msg, "rank %u was replaced; drain and acknowledge",
-                    j->rank);
-      group_request_reset(g, msg);
-    }
-    group_recover_maybe(g);
+  if (g && join_existing(c, j, &shape, transport, &g) < 0)
     return;
-  }
-
+  if (g && g->state != DCPXD_GROUP_FORMING)
+    return join_replace(c, j, g);
   if (!g && !(g = group_new(c, j, &shape, transport, mem)))
     return;
-  if (j->rank == 0 && j->nccl_id.len) {
-    memcpy(g->nccl_id, j->nccl_id.data, j->nccl_id.len);
-    g->nccl_id_len = j->nccl_id.len;
-  }
-  member_attach(g, j->rank, c, j);
-  timeout_ms =
-      j->join_timeout_ms ? j->join_timeout_ms : m->conf->join_timeout_ms;
-  uv_timer_start(&c->join_timer, on_join_timeout, timeout_ms, 0);
-  log_info("group=%s rank=%u joined (pid %d, node '%s', device %d): %u/%u",
-           g->name, j->rank, (int)c->pid, g->member[j->rank].node,
-           (int)j->device, g->live, shape.world);
-  /* Retire members whose connection is closing but not yet reaped, so
-   * that the group forms only with live processes. */
-  for (uint32_t i = 0; i < shape.world; i++)
-    if (g->member[i].conn && g->member[i].conn->closing)
-      dcpxd_group_member_gone(g->member[i].conn);
-  if (g->live == shape.world)
-    group_form(g);
+  join_forming(c, j, g);
 }
 
 /* ---- abort --------------------------------------------------------------- */
