@@ -295,6 +295,12 @@ def main(argv=None):
                    "private one from $DCPXD / the build tree)")
     p.add_argument("--group", default=f"decode-step-{os.getpid()}")
     a = p.parse_args(argv)
+    for name in ("world", "layers", "steps", "rows", "topk", "local_len",
+                 "block_size", "interleave"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.local_topk < 0 or a.ties_every < 0:
+        p.error("--local-topk and --ties-every must be >= 0")
     if a.backend == "auto":
         a.backend = "cuda" if torch is not None and \
             torch.cuda.is_available() else "host"
