@@ -1135,6 +1135,7 @@ static void group_recovered(dcpxd_group *g) {
   g->hdr->generation = g->generation;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   g->hdr->recovering = 0;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST); /* PROTOCOL.md 6.9 step 5 */
   g->hdr->abort = 0;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   g->state = DCPXD_GROUP_READY;

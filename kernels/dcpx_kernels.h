@@ -280,9 +280,12 @@ int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm);
  * stored with epoch next(epoch[t]) into every rank's LL slots. row_ends[t]
  * is clamped to [0, min(max_local, stride)]. Block 0 advances the call sequence
  * (layout.h call_seq, the call tag of wait records: it lives in device
- * memory, so a CUDA graph replay counts too). The push reads the group's
- * abort word and its own FAILED word once and, when either is set, stores
- * nothing into any rank's slots (the call fails in the merge). */
+ * memory, so a CUDA graph replay counts too). The push reads the `stop`
+ * word of the rank's state block in device memory once (set when the
+ * group aborted or this rank FAILED: the merge and one elected reader of
+ * the control page write it, PROTOCOL.md 6.7; the push never reads the
+ * control page) and, when it is set, stores nothing into any rank's slots
+ * (the call fails in the merge). */
 int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
                 uint64_t stride, const int32_t *row_ends, cudaStream_t s);
 
