@@ -345,11 +345,13 @@ class Member:
 
     Not thread-safe (give each engine thread its own member), except that
     :meth:`poll` may run on another thread while push/merge run. Whatever
-    the threads do, Python never touches a freed member: :meth:`leave`
-    (and :meth:`close`, ``with``, garbage collection) waits for the calls
-    running on other threads to return, and every call after it raises
-    :class:`StateError`; :meth:`poll`, :meth:`health`,
-    :meth:`async_error` and :meth:`recover` run one at a time.
+    the threads do, Python never touches a freed member: after
+    :meth:`leave` (and :meth:`close`, ``with``, garbage collection) every
+    call raises :class:`StateError`, and calls still running on other
+    threads (or under a signal handler that left) finish first: the last
+    of them frees the member. :meth:`poll`, :meth:`health`,
+    :meth:`async_error` and :meth:`recover` run one at a time (so
+    :meth:`health` waits while :meth:`recover` runs on another thread).
     """
     _ptr: Optional[int]
     client: Client
@@ -371,8 +373,8 @@ class Member:
         # In-flight C calls (leave waits for them), and the lock of the
         # calls that drive the daemon link (poll, health, recover, ...).
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
         self._busy = 0
+        self._left: Optional[int] = None  # left while calls ran: theirs to free
         self._link = threading.Lock()
         _members[self.handle] = weakref.ref(self)
 
@@ -401,13 +403,16 @@ class Member:
             if p is None:
                 raise StateError(context="the member has left its group")
             self._busy += 1
-            return p
+        return p
 
     def _end(self) -> None:
         with self._lock:
             self._busy -= 1
-            if not self._busy:
-                self._idle.notify_all()
+            p = self._left if not self._busy else None
+            if p is not None:
+                self._left = None
+        if p is not None:  # left while this call ran: free it now
+            self._lib.dcpx_leave(ctypes.c_void_p(p))
 
     def __repr__(self) -> str:
         return (f"Member(group={self.options.group!r}, rank={self.rank}, "
@@ -691,9 +696,9 @@ class Member:
 
     def leave(self) -> None:
         """Leaves the group and frees the member (``dcpx_leave``);
-        idempotent. Calls running on other threads return first (a merge
-        waiting for its peers: at most the group's timeout); later calls
-        raise :class:`StateError`. Leave together: a rank that leaves while
+        idempotent; never blocks. Later calls raise :class:`StateError`;
+        calls still running on other threads finish, and the last of them
+        frees the member. Leave together: a rank that leaves while
         a peer still merges the last call takes the group down under that
         peer (its merge raises :class:`Aborted`); synchronize the ranks
         first."""
@@ -702,11 +707,12 @@ class Member:
             if p is None:
                 return
             self._ptr = None
-            while self._busy:
-                self._idle.wait()
+            if self._busy:  # the last call still running frees it
+                self._left, p = p, None
         _members.pop(self.handle, None)
         self._token = None
-        check(self._lib.dcpx_leave(ctypes.c_void_p(p)), "dcpx_leave")
+        if p is not None:
+            check(self._lib.dcpx_leave(ctypes.c_void_p(p)), "dcpx_leave")
 
     close = leave
 
@@ -781,9 +787,23 @@ class PreparedCall:
         return self.out
 
     def __call__(self, call_tag: int = 0) -> MergeResult:
-        """push, then merge."""
-        self.push(call_tag)
-        return self.merge(call_tag)
+        """push, then merge (one in-flight mark for both)."""
+        mb = self.member
+        m = mb._begin()
+        try:
+            self._in.call_tag = _tag(call_tag)
+            s = self._s()
+            r = self._push(m, ctypes.byref(self._in), s)
+            if r >= 0:
+                r = self._merge(m, ctypes.byref(self._in),
+                                ctypes.byref(self._out), s)
+                if r < 0:
+                    check(r, "dcpx_merge")
+        finally:
+            mb._end()
+        if r < 0:
+            check(r, "dcpx_push")
+        return self.out
 
 
 # ---- the CPU reference ---------------------------------------------------

@@ -35,7 +35,7 @@ def _pair(daemon, group, timeout_ns):
     return got[0], got[1]
 
 
-def test_leave_waits_for_a_merge_on_another_thread(daemon, group):
+def test_leave_under_a_merge_on_another_thread(daemon, group):
     m0, m1 = _pair(daemon, group, 400_000_000)  # waits give up at 0.4 s
     lg, en, req, bt = _args()
     seen = []
@@ -52,18 +52,39 @@ def test_leave_waits_for_a_merge_on_another_thread(daemon, group):
     t.start()
     time.sleep(0.1)  # the merge is waiting inside libdcpx now
     t0 = time.monotonic()
-    m0.leave()
-    waited = time.monotonic() - t0
-    t.join(10)
-    assert not t.is_alive()
-    assert seen == ["Failed"], seen
-    assert waited > 0.1, f"leave returned after {waited:.3f} s, before the merge"
-    assert m0.closed
+    m0.leave()  # never blocks: the merge frees the member as it returns
+    assert time.monotonic() - t0 < 0.1
+    assert m0.closed and m0._left is not None
     with pytest.raises(dcpx.StateError):
         m0.push(lg, en)
     with pytest.raises(dcpx.StateError):
         m0.poll()
+    t.join(10)
+    assert not t.is_alive()
+    assert seen == ["Failed"], seen
+    assert m0._left is None  # freed by the merge's thread
     m1.leave()
+
+
+def test_leave_from_a_signal_handler_mid_call(daemon, group, small_shape):
+    """A SIGALRM handler that leaves runs on the calling thread right after
+    a C call, before the call's bookkeeping: leave must not wait for its
+    own thread (it used to: a deadlock)."""
+    import signal
+    lg, en, req, bt = _args()
+    m = dcpx.Client(daemon.socket).join(small_shape, rank=0, group=group)
+    old = signal.signal(signal.SIGALRM, lambda *a: m.leave())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        end = time.monotonic() + 5
+        with pytest.raises(dcpx.StateError):
+            while time.monotonic() < end:
+                m.push(lg, en)
+                m.merge(lg, en, req, bt)
+        assert m.closed and m._left is None and m._busy == 0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def test_leave_under_a_poll_and_health_loop(daemon, group):
