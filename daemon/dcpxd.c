@@ -213,24 +213,30 @@ static int state_dir_lock(const char *dir) {
   fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
   if (fd < 0)
     return log_error_errno(-errno, "Cannot open %s: %m", lock), -1;
-  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-    const int e = errno;
+  const int locked = flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+  if (locked == ENOLCK || locked == EOPNOTSUPP) {
+    /* a file system without locks (some network ones) */
+    log_warning_errno(-locked, "Cannot lock %s (%m): running without the "
+                               "guard against a second dcpxd on %s",
+                      lock, dir);
+  } else if (locked) {
     const ssize_t n = pread(fd, held, sizeof(held) - 1, 0);
     held[n > 0 ? n : 0] = '\0';
     held[strcspn(held, "\n")] = '\0';
     close(fd);
-    if (e == EWOULDBLOCK)
+    if (locked == EWOULDBLOCK)
       log_error("State dir %s is in use by another dcpxd (pid %s); each "
                 "dcpxd needs a state dir of its own (--state-dir)",
                 dir, held[0] ? held : "?");
     else
-      log_error_errno(-e, "Cannot lock %s: %m", lock);
+      log_error_errno(-locked, "Cannot lock %s: %m", lock);
     return -1;
   }
   if (ftruncate(fd, 0) == 0)
     dprintf(fd, "%d\n", (int)getpid());
-  /* A groups.tmp left by a crash is dcpxd_secrets_open's to remove; one
-   * that is not a file would make every save fail. */
+  /* A groups.tmp left by a crash goes (the groups file it would have
+   * replaced holds); one that is not a file would make every save fail.
+   * Then the write test. */
   if (lstat(tmp, &st) == 0) {
     if (!S_ISREG(st.st_mode)) {
       log_error("Cannot write the groups file: %s is in the way (not a "
@@ -238,8 +244,11 @@ static int state_dir_lock(const char *dir) {
       close(fd);
       return -1;
     }
-  } else if ((tf = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC |
-                                 O_NOFOLLOW, 0600)) < 0) {
+    if (unlink(tmp) == 0)
+      log_notice("Removed %s, left by an unfinished save", tmp);
+  }
+  if ((tf = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                 0600)) < 0) {
     log_error_errno(-errno, "State dir %s is not writable (%s): %m", dir,
                     tmp);
     close(fd);

@@ -761,10 +761,28 @@ static int link_reattach_start(dcpx_member *m) {
   m->link_sent_ms = now_ms();
   return 0;
 fail:
+  if (r == -EPIPE || r == DCPX_E_CONNRESET || r == -ENOTCONN) {
+    /* The daemon closed before our sends were through: it refused us at
+     * accept (its Reply says why, and is queued), or it went away (one
+     * killed as it accepted): like no daemon, try again soon. */
+    Dcpx__Frame *rep = NULL;
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    r = DCPX_E_CONNREFUSED;
+    if (poll(&p, 1, 0) == 1 && (p.revents & POLLIN) &&
+        dcpx__frame_recv(s, &rep, NULL, 0, NULL) >= 0 &&
+        rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply &&
+        rep->reply->status < 0) {
+      DCPX_WARN("group %s rank %u: dcpxd refused the reattach: %s (%s)",
+                m->group, m->rank,
+                rep->reply->error && rep->reply->error[0] ? rep->reply->error
+                                                          : "-",
+                dcpx_strerror(rep->reply->status));
+      r = rep->reply->status;
+    }
+    dcpx__frame_free(rep);
+  }
   close(s);
-  /* The daemon went away between our connect and the send (one killed as
-   * it accepted): like no daemon, try again soon, not a failure. */
-  return r == -EPIPE || r == DCPX_E_CONNRESET ? DCPX_E_CONNREFUSED : r;
+  return r;
 }
 
 /* The daemon refused the reattach: says why (DCPX_DEBUG=WARN), drops the
@@ -833,8 +851,9 @@ static int link_step(dcpx_member *m, int wait_ms, Dcpx__Frame **ret_frame) {
       return DCPX_E_CONNREFUSED;
     }
     r = link_reattach_start(m);
-    if (r < 0) {
-      m->retry_at_ms = now + RETRY_DOWN_MS;
+    if (r < 0) { /* not there (soon again), or a refusal (in a second) */
+      m->retry_at_ms = now + (r == DCPX_E_CONNREFUSED ? RETRY_DOWN_MS
+                                                      : RETRY_REFUSED_MS);
       return r;
     }
   }

@@ -803,13 +803,15 @@ END_TEST
  * one that accepts and closes at once, as a dcpxd killed mid-restart
  * does) is a daemon not back yet: dcpx_recover keeps trying until its
  * timeout and never returns the broken pipe of the failed send. */
-static volatile int g_flap_stop;
+static volatile int g_flap_stop, g_flap_refuse;
 static void *flapper(void *arg) {
   int ls = *(int *)arg, n = 0;
   while (!g_flap_stop) {
     int fd = accept(ls, NULL, NULL);
     if (fd < 0)
       break;
+    if (g_flap_refuse) /* as dcpxd at its connection limits */
+      dcpx__send_reply(fd, DCPX_E_BUSY, "too many connections (test)");
     close(fd);
     n++;
   }
@@ -847,6 +849,24 @@ START_TEST(test_recover_daemon_flapping) {
     ck_assert_msg(r == DCPX_E_TIMEDOUT, "dcpx_recover: %d (%s), attempt %d", r,
                   dcpx_strerror(r), i);
   }
+  /* A daemon that refuses at accept (its Reply queued before it closes)
+   * ends the recovery with its reason, at once, whichever of our sends
+   * found it gone. */
+  g_flap_refuse = 1;
+  for (int i = 0; i < 4; i++) {
+    struct timespec a, b;
+    usleep(1100 * 1000); /* past the retry delay of a refusal */
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    int r = dcpx_recover(m, NULL, 5000);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    const double s = (double)(b.tv_sec - a.tv_sec) +
+                     (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    ck_assert_msg(r == DCPX_E_BUSY && s < 2.0,
+                  "dcpx_recover against a refusing daemon: %d (%s) after "
+                  "%.2f s, attempt %d",
+                  r, dcpx_strerror(r), s, i);
+  }
+  g_flap_refuse = 0;
   g_flap_stop = 1;
   shutdown(ls, SHUT_RDWR);
   pthread_join(th, &accepted);

@@ -465,7 +465,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
       jw_str(&w, "state", rank_state(g, r, false));
       jw_bool(&w, "joined", r->joined);
       jw_u64(&w, "pid", r->pid);
-      if (r->joined)
+      if (r->pid) /* a rank that never joined has neither */
         jw_i64(&w, "device", r->device);
       else
         jw_null(&w, "device");
@@ -586,7 +586,7 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
       if (!r)
         continue;
       char dev[16] = "-";
-      if (r->joined)
+      if (r->pid)
         snprintf(dev, sizeof(dev), "%d", (int)r->device);
       printf("  %s rank %-2u %-7s pid %-7u device %-3s calls %-10" PRIu64,
              last ? elbow : tee, r->rank, rank_state(g, r, true), r->pid,
@@ -1661,9 +1661,18 @@ int main(int argc, char **argv) {
         (void)global_opt(opt);
       break;
     case '?':
-      if (!bad[0])
-        snprintf(bad, sizeof(bad), "bad option or missing argument: %s",
-                 optind > 0 && optind <= argc ? argv[optind - 1] : "?");
+      if (bad[0])
+        break;
+      {
+        const char *arg =
+            optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+        if (optopt > 0 && optopt < 128 && strncmp(arg, "--", 2) != 0)
+          snprintf(bad, sizeof(bad), /* a short one, maybe in a cluster */
+                   "bad option or missing argument: -%c", optopt);
+        else
+          snprintf(bad, sizeof(bad), "bad option or missing argument: %s",
+                   arg);
+      }
       break;
     default:
       (void)global_opt(opt);
