@@ -67,6 +67,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -932,6 +933,14 @@ static int join_args(dcpxd_conn *c, const Dcpx__Join *j, dcpx_shape *shape,
  * the rank free (a holder whose connection is closing is retired first,
  * which may destroy the group: *g is looked up again). Returns 0, or -1
  * after refusing. */
+/* Whether c's peer has hung up, though this loop has not handled its EOF
+ * yet (a rank process that exited and one that replaces it at once can
+ * land in the same epoll batch, the join first). */
+static bool conn_hung_up(const dcpxd_conn *c) {
+  struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR));
+}
+
 static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
                          const dcpx_shape *shape, int transport,
                          dcpxd_group **g) {
@@ -944,6 +953,8 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
     join_refuse(c, r, "shape mismatch: %s", msg);
     return -1;
   }
+  if (mb->conn && !mb->conn->closing && conn_hung_up(mb->conn))
+    dcpxd_conn_close(mb->conn, LOG_INFO, "the peer hung up");
   if (mb->conn && mb->conn->closing) {
     /* Its holder hung up and the reaper has not run yet: retire it now,
      * then look again (that may have destroyed the group). */
