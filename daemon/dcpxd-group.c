@@ -542,6 +542,16 @@ void dcpxd_group_check_awaiting(dcpxd_group *g) {
       awaited_rank_dead(g, r);
 }
 
+bool dcpxd_group_reap_empty(dcpxd_group *g) {
+  if (g->state == DCPXD_GROUP_FORMING || g->live || g->awaiting)
+    return false;
+  log_info("group=%s: no rank is left (the last awaited ones died while "
+           "dcpxd was away)",
+           g->name);
+  group_destroy(g);
+  return true;
+}
+
 /* The reattached member learns what it missed: a recovery in progress asks
  * it to drain and acknowledge again (acks do not survive a restart). */
 static void reattach_done(dcpxd_group *g, dcpxd_conn *c, uint32_t rank) {
@@ -1282,12 +1292,14 @@ static void member_leaves(dcpxd_conn *c, bool graceful) {
     return;
   }
   dcpxd_group_health(g, rank)->joined = 0;
-  if (g->live == 0) {
+  if (g->live == 0 && !g->awaiting) {
     log_info("group=%s: its last member %s", g->name,
              graceful ? "left" : "went away");
     group_destroy(g);
     return;
   }
+  /* (With ranks awaited since a restart the group lives on, aborted, for
+   * them to come back and for a replacement of this one.) */
   dcpxd_bprintf(detail, "rank %u (pid %d) %s", rank, (int)c->pid,
                 graceful ? "left the group" : c->close_reason);
   dcpxd_group_abort(g, DCPX_ABORT_DEAD, (int32_t)rank, detail);

@@ -195,8 +195,8 @@ void dcpxd_health_scan(dcpxd_manager *m) {
   dcpxd_group *g, *next;
   uint64_t now = 0;
 
-  /* Awaited ranks (adopted groups): a dead pid aborts its group, which
-   * cannot free it from the list, so the walk is safe. */
+  /* Awaited ranks (adopted groups): a dead pid aborts its group; a group
+   * no rank is left to, live or awaited, goes (the walk keeps `next`). */
   for (g = TAILQ_FIRST(&m->groups); g; g = next) {
     next = TAILQ_NEXT(g, link);
     if (!g->awaiting)
@@ -207,6 +207,7 @@ void dcpxd_health_scan(dcpxd_manager *m) {
       continue;
     g->next_pid_check_ns = now + DCPXD_PID_CHECK_MS * 1000000ull;
     dcpxd_group_check_awaiting(g);
+    (void)dcpxd_group_reap_empty(g); /* the walk kept `next` */
   }
 
   TAILQ_FOREACH(g, &m->groups, link) {

@@ -84,7 +84,9 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
     ri->device = g->member[r].device;
     if (g->hdr) {
       const dcpx_rank_health *h = dcpxd_group_health(g, r);
-      ri->joined = h->joined != 0;
+      /* a rank awaited since a restart is not attached to this daemon,
+       * though its page says joined (it comes back, or it is dead) */
+      ri->joined = h->joined != 0 && !((g->awaiting >> r) & 1u);
       ri->pid = h->pid;
       ri->alarm = h->alarm != 0;
       ri->failed = h->failed != 0;

@@ -245,6 +245,10 @@ void dcpxd_group_abort(dcpxd_group *g, uint32_t reason, int32_t rank,
 /* Adopted groups: checks whether the ranks still awaited are alive; a dead
  * one aborts the group (DCPX_ABORT_DEAD). */
 void dcpxd_group_check_awaiting(dcpxd_group *g);
+/* Destroys g if no rank holds it and none is awaited (an adopted group
+ * whose ranks all died); returns whether it did. For the health scan,
+ * whose walk allows it. */
+bool dcpxd_group_reap_empty(dcpxd_group *g);
 
 /* Operator commands: 0, or a negative code with a message in err. */
 int dcpxd_group_reset(dcpxd_group *g, char *err, size_t errlen);

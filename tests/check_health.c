@@ -725,6 +725,73 @@ START_TEST(test_rank_dies_while_daemon_away) {
 }
 END_TEST
 
+/* A restarted dcpxd adopts a group from its first reattaching rank, which
+ * then dies before the other ranks came back. The group lives on
+ * (aborted: dead rank), so that the others reattach, and a replacement
+ * completes the recovery; it was destroyed with its last live member, and
+ * the others were refused for good ("not a group this dcpxd created"). */
+START_TEST(test_adopter_dies_before_the_others_return) {
+  const uint32_t W = 3;
+  hh_spec sp = spec("adopter", W, 1000000000ull);
+  hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
+  pid_t pids[3];
+
+  start(NULL);
+  sh->recover = 1;
+  sh->poll_each = 1;
+  sh->no_poll = 0x6; /* ranks 1 and 2 do not reattach by themselves */
+  sh->resume_at = 1000;
+  sh->stop_at = 1100;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  stop_clean();
+  start(NULL);
+  for (int i = 0; i < 2000 && !log_contains("adopted after a dcpxd restart");
+       i++)
+    hh_sleep_ms(5);
+  HC_ASSERT(log_contains("adopted after a dcpxd restart: rank 0"),
+            "rank 0 did not bring the group back");
+  /* The ranks not back yet are not "live": check warns, health says so. */
+  int rc = hh_ctl(&g_d, &g_o, "check", (char *)NULL);
+  HC_ASSERT(rc == 1 && strstr(g_o.out, "rank 1 awaiting reattach"),
+            "check: %d %s", rc, g_o.out);
+  rc = hh_ctl(&g_d, &g_o, "health", "adopter", (char *)NULL);
+  HC_ASSERT(rc == 1 && strstr(g_o.out, "AWAITED"), "health: %d %s", rc,
+            g_o.out);
+  kill(pids[0], SIGKILL);
+  waitpid(pids[0], NULL, 0);
+  pids[0] = 0;
+  sh->no_poll = 0;
+  wait_fails(sh, 0x6, 1, 20000);
+  for (int i = 0; i < 2000; i++) {
+    if (hh_ctl(&g_d, &g_o, "health", "adopter", "--json", (char *)NULL) == 1 &&
+        strstr(g_o.out, "\"awaiting_reattach\":0") &&
+        strstr(g_o.out, "\"joined\":2,"))
+      break;
+    hh_sleep_ms(5);
+  }
+  HC_ASSERT(strstr(g_o.out, "\"awaiting_reattach\":0") &&
+                strstr(g_o.out, "\"abort_reason\":\"dead\""),
+            "ranks 1 and 2 did not get back to their group: %s", g_o.out);
+  pids[0] = hh_rank_fork(g_d.sock, &sp, sh, 0, 0, 1);
+  int bad = 0;
+  for (uint32_t r = 0; r < W; r++) {
+    int st;
+    waitpid(pids[r], &st, 0);
+    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  HC_ASSERT(bad == 0, "%s", hh_rank_errors(sh, W));
+  for (uint32_t r = 0; r < W; r++)
+    HC_ASSERT(sh->r[r].ok_since_resume == 100, "rank %u: %llu calls", r,
+              (unsigned long long)sh->r[r].ok_since_resume);
+  finish();
+}
+END_TEST
+
 /* ---- durable records, damaged files, refusals and exit codes -------------- */
 
 START_TEST(test_records_durable) {
@@ -990,6 +1057,7 @@ int main(void) {
   ADD(test_kill9_socket_held);
   ADD(test_daemon_restart);
   ADD(test_restart_during_recovery);
+  ADD(test_adopter_dies_before_the_others_return);
   ADD(test_rank_dies_while_daemon_away);
   ADD(test_records_durable);
   ADD(test_alarm_flood);

@@ -515,6 +515,7 @@ typedef struct hh_shared {
   volatile uint32_t victim_holder;
   volatile pid_t holder_pid;
   volatile uint32_t poll_each;   /* dcpx_poll before every call */
+  volatile uint32_t no_poll;     /* bit r: rank r does not (poll_each) */
   volatile uint32_t recover;     /* recover after a failure, else stop */
   volatile uint32_t hold;        /* bit r: after a failure, rank r waits */
   volatile uint32_t release;     /* until bit r is set here */
@@ -800,7 +801,7 @@ HH_FN int hh_rank_main(const char *sock, const hh_spec *sp, hh_shared *sh,
         hh_sleep_ms(1);
       st->at_gate = 0;
     }
-    if (sh->poll_each) {
+    if (sh->poll_each && !((sh->no_poll >> rank) & 1u)) {
       r = dcpx_poll(m);
       if (r < 0 && r != DCPX_E_NOTCONN && r != DCPX_E_CONNREFUSED &&
           r != DCPX_E_CONNRESET)

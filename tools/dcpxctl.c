@@ -361,6 +361,8 @@ static const char *rank_state(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
     return shout ? "FAILED" : "failed";
   if (r->alarm)
     return shout ? "ALARM" : "alarm";
+  if (!r->joined && r->rank < 32 && ((g->awaiting_reattach >> r->rank) & 1u))
+    return shout ? "AWAITED" : "awaited"; /* since dcpxd restarted */
   if (!r->joined)
     return strcmp(g->state, "forming") == 0 ? "waiting"
            : shout                          ? "DEAD"
