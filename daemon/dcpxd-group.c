@@ -545,8 +545,8 @@ void dcpxd_group_check_awaiting(dcpxd_group *g) {
 bool dcpxd_group_reap_empty(dcpxd_group *g) {
   if (g->state == DCPXD_GROUP_FORMING || g->live || g->awaiting)
     return false;
-  log_info("group=%s: no rank is left (the last awaited ones died while "
-           "dcpxd was away)",
+  log_info("group=%s: no rank is left to it (none attached, none awaited "
+           "since the restart)",
            g->name);
   group_destroy(g);
   return true;
@@ -978,6 +978,24 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
                 "rank %u of group '%s' is already held by pid %d", j->rank,
                 (*g)->name, (int)(*g)->member[j->rank].pid);
     return -1;
+  }
+  if (((*g)->awaiting >> j->rank) & 1u &&
+      (*g)->member[j->rank].pid == c->pid) {
+    /* The awaited rank's own process joins afresh: it dropped the
+     * membership it had before the restart (its Leave could not reach
+     * us). That rank is gone from the group, as a dead one; a group no
+     * rank is left to goes, and this join makes a new one. */
+    char detail[160];
+    (*g)->awaiting &= ~(1u << j->rank);
+    dcpxd_group_health(*g, j->rank)->joined = 0;
+    dcpxd_bprintf(detail,
+                  "rank %u (pid %d) joined afresh instead of reattaching",
+                  j->rank, (int)c->pid);
+    if (dcpxd_group_reap_empty(*g)) {
+      *g = NULL;
+      return 0;
+    }
+    dcpxd_group_abort(*g, DCPX_ABORT_DEAD, (int32_t)j->rank, detail);
   }
   if (((*g)->awaiting >> j->rank) & 1u) {
     /* Awaited since a restart: a replacement only if its holder died. */

@@ -78,6 +78,7 @@ size_t dcpxd_health_harvest(dcpxd_group *g) {
       if (kind == DCPX_REC_EMPTY)
         continue;
       g->harvested[bit / 8] |= (uint8_t)(1u << (bit % 8));
+      g->member[d].timeouts++; /* counted even if not stored below */
       if (n == cap) {
         size_t ncap = cap ? 2 * cap : 64;
         dcpxd_record *nr = realloc(recs, ncap * sizeof(*recs));

@@ -82,6 +82,7 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
     dcpx__rank_info__init(ri);
     ri->rank = r;
     ri->device = g->member[r].device;
+    ri->timeouts = g->member[r].timeouts;
     if (g->hdr) {
       const dcpx_rank_health *h = dcpxd_group_health(g, r);
       /* a rank awaited since a restart is not attached to this daemon,

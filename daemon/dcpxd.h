@@ -136,6 +136,7 @@ typedef struct dcpxd_member {
   int32_t device;
   bool acked; /* drained, for the recovery in progress */
   char node[64];
+  uint64_t timeouts; /* its wait records harvested (kept or not) */
 } dcpxd_member;
 
 struct dcpxd_group {

@@ -342,6 +342,26 @@ START_TEST(test_stall_records) {
               (unsigned long long)x.seen, (unsigned long long)x.block,
               (unsigned long long)x.call_seq);
   }
+  /* Each rank's timeouts counter (stats) counts its records. */
+  {
+    char want[64];
+    uint64_t per[3] = {0, 0, 0};
+    for (int i = 0; i < n; i++)
+      per[recs[i].rank < 3 ? recs[i].rank : 0]++;
+    CTL_JSON(0, "stats", "stall", "--json");
+    const char *p = g_o.out;
+    for (uint32_t r = 0; r < 3; r++) {
+      snprintf(want, sizeof(want), "{\"rank\":%u,", r);
+      p = strstr(g_o.out, want);
+      HC_ASSERT(p, "no rank %u: %s", r, g_o.out);
+      snprintf(want, sizeof(want), "\"timeouts\":%llu,",
+               (unsigned long long)per[r]);
+      const char *end = strchr(p, '}');
+      const char *t = strstr(p, want);
+      HC_ASSERT(t && end && t < end, "rank %u: wanted %s in %s", r, want,
+                g_o.out);
+    }
+  }
   /* Filters: by rank, by time. */
   snprintf(rankbuf, sizeof(rankbuf), "%llu", (unsigned long long)recs[0].rank);
   CTL_JSON(0, "records", "--group", "stall", "--rank", rankbuf, "--json");

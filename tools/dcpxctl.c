@@ -477,6 +477,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
       jw_u64(&w, "rows", r->rows);
       jw_u64(&w, "rescue_rows", r->rescue_rows);
       jw_u64(&w, "failed_calls", r->failed_calls);
+      jw_u64(&w, "timeouts", r->timeouts);
       json_rate(&w, r->rescue_rows, r->rows);
       jw_obj_end(&w);
       rows += r->rows;
@@ -668,7 +669,7 @@ static const struct {
     {M_FAILED_CALLS, "dcpx_failed_calls", "counter", true,
      "Calls that failed (timeout, abort)"},
     {M_TIMEOUTS, "dcpx_timeouts", "counter", true,
-     "Timeout records kept by dcpxd for the rank"},
+     "Wait timeouts of the rank seen by dcpxd (from 0 at its start)"},
     {M_RANK_JOINED, "dcpx_rank_joined", "gauge", true,
      "1 when the rank is attached to the group"},
     {M_RANK_ALARM, "dcpx_rank_alarm", "gauge", true,
@@ -692,24 +693,10 @@ static const struct {
      "The group's bounded-wait timeout"},
 };
 
-static uint64_t count_timeouts(const Dcpx__QueryReply *rr, const char *group,
-                               uint32_t rank) {
-  uint64_t n = 0;
-  for (size_t i = 0; rr && i < rr->n_records; i++) {
-    const Dcpx__Record *rec = rr->records[i];
-    if (rec->kind == DCPX_REC_TIMEOUT && rec->rank == rank && rec->group &&
-        strcmp(rec->group, group) == 0)
-      n++;
-  }
-  return n;
-}
-
-/* qr: the STATS answer; rr: the RECORDS answer (timeouts are counted).
- * om: OpenMetrics 1.0 (a counter family "x" has samples "x_total", the text
+/* qr: the STATS answer. om: OpenMetrics 1.0 (a counter family "x" has samples "x_total", the text
  * ends with "# EOF"); else the Prometheus text format 0.0.4 (the family is
  * named as its samples). */
-static void metrics_out(const Dcpx__QueryReply *qr, const Dcpx__QueryReply *rr,
-                        bool om) {
+static void metrics_out(const Dcpx__QueryReply *qr, bool om) {
   for (size_t m = 0; m < sizeof(metric_defs) / sizeof(metric_defs[0]); m++) {
     const char *name = metric_defs[m].name, *type = metric_defs[m].type;
     const char *suffix = strcmp(type, "counter") == 0 ? "_total"
@@ -786,7 +773,7 @@ static void metrics_out(const Dcpx__QueryReply *qr, const Dcpx__QueryReply *rr,
           v = r->failed_calls;
           break;
         case M_TIMEOUTS:
-          v = count_timeouts(rr, g->name, r->rank);
+          v = r->timeouts;
           break;
         case M_RANK_JOINED:
           v = r->joined;
@@ -1034,27 +1021,11 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   for (size_t i = 0; i < qr->n_groups; i++)
     healthy = healthy && group_healthy(qr->groups[i]);
   if (format == FMT_OPENMETRICS || format == FMT_PROMETHEUS) {
-    Dcpx__Frame *rin = NULL;
-    Dcpx__Query rq = DCPX__QUERY__INIT;
-    /* The timeout records, counted per group and rank: a second ops
-     * connection (one query each). */
-    close(sock_fd);
-    sock_fd = -1;
-    rq.what = DCPX__QUERY__WHAT__RECORDS;
-    rq.group = q.group;
-    rq.rank = -1;
-    r = run_query(&rq, &rin);
-    if (r) {
-      dcpx__frame_free(in);
-      return r;
-    }
     if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
-      dcpx__frame_free(rin);
       dcpx__frame_free(in);
       return r;
     }
-    metrics_out(qr, rin->query_reply, format == FMT_OPENMETRICS);
-    dcpx__frame_free(rin);
+    metrics_out(qr, format == FMT_OPENMETRICS);
   } else if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
     dcpx__frame_free(in);
     return r;
