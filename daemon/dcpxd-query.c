@@ -187,6 +187,7 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
     dcpxd_bprintf(note, "showing %zu of %zu groups (reply size limit)",
                   qr.n_groups, total);
   qr.records_note = note;
+  qr.partial_view = !c->admin;
   send_query_reply(c, &qr);
 }
 
@@ -228,7 +229,7 @@ static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
       continue;
     if (q->rank >= 0 && r->rank != (uint32_t)q->rank)
       continue;
-    if (r->time_ns < q->since_ns || r->time_ns > until)
+    if (r->time_ns < q->since_ns || r->time_ns >= until) /* [since, until) */
       continue;
     sel[n++] = r;
   }
@@ -264,6 +265,7 @@ static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
   else
     dcpxd_bprintf(note, "%s", store_note);
   qr.records_note = note;
+  qr.partial_view = !c->admin;
   send_query_reply(c, &qr);
 }
 

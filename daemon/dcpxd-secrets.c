@@ -86,11 +86,18 @@ static int load(dcpxd_secrets *s) {
 
 /* Writes every entry to the temporary file, then renames it over. */
 static int save(dcpxd_secrets *s) {
-  _cleanup_fclose_ FILE *f = fopen(s->tmp, "we");
+  /* 0600 whatever the umask: the reattach secrets are the groups' keys */
+  const int fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC |
+                                  O_NOFOLLOW, 0600);
+  _cleanup_fclose_ FILE *f = fd >= 0 ? fdopen(fd, "we") : NULL;
   int r = 0;
 
-  if (!f)
-    return log_warning_errno(-errno, "Cannot write %s: %m", s->tmp);
+  if (!f) {
+    r = -errno;
+    if (fd >= 0)
+      close(fd);
+    return log_warning_errno(r, "Cannot write %s: %m", s->tmp);
+  }
   for (size_t i = 0; i < s->n; i++) {
     fprintf(f, "%s %u ", s->e[i].name, (unsigned)s->e[i].owner);
     for (size_t k = 0; k < DCPX_CTL_SECRET_BYTES; k++)

@@ -370,6 +370,16 @@ START_TEST(test_stall_records) {
   HC_ASSERT(hh_parse_records(g_o.out, recs + 8, 8) == 0, "%s", g_o.out);
   CTL_JSON(0, "records", "--until", "@1", "--json");
   HC_ASSERT(hh_parse_records(g_o.out, recs + 8, 8) == 0, "%s", g_o.out);
+  { /* --since T and --until T: at T or after, and before T (dcpxctl(1)) */
+    char t[32];
+    snprintf(t, sizeof(t), "%llu", (unsigned long long)recs[0].time_ns);
+    CTL_JSON(0, "records", "--group", "stall", "--until", t, "--json");
+    int before = hh_parse_records(g_o.out, recs + 8, 8);
+    CTL_JSON(0, "records", "--group", "stall", "--since", t, "--json");
+    int after = hh_parse_records(g_o.out, recs + 8, 8);
+    HC_ASSERT(before + after == n && after >= 1, "%d before, %d at or after "
+              "%s, of %d", before, after, t, n);
+  }
   CTL_JSON(0, "records", "--since", "1h", "--limit", "1", "--json");
   HC_ASSERT(hh_parse_records(g_o.out, recs + 8, 8) == 1, "%s", g_o.out);
   CTL(0, "records", "--group", "stall");

@@ -621,6 +621,18 @@ static int do_records(const void *g) {
   close(s);
   return r;
 }
+/* dcpxctl check's exit status, run as this user. */
+static int do_check(const void *g) {
+  const char *bin = getenv("DCPXCTL");
+  char cmd[512];
+  (void)g;
+  if (!bin)
+    bin = "./tools/dcpxctl";
+  snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' check >/dev/null 2>&1", bin,
+           g_sock);
+  int st = system(cmd);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
 /* A reattach to group g (W=2) with memfds of its own making. */
 static int do_reattach(const void *g) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
@@ -688,6 +700,10 @@ START_TEST(test_ownership_matrix) {
   ck_assert_int_eq(as_nobody(1, do_count, ""), 1);
   ck_assert_int_eq(as_nobody(1, do_count, "rootg"), 1);
   ck_assert_int_eq(as_nobody(1, do_records, "rootg"), 0);
+  /* check as a user who is no admin would judge a node it cannot see:
+   * UNKNOWN; an admin sees root's group. */
+  ck_assert_int_eq(as_nobody(0, do_check, ""), 3);
+  ck_assert_int_ne(as_nobody(1, do_check, ""), 3);
   ck_assert_int_eq(do_count(""), 1);
   /* operator commands: admins and root only */
   ck_assert_int_eq(as_nobody(0, do_fault, "rootg"), DCPX_E_PERM);
@@ -989,6 +1005,14 @@ START_TEST(test_state_dir_lock) {
   ck_assert_int_eq(dcpx_join(cl, &sh, &jo, &m), 0);
   const char *before = groups_line("st-lock");
   ck_assert_str_ne(before, "");
+  { /* the reattach secrets are for dcpxd's user only, whatever its umask */
+    char gp[192];
+    struct stat gs;
+    snprintf(gp, sizeof(gp), "%s/groups", state);
+    ck_assert_int_eq(stat(gp, &gs), 0);
+    ck_assert_msg((gs.st_mode & 077) == 0, "groups file mode %o",
+                  (unsigned)(gs.st_mode & 0777));
+  }
   char keep[512];
   snprintf(keep, sizeof(keep), "%s", before);
 

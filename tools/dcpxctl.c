@@ -1453,6 +1453,15 @@ static int check_health(const char *group, const check_limits *l,
   if ((code = check_query(&q, &in)) >= 0)
     return code;
   const Dcpx__QueryReply *qr = in->query_reply;
+  if (qr->partial_view && !*group) {
+    /* Not an admin: the node's other groups are hidden from it, and OK
+     * would be a guess. */
+    dcpx__frame_free(in);
+    return check_line(NAGIOS_UNKNOWN,
+                      "uid %u sees only its own groups: run check as root, "
+                      "as dcpxd's user or in dcpxd's admin-gid",
+                      (unsigned)getuid());
+  }
   for (size_t i = 0; i < qr->n_groups; i++)
     check_group(qr->groups[i], l, f);
   f->n_groups = qr->n_groups;
