@@ -979,6 +979,20 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
                 (*g)->name, (int)(*g)->member[j->rank].pid);
     return -1;
   }
+  if ((*g)->state != DCPXD_GROUP_FORMING && !(*g)->live && (*g)->awaiting) {
+    /* Nobody holds the group a restart left behind, only ranks that never
+     * reattached, and a rank joins afresh: its members have moved on (a
+     * rank's Leave could not reach us while we were away). It goes; this
+     * join starts a new group of the name. */
+    log_info("group=%s: no rank attached since the restart (awaiting "
+             "0x%x), and rank %u joins afresh: the old group goes",
+             (*g)->name, (*g)->awaiting, j->rank);
+    (*g)->awaiting = 0;
+    if (dcpxd_group_reap_empty(*g)) {
+      *g = NULL;
+      return 0;
+    }
+  }
   if (((*g)->awaiting >> j->rank) & 1u &&
       (*g)->member[j->rank].pid == c->pid) {
     /* The awaited rank's own process joins afresh: it dropped the
