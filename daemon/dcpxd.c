@@ -196,7 +196,7 @@ static void raise_nofile(void) {
  * cannot write stops it here rather than failing every join later.
  * Returns the lock's fd (kept open), or -1 (logged). */
 static int state_dir_lock(const char *dir) {
-  _cleanup_free_ char *lock = NULL, *tmp = NULL;
+  _cleanup_free_ char *lock = NULL, *tmp = NULL, *probe = NULL;
   char held[32] = "";
   struct stat st;
   int fd, tf;
@@ -208,7 +208,8 @@ static int state_dir_lock(const char *dir) {
   if (!S_ISDIR(st.st_mode))
     return log_error_errno(-ENOTDIR, "State dir %s: %m", dir), -1;
   if (asprintf(&lock, "%s/lock", dir) < 0 ||
-      asprintf(&tmp, "%s/groups.tmp", dir) < 0)
+      asprintf(&tmp, "%s/groups.tmp", dir) < 0 ||
+      asprintf(&probe, "%s/.write-test.%d", dir, (int)getpid()) < 0)
     return log_error_errno(-ENOMEM, "State dir %s: %m", dir), -1;
   fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
   if (fd < 0)
@@ -234,29 +235,24 @@ static int state_dir_lock(const char *dir) {
   }
   if (ftruncate(fd, 0) == 0)
     dprintf(fd, "%d\n", (int)getpid());
-  /* A groups.tmp left by a crash goes (the groups file it would have
-   * replaced holds); one that is not a file would make every save fail.
-   * Then the write test. */
-  if (lstat(tmp, &st) == 0) {
-    if (!S_ISREG(st.st_mode)) {
-      log_error("Cannot write the groups file: %s is in the way (not a "
-                "regular file)", tmp);
-      close(fd);
-      return -1;
-    }
-    if (unlink(tmp) == 0)
-      log_notice("Removed %s, left by an unfinished save", tmp);
-  }
-  if ((tf = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                 0600)) < 0) {
-    log_error_errno(-errno, "State dir %s is not writable (%s): %m", dir,
-                    tmp);
+  /* A groups.tmp that is not a file would make every save fail (one left
+   * by a crash is dcpxd_secrets_open's to remove); then a test that a
+   * new file can be made there, as each save makes groups.tmp. */
+  if (lstat(tmp, &st) == 0 && !S_ISREG(st.st_mode)) {
+    log_error("Cannot write the groups file: %s is in the way (not a "
+              "regular file)", tmp);
     close(fd);
     return -1;
-  } else {
-    close(tf);
-    (void)unlink(tmp);
   }
+  if ((tf = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                 0600)) < 0) {
+    log_error_errno(-errno, "State dir %s is not writable (%s): %m", dir,
+                    probe);
+    close(fd);
+    return -1;
+  }
+  close(tf);
+  (void)unlink(probe);
   return fd;
 }
 

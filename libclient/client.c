@@ -765,21 +765,12 @@ fail:
     /* The daemon closed before our sends were through: it refused us at
      * accept (its Reply says why, and is queued), or it went away (one
      * killed as it accepted): like no daemon, try again soon. */
-    Dcpx__Frame *rep = NULL;
-    struct pollfd p = {.fd = s, .events = POLLIN};
-    r = DCPX_E_CONNREFUSED;
-    if (poll(&p, 1, 0) == 1 && (p.revents & POLLIN) &&
-        dcpx__frame_recv(s, &rep, NULL, 0, NULL) >= 0 &&
-        rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply &&
-        rep->reply->status < 0) {
+    char why[256] = "";
+    const int q = dcpx__frame_queued_refusal(s, why, sizeof(why));
+    if (q < 0)
       DCPX_WARN("group %s rank %u: dcpxd refused the reattach: %s (%s)",
-                m->group, m->rank,
-                rep->reply->error && rep->reply->error[0] ? rep->reply->error
-                                                          : "-",
-                dcpx_strerror(rep->reply->status));
-      r = rep->reply->status;
-    }
-    dcpx__frame_free(rep);
+                m->group, m->rank, why[0] ? why : "-", dcpx_strerror(q));
+    r = q < 0 ? q : DCPX_E_CONNREFUSED;
   }
   close(s);
   return r;

@@ -438,18 +438,14 @@ fail:
   return r < 0 ? r : DCPX_E_PROTO;
 }
 
-int dcpx__frame_send_or_reply(int sock, const Dcpx__Frame *f, char *err,
-                              size_t errlen) {
+int dcpx__frame_queued_refusal(int sock, char *err, size_t errlen) {
   struct pollfd p = {.fd = sock, .events = POLLIN};
   Dcpx__Frame *rep = NULL;
-  int r = dcpx__frame_send(sock, f, NULL, 0);
+  int r = 0;
 
-  if (r != -EPIPE && r != DCPX_E_CONNRESET && r != -ENOTCONN)
-    return r;
-  /* The answer, if the peer sent one before it closed, is queued. */
   if (poll(&p, 1, 0) != 1 || !(p.revents & POLLIN) ||
       dcpx__frame_recv(sock, &rep, NULL, 0, NULL) < 0)
-    return r;
+    return 0;
   if (rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply &&
       rep->reply->status < 0) {
     r = rep->reply->status;
@@ -458,4 +454,15 @@ int dcpx__frame_send_or_reply(int sock, const Dcpx__Frame *f, char *err,
   }
   dcpx__frame_free(rep);
   return r;
+}
+
+int dcpx__frame_send_or_reply(int sock, const Dcpx__Frame *f, char *err,
+                              size_t errlen) {
+  int r = dcpx__frame_send(sock, f, NULL, 0), q;
+
+  if (r != -EPIPE && r != DCPX_E_CONNRESET && r != -ENOTCONN)
+    return r;
+  /* The answer, if the peer sent one before it closed, is queued. */
+  q = dcpx__frame_queued_refusal(sock, err, errlen);
+  return q < 0 ? q : r;
 }

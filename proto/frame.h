@@ -93,4 +93,10 @@ DCPX__HIDDEN int dcpx__send_reply(int sock, int status, const char *error);
 DCPX__HIDDEN int dcpx__frame_send_or_reply(int sock, const Dcpx__Frame *f,
                                            char *err, size_t errlen);
 
+/* After a send found the peer gone: the refusal it queued before closing
+ * (a Reply with a negative status), read without blocking, its text into
+ * err as above; 0 if there is none. */
+DCPX__HIDDEN int dcpx__frame_queued_refusal(int sock, char *err,
+                                            size_t errlen);
+
 #endif /* DCPX_PROTO_FRAME_H */

@@ -136,6 +136,18 @@ static void wait_attached(const char *group, uint32_t W) {
             g_o.out);
 }
 
+/* Polls dcpxctl health GROUP --json (exit 1: unhealthy) until its output
+ * holds a and b (b may be NULL), for up to 10 s; g_o keeps the last
+ * answer, for the caller's assertion. */
+static void wait_unhealthy(const char *group, const char *a, const char *b) {
+  for (int i = 0; i < 2000; i++) {
+    if (hh_ctl(&g_d, &g_o, "health", group, "--json", (char *)NULL) == 1 &&
+        strstr(g_o.out, a) && (!b || strstr(g_o.out, b)))
+      return;
+    hh_sleep_ms(5);
+  }
+}
+
 static void wait_fails(const hh_shared *sh, uint32_t mask, uint32_t n,
                        unsigned ms) {
   uint64_t end = hh_mono() + ms * 1000000ull;
@@ -661,23 +673,13 @@ START_TEST(test_restart_during_recovery) {
             (unsigned long long)sh->r[1].fails[0].call,
             (unsigned long long)F);
   /* Ranks 0 and 1 acknowledged; the group waits for rank 2. */
-  for (int i = 0; i < 2000; i++) {
-    if (hh_ctl(&g_d, &g_o, "health", "midrec", "--json", (char *)NULL) == 1 &&
-        strstr(g_o.out, "\"state\":\"recovering\""))
-      break;
-    hh_sleep_ms(5);
-  }
+  wait_unhealthy("midrec", "\"state\":\"recovering\"", NULL);
   HC_ASSERT(strstr(g_o.out, "\"state\":\"recovering\""), "%s", g_o.out);
   hh_sleep_ms(50);
   HC_ASSERT(hh_daemon_stop(&g_d, SIGKILL) >= 0, "kill");
   start(k_fault);
   /* Rank 0 and 1 come back on their own, from inside dcpx_recover. */
-  for (int i = 0; i < 2000; i++) {
-    if (hh_ctl(&g_d, &g_o, "health", "midrec", "--json", (char *)NULL) == 1 &&
-        strstr(g_o.out, "\"awaiting_reattach\":4"))
-      break;
-    hh_sleep_ms(5);
-  }
+  wait_unhealthy("midrec", "\"awaiting_reattach\":4", NULL);
   HC_ASSERT(strstr(g_o.out, "\"awaiting_reattach\":4") &&
                 strstr(g_o.out, "\"state\":\"recovering\"") &&
                 strstr(g_o.out, "\"adopted\":true"),
@@ -797,13 +799,7 @@ START_TEST(test_adopter_dies_before_the_others_return) {
   pids[0] = 0;
   sh->no_poll = 0;
   wait_fails(sh, 0x6, 1, 20000);
-  for (int i = 0; i < 2000; i++) {
-    if (hh_ctl(&g_d, &g_o, "health", "adopter", "--json", (char *)NULL) == 1 &&
-        strstr(g_o.out, "\"awaiting_reattach\":0") &&
-        strstr(g_o.out, "\"joined\":2,"))
-      break;
-    hh_sleep_ms(5);
-  }
+  wait_unhealthy("adopter", "\"awaiting_reattach\":0", "\"joined\":2,");
   HC_ASSERT(strstr(g_o.out, "\"awaiting_reattach\":0") &&
                 strstr(g_o.out, "\"abort_reason\":\"dead\""),
             "ranks 1 and 2 did not get back to their group: %s", g_o.out);

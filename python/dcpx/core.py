@@ -405,6 +405,24 @@ class Member:
             self._busy += 1
         return p
 
+    def _call(self, fn: Any, *args: Any) -> int:
+        """fn(member, *args), a C call marked in flight (:meth:`_begin`)."""
+        p = self._begin()
+        try:
+            return fn(p, *args)
+        finally:
+            self._end()
+
+    def _link_call(self, fn: Any, *args: Any) -> int:
+        """:meth:`_call` for the calls that drive the daemon link (poll,
+        health, recover, ...): one at a time."""
+        p = self._begin()
+        try:
+            with self._link:
+                return fn(p, *args)
+        finally:
+            self._end()
+
     def _end(self) -> None:
         with self._lock:
             self._busy -= 1
@@ -444,12 +462,8 @@ class Member:
         rows, stride = self._check_rows(logits, row_ends, "push")
         cin = call_in(rows, A.ptr(logits), stride, A.ptr(row_ends),
                       call_tag=_tag(call_tag))
-        p = self._begin()
-        try:
-            r = self._lib.dcpx_push(p, ctypes.byref(cin),
-                                    self._stream(stream))
-        finally:
-            self._end()
+        r = self._call(self._lib.dcpx_push, ctypes.byref(cin),
+                       self._stream(stream))
         if r < 0:
             check(r, "dcpx_push")
         return None
@@ -499,13 +513,8 @@ class Member:
         li = DcpxListsC(ctypes.sizeof(DcpxListsC), rows, N,
                         1 if check_order else 0, A.ptr(values),
                         A.ptr(indices))
-        p = self._begin()
-        try:
-            r = self._lib.dcpx_push_list(p, ctypes.byref(cin),
-                                         ctypes.byref(li),
-                                         self._stream(stream))
-        finally:
-            self._end()
+        r = self._call(self._lib.dcpx_push_list, ctypes.byref(cin),
+                       ctypes.byref(li), self._stream(stream))
         if r < 0:
             check(r, "dcpx_push_list")
 
@@ -544,12 +553,8 @@ class Member:
                       ptr(block_table), bt_rows, bt_cols, _tag(call_tag))
         cout = merge_out(ptr(res.rows_out), ptr(res.valid_out),
                          ptr(res.ids_out), ptr(res.sat_word))
-        p = self._begin()
-        try:
-            r = self._lib.dcpx_merge(p, ctypes.byref(cin),
-                                     ctypes.byref(cout), self._stream(stream))
-        finally:
-            self._end()
+        r = self._call(self._lib.dcpx_merge, ctypes.byref(cin),
+                       ctypes.byref(cout), self._stream(stream))
         if r < 0:
             check(r, "dcpx_merge")
         return res
@@ -635,25 +640,14 @@ class Member:
         step, off the hot path. Returns 0 when attached; a negative code
         (NotConnected -107, ConnectionRefused -111, ...) while not attached:
         that affects no call, so it is returned, not raised."""
-        p = self._begin()
-        try:
-            with self._link:
-                r = self._lib.dcpx_poll(p)
-        finally:
-            self._end()
-        return int(r)
+        return int(self._link_call(self._lib.dcpx_poll))
 
     def health(self) -> Health:
         """This member's view of its group (``dcpx_health``)."""
         h = DcpxHealthInfoC()
         h.size = ctypes.sizeof(DcpxHealthInfoC)
-        p = self._begin()
-        try:
-            with self._link:
-                r = self._lib.dcpx_health(p, ctypes.byref(h))
-        finally:
-            self._end()
-        check(r, "dcpx_health")
+        check(self._link_call(self._lib.dcpx_health, ctypes.byref(h)),
+              "dcpx_health")
         return Health(**{f.name: int(getattr(h, f.name))
                          for f in fields(Health)})
 
@@ -663,13 +657,8 @@ class Member:
         no device sync."""
         e = DcpxAsyncErrorC()
         e.size = ctypes.sizeof(DcpxAsyncErrorC)
-        p = self._begin()
-        try:
-            with self._link:
-                r = self._lib.dcpx_member_async_error(p, ctypes.byref(e))
-        finally:
-            self._end()
-        check(r, "dcpx_member_async_error")
+        check(self._link_call(self._lib.dcpx_member_async_error,
+                              ctypes.byref(e)), "dcpx_member_async_error")
         rows = [w * 64 + b for w in range(64) if e.row_mask[w]
                 for b in range(64) if (e.row_mask[w] >> b) & 1]
         return AsyncError(int(e.state), Reason(e.reason), int(e.abort),
@@ -686,13 +675,8 @@ class Member:
             s = A.stream_handle(stream) if stream is not None else \
                 A.current_stream_of_device(self.options.device)
         self._token = None
-        p = self._begin()
-        try:
-            with self._link:
-                r = self._lib.dcpx_recover(p, s, int(timeout_ms))
-        finally:
-            self._end()
-        check(r, "dcpx_recover")
+        check(self._link_call(self._lib.dcpx_recover, s, int(timeout_ms)),
+              "dcpx_recover")
 
     def leave(self) -> None:
         """Leaves the group and frees the member (``dcpx_leave``);
