@@ -341,13 +341,22 @@ DCPX_D uint32_t dcpx_dev_passb8(uint32_t *h16w, uint4 k, uint32_t lim) {
 #ifndef DCPX_HF_PER_MAX
 #define DCPX_HF_PER_MAX 8 /* blocks of >= 512 threads; 16 allows 256 */
 #endif
-/* The search of dcpx_dev_hist_find over this thread's buckets h[] (as
- * that function lays them out) and their sum. */
-DCPX_D uint32_t dcpx_dev_hist_pick(dcpx_sel_smem *S, const uint32_t *h,
-                                   uint32_t sum, uint32_t need,
-                                   uint32_t kbase) {
+DCPX_D uint32_t dcpx_dev_hist_find(dcpx_sel_smem *S, uint32_t need,
+                                   uint32_t kbase, int zero) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t nw = blockDim.x >> 5, per = DCPX_HI_BINS / blockDim.x;
+  uint32_t *hw = S->hist + warp * 32u * per + lane;
+  uint32_t h[DCPX_HF_PER_MAX], sum = 0;
+#pragma unroll
+  for (uint32_t i = 0; i < DCPX_HF_PER_MAX; i++) {
+    h[i] = i < per ? hw[32u * i] : 0u;
+    sum += h[i];
+  }
+  if (zero)
+#pragma unroll
+    for (uint32_t i = 0; i < DCPX_HF_PER_MAX; i++)
+      if (i < per)
+        hw[32u * i] = 0;
   sum = __reduce_add_sync(DCPX_FULL, sum);
   if (lane == 0)
     S->scan[warp] = sum;
@@ -384,25 +393,6 @@ DCPX_D uint32_t dcpx_dev_hist_pick(dcpx_sel_smem *S, const uint32_t *h,
   }
   __syncthreads();
   return total;
-}
-
-DCPX_D uint32_t dcpx_dev_hist_find(dcpx_sel_smem *S, uint32_t need,
-                                   uint32_t kbase, int zero) {
-  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  const uint32_t per = DCPX_HI_BINS / blockDim.x;
-  uint32_t *hw = S->hist + warp * 32u * per + lane;
-  uint32_t h[DCPX_HF_PER_MAX], sum = 0;
-#pragma unroll
-  for (uint32_t i = 0; i < DCPX_HF_PER_MAX; i++) {
-    h[i] = i < per ? hw[32u * i] : 0u;
-    sum += h[i];
-  }
-  if (zero)
-#pragma unroll
-    for (uint32_t i = 0; i < DCPX_HF_PER_MAX; i++)
-      if (i < per)
-        hw[32u * i] = 0;
-  return dcpx_dev_hist_pick(S, h, sum, need, kbase);
 }
 
 /* After pass A: returns 1 if fewer than `need` keys are non-empty (select

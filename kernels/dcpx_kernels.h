@@ -125,12 +125,6 @@ typedef struct dcpx_kctx {
   uint32_t push_threads; /* 0: as push_split_rows says; else the push's
                           block size, DCPX_K_PUSH_THREADS or half of it
                           (measurement only, benches) */
-  uint32_t push_cluster; /* 0 or 1; else the most blocks per row of a
-                          push (2 or 4): calls that fit push each row with a
-                          cluster of blocks (dcpx_k_push_cluster). Use with
-                          one rank per GPU. */
-  uint32_t sms;        /* the GPU's multiprocessors (0: clusters never
-                          fit) */
   uint32_t pdl;        /* 1: launch push and merge with programmatic
                           dependent launch (the merge starts polling while
                           its push runs). Use with one rank per GPU: ranks
@@ -259,19 +253,6 @@ static inline uint32_t dcpx_k_resc_early_rows(const dcpx_kctx *c, int sms) {
   return (uint32_t)sms / 2u;
 }
 
-/* kctx.push_cluster for a rank that has its GPU to itself (alone = 1) or
- * shares it with other ranks of its group (0: clusters need C free
- * multiprocessors at once, which ranks sharing a GPU cannot promise):
- * DCPX_K_PUSH_CLUSTER, or 0. DCPX_PUSH_CLUSTER=0, 1, 2 or 4 in the
- * environment overrides (measurement). Host query, at join. */
-#define DCPX_K_PUSH_CLUSTER 4u
-static inline uint32_t dcpx_k_push_cluster_for(int alone) {
-  const char *e = getenv("DCPX_PUSH_CLUSTER");
-  if (e && e[0] >= '0' && e[0] <= '4' && !e[1])
-    return (uint32_t)(e[0] - '0');
-  return alone ? DCPX_K_PUSH_CLUSTER : 0u;
-}
-
 /* Whether a context should have a klist. It costs every push a top-K
  * selection (+5.7 us at local 16,384 on an H200) and saves a rescued row
  * its top-K selection from the row (about 13 us), which a rescue needs only
@@ -310,10 +291,6 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
 
 /* Threads of a push block for a call of `rows` rows (host, no CUDA call). */
 uint32_t dcpx_k_push_threads(const dcpx_kctx *c, uint32_t rows);
-
-/* Blocks per row of the push of a call of `rows` rows: 1, or the cluster
- * size (host, no CUDA call). */
-uint32_t dcpx_k_push_cluster(const dcpx_kctx *c, uint32_t rows);
 
 /* The merge's block size for a call of `rows` rows: DCPX_K_MERGE_THREADS,
  * or half of it (two blocks per SM, one wave for up to twice the SMs;

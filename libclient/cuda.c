@@ -353,7 +353,6 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     goto out;
   }
   k->push_split_rows = (uint32_t)nsm;
-  k->sms = (uint32_t)nsm;
   int split = 0;
   if (DCPX_KLOG(dcpx_k_merge_split_ok(k, &split), "dcpx_k_merge_split_ok") <
       0) {
@@ -381,8 +380,6 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   /* PDL with one rank per GPU (bench/RESULTS.md: 1-2 us per call there;
    * ranks sharing a GPU lose SMs to merges that start early). */
   k->pdl = share <= 1 ? !getenv("DCPX_NO_PDL") : getenv("DCPX_PDL") != NULL;
-  /* Calls of few rows push each row with a cluster of blocks (push.cu). */
-  k->push_cluster = dcpx_k_push_cluster_for(share <= 1);
   /* A saturated rank's top-K list: selected by the merge while it waits
    * for the lists (PDL, calls that fit the GPU twice), or kept by the push
    * (dcpx_kernels.h). */

@@ -14,18 +14,10 @@
 #            the unsafe corners (staged copy under overwrite, push under
 #            abort and FAILED, a stale CUDA error, call tags under graph
 #            replay, a trickling peer), as shipped, with DCPX_PDL=1,
-#            with DCPX_KLIST=1, with DCPX_RESC_EARLY=1, with half-size
-#            merge blocks in every call (DCPX_MERGE_THREADS=256) and with
-#            push clusters of 4 and of 2 blocks (DCPX_PUSH_CLUSTER)
+#            with DCPX_KLIST=1, with DCPX_RESC_EARLY=1 and with half-size
+#            merge blocks in every call (DCPX_MERGE_THREADS=256)
 #   nccl     test_nccl: both transports against the reference (W=1; W=2
 #            with two GPUs)
-#   cluster  push clusters (kctx.push_cluster): test_kernels with
-#            DCPX_PUSH_CLUSTER=4 and 2 (W ranks on one GPU, so the
-#            library's default there is none), then one rank's push at
-#            local 16,384 and 65,536 with clusters of 0, 2 and 4 blocks
-#            (bench_kernels, quick: push and merge, push phases)
-#   cluster2 two GPUs: test_nccl --bench 2 at N=1280 and N=512 with push
-#            clusters of 4, 2 and none, in one run
 #   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
 #            merge, merge with rescue, whole calls (5 graph replays each)
 #   ab       bench_kernels A/B: this build, this build with full push
@@ -102,8 +94,8 @@ show() { grep -E "$1" "$2" | tail -"${3:-8}" | tee -a "$OUT/summary.txt"; }
 step_kernels() {
   local v
   for v in "" DCPX_PDL=1 DCPX_KLIST=1 DCPX_RESC_EARLY=1 \
-    DCPX_MERGE_THREADS=256 DCPX_PUSH_CLUSTER=4 DCPX_PUSH_CLUSTER=2; do
-    local log="$OUT/test_kernels${v:+_${v//=/}}.log"
+    DCPX_MERGE_THREADS=256; do
+    local log="$OUT/test_kernels${v:+_${v%%=*}}.log"
     say "test_kernels ${v:-(as shipped)}"
     env $v timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$log" 2>&1 || rc=1
     show "gpu-exact|MISMATCH|FAIL" "$log" 5
@@ -114,34 +106,6 @@ step_nccl() {
   say test_nccl
   timeout -k 5 150 "$B/tests/gpu/test_nccl" > "$OUT/test_nccl.log" 2>&1 || rc=1
   show "nccl-exact|MISMATCH|FATAL" "$OUT/test_nccl.log"
-}
-
-step_cluster() { # push clusters: exactness, then one rank's push 0/2/4
-  local v l
-  for v in 4 2; do
-    say "test_kernels DCPX_PUSH_CLUSTER=$v"
-    DCPX_PUSH_CLUSTER=$v timeout -k 5 240 "$B/tests/gpu/test_kernels" \
-      > "$OUT/test_kernels_cluster$v.log" 2>&1 || rc=1
-    show "gpu-exact|MISMATCH|FAIL" "$OUT/test_kernels_cluster$v.log" 5
-  done
-  for l in 16384 65536; do
-    for v in 0 2 4; do
-      say "push clusters of $v, local $l (bench_kernels, quick)"
-      DCPX_PUSH_CLUSTER=$v BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=$l \
-        timeout -k 5 240 "$B/tests/gpu/bench_kernels" \
-        > "$OUT/cluster${v}_$l.md" 2>&1 || rc=1
-      show "^\| $l|- push, rows (1|64)" "$OUT/cluster${v}_$l.md" 12
-    done
-  done
-}
-
-step_cluster2() { # two GPUs: whole calls with push clusters of 4, 2, none
-  [ "$ngpu" -ge 2 ] || { say "cluster2: needs two GPUs, skipped"; return; }
-  local v
-  for v in 4 2 0; do
-    gbench cluster2_c${v}_n1280 DCPX_BENCH_N=1280 DCPX_PUSH_CLUSTER=$v
-    gbench cluster2_c${v}_n512 DCPX_BENCH_N=512 DCPX_PUSH_CLUSTER=$v
-  done
 }
 
 step_bench1() {

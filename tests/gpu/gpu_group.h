@@ -181,10 +181,6 @@ static inline void gg_init(gg *g, uint32_t W, uint32_t R, uint32_t rows,
     c->merge_threads = getenv("DCPX_MERGE_THREADS")
                            ? (uint32_t)atoi(getenv("DCPX_MERGE_THREADS"))
                            : 0u;
-    /* W ranks share this GPU: no push clusters unless DCPX_PUSH_CLUSTER
-     * asks (as libdcpx). */
-    c->sms = (uint32_t)g->sms;
-    c->push_cluster = dcpx_k_push_cluster_for(0);
     c->push_threads = getenv("DCPX_PUSH_THREADS")
                           ? (uint32_t)atoi(getenv("DCPX_PUSH_THREADS"))
                           : 0u;

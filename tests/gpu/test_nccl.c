@@ -322,12 +322,10 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
       CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                 devs[i]));
       c->resc_early = dcpx_k_resc_early_rows(c, sms);
-      /* As libdcpx sets them: half push blocks past one wave, clusters
-       * for a rank alone on its GPU. */
+      /* As libdcpx sets it: half push blocks past one wave (before
+       * session 9 this bench pushed full blocks in two waves at rows >
+       * SMs, slower than the library at rows 256). */
       c->push_split_rows = (uint32_t)sms;
-      c->sms = (uint32_t)sms;
-      c->push_cluster =
-          dcpx_k_push_cluster_for(devs[i] != devs[(i + 1) % W] || W == 1);
       int split = 0;
       KCK(dcpx_k_merge_split_ok(c, &split)); /* as libdcpx sets it */
       c->merge_split_rows = split ? (uint32_t)sms : 0u;
