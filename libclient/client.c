@@ -566,20 +566,47 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
   return r;
 }
 
+/* The call order: on a rank that has not failed (and a group not
+ * aborted), a push while this rank's previous push waits for its merge,
+ * or a merge with no push before it (and no device context), is refused
+ * with DCPX_E_STATE and does nothing: the rank is not failed, its group
+ * stays in step. A second push would overwrite the lists its peers may
+ * still be reading; a merge without one would wait out the group timeout
+ * for lists that never come, and abort the group. On a failed rank every
+ * call fails as dcpx_merge says, in any order, until dcpx_recover. Two
+ * loads of the control page, no syscall. */
+static int call_order(dcpx_member *m, const char *fn, int merge) {
+  if (merge ? m->pushed || m->device_ctx : !m->pushed)
+    return 0;
+  if (m->hdr && (__atomic_load_n(&m->hdr->abort, __ATOMIC_RELAXED) ||
+                 __atomic_load_n(&m->health[m->rank].failed,
+                                 __ATOMIC_RELAXED)))
+    return 0;
+  DCPX_WARN("%s: group %s rank %u: %s", fn, m->group, m->rank,
+            merge ? "no dcpx_push (or dcpx_push_list) before this merge"
+                  : "the previous push has not been merged yet");
+  return DCPX_E_STATE;
+}
+
 int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
   int r;
   if (!m)
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_push", in, NULL, 0)) < 0)
     return r;
+  if ((r = call_order(m, "dcpx_push", 0)) < 0)
+    return r;
   DCPX_TRACE("dcpx_push group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
 #ifdef HAVE_CUDA
   if (m->cuda)
-    return dcpx__cuda_push(m, in, stream);
+    r = dcpx__cuda_push(m, in, stream);
+  else
 #endif
+    r = dcpx__host_push(m, in);
   (void)stream;
-  return dcpx__host_push(m, in);
+  m->pushed = r == 0;
+  return r;
 }
 
 int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
@@ -589,14 +616,19 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_push_list", in, NULL, 0)) < 0)
     return r;
+  if ((r = call_order(m, "dcpx_push_list", 0)) < 0)
+    return r;
   DCPX_TRACE("dcpx_push_list group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
 #ifdef HAVE_CUDA
   if (m->cuda)
-    return dcpx__cuda_push_list(m, in, lists, stream);
+    r = dcpx__cuda_push_list(m, in, lists, stream);
+  else
 #endif
+    r = dcpx__host_push_list(m, in, lists);
   (void)stream;
-  return dcpx__host_push_list(m, in, lists);
+  m->pushed = r == 0;
+  return r;
 }
 
 int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx) {
@@ -605,8 +637,12 @@ int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx) {
   if (!m || r < 0)
     return DCPX_E_INVAL;
 #ifdef HAVE_CUDA
-  if (m->cuda)
-    return dcpx__cuda_device_ctx(m, ret_ctx);
+  if (m->cuda) {
+    r = dcpx__cuda_device_ctx(m, ret_ctx);
+    if (r == 0)
+      m->device_ctx = 1;
+    return r;
+  }
 #endif
   DCPX_WARN("dcpx_device_ctx: group %s rank %u uses the host backend; a "
             "device context needs the CUDA backend", m->group, m->rank);
@@ -620,6 +656,9 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_merge", in, out, 1)) < 0)
     return r;
+  if ((r = call_order(m, "dcpx_merge", 1)) < 0)
+    return r;
+  m->pushed = 0;
   DCPX_TRACE("dcpx_merge group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
 #ifdef HAVE_CUDA
@@ -948,6 +987,13 @@ static int recovered_since(const dcpx_member *m, uint32_t gen) {
          __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE) != gen;
 }
 
+/* A recovery happened: the group's exchange state is zeroed, and the next
+ * call starts with a push. */
+static int recovered(dcpx_member *m) {
+  m->pushed = 0;
+  return 0;
+}
+
 int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const uint64_t end = now_ms() + timeout_ms;
   Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
@@ -971,7 +1017,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   (void)dcpx_poll(m); /* drain old events; reattach if the daemon is new */
   for (;;) {
     if (acked && recovered_since(m, gen))
-      return 0;
+      return recovered(m);
     if (!acked && !needs_recovery(m))
       return 0; /* at once, whether or not dcpxd is reachable */
     if (!acked && m->link == DCPX__LINK_UP) {
@@ -1011,7 +1057,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
         ev->event->kind == DCPX__EVENT__KIND__RESET_DONE &&
         (int32_t)(ev->event->generation - gen) > 0) {
       dcpx__frame_free(ev);
-      return 0;
+      return recovered(m);
     }
     if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply &&
         ev->reply->status < 0 && acked) {
@@ -1024,7 +1070,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
                 dcpx_strerror(r));
       dcpx__frame_free(ev);
       if (recovered_since(m, gen))
-        return 0;
+        return recovered(m);
       if (r == DCPX_E_STATE && reacks++ < 8) {
         /* Our ack raced with a generation change: acknowledge again. */
         acked = 0;

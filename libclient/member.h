@@ -55,6 +55,13 @@ struct dcpx_member {
    * block table. */
   uint32_t refused_gen;
   uint32_t last_rows;
+  /* The call order (include/dcpx.h): pushed is 1 from a dcpx_push or
+   * dcpx_push_list until its dcpx_merge (or a recovery); device_ctx is 1
+   * once dcpx_device_ctx handed out a context, whose kernels push without
+   * the library knowing, so that a merge without a library push is then
+   * allowed. */
+  uint32_t pushed;
+  uint32_t device_ctx;
   uint32_t row_err_set;
   uint32_t bt_rows_bad;
   uint64_t row_err[DCPX_MAX_ROWS / 64];

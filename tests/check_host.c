@@ -51,6 +51,8 @@ typedef struct group {
   int rc[DCPX_MAX_WORLD];
   uint64_t tag;
   uint32_t absent; /* mask of ranks that skip the call */
+  uint32_t pushed; /* mask of ranks whose push of the call is done: they
+                      only merge */
   uint64_t delay_ns[DCPX_MAX_WORLD]; /* sleep before the push */
   uint64_t elapsed_ns[DCPX_MAX_WORLD];
   /* dcpx_push_list: rank d pushes given[d] when it is set (lists_init),
@@ -184,8 +186,11 @@ static void *rank_main(void *arg) {
     in.stride = g->stride;
     in.row_ends = g->ends[d];
     in.call_tag = g->tag;
-    r = g->given[d] ? dcpx_push_list(g->m[d], &in, g->given[d], NULL)
-                    : dcpx_push(g->m[d], &in, NULL);
+    if ((g->pushed >> d) & 1u)
+      r = 0;
+    else
+      r = g->given[d] ? dcpx_push_list(g->m[d], &in, g->given[d], NULL)
+                      : dcpx_push(g->m[d], &in, NULL);
     if (r == 0)
       r = t_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
                      g->req, g->bt, g->bt_rows, g->bt_cols, g->rows_out[d],
@@ -270,6 +275,58 @@ START_TEST(test_exact_random) {
          (unsigned long long)calls, (unsigned long long)rescues);
   ck_assert_msg(rescues > 10, "rescue ran only %llu times",
                 (unsigned long long)rescues);
+}
+END_TEST
+
+/* The call order (include/dcpx.h dcpx_merge): on a healthy rank a merge
+ * with no push before it, and a push while the previous one waits for its
+ * merge, are refused at once with DCPX_E_STATE, do nothing and fail
+ * nobody; the calls after are exact. Without the check the merge waited
+ * out the group timeout, recorded a timeout and failed the rank. */
+START_TEST(test_call_order) {
+  const uint64_t timeout = 2000000000ull; /* 2 s */
+  group g;
+  group_init(&g, 2, 3, 32, 8, 2, 1, 100, timeout);
+  const dcpx_rank_health *h =
+      (const dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
+  g.rows = 3;
+  fill(&g, 21, 0);
+  uint64_t t0 = mono_ns();
+  ck_assert_int_eq(t_merge(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
+                           g.req, g.bt, g.bt_rows, g.bt_cols, g.rows_out[0],
+                           g.valid[0], g.ids[0], g.sat[0], 0, NULL),
+                   DCPX_E_STATE);
+  ck_assert_uint_lt(mono_ns() - t0, timeout / 10);
+  ck_assert_uint_eq(h[0].failed, 0);
+  ck_assert_uint_eq(h[0].alarm, 0);
+  ck_assert_uint_eq(rec_at(&g, 0, 0)->kind, 0);
+  run_call(&g);
+  check_exact(&g, "after a merge without a push");
+  /* Rank 0 pushes call 2, then pushes again before its merge. */
+  fill(&g, 22, 1);
+  ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
+                          0, NULL),
+                   0);
+  ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
+                          0, NULL),
+                   DCPX_E_STATE);
+  ck_assert_uint_eq(h[0].failed, 0);
+  g.pushed = 1u << 0;
+  run_call(&g);
+  g.pushed = 0;
+  check_exact(&g, "after a second push");
+  /* On a FAILED rank the order is not checked: every call fails as
+   * before, until a recovery. */
+  ck_assert_int_eq(t_push(g.m[1], 9, g.logits[1], g.stride, g.ends[1], 0,
+                          NULL),
+                   DCPX_E_RANGE);
+  ck_assert_uint_eq(h[1].failed, 1);
+  ck_assert_int_eq(t_merge(g.m[1], g.rows, g.logits[1], g.stride, g.ends[1],
+                           g.req, g.bt, g.bt_rows, g.bt_cols, g.rows_out[1],
+                           g.valid[1], g.ids[1], g.sat[1], 0, NULL),
+                   DCPX_E_FAILED);
+  ck_assert_int_eq(g.valid[1][0], -1);
+  group_free(&g);
 }
 END_TEST
 
@@ -1333,6 +1390,7 @@ int main(void) {
   TCase *tc = tcase_create("protocol");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_exact_random);
+  tcase_add_test(tc, test_call_order);
   tcase_add_test(tc, test_epoch_wrap);
   tcase_add_test(tc, test_absent_rank_times_out);
   tcase_add_test(tc, test_abort_stops_waits);

@@ -95,7 +95,7 @@ START_TEST(test_openmetrics) {
 
   /* --output: a file that cannot be written is exit status 5; a failed
    * query (an unknown group) leaves the file as it was. */
-  char path[256], outarg[300];
+  char path[320], outarg[340];
   struct stat st0, st1;
   snprintf(path, sizeof(path), "%s/metrics.prometheus", g_d.dir);
   snprintf(outarg, sizeof(outarg), "--output=%s", path);
@@ -111,6 +111,43 @@ START_TEST(test_openmetrics) {
   CM_ASSERT(rc == 5, "unwritable --output: %d %s", rc, g_o.err);
   rc = hh_ctl(&g_d, &g_o, "health", "--output=/tmp/x", (char *)NULL);
   CM_ASSERT(rc == 2, "health --output: %d", rc);
+
+  /* --output to a path that is not a regular file is written in place:
+   * a symbolic link stays a link (its target gets the metrics), and so
+   * would a device node (/dev/full became a text file when it was renamed
+   * over). A FIFO: the metrics come through it. */
+  char link[200], fifo[200], target[200];
+  struct stat lst;
+  snprintf(target, sizeof(target), "%s/target.prom", g_d.dir);
+  snprintf(link, sizeof(link), "%s/link.prom", g_d.dir);
+  CM_ASSERT(symlink(target, link) == 0, "symlink %s", link);
+  snprintf(outarg, sizeof(outarg), "--output=%s", link);
+  rc = hh_ctl(&g_d, &g_o, "stats", "--format=prometheus", outarg,
+              (char *)NULL);
+  CM_ASSERT(rc == 0, "--output to a link: %d %s", rc, g_o.err);
+  CM_ASSERT(lstat(link, &lst) == 0 && S_ISLNK(lst.st_mode),
+            "%s is no longer a symbolic link", link);
+  CM_ASSERT(stat(target, &st1) == 0 && st1.st_size > 0,
+            "the link's target %s holds nothing", target);
+  snprintf(fifo, sizeof(fifo), "%s/metrics.fifo", g_d.dir);
+  CM_ASSERT(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+  char cmd[700];
+  snprintf(cmd, sizeof(cmd), "timeout 30 cat '%s' > '%s.out' &", fifo, fifo);
+  CM_ASSERT(system(cmd) == 0, "%s", cmd);
+  snprintf(outarg, sizeof(outarg), "--output=%s", fifo);
+  rc = hh_ctl(&g_d, &g_o, "stats", "--format=prometheus", outarg,
+              (char *)NULL);
+  CM_ASSERT(rc == 0, "--output to a FIFO: %d %s", rc, g_o.err);
+  CM_ASSERT(lstat(fifo, &lst) == 0 && S_ISFIFO(lst.st_mode),
+            "%s is no longer a FIFO", fifo);
+  snprintf(path, sizeof(path), "%s.out", fifo);
+  for (int i = 0; i < 200; i++) { /* cat ends at the writer's close */
+    if (stat(path, &st1) == 0 && st1.st_size > 0)
+      break;
+    hh_sleep_ms(10);
+  }
+  CM_ASSERT(stat(path, &st1) == 0 && st1.st_size > 0,
+            "nothing came through the FIFO");
   CM_ASSERT(hh_stop_ranks(sh, pids, W) == 0, "%s", hh_rank_errors(sh, W));
   hh_daemon_stop(&g_d, SIGTERM);
   hh_daemon_cleanup(&g_d);

@@ -704,6 +704,9 @@ START_TEST(test_ownership_matrix) {
    * UNKNOWN; an admin sees root's group. */
   ck_assert_int_eq(as_nobody(0, do_check, ""), 3);
   ck_assert_int_ne(as_nobody(1, do_check, ""), 3);
+  /* A uid dcpxd does not allow cannot judge the node either: UNKNOWN, not
+   * the CRITICAL of a dcpxd that is down. */
+  ck_assert_int_eq(as_user(65533, 0, do_check, ""), 3);
   ck_assert_int_eq(do_count(""), 1);
   /* operator commands: admins and root only */
   ck_assert_int_eq(as_nobody(0, do_fault, "rootg"), DCPX_E_PERM);

@@ -41,6 +41,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -202,6 +203,7 @@ static int sock_fd = -1;
 /* The last error, for check's status line; check prints only that line
  * (quiet_errors: nothing on stderr). */
 static char last_error[512];
+static int last_code; /* the dcpx error code of last_error */
 static bool quiet_errors;
 
 /* dcpxd cannot be reached (code: the dcpx error code of why): says so on
@@ -214,6 +216,7 @@ static int die_unreachable(int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(last_error, sizeof(last_error), fmt, ap);
   va_end(ap);
+  last_code = code;
   if (!quiet_errors)
     fprintf(stderr, "dcpxctl: %s\n", last_error);
   if (arg_json && !quiet_errors) {
@@ -871,8 +874,10 @@ static const struct {
      "after a dcpxd restart, recent timeout records or a rescue rate over\n"
      "the threshold.\n"
      "\n"
-     "Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (usage error, or\n"
-     "dcpxd answered with an error, e.g. an unknown GROUP).\n"},
+     "Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (usage error,\n"
+     "dcpxd answered with an error, e.g. an unknown GROUP, the caller is no\n"
+     "admin, or it may not reach dcpxd: permission denied, a uid not\n"
+     "allowed).\n"},
 };
 
 static const char common_opts_help[] =
@@ -932,8 +937,21 @@ static int global_opt(int opt) {
 /* stats --output FILE: the output goes to FILE.tmp.PID, which replaces
  * FILE once complete (rename), so that a reader (the node_exporter
  * textfile collector) never sees half a file. Only once the answers are
- * in: a failed query leaves FILE as it was. */
+ * in: a failed query leaves FILE as it was. A FILE that exists and is not
+ * a regular file (a symlink such as /dev/stdout, a device, a FIFO) is
+ * written in place instead (tmp[0] = 0): a rename would replace the link
+ * or the device node itself. */
 static int output_begin(const char *path, char *tmp, size_t n) {
+  struct stat st;
+  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    tmp[0] = 0;
+    if (!freopen(path, "w", stdout)) {
+      fprintf(stderr, "dcpxctl: cannot write %s: %s\n", path,
+              strerror(errno));
+      return EXIT_OUTPUT;
+    }
+    return 0;
+  }
   snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
   if (!freopen(tmp, "w", stdout)) {
     fprintf(stderr, "dcpxctl: cannot write %s: %s\n", tmp, strerror(errno));
@@ -941,22 +959,23 @@ static int output_begin(const char *path, char *tmp, size_t n) {
   }
   return 0;
 }
-
 static int output_end(const char *path, const char *tmp) {
+  /* fsync only what is renamed: a pipe or a terminal cannot sync. */
   bool ok = fflush(stdout) == 0 && !ferror(stdout) &&
-            fsync(fileno(stdout)) == 0;
+            (!tmp[0] || fsync(fileno(stdout)) == 0);
   int err = errno;
   if (fclose(stdout) != 0 && ok) {
     ok = false;
     err = errno;
   }
-  if (ok && rename(tmp, path) != 0) {
+  if (ok && tmp[0] && rename(tmp, path) != 0) {
     ok = false;
     err = errno;
   }
   if (!ok) {
     fprintf(stderr, "dcpxctl: cannot write %s: %s\n", path, strerror(err));
-    unlink(tmp);
+    if (tmp[0])
+      unlink(tmp);
     return EXIT_OUTPUT;
   }
   return 0;
@@ -1293,7 +1312,9 @@ static bool parse_pct(const char *s, double *ret) {
 }
 
 /* The answer of a query, or a check status (run_query's exit code mapped:
- * unreachable is CRITICAL, a daemon error or a usage error UNKNOWN). */
+ * unreachable is CRITICAL, a daemon error or a usage error UNKNOWN, and
+ * so is a dcpxd that this user may not reach: the socket's permissions
+ * or dcpxd's allow lists keep it out, which says nothing of the node). */
 static int check_query(Dcpx__Query *q, Dcpx__Frame **in) {
   int r;
   if (sock_fd >= 0) {
@@ -1303,6 +1324,12 @@ static int check_query(Dcpx__Query *q, Dcpx__Frame **in) {
   r = run_query(q, in);
   if (r == EXIT_OK)
     return -1;
+  if (r == EXIT_UNREACHABLE &&
+      (last_code == DCPX_E_ACCES || last_code == DCPX_E_PERM))
+    return check_line(NAGIOS_UNKNOWN,
+                      "uid %u may not query dcpxd: %s (run check as root, as "
+                      "dcpxd's user or as a user its allow lists name)",
+                      (unsigned)getuid(), last_error);
   if (r == EXIT_UNREACHABLE)
     return check_line(NAGIOS_CRITICAL, "dcpxd unreachable: %s", last_error);
   return check_line(NAGIOS_UNKNOWN, "%s",

@@ -62,6 +62,27 @@ def test_bad_shape(member):
     _still_works(member)
 
 
+def test_call_order(member):
+    """A merge with no push before it, and a second push before the merge,
+    are refused at once with StateError; the rank does not fail and the
+    calls after are exact (the merge used to wait out the group timeout
+    and fail the rank)."""
+    lg, en, req, bt = _args()
+    t0 = time.monotonic()
+    with pytest.raises(dcpx.StateError) as ei:
+        member.merge(lg, en, req, bt)
+    assert ei.value.code == -1011
+    assert time.monotonic() - t0 < 1.0
+    assert member.health().ok
+    member.push(lg, en)
+    with pytest.raises(dcpx.StateError):
+        member.push(lg, en)
+    res = member.merge(lg, en, req, bt, sat=True)
+    compare(res, dcpx.ref_call(member.shape, [lg], [en], 0, req, bt), 4)
+    assert member.health().ok
+    _still_works(member)
+
+
 def test_range_from_library_then_recover(member):
     """A row_end over max_local is refused by libdcpx (RangeError); the
     refused call fails the rank, which recovers."""
