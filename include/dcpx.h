@@ -439,12 +439,13 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *                   own element fell outside block_table; that row has
  *                   valid_out -1, the others are exact, nobody failed;
  *   DCPX_E_STATE    out of order, on a rank that has not failed: a merge
- *                   with no dcpx_push / dcpx_push_list before it (unless
- *                   the member took a dcpx_device_ctx, whose kernels
- *                   push), or a push while the previous push waits for
- *                   its merge. Nothing is done and nobody fails (a second
- *                   push would overwrite lists the peers may be reading;
- *                   a merge without one would wait out the timeout).
+ *                   with no dcpx_push / dcpx_push_list before it, or a
+ *                   push while the previous push waits for its merge.
+ *                   Nothing is done and nobody fails (a second push would
+ *                   overwrite lists the peers may be reading; a merge
+ *                   without one would wait out the timeout). Not checked
+ *                   once the member took a dcpx_device_ctx: its kernels
+ *                   push without the library seeing it.
  * After FAILED, ABORTED or a refused call, valid_out[t] = -1 for every row
  * t < min(rows, R) (not when the call was refused for a struct of unknown
  * size or a NULL valid_out; with the CUDA backend a refused merge sets

@@ -567,8 +567,9 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
 }
 
 /* The call order: on a rank that has not failed (and a group not
- * aborted), a push while this rank's previous push waits for its merge,
- * or a merge with no push before it (and no device context), is refused
+ * aborted), and that took no device context, a push while this rank's
+ * previous push waits for its merge, or a merge with no push before it, is
+ * refused
  * with DCPX_E_STATE and does nothing: the rank is not failed, its group
  * stays in step. A second push would overwrite the lists its peers may
  * still be reading; a merge without one would wait out the group timeout
@@ -576,7 +577,12 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
  * call fails as dcpx_merge says, in any order, until dcpx_recover. Two
  * loads of the control page, no syscall. */
 static int call_order(dcpx_member *m, const char *fn, int merge) {
-  if (merge ? m->pushed || m->device_ctx : !m->pushed)
+  if (merge ? m->pushed : !m->pushed)
+    return 0;
+  /* A member that took a device context pushes from its own kernels,
+   * which the library does not see: its order is the engine's to keep
+   * (its benches also time pushes alone). */
+  if (m->device_ctx)
     return 0;
   if (m->hdr && (__atomic_load_n(&m->hdr->abort, __ATOMIC_RELAXED) ||
                  __atomic_load_n(&m->health[m->rank].failed,

@@ -58,8 +58,7 @@ struct dcpx_member {
   /* The call order (include/dcpx.h): pushed is 1 from a dcpx_push or
    * dcpx_push_list until its dcpx_merge (or a recovery); device_ctx is 1
    * once dcpx_device_ctx handed out a context, whose kernels push without
-   * the library knowing, so that a merge without a library push is then
-   * allowed. */
+   * the library knowing: the order is not checked then. */
   uint32_t pushed;
   uint32_t device_ctx;
   uint32_t row_err_set;

@@ -56,7 +56,7 @@ def main() -> int:
             torch.empty((R, K), dtype=torch.int32, device=d), None)
         s = torch.cuda.current_stream().cuda_stream
         C = lib()
-        mp_ = m._p()
+        mp_ = ctypes.c_void_p(m._ptr)  # the raw member, for ctypes calls
         cin = ctypes.byref(call_in(R, x.data_ptr(), L, e.data_ptr(),
                                    req.data_ptr(), bt.data_ptr(), R, L // 16))
         cout = ctypes.byref(merge_out(out.rows_out.data_ptr(),

@@ -150,7 +150,7 @@ def test_overhead_per_call(daemon, cuda_ok, group):
         n = 300
         s = torch.cuda.current_stream().cuda_stream
         C = lib()
-        mp_ = m._p()
+        mp_ = ctypes.c_void_p(m._ptr)  # the raw member, for ctypes calls
 
         cin = ctypes.byref(call_in(R, x.data_ptr(), L, e.data_ptr(),
                                    req.data_ptr(), bt.data_ptr(), R,
