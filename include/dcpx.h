@@ -366,7 +366,9 @@ typedef struct dcpx_join_opts {
   uint32_t size;            /* sizeof(dcpx_join_opts) */
   uint32_t rank;            /* this member's rank, < W */
   const char *group;        /* group name (DCPX_GROUP_NAME_MAX) */
-  int32_t device;           /* CUDA device, or -1 with the host backend */
+  int32_t device;           /* CUDA device (>= 0) with the CUDA backend;
+                               the host backend uses none and only reports
+                               it (dcpxctl health), -1: none */
   uint32_t backend;         /* DCPX_BACKEND_* */
   uint32_t transport;       /* DCPX_TRANSPORT_* */
   uint32_t join_timeout_ms; /* 0: the daemon's default */
@@ -390,8 +392,8 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
  * the group has formed. shape->local_topk = 0 asks the library to choose N:
  * dcpx_shape_auto_local_topk(world, topk), the same on every rank (a rank
  * may also pass that value itself). Errors: DCPX_E_INVAL (a NULL, a
- * shape or opts `size` this library does not know, a bad name, timeout,
- * backend or device), DCPX_E_SHAPE, DCPX_E_DUPRANK, DCPX_E_BADRANK,
+ * shape or opts `size` this library does not know, a bad name, timeout
+ * or backend, the CUDA backend with device < 0), DCPX_E_SHAPE, DCPX_E_DUPRANK, DCPX_E_BADRANK,
  * DCPX_E_LIMIT, DCPX_E_TIMEDOUT, DCPX_E_VERSION, DCPX_E_NOSYS (the CUDA
  * backend in a build without it), connection errors. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,

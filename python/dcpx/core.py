@@ -61,9 +61,7 @@ def version() -> str:
 
 def strerror(code: int) -> str:
     """The text of a dcpx code (``dcpx_strerror``); codes are int32."""
-    code = int(code)
-    if not -(1 << 31) <= code < 1 << 31:
-        raise InvalidArgument(context=f"strerror: {code} is not an int32 code")
+    code = _ranged(code, -(1 << 31), (1 << 31) - 1, "strerror: code")
     return lib().dcpx_strerror(code).decode("utf-8", "replace")
 
 
@@ -674,9 +672,9 @@ class Member:
         if self.backend == Backend.CUDA:
             s = A.stream_handle(stream) if stream is not None else \
                 A.current_stream_of_device(self.options.device)
+        ms = _ranged(timeout_ms, 0, 0xFFFFFFFF, "recover: timeout_ms")
         self._token = None
-        check(self._link_call(self._lib.dcpx_recover, s, int(timeout_ms)),
-              "dcpx_recover")
+        check(self._link_call(self._lib.dcpx_recover, s, ms), "dcpx_recover")
 
     def leave(self) -> None:
         """Leaves the group and frees the member (``dcpx_leave``);

@@ -83,6 +83,21 @@ def test_call_order(member):
     _still_works(member)
 
 
+def test_bad_numbers(member):
+    """Integer arguments out of their C range, or not integers, are
+    InvalidArgument (recover's timeout used to wrap into a uint32, and a
+    string gave a bare ValueError)."""
+    for bad in (-1, 1 << 40, "x", 1.5, True):
+        with pytest.raises(dcpx.InvalidArgument, match="timeout_ms"):
+            member.recover(timeout_ms=bad)
+    for bad in ("a", 1 << 40, 2.0):
+        with pytest.raises(dcpx.InvalidArgument, match="code"):
+            dcpx.strerror(bad)
+    assert dcpx.strerror(np.int32(-1011)) == dcpx.strerror(-1011)
+    member.recover(timeout_ms=np.uint32(1000))  # healthy: returns at once
+    _still_works(member)
+
+
 def test_range_from_library_then_recover(member):
     """A row_end over max_local is refused by libdcpx (RangeError); the
     refused call fails the rank, which recovers."""
