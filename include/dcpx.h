@@ -442,13 +442,18 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *                   valid_out -1, the others are exact, nobody failed;
  *   DCPX_E_STATE    out of order, on a rank that has not failed: a merge
  *                   with no dcpx_push / dcpx_push_list before it, or a
- *                   push while the previous push waits for its merge.
- *                   Nothing is done and nobody fails (a second push would
+ *                   push while the previous push waits for its merge (a
+ *                   recovery ends a pending push). Nothing is done,
+ *                   nobody fails and no recovery is needed: merge the
+ *                   pending push, or push first (a second push would
  *                   overwrite lists the peers may be reading; a merge
  *                   without one would wait out the timeout). Not checked
- *                   once the member took a dcpx_device_ctx: its kernels
- *                   push without the library seeing it.
- * After FAILED, ABORTED or a refused call, valid_out[t] = -1 for every row
+ *                   once the library cannot see every call: after
+ *                   dcpx_device_ctx (its kernels push), or once a call
+ *                   went into a CUDA graph capture (replays are not
+ *                   library calls).
+ * After FAILED, ABORTED or a call refused for its arguments (not
+ * DCPX_E_STATE), valid_out[t] = -1 for every row
  * t < min(rows, R) (not when the call was refused for a struct of unknown
  * size or a NULL valid_out; with the CUDA backend a refused merge sets
  * them with cudaMemsetAsync on the stream), and the member must

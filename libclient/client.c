@@ -567,31 +567,47 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
 }
 
 /* The call order: on a rank that has not failed (and a group not
- * aborted), and that took no device context, a push while this rank's
- * previous push waits for its merge, or a merge with no push before it, is
- * refused
+ * aborted), a push while this rank's previous push of the same generation
+ * waits for its merge, or a merge with no such push before it, is refused
  * with DCPX_E_STATE and does nothing: the rank is not failed, its group
- * stays in step. A second push would overwrite the lists its peers may
- * still be reading; a merge without one would wait out the group timeout
- * for lists that never come, and abort the group. On a failed rank every
- * call fails as dcpx_merge says, in any order, until dcpx_recover. Two
- * loads of the control page, no syscall. */
-static int call_order(dcpx_member *m, const char *fn, int merge) {
-  if (merge ? m->pushed : !m->pushed)
+ * stays in step, and no recovery is needed. A second push would overwrite
+ * the lists its peers may still be reading; a merge without one would wait
+ * out the group timeout for lists that never come, and abort the group. On
+ * a failed rank every call fails as dcpx_merge says, in any order, until
+ * dcpx_recover; a recovery (a new generation) ends a pending push. Not
+ * checked once the library cannot see every call (m->order_off): a device
+ * context's kernels push, and CUDA graph replays are not library calls, so
+ * a call that goes into a capture turns the check off for the member.
+ * Loads of the control page and, with CUDA, one stream query; no
+ * syscall. */
+static int call_order(dcpx_member *m, const char *fn, int merge,
+                      void *stream) {
+#ifdef HAVE_CUDA
+  if (m->cuda && !m->order_off && dcpx__cuda_capturing(stream))
+    m->order_off = 1;
+#else
+  (void)stream;
+#endif
+  if (m->order_off || !m->hdr)
     return 0;
-  /* A member that took a device context pushes from its own kernels,
-   * which the library does not see: its order is the engine's to keep
-   * (its benches also time pushes alone). */
-  if (m->device_ctx)
+  const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+  const int pending = m->pushed && m->pushed_gen == gen;
+  if (merge ? pending : !pending)
     return 0;
-  if (m->hdr && (__atomic_load_n(&m->hdr->abort, __ATOMIC_RELAXED) ||
-                 __atomic_load_n(&m->health[m->rank].failed,
-                                 __ATOMIC_RELAXED)))
+  if (__atomic_load_n(&m->hdr->abort, __ATOMIC_RELAXED) ||
+      __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_RELAXED))
     return 0;
   DCPX_WARN("%s: group %s rank %u: %s", fn, m->group, m->rank,
             merge ? "no dcpx_push (or dcpx_push_list) before this merge"
                   : "the previous push has not been merged yet");
   return DCPX_E_STATE;
+}
+
+/* After a push: pending (its merge due) if it succeeded. */
+static void call_pushed(dcpx_member *m, int r) {
+  m->pushed = r == 0;
+  if (m->hdr)
+    m->pushed_gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
 }
 
 int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
@@ -600,7 +616,7 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_push", in, NULL, 0)) < 0)
     return r;
-  if ((r = call_order(m, "dcpx_push", 0)) < 0)
+  if ((r = call_order(m, "dcpx_push", 0, stream)) < 0)
     return r;
   DCPX_TRACE("dcpx_push group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
@@ -611,7 +627,7 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
 #endif
     r = dcpx__host_push(m, in);
   (void)stream;
-  m->pushed = r == 0;
+  call_pushed(m, r);
   return r;
 }
 
@@ -622,7 +638,7 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_push_list", in, NULL, 0)) < 0)
     return r;
-  if ((r = call_order(m, "dcpx_push_list", 0)) < 0)
+  if ((r = call_order(m, "dcpx_push_list", 0, stream)) < 0)
     return r;
   DCPX_TRACE("dcpx_push_list group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
@@ -633,7 +649,7 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
 #endif
     r = dcpx__host_push_list(m, in, lists);
   (void)stream;
-  m->pushed = r == 0;
+  call_pushed(m, r);
   return r;
 }
 
@@ -646,7 +662,7 @@ int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx) {
   if (m->cuda) {
     r = dcpx__cuda_device_ctx(m, ret_ctx);
     if (r == 0)
-      m->device_ctx = 1;
+      m->order_off = 1; /* its kernels push unseen */
     return r;
   }
 #endif
@@ -662,7 +678,7 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_merge", in, out, 1)) < 0)
     return r;
-  if ((r = call_order(m, "dcpx_merge", 1)) < 0)
+  if ((r = call_order(m, "dcpx_merge", 1, stream)) < 0)
     return r;
   m->pushed = 0;
   DCPX_TRACE("dcpx_merge group %s rank %u rows %u tag %llu", m->group,
@@ -993,13 +1009,6 @@ static int recovered_since(const dcpx_member *m, uint32_t gen) {
          __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE) != gen;
 }
 
-/* A recovery happened: the group's exchange state is zeroed, and the next
- * call starts with a push. */
-static int recovered(dcpx_member *m) {
-  m->pushed = 0;
-  return 0;
-}
-
 int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const uint64_t end = now_ms() + timeout_ms;
   Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
@@ -1023,7 +1032,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   (void)dcpx_poll(m); /* drain old events; reattach if the daemon is new */
   for (;;) {
     if (acked && recovered_since(m, gen))
-      return recovered(m);
+      return 0;
     if (!acked && !needs_recovery(m))
       return 0; /* at once, whether or not dcpxd is reachable */
     if (!acked && m->link == DCPX__LINK_UP) {
@@ -1063,7 +1072,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
         ev->event->kind == DCPX__EVENT__KIND__RESET_DONE &&
         (int32_t)(ev->event->generation - gen) > 0) {
       dcpx__frame_free(ev);
-      return recovered(m);
+      return 0;
     }
     if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply &&
         ev->reply->status < 0 && acked) {
@@ -1076,7 +1085,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
                 dcpx_strerror(r));
       dcpx__frame_free(ev);
       if (recovered_since(m, gen))
-        return recovered(m);
+        return 0;
       if (r == DCPX_E_STATE && reacks++ < 8) {
         /* Our ack raced with a generation change: acknowledge again. */
         acked = 0;

@@ -419,6 +419,15 @@ static int push_allowed(const struct dcpx_member *m) {
   return 0;
 }
 
+int dcpx__cuda_capturing(void *stream) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (!stream) /* the legacy stream: a launch under capture fails anyway */
+    return 0;
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess)
+    return 1;
+  return st != cudaStreamCaptureStatusNone;
+}
+
 int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
                     void *stream) {
   int r;

@@ -55,12 +55,16 @@ struct dcpx_member {
    * block table. */
   uint32_t refused_gen;
   uint32_t last_rows;
-  /* The call order (include/dcpx.h): pushed is 1 from a dcpx_push or
-   * dcpx_push_list until its dcpx_merge (or a recovery); device_ctx is 1
-   * once dcpx_device_ctx handed out a context, whose kernels push without
-   * the library knowing: the order is not checked then. */
+  /* The call order (include/dcpx.h, client.c call_order): pushed is 1
+   * from a dcpx_push or dcpx_push_list until its dcpx_merge, in control
+   * page generation pushed_gen (a recovery, which starts a new one, ends
+   * it); order_off is 1 once the library cannot see every push and merge
+   * of the member: dcpx_device_ctx handed out a context (its kernels
+   * push), or a call went into a CUDA graph (its replays are not
+   * calls of the library). */
   uint32_t pushed;
-  uint32_t device_ctx;
+  uint32_t pushed_gen;
+  uint32_t order_off;
   uint32_t row_err_set;
   uint32_t bt_rows_bad;
   uint64_t row_err[DCPX_MAX_ROWS / 64];
@@ -132,6 +136,9 @@ dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                  const dcpx_merge_out *out, void *stream);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms);
+/* 1 when stream is capturing into a CUDA graph (or its state cannot be
+ * told), else 0. */
+__attribute__((visibility("hidden"))) int dcpx__cuda_capturing(void *stream);
 
 /* nccl.c (HAVE_NCCL only). unique_id: an ncclUniqueId (rank 0, before its
  * Join). init: ncclCommInitRank on `device` (blocks until all W ranks

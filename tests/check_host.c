@@ -302,19 +302,41 @@ START_TEST(test_call_order) {
   ck_assert_uint_eq(rec_at(&g, 0, 0)->kind, 0);
   run_call(&g);
   check_exact(&g, "after a merge without a push");
-  /* Rank 0 pushes call 2, then pushes again before its merge. */
+  /* Rank 0 pushes call 2, then pushes other logits before its merge: the
+   * second push is refused and stores nothing (the call is exact for the
+   * first push's logits). */
   fill(&g, 22, 1);
+  const size_t lbytes = (size_t)g.sh.rows * g.stride * sizeof(uint16_t);
+  uint16_t *keep = malloc(lbytes);
+  memcpy(keep, g.logits[0], lbytes);
   ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
                           0, NULL),
                    0);
+  for (size_t i = 0; i < lbytes / sizeof(uint16_t); i++)
+    g.logits[0][i] = (uint16_t)(0x4000u + i % 4096u); /* other lists */
   ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
                           0, NULL),
                    DCPX_E_STATE);
+  memcpy(g.logits[0], keep, lbytes);
+  free(keep);
   ck_assert_uint_eq(h[0].failed, 0);
   g.pushed = 1u << 0;
   run_call(&g);
   g.pushed = 0;
   check_exact(&g, "after a second push");
+  /* A recovery (dcpxd zeroes the workspaces and starts a new generation)
+   * ends a pending push: the next push is not refused. */
+  fill(&g, 23, 0);
+  ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
+                          0, NULL),
+                   0);
+  for (uint32_t d = 0; d < 2; d++)
+    memset(g.ws[d], 0, g.L.ws_bytes);
+  __atomic_store_n(&((dcpx_ctl_header *)g.ctl)->generation, 2,
+                   __ATOMIC_RELEASE);
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], 0);
+  check_exact(&g, "after a recovery with a push pending");
   /* On a FAILED rank the order is not checked: every call fails as
    * before, until a recovery. */
   ck_assert_int_eq(t_push(g.m[1], 9, g.logits[1], g.stride, g.ends[1], 0,

@@ -112,26 +112,33 @@ START_TEST(test_openmetrics) {
   rc = hh_ctl(&g_d, &g_o, "health", "--output=/tmp/x", (char *)NULL);
   CM_ASSERT(rc == 2, "health --output: %d", rc);
 
-  /* --output to a path that is not a regular file is written in place:
-   * a symbolic link stays a link (its target gets the metrics), and so
-   * would a device node (/dev/full became a text file when it was renamed
-   * over). A FIFO: the metrics come through it. */
-  char link[200], fifo[200], target[200];
+  /* --output to an existing path that is not a regular file is written
+   * in place (renamed over, /dev/full had become a text file): a FIFO
+   * gets the metrics, /dev/null takes them. A symbolic link to a regular
+   * file is refused (writing through it lets whoever made the link pick
+   * the file) and both stay as they were. */
+  char link[200], fifo[200], target[200], cmd[700];
   struct stat lst;
   snprintf(target, sizeof(target), "%s/target.prom", g_d.dir);
   snprintf(link, sizeof(link), "%s/link.prom", g_d.dir);
-  CM_ASSERT(symlink(target, link) == 0, "symlink %s", link);
+  FILE *tf = fopen(target, "w");
+  CM_ASSERT(tf && fclose(tf) == 0 && symlink(target, link) == 0, "%s",
+            link);
   snprintf(outarg, sizeof(outarg), "--output=%s", link);
   rc = hh_ctl(&g_d, &g_o, "stats", "--format=prometheus", outarg,
               (char *)NULL);
-  CM_ASSERT(rc == 0, "--output to a link: %d %s", rc, g_o.err);
-  CM_ASSERT(lstat(link, &lst) == 0 && S_ISLNK(lst.st_mode),
-            "%s is no longer a symbolic link", link);
-  CM_ASSERT(stat(target, &st1) == 0 && st1.st_size > 0,
-            "the link's target %s holds nothing", target);
+  CM_ASSERT(rc == 5 && strstr(g_o.err, "symbolic link"),
+            "--output to a link to a file: %d %s", rc, g_o.err);
+  CM_ASSERT(lstat(link, &lst) == 0 && S_ISLNK(lst.st_mode) &&
+                stat(target, &st1) == 0 && st1.st_size == 0,
+            "the link or its target changed");
+  rc = hh_ctl(&g_d, &g_o, "stats", "--format=prometheus", "--output=/dev/null",
+              (char *)NULL);
+  CM_ASSERT(rc == 0 && lstat("/dev/null", &lst) == 0 &&
+                S_ISCHR(lst.st_mode),
+            "--output=/dev/null: %d %s", rc, g_o.err);
   snprintf(fifo, sizeof(fifo), "%s/metrics.fifo", g_d.dir);
   CM_ASSERT(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
-  char cmd[700];
   snprintf(cmd, sizeof(cmd), "timeout 30 cat '%s' > '%s.out' &", fifo, fifo);
   CM_ASSERT(system(cmd) == 0, "%s", cmd);
   snprintf(outarg, sizeof(outarg), "--output=%s", fifo);
@@ -148,6 +155,19 @@ START_TEST(test_openmetrics) {
   }
   CM_ASSERT(stat(path, &st1) == 0 && st1.st_size > 0,
             "nothing came through the FIFO");
+  /* A regular file is replaced whole, readable as before (0666 & ~umask),
+   * and no temporary file is left. */
+  snprintf(path, sizeof(path), "%s/metrics.prometheus", g_d.dir);
+  snprintf(outarg, sizeof(outarg), "--output=%s", path);
+  rc = hh_ctl(&g_d, &g_o, "stats", "--format=prometheus", outarg,
+              (char *)NULL);
+  const mode_t um = umask(0);
+  umask(um);
+  CM_ASSERT(rc == 0 && stat(path, &st1) == 0 && st1.st_size > 0 &&
+                (st1.st_mode & 0777) == (0666 & ~um),
+            "--output to a file: %d, mode %o", rc, st1.st_mode & 0777);
+  snprintf(cmd, sizeof(cmd), "ls '%s' | grep -q '\\.tmp\\.'", g_d.dir);
+  CM_ASSERT(system(cmd) != 0, "a temporary file was left in %s", g_d.dir);
   CM_ASSERT(hh_stop_ranks(sh, pids, W) == 0, "%s", hh_rank_errors(sh, W));
   hh_daemon_stop(&g_d, SIGTERM);
   hh_daemon_cleanup(&g_d);

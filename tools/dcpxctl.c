@@ -28,6 +28,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <langinfo.h>
@@ -934,29 +935,59 @@ static int global_opt(int opt) {
   }
 }
 
-/* stats --output FILE: the output goes to FILE.tmp.PID, which replaces
- * FILE once complete (rename), so that a reader (the node_exporter
- * textfile collector) never sees half a file. Only once the answers are
- * in: a failed query leaves FILE as it was. A FILE that exists and is not
- * a regular file (a symlink such as /dev/stdout, a device, a FIFO) is
- * written in place instead (tmp[0] = 0): a rename would replace the link
- * or the device node itself. */
+/* stats --output FILE. A FILE that does not exist or is a regular file is
+ * replaced: the output goes to a new FILE.tmp.XXXXXX (mkstemp: never an
+ * existing file or link), renamed to FILE once complete, so that a reader
+ * (the node_exporter textfile collector) never sees half a file; only once
+ * the answers are in: a failed query leaves FILE as it was. An existing
+ * FILE that is no regular file (a device, a FIFO, or a symbolic link to
+ * one, such as /dev/stdout on a pipe or a terminal) is written in place
+ * (tmp[0] = 0): renaming over it would replace the device node or the
+ * link. A symbolic link to a regular file, or one that leads nowhere, is
+ * refused: writing through it would let whoever made the link choose the
+ * file written. */
 static int output_begin(const char *path, char *tmp, size_t n) {
-  struct stat st;
-  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-    tmp[0] = 0;
-    if (!freopen(path, "w", stdout)) {
+  struct stat lst, st;
+  int fd;
+  tmp[0] = 0;
+  if (lstat(path, &lst) == 0 && !S_ISREG(lst.st_mode)) {
+    fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC); /* no create, no trunc */
+    if (fd < 0) {
       fprintf(stderr, "dcpxctl: cannot write %s: %s\n", path,
               strerror(errno));
       return EXIT_OUTPUT;
     }
-    return 0;
+    if (fstat(fd, &st) != 0 || S_ISREG(st.st_mode)) {
+      close(fd);
+      fprintf(stderr, "dcpxctl: %s is a symbolic link to a file: give "
+                      "--output the file itself\n", path);
+      return EXIT_OUTPUT;
+    }
+  } else {
+    if ((size_t)snprintf(tmp, n, "%s.tmp.XXXXXX", path) >= n) {
+      tmp[0] = 0;
+      fprintf(stderr, "dcpxctl: --output path too long\n");
+      return EXIT_OUTPUT;
+    }
+    fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+      fprintf(stderr, "dcpxctl: cannot write %s: %s\n", tmp, strerror(errno));
+      tmp[0] = 0;
+      return EXIT_OUTPUT;
+    }
+    const mode_t um = umask(0);
+    umask(um);
+    (void)fchmod(fd, 0666 & ~um); /* as a file created by fopen would be */
   }
-  snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-  if (!freopen(tmp, "w", stdout)) {
-    fprintf(stderr, "dcpxctl: cannot write %s: %s\n", tmp, strerror(errno));
+  fflush(stdout);
+  if (dup2(fd, STDOUT_FILENO) < 0) {
+    fprintf(stderr, "dcpxctl: cannot write %s: %s\n", path, strerror(errno));
+    close(fd);
+    if (tmp[0])
+      unlink(tmp);
     return EXIT_OUTPUT;
   }
+  close(fd);
   return 0;
 }
 static int output_end(const char *path, const char *tmp) {

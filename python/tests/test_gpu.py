@@ -160,8 +160,8 @@ def test_overhead_per_call(daemon, cuda_ok, group):
                                       out.ids_out.data_ptr(), None))
 
         def raw():
-            C.dcpx_push(mp_, cin, s)
-            C.dcpx_merge(mp_, cin, cout, s)
+            assert C.dcpx_push(mp_, cin, s) == 0
+            assert C.dcpx_merge(mp_, cin, cout, s) == 0
 
         def eager():
             m.push(x, e)
