@@ -32,6 +32,7 @@
 #define _GNU_SOURCE
 #include <getopt.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -596,13 +597,28 @@ int main(int argc, char **argv) {
       _exit(rc);
     }
   }
+  /* The ranks as they end; the first failure stops the others, which
+   * would otherwise wait in sync_ranks for it forever. */
   int rc = 0;
-  for (uint32_t r = 0; r < o.world; r++) {
+  for (uint32_t left = o.world; left > 0;) {
     int status = 0;
-    waitpid(pids[r], &status, 0);
+    const pid_t p = waitpid(-1, &status, 0);
+    if (p < 0)
+      break;
+    uint32_t r = 0;
+    while (r < o.world && pids[r] != p)
+      r++;
+    if (r == o.world)
+      continue;
+    pids[r] = 0;
+    left--;
     if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-      fprintf(stderr, "indexer_push: rank %u failed (status %d)\n", r,
-              status);
+      fprintf(stderr, "indexer_push: rank %u failed (status %d)%s\n", r,
+              status, rc ? "" : "; stopping the other ranks");
+      if (!rc)
+        for (uint32_t q = 0; q < o.world; q++)
+          if (pids[q] > 0)
+            kill(pids[q], SIGKILL);
       rc = 1;
     }
   }
