@@ -591,7 +591,7 @@ static int call_order(dcpx_member *m, const char *fn, int merge,
   if (m->order_off || !m->hdr)
     return 0;
   const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
-  const int pending = m->pushed && m->pushed_gen == gen;
+  const int pending = m->pushed_gen == gen;
   if (merge ? pending : !pending)
     return 0;
   if (__atomic_load_n(&m->hdr->abort, __ATOMIC_RELAXED) ||
@@ -605,9 +605,9 @@ static int call_order(dcpx_member *m, const char *fn, int merge,
 
 /* After a push: pending (its merge due) if it succeeded. */
 static void call_pushed(dcpx_member *m, int r) {
-  m->pushed = r == 0;
-  if (m->hdr)
-    m->pushed_gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+  m->pushed_gen = r == 0 && m->hdr ? __atomic_load_n(&m->hdr->generation,
+                                                     __ATOMIC_ACQUIRE)
+                                   : 0;
 }
 
 int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
@@ -680,7 +680,7 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
     return r;
   if ((r = call_order(m, "dcpx_merge", 1, stream)) < 0)
     return r;
-  m->pushed = 0;
+  m->pushed_gen = 0;
   DCPX_TRACE("dcpx_merge group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
 #ifdef HAVE_CUDA

@@ -55,14 +55,13 @@ struct dcpx_member {
    * block table. */
   uint32_t refused_gen;
   uint32_t last_rows;
-  /* The call order (include/dcpx.h, client.c call_order): pushed is 1
-   * from a dcpx_push or dcpx_push_list until its dcpx_merge, in control
-   * page generation pushed_gen (a recovery, which starts a new one, ends
-   * it); order_off is 1 once the library cannot see every push and merge
-   * of the member: dcpx_device_ctx handed out a context (its kernels
-   * push), or a call went into a CUDA graph (its replays are not
-   * calls of the library). */
-  uint32_t pushed;
+  /* The call order (include/dcpx.h, client.c call_order): pushed_gen is
+   * the control page generation (never 0) of a dcpx_push or
+   * dcpx_push_list whose dcpx_merge is due, 0 when none is (a recovery,
+   * which starts a new generation, ends it); order_off is 1 once the
+   * library cannot see every push and merge of the member:
+   * dcpx_device_ctx handed out a context (its kernels push), or a call
+   * went into a CUDA graph (its replays are not calls of the library). */
   uint32_t pushed_gen;
   uint32_t order_off;
   uint32_t row_err_set;

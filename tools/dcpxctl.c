@@ -990,6 +990,7 @@ static int output_begin(const char *path, char *tmp, size_t n) {
   close(fd);
   return 0;
 }
+
 static int output_end(const char *path, const char *tmp) {
   /* fsync only what is renamed: a pipe or a terminal cannot sync. */
   bool ok = fflush(stdout) == 0 && !ferror(stdout) &&
