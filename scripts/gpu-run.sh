@@ -25,6 +25,8 @@
 #            bench_kernels if one is carried at $BASE (default
 #            build-gpu/base/bench_kernels), and a previous build's at $PREV
 #            (default build-gpu/prev/bench_kernels), all in one run
+#   abm      bench_kernels push and merge only (BENCH_QUICK), this build
+#            and the baseline at $BASE alternating, AB_ROUNDS (2) rounds
 #   pushlong bench_kernels at local 65,536 (push, merge; no whole calls)
 #            of this build, the baseline at $BASE and the previous build at
 #            $PREV, in one run
@@ -139,6 +141,22 @@ step_ab() {
         > "$OUT/ab${i}_prev.md" 2>&1 || rc=1
       show "^\| 16384" "$OUT/ab${i}_prev.md" 8
     fi
+  done
+}
+
+step_abm() { # push and merge only (no whole calls): this build against
+  # the baseline at $BASE, alternating, AB_ROUNDS (default 2) rounds
+  local base=${BASE:-$B/base/bench_kernels} i
+  for i in $(seq "${AB_ROUNDS:-2}"); do
+    say "abm round $i: this build"
+    BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 120 \
+      "$B/tests/gpu/bench_kernels" > "$OUT/abm${i}_new.md" 2>&1 || rc=1
+    show "^\| 16384|rows 1, |rows 64, " "$OUT/abm${i}_new.md" 40
+    [ -x "$base" ] || continue
+    say "abm round $i: baseline $base"
+    BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 120 "$base" \
+      > "$OUT/abm${i}_base.md" 2>&1 || rc=1
+    show "^\| 16384" "$OUT/abm${i}_base.md" 8
   done
 }
 
