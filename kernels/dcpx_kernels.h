@@ -101,15 +101,6 @@ typedef struct dcpx_k_counters {
 /* The merge sleeps 3 us before its rescue poll (is that poll's cost
  * something still draining from the phases before it?). */
 #define DCPX_K_DIAG_SLEEP 8u
-/* Is a phase's first run slow because its code is cold (instruction
- * fetch) or because something of the phases before it is still draining?
- * The merge sleeps 3 us before the round-2 copy (16) / before round 1
- * (64), or runs that phase once unstamped first (32 / 128); the phase's
- * timestamps then time what follows the sleep or the second run. */
-#define DCPX_K_DIAG_SLEEP_COPY 16u
-#define DCPX_K_DIAG_WARM_COPY 32u
-#define DCPX_K_DIAG_SLEEP_R1 64u
-#define DCPX_K_DIAG_WARM_R1 128u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

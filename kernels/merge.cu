@@ -434,32 +434,18 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   if ((mask >> me) & 1u)
     merge_send_rescue(b, t, mask, T1, q2, row, len, early);
   merge_prof(b, t, 4);
-  if (c->diag & DCPX_K_DIAG_SLEEP_COPY) {
-    __syncthreads();
-    __nanosleep(3000);
-    __syncthreads();
-    merge_prof(b, t, 4);
-  }
   dcpx_dev_sel_zero(b->S);
   __syncthreads();
   merge_prof(b, t, 36);
   if (tid < W && ((others >> tid) & 1u))
     b->pm->ent[__popc(others & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
-  const uint32_t reps = (c->diag & DCPX_K_DIAG_WARM_COPY) ? 2u : 1u;
-#pragma unroll 1
-  for (uint32_t rep = 0; rep < reps; rep++) { /* the same code again */
-    if (rep) {
-      __syncthreads();
-      merge_prof(b, t, 36);
-    }
-    if ((mask >> me) & 1u)
-      merge_keep_own(b, mask, &kmn, &kmx);
-    merge_prof(b, t, 37);
-    round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, b->nt >> 5,
-                &kmn, &kmx);
-    merge_prof(b, t, 38);
-    merge_prof_by(b, t, 39, b->nt - 32u); /* the last warp */
-  }
+  if ((mask >> me) & 1u)
+    merge_keep_own(b, mask, &kmn, &kmx);
+  merge_prof(b, t, 37);
+  round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, b->nt >> 5,
+              &kmn, &kmx);
+  merge_prof(b, t, 38);
+  merge_prof_by(b, t, 39, b->nt - 32u); /* the last warp */
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_SLEEP) { /* let the memory system drain */
     __nanosleep(3000);
@@ -683,26 +669,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
               block_table + (uint64_t)req * bt_cols + x));
 
       /* ---- 2. round 1; 3.-5. rescue and round 2 when a rank saturated ---- */
-      if (c.diag & DCPX_K_DIAG_SLEEP_R1) {
-        __nanosleep(3000);
-        __syncthreads();
-        merge_prof(&b, t, 1);
-      }
-      const uint32_t r1reps = (c.diag & DCPX_K_DIAG_WARM_R1) ? 2u : 1u;
-#pragma unroll 1
-      for (uint32_t rep = 0; rep < r1reps; rep++) { /* the same code again */
-        if (rep) {
-          const uint32_t kx = S.kmax;
-          __syncthreads();
-          dcpx_dev_sel_zero(&S);
-          __syncthreads();
-          if (tid == 0)
-            S.kmax = kx;
-          __syncthreads();
-          merge_prof(&b, t, 1);
-        }
-        mask = merge_round1(&b, t, &total, &T1);
-      }
+      mask = merge_round1(&b, t, &total, &T1);
       sw = (mask << 16) | T1;
       /* Long after its copies landed, long before the kernel ends. */
       if (publish) {

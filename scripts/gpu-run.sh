@@ -36,8 +36,6 @@
 #            block 0's counter duty costs)
 #   diag2    bench_kernels with DCPX_BENCH_DIAG 1 (no fault hook), 2 (no
 #            rescue stores), 3 (neither), rows 1 and 64
-#   diag3    bench_kernels rows 1 with DCPX_BENCH_DIAG 0, 16, 32, 64, 128
-#            (sleep before / warm run of the round-2 copy and round 1)
 #   prof2    Nsight Compute source counters of one rescued merge, as CSV
 #   profpush Nsight Compute source counters of one push, as CSV
 #   profmerge  the same for one plain merge
@@ -262,17 +260,6 @@ step_diag2() {
         timeout -k 5 120 "$B/tests/gpu/bench_kernels" > "$OUT/diag2_${d}_$r.md" 2>&1 || rc=1
       show "^\| 16384|entry|rows 1\.\.|us at" "$OUT/diag2_${d}_$r.md" 30
     done
-  done
-}
-
-step_diag3() { # cold code or draining? (DCPX_K_DIAG_SLEEP_COPY .. WARM_R1)
-  local d
-  for d in 0 16 32 64 128; do
-    say "diag3: DCPX_BENCH_DIAG=$d rows 1"
-    DCPX_BENCH_DIAG=$d BENCH_QUICK=1 BENCH_ROWS=1 BENCH_REPS=5 \
-      BENCH_LEN=16384 timeout -k 5 120 "$B/tests/gpu/bench_kernels" \
-      > "$OUT/diag3_$d.md" 2>&1 || rc=1
-    show "^\| 16384|us at|round-2 copy =" "$OUT/diag3_$d.md" 30
   done
 }
 
