@@ -399,12 +399,12 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
 
-/* Why dcpxd refused the last dcpx_join on this client: the daemon's own
- * text (Reply.error, e.g. "shape mismatch: topk 2048, group has 1024"), or
- * NULL when the last join succeeded, failed before dcpxd answered (a
- * connection error, a timeout, an argument libdcpx itself refused), or
- * dcpxd gave no reason; dcpx_strerror of the returned code still names
- * the error then. Valid until the next dcpx_join on the client or
+/* Why the last dcpx_join on this client was refused: libdcpx's own reason
+ * for an argument it refused itself (e.g. "local_topk 2048 must be less
+ * than topk 2048"), else dcpxd's text (Reply.error, e.g. "shape mismatch:
+ * topk 2048, group has 1024"), or a connection error's; NULL when the
+ * last join succeeded, or nobody gave a reason (dcpx_strerror of the
+ * returned code still names the error then). Valid until the next dcpx_join on the client or
  * dcpx_disconnect. Like the client, not safe to share between threads. */
 DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
 
@@ -441,13 +441,16 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *                   own element fell outside block_table; that row has
  *                   valid_out -1, the others are exact, nobody failed;
  *   DCPX_E_STATE    out of order, on a rank that has not failed: a merge
- *                   with no dcpx_push / dcpx_push_list before it, or a
- *                   push while the previous push waits for its merge (a
- *                   recovery ends a pending push). Nothing is done,
- *                   nobody fails and no recovery is needed: merge the
- *                   pending push, or push first (a second push would
- *                   overwrite lists the peers may be reading; a merge
- *                   without one would wait out the timeout). Not checked
+ *                   with no dcpx_push / dcpx_push_list before it, a merge
+ *                   of other `rows` than that push's, or a push while the
+ *                   previous push waits for its merge (a recovery ends a
+ *                   pending push). Nothing is done, nobody fails and no
+ *                   recovery is needed: merge the pending push with its
+ *                   rows, or push first (a second push would overwrite
+ *                   lists the peers may be reading; a merge without one,
+ *                   or of more rows, would wait out the timeout; a merge
+ *                   of fewer rows would leave the other rows' epochs
+ *                   behind and the next call's result wrong). Not checked
  *                   once the library cannot see every call: after
  *                   dcpx_device_ctx (its kernels push), or once a call
  *                   went into a CUDA graph capture (replays are not
@@ -479,7 +482,8 @@ DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
  * CUDA backend: lists are device memory and are checked by the kernel; a
  * bad row is stored nowhere and marks the rank FAILED (alarm, then
  * FAILED: dcpxd aborts the group; dcpx_recover), so the call fails and
- * never gives a wrong answer. DCPX_E_NOSYS with the NCCL transport. */
+ * never gives a wrong answer. DCPX_E_NOSYS with the NCCL transport:
+ * nothing is done and the rank does not fail (push with dcpx_push). */
 DCPX_API int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
                             const dcpx_lists *lists, void *stream);
 

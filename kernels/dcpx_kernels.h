@@ -257,7 +257,8 @@ static inline uint32_t dcpx_k_resc_early_rows(const dcpx_kctx *c, int sms) {
  * selection (+5.7 us at local 16,384 on an H200) and saves a rescued row
  * its top-K selection from the row (about 13 us), which a rescue needs only
  * when the saturated rank has more than K elements >= T1: always when
- * W*N <= K (every full row rescues, T1 = 0), rarely otherwise (the merge
+ * W*N <= K (every full row rescues, with T1 = 0 when W*N < K), rarely
+ * otherwise (the merge
  * then filters the row in two passes). So: on when W*N <= K, unless the
  * merge selects that list early in every call (resc_early >= rows_max).
  * DCPX_KLIST=0 or 1 in the environment overrides (measurement). Host

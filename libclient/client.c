@@ -300,39 +300,53 @@ static const dcpx_shape *shape_resolved(const dcpx_shape *in,
   return buf;
 }
 
-/* dcpx_join, step 1: the arguments, as far as libdcpx can judge them. */
-static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o) {
-  char why[200] = "";
-  int r = dcpx__shape_why(shape, why, sizeof(why));
+/* dcpx_join, step 1: the arguments, as far as libdcpx can judge them;
+ * the reason of a refusal into why[n] (dcpx_client_last_error). */
+#define JOIN_NO(code, ...)                                                   \
+  do {                                                                       \
+    snprintf(why, n, __VA_ARGS__);                                           \
+    DCPX_WARN("dcpx_join: %s (%s)", why, dcpx_strerror(code));               \
+    return (code);                                                           \
+  } while (0)
+static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o,
+                      char *why, size_t n) {
+  int r = dcpx__shape_why(shape, why, n);
   if (r < 0) {
     DCPX_WARN("dcpx_join: %s (%s)", why, dcpx_strerror(r));
     return r;
   }
-  if (!dcpx__group_name_ok(o->group) || o->timeout_ns < 1000000ull)
-    return DCPX_E_INVAL;
+  if (!dcpx__group_name_ok(o->group))
+    JOIN_NO(DCPX_E_INVAL, "the group name must be 1..63 bytes of "
+                          "[A-Za-z0-9._-]");
+  if (o->timeout_ns < 1000000ull)
+    JOIN_NO(DCPX_E_INVAL, "timeout_ns %llu is below 1 ms",
+            (unsigned long long)o->timeout_ns);
   if (o->rank >= shape->world)
-    return DCPX_E_BADRANK;
+    JOIN_NO(DCPX_E_BADRANK, "rank %u is not below world %u", o->rank,
+            shape->world);
   if (o->backend != DCPX_BACKEND_HOST && o->backend != DCPX_BACKEND_CUDA)
-    return DCPX_E_INVAL; /* no such backend, in any build */
+    JOIN_NO(DCPX_E_INVAL, "backend %u: no such backend", o->backend);
 #ifdef HAVE_CUDA
   if (o->backend == DCPX_BACKEND_CUDA && o->device < 0)
-    return DCPX_E_INVAL;
+    JOIN_NO(DCPX_E_INVAL, "the CUDA backend needs a device >= 0 (device %d)",
+            o->device);
 #else
   if (o->backend == DCPX_BACKEND_CUDA)
-    return DCPX_E_NOSYS; /* the CUDA backend is not in this build */
+    JOIN_NO(DCPX_E_NOSYS, "this libdcpx was built without CUDA");
 #endif
   if (o->transport > DCPX_TRANSPORT_NCCL)
-    return DCPX_E_INVAL;
+    JOIN_NO(DCPX_E_INVAL, "transport %u: no such transport", o->transport);
   /* nccl needs the CUDA backend and a libdcpx built with NCCL: refused
    * here, before the daemon sees the join (DCPX_E_TRANSPORT). */
   if (o->transport == DCPX_TRANSPORT_NCCL && o->backend != DCPX_BACKEND_CUDA)
-    return DCPX_E_TRANSPORT;
+    JOIN_NO(DCPX_E_TRANSPORT, "the nccl transport needs the CUDA backend");
 #ifndef HAVE_NCCL
   if (o->transport == DCPX_TRANSPORT_NCCL)
-    return DCPX_E_TRANSPORT;
+    JOIN_NO(DCPX_E_TRANSPORT, "this libdcpx was built without NCCL");
 #endif
   return 0;
 }
+#undef JOIN_NO
 
 /* Step 2: a member with the join's settings and layout, no link yet. */
 static dcpx_member *member_new(const dcpx_client *c, const dcpx_shape *shape,
@@ -487,7 +501,7 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   if (!c || !o || !ret_member || o->size != sizeof(dcpx_join_opts))
     return DCPX_E_INVAL; /* NULL, or a size this library does not know */
   shape = shape_resolved(shape, &auto_shape);
-  r = join_check(shape, o);
+  r = join_check(shape, o, c->last_error, sizeof(c->last_error));
   if (r < 0)
     goto fail;
   m = member_new(c, shape, o);
@@ -568,11 +582,16 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
 
 /* The call order: on a rank that has not failed (and a group not
  * aborted), a push while this rank's previous push of the same generation
- * waits for its merge, or a merge with no such push before it, is refused
- * with DCPX_E_STATE and does nothing: the rank is not failed, its group
+ * waits for its merge, a merge with no such push before it, or a merge of
+ * other rows than that push's, is refused with DCPX_E_STATE and does
+ * nothing (the push stays pending): the rank is not failed, its group
  * stays in step, and no recovery is needed. A second push would overwrite
  * the lists its peers may still be reading; a merge without one would wait
- * out the group timeout for lists that never come, and abort the group. On
+ * out the group timeout for lists that never come, and abort the group; a
+ * merge of fewer rows would leave the others' epochs behind, so that the
+ * next call's push of them reuses a tag whose slots still hold this
+ * call's lists (a peer would take them: a wrong result), and a merge of
+ * more rows would wait out the timeout for rows nobody pushed. On
  * a failed rank every call fails as dcpx_merge says, in any order, until
  * dcpx_recover; a recovery (a new generation) ends a pending push. Not
  * checked once the library cannot see every call (m->order_off): a device
@@ -581,7 +600,7 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
  * Loads of the control page and, with CUDA, one stream query; no
  * syscall. */
 static int call_order(dcpx_member *m, const char *fn, int merge,
-                      void *stream) {
+                      const dcpx_call *in, void *stream) {
 #ifdef HAVE_CUDA
   if (m->cuda && !m->order_off && dcpx__cuda_capturing(stream))
     m->order_off = 1;
@@ -592,22 +611,28 @@ static int call_order(dcpx_member *m, const char *fn, int merge,
     return 0;
   const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
   const int pending = m->pushed_gen == gen;
-  if (merge ? pending : !pending)
+  if (merge ? pending && in->rows == m->pushed_rows : !pending)
     return 0;
   if (__atomic_load_n(&m->hdr->abort, __ATOMIC_RELAXED) ||
       __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_RELAXED))
     return 0;
-  DCPX_WARN("%s: group %s rank %u: %s", fn, m->group, m->rank,
-            merge ? "no dcpx_push (or dcpx_push_list) before this merge"
-                  : "the previous push has not been merged yet");
+  if (merge && pending)
+    DCPX_WARN("dcpx_merge: group %s rank %u: a merge of %u rows after a "
+              "push of %u (a call's push and merge take the same rows)",
+              m->group, m->rank, in->rows, m->pushed_rows);
+  else
+    DCPX_WARN("%s: group %s rank %u: %s", fn, m->group, m->rank,
+              merge ? "no dcpx_push (or dcpx_push_list) before this merge"
+                    : "the previous push has not been merged yet");
   return DCPX_E_STATE;
 }
 
-/* After a push: pending (its merge due) if it succeeded. */
-static void call_pushed(dcpx_member *m, int r) {
+/* After a push of `rows` rows: pending (its merge due) if it succeeded. */
+static void call_pushed(dcpx_member *m, int r, uint32_t rows) {
   m->pushed_gen = r == 0 && m->hdr ? __atomic_load_n(&m->hdr->generation,
                                                      __ATOMIC_ACQUIRE)
                                    : 0;
+  m->pushed_rows = rows;
 }
 
 int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
@@ -616,7 +641,7 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_push", in, NULL, 0)) < 0)
     return r;
-  if ((r = call_order(m, "dcpx_push", 0, stream)) < 0)
+  if ((r = call_order(m, "dcpx_push", 0, in, stream)) < 0)
     return r;
   DCPX_TRACE("dcpx_push group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
@@ -627,7 +652,7 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
 #endif
     r = dcpx__host_push(m, in);
   (void)stream;
-  call_pushed(m, r);
+  call_pushed(m, r, in->rows);
   return r;
 }
 
@@ -638,7 +663,7 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_push_list", in, NULL, 0)) < 0)
     return r;
-  if ((r = call_order(m, "dcpx_push_list", 0, stream)) < 0)
+  if ((r = call_order(m, "dcpx_push_list", 0, in, stream)) < 0)
     return r;
   DCPX_TRACE("dcpx_push_list group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
@@ -649,7 +674,7 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
 #endif
     r = dcpx__host_push_list(m, in, lists);
   (void)stream;
-  call_pushed(m, r);
+  call_pushed(m, r, in->rows);
   return r;
 }
 
@@ -678,7 +703,7 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
     return DCPX_E_INVAL;
   if ((r = call_check(m, "dcpx_merge", in, out, 1)) < 0)
     return r;
-  if ((r = call_order(m, "dcpx_merge", 1, stream)) < 0)
+  if ((r = call_order(m, "dcpx_merge", 1, in, stream)) < 0)
     return r;
   m->pushed_gen = 0;
   DCPX_TRACE("dcpx_merge group %s rank %u rows %u tag %llu", m->group,

@@ -63,6 +63,7 @@ struct dcpx_member {
    * dcpx_device_ctx handed out a context (its kernels push), or a call
    * went into a CUDA graph (its replays are not calls of the library). */
   uint32_t pushed_gen;
+  uint32_t pushed_rows; /* that push's rows: its merge must take as many */
   uint32_t order_off;
   uint32_t row_err_set;
   uint32_t bt_rows_bad;

@@ -464,7 +464,7 @@ if len(r)>2:
 }
 
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(kernels nccl bench1 torch bench2 faults2 mps devapi python)
+[ ${#steps[@]} -gt 0 ] || steps=(kernels nccl bench1 torch bench2 pingpong faults2 mps devapi python)
 for s in "${steps[@]}"; do
   if ! declare -F "step_$s" > /dev/null; then
     echo "gpu-run: unknown step '$s'" >&2

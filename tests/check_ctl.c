@@ -111,6 +111,15 @@ START_TEST(test_check_codes) {
   one_line("UNKNOWN");
   CTL(3, "check", "--records-window", "soon");
   one_line("UNKNOWN");
+  CTL(3, "check", "--records-window", "900"); /* no unit: was 900 ns */
+  one_line("UNKNOWN");
+  CTL(3, "check", ""); /* an empty GROUP is no name, not "every group" */
+  one_line("UNKNOWN");
+  CTL(2, "health", "");
+  CC_ASSERT(strstr(g_o.err, "GROUP"), "no reason: %s", g_o.err);
+  CTL(2, "stats", "");
+  CTL(2, "records", "--limit", "0"); /* was: every record */
+  CC_ASSERT(strstr(g_o.err, "--limit"), "no reason: %s", g_o.err);
   CTL(3, "check", "--bogus");
   one_line("UNKNOWN");
   /* ... also given before the command (dcpxctl(1)); other commands

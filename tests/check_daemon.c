@@ -571,8 +571,9 @@ START_TEST(test_recover_nothing_no_daemon) {
 END_TEST
 
 /* A join dcpxd refuses leaves the daemon's reason on the client
- * (dcpx_client_last_error); one libdcpx refuses itself, or a success,
- * leaves none. */
+ * (dcpx_client_last_error), one libdcpx refuses itself libdcpx's reason
+ * (it left none, and the caller could not tell which field was wrong);
+ * a success leaves none. */
 START_TEST(test_refused_join_reason) {
   dcpx_client *c0, *c1;
   dcpx_member *m;
@@ -609,10 +610,21 @@ START_TEST(test_refused_join_reason) {
   ck_assert_ptr_nonnull(why);
   ck_assert_msg(strstr(why, "rank 0") && strstr(why, "'why'"),
                 "duplicate rank's reason: '%s'", why);
-  /* Refused by libdcpx before dcpxd sees it: no daemon text. */
+  /* Refused by libdcpx before dcpxd sees it: libdcpx's own reason. */
   jo.rank = 2;
   ck_assert_int_eq(dcpx_join(c1, &sh, &jo, &m), DCPX_E_BADRANK);
-  ck_assert_ptr_null(dcpx_client_last_error(c1));
+  why = dcpx_client_last_error(c1);
+  ck_assert_ptr_nonnull(why);
+  ck_assert_msg(strstr(why, "rank 2") && strstr(why, "world 2"),
+                "bad rank's reason: '%s'", why);
+  jo.rank = 1;
+  other = sh;
+  other.local_topk = other.topk; /* N must be below K */
+  ck_assert_int_eq(dcpx_join(c1, &other, &jo, &m), DCPX_E_INVAL);
+  why = dcpx_client_last_error(c1);
+  ck_assert_ptr_nonnull(why);
+  ck_assert_msg(strstr(why, "local_topk") && strstr(why, "less than topk"),
+                "bad shape's reason: '%s'", why);
   jo.rank = 0;
   ck_assert_int_eq(dcpx_join(c1, &sh, &jo, &m), DCPX_E_DUPRANK);
   ck_assert_ptr_nonnull(dcpx_client_last_error(c1));

@@ -279,8 +279,8 @@ START_TEST(test_exact_random) {
 END_TEST
 
 /* The call order (include/dcpx.h dcpx_merge): on a healthy rank a merge
- * with no push before it, and a push while the previous one waits for its
- * merge, are refused at once with DCPX_E_STATE, do nothing and fail
+ * with no push before it (or of other rows than its push's), and a push
+ * while the previous one waits for its merge, are refused at once with DCPX_E_STATE, do nothing and fail
  * nobody; the calls after are exact. Without the check the merge waited
  * out the group timeout, recorded a timeout and failed the rank. */
 START_TEST(test_call_order) {
@@ -324,6 +324,34 @@ START_TEST(test_call_order) {
   run_call(&g);
   g.pushed = 0;
   check_exact(&g, "after a second push");
+  /* A merge of other rows than its push's is refused, the push stays
+   * pending, and its merge with the push's rows is exact; so is the next
+   * call of all rows. Without the check a merge of fewer rows left the
+   * others' epochs behind, and the next call's push of them reused a tag
+   * whose slots still held this call's lists (a wrong result, rc 0). */
+  g.rows = 2;
+  fill(&g, 24, 2);
+  ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
+                          0, NULL),
+                   0);
+  for (uint32_t rows = 1; rows <= 3; rows += 2) {
+    t0 = mono_ns();
+    ck_assert_int_eq(t_merge(g.m[0], rows, g.logits[0], g.stride, g.ends[0],
+                             g.req, g.bt, g.bt_rows, g.bt_cols,
+                             g.rows_out[0], g.valid[0], g.ids[0], g.sat[0],
+                             0, NULL),
+                     DCPX_E_STATE);
+    ck_assert_uint_lt(mono_ns() - t0, timeout / 10);
+  }
+  ck_assert_uint_eq(h[0].failed, 0);
+  g.pushed = 1u << 0;
+  run_call(&g);
+  g.pushed = 0;
+  check_exact(&g, "after merges of other rows than the push's");
+  g.rows = 3;
+  fill(&g, 25, 0);
+  run_call(&g);
+  check_exact(&g, "the call of all rows after");
   /* A recovery (dcpxd zeroes the workspaces and starts a new generation)
    * ends a pending push: the next push is not refused. */
   fill(&g, 23, 0);

@@ -834,7 +834,7 @@ static const struct {
      "  --rank R    only rank R (-1: any)\n"
      "  --since T   only records at or after T\n"
      "  --until T   only records before T\n"
-     "  --limit N   only the newest N\n"
+     "  --limit N   only the newest N (N >= 1)\n"
      "\n"
      "Times (T): now, 10m / 2h / 1d (that long ago), @UNIXSECONDS,\n"
      "2025-01-31T12:00:00Z, or nanoseconds since the epoch.\n"},
@@ -865,7 +865,7 @@ static const struct {
      "  --rescue-critical PCT   CRITICAL when over PCT percent (default 100:\n"
      "                          never)\n"
      "  --records-window DUR    timeout records this recent count (default\n"
-     "                          15m; s, m, h, d)\n"
+     "                          15m; with a unit: ns, us, ms, s, m, h, d)\n"
      "  --records-warning N     WARNING at N or more recent timeout records\n"
      "                          (default 1; 0: never)\n"
      "  --records-critical N    CRITICAL at N or more (default 0: never)\n"
@@ -1061,6 +1061,9 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   }
   if (argc - optind > (what == DCPX__QUERY__WHAT__GROUPS ? 0 : 1))
     return usage_error("too many arguments");
+  if (optind < argc && !*argv[optind]) /* "" is no name, not "every group" */
+    return usage_error("GROUP must not be empty (leave it out for every "
+                       "group)");
   q.what = what;
   q.group = optind < argc ? argv[optind] : "";
   q.rank = -1;
@@ -1130,8 +1133,9 @@ static int cmd_records(int argc, char **argv) {
         return usage_error("--until: cannot parse time '%s'", optarg);
       break;
     case 'l':
-      if (!parse_u64(optarg, &v) || v > UINT32_MAX)
-        return usage_error("--limit must be a number");
+      if (!parse_u64(optarg, &v) || v == 0 || v > UINT32_MAX)
+        return usage_error("--limit must be a number >= 1 (leave it out "
+                           "for every record)");
       q.limit = (uint32_t)v;
       break;
     case 'h':
@@ -1415,11 +1419,12 @@ static int check_parse(int argc, char **argv, check_limits *l) {
         return check_line(NAGIOS_UNKNOWN,
                           "--rescue-critical must be a percentage 0..100");
       break;
-    case 'W':
-      if (!parse_duration_ns(optarg, &l->window_ns) || l->window_ns == 0)
+    case 'W': /* a unit is required: a bare 900 would be 900 ns */
+      if (!*optarg || !isalpha((unsigned char)optarg[strlen(optarg) - 1]) ||
+          !parse_duration_ns(optarg, &l->window_ns) || l->window_ns == 0)
         return check_line(NAGIOS_UNKNOWN,
-                          "--records-window must be a duration > 0 (e.g. "
-                          "15m)");
+                          "--records-window must be a duration > 0 with a "
+                          "unit: ns, us, ms, s, m, h or d (e.g. 15m)");
       break;
     case 'r':
       if (!parse_u64(optarg, &l->rec_warn))
@@ -1601,6 +1606,9 @@ static int cmd_check(int argc, char **argv) {
   if ((code = check_parse(argc, argv, &l)) >= 0)
     return code;
   const char *group = optind < argc ? argv[optind] : "";
+  if (optind < argc && !*group)
+    return check_line(NAGIOS_UNKNOWN, "GROUP must not be empty (leave it "
+                                      "out for every group)");
   if ((code = check_health(group, &l, &f)) >= 0 ||
       (code = check_records(group, &l, &f)) >= 0)
     return code;

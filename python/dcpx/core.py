@@ -307,8 +307,8 @@ class Client:
         if r < 0:
             context = f"joining group {opts.group!r} as rank {opts.rank}"
             why = lib().dcpx_client_last_error(ctypes.c_void_p(self._ptr))
-            if why:  # dcpxd refused it and said why
-                context += f" (dcpxd: {why.decode('utf-8', 'replace')})"
+            if why:  # libdcpx or dcpxd refused it and said why
+                context += f" ({why.decode('utf-8', 'replace')})"
             check(r, context)
         return Member(p.value, self, shape.resolved(), opts)
 

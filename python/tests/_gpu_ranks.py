@@ -12,13 +12,13 @@ from _ranks import compare, inputs, tables
 BARRIER = None
 
 
-def _join(rank, sock, group, shape, ngpu):
+def _join(rank, sock, group, shape, ngpu, transport=dcpx.Transport.AUTO):
     import torch
     dev = rank % ngpu
     torch.cuda.set_device(dev)
     c = dcpx.Client(sock)
     m = c.join(shape, rank=rank, group=group, backend=dcpx.Backend.CUDA,
-               device=dev, timeout_ns=5_000_000_000)
+               device=dev, timeout_ns=5_000_000_000, transport=transport)
     return c, m, torch.device("cuda", dev)
 
 
@@ -131,6 +131,37 @@ def run_push_list(rank, sock, group, shape, ngpu, calls):
         compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt,
                                           lists=lists if call % 2 else None),
                 R)
+    torch.cuda.synchronize()
+    assert m.health().ok
+    BARRIER.wait(120)  # nobody leaves while a peer still merges
+    m.leave()
+    c.close()
+    return calls
+
+
+def run_push_list_nccl(rank, sock, group, shape, ngpu, calls):
+    """push_list on the NCCL transport: NotSupported, nothing done, the
+    rank not failed (it used to mark itself FAILED and abort the group);
+    dcpx_push then works and is exact."""
+    import torch
+    c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL)
+    R, L, N = shape.rows, shape.max_local, m.shape.local_topk
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    for call in range(calls):
+        lg, en = inputs(67, call, shape.world, R, L, "random")
+        x, e = _lg(lg[rank], d), _t(en[rank], d)
+        v, i = _top_lists(lg[rank], en[rank], N)
+        try:
+            m.push_list(_lg(v, d), _t(i, d), e, call_tag=call)
+        except dcpx.NotSupported:
+            pass
+        else:
+            raise AssertionError("push_list on nccl: NotSupported not raised")
+        assert m.health().ok, "push_list on nccl failed the rank"
+        m.push(x, e, call_tag=call)
+        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
+        compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
     torch.cuda.synchronize()
     assert m.health().ok
     BARRIER.wait(120)  # nobody leaves while a peer still merges

@@ -63,8 +63,8 @@ def test_bad_shape(member):
 
 
 def test_call_order(member):
-    """A merge with no push before it, and a second push before the merge,
-    are refused at once with StateError; the rank does not fail and the
+    """A merge with no push before it (or of other rows than the push's),
+    and a second push before the merge, are refused at once with StateError; the rank does not fail and the
     calls after are exact (the merge used to wait out the group timeout
     and fail the rank)."""
     lg, en, req, bt = _args()
@@ -77,6 +77,10 @@ def test_call_order(member):
     member.push(lg, en)
     with pytest.raises(dcpx.StateError):
         member.push(lg, en)
+    # a merge of other rows than the push's (it would leave the other
+    # rows' epochs behind: a wrong result on the next call)
+    with pytest.raises(dcpx.StateError):
+        member.merge(lg[:2], en[:2], req[:2], bt)
     res = member.merge(lg, en, req, bt, sat=True)
     compare(res, dcpx.ref_call(member.shape, [lg], [en], 0, req, bt), 4)
     assert member.health().ok
@@ -166,7 +170,11 @@ def test_join_errors(daemon, group):
     with pytest.raises(dcpx.ShapeError) as ei:
         c.join(other, rank=1, group=group)
     # dcpxd's own reason (dcpx_client_last_error) is in the message
-    assert "dcpxd: shape mismatch: local_topk 3" in str(ei.value), ei.value
+    assert "shape mismatch: local_topk 3" in str(ei.value), ei.value
+    # so is libdcpx's, for a shape it refuses itself
+    bad = dcpx.Shape(world=2, rows=2, topk=8, local_topk=8, max_local=64)
+    with pytest.raises(dcpx.InvalidArgument, match="less than topk"):
+        c.join(bad, rank=1, group=group)
     with c.join(s2, rank=1, group=group) as m1:
         t.join()
         assert got.get("m") == 2, got

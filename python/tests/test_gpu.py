@@ -84,6 +84,21 @@ def test_cuda_push_list(daemon, cuda_ok, group, W):
     assert len(out) == W
 
 
+@pytest.mark.parametrize("W", sorted({1, min(2, NGPU)}))
+def test_cuda_push_list_nccl(daemon, cuda_ok, group, W):
+    """Member.push_list on the NCCL transport: NotSupported, and the rank
+    goes on with push (it used to fail and abort the group)."""
+    shape = dcpx.Shape(world=W, rows=4, topk=128, local_topk=0,
+                       block_size=16, interleave=1, max_local=1024)
+    try:
+        out = _spawn("push_list_nccl", W, daemon.socket, group, shape, calls=3)
+    except AssertionError as e:
+        if "NotSupported" in str(e) and "join" in str(e):
+            pytest.skip("libdcpx built without NCCL")
+        raise
+    assert len(out) == W
+
+
 @pytest.mark.parametrize("W", WORLDS)
 def test_cuda_graph_capture(daemon, cuda_ok, group, W):
     shape = dcpx.Shape(world=W, rows=8, topk=128, local_topk=0,
