@@ -173,7 +173,9 @@ DCPX_API uint32_t dcpx_row_words(uint32_t c);
 /* Entry j of a capacity-c list: store (ord16, l) / read it back. encode
  * sets word j and bit j of the plane; the caller zeroes the list first.
  * decode returns 1 with ret_ord16/ret_l set for a full entry, 0 for an empty
- * one, or a negative code for j >= c. */
+ * one. Both return DCPX_E_INVAL for a NULL words, j >= c or c > 4096;
+ * encode also for ord16 0 (the empty word) or above 0xFFFF, and for
+ * l >= 2^17. */
 DCPX_API int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j,
                               uint32_t ord16, uint32_t l);
 DCPX_API int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
