@@ -173,7 +173,7 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__JoinReply jr = DCPX__JOIN_REPLY__INIT;
   Dcpx__Reply rep = DCPX__REPLY__INIT;
-  char msg[384];
+  char msg[512]; /* fits dcpx_client_last_error's 512 */
   va_list ap;
 
   va_start(ap, fmt);
@@ -500,8 +500,8 @@ static void on_join_timeout(uv_timer_t *t) {
   member_detach(g, rank);
   join_refuse(c, DCPX_E_TIMEDOUT,
               "group '%s' did not form in time: %u of %u ranks joined "
-              "(ranks %s)",
-              g->name, joined, g->shape.world, k ? have : "none");
+              "(ranks %s)%s",
+              g->name, joined, g->shape.world, k ? have : "none", g->refused);
   if (g->live == 0)
     group_destroy(g);
   dcpxd_manager_update(m);
@@ -960,6 +960,10 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
                         msg, sizeof(msg));
 
   if (r < 0) {
+    if ((*g)->state == DCPXD_GROUP_FORMING)
+      snprintf((*g)->refused, sizeof((*g)->refused),
+               "; rank %u (pid %d) was refused: shape mismatch: %.180s", j->rank,
+               (int)c->pid, msg);
     join_refuse(c, r, "shape mismatch: %s", msg);
     return -1;
   }

@@ -157,6 +157,9 @@ struct dcpxd_group {
   dcpxd_member member[DCPX_MAX_WORLD];
   uint8_t nccl_id[128];
   size_t nccl_id_len;
+  /* While forming: the last join refused for its shape, told to the ranks
+   * whose join then times out ("" when none). */
+  char refused[240];
 
   /* Memory, from formation on. */
   const dcpxd_mem_ops *mem;

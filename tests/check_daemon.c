@@ -537,6 +537,31 @@ START_TEST(test_client_side_errors) {
   ck_assert_msg(strstr(dcpx_client_last_error(c),
                        "1 of 2 ranks joined (ranks 0)") != NULL,
                 "%s", dcpx_client_last_error(c));
+  /* A peer refused for its shape while the group formed: the ranks whose
+   * wait then runs out are told why (they only saw a timeout). */
+  pid_t pid = fork();
+  if (pid == 0) {
+    dcpx_client *c1;
+    dcpx_member *m1;
+    dcpx_shape other = sh;
+    dcpx_join_opts j1 = jo;
+    other.topk = sh.topk / 2;
+    j1.rank = 1;
+    usleep(100000);
+    _exit(dcpx_connect(g_sock, &c1) == 0 &&
+                  dcpx_join(c1, &other, &j1, &m1) == DCPX_E_SHAPE
+              ? 0
+              : 1);
+  }
+  jo.join_timeout_ms = 600;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_TIMEDOUT);
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ck_assert_msg(strstr(dcpx_client_last_error(c), "rank 1 (pid") &&
+                    strstr(dcpx_client_last_error(c),
+                           "was refused: shape mismatch"),
+                "%s", dcpx_client_last_error(c));
   dcpx_disconnect(c);
   daemon_stop();
 }
