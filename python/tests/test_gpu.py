@@ -93,7 +93,7 @@ def test_cuda_push_list_nccl(daemon, cuda_ok, group, W):
     try:
         out = _spawn("push_list_nccl", W, daemon.socket, group, shape, calls=3)
     except AssertionError as e:
-        if "NotSupported" in str(e) and "join" in str(e):
+        if "built without NCCL" in str(e):  # python/gpu-build.sh's build
             pytest.skip("libdcpx built without NCCL")
         raise
     assert len(out) == W
