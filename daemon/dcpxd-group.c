@@ -498,10 +498,13 @@ static void on_join_timeout(uv_timer_t *t) {
       k +=
           (size_t)snprintf(have + k, sizeof(have) - k, "%s%u", k ? "," : "", r);
   member_detach(g, rank);
+  /* A peer refused for its shape, if its rank is still missing. */
+  const char *refused =
+      g->refused[0] && !g->member[g->refused_rank].conn ? g->refused : "";
   join_refuse(c, DCPX_E_TIMEDOUT,
               "group '%s' did not form in time: %u of %u ranks joined "
               "(ranks %s)%s",
-              g->name, joined, g->shape.world, k ? have : "none", g->refused);
+              g->name, joined, g->shape.world, k ? have : "none", refused);
   if (g->live == 0)
     group_destroy(g);
   dcpxd_manager_update(m);
@@ -960,10 +963,12 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
                         msg, sizeof(msg));
 
   if (r < 0) {
-    if ((*g)->state == DCPXD_GROUP_FORMING)
+    if ((*g)->state == DCPXD_GROUP_FORMING && j->rank < (*g)->shape.world) {
+      (*g)->refused_rank = j->rank;
       snprintf((*g)->refused, sizeof((*g)->refused),
-               "; rank %u (pid %d) was refused: shape mismatch: %.180s", j->rank,
-               (int)c->pid, msg);
+               "; rank %u (pid %d) was refused: shape mismatch: %.180s",
+               j->rank, (int)c->pid, msg);
+    }
     join_refuse(c, r, "shape mismatch: %s", msg);
     return -1;
   }

@@ -157,9 +157,11 @@ struct dcpxd_group {
   dcpxd_member member[DCPX_MAX_WORLD];
   uint8_t nccl_id[128];
   size_t nccl_id_len;
-  /* While forming: the last join refused for its shape, told to the ranks
-   * whose join then times out ("" when none). */
+  /* While forming: the last join refused for its shape (its rank in
+   * refused_rank), told to the ranks whose join then times out while
+   * that rank is still missing ("" when none). */
   char refused[240];
+  uint32_t refused_rank;
 
   /* Memory, from formation on. */
   const dcpxd_mem_ops *mem;

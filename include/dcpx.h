@@ -404,10 +404,11 @@ DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
 /* Why the last dcpx_join on this client was refused: libdcpx's own reason
  * for an argument it refused itself (e.g. "local_topk 2048 must be less
  * than topk 2048"), else dcpxd's text (Reply.error, e.g. "shape mismatch:
- * topk 2048, group has 1024"), or a connection error's; NULL when the
- * last join succeeded, or nobody gave a reason (dcpx_strerror of the
- * returned code still names the error then). Valid until the next dcpx_join on the client or
- * dcpx_disconnect. Like the client, not safe to share between threads. */
+ * topk 2048 differs from group 'g': topk 1024"), or a connection
+ * error's; NULL when the last join succeeded, or nobody gave a reason
+ * (dcpx_strerror of the returned code still names the error then).
+ * Valid until the next dcpx_join on the client or dcpx_disconnect. Like
+ * the client, not safe to share between threads. */
 DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
 
 /* The warning dcpxd sent with the join reply (dcpx_shape_warning), or
@@ -452,7 +453,10 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *                   lists the peers may be reading; a merge without one,
  *                   or of more rows, would wait out the timeout; a merge
  *                   of fewer rows would leave the other rows' epochs
- *                   behind and the next call's result wrong). Not checked
+ *                   behind and could make the next call's result
+ *                   wrong). The order is checked before the call's
+ *                   arguments: a merge of more rows than R after a push
+ *                   is DCPX_E_STATE, not a refusal. Not checked
  *                   once the library cannot see every call: after
  *                   dcpx_device_ctx (its kernels push), or once a call
  *                   went into a CUDA graph capture (replays are not

@@ -305,16 +305,13 @@ static const dcpx_shape *shape_resolved(const dcpx_shape *in,
 #define JOIN_NO(code, ...)                                                   \
   do {                                                                       \
     snprintf(why, n, __VA_ARGS__);                                           \
-    DCPX_WARN("dcpx_join: %s (%s)", why, dcpx_strerror(code));               \
     return (code);                                                           \
   } while (0)
 static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o,
                       char *why, size_t n) {
   int r = dcpx__shape_why(shape, why, n);
-  if (r < 0) {
-    DCPX_WARN("dcpx_join: %s (%s)", why, dcpx_strerror(r));
-    return r;
-  }
+  if (r < 0)
+    return r; /* dcpx_join's failure log says why */
   if (!dcpx__group_name_ok(o->group))
     JOIN_NO(DCPX_E_INVAL, "the group name must be 1..63 bytes of "
                           "[A-Za-z0-9._-]");
@@ -528,8 +525,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
 
 fail:
   DCPX_WARN("dcpx_join group %s rank %u: %s%s%s", o->group ? o->group : "?",
-            o->rank, dcpx_strerror(r),
-            c->last_error[0] ? ": dcpxd says: " : "", c->last_error);
+            o->rank, dcpx_strerror(r), c->last_error[0] ? ": " : "",
+            c->last_error);
   for (int i = 0; i < nfds; i++)
     close(fds[i]);
   dcpx__frame_free(rep);

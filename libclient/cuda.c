@@ -460,14 +460,14 @@ int dcpx__cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
                          const dcpx_lists *li, void *stream) {
   struct dcpx__cuda *cu = m->cuda;
   int r;
-  m->last_rows = in->rows;
-  if ((r = push_allowed(m)) < 0)
-    return r;
   if (cu->nccl) { /* nothing done: the rank may push with dcpx_push */
     DCPX_WARN("dcpx_push_list: group %s uses the nccl transport, which "
               "dcpx_push_list does not support", m->group);
     return DCPX_E_NOSYS;
   }
+  m->last_rows = in->rows;
+  if ((r = push_allowed(m)) < 0)
+    return r;
   if (in->rows > m->shape.rows) {
     DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # python/gpu-build.sh - what the Python GPU tests load: a shared libdcpx
-# with the CUDA backend (no NCCL) and its dcpxd, built here (CUDA at
+# with the CUDA backend and NCCL (linked to libnccl.so.2, which the GPU
+# machine has in /usr/lib/x86_64-linux-gnu: 218 MB, too big to carry) and
+# its dcpxd, built here (CUDA at
 # /usr/local/cuda) into build-pygpu/ (ignored by git; carry it to the GPU
 # machine), with the shared libraries that machine lacks (protobuf-c,
 # libuv, inih, json-c). scripts/gpu-build.sh's build is static only, which
@@ -15,7 +17,7 @@ git ls-files -z --cached --others --exclude-standard |
   xargs -0 -I{} cp --parents {} "$src"
 (cd "$src" && ./autogen.sh >/dev/null 2>&1)
 cd "$bld"
-"$src/configure" -q --with-cuda --without-nccl --disable-maintainer-mode
+"$src/configure" -q --with-cuda --with-nccl --disable-maintainer-mode
 make -j"$(nproc)" libclient/libdcpx.la daemon/dcpxd >/dev/null
 out=$top/build-pygpu
 rm -rf "$out" && mkdir -p "$out/lib"

@@ -118,6 +118,7 @@ START_TEST(test_check_codes) {
   CTL(2, "health", "");
   CC_ASSERT(strstr(g_o.err, "GROUP"), "no reason: %s", g_o.err);
   CTL(2, "stats", "");
+  CTL(2, "records", "--group", "");
   CTL(2, "records", "--limit", "0"); /* was: every record */
   CC_ASSERT(strstr(g_o.err, "--limit"), "no reason: %s", g_o.err);
   CTL(3, "check", "--bogus");

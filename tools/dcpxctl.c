@@ -1118,6 +1118,9 @@ static int cmd_records(int argc, char **argv) {
   while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
     switch (opt) {
     case 'g':
+      if (!*optarg) /* "" is no name, not "every group" */
+        return usage_error("--group must not be empty (leave it out for "
+                           "every group)");
       q.group = optarg;
       break;
     case 'r':

@@ -490,7 +490,8 @@ class Member:
         and NaN; ``check_order`` (or ``DCPX_CHECK_LISTS=1``) also the
         order. Raises :class:`RangeError` for a bad list (the rank is then
         FAILED: :meth:`recover`), :class:`InvalidArgument` for a wrong
-        shape.
+        shape, :class:`NotSupported` on the NCCL transport (nothing done,
+        the rank not failed: :meth:`push` works).
         """
         if self._ptr is None:
             raise StateError(context="the member has left its group")
