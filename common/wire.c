@@ -115,6 +115,12 @@ int dcpx__shape_why(const dcpx_shape *s, char *why, size_t n) {
 
 int dcpx_shape_check(const dcpx_shape *s) { return dcpx__shape_why(s, NULL, 0); }
 
+int dcpx_shape_explain(const dcpx_shape *s, char *buf, size_t n) {
+  if (buf && n)
+    buf[0] = '\0';
+  return dcpx__shape_why(s, buf, n);
+}
+
 /* The rule for local_topk = 0 (bench/RESULTS.md, "Choosing N"): with DCP's
  * token interleave a rank's share of a row's top K is about Binomial(K,
  * 1/W), mean K/W and spread sd = sqrt(K (W-1)) / W; a rank saturates only

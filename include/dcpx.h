@@ -137,6 +137,12 @@ typedef struct dcpx_shape {
  * or DCPX_E_INVAL (NULL, wrong size, zero fields, N >= K). */
 DCPX_API int dcpx_shape_check(const dcpx_shape *shape);
 
+/* dcpx_shape_check's code, with its reason written into buf[n] (n > 0) as
+ * a NUL-terminated text naming the field and the rule ("local_topk 2048
+ * must be less than topk 2048"); "" for a valid shape. */
+DCPX_API int dcpx_shape_explain(const dcpx_shape *shape, char *buf,
+                                size_t n);
+
 /* The local_topk that a shape with local_topk = 0 gets: K/W plus three
  * standard deviations of one rank's share of a balanced row's top K,
  * rounded up to 32, below K (bench/RESULTS.md, "Choosing N"). 0 for W or K
@@ -395,8 +401,8 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
  * dcpx_shape_auto_local_topk(world, topk), the same on every rank (a rank
  * may also pass that value itself). Errors: DCPX_E_INVAL (a NULL, a
  * shape or opts `size` this library does not know, a bad name, timeout
- * or backend, the CUDA backend with device < 0), DCPX_E_SHAPE, DCPX_E_DUPRANK, DCPX_E_BADRANK,
- * DCPX_E_LIMIT, DCPX_E_TIMEDOUT, DCPX_E_VERSION, DCPX_E_NOSYS (the CUDA
+ * or backend, the CUDA backend with device < 0), DCPX_E_SHAPE,
+ * DCPX_E_DUPRANK, DCPX_E_BADRANK, DCPX_E_LIMIT, DCPX_E_TIMEDOUT, DCPX_E_VERSION, DCPX_E_NOSYS (the CUDA
  * backend in a build without it), connection errors. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
@@ -446,18 +452,19 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *   DCPX_E_STATE    out of order, on a rank that has not failed: a merge
  *                   with no dcpx_push / dcpx_push_list before it, a merge
  *                   of other `rows` than that push's, or a push while the
- *                   previous push waits for its merge (a recovery ends a
- *                   pending push). Nothing is done, nobody fails and no
- *                   recovery is needed: merge the pending push with its
- *                   rows, or push first (a second push would overwrite
- *                   lists the peers may be reading; a merge without one,
- *                   or of more rows, would wait out the timeout; a merge
- *                   of fewer rows would leave the other rows' epochs
- *                   behind and could make the next call's result
- *                   wrong). The order is checked before the call's
- *                   arguments: a merge of more rows than R after a push
- *                   is DCPX_E_STATE, not a refusal. Not checked
- *                   once the library cannot see every call: after
+ *                   previous push waits for its merge (a recovery after
+ *                   a failure ends a pending push; dcpx_recover on a
+ *                   healthy member leaves it). Nothing is done, nobody
+ *                   fails and no recovery is needed: merge the pending
+ *                   push with its rows, or push first (a second push
+ *                   would overwrite lists the peers may be reading; a
+ *                   merge without one, or of more rows, would wait out
+ *                   the timeout; a merge of fewer rows would leave the
+ *                   other rows' epochs behind and could make the next
+ *                   call's result wrong). The order is checked before
+ *                   the call's arguments: a merge of more rows than R
+ *                   after a push is DCPX_E_STATE, not a refusal. Not
+ *                   checked once the library cannot see every call: after
  *                   dcpx_device_ctx (its kernels push), or once a call
  *                   went into a CUDA graph capture (replays are not
  *                   library calls).

@@ -280,8 +280,8 @@ END_TEST
 
 /* The call order (include/dcpx.h dcpx_merge): on a healthy rank a merge
  * with no push before it (or of other rows than its push's), and a push
- * while the previous one waits for its merge, are refused at once with DCPX_E_STATE, do nothing and fail
- * nobody; the calls after are exact. Without the check the merge waited
+ * while the previous one waits for its merge, are refused at once with
+ * DCPX_E_STATE, do nothing and fail nobody; the calls after are exact. Without the check the merge waited
  * out the group timeout, recorded a timeout and failed the rank. */
 START_TEST(test_call_order) {
   const uint64_t timeout = 2000000000ull; /* 2 s */

@@ -468,6 +468,30 @@ START_TEST(test_shape_check) {
   s.topk = 1;
   s.local_topk = 1;
   ck_assert_int_eq(dcpx_shape_check(&s), DCPX_E_INVAL);
+  /* dcpx_shape_explain: the same code, and a reason naming the field. */
+  {
+    char why[200] = "x";
+    ck_assert_int_eq(dcpx_shape_explain(&s, why, sizeof(why)), DCPX_E_INVAL);
+    ck_assert_msg(strstr(why, "local_topk 1 must be less than topk 1"), "%s",
+                  why);
+    s = good_shape();
+    s.world = 17;
+    ck_assert_int_eq(dcpx_shape_explain(&s, why, sizeof(why)), DCPX_E_LIMIT);
+    ck_assert_msg(strstr(why, "world 17 exceeds the limit of 16"), "%s", why);
+    s = good_shape();
+    ck_assert_int_eq(dcpx_shape_explain(&s, why, sizeof(why)), 0);
+    ck_assert_str_eq(why, "");
+    ck_assert_int_eq(dcpx_shape_explain(NULL, why, sizeof(why)),
+                     DCPX_E_INVAL);
+    ck_assert_ptr_nonnull(strstr(why, "missing"));
+    ck_assert_int_eq(dcpx_shape_explain(&s, NULL, 0), 0); /* no buffer */
+    char tiny[8];
+    s.local_topk = s.topk;
+    ck_assert_int_eq(dcpx_shape_explain(&s, tiny, sizeof(tiny)),
+                     DCPX_E_INVAL);
+    ck_assert_uint_eq(strlen(tiny), sizeof(tiny) - 1); /* cut, terminated */
+    s = good_shape();
+  }
   /* K. */
   s = good_shape();
   s.topk = 4096;

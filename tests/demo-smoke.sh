@@ -73,6 +73,7 @@ refused() { # pattern, args...
 refused "unexpected argument 'extra'" extra
 refused "exceed int32" --world 2 --block-size 4294967295
 refused "needs --world >= 2" --world 1 --fault-at 1
+refused "local_topk 64 must be less than topk 64" --topk 64 --local-topk 64
 
 # No dcpxd: its reason is shown, and no /tmp/dcpx-demo.* folder stays.
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/demo-smoke-t.XXXXXX")
@@ -96,6 +97,39 @@ wait "$pid" || st=$?
 if [ "$st" -ne 143 ] || [ -n "$(ls -A "$tmp")" ]; then
   cat "$out"; ls -A "$tmp"
   echo "demo-smoke: FAIL: SIGTERM: exit $st" >&2
+  exit 1
+fi
+# Its dcpxd killed mid-run (the host backend's calls do not need it): the
+# ranks finish, every call is checked and exact, the death is reported
+# and the exit status is 1. The demo used to reap dcpxd as if it were a
+# rank: "exact: 0/N" and a report written while a rank still ran.
+# dcpxd is killed once the group is ready (dcpxctl groups), while the
+# 4,000 calls run.
+ctl=${DCPXCTL:-tools/dcpxctl}
+TMPDIR=$tmp "$demo" --world 2 --rows 4 --local-len 1024 --topk 64 \
+  --local-topk 32 --calls 4000 --group smoke-kill >"$out" 2>&1 &
+pid=$!
+d=
+for i in $(seq 300); do
+  s=$(ls -d "$tmp"/dcpx-demo.*/dcpxd.sock 2>/dev/null || true)
+  if [ -n "$s" ] && "$ctl" --socket "$s" groups 2>/dev/null |
+      grep -q '^smoke-kill  *ready  *[0-9]*  *2/2'; then
+    # the demo's child named dcpxd, from /proc (no procps needed)
+    for f in /proc/[0-9]*/stat; do
+      read -r p c x pp rest 2>/dev/null <"$f" || continue
+      case "$c" in *dcpxd*) [ "$pp" = "$pid" ] && d=$p ;; esac
+    done
+    break
+  fi
+  sleep 0.05
+done
+[ -n "$d" ] && kill -KILL $d
+st=0
+wait "$pid" || st=$?
+if [ -z "$d" ] || [ "$st" -ne 1 ] || ! grep -q "dcpxd was killed" "$out" ||
+    ! grep -q "^exact: 4000/4000 calls" "$out" || [ -n "$(ls -A "$tmp")" ]; then
+  cat "$out"; ls -A "$tmp"
+  echo "demo-smoke: FAIL: dcpxd killed mid-run: exit $st" >&2
   exit 1
 fi
 echo "demo-smoke: ok"

@@ -339,6 +339,9 @@ static int rank_join(rank_ctx *x) {
   x->sh->join_start[x->rank] = now_us();
   r = dcpx_join(x->cl, &x->shape, &x->jo, &x->m);
   x->sh->join_end[x->rank] = now_us();
+  if (r < 0 && dcpx_client_last_error(x->cl))
+    fprintf(stderr, "dcpx-demo: rank %u: join refused: %s\n", x->rank,
+            dcpx_client_last_error(x->cl));
   return r;
 }
 
@@ -757,11 +760,21 @@ static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n) {
       return pid;
     }
     int st;
-    if (waitpid(pid, &st, WNOHANG) == pid)
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      if (WIFEXITED(st))
+        fprintf(stderr, "dcpx-demo: %s exited with status %d at start\n",
+                bin, WEXITSTATUS(st));
+      else
+        fprintf(stderr, "dcpx-demo: %s was killed by signal %d at start\n",
+                bin, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
       return -1;
+    }
     usleep(10000);
   }
+  fprintf(stderr, "dcpx-demo: %s did not accept connections within 5 s\n",
+          bin);
   kill(pid, SIGTERM);
+  waitpid(pid, NULL, 0);
   return -1;
 }
 
@@ -941,10 +954,11 @@ static int check_opts(const opts *o) {
   probe.block_size = o->block_size ? o->block_size : 1;
   probe.interleave = o->interleave;
   probe.max_local = o->local_len;
-  int sc = dcpx_shape_check(&probe);
+  char why[200];
+  int sc = dcpx_shape_explain(&probe, why, sizeof(why));
   if (sc < 0 || !o->calls || !o->block_size) {
     fprintf(stderr, "dcpx-demo: bad shape: %s\n",
-            sc < 0 ? dcpx_strerror(sc) : "calls and block size must be > 0");
+            sc < 0 ? why : "calls and block size must be > 0");
     return 2;
   }
   /* Request t's KV blocks are ids t * cols .. (t + 1) * cols - 1, so
@@ -1019,7 +1033,11 @@ static pid_t fork_rank(const opts *o, uint32_t r, shared *sh, uint32_t first,
 /* Forks the ranks and waits for them; with --kill-at, a new process
  * replaces the killed rank. Returns how many ranks failed; after a
  * signal, every rank is killed and reaped. */
-static int run_ranks(const opts *o, shared *sh) {
+/* Runs the W rank processes to their end; returns how many failed.
+ * *daemon_pid (the private dcpxd, or 0) is a child too: if it exits
+ * during the run it is reported and set to 0 (reaped), not counted as a
+ * rank. */
+static int run_ranks(const opts *o, shared *sh, pid_t *daemon_pid) {
   pid_t kids[DCPX_MAX_WORLD];
   for (uint32_t r = 0; r < o->world; r++)
     kids[r] = fork_rank(o, r, sh, 0, 0);
@@ -1036,6 +1054,21 @@ static int run_ranks(const opts *o, shared *sh) {
             ;
       break;
     }
+    if (*daemon_pid > 0 && p == *daemon_pid) {
+      if (WIFEXITED(st))
+        fprintf(stderr, "dcpx-demo: dcpxd exited during the run (status "
+                        "%d)\n", WEXITSTATUS(st));
+      else
+        fprintf(stderr, "dcpx-demo: dcpxd was killed during the run "
+                        "(signal %d)\n", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+      *daemon_pid = 0;
+      continue;
+    }
+    uint32_t r = 0;
+    while (r < o->world && kids[r] != p)
+      r++;
+    if (r == o->world)
+      continue; /* not ours */
     if (o->kill_at >= 0 && !replaced && p == kids[o->fault_rank] &&
         WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
       /* The killed rank: a new process joins as that rank. */
@@ -1230,22 +1263,27 @@ int main(int argc, char **argv) {
     }
     o.socket = sock;
   }
+  const int own_daemon = daemon_pid > 0;
 
   rc = 1;
   shared *sh = shared_map(&o, &shbytes);
   if (sh) {
     double t_start = now_us();
-    int failed = run_ranks(&o, sh);
+    int failed = run_ranks(&o, sh, &daemon_pid);
     if (!g_signal) {
       report_perf(&o, sh, (now_us() - t_start) / 1e6);
       rc = report_calls(&o, sh, failed);
       if (report_counters(&o, sh, failed))
+        rc = 1;
+      if (own_daemon && daemon_pid == 0) /* it died: not a good run */
         rc = 1;
     }
     munmap(sh, shbytes);
   }
   if (daemon_pid > 0)
     stop_daemon(daemon_pid, dir);
+  else if (own_daemon) /* reaped already: its folder only */
+    remove_dir(dir);
   if (g_signal) {
     fprintf(stderr, "dcpx-demo: stopped by signal %d\n", (int)g_signal);
     catch_signals(SIG_DFL);

@@ -156,6 +156,7 @@ _PROTOS = {
     "dcpx_version": (c_char_p, []),
     "dcpx_struct_size": (c_size_t, [c_uint32]),
     "dcpx_shape_check": (c_int, [POINTER(DcpxShapeC)]),
+    "dcpx_shape_explain": (c_int, [POINTER(DcpxShapeC), c_char_p, c_size_t]),
     "dcpx_shape_auto_local_topk": (c_uint32, [c_uint32, c_uint32]),
     "dcpx_bf16_isnan": (c_int, [c_uint32]),
     "dcpx_ord16": (c_uint32, [c_uint32]),

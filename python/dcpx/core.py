@@ -67,8 +67,15 @@ def strerror(code: int) -> str:
 
 def auto_local_topk(world: int, topk: int) -> int:
     """The N that ``local_topk=0`` gets (``dcpx_shape_auto_local_topk``);
-    0 for W or K out of range."""
-    return int(lib().dcpx_shape_auto_local_topk(int(world), int(topk)))
+    0 for W or K out of range; InvalidArgument for a non-integer."""
+    for x, what in ((world, "world"), (topk, "topk")):
+        if isinstance(x, bool) or not hasattr(x, "__index__"):
+            raise InvalidArgument(context=f"auto_local_topk: {what} {x!r} "
+                                  "is not an integer")
+    w, k = operator.index(world), operator.index(topk)
+    if not (0 <= w <= 0xFFFFFFFF and 0 <= k <= 0xFFFFFFFF):
+        return 0  # out of range (a uint32 would wrap it into range)
+    return int(lib().dcpx_shape_auto_local_topk(w, k))
 
 
 @dataclass
@@ -117,9 +124,12 @@ class Shape:
     def check(self) -> None:
         """Raises :class:`LimitError` / :class:`InvalidArgument` if the
         shape (after resolving ``local_topk=0``) is not within dcpx limits
-        (``dcpx_shape_check``)."""
+        (``dcpx_shape_explain``: the message names the field and the
+        rule)."""
         c = self.resolved()._c()
-        check(lib().dcpx_shape_check(ctypes.byref(c)), "shape check")
+        why = ctypes.create_string_buffer(200)
+        r = lib().dcpx_shape_explain(ctypes.byref(c), why, len(why))
+        check(r, "shape check: " + why.value.decode("utf-8", "replace"))
 
 
 def _tag(call_tag: Any) -> int:
@@ -281,8 +291,13 @@ class Client:
         NotSupported (backend not built), InvalidArgument, ..."""
         if self._ptr is None:
             raise StateError(context="Client is closed")
+        if options is not None and not isinstance(options, JoinOptions):
+            raise InvalidArgument(context="options must be a "
+                                  "dcpx.JoinOptions")
+        # A copy: the member keeps its options (recover() reads the
+        # device), and the caller may reuse the object for the next join.
         opts = JoinOptions(**kw) if options is None else \
-            (JoinOptions(**{**options.__dict__, **kw}) if kw else options)
+            JoinOptions(**{**options.__dict__, **kw})
         if not isinstance(shape, Shape):
             raise InvalidArgument(context="shape must be a dcpx.Shape")
         cs = shape._c()
@@ -806,6 +821,10 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     those (the result "exact for the lists given", docs/PROTOCOL.md
     5.8)."""
     import numpy as np
+    if stats is not None and (not hasattr(stats, "__setitem__") or
+                              len(stats) < 3):
+        raise InvalidArgument(context="ref_call: stats must be a list of "
+                              "three ints")
     s = shape.resolved()
     W = s.world
     if len(logits) != W or len(row_ends) != W:

@@ -93,8 +93,15 @@ def test_shape_defaults_and_auto_n(libdcpx):
     s.check()
     with pytest.raises(dcpx.LimitError):
         dcpx.Shape(world=17, rows=1, topk=4, local_topk=1).check()
-    with pytest.raises(dcpx.InvalidArgument):
+    with pytest.raises(dcpx.InvalidArgument,
+                       match="local_topk 4 must be less than topk 4"):
         dcpx.Shape(world=2, rows=1, topk=4, local_topk=4).check()
+    # out of range: 0, not wrapped into range as a uint32 (was 320 for
+    # 2**32 + 8, the value for W = 8)
+    assert dcpx.auto_local_topk(2**32 + 8, 2048) == 0
+    assert dcpx.auto_local_topk(-(2**32) + 8, 2048) == 0
+    with pytest.raises(dcpx.InvalidArgument):
+        dcpx.auto_local_topk(8.0, 2048)
     with pytest.raises(dcpx.InvalidArgument):
         dcpx.Shape(world=-1).check()
     o = dcpx.JoinOptions()

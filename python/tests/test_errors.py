@@ -64,9 +64,9 @@ def test_bad_shape(member):
 
 def test_call_order(member):
     """A merge with no push before it (or of other rows than the push's),
-    and a second push before the merge, are refused at once with StateError; the rank does not fail and the
-    calls after are exact (the merge used to wait out the group timeout
-    and fail the rank)."""
+    and a second push before the merge, are refused at once with
+    StateError; the rank does not fail and the calls after are exact (the
+    merge used to wait out the group timeout and fail the rank)."""
     lg, en, req, bt = _args()
     t0 = time.monotonic()
     with pytest.raises(dcpx.StateError) as ei:
@@ -133,8 +133,17 @@ def test_join_errors(daemon, group):
         with pytest.raises(dcpx.LimitError):
             c.join(dcpx.Shape(rows=2, max_local=64, **big), rank=0,
                    group=group)
-    with pytest.raises(dcpx.InvalidArgument):
+    with pytest.raises(dcpx.InvalidArgument, match="group name"):
         c.join(s2, rank=0, group="bad name!")
+    # the options object is copied: reusing it for another join does not
+    # change the member that joined with it (it used to be kept as is)
+    o = dcpx.JoinOptions(group=group + "-opts", rank=0)
+    with c.join(s1 := dcpx.Shape(world=1, rows=2, topk=8, local_topk=2,
+                                 max_local=64), o) as m:
+        o.group, o.rank = "other", 3
+        assert m.rank == 0 and m.options.group == group + "-opts"
+    with pytest.raises(dcpx.InvalidArgument, match="JoinOptions"):
+        c.join(s1, {"rank": 0})
     with pytest.raises(dcpx.InvalidArgument):
         c.join(s2, rank=0, group=group, timeout_ns=10)
     with pytest.raises(dcpx.TransportError):
