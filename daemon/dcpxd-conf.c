@@ -402,9 +402,11 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
     return set_string(&c->socket_path, v);
   }
   if (strcmp(key, "socket-mode") == 0) {
-    if (dcpxd_parse_u64(v, 8, &u) < 0 || u > 07777)
-      return log_error_errno(
-          -EINVAL, "%s: socket-mode '%s' is not an octal mode", where, v);
+    if (dcpxd_parse_u64(v, 8, &u) < 0 || u > 0777)
+      return log_error_errno(-EINVAL,
+                             "%s: socket-mode '%s' is not an octal mode of "
+                             "permission bits (0..0777)",
+                             where, v);
     if (!(u & 0022) && !(u & 0200))
       log_warning("%s: socket-mode %04o lets nobody but root connect "
                   "(connecting needs write permission)",

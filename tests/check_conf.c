@@ -208,6 +208,10 @@ START_TEST(test_bad_values) {
   expect_error_str("poll-ms = 9\n", 1, "poll-ms '9' must be 1..5");
   expect_error_str("\nsocket-mode = 0999\n", 2,
                    "socket-mode '0999' is not an octal mode");
+  /* setuid, setgid and sticky bits mean nothing on a socket: refused (a
+   * mode of 07777 was accepted) */
+  expect_error_str("\nsocket-mode = 07777\n", 2,
+                   "socket-mode '07777' is not an octal mode of permission");
   expect_error_str("enable-fault-injection = maybe\n", 1,
                    "'maybe' is not a boolean");
   expect_error_str("log-level = loud\n", 1, "unknown log-level 'loud'");
