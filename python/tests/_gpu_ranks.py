@@ -22,6 +22,14 @@ def _join(rank, sock, group, shape, ngpu, transport=dcpx.Transport.AUTO):
     return c, m, torch.device("cuda", dev)
 
 
+def _leave(c, m):
+    """Leaves once every rank is done: nobody leaves while a peer still
+    merges."""
+    BARRIER.wait(120)
+    m.leave()
+    c.close()
+
+
 def _host(res):
     return dcpx.MergeResult(*[None if x is None else x.cpu().numpy()
                               for x in res])
@@ -78,9 +86,7 @@ def run_eager(rank, sock, group, shape, ngpu, calls):
             raise AssertionError(f"{cls.__name__} not raised")
     torch.cuda.synchronize()
     assert m.health().calls >= 0
-    BARRIER.wait(120)  # nobody leaves while a peer still merges
-    m.leave()
-    c.close()
+    _leave(c, m)
     return calls
 
 
@@ -133,9 +139,7 @@ def run_push_list(rank, sock, group, shape, ngpu, calls):
                 R)
     torch.cuda.synchronize()
     assert m.health().ok
-    BARRIER.wait(120)  # nobody leaves while a peer still merges
-    m.leave()
-    c.close()
+    _leave(c, m)
     return calls
 
 
@@ -164,9 +168,7 @@ def run_push_list_nccl(rank, sock, group, shape, ngpu, calls):
         compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
     torch.cuda.synchronize()
     assert m.health().ok
-    BARRIER.wait(120)  # nobody leaves while a peer still merges
-    m.leave()
-    c.close()
+    _leave(c, m)
     return calls
 
 
@@ -211,9 +213,7 @@ def run_graph(rank, sock, group, shape, ngpu, calls):
         times.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
         compare(_host(out), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
-    BARRIER.wait(120)  # nobody leaves while a peer still merges
-    m.leave()
-    c.close()
+    _leave(c, m)
     return calls, float(np.median(times) * 1e6)
 
 
@@ -246,7 +246,5 @@ def run_compile(rank, sock, group, shape, ngpu, calls):
         got = dcpx.MergeResult(r.cpu().numpy(), v.cpu().numpy(),
                                i.cpu().numpy(), s.cpu().numpy())
         compare(got, dcpx.ref_call(shape, lg, en, rank, req, bt), R)
-    BARRIER.wait(120)  # nobody leaves while a peer still merges
-    m.leave()
-    c.close()
+    _leave(c, m)
     return calls
