@@ -491,6 +491,7 @@ DCPX_D void merge_row_failed(const dcpx_kctx *c, const dcpx_wctx *wc, uint32_t t
                              uint32_t K, uint32_t sw, int32_t *rows_out,
                              int32_t *valid_out, int32_t *ids_out,
                              uint32_t *sat_out) {
+  dcpx_dev_pdl_wait(); /* the caller's outputs: as for a row that ends well */
 #pragma unroll 1
   for (uint32_t p = threadIdx.x; p < K; p += blockDim.x) {
     rows_out[(uint64_t)t * K + p] = -1;
@@ -560,10 +561,11 @@ static __global__ void __launch_bounds__(NT, MT / NT)
   __shared__ char *peer[DCPX_MAX_WORLD];
   __shared__ __align__(16) unsigned long long snap[4]; /* counters, block 0 */
   __shared__ uint32_t hook_armed; /* fault_armed as read, block 0 */
-  /* The row's seq2 word (in a 16-byte chunk) and row_ends word, copied in
-   * by thread 0 at the row's start with cp.async: a rescue does not wait
-   * for two dependent global loads after round 1. */
-  __shared__ __align__(16) uint32_t rowq[8];
+  /* The row's seq2 word (in a 16-byte chunk), copied in by thread 0 at
+   * the row's start with cp.async: a rescue does not wait for a dependent
+   * global load after round 1 (row_ends[t], the caller's, is loaded into
+   * a register after the poll's PDL wait, long before round 1 ends). */
+  __shared__ __align__(16) uint32_t rowq[4];
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -612,7 +614,6 @@ static __global__ void __launch_bounds__(NT, MT / NT)
 #pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t e = dcpx_dev_epoch_next(epoch[t]);
-    const int32_t req = req_id[t]; /* used after the poll */
     const dcpx_wctx wc = merge_wctx(&c, t, hook_s, &bw);
     uint32_t sw = 0, mask = 0, kmn = 0xFFFFu, kmx = 0, total = 0, T1 = 0;
     int ok = 0;
@@ -621,7 +622,6 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       dcpx_dev_wait_begin(&bw);
       kmin_s = 0xFFFFu;
       dcpx_dev_async16(rowq, ws + c.L.off_seq2 + 4u * (t & ~3u));
-      dcpx_dev_async4(rowq + 4, row_ends + t);
     }
     if (tid < W) {
       pm.src[tid] = ws + c.L.off_ll + dcpx_ll_offset(&c.L, e & 1u, tid, t, 0);
@@ -660,8 +660,18 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       merge_prof(&b, t, 1);
       if (bw.fail)
         break;
-      /* The request's block-table row, read at the end: into L1 now (here,
-       * not at the row's start, whose barrier would wait for req_id[t]). */
+      /* The caller's memory (req_id, row_ends, the block table, the
+       * outputs) is read and written only from here, once the grid before
+       * this merge on the stream has completed (PDL): a kernel of the
+       * engine's between the push and the merge that lets its dependents
+       * launch early may still write the inputs or read the last call's
+       * outputs (with the push before it, the wait is over by now: the
+       * poll saw its lists). The early rescue list reads the row before:
+       * the push's logits and row_ends, which the push itself read. */
+      dcpx_dev_pdl_wait();
+      const int32_t req = req_id[t];
+      const int32_t row_end = row_ends[t]; /* for a rescue, after round 1 */
+      /* The request's block-table row, read at the end: into L1 now. */
       if (req >= 0 && (uint32_t)req < bt_rows)
 #pragma unroll 1
         for (uint32_t x = tid * 32u; x < bt_cols; x += NT * 32u)
@@ -678,7 +688,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       }
       merge_prof(&b, t, 2);
       if (mask) {
-        const uint32_t len = dcpx_dev_row_len((int32_t)rowq[4], max_len);
+        const uint32_t len = dcpx_dev_row_len(row_end, max_len);
         if (!merge_rescue(&b, &wc, t, mask, T1,
                           dcpx_dev_epoch_next(rowq[t & 3u]),
                           logits + (uint64_t)t * stride, len, EARLY,
@@ -815,14 +825,16 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
   int r = dcpx_k_ctx_check(c);
   if (r < 0)
     return r;
-  if (rows > c->rows_max || !logits || !stride || !row_ends || !req_id ||
-      !block_table || !bt_rows || !bt_cols || !rows_out || !valid_out)
+  if (rows > c->rows_max)
+    return DCPX_E_INVAL;
+  if (rows == 0) /* nothing to read or write: NULL pointers are fine */
+    return 0;
+  if (!logits || !stride || !row_ends || !req_id || !block_table ||
+      !bt_rows || !bt_cols || !rows_out || !valid_out)
     return DCPX_E_INVAL;
   const merge_plan p = plan_of(c);
   if (!p.in_smem && !c->stage)
     return DCPX_E_INVAL;
-  if (rows == 0)
-    return 0;
   uint32_t grid = rows;
   if (c->max_blocks && c->max_blocks < grid)
     grid = c->max_blocks;

@@ -209,7 +209,9 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
   int r = dcpx_k_ctx_check(c);
   if (r < 0)
     return r;
-  if (rows > c->rows_max || !logits || !stride || !row_ends)
+  /* An empty call reads no row: its pointers may be NULL (an empty
+   * tensor's), as with the host backend and the NCCL transport. */
+  if (rows > c->rows_max || (rows && (!logits || !stride || !row_ends)))
     return DCPX_E_INVAL;
   /* rows == 0 still launches one block: an empty call is a call, and
    * block 0 advances the call sequence (as the host backend does). */

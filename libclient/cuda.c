@@ -72,6 +72,7 @@ struct dcpx__cuda {
    * such a call selects a rescue list from the logits (push_list.cu). */
   dcpx_kctx kx;
   int list_push, device_ctx;
+  CUcontext ctx; /* the member's device's primary context */
 };
 
 static dcpx_cuda_drv D; /* common/cuda_drv.h */
@@ -268,7 +269,8 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   m->cuda = cu;
   cu->device = m->device;
   cudaGetDevice(&prev);
-  if (!CUDA_OK(cudaSetDevice(cu->device))) {
+  if (!CUDA_OK(cudaSetDevice(cu->device)) ||
+      !DRV_OK(D.ctx_get(&cu->ctx)) || !cu->ctx) {
     r = DCPX_E_CUDA;
     goto out;
   }
@@ -428,8 +430,8 @@ int dcpx__cuda_capturing(void *stream) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
-                    void *stream) {
+static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
+                     void *stream) {
   int r;
   m->last_rows = in->rows;
   if ((r = push_allowed(m)) < 0)
@@ -456,8 +458,8 @@ int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
   return r;
 }
 
-int dcpx__cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
-                         const dcpx_lists *li, void *stream) {
+static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
+                          const dcpx_lists *li, void *stream) {
   struct dcpx__cuda *cu = m->cuda;
   int r;
   if (cu->nccl) { /* nothing done: the rank may push with dcpx_push */
@@ -500,8 +502,8 @@ int dcpx__cuda_device_ctx(struct dcpx_member *m, dcpx_device *ret) {
   return 0;
 }
 
-int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
-                     const dcpx_merge_out *out, void *stream) {
+static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
+                      const dcpx_merge_out *out, void *stream) {
   int r;
   /* in->call_tag: records carry the device call sequence (layout.h) */
   m->last_rows = in->rows;
@@ -539,8 +541,7 @@ int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
 /* Drains the stream, but never for longer than timeout_ms: an NCCL
  * collective whose peer died can wait forever (it has no timeout of its
  * own over P2P), and recovery must not hang on it. */
-int dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms) {
-  (void)m;
+static int cuda_sync(void *stream, uint32_t timeout_ms) {
   for (uint64_t waited_us = 0;; waited_us += 100) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
     if (e == cudaSuccess)
@@ -556,4 +557,55 @@ int dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms) {
     }
     usleep(100);
   }
+}
+
+/* Each call runs with the member's device's context current on the
+ * calling thread and gives the caller's back (none included): a thread
+ * whose current context is another GPU's, or none (a new thread starts on
+ * device 0), would launch the kernels there, where the workspaces are not
+ * mapped, and with the legacy or per-thread stream it would not even be
+ * refused. Two driver calls on thread state when the context differs, one
+ * when not: no syscall, legal under capture. */
+static CUcontext ctx_enter(const struct dcpx__cuda *cu) {
+  CUcontext cur = NULL;
+  if (D.ctx_get(&cur) != CUDA_SUCCESS || cur == cu->ctx)
+    return cu->ctx;
+  (void)D.ctx_set(cu->ctx); /* if it failed, the launch says so */
+  return cur;
+}
+
+static void ctx_leave(const struct dcpx__cuda *cu, CUcontext prev) {
+  if (prev != cu->ctx)
+    (void)D.ctx_set(prev);
+}
+
+int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,
+                    void *stream) {
+  const CUcontext prev = ctx_enter(m->cuda);
+  const int r = cuda_push(m, in, stream);
+  ctx_leave(m->cuda, prev);
+  return r;
+}
+
+int dcpx__cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
+                         const dcpx_lists *li, void *stream) {
+  const CUcontext prev = ctx_enter(m->cuda);
+  const int r = cuda_push_list(m, in, li, stream);
+  ctx_leave(m->cuda, prev);
+  return r;
+}
+
+int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
+                     const dcpx_merge_out *out, void *stream) {
+  const CUcontext prev = ctx_enter(m->cuda);
+  const int r = cuda_merge(m, in, out, stream);
+  ctx_leave(m->cuda, prev);
+  return r;
+}
+
+int dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms) {
+  const CUcontext prev = ctx_enter(m->cuda);
+  const int r = cuda_sync(stream, timeout_ms);
+  ctx_leave(m->cuda, prev);
+  return r;
 }

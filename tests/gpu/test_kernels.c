@@ -1284,6 +1284,17 @@ static int run_args(void) {
             DCPX_E_INVAL);
   EXPECT_RC(dcpx_k_push(&c, 1, NULL, 64, g.d_ends[0], 0), DCPX_E_INVAL);
   EXPECT_RC(dcpx_k_push(&c, 0, gg_dlogits(&g, 0), 64, g.d_ends[0], 0), 0);
+  /* An empty call may pass NULL (an empty tensor's data pointer) and
+   * stride 0: it reads no row (it was DCPX_E_INVAL, and the library then
+   * failed the rank). */
+  EXPECT_RC(dcpx_k_push(&c, 0, NULL, 0, NULL, 0), 0);
+  EXPECT_RC(dcpx_k_merge(&c, 0, NULL, 0, NULL, NULL, NULL, 0, 0, NULL, NULL,
+                         NULL, NULL, 0),
+            0);
+  EXPECT_RC(dcpx_k_merge(&c, 5, NULL, 0, NULL, NULL, NULL, 0, 0, NULL, NULL,
+                         NULL, NULL, 0),
+            DCPX_E_INVAL);
+  CK(cudaDeviceSynchronize());
   c.L.rw_n++;
   EXPECT_RC(dcpx_k_push(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], 0),
             DCPX_E_INVAL);
