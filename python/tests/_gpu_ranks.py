@@ -172,6 +172,37 @@ def run_push_list_nccl(rank, sock, group, shape, ngpu, calls):
     return calls
 
 
+def run_other_device(rank, sock, group, shape, ngpu, calls):
+    """The member's GPU is not the calling thread's current one (the
+    engine's thread sits on another GPU), and the calls use that GPU's
+    default (legacy) stream: every call still runs on the member's GPU,
+    exact, and the thread's current device stays as the caller set it
+    (the kernels used to go to the current GPU, where nothing is
+    mapped)."""
+    import torch
+    dev, other = (rank + 1) % ngpu, rank % ngpu
+    torch.cuda.set_device(dev)
+    c = dcpx.Client(sock)
+    m = c.join(shape, rank=rank, group=group, backend=dcpx.Backend.CUDA,
+               device=dev, timeout_ns=5_000_000_000)
+    d = torch.device("cuda", dev)
+    R, L = shape.rows, shape.max_local
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    torch.cuda.set_device(other)
+    for call in range(calls):
+        lg, en = inputs(71, call, shape.world, R, L, "random")
+        x, e = _lg(lg[rank], d), _t(en[rank], d)
+        m.push(x, e, call_tag=call)
+        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
+        assert torch.cuda.current_device() == other
+        compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+    torch.cuda.synchronize(d)
+    assert m.health().ok
+    _leave(c, m)
+    return calls
+
+
 def run_graph(rank, sock, group, shape, ngpu, calls):
     """push + merge captured once in a CUDA graph, replayed per call with
     new inputs copied into the static buffers."""

@@ -99,6 +99,15 @@ def test_cuda_push_list_nccl(daemon, cuda_ok, group, W):
     assert len(out) == W
 
 
+@pytest.mark.skipif(NGPU < 2, reason="needs two GPUs")
+def test_cuda_other_current_device(daemon, cuda_ok, group):
+    """Calls from a thread whose current GPU is not the member's, on the
+    default stream: run on the member's GPU, exact."""
+    shape = dcpx.Shape(world=2, rows=4, topk=128, local_topk=0,
+                       block_size=16, interleave=1, max_local=1024)
+    _spawn("other_device", 2, daemon.socket, group, shape, calls=3)
+
+
 @pytest.mark.parametrize("W", WORLDS)
 def test_cuda_graph_capture(daemon, cuda_ok, group, W):
     shape = dcpx.Shape(world=W, rows=8, topk=128, local_topk=0,
