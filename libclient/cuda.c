@@ -105,10 +105,13 @@ static void load_once(void) {
 
 void dcpx__cuda_fini(struct dcpx_member *m) {
   struct dcpx__cuda *cu = m->cuda;
-  int prev = -1;
+  CUcontext prev = NULL;
   if (!cu)
     return;
-  cudaGetDevice(&prev);
+  /* The caller's context is given back as it was, none included: a
+   * cudaSetDevice to "the previous device" would make a context on GPU 0
+   * for a thread that had none (cudaGetDevice says 0 then). */
+  (void)D.ctx_get(&prev);
   cudaSetDevice(cu->device);
 #ifdef HAVE_NCCL
   if (cu->nccl && m->hdr && m->hdr->abort) {
@@ -141,8 +144,7 @@ void dcpx__cuda_fini(struct dcpx_member *m) {
     if (cu->h[d])
       D.release(cu->h[d]);
   }
-  if (prev >= 0)
-    cudaSetDevice(prev);
+  (void)D.ctx_set(prev);
   free(cu);
   m->cuda = NULL;
 }
@@ -241,11 +243,13 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
                     size_t nccl_id_len) {
   const uint32_t W = m->shape.world;
   struct dcpx__cuda *cu;
-  int prev = -1, r = 0, n = 0;
+  CUcontext prev = NULL; /* the caller's, given back (dcpx__cuda_fini) */
+  int r = 0, n = 0;
 
   pthread_once(&D_once, load_once);
   if (D_status < 0)
     return D_status;
+  (void)D.ctx_get(&prev);
   if (m->device < 0 || !CUDA_OK(cudaGetDeviceCount(&n)) || m->device >= n) {
     DCPX_WARN("CUDA device %d: not usable (%d devices)", m->device, n);
     return DCPX_E_CUDA;
@@ -268,7 +272,6 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     return DCPX_E_NOMEM;
   m->cuda = cu;
   cu->device = m->device;
-  cudaGetDevice(&prev);
   if (!CUDA_OK(cudaSetDevice(cu->device)) ||
       !DRV_OK(D.ctx_get(&cu->ctx)) || !cu->ctx) {
     r = DCPX_E_CUDA;
@@ -396,10 +399,9 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   cu->kx.klist = NULL;
   r = dcpx_k_ctx_check(k);
 out:
-  if (prev >= 0)
-    cudaSetDevice(prev);
   if (r < 0)
     dcpx__cuda_fini(m);
+  (void)D.ctx_set(prev);
   return r;
 }
 
