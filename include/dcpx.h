@@ -353,8 +353,15 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * The call path (dcpx_push, dcpx_merge) never allocates and never enters
  * the kernel except in a wait that has spun without success (it then
  * yields the CPU). With the CUDA backend both only enqueue kernels on
- * `stream` (a cudaStream_t) and are capturable into CUDA graphs; with the
- * host backend they run on the calling thread and `stream` is ignored.
+ * `stream` (a cudaStream_t of the member's device, or 0 / the per-thread
+ * default stream, which are then the member's device's) and are
+ * capturable into CUDA graphs; every CUDA call of the library makes the
+ * member's device's context current for its duration and gives the
+ * caller's back as it was (none included), so the calling thread may sit
+ * on any GPU. All pointers of a call are memory of the member's device
+ * (the kernels read and write them as such); an empty call (rows 0) may
+ * pass NULL ones. With the host backend they run on the calling thread
+ * and `stream` is ignored.
  */
 
 typedef struct dcpx_client dcpx_client;
