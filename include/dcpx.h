@@ -359,8 +359,8 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * member's device's context current for its duration and gives the
  * caller's back as it was (none included), so the calling thread may sit
  * on any GPU. All pointers of a call are memory of the member's device
- * (the kernels read and write them as such); an empty call (rows 0) may
- * pass NULL ones. With the host backend they run on the calling thread
+ * (the kernels read and write them as such), aligned to their element
+ * (else DCPX_E_INVAL); an empty call (rows 0) may pass NULL ones. With the host backend they run on the calling thread
  * and `stream` is ignored.
  */
 

@@ -213,6 +213,10 @@ int dcpx_k_push(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
    * tensor's), as with the host backend and the NCCL transport. */
   if (rows > c->rows_max || (rows && (!logits || !stride || !row_ends)))
     return DCPX_E_INVAL;
+  /* bf16 and int32 arrays: an odd or unaligned address would fault in the
+   * kernel (a misaligned access kills the engine's context). */
+  if (((uintptr_t)logits & 1u) || ((uintptr_t)row_ends & 3u))
+    return DCPX_E_INVAL;
   /* rows == 0 still launches one block: an empty call is a call, and
    * block 0 advances the call sequence (as the host backend does). */
   cudaLaunchAttribute pdl;

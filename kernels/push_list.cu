@@ -66,6 +66,9 @@ int dcpx_k_push_list(const dcpx_kctx *c, uint32_t rows,
     return r;
   if (rows > c->rows_max || (rows && (!values || !indices || !row_ends)))
     return DCPX_E_INVAL;
+  if (((uintptr_t)values & 1u) ||
+      (((uintptr_t)indices | (uintptr_t)row_ends) & 3u))
+    return DCPX_E_INVAL; /* misaligned: would fault in the kernel */
   dcpx_device dev;
   dcpx_k_device(c, &dev);
   cudaLaunchAttribute pdl;

@@ -1294,6 +1294,19 @@ static int run_args(void) {
   EXPECT_RC(dcpx_k_merge(&c, 5, NULL, 0, NULL, NULL, NULL, 0, 0, NULL, NULL,
                          NULL, NULL, 0),
             DCPX_E_INVAL);
+  /* Misaligned arrays are refused (they faulted in the kernel). */
+  EXPECT_RC(dcpx_k_push(&c, 1, (const uint16_t *)((const char *)
+                                                  gg_dlogits(&g, 0) + 1),
+                        64, g.d_ends[0], 0),
+            DCPX_E_INVAL);
+  EXPECT_RC(dcpx_k_push(&c, 1, gg_dlogits(&g, 0), 64,
+                        (const int32_t *)((const char *)g.d_ends[0] + 2), 0),
+            DCPX_E_INVAL);
+  EXPECT_RC(dcpx_k_merge(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0],
+                         g.d_req[0], g.d_bt[0], g.bt_rows, g.bt_cols,
+                         (int32_t *)((char *)g.d_rows[0] + 2), g.d_valid[0],
+                         NULL, NULL, 0),
+            DCPX_E_INVAL);
   CK(cudaDeviceSynchronize());
   c.L.rw_n++;
   EXPECT_RC(dcpx_k_push(&c, 1, gg_dlogits(&g, 0), 64, g.d_ends[0], 0),
