@@ -599,7 +599,7 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
 static int call_order(dcpx_member *m, const char *fn, int merge,
                       const dcpx_call *in, void *stream) {
 #ifdef HAVE_CUDA
-  if (m->cuda && !m->order_off && dcpx__cuda_capturing(stream))
+  if (m->cuda && !m->order_off && dcpx__cuda_capturing(m, stream))
     m->order_off = 1;
 #else
   (void)stream;

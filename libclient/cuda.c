@@ -423,7 +423,7 @@ static int push_allowed(const struct dcpx_member *m) {
   return 0;
 }
 
-int dcpx__cuda_capturing(void *stream) {
+static int cuda_capturing(void *stream) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (!stream) /* the legacy stream: a launch under capture fails anyway */
     return 0;
@@ -579,6 +579,13 @@ static CUcontext ctx_enter(const struct dcpx__cuda *cu) {
 static void ctx_leave(const struct dcpx__cuda *cu, CUcontext prev) {
   if (prev != cu->ctx)
     (void)D.ctx_set(prev);
+}
+
+int dcpx__cuda_capturing(struct dcpx_member *m, void *stream) {
+  const CUcontext prev = ctx_enter(m->cuda);
+  const int r = cuda_capturing(stream);
+  ctx_leave(m->cuda, prev);
+  return r;
 }
 
 int dcpx__cuda_push(struct dcpx_member *m, const dcpx_call *in,

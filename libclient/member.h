@@ -136,9 +136,10 @@ dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                  const dcpx_merge_out *out, void *stream);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms);
-/* 1 when stream is capturing into a CUDA graph (or its state cannot be
- * told), else 0. */
-__attribute__((visibility("hidden"))) int dcpx__cuda_capturing(void *stream);
+/* 1 when stream (of m's device, or 0) is capturing into a CUDA graph (or
+ * its state cannot be told), else 0. */
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_capturing(struct dcpx_member *m, void *stream);
 
 /* nccl.c (HAVE_NCCL only). unique_id: an ncclUniqueId (rank 0, before its
  * Join). init: ncclCommInitRank on `device` (blocks until all W ranks
