@@ -278,11 +278,28 @@ START_TEST(test_exact_random) {
 }
 END_TEST
 
+/* Rank d's merge of the group's rows `rows` into its outputs. */
+static int merge_of(group *g, uint32_t d, uint32_t rows) {
+  return t_merge(g->m[d], rows, g->logits[d], g->stride, g->ends[d], g->req,
+                 g->bt, g->bt_rows, g->bt_cols, g->rows_out[d], g->valid[d],
+                 g->ids[d], g->sat[d], 0, NULL);
+}
+
+/* The call whose push rank 0 has made already: the others push, all
+ * merge, and the result is checked. */
+static void finish_call_of_rank0(group *g, const char *what) {
+  g->pushed = 1u << 0;
+  run_call(g);
+  g->pushed = 0;
+  check_exact(g, what);
+}
+
 /* The call order (include/dcpx.h dcpx_merge): on a healthy rank a merge
  * with no push before it (or of other rows than its push's), and a push
  * while the previous one waits for its merge, are refused at once with
- * DCPX_E_STATE, do nothing and fail nobody; the calls after are exact. Without the check the merge waited
- * out the group timeout, recorded a timeout and failed the rank. */
+ * DCPX_E_STATE, do nothing and fail nobody; the calls after are exact.
+ * Without the check the merge waited out the group timeout, recorded a
+ * timeout and failed the rank. */
 START_TEST(test_call_order) {
   const uint64_t timeout = 2000000000ull; /* 2 s */
   group g;
@@ -292,10 +309,7 @@ START_TEST(test_call_order) {
   g.rows = 3;
   fill(&g, 21, 0);
   uint64_t t0 = mono_ns();
-  ck_assert_int_eq(t_merge(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
-                           g.req, g.bt, g.bt_rows, g.bt_cols, g.rows_out[0],
-                           g.valid[0], g.ids[0], g.sat[0], 0, NULL),
-                   DCPX_E_STATE);
+  ck_assert_int_eq(merge_of(&g, 0, g.rows), DCPX_E_STATE);
   ck_assert_uint_lt(mono_ns() - t0, timeout / 10);
   ck_assert_uint_eq(h[0].failed, 0);
   ck_assert_uint_eq(h[0].alarm, 0);
@@ -320,10 +334,7 @@ START_TEST(test_call_order) {
   memcpy(g.logits[0], keep, lbytes);
   free(keep);
   ck_assert_uint_eq(h[0].failed, 0);
-  g.pushed = 1u << 0;
-  run_call(&g);
-  g.pushed = 0;
-  check_exact(&g, "after a second push");
+  finish_call_of_rank0(&g, "after a second push");
   /* A merge of other rows than its push's is refused, the push stays
    * pending, and its merge with the push's rows is exact; so is the next
    * call of all rows. Without the check a merge of fewer rows left the
@@ -336,18 +347,11 @@ START_TEST(test_call_order) {
                    0);
   for (uint32_t rows = 1; rows <= 3; rows += 2) {
     t0 = mono_ns();
-    ck_assert_int_eq(t_merge(g.m[0], rows, g.logits[0], g.stride, g.ends[0],
-                             g.req, g.bt, g.bt_rows, g.bt_cols,
-                             g.rows_out[0], g.valid[0], g.ids[0], g.sat[0],
-                             0, NULL),
-                     DCPX_E_STATE);
+    ck_assert_int_eq(merge_of(&g, 0, rows), DCPX_E_STATE);
     ck_assert_uint_lt(mono_ns() - t0, timeout / 10);
   }
   ck_assert_uint_eq(h[0].failed, 0);
-  g.pushed = 1u << 0;
-  run_call(&g);
-  g.pushed = 0;
-  check_exact(&g, "after merges of other rows than the push's");
+  finish_call_of_rank0(&g, "after merges of other rows than the push's");
   g.rows = 3;
   fill(&g, 25, 0);
   run_call(&g);
@@ -371,10 +375,7 @@ START_TEST(test_call_order) {
                           NULL),
                    DCPX_E_RANGE);
   ck_assert_uint_eq(h[1].failed, 1);
-  ck_assert_int_eq(t_merge(g.m[1], g.rows, g.logits[1], g.stride, g.ends[1],
-                           g.req, g.bt, g.bt_rows, g.bt_cols, g.rows_out[1],
-                           g.valid[1], g.ids[1], g.sat[1], 0, NULL),
-                   DCPX_E_FAILED);
+  ck_assert_int_eq(merge_of(&g, 1, g.rows), DCPX_E_FAILED);
   ck_assert_int_eq(g.valid[1][0], -1);
   group_free(&g);
 }

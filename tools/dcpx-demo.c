@@ -1032,11 +1032,9 @@ static pid_t fork_rank(const opts *o, uint32_t r, shared *sh, uint32_t first,
 
 /* Forks the ranks and waits for them; with --kill-at, a new process
  * replaces the killed rank. Returns how many ranks failed; after a
- * signal, every rank is killed and reaped. */
-/* Runs the W rank processes to their end; returns how many failed.
- * *daemon_pid (the private dcpxd, or 0) is a child too: if it exits
- * during the run it is reported and set to 0 (reaped), not counted as a
- * rank. */
+ * signal, every rank is killed and reaped. *daemon_pid (the private
+ * dcpxd, or 0) is a child too: if it exits during the run it is reported
+ * and set to 0 (reaped), not counted as a rank. */
 static int run_ranks(const opts *o, shared *sh, pid_t *daemon_pid) {
   pid_t kids[DCPX_MAX_WORLD];
   for (uint32_t r = 0; r < o->world; r++)
