@@ -1493,6 +1493,49 @@ DCPX_D void dcpx_dev_rescue_from_klist(dcpx_sel_smem *S, const uint32_t *kl,
   __syncthreads();
 }
 
+/* The rescue list for t1 > 0 from the local top-K list already in
+ * words (the early rescue list, built for t1 = 0 at the row's start): its
+ * entries with ord16 >= t1, in order, in place. That is the rescue list
+ * of docs/PROTOCOL.md 5.4 by its definition (the entries of the local
+ * top-K list that are >= T1), without the two passes over the row that
+ * dcpx_dev_rescue_list makes. Each thread holds `per` consecutive entries
+ * and their plane bits in registers before the first barrier, so the
+ * in-place writes read nothing stale; three barriers. Every thread must
+ * call it. */
+DCPX_D void dcpx_dev_rescue_filter(dcpx_sel_smem *S, uint32_t cap,
+                                   uint32_t t1, uint32_t *words) {
+  const uint32_t nt = blockDim.x, rw = dcpx_dev_row_words(cap);
+  const uint32_t per = (cap + nt - 1) / nt, j0 = threadIdx.x * per;
+  uint32_t w[8], pb = 0, c = 0, total;
+#pragma unroll
+  for (uint32_t u = 0; u < 8; u++) {
+    const uint32_t j = j0 + u;
+    w[u] = u < per && j < cap ? words[j] : 0u;
+    if (u < per && j < cap)
+      pb |= ((words[cap + (j >> 5)] >> (j & 31u)) & 1u) << u;
+    c += (w[u] >> 16) != 0 && (w[u] >> 16) >= t1;
+  }
+  uint32_t pos = dcpx_dev_block_excl(c, S->scan, &total); /* a barrier */
+  /* every read is done: the tail entries and the planes are rewritten */
+#pragma unroll 1
+  for (uint32_t i = total + threadIdx.x; i < cap; i += nt)
+    words[i] = 0;
+#pragma unroll 1
+  for (uint32_t i = cap + threadIdx.x; i < rw; i += nt)
+    words[i] = 0;
+  __syncthreads();
+#pragma unroll
+  for (uint32_t u = 0; u < 8; u++) {
+    if ((w[u] >> 16) == 0 || (w[u] >> 16) < t1)
+      continue;
+    words[pos] = w[u];
+    if ((pb >> u) & 1u)
+      atomicOr(words + cap + (pos >> 5), 1u << (pos & 31u));
+    pos++;
+  }
+  __syncthreads();
+}
+
 /* Qualifying mask of the 8 keys of a group: key != 0 and key >= t1. */
 DCPX_D uint32_t dcpx_dev_ge_mask(uint4 k, uint32_t t1) {
   uint32_t m = 0;

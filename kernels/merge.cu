@@ -315,8 +315,12 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
     dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
     dcpx_dev_rescue_from_klist(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
                                b->list2);
-  } else if (early && T1 == 0u) {
-    /* list2 holds it since the row's start (merge_rescue_early) */
+  } else if (early) {
+    /* list2 holds the local top-K list since the row's start
+     * (merge_rescue_early): the rescue list itself for T1 = 0, its
+     * entries >= T1 otherwise */
+    if (T1)
+      dcpx_dev_rescue_filter(b->S, K, T1, b->list2);
   } else {
     dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list2,
                          b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
@@ -337,11 +341,12 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
   }
 }
 
-/* The early rescue list (kctx.resc_early): me's rescue list for T1 = 0,
- * its local top-K list of row t, into list2 at the row's start, before
- * the poll: with PDL the merge starts while its push runs and would spend
- * that time waiting for the lists. Used when the row rescues with T1 = 0
- * (always when W*N < K); else list2 is overwritten. Ends with a
+/* The early rescue list (kctx.resc_early): me's local top-K list of row
+ * t, into list2 at the row's start, before the poll: with PDL the merge
+ * starts while its push runs and would spend that time waiting for the
+ * lists. When the row rescues it is the rescue list for T1 = 0 (always
+ * when W*N < K), and holds the one for any T1 (its entries >= T1,
+ * dcpx_dev_rescue_filter); else list2 is overwritten. Ends with a
  * barrier. */
 DCPX_D void merge_rescue_early(mblk *b, uint32_t t, const uint16_t *logits,
                                uint64_t stride, const int32_t *row_ends,

@@ -27,6 +27,10 @@
 #            (default build-gpu/prev/bench_kernels), all in one run
 #   abm      bench_kernels push and merge only (BENCH_QUICK), this build
 #            and the baseline at $BASE alternating, AB_ROUNDS (2) rounds
+#   earlyt1  one GPU, PDL forced: whole calls of W=2 (N=1280) and W=8
+#            (N=512) ranks with the early rescue list in every call, whose
+#            rescues with T1 > 0 filter it, against never (DCPX_RESC_EARLY
+#            1 / 0, alternating)
 #   pushlong bench_kernels at local 65,536 (push, merge; no whole calls)
 #            of this build, the baseline at $BASE and the previous build at
 #            $PREV, in one run
@@ -157,6 +161,26 @@ step_abm() { # push and merge only (no whole calls): this build against
     BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 120 "$base" \
       > "$OUT/abm${i}_base.md" 2>&1 || rc=1
     show "^\| 16384" "$OUT/abm${i}_base.md" 8
+  done
+}
+
+step_earlyt1() { # the early rescue list where rescues have T1 > 0: PDL
+  # forced (DCPX_PDL=1, as with one rank per GPU), whole calls of W=2
+  # (N=1280) and W=8 (N=512) ranks on one GPU, the early list in every
+  # call (DCPX_RESC_EARLY=1) against never (=0), alternating
+  local i v w
+  for i in $(seq "${AB_ROUNDS:-2}"); do
+    for w in 2:1280 8:512; do
+      [ "$i" -gt 1 ] && [ "$w" = 8:512 ] && continue
+      for v in 0 1; do
+        local log="$OUT/earlyt1_${i}_w${w%%:*}_e$v.md"
+        say "earlyt1 round $i: W=${w%%:*} N=${w##*:} DCPX_RESC_EARLY=$v"
+        DCPX_PDL=1 DCPX_RESC_EARLY=$v BENCH_W=${w%%:*} BENCH_N=${w##*:} \
+          BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 200 \
+          "$B/tests/gpu/bench_kernels" > "$log" 2>&1 || rc=1
+        show "^\| 16384" "$log" 8
+      done
+    done
   done
 }
 

@@ -21,7 +21,9 @@
  *
  * Output: a markdown table on stdout. BENCH_ITERS / BENCH_REPS override the
  * counts; BENCH_LEN / BENCH_ROWS run only that local length / row count;
- * BENCH_QUICK=1 times push and merge only.
+ * BENCH_QUICK=1 times push and merge only; BENCH_W (2 .. 8) and BENCH_N
+ * set W and N (e.g. W=2, N=1280: two ranks' whole calls on one GPU, where
+ * a skewed row rescues with T1 > 0).
  */
 #include <stdarg.h>
 
@@ -375,7 +377,8 @@ static double bench_e2e(gg *g) {
 }
 
 int main(void) {
-  const uint32_t W = 8, K = 2048, B = 64, RMAX = 256;
+  const uint32_t K = 2048, B = 64, RMAX = 256;
+  uint32_t W = 8;
   uint32_t N = 512;
   const uint32_t lens[] = {16384, 65536};
   const uint32_t rowsv[] = {1, 8, 64, 256};
@@ -388,6 +391,8 @@ int main(void) {
     g_reps = (uint32_t)atoi(e);
   if ((e = getenv("BENCH_N")) && atoi(e) > 0 && atoi(e) < (int)K)
     N = (uint32_t)atoi(e);
+  if ((e = getenv("BENCH_W")) && atoi(e) >= 2 && atoi(e) <= 8)
+    W = (uint32_t)atoi(e);
   CK(cudaGetDeviceCount(&n));
   if (n < 1) {
     fprintf(stderr, "no CUDA device\n");
