@@ -28,6 +28,7 @@ static const struct {
     {"cuMemUnmap", offsetof(dcpx_cuda_drv, unmap), 0},
     {"cuMemSetAccess", offsetof(dcpx_cuda_drv, set_access), 0},
     {"cuDeviceGetAttribute", offsetof(dcpx_cuda_drv, attr), 0},
+    {"cuDeviceGetUuid", offsetof(dcpx_cuda_drv, uuid), 0},
     {"cuCtxGetCurrent", offsetof(dcpx_cuda_drv, ctx_get), 0},
     {"cuCtxSetCurrent", offsetof(dcpx_cuda_drv, ctx_set), 0},
     {"cuGetErrorString", offsetof(dcpx_cuda_drv, error_string), 1},

@@ -30,6 +30,7 @@ typedef struct dcpx_cuda_drv {
   CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *,
                          size_t);
   CUresult (*attr)(int *, CUdevice_attribute, CUdevice);
+  CUresult (*uuid)(CUuuid *, CUdevice); /* cuDeviceGetUuid */
   CUresult (*ctx_get)(CUcontext *); /* cuCtxGetCurrent */
   CUresult (*ctx_set)(CUcontext);   /* cuCtxSetCurrent */
   CUresult (*error_string)(CUresult, const char **); /* NULL if absent */

@@ -1,4 +1,6 @@
 /* transport.c - the transport rule (common/transport.h). Pure C. */
+#include <string.h>
+
 #include "transport.h"
 #include "layout.h"
 
@@ -21,6 +23,31 @@ int dcpx__transport_resolve(uint32_t requested, uint32_t world,
         return DCPX_TRANSPORT_NCCL;
     }
   return DCPX_TRANSPORT_LL;
+}
+
+void dcpx__gpu_map(uint32_t world, const int32_t *devices, const uint8_t *uuids,
+                   const uint8_t *local_uuids, int nlocal, int32_t *gpu,
+                   int32_t *local) {
+  for (uint32_t r = 0; r < world; r++) {
+    gpu[r] = (int32_t)r;
+    for (uint32_t q = 0; q < r; q++)
+      if (uuids ? memcmp(uuids + 16u * q, uuids + 16u * r, 16) == 0
+                : devices[q] == devices[r]) {
+        gpu[r] = (int32_t)q;
+        break;
+      }
+    local[r] = -1;
+    if (!uuids) {
+      if (devices[r] >= 0 && devices[r] < nlocal)
+        local[r] = devices[r];
+      continue;
+    }
+    for (int d = 0; d < nlocal; d++)
+      if (memcmp(local_uuids + 16u * (uint32_t)d, uuids + 16u * r, 16) == 0) {
+        local[r] = d;
+        break;
+      }
+  }
 }
 
 const char *dcpx__transport_name(uint32_t t) {

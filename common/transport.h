@@ -33,6 +33,24 @@ __attribute__((visibility("hidden"))) int
 dcpx__transport_resolve(uint32_t requested, uint32_t world,
                         const int32_t *devices, const uint8_t *can_access);
 
+/* The ranks' GPUs as one rank sees them (dcpx__cuda_init). A device
+ * ordinal names a GPU only under one CUDA_VISIBLE_DEVICES, and ranks and
+ * dcpxd need not share theirs; a GPU's UUID is the same everywhere.
+ * uuids: 16 bytes per rank (JoinReply.device_uuids), or NULL when not
+ * every rank sent one; local_uuids: the 16-byte UUIDs of this process's
+ * devices 0 .. nlocal-1. Writes, for r < world:
+ *   gpu[r]: equal for two ranks iff they are on one GPU (the index of the
+ *           first rank on theirs);
+ *   local[r]: this process's ordinal of rank r's GPU, -1 where it does
+ *           not see it.
+ * Without uuids, devices[] (JoinReply.devices) are taken as this
+ * process's ordinals, as before the UUIDs (a daemon or rank that predates
+ * them). */
+__attribute__((visibility("hidden"))) void
+dcpx__gpu_map(uint32_t world, const int32_t *devices, const uint8_t *uuids,
+              const uint8_t *local_uuids, int nlocal, int32_t *gpu,
+              int32_t *local);
+
 /* The names of transports and backends, the one table of each for dcpxd
  * and libdcpx (logs, error texts): DCPX_TRANSPORT_* -> "auto", "ll",
  * "nccl"; DCPX_BACKEND_* -> "host", "cuda"; anything else -> "unknown".

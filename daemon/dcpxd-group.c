@@ -234,6 +234,7 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   char names[DCPX_MAX_WORLD + 1][8], *namep[DCPX_MAX_WORLD + 1];
   int fds[DCPX_MAX_WORLD + 1];
   int32_t devices[DCPX_MAX_WORLD];
+  ProtobufCBinaryData uuids[DCPX_MAX_WORLD];
 
   rep.version = DCPX_PROTO_VERSION;
   jr.reply = &rep;
@@ -264,6 +265,8 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
     dcpxd_bprintf(names[r + 1], "ws%u", r);
     fds[r + 1] = g->ws[r]->fd;
     devices[r] = g->member[r].device;
+    uuids[r].len = g->member[r].uuid_len;
+    uuids[r].data = g->member[r].uuid;
   }
   for (uint32_t i = 0; i <= W; i++)
     namep[i] = names[i];
@@ -271,6 +274,8 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   jr.fds = namep;
   jr.n_devices = W;
   jr.devices = devices;
+  jr.n_device_uuids = W;
+  jr.device_uuids = uuids;
   jr.nccl_id.len = g->nccl_id_len;
   jr.nccl_id.data = g->nccl_id;
   if (dcpx_shape_warning(&g->shape))
@@ -336,6 +341,9 @@ static void member_attach(dcpxd_group *g, uint32_t rank, dcpxd_conn *c,
   mb->conn = c;
   mb->pid = c->pid;
   mb->device = j->device;
+  mb->uuid_len = j->device_uuid.len == sizeof(mb->uuid) ? sizeof(mb->uuid) : 0;
+  if (mb->uuid_len)
+    memcpy(mb->uuid, j->device_uuid.data, sizeof(mb->uuid));
   mb->acked = false;
   for (const char *p = j->node ? j->node : ""; *p && k + 1 < sizeof(mb->node);
        p++)
@@ -1083,13 +1091,57 @@ static void join_forming(dcpxd_conn *c, const Dcpx__Join *j, dcpxd_group *g) {
     group_form(g);
 }
 
-void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j, int *fds, int nfds) {
+/* dcpxd_group_join, step 1b: the Join's device in this daemon's numbering.
+ * A rank's ordinal counts the GPUs its own CUDA_VISIBLE_DEVICES shows, so
+ * with a UUID the daemon looks the GPU up among its own; without one (a
+ * client that predates Join.device_uuid) the ordinal is taken as ours.
+ * Returns 0 with *ret_device, or -1 after refusing. */
+static int join_device(dcpxd_conn *c, const Dcpx__Join *j,
+                       const dcpxd_mem_ops *mem, int32_t *ret_device) {
+  const size_t n = j->device_uuid.len;
+  const uint8_t *u = j->device_uuid.data;
+  int dev = -1, r;
+
+  *ret_device = j->device;
+  if (n != 0 && n != 16) {
+    join_refuse(c, DCPX_E_INVAL, "device_uuid of %zu bytes (16 expected)", n);
+    return -1;
+  }
+  if (n == 0 || !mem->device_of_uuid)
+    return 0; /* the host backend has no devices: the UUID means nothing */
+  r = mem->device_of_uuid(u, &dev);
+  if (r < 0) {
+    join_refuse(c, r == DCPX_E_NOENT ? DCPX_E_CUDA : r,
+                "rank %u's GPU (device %d there, UUID %02x%02x%02x%02x-"
+                "%02x%02x-...) is not one this dcpxd sees%s",
+                j->rank, (int)j->device, u[0], u[1], u[2], u[3], u[4], u[5],
+                r == DCPX_E_NOENT ? " (its CUDA_VISIBLE_DEVICES hides it?)"
+                                  : ": no usable CUDA driver");
+    return -1;
+  }
+  if (dev != j->device)
+    log_info("group=%s rank=%u: its device %d is this daemon's device %d "
+             "(by UUID)",
+             j->group, j->rank, (int)j->device, dev);
+  *ret_device = dev;
+  return 0;
+}
+
+void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
+                      int nfds) {
   dcpx_shape shape = DCPX_SHAPE_INIT;
   const dcpxd_mem_ops *mem;
   dcpxd_group *g;
   int transport;
+  Dcpx__Join jd;
+  const Dcpx__Join *j = &jd;
 
-  if (join_args(c, j, &shape, &transport, &mem) < 0)
+  if (join_args(c, j0, &shape, &transport, &mem) < 0)
+    return;
+  /* The rest of the join sees the Join with its device in our numbering
+   * (a shallow copy: the same strings and bytes). */
+  jd = *j0;
+  if (join_device(c, j0, mem, &jd.device) < 0)
     return;
   if (j->reattach)
     return group_reattach(c, j, &shape, transport, mem, fds, nfds);

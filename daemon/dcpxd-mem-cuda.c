@@ -245,6 +245,26 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
   return 0;
 }
 
+/* This daemon's ordinal of the GPU with that UUID: the ranks' ordinals
+ * are theirs (their CUDA_VISIBLE_DEVICES), the UUID is the GPU's. A scan
+ * of a few driver queries per join; no context is made. */
+static int cuda_device_of_uuid(const uint8_t *uuid, int *ret_device) {
+  int n = 0, r = drv_get();
+  if (r < 0)
+    return r;
+  if (cudaGetDeviceCount(&n) != cudaSuccess)
+    return DCPX_E_CUDA;
+  for (int d = 0; d < n; d++) {
+    CUuuid u;
+    if (D.uuid(&u, (CUdevice)d) == CUDA_SUCCESS &&
+        memcmp(u.bytes, uuid, sizeof(u.bytes)) == 0) {
+      *ret_device = d;
+      return 0;
+    }
+  }
+  return DCPX_E_NOENT;
+}
+
 const dcpxd_mem_ops dcpxd_mem_cuda = {
     .name = "cuda",
     .alloc = cuda_alloc,
@@ -252,4 +272,5 @@ const dcpxd_mem_ops dcpxd_mem_cuda = {
     .map = NULL,
     .free = cuda_free,
     .adopt = cuda_adopt,
+    .device_of_uuid = cuda_device_of_uuid,
 };

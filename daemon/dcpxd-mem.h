@@ -15,6 +15,9 @@
  *          drained and acknowledged, docs/PROTOCOL.md section 6);
  *   map    (host memory only) map it read-write into the daemon;
  *   free   release it (the fd is closed; clients keep their own mapping);
+ *   device_of_uuid  (may be NULL: the backend has no devices) this
+ *          daemon's ordinal of the GPU whose 16-byte UUID is given, or
+ *          DCPX_E_NOENT when it sees no such GPU;
  *   adopt  (may be NULL: not supported) take over a buffer that a client
  *          hands back after a daemon restart (its fd, passed by
  *          SCM_RIGHTS): check that it is one this backend could have made,
@@ -35,6 +38,7 @@ typedef struct dcpxd_mem_ops {
   int (*map)(dcpxd_buf *b, void **ret); /* NULL: not host-mappable */
   void (*free)(dcpxd_buf *b);
   int (*adopt)(int fd, uint64_t bytes, int device, dcpxd_buf **ret);
+  int (*device_of_uuid)(const uint8_t *uuid, int *ret_device);
 } dcpxd_mem_ops;
 
 struct dcpxd_buf {

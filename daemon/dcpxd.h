@@ -133,7 +133,9 @@ typedef enum dcpxd_group_state {
 typedef struct dcpxd_member {
   dcpxd_conn *conn; /* NULL: no live process holds this rank */
   pid_t pid;        /* of the last process that held it */
-  int32_t device;
+  int32_t device;  /* in this daemon's numbering (Join.device_uuid) */
+  uint8_t uuid[16]; /* Join.device_uuid, uuid_len 0 or 16 bytes */
+  uint8_t uuid_len;
   bool acked; /* drained, for the recovery in progress */
   char node[64];
   uint64_t timeouts; /* its wait records harvested (kept or not) */

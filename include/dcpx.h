@@ -381,9 +381,12 @@ typedef struct dcpx_join_opts {
   uint32_t size;            /* sizeof(dcpx_join_opts) */
   uint32_t rank;            /* this member's rank, < W */
   const char *group;        /* group name (DCPX_GROUP_NAME_MAX) */
-  int32_t device;           /* CUDA device (>= 0) with the CUDA backend;
-                               the host backend uses none and only reports
-                               it (dcpxctl health), -1: none */
+  int32_t device;           /* CUDA device (>= 0) with the CUDA backend,
+                               this process's ordinal (the join also sends
+                               the GPU's UUID: dcpxd's and the peers'
+                               CUDA_VISIBLE_DEVICES may differ); the host
+                               backend uses none and only reports it
+                               (dcpxctl health), -1: none */
   uint32_t backend;         /* DCPX_BACKEND_* */
   uint32_t transport;       /* DCPX_TRANSPORT_* */
   uint32_t join_timeout_ms; /* 0: the daemon's default */

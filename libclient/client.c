@@ -390,6 +390,17 @@ static int join_send(dcpx_client *c, dcpx_member *m,
   j.node = node;
   j.backend = (Dcpx__Backend)o->backend;
   j.join_timeout_ms = o->join_timeout_ms;
+#ifdef HAVE_CUDA
+  /* The GPU by its UUID: dcpxd's ordinals need not be ours (our
+   * CUDA_VISIBLE_DEVICES). Without one dcpxd takes the ordinal as its
+   * own; dcpx__cuda_init fails the join later where CUDA cannot answer. */
+  uint8_t uuid[16];
+  if (o->backend == DCPX_BACKEND_CUDA && o->device >= 0 &&
+      dcpx__cuda_device_uuid(o->device, uuid) == 0) {
+    j.device_uuid.data = uuid;
+    j.device_uuid.len = sizeof(uuid);
+  }
+#endif
 #ifdef HAVE_NCCL
   /* Rank 0 of a group that may use NCCL makes the unique id; dcpxd relays
    * it to every rank. With auto, a failure only rules out nccl. */
@@ -475,9 +486,18 @@ static int member_start(dcpx_member *m, const Dcpx__JoinReply *jr, int *fds,
   member_keep_fds(m, fds, *nfds); /* for a reattach; see dcpx_poll */
   *nfds = 0;
 #ifdef HAVE_CUDA
-  if (m->backend == DCPX_BACKEND_CUDA)
-    return dcpx__cuda_init(m, jr->devices, (uint32_t)jr->n_devices,
-                           jr->nccl_id.data, jr->nccl_id.len);
+  if (m->backend == DCPX_BACKEND_CUDA) {
+    uint8_t uuids[DCPX_MAX_WORLD * 16];
+    dcpx__join_gpus jg = {jr->devices, (uint32_t)jr->n_devices, uuids};
+    for (uint32_t d = 0; d < m->shape.world; d++) {
+      if (d >= jr->n_device_uuids || jr->device_uuids[d].len != 16) {
+        jg.uuids = NULL; /* some rank (or the daemon) predates them */
+        break;
+      }
+      memcpy(uuids + 16u * d, jr->device_uuids[d].data, 16);
+    }
+    return dcpx__cuda_init(m, &jg, jr->nccl_id.data, jr->nccl_id.len);
+  }
 #endif
   r = dcpx__host_init(m);
   /* the host backend always exchanges through shared memory */

@@ -191,29 +191,59 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* The transport of this group (common/transport.h), from the devices of
- * all ranks and this node's peer access. */
-static int resolve(const struct dcpx_member *m, const int32_t *devices,
-                   uint32_t ndevices, int ndev_local) {
+int dcpx__cuda_device_uuid(int device, uint8_t *out) {
+  CUuuid u;
+  pthread_once(&D_once, load_once);
+  if (D_status < 0)
+    return D_status;
+  if (D.uuid(&u, (CUdevice)device) != CUDA_SUCCESS)
+    return DCPX_E_CUDA;
+  memcpy(out, u.bytes, sizeof(u.bytes));
+  return 0;
+}
+
+/* The ranks' GPUs as this process sees them (common/transport.h
+ * dcpx__gpu_map): by UUID when every rank sent one, else by the ordinals
+ * of JoinReply.devices. */
+static int gpu_map(const struct dcpx_member *m, const dcpx__join_gpus *jg,
+                   int ndev_local, int32_t *gpu, int32_t *local) {
+  uint8_t mine[64 * 16];
+  const uint32_t W = m->shape.world;
+  if (!jg->devices || jg->ndevices < W)
+    return DCPX_E_PROTO;
+  if (ndev_local > 64)
+    ndev_local = 64;
+  for (int d = 0; jg->uuids && d < ndev_local; d++)
+    if (dcpx__cuda_device_uuid(d, mine + 16u * (uint32_t)d) < 0)
+      memset(mine + 16u * (uint32_t)d, 0, 16); /* matches no real GPU */
+  dcpx__gpu_map(W, jg->devices, jg->uuids, mine, ndev_local, gpu, local);
+  return 0;
+}
+
+/* The transport of this group (common/transport.h), from the ranks' GPUs
+ * and this node's peer access. A pair on GPUs of which this process sees
+ * one only (CUDA_VISIBLE_DEVICES isolating each rank) cannot be asked
+ * about: ll is assumed, and the mapping of the peer's workspace then
+ * says whether peer access works (map_ws: DCPX_E_TRANSPORT, naming
+ * transport nccl). */
+static int resolve(const struct dcpx_member *m, const int32_t *gpu,
+                   const int32_t *local) {
   const uint32_t W = m->shape.world;
   uint8_t acc[DCPX_MAX_WORLD * DCPX_MAX_WORLD];
   if (m->transport_req != DCPX_TRANSPORT_AUTO)
     return dcpx__transport_resolve(m->transport_req, W, NULL, NULL);
-  if (!devices || ndevices < W)
-    return DCPX_E_PROTO;
   memset(acc, 0, sizeof(acc));
   for (uint32_t i = 0; i < W; i++)
     for (uint32_t j = 0; j < W; j++) {
-      int a = 0;
-      if (i == j || devices[i] == devices[j])
+      int a = 1;
+      if (i == j || gpu[i] == gpu[j])
         continue;
-      if (devices[i] >= 0 && devices[i] < ndev_local && devices[j] >= 0 &&
-          devices[j] < ndev_local &&
-          cudaDeviceCanAccessPeer(&a, devices[i], devices[j]) != cudaSuccess)
+      if (local[i] >= 0 && local[j] >= 0 &&
+          cudaDeviceCanAccessPeer(&a, local[i], local[j]) != cudaSuccess)
         a = 0;
       acc[i * W + j] = a != 0;
     }
-  return dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, W, devices, acc);
+  return dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, W, gpu, acc);
 }
 
 /* With transport auto: every rank's choice, through the control page. */
@@ -238,12 +268,12 @@ static int agree(struct dcpx_member *m) {
   }
 }
 
-int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
-                    uint32_t ndevices, const uint8_t *nccl_id,
-                    size_t nccl_id_len) {
+int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
+                    const uint8_t *nccl_id, size_t nccl_id_len) {
   const uint32_t W = m->shape.world;
   struct dcpx__cuda *cu;
   CUcontext prev = NULL; /* the caller's, given back (dcpx__cuda_fini) */
+  int32_t gpu[DCPX_MAX_WORLD], local[DCPX_MAX_WORLD];
   int r = 0, n = 0;
 
   pthread_once(&D_once, load_once);
@@ -254,7 +284,10 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
     DCPX_WARN("CUDA device %d: not usable (%d devices)", m->device, n);
     return DCPX_E_CUDA;
   }
-  r = resolve(m, devices, ndevices, n);
+  r = gpu_map(m, jg, n, gpu, local);
+  if (r < 0)
+    return r;
+  r = resolve(m, gpu, local);
   if (r < 0)
     return r;
   m->transport = (uint32_t)r;
@@ -367,8 +400,8 @@ int dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
   k->merge_split_rows = split ? (uint32_t)nsm : 0u;
   /* Ranks sharing this GPU must all fit at once (see the file comment). */
   uint32_t share = 0;
-  for (uint32_t d = 0; d < W && d < ndevices; d++)
-    share += devices[d] == m->device;
+  for (uint32_t d = 0; d < W; d++)
+    share += gpu[d] == gpu[m->rank];
   if (share > 1) {
     int bps = 0, sms = 0;
     if (DCPX_KLOG(dcpx_k_merge_occupancy(k, &bps), "dcpx_k_merge_occupancy") <

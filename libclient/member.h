@@ -115,13 +115,23 @@ __attribute__((visibility("hidden"))) void
 dcpx__member_detach(struct dcpx_member *m);
 
 /* cuda.c (HAVE_CUDA only): init after the join mapped the control page
- * and kept the workspace fds; devices[r] is rank r's device; nccl_id is
+ * and kept the workspace fds; jg is what JoinReply says about the ranks'
+ * GPUs: devices[r] (the daemon's ordinals) and, when every rank sent its
+ * GPU's UUID, uuids (16 bytes per rank; else NULL); nccl_id is
  * JoinReply.nccl_id (rank 0's NCCL unique id, or empty). Resolves the
  * transport (m->transport) from m->transport_req. */
+typedef struct dcpx__join_gpus {
+  const int32_t *devices;
+  uint32_t ndevices;
+  const uint8_t *uuids;
+} dcpx__join_gpus;
+
 __attribute__((visibility("hidden"))) int
-dcpx__cuda_init(struct dcpx_member *m, const int32_t *devices,
-                uint32_t ndevices, const uint8_t *nccl_id,
-                size_t nccl_id_len);
+dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
+                const uint8_t *nccl_id, size_t nccl_id_len);
+/* The 16-byte UUID of this process's CUDA device `device` (Join.device_uuid). */
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_device_uuid(int device, uint8_t *out);
 __attribute__((visibility("hidden"))) void
 dcpx__cuda_fini(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) int

@@ -67,6 +67,9 @@
 #   faults2  two GPUs, through dcpxd: a stall and a kill -9
 #   mps      W=8 rank processes on one GPU under MPS, through dcpxd: the
 #            main job, a stall, a kill -9
+#   uuid     ranks name their GPU by UUID: a dcpxd that sees no GPU
+#            refuses a CUDA join naming it; ranks that see their GPU only
+#            as CUDA_VISIBLE_DEVICES=GPU-... run exact calls
 #   sandbox  dcpxd with what of its unit's sandbox a systemd-free run can
 #            reproduce (not root: uid/gid 65534 and no supplementary
 #            groups, no capabilities, no new privileges, its own network
@@ -384,6 +387,36 @@ step_mps() {
   demo kill --world 8 --rows 8 --calls 30 --kill-at 12 --fault-rank 2
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+step_uuid() { # ranks name their GPU by UUID (Join.device_uuid)
+  local u
+  # A dcpxd that sees no GPU: the rank's join is refused, naming its GPU.
+  dcpxd_up uuid-blind
+  kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
+  CUDA_VISIBLE_DEVICES= "$B/daemon/dcpxd" --config= --socket "$dsock" \
+    --state-dir "$(dirname "$dsock")" > "$OUT/uuid-blind-dcpxd.log" 2>&1 &
+  dpid=$!
+  for _ in $(seq 100); do [ -S "$dsock" ] && break; sleep 0.1; done
+  if timeout -k 5 60 "$B/tools/dcpx-demo" --backend cuda --socket "$dsock" \
+    --world 1 --rows 8 --calls 3 > "$OUT/uuid-blind.txt" 2>&1; then
+    say "uuid: FAIL: a dcpxd that sees no GPU formed a CUDA group"; rc=1
+  elif grep -q "is not one this dcpxd sees" "$OUT/uuid-blind.txt" \
+    "$OUT/uuid-blind-dcpxd.log"; then
+    say "uuid: a dcpxd that sees no GPU refuses the join, naming the GPU"
+    grep -h "is not one this dcpxd sees" "$OUT/uuid-blind-dcpxd.log" | head -1 \
+      | tee -a "$OUT/summary.txt"
+  else
+    say "uuid: FAIL: refused without naming the GPU"; rc=1
+  fi
+  dcpxd_down
+  # The ranks see their GPU by UUID only (CUDA_VISIBLE_DEVICES=GPU-...),
+  # dcpxd by ordinal: the same GPU, found by UUID.
+  u=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+  dcpxd_up uuid-named
+  CUDA_VISIBLE_DEVICES=$u demo uuid-named --socket "$dsock" --world 1 \
+    --rows 64 --calls 20
+  dcpxd_down
 }
 
 step_sandbox() {

@@ -426,6 +426,88 @@ START_TEST(test_bad_joins) {
 }
 END_TEST
 
+/* A Join of a W=1 host group carrying a device UUID of uuid_len bytes:
+ * the reply's status, its error text into why, and the UUID it echoes
+ * for rank 0 into echo (16 bytes; *ret_echo_len its length). */
+static int uuid_join(const char *group, const uint8_t *uuid, size_t uuid_len,
+                     char *why, size_t why_len, uint8_t *echo,
+                     size_t *ret_echo_len) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Join j = DCPX__JOIN__INIT;
+  Dcpx__Shape ps;
+  dcpx_shape sh;
+  spec sp = small(group, 1);
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, s = raw_connect(), r;
+  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
+  shape_of(&sp, &sh);
+  dcpx__shape_to_pb(&sh, &ps);
+  j.group = (char *)group;
+  j.shape = &ps;
+  j.timeout_ns = 5000000000ull;
+  j.device = -1;
+  j.join_timeout_ms = 5000;
+  j.device_uuid.data = (uint8_t *)uuid;
+  j.device_uuid.len = uuid_len;
+  f.msg_case = DCPX__FRAME__MSG_JOIN;
+  f.join = &j;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  ck_assert_int_eq(dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, &nfds),
+                   0);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  *ret_echo_len = 0;
+  why[0] = 0;
+  if (rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY) {
+    const Dcpx__JoinReply *jr = rep->join_reply;
+    r = jr->reply ? jr->reply->status : 0;
+    if (jr->reply && jr->reply->error)
+      snprintf(why, why_len, "%s", jr->reply->error);
+    if (jr->n_device_uuids == 1 && jr->device_uuids[0].len <= 16) {
+      *ret_echo_len = jr->device_uuids[0].len;
+      memcpy(echo, jr->device_uuids[0].data, jr->device_uuids[0].len);
+    }
+  } else if (rep->msg_case == DCPX__FRAME__MSG_REPLY) {
+    r = rep->reply->status;
+    snprintf(why, why_len, "%s", rep->reply->error ? rep->reply->error : "");
+  } else {
+    r = DCPX_E_PROTO;
+  }
+  dcpx__frame_free(rep);
+  close(s);
+  return r;
+}
+
+/* Join.device_uuid: a 16-byte UUID comes back in JoinReply.device_uuids
+ * (the host backend has no devices, so it maps nothing); one of any
+ * other length is malformed and refused with a reason, whatever the
+ * backend. (Mapping a UUID to dcpxd's own ordinal needs a GPU: the
+ * CUDA joins of scripts/gpu-run.sh go through it.) */
+START_TEST(test_device_uuid) {
+  uint8_t u[17], echo[16];
+  size_t n = 0;
+  char why[256];
+  for (int i = 0; i < 17; i++)
+    u[i] = (uint8_t)(0x30 + 7 * i);
+  daemon_start();
+  ck_assert_int_eq(uuid_join("uuid16", u, 16, why, sizeof(why), echo, &n), 0);
+  ck_assert_uint_eq(n, 16);
+  ck_assert(memcmp(echo, u, 16) == 0);
+  ck_assert_int_eq(uuid_join("uuid0", NULL, 0, why, sizeof(why), echo, &n), 0);
+  ck_assert_uint_eq(n, 0);
+  const size_t bad[] = {1, 5, 15, 17};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    ck_assert_int_eq(uuid_join("uuidbad", u, bad[i], why, sizeof(why), echo,
+                               &n),
+                     DCPX_E_INVAL);
+    ck_assert_msg(strstr(why, "device_uuid") != NULL, "reason: '%s'", why);
+  }
+  /* the daemon still serves */
+  spec sp = small("after-uuid", 2);
+  ck_assert_int_eq(run_group(&sp), 0);
+  daemon_stop();
+}
+END_TEST
+
 START_TEST(test_daemon_survives_abuse) {
   daemon_start();
   /* Wrong version: a clear error. */
@@ -1007,6 +1089,7 @@ int main(void) {
   tcase_add_test(tc, test_concurrent_groups);
   tcase_add_test(tc, test_epoch_wrap);
   tcase_add_test(tc, test_bad_joins);
+  tcase_add_test(tc, test_device_uuid);
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
   tcase_add_test(tc, test_refused_join_reason);

@@ -57,6 +57,72 @@ START_TEST(test_auto_p2p) {
 }
 END_TEST
 
+/* 16-byte UUID number x (distinct for distinct x). */
+static void uuid_of(uint8_t *u, uint8_t x) {
+  memset(u, 0xA5, 16);
+  u[0] = x;
+  u[15] = (uint8_t)~x;
+}
+
+/* Each rank process sees its own GPU as device 0 (CUDA_VISIBLE_DEVICES=N
+ * per process), dcpxd sees all: by the ordinals every rank is on GPU 0
+ * and shares it with the others; by the UUIDs they are four GPUs, and
+ * the one this process sees is the only one it has an ordinal for. */
+START_TEST(test_gpu_map_uuids) {
+  const int32_t dev[4] = {0, 0, 0, 0};
+  uint8_t uu[4 * 16], mine[16];
+  int32_t gpu[4], local[4];
+  for (uint8_t r = 0; r < 4; r++)
+    uuid_of(uu + 16u * r, (uint8_t)(10 + r));
+  uuid_of(mine, 12); /* this process is rank 2 and sees only its GPU */
+  dcpx__gpu_map(4, dev, uu, mine, 1, gpu, local);
+  for (int r = 0; r < 4; r++) {
+    ck_assert_int_eq(gpu[r], r);
+    ck_assert_int_eq(local[r], r == 2 ? 0 : -1);
+  }
+  /* the ordinals alone would have put every rank on one GPU */
+  dcpx__gpu_map(4, dev, NULL, mine, 1, gpu, local);
+  for (int r = 0; r < 4; r++) {
+    ck_assert_int_eq(gpu[r], 0);
+    ck_assert_int_eq(local[r], 0);
+  }
+  ck_assert_int_eq(dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, 4, gpu, NULL),
+                   DCPX_TRANSPORT_LL);
+}
+END_TEST
+
+/* Two ranks per GPU under MPS, with ordinals that differ between the
+ * processes of one GPU: the UUIDs pair them; this process sees all four
+ * GPUs in another order. */
+START_TEST(test_gpu_map_shared) {
+  const int32_t dev[4] = {0, 1, 1, 0};
+  uint8_t uu[4 * 16], all[4 * 16];
+  int32_t gpu[4], local[4];
+  uuid_of(uu + 0, 7);
+  uuid_of(uu + 16, 7);
+  uuid_of(uu + 32, 9);
+  uuid_of(uu + 48, 9);
+  for (uint8_t d = 0; d < 4; d++)
+    uuid_of(all + 16u * d, (uint8_t)(6 + d)); /* 7 is device 1, 9 device 3 */
+  dcpx__gpu_map(4, dev, uu, all, 4, gpu, local);
+  ck_assert_int_eq(gpu[0], 0);
+  ck_assert_int_eq(gpu[1], 0);
+  ck_assert_int_eq(gpu[2], 2);
+  ck_assert_int_eq(gpu[3], 2);
+  ck_assert_int_eq(local[0], 1);
+  ck_assert_int_eq(local[1], 1);
+  ck_assert_int_eq(local[2], 3);
+  ck_assert_int_eq(local[3], 3);
+  /* without UUIDs: the ordinals, and -1 past this process's devices */
+  const int32_t far[2] = {1, 5};
+  dcpx__gpu_map(2, far, NULL, all, 4, gpu, local);
+  ck_assert_int_eq(gpu[0], 0);
+  ck_assert_int_eq(gpu[1], 1);
+  ck_assert_int_eq(local[0], 1);
+  ck_assert_int_eq(local[1], -1);
+}
+END_TEST
+
 START_TEST(test_auto_mixed) {
   /* ranks 0, 1 share GPU 0 (no P2P needed); GPU 0 and 1 lack P2P */
   const int32_t dev[3] = {0, 0, 1};
@@ -171,6 +237,8 @@ static Suite *transport_suite(void) {
   tcase_add_test(tc, test_auto_p2p);
   tcase_add_test(tc, test_auto_mixed);
   tcase_add_test(tc, test_invalid);
+  tcase_add_test(tc, test_gpu_map_uuids);
+  tcase_add_test(tc, test_gpu_map_shared);
   suite_add_tcase(s, tc);
   tc = tcase_create("layout");
   tcase_add_test(tc, test_nccl_layout);
