@@ -407,13 +407,19 @@ DCPX_API int dcpx_connect(const char *socket_path, dcpx_client **ret_client);
 DCPX_API void dcpx_disconnect(dcpx_client *client);
 
 /* Joins group opts->group as opts->rank with the given shape; blocks until
- * the group has formed. shape->local_topk = 0 asks the library to choose N:
- * dcpx_shape_auto_local_topk(world, topk), the same on every rank (a rank
- * may also pass that value itself). Errors: DCPX_E_INVAL (a NULL, a
- * shape or opts `size` this library does not know, a bad name, timeout
- * or backend, the CUDA backend with device < 0), DCPX_E_SHAPE,
- * DCPX_E_DUPRANK, DCPX_E_BADRANK, DCPX_E_LIMIT, DCPX_E_TIMEDOUT, DCPX_E_VERSION, DCPX_E_NOSYS (the CUDA
- * backend in a build without it), connection errors. */
+ * the group has formed (and, with the nccl transport, until every rank
+ * has joined the NCCL communicator: bounded by the join timeout too, and
+ * ended early by a group abort, so a rank that died after the group formed
+ * gives DCPX_E_TIMEDOUT or DCPX_E_ABORTED, never a hang;
+ * dcpx_client_last_error says which). shape->local_topk = 0 asks the
+ * library to choose N: dcpx_shape_auto_local_topk(world, topk), the same
+ * on every rank (a rank may also pass that value itself). Errors:
+ * DCPX_E_INVAL (a NULL, a shape or opts `size` this library does not
+ * know, a bad name, timeout or backend, the CUDA backend with device < 0),
+ * DCPX_E_SHAPE, DCPX_E_DUPRANK, DCPX_E_BADRANK, DCPX_E_LIMIT,
+ * DCPX_E_TIMEDOUT, DCPX_E_VERSION, DCPX_E_NOSYS (the CUDA backend in a
+ * build without it), DCPX_E_ABORTED, DCPX_E_TRANSPORT, DCPX_E_CUDA,
+ * DCPX_E_NCCL, connection errors. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
 
@@ -421,8 +427,10 @@ DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
  * for an argument it refused itself (e.g. "local_topk 2048 must be less
  * than topk 2048"), else dcpxd's text (Reply.error, e.g. "shape mismatch:
  * topk 2048 differs from group 'g': topk 1024"), or a connection
- * error's; NULL when the last join succeeded, or nobody gave a reason
- * (dcpx_strerror of the returned code still names the error then).
+ * error's, or libdcpx's reason for a join that failed after the group
+ * formed (e.g. an NCCL communicator setup that timed out); NULL when the
+ * last join succeeded, or nobody gave a reason (dcpx_strerror of the
+ * returned code still names the error then).
  * Valid until the next dcpx_join on the client or dcpx_disconnect. Like
  * the client, not safe to share between threads. */
 DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
@@ -431,7 +439,11 @@ DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
  * NULL. Valid until dcpx_leave. */
 DCPX_API const char *dcpx_member_warning(const dcpx_member *member);
 
-/* Leaves the group and frees the member (NULL is fine). */
+/* Leaves the group and frees the member (NULL is fine). With the CUDA
+ * backend it first waits for the device; with the nccl transport it ends
+ * the NCCL communicator before that, bounded: ncclCommFinalize within the
+ * join timeout, else (or at once, when the group is aborted)
+ * ncclCommAbort, so a collective whose peer died cannot hang it. */
 DCPX_API int dcpx_leave(dcpx_member *member);
 
 /* Push: this rank's local top-N of each of in->rows rows of in->logits
@@ -486,8 +498,13 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * dcpx_recover before the next call. With the CUDA
  * backend waits end inside the kernel: the call returns 0 (or a launch
  * error), and a failed row shows as valid_out[t] = -1, in
- * dcpx_member_async_error and in dcpx_health. The same argument rules
- * hold for dcpx_push. */
+ * dcpx_member_async_error and in dcpx_health. With the nccl transport a
+ * collective that NCCL cannot enqueue at once (it sets connections up on
+ * first use) is waited for on the host, bounded by timeout_ns and ended by
+ * a group abort: DCPX_E_TIMEDOUT or DCPX_E_ABORTED, after which (as after
+ * an NCCL error) the communicator is aborted and every later call fails
+ * with DCPX_E_NCCL until dcpx_leave. The same argument rules hold for
+ * dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
                         const dcpx_merge_out *out, void *stream);
 

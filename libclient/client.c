@@ -468,9 +468,10 @@ static int join_wait_reply(dcpx_client *c, dcpx_member *m,
 }
 
 /* Step 5: maps the group's memory from the JoinReply and starts the
- * member's backend. Takes the fds (closed or kept by the member). */
+ * member's backend. Takes the fds (closed or kept by the member); the
+ * reason of a backend's failure goes to why[n] (dcpx_client_last_error). */
 static int member_start(dcpx_member *m, const Dcpx__JoinReply *jr, int *fds,
-                        int *nfds) {
+                        int *nfds, char *why, size_t n) {
   int r = member_map(m, jr, fds, *nfds);
   if (r < 0)
     return r;
@@ -496,9 +497,12 @@ static int member_start(dcpx_member *m, const Dcpx__JoinReply *jr, int *fds,
       }
       memcpy(uuids + 16u * d, jr->device_uuids[d].data, 16);
     }
-    return dcpx__cuda_init(m, &jg, jr->nccl_id.data, jr->nccl_id.len);
+    return dcpx__cuda_init(m, &jg, jr->nccl_id.data, jr->nccl_id.len,
+                           why, n);
   }
 #endif
+  (void)why;
+  (void)n;
   r = dcpx__host_init(m);
   /* the host backend always exchanges through shared memory */
   __atomic_store_n(&m->health[m->rank].transport, DCPX_TRANSPORT_LL,
@@ -532,7 +536,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   if (r == 0)
     r = join_wait_reply(c, m, o, &rep, fds, &nfds);
   if (r == 0)
-    r = member_start(m, rep->join_reply, fds, &nfds);
+    r = member_start(m, rep->join_reply, fds, &nfds, c->last_error,
+                     sizeof(c->last_error));
   if (r < 0)
     goto fail;
   dcpx__frame_free(rep);

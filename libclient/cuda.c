@@ -51,7 +51,10 @@
 #include "merge.h"
 #include "transport.h"
 
-#define DEFAULT_AGREE_MS 30000
+/* dcpxd's default join timeout (DCPXD_DEFAULT_JOIN_TIMEOUT_MS), for a
+ * join that left it 0: it bounds the transport agreement and the NCCL
+ * communicator's setup and finalize. */
+#define DEFAULT_JOIN_MS 30000u
 
 struct dcpx__cuda {
   int device;
@@ -114,16 +117,14 @@ void dcpx__cuda_fini(struct dcpx_member *m) {
   (void)D.ctx_get(&prev);
   cudaSetDevice(cu->device);
 #ifdef HAVE_NCCL
-  if (cu->nccl && m->hdr && m->hdr->abort) {
-    /* An aborted group's collective may never complete: abort first. */
-    dcpx__nccl_fini(cu->nccl, 1);
-    cu->nccl = NULL;
-  }
+  /* Before the device-wide sync, which has no bound: an NCCL collective
+   * whose peer died never completes until its comm is aborted. The stop
+   * is bounded (nccl.c) and aborts at once for an aborted group. */
+  dcpx__nccl_stop(cu->nccl, m->hdr && m->hdr->abort);
 #endif
   cudaDeviceSynchronize(); /* nothing of ours may still run */
 #ifdef HAVE_NCCL
-  if (cu->nccl)
-    dcpx__nccl_fini(cu->nccl, 0);
+  dcpx__nccl_fini(cu->nccl, 1); /* the comm is gone: frees the buffer */
   cu->nccl = NULL;
 #endif
   if (cu->peers)
@@ -246,11 +247,15 @@ static int resolve(const struct dcpx_member *m, const int32_t *gpu,
   return dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, W, gpu, acc);
 }
 
+/* The join's timeout, or dcpxd's default when the join left it 0. */
+static uint32_t join_ms(const struct dcpx_member *m) {
+  return m->join_timeout_ms ? m->join_timeout_ms : DEFAULT_JOIN_MS;
+}
+
 /* With transport auto: every rank's choice, through the control page. */
 static int agree(struct dcpx_member *m) {
   const uint32_t W = m->shape.world;
-  const uint64_t end = now_ms() + (m->join_timeout_ms ? m->join_timeout_ms
-                                                      : DEFAULT_AGREE_MS);
+  const uint64_t end = now_ms() + join_ms(m);
   for (;;) {
     uint32_t seen = 0;
     for (uint32_t d = 0; d < W; d++) {
@@ -269,7 +274,8 @@ static int agree(struct dcpx_member *m) {
 }
 
 int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
-                    const uint8_t *nccl_id, size_t nccl_id_len) {
+                    const uint8_t *nccl_id, size_t nccl_id_len, char *why,
+                    size_t why_len) {
   const uint32_t W = m->shape.world;
   struct dcpx__cuda *cu;
   CUcontext prev = NULL; /* the caller's, given back (dcpx__cuda_fini) */
@@ -371,8 +377,17 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     goto out;
 #ifdef HAVE_NCCL
   if (m->transport == DCPX_TRANSPORT_NCCL) {
+    /* No NCCL wait may outlast a dead peer (nccl.c's file comment). */
+    /* A collective NCCL could not enqueue at once is setting up its
+     * connections (seconds, on first use): the larger of the call and
+     * join timeouts, so that a short call timeout cannot abort a healthy
+     * communicator for good. */
+    const uint64_t setup_ns = (uint64_t)join_ms(m) * 1000000u;
+    const dcpx__nccl_bounds b = {
+        join_ms(m), m->timeout_ns > setup_ns ? m->timeout_ns : setup_ns,
+        &m->hdr->abort};
     r = dcpx__nccl_init(&m->shape, m->rank, cu->device, k->ws, nccl_id,
-                        nccl_id_len, &cu->nccl);
+                        nccl_id_len, &b, why, why_len, &cu->nccl);
     if (r >= 0)
       dcpx__nccl_counters(cu->nccl, cu->ctr, k->health + m->rank);
     goto out;
@@ -380,6 +395,8 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
 #else
   (void)nccl_id;
   (void)nccl_id_len;
+  (void)why;
+  (void)why_len;
 #endif
 
   /* A call with more rows than the GPU has SMs pushes with half blocks,

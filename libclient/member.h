@@ -119,7 +119,9 @@ dcpx__member_detach(struct dcpx_member *m);
  * GPUs: devices[r] (the daemon's ordinals) and, when every rank sent its
  * GPU's UUID, uuids (16 bytes per rank; else NULL); nccl_id is
  * JoinReply.nccl_id (rank 0's NCCL unique id, or empty). Resolves the
- * transport (m->transport) from m->transport_req. */
+ * transport (m->transport) from m->transport_req. why[why_len] (may be
+ * NULL) gets the reason of a failure the caller should hear of
+ * (dcpx_client_last_error), e.g. an NCCL setup that timed out. */
 typedef struct dcpx__join_gpus {
   const int32_t *devices;
   uint32_t ndevices;
@@ -128,7 +130,8 @@ typedef struct dcpx__join_gpus {
 
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
-                const uint8_t *nccl_id, size_t nccl_id_len);
+                const uint8_t *nccl_id, size_t nccl_id_len, char *why,
+                size_t why_len);
 /* The 16-byte UUID of this process's CUDA device `device` (Join.device_uuid). */
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_device_uuid(int device, uint8_t *out);
@@ -152,15 +155,35 @@ __attribute__((visibility("hidden"))) int
 dcpx__cuda_capturing(struct dcpx_member *m, void *stream);
 
 /* nccl.c (HAVE_NCCL only). unique_id: an ncclUniqueId (rank 0, before its
- * Join). init: ncclCommInitRank on `device` (blocks until all W ranks
- * called it) and the NCCL buffer; ws is this rank's mapped workspace.
- * The *_k forms take the kernel context and an ncclComm_t (tests). */
+ * Join). init: a non-blocking communicator on `device` (waits, bounded by
+ * b, until all W ranks joined it) and the NCCL buffer; ws is this rank's
+ * mapped workspace; why[why_len] (may be NULL) the reason of a failure.
+ * stop: ends the communicator, bounded (ncclCommFinalize, polled, then
+ * ncclCommDestroy; ncclCommAbort when abort is set, or when the finalize
+ * does not end in time), so that no NCCL kernel of it can run on; fini:
+ * stop, then frees the rest (the caller makes sure no kernel of ours
+ * still uses the buffer). The *_k forms take the kernel context and a
+ * blocking ncclComm_t (tests). */
 #define DCPX__NCCL_ID_MAX 128
+/* The bounds of the NCCL transport's waits (nccl.c's file comment):
+ * setup_ms the communicator's setup and the finalize at leave (the join
+ * timeout), call_ns a collective that NCCL could not enqueue at once (the
+ * larger of the call and join timeouts: that is connection setup);
+ * abort_word (the group's, or NULL) ends any of them
+ * early. */
+typedef struct dcpx__nccl_bounds {
+  uint32_t setup_ms;
+  uint64_t call_ns;
+  const volatile uint32_t *abort_word;
+} dcpx__nccl_bounds;
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_unique_id(uint8_t *out, size_t cap, size_t *ret_len);
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device, char *ws,
-                const uint8_t *id, size_t id_len, struct dcpx__nccl **ret);
+                const uint8_t *id, size_t id_len, const dcpx__nccl_bounds *b,
+                char *why, size_t why_len, struct dcpx__nccl **ret);
+__attribute__((visibility("hidden"))) void
+dcpx__nccl_stop(struct dcpx__nccl *n, int abort);
 __attribute__((visibility("hidden"))) void
 dcpx__nccl_fini(struct dcpx__nccl *n, int abort);
 /* The call counters the round-1 kernel keeps (device memory, a
@@ -168,6 +191,10 @@ dcpx__nccl_fini(struct dcpx__nccl *n, int abort);
  * device address). */
 __attribute__((visibility("hidden"))) void
 dcpx__nccl_counters(struct dcpx__nccl *n, void *ctr, void *health);
+/* A call: DCPX_E_TIMEDOUT / DCPX_E_ABORTED when NCCL could not enqueue a
+ * collective within the call timeout / before the group aborted; after
+ * such a failure (or an NCCL error) the communicator is aborted and every
+ * later call fails with DCPX_E_NCCL. */
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows, const uint16_t *logits,
                 uint64_t stride, const int32_t *row_ends, void *stream);

@@ -5,20 +5,43 @@
  *   - rank 0 made an NCCL unique id before its Join (dcpx__nccl_unique_id)
  *     and sent it in Join.nccl_id; dcpxd, which needs no NCCL, keeps rank
  *     0's id and hands it to every rank in JoinReply.nccl_id;
- *   - every rank calls ncclCommInitRank(W, id, rank) on its device (it
- *     blocks until all W ranks did) and cudaMallocs its NCCL buffer
- *     (common/layout.h, dcpx_nccl_layout), zeroed.
+ *   - every rank cudaMallocs its NCCL buffer (common/layout.h,
+ *     dcpx_nccl_layout), zeroed, and creates a non-blocking communicator
+ *     (ncclCommInitRankConfig, blocking = 0) on its device, then polls it
+ *     until all W ranks have joined it.
  * Per call, on the caller's stream, nothing else (kernels/dcpx_kernels.h,
  * "the NCCL transport"): push = lists kernel + ncclAllGather; merge =
  * round-1 kernel + ncclAllGather of the rescue lists + round-2 kernel. No
  * sync, no allocation; ncclAllGather is graph-capturable, so the whole
  * call is.
- * At leave: ncclCommDestroy, or ncclCommAbort when the group was aborted
- * (a collective may then never complete).
+ * At leave: ncclCommFinalize, polled, then ncclCommDestroy; ncclCommAbort
+ * instead when the group was aborted or the finalize does not end in time.
  *
- * Health: the NCCL path has no bounded waits of its own. A peer that dies
- * mid-call leaves the all-gather to NCCL's own error handling; dcpxd still
- * sees the death and aborts the group, and dcpx_leave aborts the comm.
+ * Health: a dead peer must never hang a rank, and NCCL has no timeouts of
+ * its own, so the communicator is non-blocking and every host-side wait
+ * for it is ours (nccl_wait): a poll of ncclCommGetAsyncError, bounded in
+ * time and ended early by the group's abort word (which dcpxd sets when it
+ * sees a rank die):
+ *   - setup (a peer that died after the JoinReply never joins the
+ *     communicator): the join timeout, then ncclCommAbort and
+ *     DCPX_E_TIMEDOUT (DCPX_E_ABORTED on abort), the reason in
+ *     dcpx_client_last_error;
+ *   - a collective that NCCL could not enqueue at once (ncclInProgress:
+ *     connections are set up on first use): the larger of the call and
+ *     join timeouts.
+ *     NCCL forbids any other call on the comm, and any launch on the
+ *     stream, until it settles. One that does not settle, or fails, leaves
+ *     the comm unusable (and the ranks' collectives out of step): it is
+ *     aborted, the call fails and so does every later call of the member
+ *     (DCPX_E_NCCL) until dcpx_leave;
+ *   - leave: the finalize is bounded by the join timeout, and the abort
+ *     (which makes NCCL's kernels still waiting for a dead peer exit) comes
+ *     before cuda.c's device-wide sync, so that sync cannot wait on NCCL.
+ * A collective already on the stream whose peer died stays NCCL's: the
+ * kernel waits until the comm is aborted (at leave, or after a failed
+ * call); dcpx_recover's stream drain is bounded on its own (cuda.c).
+ * The common path adds one compare per call (is the comm still there?)
+ * and no syscall: the polls run only when NCCL answers ncclInProgress.
  */
 #define _GNU_SOURCE
 #ifdef HAVE_CONFIG_H
@@ -30,8 +53,11 @@
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #include <nccl.h>
 #pragma GCC diagnostic pop
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_log.h"
 #include "dcpx_kernels.h"
@@ -54,9 +80,87 @@ static int nccl_ok(ncclResult_t e, ncclComm_t comm, const char *what,
 #define NCCL_OK(call, comm) nccl_ok((call), (comm), #call, __LINE__)
 
 struct dcpx__nccl {
-  ncclComm_t comm;
+  ncclComm_t comm; /* NULL once aborted or destroyed */
+  dcpx__nccl_bounds b;
+  uint32_t rank, world; /* for the logs */
   dcpx_nkctx k;
 };
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t ms_to_ns(uint32_t ms) { return (uint64_t)ms * 1000000u; }
+
+/* Waits until comm leaves ncclInProgress: 0 when it settled with
+ * ncclSuccess, DCPX_E_NCCL when with an error, DCPX_E_TIMEDOUT after
+ * limit_ns, DCPX_E_ABORTED as soon as *abort_word (if any) is non-zero;
+ * each failure logged (WARN) with `what`. The comm is left as it is: the
+ * caller aborts it. The naps grow from 50 us to 1 ms, so that a short
+ * wait (a collective's connection setup) costs little latency and a long
+ * one (setup of the communicator, seconds) little CPU. */
+static int nccl_wait(ncclComm_t comm, uint64_t limit_ns,
+                     const volatile uint32_t *abort_word, const char *what) {
+  const uint64_t t0 = now_ns();
+  struct timespec nap = {0, 50000};
+  for (;;) {
+    ncclResult_t st = ncclInProgress;
+    const ncclResult_t e = ncclCommGetAsyncError(comm, &st);
+    if (e != ncclSuccess)
+      st = e;
+    if (st == ncclSuccess)
+      return 0;
+    if (st != ncclInProgress) {
+      nccl_ok(st, comm, what, __LINE__);
+      return DCPX_E_NCCL;
+    }
+    if (abort_word && __atomic_load_n(abort_word, __ATOMIC_ACQUIRE)) {
+      DCPX_WARN("%s: the group was aborted while NCCL was still in "
+                "progress", what);
+      return DCPX_E_ABORTED;
+    }
+    const uint64_t waited = now_ns() - t0;
+    if (waited >= limit_ns) {
+      DCPX_WARN("%s: NCCL still in progress after %llu ms (a rank that "
+                "died, or never came?)", what,
+                (unsigned long long)(waited / 1000000u));
+      return DCPX_E_TIMEDOUT;
+    }
+    nanosleep(&nap, NULL);
+    nap.tv_nsec = nap.tv_nsec < 500000 ? nap.tv_nsec * 2 : 1000000;
+  }
+}
+
+/* One ncclAllGather of count words on s. On a non-blocking comm NCCL may
+ * answer ncclInProgress (it sets connections up on first use); until the
+ * comm settles nothing else may be issued on it nor launched on s, so the
+ * call waits here, bounded by b (NULL: a blocking comm of the tests,
+ * where ncclInProgress is an error). */
+static int all_gather(const void *send, void *recv, size_t count,
+                      ncclComm_t comm, const dcpx__nccl_bounds *b,
+                      cudaStream_t s, const char *what) {
+  const ncclResult_t e =
+      ncclAllGather(send, recv, count, ncclUint32, comm, s);
+  if (__builtin_expect(e == ncclSuccess, 1))
+    return 0;
+  if (e == ncclInProgress && b)
+    return nccl_wait(comm, b->call_ns, b->abort_word, what);
+  nccl_ok(e, comm, what, __LINE__);
+  return DCPX_E_NCCL;
+}
+
+/* Why the join failed, for dcpx_client_last_error (why may be NULL). */
+__attribute__((format(printf, 3, 4))) static void
+say_why(char *why, size_t n, const char *fmt, ...) {
+  va_list ap;
+  if (!why || !n)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(why, n, fmt, ap);
+  va_end(ap);
+}
 
 void dcpx__nccl_counters(struct dcpx__nccl *n, void *ctr, void *health) {
   n->k.ctr = (dcpx_k_counters *)ctr;
@@ -74,8 +178,55 @@ int dcpx__nccl_unique_id(uint8_t *out, size_t cap, size_t *ret_len) {
   return 0;
 }
 
+/* Creates n->comm, non-blocking, and waits (nccl_wait) until every rank
+ * has joined it. On failure n->comm may be set: the caller aborts it. */
+static int comm_init(struct dcpx__nccl *n, const ncclUniqueId *uid,
+                     char *why, size_t why_len) {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0; /* so that the wait is ours, and bounded */
+  const ncclResult_t e = ncclCommInitRankConfig(
+      &n->comm, (int)n->world, *uid, (int)n->rank, &cfg);
+  if (e != ncclSuccess && e != ncclInProgress) {
+    nccl_ok(e, n->comm, "ncclCommInitRankConfig", __LINE__);
+    say_why(why, why_len, "NCCL communicator setup failed: %s",
+            ncclGetErrorString(e));
+    return DCPX_E_NCCL;
+  }
+  const int r = nccl_wait(n->comm, ms_to_ns(n->b.setup_ms), n->b.abort_word,
+                          "NCCL communicator setup");
+  if (r == DCPX_E_TIMEDOUT)
+    say_why(why, why_len,
+            "NCCL communicator setup (rank %u of %u) did not finish "
+            "within %u ms: a rank died after the group formed, or never "
+            "reached it", n->rank, n->world, n->b.setup_ms);
+  else if (r == DCPX_E_ABORTED)
+    say_why(why, why_len, "the group was aborted during the NCCL "
+                          "communicator setup (rank %u of %u)",
+            n->rank, n->world);
+  else if (r < 0) {
+    const char *last = ncclGetLastError(n->comm);
+    say_why(why, why_len, "NCCL communicator setup failed: %s",
+            last && *last ? last : "an NCCL error (see the log)");
+  }
+  return r;
+}
+
+/* The NCCL buffer, zeroed, on the current device. */
+static int buf_init(struct dcpx__nccl *n) {
+  if (!CUDA_OK(cudaMalloc((void **)&n->k.buf, n->k.NL.bytes))) {
+    n->k.buf = NULL;
+    return DCPX_E_NOMEM;
+  }
+  if (!CUDA_OK(cudaMemset(n->k.buf, 0, n->k.NL.bytes)) ||
+      !CUDA_OK(cudaDeviceSynchronize()) ||
+      DCPX_KLOG(dcpx_kn_prepare(), "dcpx_kn_prepare") < 0)
+    return DCPX_E_CUDA;
+  return 0;
+}
+
 int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
                     char *ws, const uint8_t *id, size_t id_len,
+                    const dcpx__nccl_bounds *b, char *why, size_t why_len,
                     struct dcpx__nccl **ret) {
   struct dcpx__nccl *n;
   ncclUniqueId uid;
@@ -85,66 +236,92 @@ int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
     /* rank 0 sent no (or a foreign) nccl id */
     DCPX_WARN("no NCCL unique id from rank 0 (%zu bytes, want %zu)", id_len,
               sizeof(uid));
+    say_why(why, why_len, "no NCCL unique id from rank 0");
     return DCPX_E_TRANSPORT;
   }
   memcpy(&uid, id, sizeof(uid));
   n = calloc(1, sizeof(*n));
   if (!n)
     return DCPX_E_NOMEM;
+  n->b = *b;
+  n->rank = rank;
+  n->world = sh->world;
   dcpx_kn_ctx_init(&n->k, sh, rank);
   n->k.ws = ws;
   cudaGetDevice(&prev);
-  if (!CUDA_OK(cudaSetDevice(device))) {
+  if (!CUDA_OK(cudaSetDevice(device)))
     r = DCPX_E_CUDA;
-    goto out;
-  }
-  if (!CUDA_OK(cudaMalloc((void **)&n->k.buf, n->k.NL.bytes))) {
-    n->k.buf = NULL;
-    r = DCPX_E_NOMEM;
-    goto out;
-  }
-  if (!CUDA_OK(cudaMemset(n->k.buf, 0, n->k.NL.bytes)) ||
-      !CUDA_OK(cudaDeviceSynchronize()) ||
-      DCPX_KLOG(dcpx_kn_prepare(), "dcpx_kn_prepare") < 0) {
-    r = DCPX_E_CUDA;
-    goto out;
-  }
-  if (!NCCL_OK(ncclCommInitRank(&n->comm, (int)sh->world, uid, (int)rank),
-               NULL)) {
-    n->comm = NULL;
-    r = DCPX_E_NCCL;
-    goto out;
-  }
-  r = dcpx_kn_ctx_check(&n->k);
-out:
+  if (r == 0)
+    r = buf_init(n);
+  if (r == 0)
+    r = comm_init(n, &uid, why, why_len);
+  if (r == 0)
+    r = dcpx_kn_ctx_check(&n->k);
+  if (r < 0)
+    dcpx__nccl_fini(n, 1); /* on `device`, where the comm and buffer are */
+  else
+    *ret = n;
   if (prev >= 0)
     cudaSetDevice(prev);
-  if (r < 0) {
-    dcpx__nccl_fini(n, 1);
-    return r;
+  return r;
+}
+
+/* ncclCommFinalize, polled: 0 once the comm is quiescent (its operations
+ * done, ncclCommDestroy is then local), else the wait's error. */
+static int comm_finalize(struct dcpx__nccl *n) {
+  const ncclResult_t e = ncclCommFinalize(n->comm);
+  if (e != ncclSuccess && e != ncclInProgress) {
+    nccl_ok(e, n->comm, "ncclCommFinalize", __LINE__);
+    return DCPX_E_NCCL;
   }
-  *ret = n;
-  return 0;
+  return nccl_wait(n->comm, ms_to_ns(n->b.setup_ms), n->b.abort_word,
+                   "ncclCommFinalize at leave");
+}
+
+void dcpx__nccl_stop(struct dcpx__nccl *n, int abort) {
+  if (!n || !n->comm)
+    return;
+  if (!abort && comm_finalize(n) == 0) {
+    ncclCommDestroy(n->comm);
+  } else {
+    if (!abort)
+      DCPX_WARN("rank %u of %u: NCCL communicator aborted at leave",
+                n->rank, n->world);
+    ncclCommAbort(n->comm); /* ends NCCL's kernels that still wait */
+  }
+  n->comm = NULL;
 }
 
 void dcpx__nccl_fini(struct dcpx__nccl *n, int abort) {
   if (!n)
     return;
-  if (n->comm) {
-    if (abort)
-      ncclCommAbort(n->comm);
-    else
-      ncclCommDestroy(n->comm);
-  }
+  dcpx__nccl_stop(n, abort);
   if (n->k.buf)
     cudaFree(n->k.buf);
   free(n);
 }
 
-int dcpx__nccl_push_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
-                      const uint16_t *logits, uint64_t stride,
-                      const int32_t *row_ends, void *stream) {
-  cudaStream_t s = (cudaStream_t)stream;
+/* After a failed call: a comm that NCCL still works on (a collective that
+ * did not settle in time) or that reported an error can take no further
+ * call, and the ranks' collectives are out of step: it is aborted (which
+ * also ends its kernels waiting for a peer). A call that failed before
+ * NCCL (a launch) leaves it as it is. */
+static void comm_after_failure(struct dcpx__nccl *n) {
+  ncclResult_t st = ncclSuccess;
+  if (ncclCommGetAsyncError(n->comm, &st) == ncclSuccess &&
+      st == ncclSuccess)
+    return;
+  DCPX_WARN("rank %u of %u: NCCL communicator aborted (%s); the member's "
+            "calls fail until dcpx_leave", n->rank, n->world,
+            ncclGetErrorString(st));
+  ncclCommAbort(n->comm);
+  n->comm = NULL;
+}
+
+static int push_k(const struct dcpx_nkctx *k, ncclComm_t comm,
+                  const dcpx__nccl_bounds *b, uint32_t rows,
+                  const uint16_t *logits, uint64_t stride,
+                  const int32_t *row_ends, cudaStream_t s) {
   int r;
   if (rows > k->rows_max)
     return DCPX_E_RANGE;
@@ -154,22 +331,18 @@ int dcpx__nccl_push_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
                 "dcpx_kn_lists");
   if (r < 0)
     return r;
-  if (!NCCL_OK(ncclAllGather(dcpx_kn_send(k), dcpx_kn_recv(k),
-                             (size_t)rows * k->L.rw_n, ncclUint32,
-                             (ncclComm_t)comm, s),
-               (ncclComm_t)comm))
-    return DCPX_E_NCCL;
-  return 0;
+  return all_gather(dcpx_kn_send(k), dcpx_kn_recv(k),
+                    (size_t)rows * k->L.rw_n, comm, b, s,
+                    "ncclAllGather of the lists");
 }
 
-int dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
-                       const uint16_t *logits, uint64_t stride,
-                       const int32_t *row_ends, const int32_t *req_id,
-                       const int32_t *block_table, uint32_t bt_rows,
-                       uint32_t bt_cols, int32_t *rows_out,
-                       int32_t *valid_out, int32_t *ids_out,
-                       uint32_t *sat_word, void *stream) {
-  cudaStream_t s = (cudaStream_t)stream;
+static int merge_k(const struct dcpx_nkctx *k, ncclComm_t comm,
+                   const dcpx__nccl_bounds *b, uint32_t rows,
+                   const uint16_t *logits, uint64_t stride,
+                   const int32_t *row_ends, const int32_t *req_id,
+                   const int32_t *block_table, uint32_t bt_rows,
+                   uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
+                   int32_t *ids_out, uint32_t *sat_word, cudaStream_t s) {
   int r;
   if (rows > k->rows_max)
     return DCPX_E_RANGE;
@@ -183,21 +356,45 @@ int dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
     return r;
   /* Unconditional: whether any row needs its rescue is known on the
    * device only (see kernels/nccl.cu). */
-  if (!NCCL_OK(ncclAllGather(dcpx_kn_rsend(k), dcpx_kn_rrecv(k),
-                             (size_t)rows * k->L.rw_k, ncclUint32,
-                             (ncclComm_t)comm, s),
-               (ncclComm_t)comm))
-    return DCPX_E_NCCL;
+  r = all_gather(dcpx_kn_rsend(k), dcpx_kn_rrecv(k),
+                 (size_t)rows * k->L.rw_k, comm, b, s,
+                 "ncclAllGather of the rescue lists");
+  if (r < 0)
+    return r;
   return DCPX_KLOG(dcpx_kn_round2(k, rows, req_id, block_table, bt_rows,
                                   bt_cols, rows_out, valid_out, ids_out, s),
                    "dcpx_kn_round2");
 }
 
+int dcpx__nccl_push_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
+                      const uint16_t *logits, uint64_t stride,
+                      const int32_t *row_ends, void *stream) {
+  return push_k(k, (ncclComm_t)comm, NULL, rows, logits, stride, row_ends,
+                (cudaStream_t)stream);
+}
+
+int dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
+                       const uint16_t *logits, uint64_t stride,
+                       const int32_t *row_ends, const int32_t *req_id,
+                       const int32_t *block_table, uint32_t bt_rows,
+                       uint32_t bt_cols, int32_t *rows_out,
+                       int32_t *valid_out, int32_t *ids_out,
+                       uint32_t *sat_word, void *stream) {
+  return merge_k(k, (ncclComm_t)comm, NULL, rows, logits, stride, row_ends,
+                 req_id, block_table, bt_rows, bt_cols, rows_out, valid_out,
+                 ids_out, sat_word, (cudaStream_t)stream);
+}
+
 int dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows,
                     const uint16_t *logits, uint64_t stride,
                     const int32_t *row_ends, void *stream) {
-  return dcpx__nccl_push_k(&n->k, n->comm, rows, logits, stride, row_ends,
-                           stream);
+  if (!n->comm)
+    return DCPX_E_NCCL; /* aborted after a failed call */
+  const int r = push_k(&n->k, n->comm, &n->b, rows, logits, stride,
+                       row_ends, (cudaStream_t)stream);
+  if (r < 0)
+    comm_after_failure(n);
+  return r;
 }
 
 int dcpx__nccl_merge(struct dcpx__nccl *n, uint32_t rows,
@@ -206,7 +403,13 @@ int dcpx__nccl_merge(struct dcpx__nccl *n, uint32_t rows,
                      const int32_t *block_table, uint32_t bt_rows,
                      uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
                      int32_t *ids_out, uint32_t *sat_word, void *stream) {
-  return dcpx__nccl_merge_k(&n->k, n->comm, rows, logits, stride, row_ends,
-                            req_id, block_table, bt_rows, bt_cols, rows_out,
-                            valid_out, ids_out, sat_word, stream);
+  if (!n->comm)
+    return DCPX_E_NCCL; /* aborted after a failed call */
+  const int r = merge_k(&n->k, n->comm, &n->b, rows, logits, stride,
+                        row_ends, req_id, block_table, bt_rows, bt_cols,
+                        rows_out, valid_out, ids_out, sat_word,
+                        (cudaStream_t)stream);
+  if (r < 0)
+    comm_after_failure(n);
+  return r;
 }

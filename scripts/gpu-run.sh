@@ -17,7 +17,8 @@
 #            with DCPX_KLIST=1, with DCPX_RESC_EARLY=1 and with half-size
 #            merge blocks in every call (DCPX_MERGE_THREADS=256)
 #   nccl     test_nccl: both transports against the reference (W=1; W=2
-#            with two GPUs)
+#            with two GPUs), and the bounds of the NCCL setup (a peer that
+#            never joins: timeout, abort)
 #   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
 #            merge, merge with rescue, whole calls (5 graph replays each)
 #   ab       bench_kernels A/B: this build, this build with full push
@@ -114,7 +115,7 @@ step_kernels() {
 step_nccl() {
   say test_nccl
   timeout -k 5 150 "$B/tests/gpu/test_nccl" > "$OUT/test_nccl.log" 2>&1 || rc=1
-  show "nccl-exact|MISMATCH|FATAL" "$OUT/test_nccl.log"
+  show "nccl-exact|nccl-bounded|MISMATCH|FAIL|FATAL" "$OUT/test_nccl.log"
 }
 
 step_bench1() {

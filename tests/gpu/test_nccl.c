@@ -22,12 +22,20 @@
  * the rank is saturated and the rescue round (second all-gather, round 2)
  * runs on nearly every row.
  *
+ * Then, on GPU 0, the bounds of libdcpx's NCCL setup (run_bounded):
+ * dcpx__nccl_init as rank 0 of a W=2 group whose rank 1 never comes must
+ * give up at its timeout (DCPX_E_TIMEDOUT), or when the group's abort
+ * word is set, before or during the setup (DCPX_E_ABORTED), with a
+ * reason; "nccl-bounded: X/Y cases".
+ *
  * Nothing may hang: every wait polls its stream against a wall-clock limit
- * (DCPX_TEST_LIMIT_S, default 60) and the program exits 3 with a message
- * when it passes. Exit 0: every case exact; 1: a mismatch; 2: a setup
- * error; 77: no GPU.
+ * (DCPX_TEST_LIMIT_S, default 60), a bounded case runs under a 10 s
+ * alarm, and the program exits 3 with a message when either passes. Exit
+ * 0: every case exact and every bound kept; 1: a mismatch or a bound not
+ * kept; 2: a setup error; 77: no GPU.
  */
 #include <math.h>
+#include <signal.h>
 /* nccl.h declares some functions without prototypes */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
@@ -185,9 +193,8 @@ static void wait_stream(cudaStream_t st, const char *what) {
   }
 }
 
-static void world_init(world_t *w, uint32_t W, const tcase *tc,
-                       const int *devs) {
-  memset(w, 0, sizeof(*w));
+/* The shape of case tc at world W (checked). */
+static dcpx_shape shape_of(const tcase *tc, uint32_t W) {
   dcpx_shape s = DCPX_SHAPE_INIT;
   s.world = W;
   s.rows = tc->R;
@@ -197,6 +204,13 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
   s.interleave = tc->I;
   s.max_local = tc->max_local;
   KCK(dcpx_shape_check(&s));
+  return s;
+}
+
+static void world_init(world_t *w, uint32_t W, const tcase *tc,
+                       const int *devs) {
+  memset(w, 0, sizeof(*w));
+  const dcpx_shape s = shape_of(tc, W);
   w->W = W;
   w->sh = s;
   w->tc = *tc;
@@ -851,6 +865,104 @@ static int gbench_main(uint32_t W, int ndev, const int *devs, uint64_t seed) {
   return ok ? 0 : 1;
 }
 
+/* ---- the bounds of the NCCL setup (one GPU) ---------------------------------
+ *
+ * libdcpx's dcpx__nccl_init as rank 0 of a W=2 group whose rank 1 never
+ * joins the communicator (a peer that died after dcpxd's JoinReply): the
+ * blocking ncclCommInitRank it used before session 11 waited forever
+ * there. Each case runs under an alarm that fails the program (exit 3)
+ * if the call is still blocked after BOUNDED_HANG_S, so a setup without
+ * a bound cannot pass, nor hang the run. */
+#define BOUNDED_HANG_S 10
+
+static void on_hang(int sig) {
+  static const char msg[] = "FATAL: dcpx__nccl_init still blocked after 10 "
+                            "s: the NCCL setup has no bound (hang)\n";
+  (void)sig;
+  ssize_t n = write(2, msg, sizeof(msg) - 1); /* async-signal-safe */
+  (void)n;
+  _exit(3);
+}
+
+typedef struct abort_later {
+  volatile uint32_t *word;
+  useconds_t after_us;
+} abort_later;
+
+static void *abort_later_thread(void *p) {
+  abort_later *a = (abort_later *)p;
+  usleep(a->after_us);
+  __atomic_store_n(a->word, DCPX_ABORT_DEAD, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* One case: setup bound setup_ms; the group's abort word set abort_ms
+ * after the call began (0: before it, < 0: never). Passes when the init
+ * returns `want`, with a reason, after min_s to max_s seconds. */
+static int run_bounded(const char *name, uint32_t setup_ms, int abort_ms,
+                       int want, double min_s, double max_s) {
+  const tcase *tc = &cases[0];
+  const dcpx_shape sh = shape_of(tc, 2);
+  dcpx_layout L;
+  uint8_t id[DCPX__NCCL_ID_MAX];
+  size_t id_len = 0;
+  char *ws = NULL, why[512] = "";
+  volatile uint32_t abort_word = abort_ms == 0 ? DCPX_ABORT_DEAD : 0;
+  const dcpx__nccl_bounds b = {setup_ms, 1000000000ull, &abort_word};
+  abort_later al = {&abort_word, (useconds_t)(abort_ms > 0 ? abort_ms : 0) *
+                                     1000u};
+  struct dcpx__nccl *n = NULL;
+  pthread_t th;
+
+  dcpx_layout_compute(&L, 2, tc->R, tc->K, tc->N);
+  CK(cudaSetDevice(0));
+  CK(cudaMalloc((void **)&ws, L.ws_bytes));
+  KCK(dcpx__nccl_unique_id(id, sizeof(id), &id_len));
+  alarm(BOUNDED_HANG_S);
+  const double t0 = gg_now();
+  if (abort_ms > 0 && pthread_create(&th, NULL, abort_later_thread, &al)) {
+    fprintf(stderr, "pthread_create failed\n");
+    _exit(2);
+  }
+  const int r = dcpx__nccl_init(&sh, 0, 0, ws, id, id_len, &b, why,
+                                sizeof(why), &n);
+  const double dt = gg_now() - t0;
+  alarm(0);
+  if (abort_ms > 0)
+    pthread_join(th, NULL);
+  const int ok = r == want && dt >= min_s && dt <= max_s && why[0];
+  printf("%s bounded %-12s W=2, rank 1 never joins: %s after %.2f s (want "
+         "%s after %.2f-%.1f s)%s%s\n",
+         ok ? "ok  " : "FAIL", name, r ? dcpx_strerror(r) : "success", dt,
+         dcpx_strerror(want), min_s, max_s, why[0] ? ": " : ", no reason",
+         why);
+  fflush(stdout);
+  if (r == 0)
+    dcpx__nccl_fini(n, 1);
+  CK(cudaFree(ws));
+  return ok;
+}
+
+/* The bounded cases; *ret_total gets their number. */
+static uint32_t run_bounded_all(uint32_t *ret_total) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_hang;
+  sigaction(SIGALRM, &sa, NULL);
+  uint32_t pass = 0;
+  /* the join timeout passes: given up after 500 ms */
+  pass += (uint32_t)run_bounded("timeout", 500, -1, DCPX_E_TIMEDOUT, 0.5,
+                                5.0);
+  /* aborted during the setup (a peer died): at once, not after 60 s */
+  pass += (uint32_t)run_bounded("abort-during", 60000, 100, DCPX_E_ABORTED,
+                                0.1, 5.0);
+  /* aborted before it */
+  pass += (uint32_t)run_bounded("abort-before", 60000, 0, DCPX_E_ABORTED,
+                                0.0, 5.0);
+  *ret_total = 3;
+  return pass;
+}
+
 int main(int argc, char **argv) {
   int ndev = 0, bench = 0;
   if (argc > 1 && !strcmp(argv[1], "--bench"))
@@ -913,5 +1025,8 @@ int main(int argc, char **argv) {
     printf("test_nccl: one GPU: W >= 2 needs several GPUs (NCCL refuses two "
            "ranks on one GPU); not run\n");
   printf("nccl-exact: %u/%u cases\n", pass, total);
-  return pass == total ? 0 : 1;
+  uint32_t btotal = 0;
+  const uint32_t bpass = run_bounded_all(&btotal);
+  printf("nccl-bounded: %u/%u cases\n", bpass, btotal);
+  return pass == total && bpass == btotal ? 0 : 1;
 }
