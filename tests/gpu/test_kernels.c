@@ -1111,6 +1111,78 @@ static int run_trickle(void) {
   return bad == 0;
 }
 
+/* Whether rank r's row t fails its block-table lookups as
+ * run_bad_tables corrupts them (its reference own count: valid). */
+static int bad_table_row(uint32_t r, uint32_t t, int32_t valid) {
+  return (r == 0 && (t & 1u)) || ((r == 1 || r == 2) && valid > 0);
+}
+
+/* Rank r's outputs after run_bad_tables' call: a row whose lookups fail
+ * has valid_out -1 and rows_out all -1, and ids_out and sat_word as the
+ * reference computed them with sound tables; any other row is exact. */
+static uint32_t bad_tables_check(gg *g, const refjob *j, uint32_t r,
+                                 const char *what, uint32_t *ret_bad_rows) {
+  const uint32_t K = g->sh.topk;
+  uint32_t bad = 0;
+  for (uint32_t t = 0; t < g->rows; t++) {
+    const int32_t *gr = g->g_rows[r] + (size_t)t * K;
+    const int32_t *gi = g->g_ids[r] + (size_t)t * K;
+    const int rowbad = bad_table_row(r, t, j->valid[t]);
+    int ok = g->g_sat[r][t] == j->sat[t] &&
+             g->g_valid[r][t] == (rowbad ? -1 : j->valid[t]);
+    for (uint32_t i = 0; i < K && ok; i++)
+      ok = gi[i] == j->ids[(size_t)t * K + i] &&
+           gr[i] == (rowbad ? -1 : j->rows[(size_t)t * K + i]);
+    *ret_bad_rows += (uint32_t)rowbad;
+    if (!ok && bad++ < 4)
+      printf("  MISMATCH %s rank %u row %u (lookups %s): valid %d, want "
+             "%d\n", what, r, t, rowbad ? "fail" : "fine", g->g_valid[r][t],
+             rowbad ? -1 : j->valid[t]);
+  }
+  return bad;
+}
+
+/* Block-table lookups that fail (docs/PROTOCOL.md 5.7): rank 0's odd rows
+ * ask for a request outside the table, rank 1's table holds only
+ * negative blocks, rank 2's blocks make KV rows past INT32_MAX; rank 3's
+ * is sound. Rows that rescue and rows that do not; two calls. */
+static int run_bad_tables(uint64_t seed) {
+  static const tcase tc = {"bad-tables", 4, 64, 256, 4096, 16, 16, 1, G_MIX,
+                           LEN_MIX, 1, 0, 0, 0, 0, 0};
+  uint32_t bad = 0, bad_rows = 0, resc = 0;
+  for (uint32_t call = 0; call < 2; call++) {
+    gg g;
+    refset rs;
+    gg_init(&g, tc.W, 16, 16, tc.N, tc.K, tc.B, tc.I, tc.max_local,
+            tc.max_local, 0, 0);
+    ref_alloc(&rs, &g);
+    gen_call(&g, &tc, seed, call);
+    if (ref_run(&rs, &g) < 0) /* with the sound tables */
+      bad++;
+    for (uint32_t t = 1; t < g.rows; t += 2)
+      g.h_req[0][t] = (int32_t)g.bt_rows;
+    for (size_t i = 0; i < (size_t)g.bt_rows * g.bt_cols; i++) {
+      g.h_bt[1][i] = -5;
+      g.h_bt[2][i] = (int32_t)(INT32_MAX / tc.B + 1);
+    }
+    gg_upload(&g);
+    gg_poison(&g);
+    gg_call(&g);
+    if (gg_wait(&g, 20.0, gg_now(), NULL) < 0)
+      bad++;
+    gg_download(&g);
+    for (uint32_t r = 0; r < g.W; r++) {
+      bad += bad_tables_check(&g, &rs.job[r], r, "bad-tables", &bad_rows);
+      resc += (uint32_t)rs.job[r].st.rescue_rows;
+    }
+    ref_free(&rs, g.W);
+    gg_free(&g);
+  }
+  printf("case %-30s %s (%u rows with failed lookups, %u rescued rows)\n",
+         "bad-block-tables", bad ? "FAIL" : "exact", bad_rows, resc);
+  return bad == 0 && bad_rows > 0;
+}
+
 static int run_corners(void) {
   int ok = 1;
   ok &= run_push_abort(g_seed ^ 0xAB);
@@ -1118,6 +1190,7 @@ static int run_corners(void) {
   ok &= run_trickle();
   ok &= run_staged_overwrite(g_seed ^ 0x57A6);
   ok &= run_graph_tags(g_seed ^ 0x6A);
+  ok &= run_bad_tables(g_seed ^ 0xBAD7);
   return ok;
 }
 
