@@ -1115,8 +1115,9 @@ static int join_device(dcpxd_conn *c, const Dcpx__Join *j,
                 "rank %u's GPU (device %d there, UUID %02x%02x%02x%02x-"
                 "%02x%02x-...) is not one this dcpxd sees%s",
                 j->rank, (int)j->device, u[0], u[1], u[2], u[3], u[4], u[5],
-                r == DCPX_E_NOENT ? " (its CUDA_VISIBLE_DEVICES hides it?)"
-                                  : ": no usable CUDA driver");
+                r == DCPX_E_NOENT
+                    ? " (does dcpxd's CUDA_VISIBLE_DEVICES hide it?)"
+                    : ": dcpxd has no usable CUDA driver");
     return -1;
   }
   if (dev != j->device)

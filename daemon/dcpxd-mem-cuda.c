@@ -249,10 +249,11 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
  * are theirs (their CUDA_VISIBLE_DEVICES), the UUID is the GPU's. A scan
  * of a few driver queries per join; no context is made. */
 static int cuda_device_of_uuid(const uint8_t *uuid, int *ret_device) {
-  int n = 0, r = drv_get();
-  if (r < 0)
-    return r;
-  if (cudaGetDeviceCount(&n) != cudaSuccess)
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaErrorNoDevice || (e == cudaSuccess && n < 1))
+    return DCPX_E_NOENT; /* we see no GPU at all */
+  if (e != cudaSuccess || drv_get() < 0)
     return DCPX_E_CUDA;
   for (int d = 0; d < n; d++) {
     CUuuid u;

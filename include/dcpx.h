@@ -500,11 +500,15 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * error), and a failed row shows as valid_out[t] = -1, in
  * dcpx_member_async_error and in dcpx_health. With the nccl transport a
  * collective that NCCL cannot enqueue at once (it sets connections up on
- * first use) is waited for on the host, bounded by timeout_ns and ended by
- * a group abort: DCPX_E_TIMEDOUT or DCPX_E_ABORTED, after which (as after
- * an NCCL error) the communicator is aborted and every later call fails
- * with DCPX_E_NCCL until dcpx_leave. The same argument rules hold for
- * dcpx_push. */
+ * first use) is waited for on the host, bounded by the larger of
+ * timeout_ns and the join timeout and ended by a group abort:
+ * DCPX_E_TIMEDOUT or DCPX_E_ABORTED. Any call of an nccl member that
+ * fails or is refused (a merge while the group is aborted returns
+ * DCPX_E_ABORTED there) aborts its communicator, since the ranks'
+ * collectives can no longer be matched and an NCCL kernel waits without a
+ * bound: every later call fails with DCPX_E_NCCL until dcpx_leave
+ * (nothing rebuilds a communicator: the ranks leave and join again). The
+ * same argument rules hold for dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
                         const dcpx_merge_out *out, void *stream);
 

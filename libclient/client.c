@@ -394,13 +394,12 @@ static int join_send(dcpx_client *c, dcpx_member *m,
   /* The GPU by its UUID: dcpxd's ordinals need not be ours (our
    * CUDA_VISIBLE_DEVICES). Without one dcpxd takes the ordinal as its
    * own; dcpx__cuda_init fails the join later where CUDA cannot answer. */
-  uint8_t uuid[16];
   if (o->backend == DCPX_BACKEND_CUDA && o->device >= 0 &&
-      dcpx__cuda_device_uuid(o->device, uuid) == 0) {
-    j.device_uuid.data = uuid;
-    j.device_uuid.len = sizeof(uuid);
-  }
+      dcpx__cuda_device_uuid(o->device, m->device_uuid) == 0)
+    m->device_uuid_len = sizeof(m->device_uuid);
 #endif
+  j.device_uuid.data = m->device_uuid;
+  j.device_uuid.len = m->device_uuid_len;
 #ifdef HAVE_NCCL
   /* Rank 0 of a group that may use NCCL makes the unique id; dcpxd relays
    * it to every rank. With auto, a failure only rules out nccl. */
@@ -850,6 +849,10 @@ static int link_reattach_start(dcpx_member *m) {
   j.timeout_ns = m->timeout_ns;
   j.rank = m->rank;
   j.device = m->device;
+  /* by UUID too: dcpxd checks the adopted workspace is on that GPU, by
+   * its own ordinal (Join.device_uuid) */
+  j.device_uuid.data = m->device_uuid;
+  j.device_uuid.len = m->device_uuid_len;
   j.node = node;
   j.backend = (Dcpx__Backend)m->backend;
   j.join_timeout_ms = m->join_timeout_ms;

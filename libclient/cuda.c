@@ -482,15 +482,30 @@ static int cuda_capturing(void *stream) {
   return st != cudaStreamCaptureStatusNone;
 }
 
+/* A refused call of an NCCL member (dcpx__nccl_abort: the ranks'
+ * collectives can no longer be matched, and a collective waits without a
+ * bound). Nothing for the ll transport, whose waits are bounded. */
+static void nccl_refused(struct dcpx_member *m, const char *why) {
+#ifdef HAVE_NCCL
+  dcpx__nccl_abort(m->cuda->nccl, why);
+#else
+  (void)m;
+  (void)why;
+#endif
+}
+
 static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
                      void *stream) {
   int r;
   m->last_rows = in->rows;
-  if ((r = push_allowed(m)) < 0)
+  if ((r = push_allowed(m)) < 0) {
+    nccl_refused(m, dcpx_strerror(r));
     return r;
+  }
   if (in->rows > m->shape.rows) {
     DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
+    nccl_refused(m, "a push of too many rows");
   }
 #ifdef HAVE_NCCL
   else if (m->cuda->nccl)
@@ -562,9 +577,15 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
   if (in->rows > m->shape.rows) {
     DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
+    nccl_refused(m, "a merge of too many rows");
   }
 #ifdef HAVE_NCCL
-  else if (m->cuda->nccl)
+  else if (m->cuda->nccl && m->hdr->abort) {
+    /* the ll merge fails its rows on the device; a collective would wait
+     * for peers that issue nothing more */
+    r = DCPX_E_ABORTED;
+    nccl_refused(m, "the group was aborted");
+  } else if (m->cuda->nccl)
     r = dcpx__nccl_merge(m->cuda->nccl, in->rows, in->logits, in->stride,
                          in->row_ends, in->req_id, in->block_table,
                          in->bt_rows, in->bt_cols, out->rows_out,

@@ -88,6 +88,8 @@ struct dcpx_member {
   int link; /* DCPX__LINK_* */
   char path[108];
   int32_t device;
+  uint8_t device_uuid[16]; /* Join.device_uuid, sent again at a reattach */
+  uint8_t device_uuid_len; /* 0 (none: the host backend) or 16 */
   uint32_t join_timeout_ms;
   int ctl_fd;
   int ws_fd[DCPX_MAX_WORLD];
@@ -186,15 +188,23 @@ __attribute__((visibility("hidden"))) void
 dcpx__nccl_stop(struct dcpx__nccl *n, int abort);
 __attribute__((visibility("hidden"))) void
 dcpx__nccl_fini(struct dcpx__nccl *n, int abort);
+/* A call of the member that failed or was refused (`why`, for the log):
+ * the ranks' collectives can no longer be matched (one rank skipped or
+ * cut short what the others issued, or the group aborted and a peer will
+ * issue nothing more), and NCCL's kernels wait without a bound: the
+ * communicator is aborted, which ends them, and the member's later calls
+ * fail with DCPX_E_NCCL until dcpx_leave (nothing rebuilds it). Once. */
+__attribute__((visibility("hidden"))) void
+dcpx__nccl_abort(struct dcpx__nccl *n, const char *why);
 /* The call counters the round-1 kernel keeps (device memory, a
  * dcpx_k_counters) and publishes into `health` (the rank's health block,
  * device address). */
 __attribute__((visibility("hidden"))) void
 dcpx__nccl_counters(struct dcpx__nccl *n, void *ctr, void *health);
 /* A call: DCPX_E_TIMEDOUT / DCPX_E_ABORTED when NCCL could not enqueue a
- * collective within the call timeout / before the group aborted; after
- * such a failure (or an NCCL error) the communicator is aborted and every
- * later call fails with DCPX_E_NCCL. */
+ * collective within its bound / before the group aborted; after any
+ * failure the communicator is aborted (dcpx__nccl_abort) and every later
+ * call fails with DCPX_E_NCCL. */
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows, const uint16_t *logits,
                 uint64_t stride, const int32_t *row_ends, void *stream);

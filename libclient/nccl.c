@@ -301,19 +301,11 @@ void dcpx__nccl_fini(struct dcpx__nccl *n, int abort) {
   free(n);
 }
 
-/* After a failed call: a comm that NCCL still works on (a collective that
- * did not settle in time) or that reported an error can take no further
- * call, and the ranks' collectives are out of step: it is aborted (which
- * also ends its kernels waiting for a peer). A call that failed before
- * NCCL (a launch) leaves it as it is. */
-static void comm_after_failure(struct dcpx__nccl *n) {
-  ncclResult_t st = ncclSuccess;
-  if (ncclCommGetAsyncError(n->comm, &st) == ncclSuccess &&
-      st == ncclSuccess)
+void dcpx__nccl_abort(struct dcpx__nccl *n, const char *why) {
+  if (!n || !n->comm)
     return;
   DCPX_WARN("rank %u of %u: NCCL communicator aborted (%s); the member's "
-            "calls fail until dcpx_leave", n->rank, n->world,
-            ncclGetErrorString(st));
+            "calls fail until dcpx_leave", n->rank, n->world, why);
   ncclCommAbort(n->comm);
   n->comm = NULL;
 }
@@ -393,7 +385,7 @@ int dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows,
   const int r = push_k(&n->k, n->comm, &n->b, rows, logits, stride,
                        row_ends, (cudaStream_t)stream);
   if (r < 0)
-    comm_after_failure(n);
+    dcpx__nccl_abort(n, "a failed push");
   return r;
 }
 
@@ -410,6 +402,6 @@ int dcpx__nccl_merge(struct dcpx__nccl *n, uint32_t rows,
                         rows_out, valid_out, ids_out, sat_word,
                         (cudaStream_t)stream);
   if (r < 0)
-    comm_after_failure(n);
+    dcpx__nccl_abort(n, "a failed merge");
   return r;
 }

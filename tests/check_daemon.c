@@ -464,7 +464,8 @@ static int uuid_join(const char *group, const uint8_t *uuid, size_t uuid_len,
       snprintf(why, why_len, "%s", jr->reply->error);
     if (jr->n_device_uuids == 1 && jr->device_uuids[0].len <= 16) {
       *ret_echo_len = jr->device_uuids[0].len;
-      memcpy(echo, jr->device_uuids[0].data, jr->device_uuids[0].len);
+      if (*ret_echo_len) /* data may be NULL when empty */
+        memcpy(echo, jr->device_uuids[0].data, *ret_echo_len);
     }
   } else if (rep->msg_case == DCPX__FRAME__MSG_REPLY) {
     r = rep->reply->status;

@@ -279,3 +279,43 @@ def run_compile(rank, sock, group, shape, ngpu, calls):
         compare(got, dcpx.ref_call(shape, lg, en, rank, req, bt), R)
     _leave(c, m)
     return calls
+
+
+def restart_main(q, restarted, sock, group, shape):
+    """test_cuda_daemon_restart's rank: two exact calls, then (once the
+    test killed dcpxd and started it again) dcpx_poll until the member is
+    reattached, and two more exact calls."""
+    try:
+        import torch
+        torch.cuda.set_device(0)
+        c = dcpx.Client(sock)
+        m = c.join(shape, rank=0, group=group, backend=dcpx.Backend.CUDA,
+                   device=0, timeout_ns=5_000_000_000)
+        d = torch.device("cuda", 0)
+        R, L = shape.rows, shape.max_local
+        req, bt = tables(0, R, L, shape.block_size)
+        req_t, bt_t = _t(req, d), _t(bt, d)
+
+        def call(k):
+            lg, en = inputs(37, k, shape.world, R, L,
+                            ("random", "ties", "skew")[k % 3])
+            x, e = _lg(lg[0], d), _t(en[0], d)
+            m.push(x, e, call_tag=k)
+            res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=k)
+            compare(_host(res), dcpx.ref_call(shape, lg, en, 0, req, bt), R)
+
+        call(0)
+        call(1)
+        q.put(("ready", 0, None))
+        assert restarted.wait(120), "the test did not restart dcpxd"
+        end = time.monotonic() + 30
+        while m.poll() != 0:
+            assert time.monotonic() < end, "not reattached within 30 s"
+            time.sleep(0.05)
+        call(2)
+        call(3)
+        m.leave()
+        c.close()
+        q.put(("ok", 0, None))
+    except BaseException:  # noqa: BLE001
+        q.put(("err", 0, traceback.format_exc()))

@@ -117,6 +117,37 @@ def test_cuda_graph_capture(daemon, cuda_ok, group, W):
           f"{[round(v[1], 1) for v in out.values()]} us")
 
 
+def test_cuda_daemon_restart(cuda_ok, group):
+    """dcpxd killed (-9) and started again on its socket and state dir: a
+    CUDA member reattaches (the new dcpxd adopts its workspace, on the GPU
+    the join's UUID names) and its calls stay exact."""
+    import _gpu_ranks
+    from dcpx.testing import PrivateDaemon
+    shape = dcpx.Shape(world=1, rows=8, topk=128, local_topk=32,
+                       block_size=16, max_local=4096)
+    d = PrivateDaemon().start()
+    try:
+        ctx = mp.get_context("spawn")
+        q, ev = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=_gpu_ranks.restart_main,
+                        args=(q, ev, d.socket, group, shape))
+        p.start()
+        st, _, v = q.get(timeout=120)
+        assert st == "ready", v
+        d.proc.kill()
+        d.proc.wait()
+        with open(d.log, "ab") as log:
+            d.proc = subprocess.Popen(d.args, stdout=log, stderr=log,
+                                      stdin=subprocess.DEVNULL)
+        ev.set()
+        st, _, v = q.get(timeout=120)
+        assert st == "ok", v
+        p.join(30)
+        assert "adopted after a dcpxd restart" in d.read_log(), d.read_log()
+    finally:
+        d.stop()
+
+
 @pytest.mark.parametrize("W", [1, 2])
 def test_torch_compile_fullgraph(daemon, cuda_ok, group, W):
     if not dcpx.torch_ops_available:
