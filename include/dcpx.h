@@ -506,8 +506,9 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * fails or is refused (a merge while the group is aborted returns
  * DCPX_E_ABORTED there) aborts its communicator, since the ranks'
  * collectives can no longer be matched and an NCCL kernel waits without a
- * bound: every later call fails with DCPX_E_NCCL until dcpx_leave
- * (nothing rebuilds a communicator: the ranks leave and join again). The
+ * bound: every later call fails with DCPX_E_NCCL until dcpx_leave (and
+ * fails the rank, as any refused call: DCPX_E_FAILED until dcpx_recover;
+ * nothing rebuilds a communicator: the ranks leave and join again). The
  * same argument rules hold for dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
                         const dcpx_merge_out *out, void *stream);

@@ -596,8 +596,13 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
   if (r == 0 && merge)
     r = dcpx__struct_check(fn, "dcpx_merge_out", out, sizeof(dcpx_merge_out),
                            out ? out->reserved : 0);
-  if (r < 0)
+  if (r < 0) {
     dcpx__member_refuse(m);
+#ifdef HAVE_CUDA
+    if (m->cuda)
+      dcpx__cuda_refused(m, "a call with a bad struct");
+#endif
+  }
   return r;
 }
 

@@ -494,6 +494,10 @@ static void nccl_refused(struct dcpx_member *m, const char *why) {
 #endif
 }
 
+void dcpx__cuda_refused(struct dcpx_member *m, const char *why) {
+  nccl_refused(m, why);
+}
+
 static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
                      void *stream) {
   int r;
@@ -580,11 +584,10 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
     nccl_refused(m, "a merge of too many rows");
   }
 #ifdef HAVE_NCCL
-  else if (m->cuda->nccl && m->hdr->abort) {
+  else if (m->cuda->nccl && (r = push_allowed(m)) < 0) {
     /* the ll merge fails its rows on the device; a collective would wait
      * for peers that issue nothing more */
-    r = DCPX_E_ABORTED;
-    nccl_refused(m, "the group was aborted");
+    nccl_refused(m, dcpx_strerror(r));
   } else if (m->cuda->nccl)
     r = dcpx__nccl_merge(m->cuda->nccl, in->rows, in->logits, in->stride,
                          in->row_ends, in->req_id, in->block_table,

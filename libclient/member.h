@@ -134,6 +134,11 @@ __attribute__((visibility("hidden"))) int
 dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
                 const uint8_t *nccl_id, size_t nccl_id_len, char *why,
                 size_t why_len);
+/* A call of the member refused before it reached the backend (a bad
+ * struct): with the nccl transport its communicator is aborted
+ * (dcpx__nccl_abort). */
+__attribute__((visibility("hidden"))) void
+dcpx__cuda_refused(struct dcpx_member *m, const char *why);
 /* The 16-byte UUID of this process's CUDA device `device` (Join.device_uuid). */
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_device_uuid(int device, uint8_t *out);

@@ -117,6 +117,23 @@ def test_cuda_graph_capture(daemon, cuda_ok, group, W):
           f"{[round(v[1], 1) for v in out.values()]} us")
 
 
+def test_cuda_nccl_refused(daemon, cuda_ok, group):
+    """nccl transport, W=1: a refused call aborts the member's communicator;
+    later calls fail with NcclError; leave is prompt."""
+    if not os.access(os.path.join(os.path.dirname(os.environ.get(
+            "DCPXD", "")), "dcpxctl"), os.X_OK):
+        pytest.skip("no dcpxctl beside $DCPXD")
+    shape = dcpx.Shape(world=1, rows=8, topk=128, local_topk=32,
+                       block_size=16, max_local=4096)
+    try:
+        out = _spawn("nccl_refused", 1, daemon.socket, group, shape)
+    except AssertionError as e:
+        if "built without NCCL" in str(e):
+            pytest.skip("libdcpx built without NCCL")
+        raise
+    assert out[0] < 5.0, f"leave took {out[0]:.1f} s"
+
+
 def test_cuda_daemon_restart(cuda_ok, group):
     """dcpxd killed (-9) and started again on its socket and state dir: a
     CUDA member reattaches (the new dcpxd adopts its workspace, on the GPU
