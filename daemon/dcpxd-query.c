@@ -82,6 +82,8 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
     dcpx__rank_info__init(ri);
     ri->rank = r;
     ri->device = g->member[r].device;
+    ri->device_uuid.len = g->member[r].uuid_len;
+    ri->device_uuid.data = (uint8_t *)g->member[r].uuid;
     ri->timeouts = g->member[r].timeouts;
     if (g->hdr) {
       const dcpx_rank_health *h = dcpxd_group_health(g, r);

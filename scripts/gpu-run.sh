@@ -417,6 +417,23 @@ step_uuid() { # ranks name their GPU by UUID (Join.device_uuid)
   dcpxd_up uuid-named
   CUDA_VISIBLE_DEVICES=$u demo uuid-named --socket "$dsock" --world 1 \
     --rows 64 --calls 20
+  # dcpxctl health names the rank's GPU by UUID (a group that lives on)
+  CUDA_VISIBLE_DEVICES=$u timeout -k 5 60 "$B/tools/dcpx-demo" --backend cuda \
+    --socket "$dsock" --world 1 --rows 8 --calls 20000 --quiet \
+    --group uuid-health > /dev/null 2>&1 &
+  local p=$!
+  sleep 4
+  "$B/tools/dcpxctl" --socket "$dsock" health uuid-health \
+    > "$OUT/uuid-health.txt" 2>&1
+  "$B/tools/dcpxctl" --socket "$dsock" --json health uuid-health \
+    > "$OUT/uuid-health.json" 2>&1
+  if grep -q "\"device_uuid\": *\"$u\"" "$OUT/uuid-health.json"; then
+    say "uuid: dcpxctl health shows the rank's GPU $u"
+    grep "rank 0" "$OUT/uuid-health.txt" | tee -a "$OUT/summary.txt"
+  else
+    say "uuid: FAIL: dcpxctl health does not show $u"; rc=1
+  fi
+  kill "$p" 2>/dev/null; wait "$p" 2>/dev/null
   dcpxd_down
 }
 

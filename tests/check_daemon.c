@@ -429,9 +429,9 @@ END_TEST
 /* A Join of a W=1 host group carrying a device UUID of uuid_len bytes:
  * the reply's status, its error text into why, and the UUID it echoes
  * for rank 0 into echo (16 bytes; *ret_echo_len its length). */
-static int uuid_join(const char *group, const uint8_t *uuid, size_t uuid_len,
-                     char *why, size_t why_len, uint8_t *echo,
-                     size_t *ret_echo_len) {
+static int uuid_join_keep(const char *group, const uint8_t *uuid,
+                          size_t uuid_len, char *why, size_t why_len,
+                          uint8_t *echo, size_t *ret_echo_len, int *ret_sock) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
   Dcpx__Join j = DCPX__JOIN__INIT;
   Dcpx__Shape ps;
@@ -474,15 +474,55 @@ static int uuid_join(const char *group, const uint8_t *uuid, size_t uuid_len,
     r = DCPX_E_PROTO;
   }
   dcpx__frame_free(rep);
-  close(s);
+  if (ret_sock)
+    *ret_sock = s; /* the member stays */
+  else
+    close(s);
   return r;
+}
+
+static int uuid_join(const char *group, const uint8_t *uuid, size_t uuid_len,
+                     char *why, size_t why_len, uint8_t *echo,
+                     size_t *ret_echo_len) {
+  return uuid_join_keep(group, uuid, uuid_len, why, why_len, echo,
+                        ret_echo_len, NULL);
+}
+
+/* The device_uuid that a HEALTH query reports for rank 0 of `group` (its
+ * length; the bytes into out). */
+static size_t health_uuid(const char *group, uint8_t *out) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Query q = DCPX__QUERY__INIT;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, s = raw_connect();
+  size_t n = 0;
+  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
+  q.what = DCPX__QUERY__WHAT__HEALTH;
+  q.group = (char *)group;
+  q.rank = -1;
+  f.msg_case = DCPX__FRAME__MSG_QUERY;
+  f.query = &q;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  ck_assert_int_eq(dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, &nfds),
+                   0);
+  ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_QUERY_REPLY);
+  const Dcpx__QueryReply *qr = rep->query_reply;
+  ck_assert_uint_eq(qr->n_groups, 1);
+  ck_assert_uint_ge(qr->groups[0]->n_ranks, 1);
+  const Dcpx__RankInfo *ri = qr->groups[0]->ranks[0];
+  n = ri->device_uuid.len;
+  if (n && n <= 16)
+    memcpy(out, ri->device_uuid.data, n);
+  dcpx__frame_free(rep);
+  close(s);
+  return n;
 }
 
 /* Join.device_uuid: a 16-byte UUID comes back in JoinReply.device_uuids
  * (the host backend has no devices, so it maps nothing); one of any
  * other length is malformed and refused with a reason, whatever the
- * backend. (Mapping a UUID to dcpxd's own ordinal needs a GPU: the
- * CUDA joins of scripts/gpu-run.sh go through it.) */
+ * backend; a HEALTH query reports it (dcpxctl health). (Mapping a UUID
+ * to dcpxd's own ordinal needs a GPU: the CUDA joins of
+ * scripts/gpu-run.sh go through it.) */
 START_TEST(test_device_uuid) {
   uint8_t u[17], echo[16];
   size_t n = 0;
@@ -490,9 +530,15 @@ START_TEST(test_device_uuid) {
   for (int i = 0; i < 17; i++)
     u[i] = (uint8_t)(0x30 + 7 * i);
   daemon_start();
-  ck_assert_int_eq(uuid_join("uuid16", u, 16, why, sizeof(why), echo, &n), 0);
+  int ms = -1;
+  ck_assert_int_eq(
+      uuid_join_keep("uuid16", u, 16, why, sizeof(why), echo, &n, &ms), 0);
   ck_assert_uint_eq(n, 16);
   ck_assert(memcmp(echo, u, 16) == 0);
+  memset(echo, 0, sizeof(echo));
+  ck_assert_uint_eq(health_uuid("uuid16", echo), 16);
+  ck_assert(memcmp(echo, u, 16) == 0);
+  close(ms);
   ck_assert_int_eq(uuid_join("uuid0", NULL, 0, why, sizeof(why), echo, &n), 0);
   ck_assert_uint_eq(n, 0);
   const size_t bad[] = {1, 5, 15, 17};

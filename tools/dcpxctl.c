@@ -359,6 +359,20 @@ static const char *backend_name(int b) {
 
 /* A rank's state; the bad ones in capitals for humans (`shout`), all in
  * lower case for JSON. */
+/* The rank's GPU UUID as nvidia-smi writes it
+ * (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx); false when it sent none. */
+static bool gpu_uuid(const Dcpx__RankInfo *r, char *out, size_t n) {
+  const uint8_t *u = r->device_uuid.data;
+  if (r->device_uuid.len != 16 || n < 41)
+    return false;
+  snprintf(out, n,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x"
+           "%02x%02x",
+           u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+           u[11], u[12], u[13], u[14], u[15]);
+  return true;
+}
+
 static const char *rank_state(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
                               bool shout) {
   if (r->failed)
@@ -475,6 +489,11 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
         jw_i64(&w, "device", r->device);
       else
         jw_null(&w, "device");
+      char uuid[48];
+      if (gpu_uuid(r, uuid, sizeof(uuid)))
+        jw_str(&w, "device_uuid", uuid);
+      else
+        jw_null(&w, "device_uuid");
       jw_bool(&w, "alarm", r->alarm);
       jw_bool(&w, "failed", r->failed);
       jw_u64(&w, "calls", r->calls);
@@ -592,9 +611,12 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
       bool last = k + 1 == g->n_ranks && !g->last_record;
       if (!r)
         continue;
-      char dev[16] = "-";
+      char dev[16] = "-", uuid[48];
       if (r->pid)
         snprintf(dev, sizeof(dev), "%d", (int)r->device);
+      if (r->pid && gpu_uuid(r, uuid, sizeof(uuid)))
+        snprintf(dev + strlen(dev), sizeof(dev) - strlen(dev), " %.12s",
+                 uuid); /* "GPU-xxxxxxxx": enough to tell GPUs apart */
       printf("  %s rank %-2u %-7s pid %-7u device %-3s calls %-10" PRIu64,
              last ? elbow : tee, r->rank, rank_state(g, r, true), r->pid,
              dev, r->calls);
