@@ -1462,57 +1462,27 @@ DCPX_D void dcpx_dev_fault_hook(const dcpx_wctx *w, uint32_t e) {
 
 /* ---- the rescue list (docs/PROTOCOL.md section 5.4, docs/PROTOCOL.md) ----------- */
 
-/* The rescue list from the rank's own local top-K list kl (device memory,
- * written by this call's push): its entries with ord16 >= t1, in order,
- * into words[0..row_words(cap)) (shared). Ends with a barrier. */
-DCPX_D void dcpx_dev_rescue_from_klist(dcpx_sel_smem *S, const uint32_t *kl,
-                                       uint32_t cap, uint32_t t1,
-                                       uint32_t *words) {
-  const uint32_t nt = blockDim.x, rw = dcpx_dev_row_words(cap);
-  const uint32_t per = (cap + nt - 1) / nt, j0 = threadIdx.x * per;
-  uint32_t w[8], c = 0, total;
-#pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < rw; i += nt)
-    words[i] = 0;
-#pragma unroll
-  for (uint32_t u = 0; u < 8; u++) {
-    w[u] = u < per && j0 + u < cap ? kl[j0 + u] : 0u;
-    c += (w[u] >> 16) != 0 && (w[u] >> 16) >= t1;
-  }
-  uint32_t pos = dcpx_dev_block_excl(c, S->scan, &total); /* a barrier */
-#pragma unroll
-  for (uint32_t u = 0; u < 8; u++) {
-    const uint32_t j = j0 + u;
-    if ((w[u] >> 16) == 0 || (w[u] >> 16) < t1)
-      continue;
-    words[pos] = w[u];
-    if ((kl[cap + (j >> 5)] >> (j & 31u)) & 1u)
-      atomicOr(words + cap + (pos >> 5), 1u << (pos & 31u));
-    pos++;
-  }
-  __syncthreads();
-}
-
-/* The rescue list for t1 > 0 from the local top-K list already in
- * words (the early rescue list, built for t1 = 0 at the row's start): its
- * entries with ord16 >= t1, in order, in place. That is the rescue list
- * of docs/PROTOCOL.md 5.4 by its definition (the entries of the local
- * top-K list that are >= T1), without the two passes over the row that
- * dcpx_dev_rescue_list makes. Each thread holds `per` consecutive entries
- * and their plane bits in registers before the first barrier, so the
- * in-place writes read nothing stale; three barriers. Every thread must
- * call it. */
-DCPX_D void dcpx_dev_rescue_filter(dcpx_sel_smem *S, uint32_t cap,
-                                   uint32_t t1, uint32_t *words) {
+/* The rescue list from a local top-K list src (capacity cap, wire form):
+ * its entries with ord16 >= t1, in order, into words[0..row_words(cap))
+ * (shared). src is the push's klist (device memory) or words itself (the
+ * early rescue list, filtered in place for a T1 > 0: the rescue list by
+ * its definition, docs/PROTOCOL.md 5.4, without the two passes over the
+ * row of dcpx_dev_rescue_list). Each thread holds its `per` (<= 8)
+ * consecutive entries and their plane bits in registers before the first
+ * barrier, so nothing is written before every read; three barriers. Every
+ * thread must call it. */
+DCPX_D void dcpx_dev_rescue_filter(dcpx_sel_smem *S, const uint32_t *src,
+                                   uint32_t cap, uint32_t t1,
+                                   uint32_t *words) {
   const uint32_t nt = blockDim.x, rw = dcpx_dev_row_words(cap);
   const uint32_t per = (cap + nt - 1) / nt, j0 = threadIdx.x * per;
   uint32_t w[8], pb = 0, c = 0, total;
 #pragma unroll
   for (uint32_t u = 0; u < 8; u++) {
     const uint32_t j = j0 + u;
-    w[u] = u < per && j < cap ? words[j] : 0u;
+    w[u] = u < per && j < cap ? src[j] : 0u;
     if (u < per && j < cap)
-      pb |= ((words[cap + (j >> 5)] >> (j & 31u)) & 1u) << u;
+      pb |= ((src[cap + (j >> 5)] >> (j & 31u)) & 1u) << u;
     c += (w[u] >> 16) != 0 && (w[u] >> 16) >= t1;
   }
   uint32_t pos = dcpx_dev_block_excl(c, S->scan, &total); /* a barrier */

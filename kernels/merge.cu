@@ -313,14 +313,14 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
   const uint32_t W = c->world, K = c->topk, me = c->rank, PK = c->L.rpairs;
   if (c->klist && !early) {
     dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
-    dcpx_dev_rescue_from_klist(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
-                               b->list2);
+    dcpx_dev_rescue_filter(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
+                           b->list2);
   } else if (early) {
     /* list2 holds the local top-K list since the row's start
      * (merge_rescue_early): the rescue list itself for T1 = 0, its
      * entries >= T1 otherwise */
     if (T1)
-      dcpx_dev_rescue_filter(b->S, K, T1, b->list2);
+      dcpx_dev_rescue_filter(b->S, b->list2, K, T1, b->list2);
   } else {
     dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list2,
                          b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
@@ -791,7 +791,7 @@ static int merge_occupancy(const dcpx_kctx *c, uint32_t nt, int *ret) {
 }
 
 /* Whether the shape allows half-size blocks: round2_copy needs a warp
- * per rank, dcpx_dev_rescue_from_klist at most 8 entries per thread. */
+ * per rank, dcpx_dev_rescue_filter at most 8 entries per thread. */
 static int merge_half_shape(const dcpx_kctx *c) {
   return c->world <= MT / 2 / 32 && c->topk <= 8u * (MT / 2);
 }

@@ -281,15 +281,15 @@ static int comm_finalize(struct dcpx__nccl *n) {
 void dcpx__nccl_stop(struct dcpx__nccl *n, int abort) {
   if (!n || !n->comm)
     return;
-  if (!abort && comm_finalize(n) == 0) {
+  if (abort) {
+    ncclCommAbort(n->comm); /* the group aborted: ends kernels still waiting */
+    n->comm = NULL;
+  } else if (comm_finalize(n) == 0) {
     ncclCommDestroy(n->comm);
+    n->comm = NULL;
   } else {
-    if (!abort)
-      DCPX_WARN("rank %u of %u: NCCL communicator aborted at leave",
-                n->rank, n->world);
-    ncclCommAbort(n->comm); /* ends NCCL's kernels that still wait */
+    dcpx__nccl_abort(n, "its finalize at leave did not end");
   }
-  n->comm = NULL;
 }
 
 void dcpx__nccl_fini(struct dcpx__nccl *n, int abort) {
@@ -304,9 +304,9 @@ void dcpx__nccl_fini(struct dcpx__nccl *n, int abort) {
 void dcpx__nccl_abort(struct dcpx__nccl *n, const char *why) {
   if (!n || !n->comm)
     return;
-  DCPX_WARN("rank %u of %u: NCCL communicator aborted (%s); the member's "
-            "calls fail until dcpx_leave", n->rank, n->world, why);
-  ncclCommAbort(n->comm);
+  DCPX_WARN("rank %u of %u: NCCL communicator aborted (%s)", n->rank,
+            n->world, why);
+  ncclCommAbort(n->comm); /* ends NCCL's kernels that still wait */
   n->comm = NULL;
 }
 
@@ -385,7 +385,8 @@ int dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows,
   const int r = push_k(&n->k, n->comm, &n->b, rows, logits, stride,
                        row_ends, (cudaStream_t)stream);
   if (r < 0)
-    dcpx__nccl_abort(n, "a failed push");
+    dcpx__nccl_abort(n, "a failed push; the member's calls fail until "
+                         "dcpx_leave");
   return r;
 }
 
@@ -402,6 +403,7 @@ int dcpx__nccl_merge(struct dcpx__nccl *n, uint32_t rows,
                         rows_out, valid_out, ids_out, sat_word,
                         (cudaStream_t)stream);
   if (r < 0)
-    dcpx__nccl_abort(n, "a failed merge");
+    dcpx__nccl_abort(n, "a failed merge; the member's calls fail until "
+                         "dcpx_leave");
   return r;
 }

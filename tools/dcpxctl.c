@@ -359,8 +359,8 @@ static const char *backend_name(int b) {
 
 /* A rank's state; the bad ones in capitals for humans (`shout`), all in
  * lower case for JSON. */
-/* The rank's GPU UUID as nvidia-smi writes it
- * (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx); false when it sent none. */
+/* The rank's GPU UUID as nvidia-smi writes it ("GPU-" and the 16 bytes in
+ * hex, grouped 8-4-4-4-12); false when it sent none. */
 static bool gpu_uuid(const Dcpx__RankInfo *r, char *out, size_t n) {
   const uint8_t *u = r->device_uuid.data;
   if (r->device_uuid.len != 16 || n < 41)
@@ -616,7 +616,7 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
         snprintf(dev, sizeof(dev), "%d", (int)r->device);
       if (r->pid && gpu_uuid(r, uuid, sizeof(uuid)))
         snprintf(dev + strlen(dev), sizeof(dev) - strlen(dev), " %.12s",
-                 uuid); /* "GPU-xxxxxxxx": enough to tell GPUs apart */
+                 uuid); /* "GPU-" and 8 hex digits: enough to tell GPUs apart */
       printf("  %s rank %-2u %-7s pid %-7u device %-3s calls %-10" PRIu64,
              last ? elbow : tee, r->rank, rank_state(g, r, true), r->pid,
              dev, r->calls);
