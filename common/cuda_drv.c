@@ -31,6 +31,7 @@ static const struct {
     {"cuDeviceGetUuid", offsetof(dcpx_cuda_drv, uuid), 0},
     {"cuCtxGetCurrent", offsetof(dcpx_cuda_drv, ctx_get), 0},
     {"cuCtxSetCurrent", offsetof(dcpx_cuda_drv, ctx_set), 0},
+    {"cuPointerGetAttributes", offsetof(dcpx_cuda_drv, ptr_attrs), 0},
     {"cuGetErrorString", offsetof(dcpx_cuda_drv, error_string), 1},
 };
 

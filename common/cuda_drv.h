@@ -33,6 +33,8 @@ typedef struct dcpx_cuda_drv {
   CUresult (*uuid)(CUuuid *, CUdevice); /* cuDeviceGetUuid */
   CUresult (*ctx_get)(CUcontext *); /* cuCtxGetCurrent */
   CUresult (*ctx_set)(CUcontext);   /* cuCtxSetCurrent */
+  CUresult (*ptr_attrs)(unsigned int, CUpointer_attribute *, void **,
+                        CUdeviceptr); /* cuPointerGetAttributes */
   CUresult (*error_string)(CUresult, const char **); /* NULL if absent */
 } dcpx_cuda_drv;
 

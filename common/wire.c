@@ -72,7 +72,14 @@ int dcpx__shape_why(const dcpx_shape *s, char *why, size_t n) {
   }
   if (!s->world || !s->rows || !s->topk || !s->local_topk || !s->block_size ||
       !s->interleave || !s->max_local) {
-    WHY("every shape field must be >= 1 (world %u rows %u topk %u "
+    /* topk 1 leaves no N (1 <= N < K): say so, not "local_topk 0", which
+     * the caller may have passed as "the library chooses". */
+    if (s->topk == 1 && !s->local_topk && s->world && s->rows &&
+        s->block_size && s->interleave && s->max_local)
+      WHY("topk 1 is too small: local_topk must be at least 1 and less "
+          "than topk, so topk must be >= 2");
+    else
+      WHY("every shape field must be >= 1 (world %u rows %u topk %u "
         "local_topk %u block_size %u interleave %u max_local %u)",
         s->world, s->rows, s->topk, s->local_topk, s->block_size,
         s->interleave, s->max_local);

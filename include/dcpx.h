@@ -359,9 +359,19 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * member's device's context current for its duration and gives the
  * caller's back as it was (none included), so the calling thread may sit
  * on any GPU. All pointers of a call are memory of the member's device
- * (the kernels read and write them as such), aligned to their element
- * (else DCPX_E_INVAL); an empty call (rows 0) may pass NULL ones. With the host backend they run on the calling thread
- * and `stream` is ignored.
+ * (the kernels read and write them as such; managed memory and page-locked
+ * host memory CUDA knows also do), aligned to their element, and hold
+ * what the call's rows and sizes say, else DCPX_E_INVAL before anything
+ * is enqueued, the reason in the log: the library asks the driver
+ * (cuPointerGetAttributes) about each array's first and last byte the
+ * first time it sees the allocation, and takes later calls on the same
+ * buffers from a cache of 16 allocations, without a driver call (host
+ * memory from malloc, another GPU's memory and an array that runs into
+ * unmapped space are refused; one that runs into another allocation of
+ * the same GPU is not seen; DCPX_PTR_CHECK=0 in the environment at join
+ * turns the check off). An empty call (rows 0) may pass NULL pointers.
+ * With the host backend they run on the calling thread and `stream` is
+ * ignored.
  */
 
 typedef struct dcpx_client dcpx_client;
@@ -674,8 +684,12 @@ DCPX_API int dcpx_member_async_error(const dcpx_member *m,
 DCPX_API int dcpx_poll(dcpx_member *m);
 
 /* After a failed call: acknowledge to dcpxd (the host backend has nothing
- * in flight; the CUDA backend synchronizes `stream` first), then wait up to
- * timeout_ms for the group to be reset. Returns 0 at once if there is
+ * in flight; the CUDA backend synchronizes `stream` first, bounded by
+ * timeout_ms), then wait up to timeout_ms for the group to be reset. With
+ * the nccl transport a member of an aborted group (or a failed one) first
+ * aborts its communicator, so that a collective whose peer died ends and
+ * the stream drains; its calls then fail with DCPX_E_NCCL until
+ * dcpx_leave, as after a refused call (no communicator is rebuilt). Returns 0 at once if there is
  * nothing to recover (the group is not aborted and this rank has not
  * failed: e.g. a replacement that joined after the reset). Survives a
  * daemon restart meanwhile (it reattaches and acknowledges again).

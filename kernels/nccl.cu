@@ -431,6 +431,9 @@ int dcpx_kn_lists(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
     return r;
   if (rows > c->rows_max || !logits || !stride || !row_ends)
     return DCPX_E_INVAL;
+  /* Misaligned arrays would fault in the kernel (push.cu, merge.cu). */
+  if (((uintptr_t)logits & 1u) || ((uintptr_t)row_ends & 3u))
+    return DCPX_E_INVAL;
   if (rows == 0)
     return 0;
   const cudaLaunchConfig_t cfg =
@@ -452,6 +455,12 @@ int dcpx_kn_round1(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
     return r;
   if (rows > c->rows_max || !logits || !stride || !row_ends || !req_id ||
       !block_table || !bt_rows || !bt_cols || !rows_out || !valid_out)
+    return DCPX_E_INVAL;
+  if (((uintptr_t)logits & 1u) ||
+      (((uintptr_t)row_ends | (uintptr_t)req_id | (uintptr_t)block_table |
+        (uintptr_t)rows_out | (uintptr_t)valid_out | (uintptr_t)ids_out |
+        (uintptr_t)sat_out) &
+       3u))
     return DCPX_E_INVAL;
   if (rows == 0)
     return 0;
@@ -476,6 +485,10 @@ int dcpx_kn_round2(const dcpx_nkctx *c, uint32_t rows, const int32_t *req_id,
     return r;
   if (rows > c->rows_max || !req_id || !block_table || !bt_rows ||
       !bt_cols || !rows_out || !valid_out)
+    return DCPX_E_INVAL;
+  if ((((uintptr_t)req_id | (uintptr_t)block_table | (uintptr_t)rows_out |
+        (uintptr_t)valid_out | (uintptr_t)ids_out) &
+       3u))
     return DCPX_E_INVAL;
   if (rows == 0)
     return 0;

@@ -47,6 +47,7 @@
 #include "cuda_drv.h"
 #include "cuda_log.h"
 #include "dcpx_kernels.h"
+#include "devptr.h"
 #include "member.h"
 #include "merge.h"
 #include "transport.h"
@@ -76,6 +77,8 @@ struct dcpx__cuda {
   dcpx_kctx kx;
   int list_push, device_ctx;
   CUcontext ctx; /* the member's device's primary context */
+  dcpx__ptr_check pc; /* the calls' arrays (common/devptr.h) */
+  int check_ptrs;     /* 0 with DCPX_PTR_CHECK=0 */
 };
 
 static dcpx_cuda_drv D; /* common/cuda_drv.h */
@@ -104,6 +107,104 @@ static void load_once(void) {
   if (D_status < 0)
     DCPX_WARN("cudaGetDriverEntryPointByVersion(%s) failed: no usable CUDA "
               "driver", missing);
+}
+
+/* devptr.h's query: what the driver says of address a (the member's
+ * context is current: every call runs inside ctx_enter). The range to
+ * cache is the mapping that holds a (VMM allocations: a reservation may
+ * hold unmapped parts), else the allocation's range, else none. The
+ * device address of host memory must be the host address, as it is for
+ * cudaHostAlloc and registered memory under unified addressing unless the
+ * GPU cannot use host pointers for registered memory. */
+static int mem_query(void *ctx, uintptr_t a, dcpx__mem_info *ret) {
+  uint32_t type = 0, managed = 0; /* the driver writes a bool or an int */
+  int ord = -1;
+  CUpointer_attribute at[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                               CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                               CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void *data[3] = {&type, &managed, &ord};
+  (void)ctx;
+  *ret = (dcpx__mem_info){DCPX__MEM_UNKNOWN, -1, 0, 0};
+  if (!DRV_OK(D.ptr_attrs(3, at, data, (CUdeviceptr)a)))
+    return DCPX_E_CUDA;
+  if (managed)
+    ret->kind = DCPX__MEM_MANAGED;
+  else if (type == CU_MEMORYTYPE_DEVICE) {
+    uint32_t mapped = 1; /* a reserved address with nothing mapped: 0 */
+    CUpointer_attribute at1 = CU_POINTER_ATTRIBUTE_MAPPED;
+    void *d1 = &mapped;
+    if (D.ptr_attrs(1, &at1, &d1, (CUdeviceptr)a) == CUDA_SUCCESS &&
+        !(mapped & 0xFFu))
+      return 0;
+    ret->kind = DCPX__MEM_DEVICE;
+  } else if (type == CU_MEMORYTYPE_HOST) {
+    CUdeviceptr dp = 0;
+    CUpointer_attribute at1 = CU_POINTER_ATTRIBUTE_DEVICE_POINTER;
+    void *d1 = &dp;
+    if (D.ptr_attrs(1, &at1, &d1, (CUdeviceptr)a) != CUDA_SUCCESS ||
+        dp != (CUdeviceptr)a)
+      return 0; /* unknown to kernels at this address */
+    ret->kind = DCPX__MEM_HOST;
+  } else
+    return 0;
+  ret->device = ord;
+  uint64_t beg = 0, size = 0;
+  CUpointer_attribute ra[2] = {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+                               CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
+  void *rd[2] = {&beg, &size};
+  if (D.ptr_attrs(2, ra, rd, (CUdeviceptr)a) != CUDA_SUCCESS || !size) {
+    ra[0] = CU_POINTER_ATTRIBUTE_RANGE_START_ADDR;
+    ra[1] = CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+    beg = size = 0;
+    if (D.ptr_attrs(2, ra, rd, (CUdeviceptr)a) != CUDA_SUCCESS)
+      size = 0;
+  }
+  if (size && a >= beg && a - beg < size) {
+    ret->beg = (uintptr_t)beg;
+    ret->end = (uintptr_t)(beg + size);
+  }
+  return 0;
+}
+
+/* One array of a call: its name, address and the bytes the kernels may
+ * touch from there. */
+typedef struct call_array {
+  const char *what;
+  const void *p;
+  uint64_t bytes;
+} call_array;
+
+/* The bytes a call may read of logits: row t starts at t * stride
+ * elements and ends by stride (row_end <= stride); only the first row's
+ * start and the last row's start are sure to be read (row_ends are
+ * device memory), so the extent ends at the last row's first element.
+ * UINT64_MAX when it does not fit (refused as beyond the address space). */
+static uint64_t logits_bytes(uint32_t rows, uint64_t stride) {
+  if (!rows)
+    return 0;
+  if (stride && (uint64_t)(rows - 1u) > (UINT64_MAX / 2u - 1u) / stride)
+    return UINT64_MAX;
+  return ((uint64_t)(rows - 1u) * stride + 1u) * 2u;
+}
+
+/* Refuses (DCPX_E_INVAL, the reason logged; DCPX_E_CUDA when the driver
+ * could not be asked) a call whose arrays a kernel could not use
+ * (devptr.h): before anything is enqueued. Compares only, once the
+ * buffers were seen. */
+static int arrays_ok(struct dcpx__cuda *cu, const char *fn,
+                     const call_array *a, size_t n) {
+  char why[320];
+  if (!cu->check_ptrs)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    const int r = dcpx__ptr_ok(&cu->pc, a[i].what, a[i].p, a[i].bytes, why,
+                               sizeof(why));
+    if (r < 0) {
+      DCPX_WARN("%s: %s", fn, why);
+      return r;
+    }
+  }
+  return 0;
 }
 
 void dcpx__cuda_fini(struct dcpx_member *m) {
@@ -311,6 +412,11 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     return DCPX_E_NOMEM;
   m->cuda = cu;
   cu->device = m->device;
+  dcpx__ptr_check_init(&cu->pc, cu->device, mem_query, NULL);
+  {
+    const char *e = getenv("DCPX_PTR_CHECK");
+    cu->check_ptrs = !(e && e[0] == '0' && !e[1]);
+  }
   if (!CUDA_OK(cudaSetDevice(cu->device)) ||
       !DRV_OK(D.ctx_get(&cu->ctx)) || !cu->ctx) {
     r = DCPX_E_CUDA;
@@ -494,8 +600,31 @@ static void nccl_refused(struct dcpx_member *m, const char *why) {
 #endif
 }
 
-void dcpx__cuda_refused(struct dcpx_member *m, const char *why) {
-  nccl_refused(m, why);
+/* A push's arrays (arrays_ok): the rows' logits and row_ends. */
+static int push_arrays_ok(struct dcpx__cuda *cu, const char *fn,
+                          const dcpx_call *in) {
+  const call_array a[] = {
+      {"logits", in->logits, logits_bytes(in->rows, in->stride)},
+      {"row_ends", in->row_ends, 4ull * in->rows},
+  };
+  return arrays_ok(cu, fn, a, sizeof(a) / sizeof(a[0]));
+}
+
+/* A merge's arrays: the push's, the block table and the outputs. */
+static int merge_arrays_ok(struct dcpx__cuda *cu, const dcpx_call *in,
+                           const dcpx_merge_out *out, uint32_t K) {
+  const uint64_t rows = in->rows, rk = 4ull * rows * K;
+  const call_array a[] = {
+      {"req_id", in->req_id, 4u * rows},
+      {"block_table", in->block_table,
+       4ull * in->bt_rows * (uint64_t)in->bt_cols},
+      {"rows_out", out->rows_out, rk},
+      {"valid_out", out->valid_out, 4u * rows},
+      {"ids_out", out->ids_out, rk},
+      {"sat_word", out->sat_word, 4u * rows},
+  };
+  int r = push_arrays_ok(cu, "dcpx_merge", in);
+  return r < 0 ? r : arrays_ok(cu, "dcpx_merge", a, sizeof(a) / sizeof(a[0]));
 }
 
 static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
@@ -510,6 +639,8 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
     DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
     nccl_refused(m, "a push of too many rows");
+  } else if ((r = push_arrays_ok(m->cuda, "dcpx_push", in)) < 0) {
+    nccl_refused(m, "a push whose arrays the GPU cannot use");
   }
 #ifdef HAVE_NCCL
   else if (m->cuda->nccl)
@@ -529,6 +660,18 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
   return r;
 }
 
+/* dcpx_push_list's arrays: the lists and row_ends (not the logits). */
+static int list_arrays_ok(struct dcpx__cuda *cu, const dcpx_call *in,
+                          const dcpx_lists *li) {
+  const uint64_t e = (uint64_t)li->rows * li->n;
+  const call_array a[] = {
+      {"row_ends", in->row_ends, 4ull * in->rows},
+      {"lists->values", li->values, 2u * e},
+      {"lists->indices", li->indices, 4u * e},
+  };
+  return arrays_ok(cu, "dcpx_push_list", a, sizeof(a) / sizeof(a[0]));
+}
+
 static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
                           const dcpx_lists *li, void *stream) {
   struct dcpx__cuda *cu = m->cuda;
@@ -545,7 +688,8 @@ static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
     DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
   } else if ((r = dcpx__lists_check("dcpx_push_list", li, in->rows,
-                                    m->shape.local_topk)) == 0) {
+                                    m->shape.local_topk)) == 0 &&
+             (r = list_arrays_ok(cu, in, li)) == 0) {
     cu->list_push = 1;
     r = DCPX_KLOG(dcpx_k_push_list(&cu->kx, in->rows, li->values,
                                    li->indices, in->row_ends,
@@ -582,6 +726,8 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
     DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
     nccl_refused(m, "a merge of too many rows");
+  } else if ((r = merge_arrays_ok(m->cuda, in, out, m->shape.topk)) < 0) {
+    nccl_refused(m, "a merge whose arrays the GPU cannot use");
   }
 #ifdef HAVE_NCCL
   else if (m->cuda->nccl && (r = push_allowed(m)) < 0) {
@@ -607,7 +753,8 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
     /* valid_out -1 on the rows it can hold, in stream order (best effort:
      * after a launch error the stream may refuse this too) */
     const uint32_t n = in->rows < m->shape.rows ? in->rows : m->shape.rows;
-    if (out->valid_out && n)
+    const call_array vo = {"valid_out", out->valid_out, 4ull * n};
+    if (out->valid_out && n && arrays_ok(m->cuda, "dcpx_merge", &vo, 1) == 0)
       (void)cudaMemsetAsync(out->valid_out, 0xFF, sizeof(int32_t) * n,
                             (cudaStream_t)stream);
   }
@@ -655,6 +802,14 @@ static void ctx_leave(const struct dcpx__cuda *cu, CUcontext prev) {
     (void)D.ctx_set(prev);
 }
 
+/* Outside the backend's calls (a bad struct, client.c): ncclCommAbort
+ * makes CUDA calls, so it too runs in the member's context. */
+void dcpx__cuda_refused(struct dcpx_member *m, const char *why) {
+  const CUcontext prev = ctx_enter(m->cuda);
+  nccl_refused(m, why);
+  ctx_leave(m->cuda, prev);
+}
+
 int dcpx__cuda_capturing(struct dcpx_member *m, void *stream) {
   const CUcontext prev = ctx_enter(m->cuda);
   const int r = cuda_capturing(stream);
@@ -686,8 +841,18 @@ int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
   return r;
 }
 
+/* dcpx_recover's drain. An NCCL member of a group being recovered (or a
+ * failed one) aborts its communicator first: a collective whose peer died
+ * waits without a bound, and after an abort the ranks' collectives can no
+ * longer be matched anyway (its calls fail with DCPX_E_NCCL until
+ * dcpx_leave, as after a refused call). */
 int dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const CUcontext prev = ctx_enter(m->cuda);
+  if (m->cuda->nccl &&
+      (__atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE) ||
+       __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE) ||
+       __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_ACQUIRE)))
+    nccl_refused(m, "the group is being recovered");
   const int r = cuda_sync(stream, timeout_ms);
   ctx_leave(m->cuda, prev);
   return r;

@@ -38,8 +38,9 @@
  *     (which makes NCCL's kernels still waiting for a dead peer exit) comes
  *     before cuda.c's device-wide sync, so that sync cannot wait on NCCL.
  * A collective already on the stream whose peer died stays NCCL's: the
- * kernel waits until the comm is aborted (at leave, or after a failed
- * call); dcpx_recover's stream drain is bounded on its own (cuda.c).
+ * kernel waits until the comm is aborted (at leave, after a failed call,
+ * or by dcpx_recover in an aborted group before it drains the stream,
+ * cuda.c dcpx__cuda_sync).
  * The common path adds one compare per call (is the comm still there?)
  * and no syscall: the polls run only when NCCL answers ncclInProgress.
  */

@@ -18,7 +18,7 @@
 #            merge blocks in every call (DCPX_MERGE_THREADS=256)
 #   nccl     test_nccl: both transports against the reference (W=1; W=2
 #            with two GPUs), and the bounds of the NCCL setup (a peer that
-#            never joins: timeout, abort)
+#            never joins: timeout, abort), and misaligned arrays refused
 #   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
 #            merge, merge with rescue, whole calls (5 graph replays each)
 #   ab       bench_kernels A/B: this build, this build with full push
@@ -83,6 +83,9 @@
 #            dcpx_push (graph replays, min / median / max of 5)
 #   python   python/gpu-run.sh (needs build-pygpu/)
 #   pytest   its pytest suite only (needs build-pygpu/)
+#   ptrcheck the host cost of the call's array checks: pytest's
+#            test_overhead_per_call with DCPX_PTR_CHECK=0 and 1,
+#            alternating, three rounds (needs build-pygpu/)
 #   prof     Nsight Compute: one plain and one rescued merge of
 #            bench_kernels (warp states, source counters)
 # At the end every log but summary.txt is packed into $OUT/logs.tar.gz.
@@ -115,7 +118,7 @@ step_kernels() {
 step_nccl() {
   say test_nccl
   timeout -k 5 150 "$B/tests/gpu/test_nccl" > "$OUT/test_nccl.log" 2>&1 || rc=1
-  show "nccl-exact|nccl-bounded|MISMATCH|FAIL|FATAL" "$OUT/test_nccl.log"
+  show "nccl-exact|nccl-bounded|nccl-misaligned|MISMATCH|FAIL|FATAL" "$OUT/test_nccl.log"
 }
 
 step_bench1() {
@@ -504,9 +507,27 @@ step_python() {
 step_pytest() {
   [ -d build-pygpu ] || { say "pytest: build-pygpu/ missing"; rc=1; return; }
   say "python package: pytest"
-  OUT="$OUT/python" timeout -k 5 300 bash python/gpu-run.sh --pytest-only \
+  OUT="$OUT/python" timeout -k 5 540 bash python/gpu-run.sh --pytest-only \
     > "$OUT/pytest.txt" 2>&1 || rc=1
   tail -5 "$OUT/pytest.txt" | tee -a "$OUT/summary.txt"
+}
+
+step_ptrcheck() { # the host cost of the call's array checks (devptr.h):
+  # test_overhead_per_call with DCPX_PTR_CHECK=0 and =1, alternating
+  [ -d build-pygpu ] || { say "ptrcheck: build-pygpu/ missing"; rc=1; return; }
+  local b=$PWD/build-pygpu i v log
+  for i in 1 2 3; do
+    for v in 0 1; do
+      log="$OUT/ptrcheck_${v}_$i.log"
+      say "overhead per call, DCPX_PTR_CHECK=$v (round $i)"
+      env LD_LIBRARY_PATH="$b/lib" DCPX_LIBRARY="$b/lib/libdcpx.so.0" \
+        DCPXD="$b/dcpxd" PYTHONPATH="$PWD/python" PYTHONDONTWRITEBYTECODE=1 \
+        DCPX_PTR_CHECK=$v timeout -k 5 120 python3 -m pytest \
+        -p no:cacheprovider -q -s python/tests/test_gpu.py \
+        -k test_overhead_per_call > "$log" 2>&1 || rc=1
+      show 'push\+merge per call|failed' "$log" 2
+    done
+  done
 }
 
 step_prof() {

@@ -312,6 +312,11 @@ START_TEST(test_check_records) {
   one_line("WARNING");
   CTL(0, "check", "--rescue-warning", "100", "--records-warning", "0");
   one_line("OK");
+  /* The thresholds off, the count is still the real one in the
+   * performance data (it read 0 when the records were not queried). */
+  CC_ASSERT(strstr(g_o.out, " timeout_records=") &&
+                !strstr(g_o.out, " timeout_records=0;"),
+            "%s", g_o.out);
   CTL(2, "check", "--rescue-warning", "100", "--records-critical", "1");
   one_line("CRITICAL");
   hh_sleep_ms(1100);

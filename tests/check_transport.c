@@ -1,6 +1,7 @@
 /* check_transport.c - unit tests of the transport rule
- * (common/transport.c) and of the NCCL transport's buffer layout
- * (common/layout.h, dcpx_nccl_layout_compute).
+ * (common/transport.c), of the NCCL transport's buffer layout
+ * (common/layout.h, dcpx_nccl_layout_compute), and of the rules for a
+ * call's arrays (common/devptr.c), against a made-up address space.
  *
  * The expected sizes are worked out here from the layout's documented
  * formula (region sizes, 256-byte alignment), not by calling the code under
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "dcpx.h"
+#include "devptr.h"
 #include "layout.h"
 #include "transport.h"
 
@@ -229,6 +231,143 @@ START_TEST(test_health_block) {
 }
 END_TEST
 
+
+/* ---- a call's arrays (devptr.c) ----------------------------------------- */
+
+/* A made-up address space: these mappings, everything else unknown. */
+typedef struct fake_map {
+  uintptr_t beg, end;
+  int kind, device;
+} fake_map;
+
+static const fake_map fake[] = {
+    {0x10000, 0x20000, DCPX__MEM_DEVICE, 0},  /* GPU 0 */
+    {0x20000, 0x30000, DCPX__MEM_DEVICE, 0},  /* GPU 0, the next mapping */
+    {0x40000, 0x50000, DCPX__MEM_DEVICE, 1},  /* GPU 1 */
+    {0x60000, 0x61000, DCPX__MEM_HOST, -1},   /* registered host memory */
+    {0x70000, 0x71000, DCPX__MEM_MANAGED, 0}, /* managed */
+    {0x80000, 0x81000, DCPX__MEM_DEVICE, 0},  /* GPU 0, range not known */
+};
+static int fake_fail;
+
+static int fake_query(void *ctx, uintptr_t a, dcpx__mem_info *ret) {
+  (void)ctx;
+  if (fake_fail)
+    return DCPX_E_CUDA;
+  for (size_t i = 0; i < sizeof(fake) / sizeof(fake[0]); i++)
+    if (a >= fake[i].beg && a < fake[i].end) {
+      ret->kind = fake[i].kind;
+      ret->device = fake[i].device;
+      ret->beg = fake[i].beg;
+      ret->end = fake[i].beg == 0x80000 ? fake[i].beg : fake[i].end;
+      return 0;
+    }
+  ret->kind = DCPX__MEM_UNKNOWN;
+  ret->beg = ret->end = 0;
+  return 0;
+}
+
+static int ok(dcpx__ptr_check *c, uintptr_t a, uint64_t bytes, char *why) {
+  why[0] = 0;
+  return dcpx__ptr_ok(c, "x", (const void *)a, bytes, why, 256);
+}
+
+START_TEST(test_devptr_kinds) {
+  dcpx__ptr_check c;
+  char why[256];
+  dcpx__ptr_check_init(&c, 0, fake_query, NULL);
+  /* the member's GPU, managed and registered host memory */
+  ck_assert_int_eq(ok(&c, 0x10100, 0x100, why), 0);
+  ck_assert_int_eq(ok(&c, 0x70000, 0x1000, why), 0);
+  ck_assert_int_eq(ok(&c, 0x60010, 16, why), 0);
+  /* another GPU's memory */
+  ck_assert_int_eq(ok(&c, 0x40000, 4, why), DCPX_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(why, "GPU 1"));
+  /* memory CUDA does not know */
+  ck_assert_int_eq(ok(&c, 0x90000, 4, why), DCPX_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(why, "not memory that CUDA knows"));
+  /* NULL and empty arrays are the caller's to judge: no query */
+  const uint64_t q = c.queries;
+  ck_assert_int_eq(ok(&c, 0, 64, why), 0);
+  ck_assert_int_eq(ok(&c, 0x90000, 0, why), 0);
+  ck_assert_uint_eq(c.queries, q);
+  /* the driver could not be asked */
+  fake_fail = 1;
+  ck_assert_int_eq(ok(&c, 0x50000 - 8, 4, why), DCPX_E_CUDA);
+  fake_fail = 0;
+}
+END_TEST
+
+START_TEST(test_devptr_extent) {
+  dcpx__ptr_check c;
+  char why[256];
+  dcpx__ptr_check_init(&c, 0, fake_query, NULL);
+  /* the whole allocation, and one byte more: past its end into unknown */
+  ck_assert_int_eq(ok(&c, 0x60000, 0x1000, why), 0);
+  ck_assert_int_eq(ok(&c, 0x60000, 0x1001, why), DCPX_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(why, "4097 bytes"));
+  /* across two mappings of the member's GPU (expandable segments) */
+  ck_assert_int_eq(ok(&c, 0x1F000, 0x2000, why), 0);
+  /* from the member's GPU into another's: refused at the last byte */
+  dcpx__ptr_check_init(&c, 1, fake_query, NULL);
+  ck_assert_int_eq(ok(&c, 0x40000, 0x10000, why), 0);
+  ck_assert_int_eq(ok(&c, 0x40000, 0x10001, why), DCPX_E_INVAL);
+  /* an extent that wraps the address space */
+  ck_assert_int_eq(ok(&c, 0x40000, UINT64_MAX, why), DCPX_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(why, "address space"));
+  /* a mapping whose range the driver did not give: each byte is asked */
+  dcpx__ptr_check_init(&c, 0, fake_query, NULL);
+  ck_assert_int_eq(ok(&c, 0x80000, 0x1000, why), 0);
+  ck_assert_uint_eq(c.queries, 2);
+  ck_assert_int_eq(ok(&c, 0x80000, 0x1000, why), 0);
+  ck_assert_uint_eq(c.queries, 4);
+}
+END_TEST
+
+START_TEST(test_devptr_cache) {
+  dcpx__ptr_check c;
+  char why[256];
+  dcpx__ptr_check_init(&c, 0, fake_query, NULL);
+  /* an engine's buffers stay put: after the first call, no query */
+  ck_assert_int_eq(ok(&c, 0x10000, 0x800, why), 0);
+  ck_assert_int_eq(ok(&c, 0x11000, 0x800, why), 0);
+  ck_assert_uint_eq(c.queries, 1); /* one mapping holds both */
+  for (int i = 0; i < 100; i++) {
+    ck_assert_int_eq(ok(&c, 0x10000, 0x800, why), 0);
+    ck_assert_int_eq(ok(&c, 0x1F000, 0x2000, why), 0);
+  }
+  ck_assert_uint_eq(c.queries, 2); /* the second mapping, once */
+  /* a refusal is never cached: asked again, refused again */
+  ck_assert_int_eq(ok(&c, 0x40000, 4, why), DCPX_E_INVAL);
+  ck_assert_int_eq(ok(&c, 0x40000, 4, why), DCPX_E_INVAL);
+  ck_assert_uint_eq(c.queries, 4);
+}
+END_TEST
+
+/* More buffers than the cache holds: still right, the oldest asked again. */
+static int many_query(void *ctx, uintptr_t a, dcpx__mem_info *ret) {
+  (void)ctx;
+  ret->kind = DCPX__MEM_DEVICE;
+  ret->device = 0;
+  ret->beg = a & ~(uintptr_t)0xFFF;
+  ret->end = ret->beg + 0x1000;
+  return 0;
+}
+
+START_TEST(test_devptr_evict) {
+  dcpx__ptr_check c;
+  char why[256];
+  dcpx__ptr_check_init(&c, 0, many_query, NULL);
+  for (uintptr_t i = 0; i <= DCPX__PTR_CACHE; i++)
+    ck_assert_int_eq(ok(&c, 0x100000 + i * 0x1000, 64, why), 0);
+  ck_assert_uint_eq(c.queries, DCPX__PTR_CACHE + 1);
+  ck_assert_int_eq(ok(&c, 0x100000 + 0x1000, 64, why), 0); /* still there */
+  ck_assert_uint_eq(c.queries, DCPX__PTR_CACHE + 1);
+  ck_assert_int_eq(ok(&c, 0x100000, 64, why), 0); /* replaced: asked */
+  ck_assert_uint_eq(c.queries, DCPX__PTR_CACHE + 2);
+}
+END_TEST
+
 static Suite *transport_suite(void) {
   Suite *s = suite_create("transport");
   TCase *tc = tcase_create("rule");
@@ -243,6 +382,12 @@ static Suite *transport_suite(void) {
   tc = tcase_create("layout");
   tcase_add_test(tc, test_nccl_layout);
   tcase_add_test(tc, test_health_block);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("devptr");
+  tcase_add_test(tc, test_devptr_kinds);
+  tcase_add_test(tc, test_devptr_extent);
+  tcase_add_test(tc, test_devptr_cache);
+  tcase_add_test(tc, test_devptr_evict);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -474,6 +474,13 @@ START_TEST(test_shape_check) {
     ck_assert_int_eq(dcpx_shape_explain(&s, why, sizeof(why)), DCPX_E_INVAL);
     ck_assert_msg(strstr(why, "local_topk 1 must be less than topk 1"), "%s",
                   why);
+    /* topk 1 with local_topk 0 ("the library chooses", which has no N
+     * below 1): the reason names topk, not a zero local_topk. */
+    s.local_topk = 0;
+    ck_assert_int_eq(dcpx_shape_explain(&s, why, sizeof(why)), DCPX_E_INVAL);
+    ck_assert_msg(strstr(why, "topk must be >= 2") &&
+                      !strstr(why, "every shape field"),
+                  "%s", why);
     s = good_shape();
     s.world = 17;
     ck_assert_int_eq(dcpx_shape_explain(&s, why, sizeof(why)), DCPX_E_LIMIT);

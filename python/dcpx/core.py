@@ -23,7 +23,8 @@ from . import _arrays as A
 from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
                    DcpxListsC, DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
-from .errors import InvalidArgument, RangeError, StateError, TextError, check
+from .errors import (Aborted, Failed, InvalidArgument, RangeError, StateError,
+                     TextError, check)
 
 __all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
            "MergeResult", "RefStats", "Client", "Member", "PreparedCall",
@@ -205,6 +206,16 @@ class Reason(enum.IntEnum):
     DEAD_RANK = 4    #: a rank's process died or left
     OPERATOR = 5     #: an operator reset the group, or dcpxd shut down
     BLOCK_TABLE = 6  #: rows outside the block table (host backend)
+
+
+_REASON_TEXT = {
+    Reason.REFUSED: "this rank refused an earlier call: bad arguments or "
+                    "a failed launch",
+    Reason.TIMEOUT: "a wait of this rank timed out",
+    Reason.PEER_FAILED: "another rank of the group failed",
+    Reason.DEAD_RANK: "a rank's process died or left",
+    Reason.OPERATOR: "an operator reset the group, or dcpxd shut down",
+}
 
 
 @dataclass(frozen=True)
@@ -445,6 +456,19 @@ class Member:
         if p is not None:  # left while this call ran: free it now
             self._lib.dcpx_leave(ctypes.c_void_p(p))
 
+    def _raise(self, r: int, what: str) -> None:
+        """Raises the error of a push/merge's code r; for Failed and
+        Aborted with why (the code's own text names only a timeout, but a
+        rank is FAILED too after it refused a call's arguments)."""
+        if r in (Failed.code, Aborted.code):
+            try:
+                why = _REASON_TEXT.get(self.async_error().reason)
+            except Exception:  # left meanwhile: the bare code says enough
+                why = None
+            if why:
+                what += f" ({why}; call recover())"
+        check(r, what)
+
     def __repr__(self) -> str:
         return (f"Member(group={self.options.group!r}, rank={self.rank}, "
                 f"shape={self.shape}, backend={self.backend.name}"
@@ -478,7 +502,7 @@ class Member:
         r = self._call(self._lib.dcpx_push, ctypes.byref(cin),
                        self._stream(stream))
         if r < 0:
-            check(r, "dcpx_push")
+            self._raise(r, "dcpx_push")
         return None
 
     def push_list(self, values: Any, indices: Any, row_ends: Any, *,
@@ -530,7 +554,7 @@ class Member:
         r = self._call(self._lib.dcpx_push_list, ctypes.byref(cin),
                        ctypes.byref(li), self._stream(stream))
         if r < 0:
-            check(r, "dcpx_push_list")
+            self._raise(r, "dcpx_push_list")
 
     def merge(self, logits: Any, row_ends: Any, req_id: Any,
               block_table: Any, out: Optional[Sequence[Any]] = None, *,
@@ -570,7 +594,7 @@ class Member:
         r = self._call(self._lib.dcpx_merge, ctypes.byref(cin),
                        ctypes.byref(cout), self._stream(stream))
         if r < 0:
-            check(r, "dcpx_merge")
+            self._raise(r, "dcpx_merge")
         return res
 
     def prepare(self, logits: Any, row_ends: Any, req_id: Any,
@@ -768,7 +792,7 @@ class PreparedCall:
         finally:
             mb._end()
         if r < 0:
-            check(r, "dcpx_push")
+            mb._raise(r, "dcpx_push")
 
     def merge(self, call_tag: int = 0) -> MergeResult:
         """``dcpx_merge`` into ``out``; returns ``out``."""
@@ -781,7 +805,7 @@ class PreparedCall:
         finally:
             mb._end()
         if r < 0:
-            check(r, "dcpx_merge")
+            mb._raise(r, "dcpx_merge")
         return self.out
 
     def __call__(self, call_tag: int = 0) -> MergeResult:
@@ -796,11 +820,11 @@ class PreparedCall:
                 r = self._merge(m, ctypes.byref(self._in),
                                 ctypes.byref(self._out), s)
                 if r < 0:
-                    check(r, "dcpx_merge")
+                    mb._raise(r, "dcpx_merge")
         finally:
             mb._end()
         if r < 0:
-            check(r, "dcpx_push")
+            mb._raise(r, "dcpx_push")
         return self.out
 
 

@@ -70,7 +70,8 @@ def indexer_logits(a, step, layer, r):
 def ctx_lens(a, step):
     rng = np.random.default_rng([3, step])
     full = a.local_len * a.world
-    c = rng.integers(a.topk // 2, full + 1, a.rows)
+    # at least K/2 positions (fewer when the whole context is smaller)
+    c = rng.integers(min(a.topk // 2, full), full + 1, a.rows)
     c[0] = full
     return c
 

@@ -1,5 +1,6 @@
 """Rank processes of test_gpu.py (spawned: CUDA does not survive fork)."""
 
+import ctypes
 import time
 import traceback
 
@@ -199,6 +200,107 @@ def run_other_device(rank, sock, group, shape, ngpu, calls):
         compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
     torch.cuda.synchronize(d)
     assert m.health().ok
+    _leave(c, m)
+    return calls
+
+
+class _AllocProp(ctypes.Structure):
+    """CUmemAllocationProp (cuda.h), for _vmm_half_mapped."""
+    _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("compression", ctypes.c_ubyte),
+                ("rdma", ctypes.c_ubyte), ("usage", ctypes.c_ushort),
+                ("reserved", ctypes.c_ubyte * 4)]
+
+
+def _vmm_half_mapped(dev):
+    """(address, bytes): the first `bytes` of a reservation twice that size
+    are device memory of GPU dev, the rest is reserved and not mapped; an
+    array that runs past `bytes` runs into memory no kernel may touch.
+    (The driver API through ctypes; torch made the context current.)"""
+    c = ctypes
+    cu = c.CDLL("libcuda.so.1")
+
+    def ck(r, what):
+        assert r == 0, f"{what}: CUresult {r}"
+
+    prop = _AllocProp(1, 0, 1, dev)  # PINNED, no handle, on device dev
+    g = c.c_size_t()
+    ck(cu.cuMemGetAllocationGranularity(c.byref(g), c.byref(prop), 0),
+       "cuMemGetAllocationGranularity")
+    ptr, h = c.c_uint64(), c.c_uint64()
+    ck(cu.cuMemAddressReserve(c.byref(ptr), c.c_size_t(2 * g.value),
+                              c.c_size_t(0), c.c_uint64(0), c.c_uint64(0)),
+       "cuMemAddressReserve")
+    ck(cu.cuMemCreate(c.byref(h), g, c.byref(prop), c.c_uint64(0)),
+       "cuMemCreate")
+    ck(cu.cuMemMap(ptr, g, c.c_size_t(0), h, c.c_uint64(0)), "cuMemMap")
+    desc = (c.c_int * 3)(1, dev, 3)  # CUmemAccessDesc: device dev, RW
+    ck(cu.cuMemSetAccess(ptr, g, c.byref(desc), c.c_size_t(1)),
+       "cuMemSetAccess")
+    return ptr.value, g.value
+
+
+def run_bad_arrays(rank, sock, group, shape, ngpu, calls):
+    """A C caller's arrays that no kernel of the member's GPU may touch are
+    refused before anything is enqueued (DCPX_E_INVAL, the reason in the
+    log), the engine's CUDA context stays healthy, and after dcpx_recover
+    the calls are exact: logits in host memory from malloc; rows_out whose
+    last bytes run into reserved, unmapped space; with two GPUs, logits
+    on the other GPU. valid_out in page-locked host memory is accepted."""
+    import torch
+    from dcpx._lib import call_in, merge_out
+    c, m, d = _join(rank, sock, group, shape, ngpu)
+    R, L, K = shape.rows, shape.max_local, shape.topk
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    lg, en = inputs(5, 0, shape.world, R, L, "random")
+    x, e = _lg(lg[rank], d), _t(en[rank], d)
+    ref = dcpx.ref_call(shape, lg, en, rank, req, bt)
+    st = ctypes.c_void_p(torch.cuda.current_stream(d).cuda_stream)
+    inval = dcpx.InvalidArgument.code
+
+    def push(logits_ptr):
+        cin = call_in(R, logits_ptr, L, e.data_ptr())
+        return m._call(m._lib.dcpx_push, ctypes.byref(cin), st)
+
+    def merge(rows_out, valid_out, ids_out):
+        cin = call_in(R, x.data_ptr(), L, e.data_ptr(), req_t.data_ptr(),
+                      bt_t.data_ptr(), bt.shape[0], bt.shape[1])
+        cout = merge_out(rows_out, valid_out, ids_out)
+        return m._call(m._lib.dcpx_merge, ctypes.byref(cin),
+                       ctypes.byref(cout), st)
+
+    def refused(r, what):
+        assert r == inval, f"{what}: {r}, not DCPX_E_INVAL"
+        torch.cuda.synchronize(d)  # raises if a kernel had faulted
+        m.recover(timeout_ms=20000)
+
+    rows_out = torch.empty((R, K), dtype=torch.int32, device=d)
+    ids_out = torch.empty((R, K), dtype=torch.int32, device=d)
+    valid_out = torch.empty((R,), dtype=torch.int32, device=d)
+    host = np.ascontiguousarray(lg[rank])
+    refused(push(host.ctypes.data), "logits from malloc")
+    if ngpu >= 2:
+        other = _lg(lg[rank], torch.device("cuda", (d.index + 1) % ngpu))
+        refused(push(other.data_ptr()), "logits on another GPU")
+    base, nb = _vmm_half_mapped(d.index)
+    short = base + nb - (R * K * 4 - 64)  # 64 bytes short of the call's
+    assert push(x.data_ptr()) == 0
+    refused(merge(short, valid_out.data_ptr(), ids_out.data_ptr()),
+            "rows_out past its mapping")
+    pinned = torch.empty((R,), dtype=torch.int32, pin_memory=True)
+    for call in range(2):
+        assert push(x.data_ptr()) == 0
+        r = merge(rows_out.data_ptr(),
+                  pinned.data_ptr() if call else valid_out.data_ptr(),
+                  ids_out.data_ptr())
+        assert r == 0, f"merge: {r}"
+        torch.cuda.synchronize(d)
+        got = dcpx.MergeResult(rows_out.cpu().numpy(),
+                               (pinned if call else valid_out).cpu().numpy(),
+                               ids_out.cpu().numpy(), None)
+        compare(got, ref, R)
     _leave(c, m)
     return calls
 

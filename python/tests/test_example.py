@@ -18,3 +18,15 @@ def test_decode_step_host(daemon):
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "exact: 108/108 rows" in out.stdout, out.stdout
+
+
+def test_decode_step_context_below_topk(daemon):
+    """A context of fewer positions than K/2 (W * local_len < K / 2): every
+    row holds fewer than K candidates, and the example still runs."""
+    out = subprocess.run(
+        [sys.executable, EXAMPLE, "--world", "2", "--layers", "1",
+         "--steps", "1", "--rows", "2", "--topk", "256", "--local-len",
+         "10", "--backend", "host", "--socket", daemon.socket],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "exact: 4/4 rows" in out.stdout, out.stdout

@@ -117,6 +117,16 @@ def test_cuda_graph_capture(daemon, cuda_ok, group, W):
           f"{[round(v[1], 1) for v in out.values()]} us")
 
 
+def test_cuda_bad_arrays(daemon, cuda_ok, group):
+    """Arrays a kernel of the member's GPU cannot touch (host memory from
+    malloc, an array running into unmapped space, another GPU's memory)
+    are refused with InvalidArgument's code before any launch; the
+    context stays usable and the calls after recovery are exact."""
+    shape = dcpx.Shape(world=1, rows=4, topk=128, local_topk=32,
+                       block_size=16, max_local=1024)
+    _spawn("bad_arrays", 1, daemon.socket, group, shape, calls=2)
+
+
 def test_cuda_nccl_refused(daemon, cuda_ok, group):
     """nccl transport, W=1: a refused call aborts the member's communicator;
     later calls fail with NcclError; leave is prompt."""
