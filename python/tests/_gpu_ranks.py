@@ -468,3 +468,40 @@ def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
     m.leave()
     c.close()
     return time.monotonic() - t0
+
+
+def run_nccl_recover(rank, sock, group, shape, ngpu, calls):
+    """test_gpu.test_cuda_nccl_recover: returns how long recover took."""
+    import os
+    import subprocess
+    import torch
+    c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL)
+    R, L = shape.rows, shape.max_local
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    lg, en = inputs(72, 0, shape.world, R, L, "random")
+    x, e = _lg(lg[rank], d), _t(en[rank], d)
+    m.push(x, e)
+    res = m.merge(x, e, req_t, bt_t, sat=True)
+    compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+    torch.cuda.synchronize()
+    ctl = os.path.join(os.path.dirname(os.environ["DCPXD"]), "dcpxctl")
+    subprocess.run([ctl, "--socket", sock, "reset", "--group", group],
+                   check=True, capture_output=True, timeout=30)
+    end = time.monotonic() + 10
+    while m.health().abort == 0:
+        assert time.monotonic() < end, "the reset did not abort the group"
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    m.recover(timeout_ms=20000)
+    took = time.monotonic() - t0
+    try:
+        m.push(x, e)
+    except dcpx.NcclError:
+        pass
+    else:
+        raise AssertionError("a push after the recovery of an nccl member "
+                             "did not fail with NcclError")
+    m.leave()
+    c.close()
+    return took

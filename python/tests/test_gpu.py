@@ -144,6 +144,26 @@ def test_cuda_nccl_refused(daemon, cuda_ok, group):
     assert out[0] < 5.0, f"leave took {out[0]:.1f} s"
 
 
+def test_cuda_nccl_recover(daemon, cuda_ok, group):
+    """nccl transport, W=1: after an operator reset, with no call in
+    between, dcpx_recover aborts the member's communicator before it
+    drains the stream (with a dead peer a collective would wait on the
+    GPU without a bound) and returns promptly; the next call fails with
+    NcclError, and leave is prompt."""
+    if not os.access(os.path.join(os.path.dirname(os.environ.get(
+            "DCPXD", "")), "dcpxctl"), os.X_OK):
+        pytest.skip("no dcpxctl beside $DCPXD")
+    shape = dcpx.Shape(world=1, rows=8, topk=128, local_topk=32,
+                       block_size=16, max_local=4096)
+    try:
+        out = _spawn("nccl_recover", 1, daemon.socket, group, shape)
+    except AssertionError as e:
+        if "built without NCCL" in str(e):
+            pytest.skip("libdcpx built without NCCL")
+        raise
+    assert out[0] < 5.0, f"recover took {out[0]:.1f} s"
+
+
 def test_cuda_daemon_restart(cuda_ok, group):
     """dcpxd killed (-9) and started again on its socket and state dir: a
     CUDA member reattaches (the new dcpxd adopts its workspace, on the GPU
