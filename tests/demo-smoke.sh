@@ -132,4 +132,42 @@ if [ -z "$d" ] || [ "$st" -ne 1 ] || ! grep -q "dcpxd was killed" "$out" ||
   echo "demo-smoke: FAIL: dcpxd killed mid-run: exit $st" >&2
   exit 1
 fi
+
+# No dcpxd at the socket given: said, with the path, and exit 1.
+st=0
+"$demo" --socket "$tmp/none.sock" --world 2 --calls 2 >"$out" 2>&1 || st=$?
+if [ "$st" -ne 1 ] ||
+    ! grep -q "cannot connect to dcpxd at $tmp/none.sock (no such socket" \
+      "$out"; then
+  cat "$out"
+  echo "demo-smoke: FAIL: a missing socket: exit $st" >&2
+  exit 1
+fi
+
+# An operator reset mid-run ends the demo's ranks (they do not recover
+# from what they did not inject): the exact line counts the calls every
+# rank completed before, not 0.
+TMPDIR=$tmp "$demo" --world 2 --rows 4 --local-len 1024 --topk 64 \
+  --local-topk 32 --calls 400000 --group smoke-reset >"$out" 2>&1 &
+pid=$!
+reset=
+for i in $(seq 300); do
+  s=$(ls -d "$tmp"/dcpx-demo.*/dcpxd.sock 2>/dev/null || true)
+  if [ -n "$s" ] && "$ctl" --socket "$s" groups 2>/dev/null |
+      grep -q '^smoke-reset  *ready'; then
+    sleep 0.5
+    "$ctl" --socket "$s" reset --group smoke-reset >/dev/null && reset=1
+    break
+  fi
+  sleep 0.05
+done
+st=0
+wait "$pid" || st=$?
+n=$(sed -n 's/^exact: \([0-9]*\)\/\([0-9]*\) calls (the calls every rank completed.*/\1 \2/p' "$out")
+if [ -z "$reset" ] || [ "$st" -ne 1 ] || [ -z "$n" ] ||
+    [ "${n% *}" != "${n#* }" ] || [ "${n% *}" -lt 1 ]; then
+  cat "$out"
+  echo "demo-smoke: FAIL: an operator reset mid-run: exit $st, '$n'" >&2
+  exit 1
+fi
 echo "demo-smoke: ok"

@@ -11,6 +11,7 @@ Everything is checked (dtype, device, shape, contiguity) before any work.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import enum
 import itertools
@@ -289,8 +290,14 @@ class Client:
         path = None if self.socket is None else self.socket.encode()
         if path is not None and b"\0" in path:
             raise TextError(context="Client socket path contains a NUL")
-        check(lib().dcpx_connect(path, ctypes.byref(p)),
-              f"connecting to dcpxd at {self.socket or '$DCPX_SOCKET'}")
+        r = lib().dcpx_connect(path, ctypes.byref(p))
+        if r < 0:
+            where = (self.socket or os.environ.get("DCPX_SOCKET")
+                     or "/run/dcpx/dcpxd.sock")
+            what = f"connecting to dcpxd at {where}"
+            if not os.path.exists(where):
+                what += " (no such socket: is dcpxd running there?)"
+            check(r, what)
         self._ptr = p.value
 
     def join(self, shape: Shape, options: Optional[JoinOptions] = None,
