@@ -251,3 +251,12 @@ def test_failed_aborted_recover(daemon, group):
                        block_size=4, max_local=256)
     out = run_ranks(_stall_rank, 2, (daemon.socket, group, shape))
     assert out == {0: ["Failed"], 1: ["Aborted"]}
+
+
+def test_connect_no_socket(tmp_path):
+    """No dcpxd at the path: ConnectionRefused naming the path, and saying
+    that there is no socket file there."""
+    p = str(tmp_path / "none.sock")
+    with pytest.raises(dcpx.ConnectionRefused) as e:
+        dcpx.Client(p)
+    assert p in str(e.value) and "no such socket" in str(e.value)
