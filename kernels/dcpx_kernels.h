@@ -197,6 +197,31 @@ static inline int dcpx_k_ctx_check(const dcpx_kctx *c) {
   return 0;
 }
 
+/* A merge's arrays (dcpx_k_merge, and the NCCL transport's round 1): the
+ * inputs and outputs present (ids_out and sat_out may be NULL) and aligned
+ * to their elements, else DCPX_E_INVAL: a misaligned access faults in the
+ * kernel and kills the engine's context. */
+static inline int dcpx_k_merge_args(const uint16_t *logits, uint64_t stride,
+                                    const int32_t *row_ends,
+                                    const int32_t *req_id,
+                                    const int32_t *block_table,
+                                    uint32_t bt_rows, uint32_t bt_cols,
+                                    const int32_t *rows_out,
+                                    const int32_t *valid_out,
+                                    const int32_t *ids_out,
+                                    const uint32_t *sat_out) {
+  if (!logits || !stride || !row_ends || !req_id || !block_table ||
+      !bt_rows || !bt_cols || !rows_out || !valid_out)
+    return DCPX_E_INVAL;
+  if (((uintptr_t)logits & 1u) ||
+      (((uintptr_t)row_ends | (uintptr_t)req_id | (uintptr_t)block_table |
+        (uintptr_t)rows_out | (uintptr_t)valid_out | (uintptr_t)ids_out |
+        (uintptr_t)sat_out) &
+       3u))
+    return DCPX_E_INVAL;
+  return 0;
+}
+
 /* Raises the dynamic shared memory limits of both kernels on the current
  * device. 0 or DCPX_E_CUDA. */
 int dcpx_k_push_prepare(void);

@@ -834,16 +834,10 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
     return DCPX_E_INVAL;
   if (rows == 0) /* nothing to read or write: NULL pointers are fine */
     return 0;
-  if (!logits || !stride || !row_ends || !req_id || !block_table ||
-      !bt_rows || !bt_cols || !rows_out || !valid_out)
-    return DCPX_E_INVAL;
-  /* Misaligned arrays would fault in the kernel (push.cu). */
-  if (((uintptr_t)logits & 1u) ||
-      (((uintptr_t)row_ends | (uintptr_t)req_id | (uintptr_t)block_table |
-        (uintptr_t)rows_out | (uintptr_t)valid_out | (uintptr_t)ids_out |
-        (uintptr_t)sat_out) &
-       3u))
-    return DCPX_E_INVAL;
+  if ((r = dcpx_k_merge_args(logits, stride, row_ends, req_id, block_table,
+                              bt_rows, bt_cols, rows_out, valid_out, ids_out,
+                              sat_out)) < 0)
+    return r;
   const merge_plan p = plan_of(c);
   if (!p.in_smem && !c->stage)
     return DCPX_E_INVAL;

@@ -453,15 +453,12 @@ int dcpx_kn_round1(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
   int r = dcpx_kn_ctx_check(c);
   if (r < 0)
     return r;
-  if (rows > c->rows_max || !logits || !stride || !row_ends || !req_id ||
-      !block_table || !bt_rows || !bt_cols || !rows_out || !valid_out)
+  if (rows > c->rows_max)
     return DCPX_E_INVAL;
-  if (((uintptr_t)logits & 1u) ||
-      (((uintptr_t)row_ends | (uintptr_t)req_id | (uintptr_t)block_table |
-        (uintptr_t)rows_out | (uintptr_t)valid_out | (uintptr_t)ids_out |
-        (uintptr_t)sat_out) &
-       3u))
-    return DCPX_E_INVAL;
+  if ((r = dcpx_k_merge_args(logits, stride, row_ends, req_id, block_table,
+                              bt_rows, bt_cols, rows_out, valid_out, ids_out,
+                              sat_out)) < 0)
+    return r;
   if (rows == 0)
     return 0;
   const cudaLaunchConfig_t cfg =

@@ -423,23 +423,19 @@ def restart_main(q, restarted, sock, group, shape):
         q.put(("err", 0, traceback.format_exc()))
 
 
-def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
-    """The nccl transport after a refused call: an operator reset aborts
-    the group, the member's next push is refused (Aborted) and aborts its
-    communicator (a collective would wait without a bound for peers that
-    issue nothing more); after each recovery a call fails with NcclError
-    (and fails the rank, as any refused call), and leave is prompt."""
+def _nccl_reset(rank, sock, group, shape, ngpu, seed):
+    """An nccl member (W=1) after one exact call and an operator reset of
+    its group (the abort seen): (client, member, logits, row_ends)."""
     import os
     import subprocess
     import torch
     c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL)
     R, L = shape.rows, shape.max_local
     req, bt = tables(rank, R, L, shape.block_size)
-    req_t, bt_t = _t(req, d), _t(bt, d)
-    lg, en = inputs(71, 0, shape.world, R, L, "random")
+    lg, en = inputs(seed, 0, shape.world, R, L, "random")
     x, e = _lg(lg[rank], d), _t(en[rank], d)
     m.push(x, e, call_tag=0)
-    res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=0)
+    res = m.merge(x, e, _t(req, d), _t(bt, d), sat=True, call_tag=0)
     compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
     torch.cuda.synchronize()
     ctl = os.path.join(os.path.dirname(os.environ["DCPXD"]), "dcpxctl")
@@ -449,6 +445,26 @@ def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
     while m.health().abort == 0:
         assert time.monotonic() < end, "the reset did not abort the group"
         time.sleep(0.01)
+    return c, m, x, e
+
+
+def _push_fails_nccl(m, x, e, call):
+    try:
+        m.push(x, e, call_tag=call)
+    except dcpx.NcclError:
+        pass
+    else:
+        raise AssertionError("a push after the communicator's abort did "
+                             "not fail with NcclError")
+
+
+def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
+    """The nccl transport after a refused call: an operator reset aborts
+    the group, the member's next push is refused (Aborted) and aborts its
+    communicator (a collective would wait without a bound for peers that
+    issue nothing more); after each recovery a call fails with NcclError
+    (and fails the rank, as any refused call), and leave is prompt."""
+    c, m, x, e = _nccl_reset(rank, sock, group, shape, ngpu, 71)
     try:
         m.push(x, e, call_tag=1)
     except dcpx.Aborted:
@@ -457,13 +473,7 @@ def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
         raise AssertionError("a push while aborted was not refused")
     for call in (2, 3):
         m.recover(timeout_ms=20000)
-        try:
-            m.push(x, e, call_tag=call)
-        except dcpx.NcclError:
-            pass
-        else:
-            raise AssertionError("a push after the communicator's abort "
-                                 "did not fail with NcclError")
+        _push_fails_nccl(m, x, e, call)
     t0 = time.monotonic()
     m.leave()
     c.close()
@@ -471,37 +481,13 @@ def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
 
 
 def run_nccl_recover(rank, sock, group, shape, ngpu, calls):
-    """test_gpu.test_cuda_nccl_recover: returns how long recover took."""
-    import os
-    import subprocess
-    import torch
-    c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL)
-    R, L = shape.rows, shape.max_local
-    req, bt = tables(rank, R, L, shape.block_size)
-    req_t, bt_t = _t(req, d), _t(bt, d)
-    lg, en = inputs(72, 0, shape.world, R, L, "random")
-    x, e = _lg(lg[rank], d), _t(en[rank], d)
-    m.push(x, e)
-    res = m.merge(x, e, req_t, bt_t, sat=True)
-    compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
-    torch.cuda.synchronize()
-    ctl = os.path.join(os.path.dirname(os.environ["DCPXD"]), "dcpxctl")
-    subprocess.run([ctl, "--socket", sock, "reset", "--group", group],
-                   check=True, capture_output=True, timeout=30)
-    end = time.monotonic() + 10
-    while m.health().abort == 0:
-        assert time.monotonic() < end, "the reset did not abort the group"
-        time.sleep(0.01)
+    """test_gpu.test_cuda_nccl_recover: recover right after the reset (no
+    call in between) aborts the communicator; returns how long it took."""
+    c, m, x, e = _nccl_reset(rank, sock, group, shape, ngpu, 72)
     t0 = time.monotonic()
     m.recover(timeout_ms=20000)
     took = time.monotonic() - t0
-    try:
-        m.push(x, e)
-    except dcpx.NcclError:
-        pass
-    else:
-        raise AssertionError("a push after the recovery of an nccl member "
-                             "did not fail with NcclError")
+    _push_fails_nccl(m, x, e, 1)
     m.leave()
     c.close()
     return took

@@ -127,20 +127,26 @@ def test_cuda_bad_arrays(daemon, cuda_ok, group):
     _spawn("bad_arrays", 1, daemon.socket, group, shape, calls=2)
 
 
-def test_cuda_nccl_refused(daemon, cuda_ok, group):
-    """nccl transport, W=1: a refused call aborts the member's communicator;
-    later calls fail with NcclError; leave is prompt."""
+def _spawn_nccl(mode, daemon, group):
+    """_spawn of an nccl mode at W=1 (skipped without dcpxctl beside
+    $DCPXD, or without NCCL in the build)."""
     if not os.access(os.path.join(os.path.dirname(os.environ.get(
             "DCPXD", "")), "dcpxctl"), os.X_OK):
         pytest.skip("no dcpxctl beside $DCPXD")
     shape = dcpx.Shape(world=1, rows=8, topk=128, local_topk=32,
                        block_size=16, max_local=4096)
     try:
-        out = _spawn("nccl_refused", 1, daemon.socket, group, shape)
+        return _spawn(mode, 1, daemon.socket, group, shape)
     except AssertionError as e:
         if "built without NCCL" in str(e):
             pytest.skip("libdcpx built without NCCL")
         raise
+
+
+def test_cuda_nccl_refused(daemon, cuda_ok, group):
+    """nccl transport, W=1: a refused call aborts the member's communicator;
+    later calls fail with NcclError; leave is prompt."""
+    out = _spawn_nccl("nccl_refused", daemon, group)
     assert out[0] < 5.0, f"leave took {out[0]:.1f} s"
 
 
@@ -149,18 +155,8 @@ def test_cuda_nccl_recover(daemon, cuda_ok, group):
     between, dcpx_recover aborts the member's communicator before it
     drains the stream (with a dead peer a collective would wait on the
     GPU without a bound) and returns promptly; the next call fails with
-    NcclError, and leave is prompt."""
-    if not os.access(os.path.join(os.path.dirname(os.environ.get(
-            "DCPXD", "")), "dcpxctl"), os.X_OK):
-        pytest.skip("no dcpxctl beside $DCPXD")
-    shape = dcpx.Shape(world=1, rows=8, topk=128, local_topk=32,
-                       block_size=16, max_local=4096)
-    try:
-        out = _spawn("nccl_recover", 1, daemon.socket, group, shape)
-    except AssertionError as e:
-        if "built without NCCL" in str(e):
-            pytest.skip("libdcpx built without NCCL")
-        raise
+    NcclError."""
+    out = _spawn_nccl("nccl_recover", daemon, group)
     assert out[0] < 5.0, f"recover took {out[0]:.1f} s"
 
 
