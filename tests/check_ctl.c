@@ -1,6 +1,8 @@
 /* check_ctl.c - dcpxctl for operators and monitoring (issue 15): help on
- * every command, and `dcpxctl check`'s four Nagios codes against a private
- * dcpxd ($DCPXD) with rank processes (tests/health_harness.h):
+ * every command, its bad options (a usage error like its others), stats
+ * --output to a dangling symbolic link, and `dcpxctl check`'s four Nagios
+ * codes against a private dcpxd ($DCPXD) with rank processes
+ * (tests/health_harness.h):
  *
  *   UNKNOWN (3)   a bad threshold, an unknown group
  *   OK (0)        no groups; ranks running under the rescue threshold
@@ -85,6 +87,97 @@ START_TEST(test_help) {
 }
 END_TEST
 
+/* A command's bad option is a usage error like the command's others: exit
+ * status 2 and one line, "dcpxctl: ... (see dcpxctl --help)", that names
+ * the option; not getopt's own "stats: option '--format' requires an
+ * argument". */
+static void usage_line(const char *name) {
+  const size_t n = strlen(g_o.err);
+  static const char tail[] = " (see dcpxctl --help)\n";
+  CC_ASSERT(strncmp(g_o.err, "dcpxctl: ", 9) == 0 && strstr(g_o.err, name) &&
+                n > strlen(tail) &&
+                strcmp(g_o.err + n - strlen(tail), tail) == 0 &&
+                strchr(g_o.err, '\n') == g_o.err + n - 1 && g_o.out[0] == 0,
+            "not one usage error line naming %s: '%s'", name, g_o.err);
+}
+
+#define USAGE_ERR(name, ...)                                                 \
+  do {                                                                       \
+    CTL(2, __VA_ARGS__);                                                     \
+    usage_line(name);                                                        \
+  } while (0)
+
+START_TEST(test_option_errors) {
+  /* No daemon: the options are refused before it is asked. */
+  strcpy(g_d.sock, "/nonexistent/d.sock");
+  /* A missing argument, of every command. */
+  USAGE_ERR("'--format'", "stats", "--format");
+  USAGE_ERR("'--output'", "stats", "--output");
+  USAGE_ERR("'--socket'", "groups", "--socket");
+  USAGE_ERR("'--timeout'", "health", "--timeout");
+  USAGE_ERR("'--limit'", "records", "--limit");
+  USAGE_ERR("'--group'", "reset", "--group");
+  USAGE_ERR("'--ticks'", "fault", "stall", "--group", "g", "--ticks");
+  /* An abbreviation is named in full. */
+  USAGE_ERR("'--format'", "stats", "--form");
+  /* Unknown, ambiguous, or given a value it does not take. */
+  USAGE_ERR("'--bogus'", "groups", "--bogus");
+  USAGE_ERR("'--bogus'", "stats", "--bogus=1");
+  USAGE_ERR("'-x'", "health", "-x");
+  USAGE_ERR("'-x'", "health", "--json", "-xh"); /* inside a cluster */
+  USAGE_ERR("'--s'", "records", "--s");         /* --since or --socket */
+  USAGE_ERR("'--json'", "records", "--json=1");
+  USAGE_ERR("'--bogus'", "reset", "--bogus");
+  USAGE_ERR("'--bogus'", "fault", "stall", "--bogus");
+  /* The same before the command. */
+  USAGE_ERR("'--timeout'", "--timeout");
+  USAGE_ERR("'--bogus'", "--bogus", "groups");
+  /* check says it on its UNKNOWN line, with its own help. */
+  CTL(3, "check", "--records-window");
+  one_line("UNKNOWN");
+  CC_ASSERT(strstr(g_o.out, "'--records-window'") &&
+                strstr(g_o.out, "(see dcpxctl check --help)"),
+            "%s", g_o.out);
+  CTL(3, "check", "-xh");
+  one_line("UNKNOWN");
+  CC_ASSERT(strstr(g_o.out, "'-x'"), "%s", g_o.out);
+  memset(&g_d, 0, sizeof(g_d));
+}
+END_TEST
+
+/* stats --output to a symbolic link that leads nowhere is refused as one
+ * to a regular file is (check_metrics.c), saying so, not "No such file or
+ * directory"; exit status 5, and no file is made at its target. */
+START_TEST(test_output_link) {
+  char target[200], link[200], loop[200], outarg[240];
+  struct stat st;
+
+  CC_ASSERT(hh_daemon_start(&g_d, NULL) == 0, "dcpxd did not come up");
+  snprintf(target, sizeof(target), "%s/nowhere.prom", g_d.dir);
+  snprintf(link, sizeof(link), "%s/dangling.prom", g_d.dir);
+  snprintf(loop, sizeof(loop), "%s/loop.prom", g_d.dir);
+  CC_ASSERT(symlink(target, link) == 0 && symlink(loop, loop) == 0, "%s",
+            strerror(errno));
+  snprintf(outarg, sizeof(outarg), "--output=%s", link);
+  CTL(5, "stats", outarg);
+  CC_ASSERT(strstr(g_o.err, "symbolic link") && strstr(g_o.err, link) &&
+                !strstr(g_o.err, "No such file"),
+            "no reason: %s", g_o.err);
+  CTL(5, "stats", "--format=prometheus", outarg);
+  CC_ASSERT(strstr(g_o.err, "symbolic link"), "no reason: %s", g_o.err);
+  CC_ASSERT(lstat(link, &st) == 0 && S_ISLNK(st.st_mode) &&
+                lstat(target, &st) != 0,
+            "the link or its target changed");
+  /* A link to itself leads nowhere either. */
+  snprintf(outarg, sizeof(outarg), "--output=%s", loop);
+  CTL(5, "stats", outarg);
+  CC_ASSERT(strstr(g_o.err, "symbolic link"), "no reason: %s", g_o.err);
+  hh_daemon_stop(&g_d, SIGTERM);
+  hh_daemon_cleanup(&g_d);
+  memset(&g_d, 0, sizeof(g_d));
+}
+END_TEST
+
 static hh_spec spec(const char *group, uint32_t W) {
   hh_spec sp;
   memset(&sp, 0, sizeof(sp));
@@ -132,7 +225,7 @@ START_TEST(test_check_codes) {
   CTL(2, "--timeout", "0", "groups");
   CTL(2, "--bogus", "groups");
   CC_ASSERT(strstr(g_o.err, "--bogus"), "no reason: %s", g_o.err);
-  CTL(2, "groups", "--bogus"); /* a command's own: getopt's message */
+  CTL(2, "groups", "--bogus"); /* a command's own (test_option_errors) */
   CC_ASSERT(strstr(g_o.err, "--bogus"), "no reason: %s", g_o.err);
   CTL(2, "records", "--limit");
   CC_ASSERT(g_o.err[0], "no reason for a missing argument");
@@ -335,6 +428,8 @@ int main(void) {
   TCase *tc = tcase_create("ctl");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_help);
+  tcase_add_test(tc, test_option_errors);
+  tcase_add_test(tc, test_output_link);
   tcase_add_test(tc, test_check_codes);
   tcase_add_test(tc, test_check_records);
   suite_add_tcase(s, tc);

@@ -88,6 +88,60 @@ static int usage_error(const char *fmt, ...) {
   return EXIT_USAGE;
 }
 
+/* What getopt_long found wrong with an option, as text for usage_error or
+ * check's status line: opt is its '?' (unknown, ambiguous, or a value given
+ * to an option that takes none) or ':' (a missing value; the option string
+ * begins with ':', so getopt itself prints nothing). A long option's
+ * element is argv[optind - 1]; a short option is optopt, which may sit
+ * inside a cluster ("-xh") that optind still points at, with an earlier
+ * element at argv[optind - 1]. A long option's error is told from that by
+ * optopt: 0 for an unknown or ambiguous name, its val for a missing value
+ * (':'), or for "--NAME=VALUE" given to one that takes none. */
+static void option_problem(char *b, size_t n, int opt, int argc, char **argv,
+                           const struct option *opts) {
+  const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+  const size_t len = strcspn(arg, "=");
+  const struct option *found = NULL;
+  int matches = 0;
+
+  if (strncmp(arg, "--", 2) == 0 && len > 2) {
+    for (const struct option *o = opts; o->name; o++)
+      if (strncmp(o->name, arg + 2, len - 2) == 0) {
+        matches++;
+        if (optopt != 0 && o->val == optopt &&
+            (opt == ':' ? o->has_arg == required_argument
+                        : o->has_arg == no_argument && arg[len] == '='))
+          found = o;
+      }
+    if (optopt == 0) {
+      snprintf(b, n, "%s option '%.*s'",
+               matches > 1 ? "ambiguous" : "unknown", (int)len, arg);
+      return;
+    }
+    if (found) {
+      snprintf(b, n,
+               opt == ':' ? "option '--%s' requires an argument"
+                          : "option '--%s' takes no argument",
+               found->name);
+      return;
+    }
+  }
+  if (opt == ':')
+    snprintf(b, n, "option '-%c' requires an argument", optopt);
+  else if (optopt > 0 && optopt < 128 && isprint(optopt))
+    snprintf(b, n, "unknown option '-%c'", optopt);
+  else
+    snprintf(b, n, "unknown option '%s'", arg);
+}
+
+/* A command's bad option, as its other usage errors (exit status 2). */
+static int option_error(int opt, int argc, char **argv,
+                        const struct option *opts) {
+  char b[256];
+  option_problem(b, sizeof(b), opt, argc, argv, opts);
+  return usage_error("%s", b);
+}
+
 /* A number: decimal, or hexadecimal after "0x" (call tags are printed
  * both ways); never octal. */
 static bool parse_u64(const char *s, uint64_t *ret) {
@@ -974,6 +1028,11 @@ static int output_begin(const char *path, char *tmp, size_t n) {
   tmp[0] = 0;
   if (lstat(path, &lst) == 0 && !S_ISREG(lst.st_mode)) {
     fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC); /* no create, no trunc */
+    if (fd < 0 && S_ISLNK(lst.st_mode) && (errno == ENOENT || errno == ELOOP)) {
+      fprintf(stderr, "dcpxctl: %s is a symbolic link that leads nowhere: "
+                      "give --output the file itself\n", path);
+      return EXIT_OUTPUT;
+    }
     if (fd < 0) {
       fprintf(stderr, "dcpxctl: cannot write %s: %s\n", path,
               strerror(errno));
@@ -1049,9 +1108,9 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   char tmp[4096];
 
   /* Options may follow the group name ("health GROUP --json"). */
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if (opt == '?')
-      return EXIT_USAGE;
+  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    if (opt == '?' || opt == ':')
+      return option_error(opt, argc, argv, opts);
     if (opt == 'h')
       return cmd_usage(argv[0]);
     if (opt == 'F') {
@@ -1137,7 +1196,7 @@ static int cmd_records(int argc, char **argv) {
   q.what = DCPX__QUERY__WHAT__RECORDS;
   q.group = "";
   q.rank = -1;
-  while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
     switch (opt) {
     case 'g':
       if (!*optarg) /* "" is no name, not "every group" */
@@ -1166,7 +1225,8 @@ static int cmd_records(int argc, char **argv) {
     case 'h':
       return cmd_usage("records");
     case '?':
-      return EXIT_USAGE;
+    case ':':
+      return option_error(opt, argc, argv, opts);
     default:
       if ((r = global_opt(opt)))
         return r;
@@ -1223,13 +1283,13 @@ static int cmd_reset(int argc, char **argv) {
   cmd.kind = DCPX__COMMAND__KIND__RESET;
   cmd.group = NULL;
   cmd.rank = -1;
-  while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
     if (opt == 'g')
       cmd.group = optarg;
     else if (opt == 'h')
       return cmd_usage("reset");
-    else if (opt == '?')
-      return EXIT_USAGE;
+    else if (opt == '?' || opt == ':')
+      return option_error(opt, argc, argv, opts);
     else if ((r = global_opt(opt)))
       return r;
   }
@@ -1271,7 +1331,7 @@ static int cmd_fault(int argc, char **argv) {
   cmd.kind = DCPX__COMMAND__KIND__FAULT_STALL;
   cmd.group = NULL;
   cmd.call_tag = UINT64_MAX;
-  while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
     switch (opt) {
     case 'g':
       cmd.group = optarg;
@@ -1300,7 +1360,8 @@ static int cmd_fault(int argc, char **argv) {
       have_ticks = true;
       break;
     case '?':
-      return EXIT_USAGE;
+    case ':':
+      return option_error(opt, argc, argv, opts);
     default:
       if ((r = global_opt(opt)))
         return r;
@@ -1427,10 +1488,11 @@ static int check_parse(int argc, char **argv, check_limits *l) {
       GLOBAL_OPTS,
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
+  char bad[256];
   int opt;
 
   opterr = 0; /* a bad option is the status line's UNKNOWN, not stderr */
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (opt) {
     case 'h':
       return cmd_usage("check");
@@ -1469,11 +1531,9 @@ static int check_parse(int argc, char **argv, check_limits *l) {
       if (global_opt(opt))
         return check_line(NAGIOS_UNKNOWN, "bad --timeout");
       break;
-    default:
-      return check_line(NAGIOS_UNKNOWN,
-                        "bad option or missing argument: %s (see dcpxctl "
-                        "check --help)",
-                        optind > 0 && optind <= argc ? argv[optind - 1] : "?");
+    default: /* '?' or ':' */
+      option_problem(bad, sizeof(bad), opt, argc, argv, opts);
+      return check_line(NAGIOS_UNKNOWN, "%s (see dcpxctl check --help)", bad);
     }
   }
   if (argc - optind > 1)
@@ -1718,8 +1778,11 @@ int main(int argc, char **argv) {
   int opt, r;
 
   setlocale(LC_CTYPE, "");
-  opterr = 0; /* reported below: as check's UNKNOWN line before check */
-  while ((opt = getopt_long(argc, argv, "+hV", opts, NULL)) != -1) {
+  /* Bad options are reported by dcpxctl, not by getopt (opterr = 0, and
+   * every option string begins with ':'): here as check's UNKNOWN line
+   * before check, or as a usage error, and the same in each command. */
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, "+:hV", opts, NULL)) != -1) {
     switch (opt) {
     case 'h':
       help();
@@ -1735,24 +1798,14 @@ int main(int argc, char **argv) {
         (void)global_opt(opt);
       break;
     case '?':
-      if (bad[0])
-        break;
-      {
-        const char *arg =
-            optind > 0 && optind <= argc ? argv[optind - 1] : "?";
-        if (optopt > 0 && optopt < 128 && strncmp(arg, "--", 2) != 0)
-          snprintf(bad, sizeof(bad), /* a short one, maybe in a cluster */
-                   "bad option or missing argument: -%c", optopt);
-        else
-          snprintf(bad, sizeof(bad), "bad option or missing argument: %s",
-                   arg);
-      }
+    case ':':
+      if (!bad[0])
+        option_problem(bad, sizeof(bad), opt, argc, argv, opts);
       break;
     default:
       (void)global_opt(opt);
     }
   }
-  opterr = 1; /* the commands' own options: getopt says what is wrong */
   cmd = optind < argc ? argv[optind] : NULL;
   if (bad[0]) /* dcpxctl(1): check exits 3 UNKNOWN on any usage error */
     return cmd && strcmp(cmd, "check") == 0
