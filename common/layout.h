@@ -146,6 +146,10 @@ typedef struct dcpx_wait_record {
 } dcpx_wait_record;
 
 /* The control page header (256 bytes). */
+/* The bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES; dcpxd, which
+ * does not link NCCL, relays at most this many). */
+#define DCPX_NCCL_ID_BYTES 128
+
 typedef struct dcpx_ctl_header {
   uint32_t magic, version;
   uint32_t world, rows;
@@ -157,10 +161,22 @@ typedef struct dcpx_ctl_header {
   /* Random, written by dcpxd when the group forms; a reattach after a
    * restart is adopted only if it matches (daemon/dcpxd-secrets.h). */
   uint8_t secret[DCPX_CTL_SECRET_BYTES];
-  uint32_t pad[46];
+  /* The NCCL transport's communicator for generation nccl_gen (0: none):
+   * rank 0's unique id, written by dcpxd when the group forms (from rank
+   * 0's Join) and when a recovery completes if rank 0 sent a fresh one
+   * (its RecoverAck, or a replacement rank 0's Join), before the
+   * generation is bumped. A member rebuilds its communicator from it
+   * when nccl_gen is the current generation (docs/PROTOCOL.md 6.9). */
+  volatile uint32_t nccl_gen;
+  uint32_t nccl_id_len; /* <= DCPX_NCCL_ID_BYTES */
+  uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
+  uint32_t pad[12];
 } dcpx_ctl_header;
 #ifndef __cplusplus
 _Static_assert(sizeof(dcpx_ctl_header) == 256, "the header is 256 bytes");
+_Static_assert(__builtin_offsetof(dcpx_ctl_header, nccl_gen) == 72 &&
+                   __builtin_offsetof(dcpx_ctl_header, nccl_id) == 80,
+               "docs/PROTOCOL.md's header offsets");
 _Static_assert(sizeof(dcpx_rank_health) == 128, "a health block is 128 bytes");
 #endif
 

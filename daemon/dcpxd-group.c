@@ -82,7 +82,6 @@
 #include "transport.h"
 
 
-#define NCCL_ID_MAX 128
 
 /* ---- names --------------------------------------------------------------- */
 
@@ -121,7 +120,21 @@ const char *dcpxd_group_state_name(const dcpxd_group *g) {
   return "unknown";
 }
 
+/* rank 0's NCCL id into the control page, for the generation about to
+ * start (g->generation: the formation's, or the one a recovery is about
+ * to publish), before the members can see that generation
+ * (docs/PROTOCOL.md 6.9): nothing when rank 0 sent none. */
+static void ctl_nccl_id(dcpxd_group *g) {
+  if (!g->nccl_id_len)
+    return;
+  memcpy(g->hdr->nccl_id, g->nccl_id, g->nccl_id_len);
+  g->hdr->nccl_id_len = (uint32_t)g->nccl_id_len;
+  __atomic_store_n(&g->hdr->nccl_gen, g->generation, __ATOMIC_RELEASE);
+  g->nccl_fresh = false;
+}
+
 /* The common tables (common/transport.h), for the protobuf enums. */
+
 static const char *transport_name(int t) {
   return dcpx__transport_name((uint32_t)t);
 }
@@ -398,6 +411,7 @@ static void group_form(dcpxd_group *g) {
   g->hdr->generation = g->generation;
   g->hdr->abort = 0;
   g->hdr->recovering = 0;
+  ctl_nccl_id(g);
   {
     pid_t pids[DCPX_MAX_WORLD];
     for (uint32_t i = 0; i < W; i++)
@@ -675,6 +689,11 @@ static void adopt_state(dcpxd_group *g, const Dcpx__Join *j, char *awaited,
 
   g->generation = hdr->generation;
   g->adopted = true;
+  if (hdr->nccl_gen && hdr->nccl_id_len <= DCPX_NCCL_ID_BYTES) {
+    /* for a replacement's JoinReply */
+    memcpy(g->nccl_id, hdr->nccl_id, hdr->nccl_id_len);
+    g->nccl_id_len = hdr->nccl_id_len;
+  }
   if (hdr->abort)
     g->state = hdr->recovering ? DCPXD_GROUP_RECOVERING : DCPXD_GROUP_ABORTED;
   else
@@ -943,8 +962,9 @@ static int join_args(dcpxd_conn *c, const Dcpx__Join *j, dcpx_shape *shape,
     join_refuse(c, DCPX_E_INVAL, "timeout_ns must be > 0");
     return -1;
   }
-  if (j->nccl_id.len > NCCL_ID_MAX) {
-    join_refuse(c, DCPX_E_INVAL, "nccl_id longer than %d bytes", NCCL_ID_MAX);
+  if (j->nccl_id.len > DCPX_NCCL_ID_BYTES) {
+    join_refuse(c, DCPX_E_INVAL, "nccl_id longer than %d bytes",
+                DCPX_NCCL_ID_BYTES);
     return -1;
   }
   return 0;
@@ -1050,6 +1070,12 @@ static void join_replace(dcpxd_conn *c, const Dcpx__Join *j, dcpxd_group *g) {
 
   member_attach(g, j->rank, c, j);
   g->member[j->rank].acked = true;
+  if (j->rank == 0 && j->nccl_id.len) {
+    /* a new rank 0's id: the communicators of the next generation */
+    memcpy(g->nccl_id, j->nccl_id.data, j->nccl_id.len);
+    g->nccl_id_len = j->nccl_id.len;
+    g->nccl_fresh = true;
+  }
   h->pid = (uint32_t)c->pid;
   h->joined = 1;
   log_notice("group=%s gen=%u rank=%u: replaced by pid %d (%s), %u/%u "
@@ -1247,6 +1273,9 @@ static void group_recovered(dcpxd_group *g) {
          sizeof(dcpx_wait_record) * (size_t)W * g->shape.rows);
   memset(g->harvested, 0, ((size_t)W * g->shape.rows + 7) / 8);
   g->generation = g->generation + 1 ? g->generation + 1 : 1;
+  if (g->nccl_fresh)
+    ctl_nccl_id(g); /* the members rebuild their communicators from it */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
   g->hdr->generation = g->generation;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   g->hdr->recovering = 0;
@@ -1328,6 +1357,19 @@ void dcpxd_group_recover_ack(dcpxd_conn *c, const Dcpx__RecoverAck *a) {
                      "stale generation %u (group '%s' is at %u)", a->generation,
                      g->name, g->generation);
     return;
+  }
+  if (a->nccl_id.len > DCPX_NCCL_ID_BYTES ||
+      (a->nccl_id.len && c->rank != 0)) {
+    dcpxd_conn_reply(c, DCPX_E_INVAL,
+                     "nccl_id: %zu bytes from rank %u (rank 0 only, at most "
+                     "%d)", a->nccl_id.len, c->rank, DCPX_NCCL_ID_BYTES);
+    return;
+  }
+  if (a->nccl_id.len) {
+    /* rank 0's id for the communicators of the next generation */
+    memcpy(g->nccl_id, a->nccl_id.data, a->nccl_id.len);
+    g->nccl_id_len = a->nccl_id.len;
+    g->nccl_fresh = true;
   }
   if (g->state == DCPXD_GROUP_READY) {
     /* Unprompted: the rank asks for a recovery after a failed call. */

@@ -157,8 +157,12 @@ struct dcpxd_group {
   uint32_t generation;
   uint32_t live; /* members with a connection */
   dcpxd_member member[DCPX_MAX_WORLD];
-  uint8_t nccl_id[128];
+  /* rank 0's latest NCCL unique id (its Join, its RecoverAck): relayed in
+   * JoinReply.nccl_id and through the control page (nccl_gen, nccl_id);
+   * nccl_fresh: sent during the recovery under way. */
+  uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
   size_t nccl_id_len;
+  bool nccl_fresh;
   /* While forming: the last join refused for its shape (its rank in
    * refused_rank), told to the ranks whose join then times out while
    * that rank is still missing ("" when none). */

@@ -516,10 +516,10 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * fails or is refused (a merge while the group is aborted returns
  * DCPX_E_ABORTED there) aborts its communicator, since the ranks'
  * collectives can no longer be matched and an NCCL kernel waits without a
- * bound: every later call fails with DCPX_E_NCCL until dcpx_leave (and
- * fails the rank, as any refused call: DCPX_E_FAILED until dcpx_recover;
- * nothing rebuilds a communicator: the ranks leave and join again). The
- * same argument rules hold for dcpx_push. */
+ * bound: every later call fails (DCPX_E_NCCL, and the rank fails, as
+ * after any refused call: DCPX_E_FAILED) until dcpx_recover, which makes
+ * a new communicator (docs/PROTOCOL.md 6.9). The same argument rules
+ * hold for dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
                         const dcpx_merge_out *out, void *stream);
 
@@ -688,8 +688,13 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * timeout_ms), then wait up to timeout_ms for the group to be reset. With
  * the nccl transport a member of an aborted group (or a failed one) first
  * aborts its communicator, so that a collective whose peer died ends and
- * the stream drains; its calls then fail with DCPX_E_NCCL until
- * dcpx_leave, as after a refused call (no communicator is rebuilt). Returns 0 at once if there is
+ * the stream drains; rank 0 sends a fresh NCCL unique id with its
+ * acknowledgement, and once the group runs again every member makes a new
+ * communicator from it (bounded by the join timeout: every rank must call
+ * dcpx_recover, a replacement rank right after its join; a CUDA graph
+ * captured with the old communicator must be captured again). Returns
+ * DCPX_E_NCCL when no new communicator could be made (e.g. a dcpxd or
+ * rank 0 that predates this: calls then fail until dcpx_leave). Returns 0 at once if there is
  * nothing to recover (the group is not aborted and this rank has not
  * failed: e.g. a replacement that joined after the reset). Survives a
  * daemon restart meanwhile (it reattaches and acknowledges again).

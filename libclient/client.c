@@ -403,7 +403,7 @@ static int join_send(dcpx_client *c, dcpx_member *m,
 #ifdef HAVE_NCCL
   /* Rank 0 of a group that may use NCCL makes the unique id; dcpxd relays
    * it to every rank. With auto, a failure only rules out nccl. */
-  uint8_t nccl_id[DCPX__NCCL_ID_MAX];
+  uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
   size_t nccl_id_len = 0;
   if (o->rank == 0 && o->backend == DCPX_BACKEND_CUDA &&
       o->transport != DCPX_TRANSPORT_LL) {
@@ -1064,10 +1064,22 @@ static int recovered_since(const dcpx_member *m, uint32_t gen) {
          __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE) != gen;
 }
 
+/* The group runs again: an nccl member makes its communicator anew from
+ * rank 0's id for this generation (docs/PROTOCOL.md 6.9). */
+static int recover_done(dcpx_member *m) {
+#ifdef HAVE_CUDA
+  if (m->cuda)
+    return dcpx__cuda_recovered(m);
+#endif
+  (void)m;
+  return 0;
+}
+
 int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const uint64_t end = now_ms() + timeout_ms;
   Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
   Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
+  uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
   uint32_t gen = 0;
   int acked = 0, reacks = 0, r;
 
@@ -1087,15 +1099,28 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   (void)dcpx_poll(m); /* drain old events; reattach if the daemon is new */
   for (;;) {
     if (acked && recovered_since(m, gen))
-      return 0;
+      return recover_done(m);
     if (!acked && !needs_recovery(m))
-      return 0; /* at once, whether or not dcpxd is reachable */
+      return recover_done(m); /* at once (a replacement whose group
+                                 recovered before it asked, too) */
     if (!acked && m->link == DCPX__LINK_UP) {
       /* Acknowledge for the generation being recovered. A daemon that
        * restarted since forgot earlier acks, so this runs again after
        * every reattach. */
       gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
       ack.generation = gen;
+#ifdef HAVE_CUDA
+      /* rank 0 of an nccl group: the next generation's communicators */
+      size_t nccl_id_len = 0;
+      ack.nccl_id.len = 0;
+      if (m->cuda && dcpx__cuda_nccl_id(m, nccl_id, sizeof(nccl_id),
+                                        &nccl_id_len) == 0) {
+        ack.nccl_id.data = nccl_id;
+        ack.nccl_id.len = nccl_id_len;
+      }
+#else
+      (void)nccl_id;
+#endif
       f.msg_case = DCPX__FRAME__MSG_RECOVER_ACK;
       f.recover_ack = &ack;
       r = dcpx__frame_send(m->sock, &f, NULL, 0);
@@ -1127,7 +1152,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
         ev->event->kind == DCPX__EVENT__KIND__RESET_DONE &&
         (int32_t)(ev->event->generation - gen) > 0) {
       dcpx__frame_free(ev);
-      return 0;
+      return recover_done(m);
     }
     if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply &&
         ev->reply->status < 0 && acked) {
@@ -1140,7 +1165,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
                 dcpx_strerror(r));
       dcpx__frame_free(ev);
       if (recovered_since(m, gen))
-        return 0;
+        return recover_done(m);
       if (r == DCPX_E_STATE && reacks++ < 8) {
         /* Our ack raced with a generation change: acknowledge again. */
         acked = 0;

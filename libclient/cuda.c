@@ -492,8 +492,16 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     const dcpx__nccl_bounds b = {
         join_ms(m), m->timeout_ns > setup_ns ? m->timeout_ns : setup_ns,
         &m->hdr->abort};
+    /* A group aborted (a replacement joins it) or recovering: its
+     * communicators are made anew when the recovery completes, in
+     * dcpx_recover (dcpx__cuda_recovered). */
+    const uint32_t gen =
+        __atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE) ||
+                __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE)
+            ? 0u
+            : __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
     r = dcpx__nccl_init(&m->shape, m->rank, cu->device, k->ws, nccl_id,
-                        nccl_id_len, &b, why, why_len, &cu->nccl);
+                        nccl_id_len, gen, &b, why, why_len, &cu->nccl);
     if (r >= 0)
       dcpx__nccl_counters(cu->nccl, cu->ctr, k->health + m->rank);
     goto out;
@@ -839,6 +847,54 @@ int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
   const int r = cuda_merge(m, in, out, stream);
   ctx_leave(m->cuda, prev);
   return r;
+}
+
+int dcpx__cuda_nccl_id(struct dcpx_member *m, uint8_t *out, size_t cap,
+                       size_t *ret_len) {
+#ifdef HAVE_NCCL
+  if (m->cuda->nccl && m->rank == 0)
+    return dcpx__nccl_unique_id(out, cap, ret_len);
+#else
+  (void)out;
+  (void)cap;
+  (void)ret_len;
+#endif
+  (void)m;
+  return DCPX_E_NOSYS;
+}
+
+int dcpx__cuda_recovered(struct dcpx_member *m) {
+#ifdef HAVE_NCCL
+  struct dcpx__cuda *cu = m->cuda;
+  uint8_t id[DCPX_NCCL_ID_BYTES];
+  char why[256] = "";
+  if (!cu->nccl)
+    return 0;
+  const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+  if (dcpx__nccl_gen(cu->nccl) == gen)
+    return 0; /* made for this generation */
+  if (__atomic_load_n(&m->hdr->nccl_gen, __ATOMIC_ACQUIRE) != gen ||
+      m->hdr->nccl_id_len > sizeof(id)) {
+    DCPX_WARN("group %s rank %u: no NCCL unique id from rank 0 for "
+              "generation %u (a dcpxd or rank 0 that predates them): the "
+              "member's calls fail with DCPX_E_NCCL until dcpx_leave",
+              m->group, m->rank, gen);
+    return DCPX_E_NCCL;
+  }
+  const size_t len = m->hdr->nccl_id_len;
+  memcpy(id, m->hdr->nccl_id, len);
+  const CUcontext prev = ctx_enter(cu);
+  const int r = dcpx__nccl_rebuild(cu->nccl, id, len, gen, why, sizeof(why));
+  ctx_leave(cu, prev);
+  if (r < 0)
+    DCPX_WARN("group %s rank %u: no new NCCL communicator for generation "
+              "%u: %s (%s)", m->group, m->rank, gen, why[0] ? why : "-",
+              dcpx_strerror(r));
+  return r;
+#else
+  (void)m;
+  return 0;
+#endif
 }
 
 /* dcpx_recover's drain. An NCCL member of a group being recovered (or a

@@ -156,6 +156,17 @@ dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                  const dcpx_merge_out *out, void *stream);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms);
+/* dcpx_recover, for its acknowledgement: rank 0 of an nccl member makes a
+ * fresh NCCL unique id (RecoverAck.nccl_id); DCPX_E_NOSYS for anyone
+ * else. */
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_nccl_id(struct dcpx_member *m, uint8_t *out, size_t cap,
+                   size_t *ret_len);
+/* dcpx_recover, once the group runs again: an nccl member whose
+ * communicator is not of the current generation makes a new one from the
+ * control page's id (dcpx__nccl_rebuild); 0, or why not. */
+__attribute__((visibility("hidden"))) int
+dcpx__cuda_recovered(struct dcpx_member *m);
 /* 1 when stream (of m's device, or 0) is capturing into a CUDA graph (or
  * its state cannot be told), else 0. */
 __attribute__((visibility("hidden"))) int
@@ -171,7 +182,6 @@ dcpx__cuda_capturing(struct dcpx_member *m, void *stream);
  * stop, then frees the rest (the caller makes sure no kernel of ours
  * still uses the buffer). The *_k forms take the kernel context and a
  * blocking ncclComm_t (tests). */
-#define DCPX__NCCL_ID_MAX 128
 /* The bounds of the NCCL transport's waits (nccl.c's file comment):
  * setup_ms the communicator's setup and the finalize at leave (the join
  * timeout), call_ns a collective that NCCL could not enqueue at once (the
@@ -185,10 +195,25 @@ typedef struct dcpx__nccl_bounds {
 } dcpx__nccl_bounds;
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_unique_id(uint8_t *out, size_t cap, size_t *ret_len);
+/* gen: the group generation the communicator is made for; 0 (the group
+ * is aborted or recovering at the join) makes none: dcpx__nccl_rebuild
+ * does, in dcpx_recover. */
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device, char *ws,
-                const uint8_t *id, size_t id_len, const dcpx__nccl_bounds *b,
-                char *why, size_t why_len, struct dcpx__nccl **ret);
+                const uint8_t *id, size_t id_len, uint32_t gen,
+                const dcpx__nccl_bounds *b, char *why, size_t why_len,
+                struct dcpx__nccl **ret);
+/* After a recovery (dcpx_recover): a new communicator for generation gen
+ * from rank 0's id of the control page (docs/PROTOCOL.md 6.9), the old
+ * one aborted; bounded as the setup at join. 0 at once when the comm was
+ * made for gen already. The caller has the member's context current. */
+__attribute__((visibility("hidden"))) int
+dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id, size_t id_len,
+                   uint32_t gen, char *why, size_t why_len);
+/* The generation the live communicator was made for; 0 when there is
+ * none (aborted, or not made yet). */
+__attribute__((visibility("hidden"))) uint32_t
+dcpx__nccl_gen(const struct dcpx__nccl *n);
 __attribute__((visibility("hidden"))) void
 dcpx__nccl_stop(struct dcpx__nccl *n, int abort);
 __attribute__((visibility("hidden"))) void
@@ -198,7 +223,8 @@ dcpx__nccl_fini(struct dcpx__nccl *n, int abort);
  * cut short what the others issued, or the group aborted and a peer will
  * issue nothing more), and NCCL's kernels wait without a bound: the
  * communicator is aborted, which ends them, and the member's later calls
- * fail with DCPX_E_NCCL until dcpx_leave (nothing rebuilds it). Once. */
+ * fail with DCPX_E_NCCL until dcpx_recover makes a new one
+ * (dcpx__nccl_rebuild). Once. */
 __attribute__((visibility("hidden"))) void
 dcpx__nccl_abort(struct dcpx__nccl *n, const char *why);
 /* The call counters the round-1 kernel keeps (device memory, a

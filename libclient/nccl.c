@@ -33,7 +33,7 @@
  *     stream, until it settles. One that does not settle, or fails, leaves
  *     the comm unusable (and the ranks' collectives out of step): it is
  *     aborted, the call fails and so does every later call of the member
- *     (DCPX_E_NCCL) until dcpx_leave;
+ *     (DCPX_E_NCCL) until dcpx_recover makes a new one;
  *   - leave: the finalize is bounded by the join timeout, and the abort
  *     (which makes NCCL's kernels still waiting for a dead peer exit) comes
  *     before cuda.c's device-wide sync, so that sync cannot wait on NCCL.
@@ -41,6 +41,12 @@
  * kernel waits until the comm is aborted (at leave, after a failed call,
  * or by dcpx_recover in an aborted group before it drains the stream,
  * cuda.c dcpx__cuda_sync).
+ * Recovery (docs/PROTOCOL.md 6.9): dcpx_recover aborts the comm of an
+ * aborted group's member, rank 0 acknowledges with a fresh unique id,
+ * dcpxd publishes it in the control page for the next generation, and
+ * every member makes a new comm from it once the group runs again
+ * (dcpx__nccl_rebuild, bounded as the setup at join). A rank that joins
+ * an aborted group (a replacement) makes none at its join, only then.
  * The common path adds one compare per call (is the comm still there?)
  * and no syscall: the polls run only when NCCL answers ncclInProgress.
  */
@@ -81,7 +87,9 @@ static int nccl_ok(ncclResult_t e, ncclComm_t comm, const char *what,
 #define NCCL_OK(call, comm) nccl_ok((call), (comm), #call, __LINE__)
 
 struct dcpx__nccl {
-  ncclComm_t comm; /* NULL once aborted or destroyed */
+  ncclComm_t comm; /* NULL once aborted or destroyed, or not made yet */
+  uint32_t gen;    /* the group generation comm was made for (0: none) */
+  int device;
   dcpx__nccl_bounds b;
   uint32_t rank, world; /* for the logs */
   dcpx_nkctx k;
@@ -226,27 +234,32 @@ static int buf_init(struct dcpx__nccl *n) {
 }
 
 int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
-                    char *ws, const uint8_t *id, size_t id_len,
+                    char *ws, const uint8_t *id, size_t id_len, uint32_t gen,
                     const dcpx__nccl_bounds *b, char *why, size_t why_len,
                     struct dcpx__nccl **ret) {
   struct dcpx__nccl *n;
   ncclUniqueId uid;
   int prev = -1, r = 0;
 
-  if (!id || id_len != sizeof(uid)) {
+  if (!gen) {
+    id = NULL; /* no communicator yet */
+  } else if (!id || id_len != sizeof(uid)) {
     /* rank 0 sent no (or a foreign) nccl id */
     DCPX_WARN("no NCCL unique id from rank 0 (%zu bytes, want %zu)", id_len,
               sizeof(uid));
     say_why(why, why_len, "no NCCL unique id from rank 0");
     return DCPX_E_TRANSPORT;
   }
-  memcpy(&uid, id, sizeof(uid));
+  if (id)
+    memcpy(&uid, id, sizeof(uid));
   n = calloc(1, sizeof(*n));
   if (!n)
     return DCPX_E_NOMEM;
   n->b = *b;
   n->rank = rank;
   n->world = sh->world;
+  n->device = device;
+  n->gen = gen;
   dcpx_kn_ctx_init(&n->k, sh, rank);
   n->k.ws = ws;
   cudaGetDevice(&prev);
@@ -254,7 +267,7 @@ int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
     r = DCPX_E_CUDA;
   if (r == 0)
     r = buf_init(n);
-  if (r == 0)
+  if (r == 0 && id)
     r = comm_init(n, &uid, why, why_len);
   if (r == 0)
     r = dcpx_kn_ctx_check(&n->k);
@@ -265,6 +278,43 @@ int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
   if (prev >= 0)
     cudaSetDevice(prev);
   return r;
+}
+
+int dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id,
+                       size_t id_len, uint32_t gen, char *why,
+                       size_t why_len) {
+  ncclUniqueId uid;
+  int prev = -1, r = 0;
+  if (n->gen == gen && n->comm)
+    return 0; /* made for this generation already */
+  if (!id || id_len != sizeof(uid)) {
+    say_why(why, why_len, "no NCCL unique id from rank 0 for generation %u",
+            gen);
+    return DCPX_E_PROTO;
+  }
+  memcpy(&uid, id, sizeof(uid));
+  dcpx__nccl_abort(n, "a recovery makes a new one");
+  cudaGetDevice(&prev);
+  if (!CUDA_OK(cudaSetDevice(n->device)))
+    r = DCPX_E_CUDA;
+  if (r == 0)
+    r = comm_init(n, &uid, why, why_len);
+  if (r < 0 && n->comm) {
+    ncclCommAbort(n->comm);
+    n->comm = NULL;
+  }
+  if (r == 0) {
+    n->gen = gen;
+    DCPX_INFO("rank %u of %u: NCCL communicator made again for generation "
+              "%u", n->rank, n->world, gen);
+  }
+  if (prev >= 0)
+    cudaSetDevice(prev);
+  return r;
+}
+
+uint32_t dcpx__nccl_gen(const struct dcpx__nccl *n) {
+  return n->comm ? n->gen : 0u;
 }
 
 /* ncclCommFinalize, polled: 0 once the comm is quiescent (its operations
@@ -382,12 +432,12 @@ int dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows,
                     const uint16_t *logits, uint64_t stride,
                     const int32_t *row_ends, void *stream) {
   if (!n->comm)
-    return DCPX_E_NCCL; /* aborted after a failed call */
+    return DCPX_E_NCCL; /* aborted (a failed call), or not made yet */
   const int r = push_k(&n->k, n->comm, &n->b, rows, logits, stride,
                        row_ends, (cudaStream_t)stream);
   if (r < 0)
     dcpx__nccl_abort(n, "a failed push; the member's calls fail until "
-                         "dcpx_leave");
+                         "dcpx_recover makes a new one");
   return r;
 }
 
@@ -398,13 +448,13 @@ int dcpx__nccl_merge(struct dcpx__nccl *n, uint32_t rows,
                      uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
                      int32_t *ids_out, uint32_t *sat_word, void *stream) {
   if (!n->comm)
-    return DCPX_E_NCCL; /* aborted after a failed call */
+    return DCPX_E_NCCL; /* aborted (a failed call), or not made yet */
   const int r = merge_k(&n->k, n->comm, &n->b, rows, logits, stride,
                         row_ends, req_id, block_table, bt_rows, bt_cols,
                         rows_out, valid_out, ids_out, sat_word,
                         (cudaStream_t)stream);
   if (r < 0)
     dcpx__nccl_abort(n, "a failed merge; the member's calls fail until "
-                         "dcpx_leave");
+                         "dcpx_recover makes a new one");
   return r;
 }

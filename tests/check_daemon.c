@@ -555,6 +555,106 @@ START_TEST(test_device_uuid) {
 }
 END_TEST
 
+/* A W=1 member over raw frames whose Join carries nccl_id `id` (128
+ * bytes): its socket, and its control page mapped into *ret_hdr. */
+static int nccl_member(const char *group, const uint8_t *id,
+                       dcpx_ctl_header **ret_hdr) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Join j = DCPX__JOIN__INIT;
+  Dcpx__Shape ps;
+  dcpx_shape sh;
+  spec sp = small(group, 1);
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, s = raw_connect();
+  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
+  shape_of(&sp, &sh);
+  dcpx__shape_to_pb(&sh, &ps);
+  j.group = (char *)group;
+  j.shape = &ps;
+  j.timeout_ns = 5000000000ull;
+  j.device = -1;
+  j.join_timeout_ms = 5000;
+  j.nccl_id.data = (uint8_t *)id;
+  j.nccl_id.len = DCPX_NCCL_ID_BYTES;
+  f.msg_case = DCPX__FRAME__MSG_JOIN;
+  f.join = &j;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  ck_assert_int_eq(dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, &nfds),
+                   0);
+  ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_int_ge(nfds, 1);
+  ck_assert(rep->join_reply->nccl_id.len == DCPX_NCCL_ID_BYTES &&
+            !memcmp(rep->join_reply->nccl_id.data, id, DCPX_NCCL_ID_BYTES));
+  dcpx__frame_free(rep);
+  void *p = mmap(NULL, sizeof(dcpx_ctl_header), PROT_READ, MAP_SHARED,
+                 fds[0], 0);
+  ck_assert(p != MAP_FAILED);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  *ret_hdr = p;
+  return s;
+}
+
+/* A RecoverAck for generation gen, with nccl_id of n bytes of `id` (n 0:
+ * none). The replies and events that follow are not read here. */
+static void nccl_ack(int s, uint32_t gen, const uint8_t *id, size_t n) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__RecoverAck a = DCPX__RECOVER_ACK__INIT;
+  a.generation = gen;
+  a.nccl_id.data = (uint8_t *)id;
+  a.nccl_id.len = n;
+  f.msg_case = DCPX__FRAME__MSG_RECOVER_ACK;
+  f.recover_ack = &a;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+}
+
+static void wait_generation(const dcpx_ctl_header *h, uint32_t gen) {
+  for (int i = 0; i < 1000 && __atomic_load_n(&h->generation,
+                                               __ATOMIC_ACQUIRE) != gen; i++)
+    usleep(10000);
+  ck_assert_uint_eq(h->generation, gen);
+  ck_assert_uint_eq(h->abort, 0);
+}
+
+/* The NCCL transport's communicators after a recovery (docs/PROTOCOL.md
+ * 6.9): the control page holds rank 0's id for the generation it names
+ * (nccl_gen). At formation: the Join's. A recovery whose rank 0 sent a
+ * fresh id in its RecoverAck publishes that one for the new generation
+ * before the generation changes; one without leaves nccl_gen behind (the
+ * members then keep no communicator); an id that is too long is refused
+ * and changes nothing. (That libdcpx rebuilds its communicator from it
+ * needs NCCL and a GPU: pytest test_cuda_nccl_recover.) */
+START_TEST(test_nccl_id_relay) {
+  uint8_t a[DCPX_NCCL_ID_BYTES + 1], b[DCPX_NCCL_ID_BYTES + 1];
+  dcpx_ctl_header *h = NULL;
+  for (int i = 0; i <= DCPX_NCCL_ID_BYTES; i++) {
+    a[i] = (uint8_t)(i * 3 + 1);
+    b[i] = (uint8_t)(255 - i);
+  }
+  daemon_start();
+  const int s = nccl_member("nccl-id", a, &h);
+  ck_assert_uint_eq(h->generation, 1);
+  ck_assert_uint_eq(h->nccl_gen, 1);
+  ck_assert_uint_eq(h->nccl_id_len, DCPX_NCCL_ID_BYTES);
+  ck_assert(!memcmp(h->nccl_id, a, DCPX_NCCL_ID_BYTES));
+  nccl_ack(s, 1, b, DCPX_NCCL_ID_BYTES); /* asks for a recovery: W=1 */
+  wait_generation(h, 2);
+  ck_assert_uint_eq(h->nccl_gen, 2);
+  ck_assert(!memcmp(h->nccl_id, b, DCPX_NCCL_ID_BYTES));
+  nccl_ack(s, 2, NULL, 0); /* rank 0 sends none this time */
+  wait_generation(h, 3);
+  ck_assert_uint_eq(h->nccl_gen, 2);
+  nccl_ack(s, 3, a, DCPX_NCCL_ID_BYTES + 1); /* refused: no recovery */
+  usleep(200000);
+  ck_assert_uint_eq(h->generation, 3);
+  ck_assert_uint_eq(h->abort, 0);
+  ck_assert_uint_eq(h->nccl_gen, 2);
+  ck_assert(!memcmp(h->nccl_id, b, DCPX_NCCL_ID_BYTES));
+  munmap(h, sizeof(*h));
+  close(s);
+  daemon_stop();
+}
+END_TEST
+
 START_TEST(test_daemon_survives_abuse) {
   daemon_start();
   /* Wrong version: a clear error. */
@@ -1137,6 +1237,7 @@ int main(void) {
   tcase_add_test(tc, test_epoch_wrap);
   tcase_add_test(tc, test_bad_joins);
   tcase_add_test(tc, test_device_uuid);
+  tcase_add_test(tc, test_nccl_id_relay);
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
   tcase_add_test(tc, test_refused_join_reason);

@@ -714,7 +714,11 @@ class Member:
         """After Failed/Aborted (or rows with valid_out -1): acknowledges
         and waits up to ``timeout_ms`` for the group's reset
         (``dcpx_recover``; the CUDA backend synchronizes ``stream``, by
-        default the current torch stream, first). Raises TimedOut."""
+        default the current torch stream, first). With the NCCL transport
+        every rank then makes a new communicator (a replacement rank calls
+        this right after its join; CUDA graphs captured before must be
+        captured again). Raises TimedOut, or NcclError when no new
+        communicator could be made."""
         s = None
         if self.backend == Backend.CUDA:
             s = A.stream_handle(stream) if stream is not None else \

@@ -425,55 +425,56 @@ def restart_main(q, restarted, sock, group, shape):
 
 def _nccl_reset(rank, sock, group, shape, ngpu, seed):
     """An nccl member (W=1) after one exact call and an operator reset of
-    its group (the abort seen): (client, member, logits, row_ends)."""
+    its group (the abort seen): (client, member, call, reset), where
+    call(tag) runs one push + merge and checks it against the reference
+    and reset() resets the group again."""
     import os
     import subprocess
     import torch
     c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL)
     R, L = shape.rows, shape.max_local
     req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
     lg, en = inputs(seed, 0, shape.world, R, L, "random")
     x, e = _lg(lg[rank], d), _t(en[rank], d)
-    m.push(x, e, call_tag=0)
-    res = m.merge(x, e, _t(req, d), _t(bt, d), sat=True, call_tag=0)
-    compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
-    torch.cuda.synchronize()
-    ctl = os.path.join(os.path.dirname(os.environ["DCPXD"]), "dcpxctl")
-    subprocess.run([ctl, "--socket", sock, "reset", "--group", group],
-                   check=True, capture_output=True, timeout=30)
-    end = time.monotonic() + 10
-    while m.health().abort == 0:
-        assert time.monotonic() < end, "the reset did not abort the group"
-        time.sleep(0.01)
-    return c, m, x, e
+    ref = dcpx.ref_call(shape, lg, en, rank, req, bt)
 
+    def call(tag):
+        m.push(x, e, call_tag=tag)
+        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=tag)
+        compare(_host(res), ref, R)
+        torch.cuda.synchronize()
 
-def _push_fails_nccl(m, x, e, call):
-    try:
-        m.push(x, e, call_tag=call)
-    except dcpx.NcclError:
-        pass
-    else:
-        raise AssertionError("a push after the communicator's abort did "
-                             "not fail with NcclError")
+    def reset():
+        ctl = os.path.join(os.path.dirname(os.environ["DCPXD"]), "dcpxctl")
+        subprocess.run([ctl, "--socket", sock, "reset", "--group", group],
+                       check=True, capture_output=True, timeout=30)
+        end = time.monotonic() + 10
+        while m.health().abort == 0:
+            assert time.monotonic() < end, "the reset did not abort"
+            time.sleep(0.01)
+
+    call(0)
+    reset()
+    return c, m, call, reset
 
 
 def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
     """The nccl transport after a refused call: an operator reset aborts
     the group, the member's next push is refused (Aborted) and aborts its
     communicator (a collective would wait without a bound for peers that
-    issue nothing more); after each recovery a call fails with NcclError
-    (and fails the rank, as any refused call), and leave is prompt."""
-    c, m, x, e = _nccl_reset(rank, sock, group, shape, ngpu, 71)
+    issue nothing more); each recovery makes a new one (from rank 0's
+    fresh id), and the calls after it are exact; leave is prompt."""
+    c, m, call, _ = _nccl_reset(rank, sock, group, shape, ngpu, 71)
     try:
-        m.push(x, e, call_tag=1)
+        call(1)
     except dcpx.Aborted:
         pass
     else:
         raise AssertionError("a push while aborted was not refused")
-    for call in (2, 3):
-        m.recover(timeout_ms=20000)
-        _push_fails_nccl(m, x, e, call)
+    m.recover(timeout_ms=20000)
+    for tag in (2, 3):
+        call(tag)
     t0 = time.monotonic()
     m.leave()
     c.close()
@@ -482,12 +483,21 @@ def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
 
 def run_nccl_recover(rank, sock, group, shape, ngpu, calls):
     """test_gpu.test_cuda_nccl_recover: recover right after the reset (no
-    call in between) aborts the communicator; returns how long it took."""
-    c, m, x, e = _nccl_reset(rank, sock, group, shape, ngpu, 72)
-    t0 = time.monotonic()
-    m.recover(timeout_ms=20000)
-    took = time.monotonic() - t0
-    _push_fails_nccl(m, x, e, 1)
+    call in between) aborts the communicator and makes a new one; the
+    calls after it are exact; a second reset and recovery do it again.
+    Returns the longest recover."""
+    c, m, call, reset = _nccl_reset(rank, sock, group, shape, ngpu, 72)
+    took = 0.0
+    for round_ in range(2):
+        if round_:
+            reset()
+        t0 = time.monotonic()
+        m.recover(timeout_ms=20000)
+        took = max(took, time.monotonic() - t0)
+        gen = m.health().generation
+        for tag in range(3):
+            call(10 * round_ + tag)
+        assert m.health().generation == gen
     m.leave()
     c.close()
     return took

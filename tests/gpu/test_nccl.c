@@ -904,7 +904,7 @@ static int run_bounded(const char *name, uint32_t setup_ms, int abort_ms,
   const tcase *tc = &cases[0];
   const dcpx_shape sh = shape_of(tc, 2);
   dcpx_layout L;
-  uint8_t id[DCPX__NCCL_ID_MAX];
+  uint8_t id[DCPX_NCCL_ID_BYTES];
   size_t id_len = 0;
   char *ws = NULL, why[512] = "";
   volatile uint32_t abort_word = abort_ms == 0 ? DCPX_ABORT_DEAD : 0;
@@ -924,7 +924,7 @@ static int run_bounded(const char *name, uint32_t setup_ms, int abort_ms,
     fprintf(stderr, "pthread_create failed\n");
     _exit(2);
   }
-  const int r = dcpx__nccl_init(&sh, 0, 0, ws, id, id_len, &b, why,
+  const int r = dcpx__nccl_init(&sh, 0, 0, ws, id, id_len, 1, &b, why,
                                 sizeof(why), &n);
   const double dt = gg_now() - t0;
   alarm(0);
