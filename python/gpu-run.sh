@@ -6,7 +6,8 @@
 # the example one rank per GPU), then examples/decode_step.py at W=8 on
 # one GPU under MPS and at W=2 on two GPUs. Logs in $OUT (default
 # /tmp/dcpx-pygpu-out); exit 0 when everything passed. --pytest-only:
-# the pytest suite alone; --profile: python/bench/profile_eager.py alone
+# the pytest suite alone (PYTEST_K: only the tests pytest -k selects);
+# --profile: python/bench/profile_eager.py alone
 # (where the eager calls' host time goes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ fi
 
 echo "== pytest" | tee "$OUT/summary.txt"
 python3 -m pytest -p no:cacheprovider -v -s -rfs --durations=10 \
-  python/tests > "$OUT/pytest.log" 2>&1 || rc=1
+  ${PYTEST_K:+-k "$PYTEST_K"} python/tests > "$OUT/pytest.log" 2>&1 || rc=1
 grep -E 'passed|failed|push\+merge|graph replay' "$OUT/pytest.log" |
   tee -a "$OUT/summary.txt"
 [ "${1:-}" = --pytest-only ] && exit $rc

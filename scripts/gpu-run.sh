@@ -82,7 +82,8 @@
 #            then its benchmark: the fused kernel against the indexer +
 #            dcpx_push (graph replays, min / median / max of 5)
 #   python   python/gpu-run.sh (needs build-pygpu/)
-#   pytest   its pytest suite only (needs build-pygpu/)
+#   pytest   its pytest suite only (needs build-pygpu/; PYTEST_K=EXPR runs
+#            only the tests pytest -k EXPR selects)
 #   ptrcheck the host cost of the call's array checks: pytest's
 #            test_overhead_per_call with DCPX_PTR_CHECK=0 and 1,
 #            alternating, three rounds (needs build-pygpu/)
@@ -104,10 +105,11 @@ ngpu=$(nvidia-smi -L | wc -l)
 say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 show() { grep -E "$1" "$2" | tail -"${3:-8}" | tee -a "$OUT/summary.txt"; }
 
-step_kernels() {
+step_kernels() { # KVARIANTS: a subset of the variants ("shipped" = none)
   local v
-  for v in "" DCPX_PDL=1 DCPX_KLIST=1 DCPX_RESC_EARLY=1 \
-    DCPX_MERGE_THREADS=256; do
+  for v in ${KVARIANTS:-shipped DCPX_PDL=1 DCPX_KLIST=1 DCPX_RESC_EARLY=1 \
+    DCPX_MERGE_THREADS=256}; do
+    [ "$v" = shipped ] && v=
     local log="$OUT/test_kernels${v:+_${v%%=*}}.log"
     say "test_kernels ${v:-(as shipped)}"
     env $v timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$log" 2>&1 || rc=1
