@@ -689,10 +689,14 @@ static void adopt_state(dcpxd_group *g, const Dcpx__Join *j, char *awaited,
 
   g->generation = hdr->generation;
   g->adopted = true;
-  if (hdr->nccl_gen && hdr->nccl_id_len <= DCPX_NCCL_ID_BYTES) {
+  /* The length once: the page is writable by the members, so a second
+   * load could exceed the bound just checked (g->nccl_id's 128 bytes). */
+  const uint32_t nccl_id_len =
+      __atomic_load_n(&hdr->nccl_id_len, __ATOMIC_RELAXED);
+  if (hdr->nccl_gen && nccl_id_len <= DCPX_NCCL_ID_BYTES) {
     /* for a replacement's JoinReply */
-    memcpy(g->nccl_id, hdr->nccl_id, hdr->nccl_id_len);
-    g->nccl_id_len = hdr->nccl_id_len;
+    memcpy(g->nccl_id, hdr->nccl_id, nccl_id_len);
+    g->nccl_id_len = nccl_id_len;
   }
   if (hdr->abort)
     g->state = hdr->recovering ? DCPXD_GROUP_RECOVERING : DCPXD_GROUP_ABORTED;

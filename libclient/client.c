@@ -1113,7 +1113,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
       /* rank 0 of an nccl group: the next generation's communicators */
       size_t nccl_id_len = 0;
       ack.nccl_id.len = 0;
-      if (m->cuda && dcpx__cuda_nccl_id(m, nccl_id, sizeof(nccl_id),
+      if (m->cuda && dcpx__cuda_nccl_id(m, gen, nccl_id, sizeof(nccl_id),
                                         &nccl_id_len) == 0) {
         ack.nccl_id.data = nccl_id;
         ack.nccl_id.len = nccl_id_len;

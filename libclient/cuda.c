@@ -77,6 +77,11 @@ struct dcpx__cuda {
   dcpx_kctx kx;
   int list_push, device_ctx;
   CUcontext ctx; /* the member's device's primary context */
+  /* rank 0 of an nccl group: the NCCL unique id sent with its
+   * RecoverAcks for generation ack_id_gen (ack_id_len 0: none yet) */
+  uint8_t ack_id[DCPX_NCCL_ID_BYTES];
+  size_t ack_id_len;
+  uint32_t ack_id_gen;
   dcpx__ptr_check pc; /* the calls' arrays (common/devptr.h) */
   int check_ptrs;     /* 0 with DCPX_PTR_CHECK=0 */
 };
@@ -500,6 +505,22 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
                 __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE)
             ? 0u
             : __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+    /* The group runs (gen != 0): the id every other member uses for gen
+     * is the control page's (written before the generation), not
+     * necessarily the JoinReply's: a replacement's reply carries the id
+     * dcpxd held at its join, and rank 0 may send a fresh one (its
+     * RecoverAck) before the recovery completes, which can happen before
+     * this read. At formation both are the same. */
+    uint8_t hid[DCPX_NCCL_ID_BYTES];
+    if (gen && __atomic_load_n(&m->hdr->nccl_gen, __ATOMIC_ACQUIRE) == gen) {
+      const uint32_t hlen = __atomic_load_n(&m->hdr->nccl_id_len,
+                                            __ATOMIC_RELAXED);
+      if (hlen && hlen <= sizeof(hid)) {
+        memcpy(hid, m->hdr->nccl_id, hlen);
+        nccl_id = hid;
+        nccl_id_len = hlen;
+      }
+    }
     r = dcpx__nccl_init(&m->shape, m->rank, cu->device, k->ws, nccl_id,
                         nccl_id_len, gen, &b, why, why_len, &cu->nccl);
     if (r >= 0)
@@ -611,6 +632,8 @@ static void nccl_refused(struct dcpx_member *m, const char *why) {
 /* A push's arrays (arrays_ok): the rows' logits and row_ends. */
 static int push_arrays_ok(struct dcpx__cuda *cu, const char *fn,
                           const dcpx_call *in) {
+  if (!in->rows)
+    return 0; /* an empty call touches no array (they may be anything) */
   const call_array a[] = {
       {"logits", in->logits, logits_bytes(in->rows, in->stride)},
       {"row_ends", in->row_ends, 4ull * in->rows},
@@ -618,14 +641,22 @@ static int push_arrays_ok(struct dcpx__cuda *cu, const char *fn,
   return arrays_ok(cu, fn, a, sizeof(a) / sizeof(a[0]));
 }
 
+/* The block table's bytes; UINT64_MAX (refused as beyond the address
+ * space) when 4 * bt_rows * bt_cols does not fit 64 bits. */
+static uint64_t bt_bytes(uint32_t bt_rows, uint32_t bt_cols) {
+  const uint64_t e = (uint64_t)bt_rows * bt_cols; /* < 2^64 */
+  return e > UINT64_MAX / 4u ? UINT64_MAX : 4u * e;
+}
+
 /* A merge's arrays: the push's, the block table and the outputs. */
 static int merge_arrays_ok(struct dcpx__cuda *cu, const dcpx_call *in,
                            const dcpx_merge_out *out, uint32_t K) {
   const uint64_t rows = in->rows, rk = 4ull * rows * K;
+  if (!rows)
+    return 0; /* as push_arrays_ok */
   const call_array a[] = {
       {"req_id", in->req_id, 4u * rows},
-      {"block_table", in->block_table,
-       4ull * in->bt_rows * (uint64_t)in->bt_cols},
+      {"block_table", in->block_table, bt_bytes(in->bt_rows, in->bt_cols)},
       {"rows_out", out->rows_out, rk},
       {"valid_out", out->valid_out, 4u * rows},
       {"ids_out", out->ids_out, rk},
@@ -672,6 +703,8 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
 static int list_arrays_ok(struct dcpx__cuda *cu, const dcpx_call *in,
                           const dcpx_lists *li) {
   const uint64_t e = (uint64_t)li->rows * li->n;
+  if (!in->rows)
+    return 0; /* as push_arrays_ok */
   const call_array a[] = {
       {"row_ends", in->row_ends, 4ull * in->rows},
       {"lists->values", li->values, 2u * e},
@@ -849,12 +882,37 @@ int dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
   return r;
 }
 
-int dcpx__cuda_nccl_id(struct dcpx_member *m, uint8_t *out, size_t cap,
-                       size_t *ret_len) {
+int dcpx__cuda_nccl_id(struct dcpx_member *m, uint32_t gen, uint8_t *out,
+                       size_t cap, size_t *ret_len) {
 #ifdef HAVE_NCCL
-  if (m->cuda->nccl && m->rank == 0)
-    return dcpx__nccl_unique_id(out, cap, ret_len);
+  struct dcpx__cuda *cu = m->cuda;
+  if (cu->nccl && m->rank == 0) {
+    /* One id per generation acknowledged: every ncclGetUniqueId starts a
+     * bootstrap root thread that listens until W ranks check in, so a new
+     * id for each re-ack (a reattach, a stale-generation reply, a
+     * dcpx_recover called again after a timeout) would leave a thread and
+     * a listening socket behind for each id no communicator used. An id
+     * sent for gen is used only once gen's recovery completes, and every
+     * later ack is for a later generation. */
+    if (!cu->ack_id_len || cu->ack_id_gen != gen) {
+      size_t len = 0;
+      const int r = dcpx__nccl_unique_id(cu->ack_id, sizeof(cu->ack_id),
+                                         &len);
+      if (r < 0) {
+        cu->ack_id_len = 0;
+        return r;
+      }
+      cu->ack_id_len = len;
+      cu->ack_id_gen = gen;
+    }
+    if (cap < cu->ack_id_len)
+      return DCPX_E_RANGE;
+    memcpy(out, cu->ack_id, cu->ack_id_len);
+    *ret_len = cu->ack_id_len;
+    return 0;
+  }
 #else
+  (void)gen;
   (void)out;
   (void)cap;
   (void)ret_len;
@@ -873,15 +931,17 @@ int dcpx__cuda_recovered(struct dcpx_member *m) {
   const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
   if (dcpx__nccl_gen(cu->nccl) == gen)
     return 0; /* made for this generation */
-  if (__atomic_load_n(&m->hdr->nccl_gen, __ATOMIC_ACQUIRE) != gen ||
-      m->hdr->nccl_id_len > sizeof(id)) {
+  /* nccl_gen first (acquire: the id and its length were written before
+   * it), then the length once (the page is writable by every member) */
+  const uint32_t ngen = __atomic_load_n(&m->hdr->nccl_gen, __ATOMIC_ACQUIRE);
+  const size_t len = __atomic_load_n(&m->hdr->nccl_id_len, __ATOMIC_RELAXED);
+  if (ngen != gen || len > sizeof(id)) {
     DCPX_WARN("group %s rank %u: no NCCL unique id from rank 0 for "
               "generation %u (a dcpxd or rank 0 that predates them): the "
               "member's calls fail with DCPX_E_NCCL until dcpx_leave",
               m->group, m->rank, gen);
     return DCPX_E_NCCL;
   }
-  const size_t len = m->hdr->nccl_id_len;
   memcpy(id, m->hdr->nccl_id, len);
   const CUcontext prev = ctx_enter(cu);
   const int r = dcpx__nccl_rebuild(cu->nccl, id, len, gen, why, sizeof(why));

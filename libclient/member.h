@@ -156,12 +156,13 @@ dcpx__cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                  const dcpx_merge_out *out, void *stream);
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms);
-/* dcpx_recover, for its acknowledgement: rank 0 of an nccl member makes a
- * fresh NCCL unique id (RecoverAck.nccl_id); DCPX_E_NOSYS for anyone
+/* dcpx_recover, for its acknowledgement of generation gen: rank 0 of an
+ * nccl member makes a fresh NCCL unique id (RecoverAck.nccl_id), the same
+ * one again for a re-ack of the same generation; DCPX_E_NOSYS for anyone
  * else. */
 __attribute__((visibility("hidden"))) int
-dcpx__cuda_nccl_id(struct dcpx_member *m, uint8_t *out, size_t cap,
-                   size_t *ret_len);
+dcpx__cuda_nccl_id(struct dcpx_member *m, uint32_t gen, uint8_t *out,
+                   size_t cap, size_t *ret_len);
 /* dcpx_recover, once the group runs again: an nccl member whose
  * communicator is not of the current generation makes a new one from the
  * control page's id (dcpx__nccl_rebuild); 0, or why not. */
