@@ -82,8 +82,18 @@ typedef struct ctr_check {
 } ctr_check;
 
 /* Shared between the parent and the ranks (MAP_SHARED before fork). */
+/* The ranks' barrier (process-shared). A rank that stops early breaks it,
+ * so that the others stop at their next wait instead of waiting forever
+ * for it (a pthread barrier cannot be broken). */
+typedef struct rank_barrier {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint32_t n, count, gen;
+  int broken;
+} rank_barrier;
+
 typedef struct shared {
-  pthread_barrier_t barrier;
+  rank_barrier barrier;
   int32_t status[DCPX_MAX_WORLD];      /* first error, or 0 */
   double join_start[DCPX_MAX_WORLD];   /* when dcpx_join was called, us */
   double join_end[DCPX_MAX_WORLD];     /* when it returned */
@@ -95,6 +105,45 @@ typedef struct shared {
   ctr_check ctr[DCPX_MAX_WORLD];       /* written by the rank's last process */
   double lat_us[];                     /* [world][calls] */
 } shared;
+
+static void rb_init(rank_barrier *b, uint32_t n) {
+  pthread_mutexattr_t ma;
+  pthread_condattr_t ca;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+  pthread_mutex_init(&b->mu, &ma);
+  pthread_cond_init(&b->cv, &ca);
+  b->n = n;
+}
+
+/* 0 when all n ranks arrived; -1 when a rank broke the barrier. */
+static int rb_wait(rank_barrier *b) {
+  int r = -1;
+  pthread_mutex_lock(&b->mu);
+  if (!b->broken) {
+    const uint32_t gen = b->gen;
+    if (++b->count == b->n) {
+      b->count = 0;
+      b->gen++;
+      pthread_cond_broadcast(&b->cv);
+    } else {
+      while (b->gen == gen && !b->broken)
+        pthread_cond_wait(&b->cv, &b->mu);
+    }
+    r = b->gen != gen ? 0 : -1;
+  }
+  pthread_mutex_unlock(&b->mu);
+  return r;
+}
+
+static void rb_break(rank_barrier *b) {
+  pthread_mutex_lock(&b->mu);
+  b->broken = 1;
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
 
 static double unif(uint64_t *s) {
   return (double)(dcpx_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
@@ -465,8 +514,8 @@ static int call_run(rank_ctx *x, uint32_t c, int skip) {
   const opts *o = x->o;
   if ((int)c == o->fault_at && x->rank == 0)
     arm_fault(x, c);
-  if (!skip)
-    pthread_barrier_wait(&x->sh->barrier);
+  if (!skip && rb_wait(&x->sh->barrier) < 0)
+    return DCPX_E_ABORTED; /* another rank stopped: say so, and stop */
   double t0 = now_us();
   x->merged = 0;
   if ((int)c == o->fault_at && x->rank == o->fault_rank)
@@ -577,7 +626,10 @@ static int settle_fault(rank_ctx *x, uint32_t c, int r, int *ret_recovered) {
     failed_call = x->valid[t] < 0;
   if (failed_call)
     x->sh->faulted[c] = 1;
-  pthread_barrier_wait(&x->sh->barrier);
+  if (rb_wait(&x->sh->barrier) < 0) {
+    *ret_recovered = 1; /* nothing to check: another rank stopped */
+    return DCPX_E_ABORTED;
+  }
   *ret_recovered = x->sh->faulted[c];
   if (!x->sh->faulted[c])
     return r;
@@ -716,9 +768,11 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
   if (r == 0)
     r = check_counters(&x);
   sh->status[rank] = r;
-  if (r < 0)
+  if (r < 0) {
+    rb_break(&sh->barrier); /* the others stop at their next call */
     fprintf(stderr, "dcpx-demo: rank %u: %s (%d)\n", rank, dcpx_strerror(r),
             r);
+  }
   rank_free(&x);
   return r < 0 ? 1 : 0;
 }
@@ -1009,10 +1063,7 @@ static shared *shared_map(const opts *o, size_t *ret_bytes) {
   sh->bad = (uint8_t *)sh + sizeof(shared) + latbytes;
   sh->faulted = sh->bad + o->calls;
   sh->checked = sh->faulted + o->calls;
-  pthread_barrierattr_t ba;
-  pthread_barrierattr_init(&ba);
-  pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
-  pthread_barrier_init(&sh->barrier, &ba, o->world);
+  rb_init(&sh->barrier, o->world);
   *ret_bytes = shbytes;
   return sh;
 }
