@@ -7,10 +7,11 @@
 #include "dcpx.h"
 #include "devptr.h"
 
-void dcpx__ptr_check_init(dcpx__ptr_check *c, int device,
+void dcpx__ptr_check_init(dcpx__ptr_check *c, int device, int pageable_ok,
                           dcpx__mem_query_fn query, void *ctx) {
   *c = (dcpx__ptr_check){0};
   c->device = device;
+  c->pageable_ok = pageable_ok;
   c->query = query;
   c->ctx = ctx;
 }
@@ -57,6 +58,8 @@ static int check_addr(dcpx__ptr_check *c, const char *what, const void *p,
   case DCPX__MEM_MANAGED:
     break;
   default:
+    if (c->pageable_ok)
+      return 0; /* the GPU reads pageable memory itself; not cached */
     if (last)
       snprintf(why, why_len, "%s %p: the call needs %llu bytes from there, "
                "but its last byte is not memory of a CUDA allocation (the "

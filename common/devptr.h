@@ -13,7 +13,12 @@
  *     for every device under unified addressing).
  * Refused: addresses CUDA does not know (malloc, the stack), device memory
  * of another GPU, and an array whose last byte is not in one of the kinds
- * above (it runs past its allocation into unmapped space). The first and
+ * above (it runs past its allocation into unmapped space). On a GPU that
+ * reaches pageable host memory itself (cudaDevAttrPageableMemoryAccess:
+ * HMM, or the NVLink-C2C of a Grace Hopper), memory CUDA does not know may
+ * be the caller's malloc'd buffer, which the kernels can read: it is let
+ * through (pageable_ok), and a wild pointer faults there as it would
+ * without the check. The first and
  * the last byte are checked, each on its own, since an array may span two
  * mappings (PyTorch's expandable segments); an array that runs past its
  * allocation into another allocation of the same GPU is not caught.
@@ -56,6 +61,7 @@ typedef int (*dcpx__mem_query_fn)(void *ctx, uintptr_t addr,
 
 typedef struct dcpx__ptr_check {
   int device; /* the member's GPU, this process's ordinal */
+  int pageable_ok; /* the GPU reaches pageable host memory */
   dcpx__mem_query_fn query;
   void *ctx;
   uintptr_t beg[DCPX__PTR_CACHE], end[DCPX__PTR_CACHE];
@@ -63,10 +69,11 @@ typedef struct dcpx__ptr_check {
   uint64_t queries; /* driver queries made (tests, diagnostics) */
 } dcpx__ptr_check;
 
-/* A checker for `device`'s calls, with an empty cache. */
+/* A checker for `device`'s calls, with an empty cache; pageable_ok: the
+ * device reaches pageable host memory (memory CUDA does not know passes). */
 __attribute__((visibility("hidden"))) void
-dcpx__ptr_check_init(dcpx__ptr_check *c, int device, dcpx__mem_query_fn query,
-                     void *ctx);
+dcpx__ptr_check_init(dcpx__ptr_check *c, int device, int pageable_ok,
+                     dcpx__mem_query_fn query, void *ctx);
 
 /* Whether the `bytes` bytes from p may be handed to a kernel of c's
  * device. 0 (also for p NULL or bytes 0: those are the caller's to

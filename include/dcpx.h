@@ -367,9 +367,10 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * first time it sees the allocation, and takes later calls on the same
  * buffers from a cache of 16 allocations, without a driver call (host
  * memory from malloc, another GPU's memory and an array that runs into
- * unmapped space are refused; one that runs into another allocation of
- * the same GPU is not seen; DCPX_PTR_CHECK=0 in the environment at join
- * turns the check off). An empty call (rows 0) may pass NULL pointers.
+ * unmapped space are refused, memory CUDA does not know not on a GPU that
+ * reads pageable memory itself (HMM, Grace Hopper); one that runs into
+ * another allocation of the same GPU is not seen; DCPX_PTR_CHECK=0 in
+ * the environment at join turns the check off). An empty call (rows 0) may pass NULL pointers.
  * With the host backend they run on the calling thread and `stream` is
  * ignored.
  */

@@ -417,7 +417,11 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     return DCPX_E_NOMEM;
   m->cuda = cu;
   cu->device = m->device;
-  dcpx__ptr_check_init(&cu->pc, cu->device, mem_query, NULL);
+  int pageable = 0;
+  if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess,
+                             cu->device) != cudaSuccess)
+    pageable = 0;
+  dcpx__ptr_check_init(&cu->pc, cu->device, pageable, mem_query, NULL);
   {
     const char *e = getenv("DCPX_PTR_CHECK");
     cu->check_ptrs = !(e && e[0] == '0' && !e[1]);

@@ -101,6 +101,13 @@ rc=0
 export NCCL_NVLS_ENABLE=0
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || { echo "no GPU"; exit 77; }
 nvidia-smi topo -m >> "$OUT/nvidia-smi.txt" 2>&1
+# whether the GPUs read pageable host memory (the array checks let it pass)
+python3 -c 'import ctypes; cu = ctypes.CDLL("libcuda.so.1"); cu.cuInit(0)
+n = ctypes.c_int(); cu.cuDeviceGetCount(ctypes.byref(n)); v = ctypes.c_int()
+for d in range(n.value):
+    cu.cuDeviceGetAttribute(ctypes.byref(v), 88, d)
+    print("GPU", d, "pageable memory access:", v.value)' \
+  >> "$OUT/nvidia-smi.txt" 2>&1 || true
 ngpu=$(nvidia-smi -L | wc -l)
 say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 show() { grep -E "$1" "$2" | tail -"${3:-8}" | tee -a "$OUT/summary.txt"; }

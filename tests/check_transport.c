@@ -275,7 +275,7 @@ static int ok(dcpx__ptr_check *c, uintptr_t a, uint64_t bytes, char *why) {
 START_TEST(test_devptr_kinds) {
   dcpx__ptr_check c;
   char why[256];
-  dcpx__ptr_check_init(&c, 0, fake_query, NULL);
+  dcpx__ptr_check_init(&c, 0, 0, fake_query, NULL);
   /* the member's GPU, managed and registered host memory */
   ck_assert_int_eq(ok(&c, 0x10100, 0x100, why), 0);
   ck_assert_int_eq(ok(&c, 0x70000, 0x1000, why), 0);
@@ -301,7 +301,7 @@ END_TEST
 START_TEST(test_devptr_extent) {
   dcpx__ptr_check c;
   char why[256];
-  dcpx__ptr_check_init(&c, 0, fake_query, NULL);
+  dcpx__ptr_check_init(&c, 0, 0, fake_query, NULL);
   /* the whole allocation, and one byte more: past its end into unknown */
   ck_assert_int_eq(ok(&c, 0x60000, 0x1000, why), 0);
   ck_assert_int_eq(ok(&c, 0x60000, 0x1001, why), DCPX_E_INVAL);
@@ -309,14 +309,14 @@ START_TEST(test_devptr_extent) {
   /* across two mappings of the member's GPU (expandable segments) */
   ck_assert_int_eq(ok(&c, 0x1F000, 0x2000, why), 0);
   /* from the member's GPU into another's: refused at the last byte */
-  dcpx__ptr_check_init(&c, 1, fake_query, NULL);
+  dcpx__ptr_check_init(&c, 1, 0, fake_query, NULL);
   ck_assert_int_eq(ok(&c, 0x40000, 0x10000, why), 0);
   ck_assert_int_eq(ok(&c, 0x40000, 0x10001, why), DCPX_E_INVAL);
   /* an extent that wraps the address space */
   ck_assert_int_eq(ok(&c, 0x40000, UINT64_MAX, why), DCPX_E_INVAL);
   ck_assert_ptr_nonnull(strstr(why, "address space"));
   /* a mapping whose range the driver did not give: each byte is asked */
-  dcpx__ptr_check_init(&c, 0, fake_query, NULL);
+  dcpx__ptr_check_init(&c, 0, 0, fake_query, NULL);
   ck_assert_int_eq(ok(&c, 0x80000, 0x1000, why), 0);
   ck_assert_uint_eq(c.queries, 2);
   ck_assert_int_eq(ok(&c, 0x80000, 0x1000, why), 0);
@@ -327,7 +327,7 @@ END_TEST
 START_TEST(test_devptr_cache) {
   dcpx__ptr_check c;
   char why[256];
-  dcpx__ptr_check_init(&c, 0, fake_query, NULL);
+  dcpx__ptr_check_init(&c, 0, 0, fake_query, NULL);
   /* an engine's buffers stay put: after the first call, no query */
   ck_assert_int_eq(ok(&c, 0x10000, 0x800, why), 0);
   ck_assert_int_eq(ok(&c, 0x11000, 0x800, why), 0);
@@ -344,6 +344,21 @@ START_TEST(test_devptr_cache) {
 }
 END_TEST
 
+/* A GPU that reaches pageable host memory (HMM, Grace Hopper): memory
+ * CUDA does not know is the caller's to pass (never cached: asked again);
+ * another GPU's memory is still refused. */
+START_TEST(test_devptr_pageable) {
+  dcpx__ptr_check c;
+  char why[256];
+  dcpx__ptr_check_init(&c, 0, 1, fake_query, NULL);
+  ck_assert_int_eq(ok(&c, 0x90000, 64, why), 0);
+  ck_assert_int_eq(ok(&c, 0x60000, 0x1001, why), 0); /* into pageable */
+  ck_assert_int_eq(ok(&c, 0x90000, 64, why), 0);
+  ck_assert_uint_eq(c.queries, 6); /* first and last byte, each time */
+  ck_assert_int_eq(ok(&c, 0x40000, 4, why), DCPX_E_INVAL);
+}
+END_TEST
+
 /* More buffers than the cache holds: still right, the oldest asked again. */
 static int many_query(void *ctx, uintptr_t a, dcpx__mem_info *ret) {
   (void)ctx;
@@ -357,7 +372,7 @@ static int many_query(void *ctx, uintptr_t a, dcpx__mem_info *ret) {
 START_TEST(test_devptr_evict) {
   dcpx__ptr_check c;
   char why[256];
-  dcpx__ptr_check_init(&c, 0, many_query, NULL);
+  dcpx__ptr_check_init(&c, 0, 0, many_query, NULL);
   for (uintptr_t i = 0; i <= DCPX__PTR_CACHE; i++)
     ck_assert_int_eq(ok(&c, 0x100000 + i * 0x1000, 64, why), 0);
   ck_assert_uint_eq(c.queries, DCPX__PTR_CACHE + 1);
@@ -388,6 +403,7 @@ static Suite *transport_suite(void) {
   tcase_add_test(tc, test_devptr_extent);
   tcase_add_test(tc, test_devptr_cache);
   tcase_add_test(tc, test_devptr_evict);
+  tcase_add_test(tc, test_devptr_pageable);
   suite_add_tcase(s, tc);
   return s;
 }
