@@ -223,8 +223,13 @@ static int member_map(dcpx_member *m, const Dcpx__JoinReply *jr,
   m->hdr = (dcpx_ctl_header *)m->ctl;
   m->health = (dcpx_rank_health *)((char *)m->ctl + m->L.off_ranks);
   m->records = (dcpx_wait_record *)((char *)m->ctl + m->L.off_records);
-  if (m->hdr->magic != DCPX_CTL_MAGIC || m->hdr->version != DCPX_CTL_VERSION ||
-      m->hdr->world != W || m->hdr->rows != m->shape.rows)
+  if (m->hdr->magic == DCPX_CTL_MAGIC && m->hdr->version != DCPX_CTL_VERSION) {
+    DCPX_WARN("the control page has layout version %u, this libdcpx %u",
+              m->hdr->version, DCPX_CTL_VERSION);
+    return DCPX_E_VERSION; /* as dcpxd refuses such a reattach */
+  }
+  if (m->hdr->magic != DCPX_CTL_MAGIC || m->hdr->world != W ||
+      m->hdr->rows != m->shape.rows)
     return DCPX_E_PROTO;
   return 0;
 }
