@@ -429,15 +429,18 @@ END_TEST
 /* A Join of a W=1 host group carrying a device UUID of uuid_len bytes:
  * the reply's status, its error text into why, and the UUID it echoes
  * for rank 0 into echo (16 bytes; *ret_echo_len its length). */
-static int uuid_join_keep(const char *group, const uint8_t *uuid,
-                          size_t uuid_len, char *why, size_t why_len,
-                          uint8_t *echo, size_t *ret_echo_len, int *ret_sock) {
-  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+/* Rank 0 of a W=1 group over raw frames, its Join with device_uuid and
+ * nccl_id as given (len 0: none): its socket, the reply (*ret_rep, the
+ * caller frees it) and the reply's fds. */
+static int raw_join1(const char *group, const uint8_t *uuid, size_t uuid_len,
+                     const uint8_t *nccl_id, size_t nccl_len,
+                     Dcpx__Frame **ret_rep, int *fds, int *ret_nfds) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__Join j = DCPX__JOIN__INIT;
   Dcpx__Shape ps;
   dcpx_shape sh;
   spec sp = small(group, 1);
-  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, s = raw_connect(), r;
+  int s = raw_connect();
   ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
   shape_of(&sp, &sh);
   dcpx__shape_to_pb(&sh, &ps);
@@ -448,11 +451,23 @@ static int uuid_join_keep(const char *group, const uint8_t *uuid,
   j.join_timeout_ms = 5000;
   j.device_uuid.data = (uint8_t *)uuid;
   j.device_uuid.len = uuid_len;
+  j.nccl_id.data = (uint8_t *)nccl_id;
+  j.nccl_id.len = nccl_len;
   f.msg_case = DCPX__FRAME__MSG_JOIN;
   f.join = &j;
   ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
-  ck_assert_int_eq(dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, &nfds),
-                   0);
+  *ret_nfds = 0;
+  ck_assert_int_eq(
+      dcpx__frame_recv(s, ret_rep, fds, DCPX_FRAME_MAX_FDS, ret_nfds), 0);
+  return s;
+}
+
+static int uuid_join_keep(const char *group, const uint8_t *uuid,
+                          size_t uuid_len, char *why, size_t why_len,
+                          uint8_t *echo, size_t *ret_echo_len, int *ret_sock) {
+  Dcpx__Frame *rep = NULL;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
+  const int s = raw_join1(group, uuid, uuid_len, NULL, 0, &rep, fds, &nfds);
   for (int i = 0; i < nfds; i++)
     close(fds[i]);
   *ret_echo_len = 0;
@@ -559,27 +574,10 @@ END_TEST
  * bytes): its socket, and its control page mapped into *ret_hdr. */
 static int nccl_member(const char *group, const uint8_t *id,
                        dcpx_ctl_header **ret_hdr) {
-  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
-  Dcpx__Join j = DCPX__JOIN__INIT;
-  Dcpx__Shape ps;
-  dcpx_shape sh;
-  spec sp = small(group, 1);
-  int fds[DCPX_FRAME_MAX_FDS], nfds = 0, s = raw_connect();
-  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
-  shape_of(&sp, &sh);
-  dcpx__shape_to_pb(&sh, &ps);
-  j.group = (char *)group;
-  j.shape = &ps;
-  j.timeout_ns = 5000000000ull;
-  j.device = -1;
-  j.join_timeout_ms = 5000;
-  j.nccl_id.data = (uint8_t *)id;
-  j.nccl_id.len = DCPX_NCCL_ID_BYTES;
-  f.msg_case = DCPX__FRAME__MSG_JOIN;
-  f.join = &j;
-  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
-  ck_assert_int_eq(dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, &nfds),
-                   0);
+  Dcpx__Frame *rep = NULL;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  const int s =
+      raw_join1(group, NULL, 0, id, DCPX_NCCL_ID_BYTES, &rep, fds, &nfds);
   ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_JOIN_REPLY);
   ck_assert_int_ge(nfds, 1);
   ck_assert(rep->join_reply->nccl_id.len == DCPX_NCCL_ID_BYTES &&
