@@ -133,8 +133,16 @@ static void ctl_nccl_id(dcpxd_group *g) {
   g->nccl_fresh = false;
 }
 
-/* The common tables (common/transport.h), for the protobuf enums. */
+/* rank 0's NCCL id (its Join's, a replacement rank 0's, its RecoverAck's,
+ * at most DCPX_NCCL_ID_BYTES: checked by the caller), the one the next
+ * generation's communicators use: ctl_nccl_id publishes it. */
+static void keep_nccl_id(dcpxd_group *g, const ProtobufCBinaryData *id) {
+  memcpy(g->nccl_id, id->data, id->len);
+  g->nccl_id_len = id->len;
+  g->nccl_fresh = true;
+}
 
+/* The common tables (common/transport.h), for the protobuf enums. */
 static const char *transport_name(int t) {
   return dcpx__transport_name((uint32_t)t);
 }
@@ -1074,12 +1082,8 @@ static void join_replace(dcpxd_conn *c, const Dcpx__Join *j, dcpxd_group *g) {
 
   member_attach(g, j->rank, c, j);
   g->member[j->rank].acked = true;
-  if (j->rank == 0 && j->nccl_id.len) {
-    /* a new rank 0's id: the communicators of the next generation */
-    memcpy(g->nccl_id, j->nccl_id.data, j->nccl_id.len);
-    g->nccl_id_len = j->nccl_id.len;
-    g->nccl_fresh = true;
-  }
+  if (j->rank == 0 && j->nccl_id.len)
+    keep_nccl_id(g, &j->nccl_id); /* a new rank 0's */
   h->pid = (uint32_t)c->pid;
   h->joined = 1;
   log_notice("group=%s gen=%u rank=%u: replaced by pid %d (%s), %u/%u "
@@ -1101,10 +1105,8 @@ static void join_forming(dcpxd_conn *c, const Dcpx__Join *j, dcpxd_group *g) {
   const uint32_t W = g->shape.world;
   uint32_t timeout_ms;
 
-  if (j->rank == 0 && j->nccl_id.len) {
-    memcpy(g->nccl_id, j->nccl_id.data, j->nccl_id.len);
-    g->nccl_id_len = j->nccl_id.len;
-  }
+  if (j->rank == 0 && j->nccl_id.len)
+    keep_nccl_id(g, &j->nccl_id); /* published when the group forms */
   member_attach(g, j->rank, c, j);
   timeout_ms =
       j->join_timeout_ms ? j->join_timeout_ms : c->m->conf->join_timeout_ms;
@@ -1369,12 +1371,8 @@ void dcpxd_group_recover_ack(dcpxd_conn *c, const Dcpx__RecoverAck *a) {
                      "%d)", a->nccl_id.len, c->rank, DCPX_NCCL_ID_BYTES);
     return;
   }
-  if (a->nccl_id.len) {
-    /* rank 0's id for the communicators of the next generation */
-    memcpy(g->nccl_id, a->nccl_id.data, a->nccl_id.len);
-    g->nccl_id_len = a->nccl_id.len;
-    g->nccl_fresh = true;
-  }
+  if (a->nccl_id.len)
+    keep_nccl_id(g, &a->nccl_id);
   if (g->state == DCPXD_GROUP_READY) {
     /* Unprompted: the rank asks for a recovery after a failed call. */
     const dcpx_rank_health *h = dcpxd_group_health(g, c->rank);

@@ -1054,13 +1054,6 @@ int dcpx_health(dcpx_member *m, dcpx_health_info *ret) {
   return 0;
 }
 
-/* Whether this rank has anything to recover: the group is aborted or being
- * recovered, or this rank failed (and the daemon has not noticed yet). */
-static int needs_recovery(const dcpx_member *m) {
-  return __atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE) ||
-         __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE) ||
-         __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_ACQUIRE);
-}
 
 /* The recovery that gen was acknowledged for is complete: dcpxd bumps the
  * generation before it clears the abort word. */
@@ -1084,7 +1077,6 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const uint64_t end = now_ms() + timeout_ms;
   Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
   Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
-  uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
   uint32_t gen = 0;
   int acked = 0, reacks = 0, r;
 
@@ -1105,7 +1097,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   for (;;) {
     if (acked && recovered_since(m, gen))
       return recover_done(m);
-    if (!acked && !needs_recovery(m))
+    if (!acked && !dcpx__member_needs_recovery(m))
       return recover_done(m); /* at once (a replacement whose group
                                  recovered before it asked, too) */
     if (!acked && m->link == DCPX__LINK_UP) {
@@ -1116,6 +1108,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
       ack.generation = gen;
 #ifdef HAVE_CUDA
       /* rank 0 of an nccl group: the next generation's communicators */
+      uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
       size_t nccl_id_len = 0;
       ack.nccl_id.len = 0;
       if (m->cuda && dcpx__cuda_nccl_id(m, gen, nccl_id, sizeof(nccl_id),
@@ -1123,8 +1116,6 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
         ack.nccl_id.data = nccl_id;
         ack.nccl_id.len = nccl_id_len;
       }
-#else
-      (void)nccl_id;
 #endif
       f.msg_case = DCPX__FRAME__MSG_RECOVER_ACK;
       f.recover_ack = &ack;

@@ -212,6 +212,22 @@ static int arrays_ok(struct dcpx__cuda *cu, const char *fn,
   return 0;
 }
 
+/* rank 0's NCCL id for generation gen from the control page into id
+ * (DCPX_NCCL_ID_BYTES): its length, or 0 when the page has none for gen
+ * (docs/PROTOCOL.md 6.9). nccl_gen first (acquire: the id and its length
+ * were written before it), then the length once (every member may write
+ * the page). */
+static size_t ctl_nccl_id(const struct dcpx_member *m, uint32_t gen,
+                          uint8_t *id) {
+  if (__atomic_load_n(&m->hdr->nccl_gen, __ATOMIC_ACQUIRE) != gen)
+    return 0;
+  const size_t len = __atomic_load_n(&m->hdr->nccl_id_len, __ATOMIC_RELAXED);
+  if (len > DCPX_NCCL_ID_BYTES)
+    return 0;
+  memcpy(id, m->hdr->nccl_id, len);
+  return len;
+}
+
 void dcpx__cuda_fini(struct dcpx_member *m) {
   struct dcpx__cuda *cu = m->cuda;
   CUcontext prev = NULL;
@@ -505,8 +521,7 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
      * communicators are made anew when the recovery completes, in
      * dcpx_recover (dcpx__cuda_recovered). */
     const uint32_t gen =
-        __atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE) ||
-                __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE)
+        dcpx__member_needs_recovery(m)
             ? 0u
             : __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
     /* The group runs (gen != 0): the id every other member uses for gen
@@ -516,14 +531,10 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
      * RecoverAck) before the recovery completes, which can happen before
      * this read. At formation both are the same. */
     uint8_t hid[DCPX_NCCL_ID_BYTES];
-    if (gen && __atomic_load_n(&m->hdr->nccl_gen, __ATOMIC_ACQUIRE) == gen) {
-      const uint32_t hlen = __atomic_load_n(&m->hdr->nccl_id_len,
-                                            __ATOMIC_RELAXED);
-      if (hlen && hlen <= sizeof(hid)) {
-        memcpy(hid, m->hdr->nccl_id, hlen);
-        nccl_id = hid;
-        nccl_id_len = hlen;
-      }
+    const size_t hlen = gen ? ctl_nccl_id(m, gen, hid) : 0;
+    if (hlen) {
+      nccl_id = hid;
+      nccl_id_len = hlen;
     }
     r = dcpx__nccl_init(&m->shape, m->rank, cu->device, k->ws, nccl_id,
                         nccl_id_len, gen, &b, why, why_len, &cu->nccl);
@@ -935,18 +946,14 @@ int dcpx__cuda_recovered(struct dcpx_member *m) {
   const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
   if (dcpx__nccl_gen(cu->nccl) == gen)
     return 0; /* made for this generation */
-  /* nccl_gen first (acquire: the id and its length were written before
-   * it), then the length once (the page is writable by every member) */
-  const uint32_t ngen = __atomic_load_n(&m->hdr->nccl_gen, __ATOMIC_ACQUIRE);
-  const size_t len = __atomic_load_n(&m->hdr->nccl_id_len, __ATOMIC_RELAXED);
-  if (ngen != gen || len > sizeof(id)) {
+  const size_t len = ctl_nccl_id(m, gen, id);
+  if (!len) {
     DCPX_WARN("group %s rank %u: no NCCL unique id from rank 0 for "
               "generation %u (a dcpxd or rank 0 that predates them): the "
               "member's calls fail with DCPX_E_NCCL until dcpx_leave",
               m->group, m->rank, gen);
     return DCPX_E_NCCL;
   }
-  memcpy(id, m->hdr->nccl_id, len);
   const CUcontext prev = ctx_enter(cu);
   const int r = dcpx__nccl_rebuild(cu->nccl, id, len, gen, why, sizeof(why));
   ctx_leave(cu, prev);
@@ -964,14 +971,11 @@ int dcpx__cuda_recovered(struct dcpx_member *m) {
 /* dcpx_recover's drain. An NCCL member of a group being recovered (or a
  * failed one) aborts its communicator first: a collective whose peer died
  * waits without a bound, and after an abort the ranks' collectives can no
- * longer be matched anyway (its calls fail with DCPX_E_NCCL until
- * dcpx_leave, as after a refused call). */
+ * longer be matched anyway (dcpx__cuda_recovered makes a new one once the
+ * group runs again). */
 int dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const CUcontext prev = ctx_enter(m->cuda);
-  if (m->cuda->nccl &&
-      (__atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE) ||
-       __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE) ||
-       __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_ACQUIRE)))
+  if (m->cuda->nccl && dcpx__member_needs_recovery(m))
     nccl_refused(m, "the group is being recovered");
   const int r = cuda_sync(stream, timeout_ms);
   ctx_leave(m->cuda, prev);

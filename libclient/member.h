@@ -99,6 +99,15 @@ struct dcpx_member {
   uint32_t reattaches;    /* successful reattaches so far */
 };
 
+/* Whether this rank has anything to recover: the group is aborted or being
+ * recovered, or this rank failed (and the daemon has not noticed yet).
+ * Loads of the control page. */
+static inline int dcpx__member_needs_recovery(const struct dcpx_member *m) {
+  return __atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_ACQUIRE);
+}
+
 /* Link states. NONE: no daemon (dcpx__member_attach). UP: joined or
  * reattached. REATTACHING: Hello + Join{reattach} sent, answers pending.
  * DOWN: no connection; dcpx_poll reconnects from retry_at_ms on. */
@@ -206,8 +215,8 @@ dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device, char *ws,
                 struct dcpx__nccl **ret);
 /* After a recovery (dcpx_recover): a new communicator for generation gen
  * from rank 0's id of the control page (docs/PROTOCOL.md 6.9), the old
- * one aborted; bounded as the setup at join. 0 at once when the comm was
- * made for gen already. The caller has the member's context current. */
+ * one aborted; bounded as the setup at join. The caller (which asks
+ * dcpx__nccl_gen first) has the member's context current. */
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id, size_t id_len,
                    uint32_t gen, char *why, size_t why_len);

@@ -285,8 +285,6 @@ int dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id,
                        size_t why_len) {
   ncclUniqueId uid;
   int prev = -1, r = 0;
-  if (n->gen == gen && n->comm)
-    return 0; /* made for this generation already */
   if (!id || id_len != sizeof(uid)) {
     say_why(why, why_len, "no NCCL unique id from rank 0 for generation %u",
             gen);

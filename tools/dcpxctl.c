@@ -411,8 +411,6 @@ static const char *backend_name(int b) {
   return dcpx__backend_name((uint32_t)b);
 }
 
-/* A rank's state; the bad ones in capitals for humans (`shout`), all in
- * lower case for JSON. */
 /* The rank's GPU UUID as nvidia-smi writes it ("GPU-" and the 16 bytes in
  * hex, grouped 8-4-4-4-12); false when it sent none. */
 static bool gpu_uuid(const Dcpx__RankInfo *r, char *out, size_t n) {
@@ -427,6 +425,8 @@ static bool gpu_uuid(const Dcpx__RankInfo *r, char *out, size_t n) {
   return true;
 }
 
+/* A rank's state; the bad ones in capitals for humans (`shout`), all in
+ * lower case for JSON. */
 static const char *rank_state(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
                               bool shout) {
   if (r->failed)
