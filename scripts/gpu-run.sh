@@ -27,7 +27,8 @@
 #            build-gpu/base/bench_kernels), and a previous build's at $PREV
 #            (default build-gpu/prev/bench_kernels), all in one run
 #   abm      bench_kernels push and merge only (BENCH_QUICK), this build
-#            and the baseline at $BASE alternating, AB_ROUNDS (2) rounds
+#            and the baseline at $BASE alternating, AB_ROUNDS (2) rounds,
+#            at each W:N of ABM_SHAPES (default 8:512)
 #   earlyt1  one GPU, PDL forced: whole calls of W=2 (N=1280) and W=8
 #            (N=512) ranks with the early rescue list in every call, whose
 #            rescues with T1 > 0 filter it, against never (DCPX_RESC_EARLY
@@ -165,18 +166,23 @@ step_ab() {
 }
 
 step_abm() { # push and merge only (no whole calls): this build against
-  # the baseline at $BASE, alternating, AB_ROUNDS (default 2) rounds
-  local base=${BASE:-$B/base/bench_kernels} i
+  # the baseline at $BASE, alternating, AB_ROUNDS (default 2) rounds, at
+  # each W:N of ABM_SHAPES (default 8:512; W ranks on one GPU)
+  local base=${BASE:-$B/base/bench_kernels} i sh
   for i in $(seq "${AB_ROUNDS:-2}"); do
-    say "abm round $i: this build"
-    BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 120 \
-      "$B/tests/gpu/bench_kernels" > "$OUT/abm${i}_new.md" 2>&1 || rc=1
-    show "^\| 16384|rows 1, |rows 64, " "$OUT/abm${i}_new.md" 40
-    [ -x "$base" ] || continue
-    say "abm round $i: baseline $base"
-    BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 120 "$base" \
-      > "$OUT/abm${i}_base.md" 2>&1 || rc=1
-    show "^\| 16384" "$OUT/abm${i}_base.md" 8
+    for sh in ${ABM_SHAPES:-8:512}; do
+      local w=${sh%%:*} n=${sh##*:} f="$OUT/abm${i}_w${sh%%:*}"
+      say "abm round $i, W=$w N=$n: this build"
+      BENCH_W=$w BENCH_N=$n BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 \
+        timeout -k 5 120 "$B/tests/gpu/bench_kernels" > "${f}_new.md" 2>&1 ||
+        rc=1
+      show "^\| 16384|rows 1, |rows 64, " "${f}_new.md" 40
+      [ -x "$base" ] || continue
+      say "abm round $i, W=$w N=$n: baseline $base"
+      BENCH_W=$w BENCH_N=$n BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 \
+        timeout -k 5 120 "$base" > "${f}_base.md" 2>&1 || rc=1
+      show "^\| 16384" "${f}_base.md" 8
+    done
   done
 }
 
