@@ -111,6 +111,7 @@ static void rb_init(rank_barrier *b, uint32_t n) {
   pthread_condattr_t ca;
   pthread_mutexattr_init(&ma);
   pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
   pthread_condattr_init(&ca);
   pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
   pthread_mutex_init(&b->mu, &ma);
@@ -118,10 +119,19 @@ static void rb_init(rank_barrier *b, uint32_t n) {
   b->n = n;
 }
 
+/* A rank killed while it held the mutex (robust: the next locker gets
+ * EOWNERDEAD) may have counted itself in: the barrier is broken. */
+static void rb_lock(rank_barrier *b) {
+  if (pthread_mutex_lock(&b->mu) == EOWNERDEAD) {
+    b->broken = 1;
+    pthread_mutex_consistent(&b->mu);
+  }
+}
+
 /* 0 when all n ranks arrived; -1 when a rank broke the barrier. */
 static int rb_wait(rank_barrier *b) {
   int r = -1;
-  pthread_mutex_lock(&b->mu);
+  rb_lock(b);
   if (!b->broken) {
     const uint32_t gen = b->gen;
     if (++b->count == b->n) {
@@ -130,7 +140,10 @@ static int rb_wait(rank_barrier *b) {
       pthread_cond_broadcast(&b->cv);
     } else {
       while (b->gen == gen && !b->broken)
-        pthread_cond_wait(&b->cv, &b->mu);
+        if (pthread_cond_wait(&b->cv, &b->mu) == EOWNERDEAD) {
+          b->broken = 1;
+          pthread_mutex_consistent(&b->mu);
+        }
     }
     r = b->gen != gen ? 0 : -1;
   }
@@ -139,7 +152,7 @@ static int rb_wait(rank_barrier *b) {
 }
 
 static void rb_break(rank_barrier *b) {
-  pthread_mutex_lock(&b->mu);
+  rb_lock(b);
   b->broken = 1;
   pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
@@ -1139,8 +1152,12 @@ static int run_ranks(const opts *o, shared *sh, pid_t *daemon_pid) {
       continue;
     }
     left--;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
       failed++;
+      /* A rank killed by a signal never broke the barrier itself: its
+       * peers would wait at it forever. */
+      rb_break(&sh->barrier);
+    }
   }
   return failed;
 }
