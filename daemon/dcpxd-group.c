@@ -331,6 +331,17 @@ static void member_detach(dcpxd_group *g, uint32_t rank) {
   mb->conn = NULL;
   mb->acked = false;
   g->live--;
+  if (rank == 0) {
+    /* An NCCL unique id names its sender's bootstrap root, which goes
+     * with it: the next rank 0 brings its own. An id the departed rank 0
+     * sent during this recovery is not published; in a forming group no
+     * communicator used its Join's id yet, so it goes too (a later
+     * rank 0 that sends none gets none, not the departed one's). A
+     * formed group keeps the id of its current communicators (6.9). */
+    g->nccl_fresh = false;
+    if (g->state == DCPXD_GROUP_FORMING)
+      g->nccl_id_len = 0;
+  }
   dcpxd_conn_idle_arm(c);
 }
 

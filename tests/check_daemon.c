@@ -653,6 +653,146 @@ START_TEST(test_nccl_id_relay) {
 }
 END_TEST
 
+/* A Join of `group` (shape small(group, W)) as `rank`, with nccl_id of n
+ * bytes of `id` (n 0: none); the JoinReply is not read here. */
+static int nccl_join_send(const char *group, uint32_t W, uint32_t rank,
+                          const uint8_t *id, size_t n) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Join j = DCPX__JOIN__INIT;
+  Dcpx__Shape ps;
+  dcpx_shape sh;
+  spec sp = small(group, W);
+  int s = raw_connect();
+  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
+  shape_of(&sp, &sh);
+  dcpx__shape_to_pb(&sh, &ps);
+  j.group = (char *)group;
+  j.shape = &ps;
+  j.rank = rank;
+  j.timeout_ns = 5000000000ull;
+  j.device = -1;
+  j.join_timeout_ms = 20000;
+  j.nccl_id.data = (uint8_t *)id;
+  j.nccl_id.len = n;
+  f.msg_case = DCPX__FRAME__MSG_JOIN;
+  f.join = &j;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  return s;
+}
+
+/* The JoinReply on s (status 0 expected): its nccl_id's length; the
+ * control page mapped into *ret_hdr when ret_hdr is not NULL. */
+static size_t nccl_join_reply(int s, dcpx_ctl_header **ret_hdr) {
+  Dcpx__Frame *rep = NULL;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  for (;;) { /* events of a replacement come after its JoinReply */
+    ck_assert_int_eq(dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS,
+                                      &nfds),
+                     0);
+    if (rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY)
+      break;
+    dcpx__frame_free(rep);
+  }
+  ck_assert_ptr_nonnull(rep->join_reply->reply);
+  ck_assert_int_eq(rep->join_reply->reply->status, 0);
+  ck_assert_int_ge(nfds, 1);
+  const size_t n = rep->join_reply->nccl_id.len;
+  dcpx__frame_free(rep);
+  if (ret_hdr) {
+    void *p = mmap(NULL, sizeof(dcpx_ctl_header), PROT_READ, MAP_SHARED,
+                   fds[0], 0);
+    ck_assert(p != MAP_FAILED);
+    *ret_hdr = p;
+  }
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  return n;
+}
+
+/* Whether the HEALTH of `group` shows rank `rank` joined. */
+static int rank_joined(const char *group, uint32_t rank) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Query q = DCPX__QUERY__INIT;
+  int s = raw_connect(), joined = 0;
+  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
+  q.what = DCPX__QUERY__WHAT__HEALTH;
+  q.group = (char *)group;
+  f.msg_case = DCPX__FRAME__MSG_QUERY;
+  f.query = &q;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  ck_assert_int_eq(dcpx__frame_recv(s, &rep, NULL, 0, NULL), 0);
+  ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_QUERY_REPLY);
+  if (rep->query_reply->n_groups == 1 &&
+      rank < rep->query_reply->groups[0]->n_ranks)
+    joined = rep->query_reply->groups[0]->ranks[rank]->joined;
+  dcpx__frame_free(rep);
+  close(s);
+  return joined;
+}
+
+static void wait_rank_gone(const char *group, uint32_t rank) {
+  for (int i = 0; i < 500 && rank_joined(group, rank); i++)
+    usleep(10000);
+  ck_assert_int_eq(rank_joined(group, rank), 0);
+}
+
+/* An NCCL id names its sender's bootstrap root, which dies with it: the
+ * id of a rank 0 that went away is not relayed for later communicators.
+ * (1) Rank 0 joins a forming group with an id and goes; the rank 0 that
+ * forms the group sends none: no id in the JoinReplies or the control
+ * page (it was the departed one's). (2) Rank 0 acknowledges a recovery
+ * with a fresh id and dies before it completes; its replacement sends
+ * none: the recovery does not publish the dead one's id (nccl_gen stays
+ * behind, so the members know they have no communicator). */
+START_TEST(test_nccl_id_of_departed_rank0) {
+  uint8_t a[DCPX_NCCL_ID_BYTES], b[DCPX_NCCL_ID_BYTES];
+  dcpx_ctl_header *h = NULL;
+  memset(a, 0xA1, sizeof(a));
+  memset(b, 0xB2, sizeof(b));
+  daemon_start();
+  /* (1) */
+  int s2 = nccl_join_send("nccl-gone", 3, 2, NULL, 0);
+  int s0 = nccl_join_send("nccl-gone", 3, 0, a, sizeof(a));
+  for (int i = 0; i < 500 && !rank_joined("nccl-gone", 0); i++)
+    usleep(10000);
+  ck_assert_int_eq(rank_joined("nccl-gone", 0), 1);
+  close(s0);
+  wait_rank_gone("nccl-gone", 0);
+  s0 = nccl_join_send("nccl-gone", 3, 0, NULL, 0);
+  int s1 = nccl_join_send("nccl-gone", 3, 1, NULL, 0);
+  ck_assert_uint_eq(nccl_join_reply(s0, &h), 0);
+  ck_assert_uint_eq(nccl_join_reply(s1, NULL), 0);
+  ck_assert_uint_eq(nccl_join_reply(s2, NULL), 0);
+  ck_assert_uint_eq(h->nccl_gen, 0);
+  munmap(h, sizeof(*h));
+  close(s0);
+  close(s1);
+  close(s2);
+  /* (2) */
+  s0 = nccl_join_send("nccl-dies", 2, 0, a, sizeof(a));
+  s1 = nccl_join_send("nccl-dies", 2, 1, NULL, 0);
+  ck_assert_uint_eq(nccl_join_reply(s0, &h), sizeof(a));
+  ck_assert_uint_eq(nccl_join_reply(s1, NULL), sizeof(a));
+  ck_assert_uint_eq(h->nccl_gen, 1);
+  nccl_ack(s0, 1, b, sizeof(b)); /* asks for a recovery, with a fresh id */
+  for (int i = 0; i < 500 && !h->recovering; i++)
+    usleep(10000);
+  ck_assert_uint_eq(h->recovering, 1);
+  close(s0); /* dies before the recovery completes */
+  wait_rank_gone("nccl-dies", 0);
+  s0 = nccl_join_send("nccl-dies", 2, 0, NULL, 0); /* a replacement */
+  ck_assert_uint_eq(nccl_join_reply(s0, NULL), sizeof(a));
+  nccl_ack(s1, 1, NULL, 0);
+  wait_generation(h, 2);
+  ck_assert_uint_eq(h->nccl_gen, 1);
+  ck_assert(!memcmp(h->nccl_id, a, sizeof(a)));
+  munmap(h, sizeof(*h));
+  close(s0);
+  close(s1);
+  daemon_stop();
+}
+END_TEST
+
 START_TEST(test_daemon_survives_abuse) {
   daemon_start();
   /* Wrong version: a clear error. */
@@ -1236,6 +1376,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_joins);
   tcase_add_test(tc, test_device_uuid);
   tcase_add_test(tc, test_nccl_id_relay);
+  tcase_add_test(tc, test_nccl_id_of_departed_rank0);
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
   tcase_add_test(tc, test_refused_join_reason);
