@@ -694,8 +694,10 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * communicator from it (bounded by the join timeout: every rank must call
  * dcpx_recover, a replacement rank right after its join; a CUDA graph
  * captured with the old communicator must be captured again). Returns
- * DCPX_E_NCCL when no new communicator could be made (e.g. a dcpxd or
- * rank 0 that predates this: calls then fail until dcpx_leave). Returns 0 at once if there is
+ * DCPX_E_NCCL when no new communicator could be made (no id from rank 0
+ * for the new generation, a setup that timed out): the rank is then
+ * FAILED, so dcpxd aborts the group again, and calling dcpx_recover
+ * again recovers it anew with a fresh id. Returns 0 at once if there is
  * nothing to recover (the group is not aborted and this rank has not
  * failed: e.g. a replacement that joined after the reset). Survives a
  * daemon restart meanwhile (it reattaches and acknowledges again).

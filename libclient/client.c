@@ -408,15 +408,16 @@ static int join_send(dcpx_client *c, dcpx_member *m,
 #ifdef HAVE_NCCL
   /* Rank 0 of a group that may use NCCL makes the unique id; dcpxd relays
    * it to every rank. With auto, a failure only rules out nccl. */
-  uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
-  size_t nccl_id_len = 0;
   if (o->rank == 0 && o->backend == DCPX_BACKEND_CUDA &&
       o->transport != DCPX_TRANSPORT_LL) {
-    int r = dcpx__nccl_unique_id(nccl_id, sizeof(nccl_id), &nccl_id_len);
+    int r = dcpx__nccl_unique_id(m->join_nccl_id, sizeof(m->join_nccl_id),
+                                 &m->join_nccl_id_len);
     if (r < 0 && o->transport == DCPX_TRANSPORT_NCCL)
       return r;
-    j.nccl_id.data = nccl_id;
-    j.nccl_id.len = r < 0 ? 0 : nccl_id_len;
+    if (r < 0)
+      m->join_nccl_id_len = 0;
+    j.nccl_id.data = m->join_nccl_id;
+    j.nccl_id.len = m->join_nccl_id_len;
   }
 #endif
   f.msg_case = DCPX__FRAME__MSG_JOIN;

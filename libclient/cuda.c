@@ -532,6 +532,15 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
      * this read. At formation both are the same. */
     uint8_t hid[DCPX_NCCL_ID_BYTES];
     const size_t hlen = gen ? ctl_nccl_id(m, gen, hid) : 0;
+    /* A replacement rank 0 of an aborted group: dcpxd holds its Join's id
+     * for the recovery (docs/PROTOCOL.md 6.9 step 5), so its RecoverAck
+     * sends that one again instead of making another (whose bootstrap
+     * root would listen for ranks that never come). */
+    if (!gen && m->rank == 0 && m->join_nccl_id_len) {
+      memcpy(cu->ack_id, m->join_nccl_id, m->join_nccl_id_len);
+      cu->ack_id_len = m->join_nccl_id_len;
+      cu->ack_id_gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+    }
     if (hlen) {
       nccl_id = hid;
       nccl_id_len = hlen;
@@ -947,21 +956,28 @@ int dcpx__cuda_recovered(struct dcpx_member *m) {
   if (dcpx__nccl_gen(cu->nccl) == gen)
     return 0; /* made for this generation */
   const size_t len = ctl_nccl_id(m, gen, id);
+  int r = DCPX_E_NCCL;
   if (!len) {
     DCPX_WARN("group %s rank %u: no NCCL unique id from rank 0 for "
-              "generation %u (a dcpxd or rank 0 that predates them): the "
-              "member's calls fail with DCPX_E_NCCL until dcpx_leave",
+              "generation %u (a dcpxd or rank 0 that predates them)",
               m->group, m->rank, gen);
+  } else {
+    const CUcontext prev = ctx_enter(cu);
+    r = dcpx__nccl_rebuild(cu->nccl, id, len, gen, why, sizeof(why));
+    ctx_leave(cu, prev);
+    if (r < 0)
+      DCPX_WARN("group %s rank %u: no new NCCL communicator for generation "
+                "%u: %s (%s)", m->group, m->rank, gen, why[0] ? why : "-",
+                dcpx_strerror(r));
+  }
+  if (r < 0) {
+    /* This generation's communicators cannot form without this rank: it
+     * fails, so dcpxd aborts the group, and the next dcpx_recover of
+     * every rank makes them from a fresh id of rank 0's. */
+    dcpx__member_fail(m);
     return DCPX_E_NCCL;
   }
-  const CUcontext prev = ctx_enter(cu);
-  const int r = dcpx__nccl_rebuild(cu->nccl, id, len, gen, why, sizeof(why));
-  ctx_leave(cu, prev);
-  if (r < 0)
-    DCPX_WARN("group %s rank %u: no new NCCL communicator for generation "
-              "%u: %s (%s)", m->group, m->rank, gen, why[0] ? why : "-",
-              dcpx_strerror(r));
-  return r;
+  return 0;
 #else
   (void)m;
   return 0;

@@ -90,6 +90,9 @@ struct dcpx_member {
   int32_t device;
   uint8_t device_uuid[16]; /* Join.device_uuid, sent again at a reattach */
   uint8_t device_uuid_len; /* 0 (none: the host backend) or 16 */
+  /* Join.nccl_id (rank 0 of a CUDA group that may use NCCL; else len 0) */
+  uint8_t join_nccl_id[DCPX_NCCL_ID_BYTES];
+  size_t join_nccl_id_len;
   uint32_t join_timeout_ms;
   int ctl_fd;
   int ws_fd[DCPX_MAX_WORLD];
