@@ -27,6 +27,10 @@
 /* dcpx_shape_check with one line of why in why[0..n) (the field and its
  * limit) when it refuses; why may be NULL. The rules live here only. */
 DCPX__HIDDEN int dcpx__shape_why(const dcpx_shape *s, char *why, size_t n);
+/* in, or in with local_topk = 0 resolved (dcpx_shape_auto_local_topk)
+ * into *buf: the shape dcpx_join uses and dcpx_shape_check checks. */
+DCPX__HIDDEN const dcpx_shape *dcpx__shape_resolved(const dcpx_shape *in,
+                                                   dcpx_shape *buf);
 
 /* Global id of local index l on rank r (dcpx_gid, arguments checked by
  * the caller: world, interleave >= 1, r < world). */

@@ -120,12 +120,32 @@ int dcpx__shape_why(const dcpx_shape *s, char *why, size_t n) {
 
 #undef WHY
 
-int dcpx_shape_check(const dcpx_shape *s) { return dcpx__shape_why(s, NULL, 0); }
+/* local_topk = 0: the library's choice, dcpx_shape_auto_local_topk (every
+ * rank resolves it alike, so dcpxd sees one shape). */
+const dcpx_shape *dcpx__shape_resolved(const dcpx_shape *in,
+                                       dcpx_shape *buf) {
+  if (!in || in->size != sizeof(dcpx_shape) || in->local_topk)
+    return in;
+  *buf = *in;
+  buf->local_topk = dcpx_shape_auto_local_topk(in->world, in->topk);
+  /* No N for a world or topk beyond the limits: any N, so that the check
+   * names the limit (DCPX_E_LIMIT), not a zero field. */
+  if (!buf->local_topk &&
+      (in->world > DCPX_MAX_WORLD || in->topk > DCPX_MAX_TOPK))
+    buf->local_topk = 1;
+  return buf;
+}
+
+int dcpx_shape_check(const dcpx_shape *s) {
+  dcpx_shape r;
+  return dcpx__shape_why(dcpx__shape_resolved(s, &r), NULL, 0);
+}
 
 int dcpx_shape_explain(const dcpx_shape *s, char *buf, size_t n) {
+  dcpx_shape r;
   if (buf && n)
     buf[0] = '\0';
-  return dcpx__shape_why(s, buf, n);
+  return dcpx__shape_why(dcpx__shape_resolved(s, &r), buf, n);
 }
 
 /* The rule for local_topk = 0 (bench/RESULTS.md, "Choosing N"): with DCP's
@@ -152,6 +172,8 @@ uint32_t dcpx_shape_auto_local_topk(uint32_t world, uint32_t topk) {
 }
 
 const char *dcpx_shape_warning(const dcpx_shape *s) {
+  dcpx_shape r;
+  s = dcpx__shape_resolved(s, &r);
   if (!s || s->world < 2 || !s->local_topk ||
       (uint64_t)s->world * s->local_topk > s->topk)
     return NULL;

@@ -355,9 +355,14 @@ static void group_destroy(dcpxd_group *g) {
   if (g->hdr && !m->stopping) /* at shutdown its ranks live on */
     dcpxd_secrets_remove(m->secrets, g->name);
   TAILQ_REMOVE(&m->groups, g, link);
-  log_info("group=%s destroyed (gen %u, %" PRIu64 " aborts, %" PRIu64
-           " recoveries)",
-           g->name, g->generation, g->aborts, g->recoveries);
+  if (m->stopping && g->state != DCPXD_GROUP_FORMING)
+    log_info("group=%s released at shutdown: its ranks keep running and "
+             "reattach to the next dcpxd (gen %u)",
+             g->name, g->generation);
+  else
+    log_info("group=%s destroyed (gen %u, %" PRIu64 " aborts, %" PRIu64
+             " recoveries)",
+             g->name, g->generation, g->aborts, g->recoveries);
   if (g->zeroing) {
     g->doomed = true; /* invariant 5: freed by zero_done() */
     return;

@@ -310,8 +310,8 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
                     "not an admin",
                     c->id, (int)c->pid, (unsigned)c->uid, (int)cmd->kind);
     dcpxd_conn_reply(c, DCPX_E_PERM,
-                     "reset and fault injection need root or a member of an "
-                     "admin-gid group");
+                     "reset and fault injection need an admin: root, "
+                     "dcpxd's user or a member of an admin-gid group");
     return;
   }
   if (cmd->kind == DCPX__COMMAND__KIND__FAULT_STALL &&

@@ -74,7 +74,7 @@ extern "C" {
   X(DCPX_E_LIMIT, -1004, "shape exceeds dcpx limits")                         \
   X(DCPX_E_VERSION, -1005, "protocol version mismatch")                       \
   X(DCPX_E_ABORTED, -1006, "group aborted")                                   \
-  X(DCPX_E_FAILED, -1007, "rank failed (a wait timed out)")                   \
+  X(DCPX_E_FAILED, -1007, "rank failed (a wait timed out or a call refused)") \
   X(DCPX_E_TRANSPORT, -1008, "transport not available")                       \
   X(DCPX_E_CUDA, -1009, "CUDA error")                                         \
   X(DCPX_E_NCCL, -1010, "NCCL error")                                         \
@@ -134,7 +134,10 @@ typedef struct dcpx_shape {
 #define DCPX_SHAPE_INIT {sizeof(dcpx_shape), 1, 1, 2, 1, 1, 1, 1}
 
 /* 0 if the shape is within the limits, else DCPX_E_LIMIT (a limit exceeded)
- * or DCPX_E_INVAL (NULL, wrong size, zero fields, N >= K). */
+ * or DCPX_E_INVAL (NULL, wrong size, zero fields, N >= K). local_topk = 0
+ * is the library's choice, as at dcpx_join: the shape is checked with
+ * dcpx_shape_auto_local_topk's N (so are dcpx_shape_explain and
+ * dcpx_shape_warning). */
 DCPX_API int dcpx_shape_check(const dcpx_shape *shape);
 
 /* dcpx_shape_check's code, with its reason written into buf[n] (n > 0) as

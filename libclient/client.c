@@ -289,22 +289,6 @@ void dcpx__member_detach(dcpx_member *m) {
   free(m);
 }
 
-/* local_topk = 0: the library's choice, dcpx_shape_auto_local_topk (every
- * rank resolves it alike, so dcpxd sees one shape). */
-static const dcpx_shape *shape_resolved(const dcpx_shape *in,
-                                        dcpx_shape *buf) {
-  if (!in || in->size != sizeof(dcpx_shape) || in->local_topk)
-    return in;
-  *buf = *in;
-  buf->local_topk = dcpx_shape_auto_local_topk(in->world, in->topk);
-  /* No N for a world or topk beyond the limits: any N, so that the check
-   * names the limit (DCPX_E_LIMIT), not a zero field. */
-  if (!buf->local_topk &&
-      (in->world > DCPX_MAX_WORLD || in->topk > DCPX_MAX_TOPK))
-    buf->local_topk = 1;
-  return buf;
-}
-
 /* dcpx_join, step 1: the arguments, as far as libdcpx can judge them;
  * the reason of a refusal into why[n] (dcpx_client_last_error). */
 #define JOIN_NO(code, ...)                                                   \
@@ -526,7 +510,7 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     c->last_error[0] = '\0';
   if (!c || !o || !ret_member || o->size != sizeof(dcpx_join_opts))
     return DCPX_E_INVAL; /* NULL, or a size this library does not know */
-  shape = shape_resolved(shape, &auto_shape);
+  shape = dcpx__shape_resolved(shape, &auto_shape);
   r = join_check(shape, o, c->last_error, sizeof(c->last_error));
   if (r < 0)
     goto fail;

@@ -241,6 +241,9 @@ START_TEST(test_check_codes) {
   one_line("UNKNOWN");
   CTL(3, "check", "--rescue-warning", "50", "--rescue-critical", "10");
   one_line("UNKNOWN");
+  CTL(3, "check", "--records-warning", "5", "--records-critical", "2");
+  one_line("UNKNOWN");
+  ck_assert_msg(strstr(g_o.out, "--records-critical is below"), "%s", g_o.out);
   /* A date that does not exist is refused, not moved to March. */
   CTL(2, "records", "--since", "2025-02-30T00:00:00Z");
   CTL(0, "records", "--since", "2025-02-28T00:00:00Z");

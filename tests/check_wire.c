@@ -526,16 +526,41 @@ START_TEST(test_shape_check) {
   s.world = 16;
   s.interleave = 1u << 17;
   ck_assert_int_eq(dcpx_shape_check(&s), 0);
-  /* Zero fields. */
+  /* Zero fields (local_topk 0 is the library's choice: below). */
   for (int f = 0; f < 7; f++) {
     s = good_shape();
     uint32_t *fld[] = {&s.world,      &s.rows,       &s.topk,     &s.local_topk,
                        &s.block_size, &s.interleave, &s.max_local};
+    if (fld[f] == &s.local_topk)
+      continue;
     *fld[f] = 0;
     EXPECT(dcpx_shape_check(&s) == DCPX_E_INVAL,
                   "zero field %d: %d, want DCPX_E_INVAL", f,
                   dcpx_shape_check(&s));
   }
+  /* local_topk 0: checked, explained and warned about as the shape with
+   * dcpx_shape_auto_local_topk's N, the one dcpx_join uses (the shape of
+   * dcpx(3)'s example was refused as "a zero field"). */
+  for (uint32_t w = 1; w <= DCPX_MAX_WORLD + 1; w++)
+    for (uint32_t k = 1; k <= DCPX_MAX_TOPK + 1; k = k * 3 + 1) {
+      dcpx_shape z = good_shape(), n;
+      char wz[200], wn[200];
+      z.world = w;
+      z.topk = k;
+      z.local_topk = 0;
+      n = z;
+      n.local_topk = dcpx_shape_auto_local_topk(w, k);
+      if (!n.local_topk && (w > DCPX_MAX_WORLD || k > DCPX_MAX_TOPK))
+        n.local_topk = 1; /* any N: the limit is what is refused */
+      const int rz = dcpx_shape_explain(&z, wz, sizeof(wz));
+      const int rn = dcpx_shape_explain(&n, wn, sizeof(wn));
+      EXPECT(rz == rn && !strcmp(wz, wn) && dcpx_shape_check(&z) == rn &&
+                 dcpx_shape_warning(&z) == dcpx_shape_warning(&n),
+             "W %u K %u: %d '%s' against N %u: %d '%s'", w, k, rz, wz,
+             n.local_topk, rn, wn);
+      if (w >= 1 && w <= DCPX_MAX_WORLD && k >= 2 && k <= DCPX_MAX_TOPK)
+        EXPECT(rz == 0, "W %u K %u: %d '%s'", w, k, rz, wz);
+    }
 }
 END_TEST
 

@@ -1034,9 +1034,13 @@ static int check_opts(const opts *o) {
   probe.max_local = o->local_len;
   char why[200];
   int sc = dcpx_shape_explain(&probe, why, sizeof(why));
-  if (sc < 0 || !o->calls || !o->block_size) {
+  if (sc < 0 || !o->block_size) {
     fprintf(stderr, "dcpx-demo: bad shape: %s\n",
-            sc < 0 ? why : "calls and block size must be > 0");
+            sc < 0 ? why : "block size must be > 0");
+    return 2;
+  }
+  if (!o->calls) {
+    fprintf(stderr, "dcpx-demo: --calls must be > 0\n");
     return 2;
   }
   /* Request t's KV blocks are ids t * cols .. (t + 1) * cols - 1, so

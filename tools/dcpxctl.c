@@ -1544,6 +1544,9 @@ static int check_parse(int argc, char **argv, check_limits *l) {
   if (l->rescue_crit < l->rescue_warn)
     return check_line(NAGIOS_UNKNOWN,
                       "--rescue-critical is below --rescue-warning");
+  if (l->rec_warn && l->rec_crit && l->rec_crit < l->rec_warn)
+    return check_line(NAGIOS_UNKNOWN,
+                      "--records-critical is below --records-warning");
   return -1;
 }
 

@@ -203,7 +203,8 @@ class Aborted(DcpxError):
 
 
 class Failed(DcpxError):
-    """This rank failed (a wait timed out): call Member.recover().
+    """This rank failed (a wait timed out, or it refused a call for its
+    arguments): call Member.recover().
     (``DCPX_E_FAILED``, -1007)"""
     code = -1007
     name = "DCPX_E_FAILED"
