@@ -41,29 +41,42 @@ void dcpx__log(int level, const char *file, int line, const char *fmt, ...) {
           names[level & 3], base ? base + 1 : file, line, msg);
 }
 
+void dcpx__why_at(char *why, size_t n, const char *file, int line,
+                  const char *fmt, ...) {
+  char own[320];
+  va_list ap;
+  if (!why || !n) {
+    if (!dcpx__log_on(DCPX__LOG_WARN))
+      return;
+    why = own;
+    n = sizeof(own);
+  }
+  va_start(ap, fmt);
+  vsnprintf(why, n, fmt, ap);
+  va_end(ap);
+  if (dcpx__log_on(DCPX__LOG_WARN))
+    dcpx__log(DCPX__LOG_WARN, file, line, "%s", why);
+}
+
 int dcpx__struct_check_at(const char *file, int line, const char *fn,
                           const char *type, const void *p, uint32_t want,
-                          uint32_t reserved) {
-  const int on = dcpx__log_on(DCPX__LOG_WARN);
+                          uint32_t reserved, char *why, size_t n) {
   if (!p) {
-    if (on)
-      dcpx__log(DCPX__LOG_WARN, file, line, "%s: %s is NULL", fn, type);
+    dcpx__why_at(why, n, file, line, "%s: %s is NULL", fn, type);
     return DCPX_E_INVAL;
   }
   const uint32_t size = *(const uint32_t *)p;
   if (size != want) {
-    if (on)
-      dcpx__log(DCPX__LOG_WARN, file, line,
-                "%s: %s.size is %u, this libdcpx %s knows %u only "
-                "(initialise the struct with its _INIT macro; a different "
-                "size means a dcpx.h that does not match the library)",
-                fn, type, size, DCPX_VERSION_STRING, want);
+    dcpx__why_at(why, n, file, line,
+                 "%s: %s.size is %u, this libdcpx %s knows %u only "
+                 "(initialise the struct with its _INIT macro; a different "
+                 "size means a dcpx.h that does not match the library)",
+                 fn, type, size, DCPX_VERSION_STRING, want);
     return DCPX_E_INVAL;
   }
   if (reserved) {
-    if (on)
-      dcpx__log(DCPX__LOG_WARN, file, line, "%s: %s.reserved is %u, not 0",
-                fn, type, reserved);
+    dcpx__why_at(why, n, file, line, "%s: %s.reserved is %u, not 0", fn,
+                 type, reserved);
     return DCPX_E_INVAL;
   }
   return 0;

@@ -13,6 +13,7 @@
 #ifndef DCPX_COMMON_LOG_H
 #define DCPX_COMMON_LOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define DCPX__LOG_NONE 0
@@ -42,17 +43,25 @@ static inline int dcpx__log_on(int level) {
 #define DCPX_INFO(...) DCPX__LOG(DCPX__LOG_INFO, __VA_ARGS__)
 #define DCPX_TRACE(...) DCPX__LOG(DCPX__LOG_TRACE, __VA_ARGS__)
 
+/* A refusal's reason, formatted into why[n] (when why is not NULL: e.g. a
+ * member's, dcpx_member_last_error) and logged as a WARN line with the
+ * caller's file and line. On refusal paths only: a vsnprintf into the
+ * buffer, no allocation, no syscall but the log's. */
+__attribute__((visibility("hidden"), format(printf, 5, 6))) void
+dcpx__why_at(char *why, size_t n, const char *file, int line,
+             const char *fmt, ...);
+
 /* A versioned struct's size and reserved word (include/dcpx.h, "a call's
  * arguments"): 0 if `size` is `want` and `reserved` 0, else DCPX_E_INVAL
- * with a WARN line naming the function, the struct and what was wrong.
- * NULL p: DCPX_E_INVAL. */
+ * with the reason (the function, the struct and what was wrong) in why[n]
+ * (when not NULL) and a WARN line. NULL p: DCPX_E_INVAL. */
 __attribute__((visibility("hidden"))) int
 dcpx__struct_check_at(const char *file, int line, const char *fn,
                       const char *type, const void *p, uint32_t want,
-                      uint32_t reserved);
+                      uint32_t reserved, char *why, size_t n);
 /* The WARN line names the caller's file and line. */
 #define dcpx__struct_check(fn, type, p, want, reserved)                       \
   dcpx__struct_check_at(__FILE__, __LINE__, (fn), (type), (p), (want),        \
-                        (reserved))
+                        (reserved), NULL, 0)
 
 #endif /* DCPX_COMMON_LOG_H */

@@ -130,16 +130,19 @@ int dcpx__given_list(const uint16_t *values, const int32_t *indices,
 }
 
 int dcpx__lists_check(const char *fn, const dcpx_lists *li, uint32_t rows,
-                      uint32_t n) {
-  int r = dcpx__struct_check(fn, "dcpx_lists", li, sizeof(dcpx_lists), 0);
+                      uint32_t n, char *why, size_t wn) {
+  int r = dcpx__struct_check_at(__FILE__, __LINE__, fn, "dcpx_lists", li,
+                                sizeof(dcpx_lists), 0, why, wn);
   if (r < 0)
     return r;
   if (!li->values || !li->indices || li->rows != rows || li->n != n ||
       (li->flags & ~DCPX_LISTS_CHECK_ORDER)) {
-    DCPX_WARN("%s: dcpx_lists of %u rows of %u entries (flags 0x%x, values "
-              "%s, indices %s); the call has %u rows of N = %u",
-              fn, li->rows, li->n, li->flags, li->values ? "set" : "NULL",
-              li->indices ? "set" : "NULL", rows, n);
+    dcpx__why_at(why, wn, __FILE__, __LINE__,
+                 "%s: dcpx_lists of %u rows of %u entries (flags 0x%x, "
+                 "values %s, indices %s); the call has %u rows of N = %u",
+                 fn, li->rows, li->n, li->flags,
+                 li->values ? "set" : "NULL", li->indices ? "set" : "NULL",
+                 rows, n);
     return DCPX_E_INVAL;
   }
   return 0;

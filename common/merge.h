@@ -151,10 +151,11 @@ DCPX__HIDDEN int dcpx__given_list(const uint16_t *values,
                                   uint32_t *words, const char **ret_why);
 
 /* A dcpx_lists for a call of `rows` rows of a shape with N = n: its size,
- * pointers, rows, n and flags. 0 or DCPX_E_INVAL (logged under
- * DCPX_DEBUG=WARN, naming fn). */
+ * pointers, rows, n and flags. 0 or DCPX_E_INVAL, the reason (naming fn)
+ * into why[wn] when why is not NULL, and logged under DCPX_DEBUG=WARN. */
 DCPX__HIDDEN int dcpx__lists_check(const char *fn, const dcpx_lists *li,
-                                   uint32_t rows, uint32_t n);
+                                   uint32_t rows, uint32_t n, char *why,
+                                   size_t wn);
 
 /* Rescue list (what a saturated rank sends for round 2): the entries of
  * the local top-cap list whose ord16 >= t1, packed in ascending l, in the

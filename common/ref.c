@@ -61,7 +61,7 @@ static int check_call(const dcpx_shape *sh, const dcpx_ref_in *in,
     }
     if (in->lists && in->lists[s] &&
         (r = dcpx__lists_check("dcpx_ref_call", in->lists[s], in->rows,
-                               sh->local_topk)) < 0)
+                               sh->local_topk, NULL, 0)) < 0)
       return r;
   }
   return 0;

@@ -657,6 +657,18 @@ typedef struct dcpx_async_error {
 #define DCPX_ASYNC_ERROR_INIT                                                 \
   {sizeof(dcpx_async_error), 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}}
 
+/* Why this member refused its last call (dcpx_push, dcpx_push_list,
+ * dcpx_merge), as one line naming the function, the argument and the rule
+ * (e.g. "dcpx_push: group g rank 0: row_ends[2] = 65 is outside 0..64
+ * (max_local 64, stride 64)"), with no DCPX_DEBUG needed; also a merge
+ * whose rows fell outside the block table (DCPX_E_RANGE, the call
+ * completed) and a call refused for its order (DCPX_E_STATE). "" when the
+ * last call was not refused for its arguments or order (a wait that timed
+ * out, an aborted group: dcpx_member_async_error), NULL for m NULL.
+ * Cleared as each call starts; valid until the member's next call or
+ * dcpx_leave. Read it on the thread that makes the calls. */
+DCPX_API const char *dcpx_member_last_error(const dcpx_member *m);
+
 /* This member's sticky state and why, into *ret (ret->size set, e.g. by
  * DCPX_ASYNC_ERROR_INIT). It reads the mapped control page and what the
  * library noted at its calls: no system call, no device sync, no

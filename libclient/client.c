@@ -556,6 +556,10 @@ const char *dcpx_member_warning(const dcpx_member *m) {
   return m && m->warning[0] ? m->warning : NULL;
 }
 
+const char *dcpx_member_last_error(const dcpx_member *m) {
+  return m ? m->why : NULL;
+}
+
 int dcpx_leave(dcpx_member *m) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__Leave lv = DCPX__LEAVE__INIT;
@@ -582,10 +586,15 @@ int dcpx_leave(dcpx_member *m) {
  * rank, as any bad argument does (dcpx_merge in include/dcpx.h). */
 static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
                       const dcpx_merge_out *out, int merge) {
-  int r = dcpx__struct_check(fn, "dcpx_call", in, sizeof(dcpx_call), 0);
+  m->why[0] = '\0'; /* this call's refusal, if any, says why */
+  int r = dcpx__struct_check_at(__FILE__, __LINE__, fn, "dcpx_call", in,
+                                sizeof(dcpx_call), 0, m->why,
+                                sizeof(m->why));
   if (r == 0 && merge)
-    r = dcpx__struct_check(fn, "dcpx_merge_out", out, sizeof(dcpx_merge_out),
-                           out ? out->reserved : 0);
+    r = dcpx__struct_check_at(__FILE__, __LINE__, fn, "dcpx_merge_out", out,
+                              sizeof(dcpx_merge_out),
+                              out ? out->reserved : 0, m->why,
+                              sizeof(m->why));
   if (r < 0) {
     dcpx__member_refuse(m);
 #ifdef HAVE_CUDA
@@ -633,13 +642,13 @@ static int call_order(dcpx_member *m, const char *fn, int merge,
       __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_RELAXED))
     return 0;
   if (merge && pending)
-    DCPX_WARN("dcpx_merge: group %s rank %u: a merge of %u rows after a "
-              "push of %u (a call's push and merge take the same rows)",
-              m->group, m->rank, in->rows, m->pushed_rows);
+    DCPX_REFUSE(m, "dcpx_merge: group %s rank %u: a merge of %u rows after "
+                "a push of %u (a call's push and merge take the same rows)",
+                m->group, m->rank, in->rows, m->pushed_rows);
   else
-    DCPX_WARN("%s: group %s rank %u: %s", fn, m->group, m->rank,
-              merge ? "no dcpx_push (or dcpx_push_list) before this merge"
-                    : "the previous push has not been merged yet");
+    DCPX_REFUSE(m, "%s: group %s rank %u: %s", fn, m->group, m->rank,
+                merge ? "no dcpx_push (or dcpx_push_list) before this merge"
+                      : "the previous push has not been merged yet");
   return DCPX_E_STATE;
 }
 

@@ -192,20 +192,21 @@ static uint64_t logits_bytes(uint32_t rows, uint64_t stride) {
   return ((uint64_t)(rows - 1u) * stride + 1u) * 2u;
 }
 
-/* Refuses (DCPX_E_INVAL, the reason logged; DCPX_E_CUDA when the driver
- * could not be asked) a call whose arrays a kernel could not use
- * (devptr.h): before anything is enqueued. Compares only, once the
- * buffers were seen. */
+/* Refuses (DCPX_E_INVAL; DCPX_E_CUDA when the driver could not be asked)
+ * a call whose arrays a kernel could not use (devptr.h): before anything
+ * is enqueued; the reason into out[on] (when not NULL: the member's, for
+ * dcpx_member_last_error) and logged. Compares only, once the buffers
+ * were seen. */
 static int arrays_ok(struct dcpx__cuda *cu, const char *fn,
-                     const call_array *a, size_t n) {
-  char why[320];
+                     const call_array *a, size_t n, char *out, size_t on) {
+  char why[224];
   if (!cu->check_ptrs)
     return 0;
   for (size_t i = 0; i < n; i++) {
     const int r = dcpx__ptr_ok(&cu->pc, a[i].what, a[i].p, a[i].bytes, why,
                                sizeof(why));
     if (r < 0) {
-      DCPX_WARN("%s: %s", fn, why);
+      dcpx__why_at(out, on, __FILE__, __LINE__, "%s: %s", fn, why);
       return r;
     }
   }
@@ -653,8 +654,25 @@ static void nccl_refused(struct dcpx_member *m, const char *why) {
 #endif
 }
 
+/* A call that was not enqueued and has no reason yet (a kernel launcher
+ * or NCCL refused it, or the group stopped it): why, for
+ * dcpx_member_last_error. */
+static void launch_why(struct dcpx_member *m, const char *fn, int r) {
+  if (m->why[0] || r == DCPX_E_ABORTED || r == DCPX_E_FAILED)
+    return;
+  if (m->cuda->nccl)
+    DCPX_REFUSE(m, "%s: group %s rank %u: not enqueued (%s): NCCL did not "
+                "take it (DCPX_DEBUG=WARN logs NCCL's reason)",
+                fn, m->group, m->rank, dcpx_strerror(r));
+  else
+    DCPX_REFUSE(m, "%s: group %s rank %u: not enqueued (%s): a NULL or "
+                "misaligned array (logits 2-byte, the int32 arrays 4-byte "
+                "aligned), or a launch error (DCPX_DEBUG=WARN logs it)",
+                fn, m->group, m->rank, dcpx_strerror(r));
+}
+
 /* A push's arrays (arrays_ok): the rows' logits and row_ends. */
-static int push_arrays_ok(struct dcpx__cuda *cu, const char *fn,
+static int push_arrays_ok(struct dcpx_member *m, const char *fn,
                           const dcpx_call *in) {
   if (!in->rows)
     return 0; /* an empty call touches no array (they may be anything) */
@@ -662,7 +680,8 @@ static int push_arrays_ok(struct dcpx__cuda *cu, const char *fn,
       {"logits", in->logits, logits_bytes(in->rows, in->stride)},
       {"row_ends", in->row_ends, 4ull * in->rows},
   };
-  return arrays_ok(cu, fn, a, sizeof(a) / sizeof(a[0]));
+  return arrays_ok(m->cuda, fn, a, sizeof(a) / sizeof(a[0]), m->why,
+                   sizeof(m->why));
 }
 
 /* The block table's bytes; UINT64_MAX (refused as beyond the address
@@ -673,9 +692,9 @@ static uint64_t bt_bytes(uint32_t bt_rows, uint32_t bt_cols) {
 }
 
 /* A merge's arrays: the push's, the block table and the outputs. */
-static int merge_arrays_ok(struct dcpx__cuda *cu, const dcpx_call *in,
-                           const dcpx_merge_out *out, uint32_t K) {
-  const uint64_t rows = in->rows, rk = 4ull * rows * K;
+static int merge_arrays_ok(struct dcpx_member *m, const dcpx_call *in,
+                           const dcpx_merge_out *out) {
+  const uint64_t rows = in->rows, rk = 4ull * rows * m->shape.topk;
   if (!rows)
     return 0; /* as push_arrays_ok */
   const call_array a[] = {
@@ -686,8 +705,10 @@ static int merge_arrays_ok(struct dcpx__cuda *cu, const dcpx_call *in,
       {"ids_out", out->ids_out, rk},
       {"sat_word", out->sat_word, 4u * rows},
   };
-  int r = push_arrays_ok(cu, "dcpx_merge", in);
-  return r < 0 ? r : arrays_ok(cu, "dcpx_merge", a, sizeof(a) / sizeof(a[0]));
+  int r = push_arrays_ok(m, "dcpx_merge", in);
+  return r < 0 ? r
+               : arrays_ok(m->cuda, "dcpx_merge", a, sizeof(a) / sizeof(a[0]),
+                           m->why, sizeof(m->why));
 }
 
 static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
@@ -699,10 +720,11 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
     return r;
   }
   if (in->rows > m->shape.rows) {
-    DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
+    DCPX_REFUSE(m, "dcpx_push: group %s rank %u: rows %u > the shape's %u",
+                m->group, m->rank, in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
     nccl_refused(m, "a push of too many rows");
-  } else if ((r = push_arrays_ok(m->cuda, "dcpx_push", in)) < 0) {
+  } else if ((r = push_arrays_ok(m, "dcpx_push", in)) < 0) {
     nccl_refused(m, "a push whose arrays the GPU cannot use");
   }
 #ifdef HAVE_NCCL
@@ -716,15 +738,17 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
                               in->stride, in->row_ends, (cudaStream_t)stream),
                   "dcpx_k_push");
   }
-  if (r < 0)
+  if (r < 0) {
+    launch_why(m, "dcpx_push", r);
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
+  }
   else
     m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
   return r;
 }
 
 /* dcpx_push_list's arrays: the lists and row_ends (not the logits). */
-static int list_arrays_ok(struct dcpx__cuda *cu, const dcpx_call *in,
+static int list_arrays_ok(struct dcpx_member *m, const dcpx_call *in,
                           const dcpx_lists *li) {
   const uint64_t e = (uint64_t)li->rows * li->n;
   if (!in->rows)
@@ -734,7 +758,8 @@ static int list_arrays_ok(struct dcpx__cuda *cu, const dcpx_call *in,
       {"lists->values", li->values, 2u * e},
       {"lists->indices", li->indices, 4u * e},
   };
-  return arrays_ok(cu, "dcpx_push_list", a, sizeof(a) / sizeof(a[0]));
+  return arrays_ok(m->cuda, "dcpx_push_list", a, sizeof(a) / sizeof(a[0]),
+                   m->why, sizeof(m->why));
 }
 
 static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
@@ -742,19 +767,21 @@ static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
   struct dcpx__cuda *cu = m->cuda;
   int r;
   if (cu->nccl) { /* nothing done: the rank may push with dcpx_push */
-    DCPX_WARN("dcpx_push_list: group %s uses the nccl transport, which "
-              "dcpx_push_list does not support", m->group);
+    DCPX_REFUSE(m, "dcpx_push_list: group %s uses the nccl transport, which "
+                "dcpx_push_list does not support", m->group);
     return DCPX_E_NOSYS;
   }
   m->last_rows = in->rows;
   if ((r = push_allowed(m)) < 0)
     return r;
   if (in->rows > m->shape.rows) {
-    DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
+    DCPX_REFUSE(m, "dcpx_push_list: group %s rank %u: rows %u > the shape's "
+                "%u", m->group, m->rank, in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
   } else if ((r = dcpx__lists_check("dcpx_push_list", li, in->rows,
-                                    m->shape.local_topk)) == 0 &&
-             (r = list_arrays_ok(cu, in, li)) == 0) {
+                                    m->shape.local_topk, m->why,
+                                    sizeof(m->why))) == 0 &&
+             (r = list_arrays_ok(m, in, li)) == 0) {
     cu->list_push = 1;
     r = DCPX_KLOG(dcpx_k_push_list(&cu->kx, in->rows, li->values,
                                    li->indices, in->row_ends,
@@ -763,8 +790,10 @@ static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
                                    (cudaStream_t)stream),
                   "dcpx_k_push_list");
   }
-  if (r < 0)
+  if (r < 0) {
+    launch_why(m, "dcpx_push_list", r);
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
+  }
   else
     m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
   return r;
@@ -788,10 +817,11 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
   /* in->call_tag: records carry the device call sequence (layout.h) */
   m->last_rows = in->rows;
   if (in->rows > m->shape.rows) {
-    DCPX_WARN("rows %u > the shape's %u", in->rows, m->shape.rows);
+    DCPX_REFUSE(m, "dcpx_merge: group %s rank %u: rows %u > the shape's %u",
+                m->group, m->rank, in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
     nccl_refused(m, "a merge of too many rows");
-  } else if ((r = merge_arrays_ok(m->cuda, in, out, m->shape.topk)) < 0) {
+  } else if ((r = merge_arrays_ok(m, in, out)) < 0) {
     nccl_refused(m, "a merge whose arrays the GPU cannot use");
   }
 #ifdef HAVE_NCCL
@@ -814,12 +844,14 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                                (cudaStream_t)stream),
                   "dcpx_k_merge");
   if (r < 0) {
+    launch_why(m, "dcpx_merge", r);
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
     /* valid_out -1 on the rows it can hold, in stream order (best effort:
      * after a launch error the stream may refuse this too) */
     const uint32_t n = in->rows < m->shape.rows ? in->rows : m->shape.rows;
     const call_array vo = {"valid_out", out->valid_out, 4ull * n};
-    if (out->valid_out && n && arrays_ok(m->cuda, "dcpx_merge", &vo, 1) == 0)
+    if (out->valid_out && n &&
+        arrays_ok(m->cuda, "dcpx_merge", &vo, 1, NULL, 0) == 0)
       (void)cudaMemsetAsync(out->valid_out, 0xFF, sizeof(int32_t) * n,
                             (cudaStream_t)stream);
   }

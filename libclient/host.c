@@ -275,28 +275,30 @@ static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
 
 /* need_logits: 0 for dcpx_push_list, which reads neither the logits nor
  * their stride. */
-static int check_rows(const struct dcpx_member *m, uint32_t rows,
+static int check_rows(struct dcpx_member *m, const char *fn, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
                       const int32_t *row_ends, int need_logits) {
   if ((!logits && need_logits) || !row_ends) {
-    DCPX_WARN("group %s rank %u: logits or row_ends is NULL", m->group,
-              m->rank);
+    DCPX_REFUSE(m, "%s: group %s rank %u: %s is NULL", fn, m->group, m->rank,
+                row_ends ? "logits" : "row_ends");
     return DCPX_E_INVAL;
   }
   if (rows > m->shape.rows) {
-    DCPX_WARN("group %s rank %u: rows %u > the shape's %u", m->group,
-              m->rank, rows, m->shape.rows);
+    DCPX_REFUSE(m, "%s: group %s rank %u: rows %u > the shape's %u", fn,
+                m->group, m->rank, rows, m->shape.rows);
     return DCPX_E_RANGE;
   }
+  const uint64_t lim = need_logits && stride < m->shape.max_local
+                           ? stride
+                           : m->shape.max_local;
   for (uint32_t t = 0; t < rows; t++)
-    if (row_ends[t] < 0 || (uint32_t)row_ends[t] > m->shape.max_local ||
-        (need_logits && (uint64_t)row_ends[t] > stride)) {
-      DCPX_WARN("group %s rank %u: row_ends[%u] = %d is outside 0..%u "
-                "(max_local %u, stride %llu)",
-                m->group, m->rank, t, row_ends[t],
-                m->shape.max_local < stride ? m->shape.max_local
-                                            : (uint32_t)stride,
-                m->shape.max_local, (unsigned long long)stride);
+    if (row_ends[t] < 0 || (uint64_t)row_ends[t] > lim) {
+      DCPX_REFUSE(m, "%s: group %s rank %u: row_ends[%u] = %d is outside "
+                  "0..%llu (max_local %u%s%llu)",
+                  fn, m->group, m->rank, t, row_ends[t],
+                  (unsigned long long)lim, m->shape.max_local,
+                  need_logits ? ", stride " : "",
+                  need_logits ? (unsigned long long)stride : 0ull);
       return DCPX_E_RANGE;
     }
   return 0;
@@ -310,7 +312,7 @@ int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
   const dcpx_layout *L = &m->L;
   const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
-  int r = check_rows(m, rows, logits, stride, row_ends, 1);
+  int r = check_rows(m, "dcpx_push", rows, logits, stride, row_ends, 1);
   rows_begin(m, rows);
   if (r < 0) {
     dcpx__member_refuse(m);
@@ -337,21 +339,23 @@ int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
 
 /* dcpx_push_list's arguments, every row's list included: all are checked
  * before anything is stored, so a refused call stores nothing. */
-static int check_lists(const struct dcpx_member *m, const dcpx_call *in,
+static int check_lists(struct dcpx_member *m, const dcpx_call *in,
                        const dcpx_lists *li, int order) {
   const uint32_t N = m->L.local_topk;
   const char *why = "";
-  int r = check_rows(m, in->rows, in->logits, in->stride, in->row_ends, 0);
+  int r = check_rows(m, "dcpx_push_list", in->rows, in->logits, in->stride,
+                     in->row_ends, 0);
   if (r == 0)
-    r = dcpx__lists_check("dcpx_push_list", li, in->rows, N);
+    r = dcpx__lists_check("dcpx_push_list", li, in->rows, N, m->why,
+                          sizeof(m->why));
   for (uint32_t t = 0; r >= 0 && t < in->rows; t++) {
     r = dcpx__given_list(li->values + (uint64_t)t * N,
                          li->indices + (uint64_t)t * N, N,
                          (uint32_t)in->row_ends[t], order, m->lists_buf,
                          &why);
     if (r < 0)
-      DCPX_WARN("group %s rank %u: dcpx_push_list: row %u's list has %s",
-                m->group, m->rank, t, why);
+      DCPX_REFUSE(m, "dcpx_push_list: group %s rank %u: row %u's list has %s",
+                  m->group, m->rank, t, why);
   }
   return r < 0 ? r : 0;
 }
@@ -520,10 +524,11 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
   const int no_args =
       !in->req_id || !in->block_table || !out->rows_out || !valid_out;
   if (no_args)
-    DCPX_WARN("group %s rank %u: dcpx_merge without req_id, block_table, "
-              "rows_out or valid_out", m->group, m->rank);
+    DCPX_REFUSE(m, "dcpx_merge: group %s rank %u: req_id, block_table, "
+                "rows_out and valid_out must not be NULL", m->group, m->rank);
   r = no_args ? DCPX_E_INVAL
-              : check_rows(m, rows, in->logits, in->stride, in->row_ends, 1);
+              : check_rows(m, "dcpx_merge", rows, in->logits, in->stride,
+                           in->row_ends, 1);
   if (r < 0) { /* refused: valid_out -1 on the rows it can hold */
     for (uint32_t t = 0; valid_out && t < rows && t < m->shape.rows; t++)
       valid_out[t] = -1;
@@ -536,6 +541,14 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
     int resc = 0;
     int rr = merge_row(m, t, &a, call, &resc);
     rescued += (uint64_t)resc;
+    if (rr == DCPX_E_RANGE && !range)
+      DCPX_REFUSE(m, "dcpx_merge: group %s rank %u: row %u's request "
+                  "(req_id %d) or one of its selected KV positions lies "
+                  "outside the block table (%u x %u) or maps to a negative "
+                  "block: its valid_out is -1 (the first such row; the "
+                  "call completed)",
+                  m->group, m->rank, t, in->req_id[t], in->bt_rows,
+                  in->bt_cols);
     if (rr == DCPX_E_RANGE)
       range = rr;
     else

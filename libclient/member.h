@@ -11,6 +11,7 @@
 #include "dcpx.h"
 #include "layout.h"
 #include "merge.h"
+#include "log.h"
 
 struct dcpx_client {
   char path[108]; /* sun_path */
@@ -26,6 +27,9 @@ struct dcpx_member {
   int sock;
   char group[64];
   char warning[192]; /* the join reply's, or "" */
+  /* why this member refused its last call, or "" (dcpx_member_last_error;
+   * cleared as each push or merge starts; DCPX_REFUSE writes it) */
+  char why[256];
   dcpx_shape shape;
   uint32_t rank, backend;
   uint32_t transport;     /* in use: DCPX_TRANSPORT_LL or _NCCL */
@@ -270,6 +274,12 @@ dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
                    const int32_t *block_table, uint32_t bt_rows,
                    uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
                    int32_t *ids_out, uint32_t *sat_word, void *stream);
+
+/* A call's refusal (bad arguments, the call order): its reason, "fn: the
+ * argument and the rule", into m->why for dcpx_member_last_error, and a
+ * WARN line (common/log.h). */
+#define DCPX_REFUSE(m, ...)                                                   \
+  dcpx__why_at((m)->why, sizeof((m)->why), __FILE__, __LINE__, __VA_ARGS__)
 
 /* host.c. fail: alarm, then FAILED (a wait that timed out); refuse: the
  * same for a call this rank could not do (bad arguments, a launch that

@@ -566,6 +566,13 @@ static int push_list_once(group *g, const dcpx_lists *li) {
   return r;
 }
 
+/* dcpx_member_last_error of m names `what` (and the call). */
+#define WHY_HAS(m, fn, what)                                                  \
+  ck_assert_msg(strstr(dcpx_member_last_error(m), fn) &&                     \
+                    strstr(dcpx_member_last_error(m), what),                 \
+                "last error '%s', want %s ... %s",                            \
+                dcpx_member_last_error(m), fn, what)
+
 #define BAD_LIST(field, value, code, order)                                   \
   do {                                                                        \
     group g;                                                                  \
@@ -583,6 +590,10 @@ static int push_list_once(group *g, const dcpx_lists *li) {
     (void)vx;                                                                 \
     field = (value);                                                          \
     ck_assert_int_eq(push_list_once(&g, &li), (code));                        \
+    if (code)                                                                 \
+      WHY_HAS(g.m[0], "dcpx_push_list", "");                                  \
+    else                                                                      \
+      ck_assert_str_eq(dcpx_member_last_error(g.m[0]), "");                   \
     group_free(&g);                                                           \
   } while (0)
 
@@ -1111,9 +1122,12 @@ START_TEST(test_bad_inputs) {
    * marks itself FAILED (alarm first): had it just returned, its epochs
    * would lag its peers' and the next call would silently pair rank 0's
    * call n+1 with rank 1's call n. */
+  ck_assert_str_eq(dcpx_member_last_error(g.m[0]), "");
+  ck_assert_ptr_null(dcpx_member_last_error(NULL));
   ck_assert_int_eq(t_push(g.m[0], 3, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
+  WHY_HAS(g.m[0], "dcpx_push", "rows 3 > the shape's 2");
   ck_assert_uint_eq(h[0].alarm, 1);
   ck_assert_uint_eq(h[0].failed, 1);
   ck_assert_uint_eq(h[1].failed, 0);
@@ -1124,24 +1138,30 @@ START_TEST(test_bad_inputs) {
   ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
   ck_assert_int_eq(g.rc[1], DCPX_E_FAILED);
   ck_assert_int_eq(g.valid[1][0], -1);
+  /* a call that failed, not refused: no reason of its own */
+  ck_assert_str_eq(dcpx_member_last_error(g.m[0]), "");
   /* Every other kind of bad argument is refused the same way. */
   g.ends[0][1] = 101;
   ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
+  WHY_HAS(g.m[0], "dcpx_push", "row_ends[1] = 101 is outside 0..100");
   g.ends[0][1] = -1;
   ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_RANGE);
+  WHY_HAS(g.m[0], "dcpx_push", "row_ends[1] = -1 is outside");
   ck_assert_int_eq(t_push(NULL, 2, g.logits[0], g.stride, g.ends[0], 0,
                              NULL),
                    DCPX_E_INVAL);
   ck_assert_int_eq(t_push(g.m[0], 2, NULL, g.stride, g.ends[0], 0, NULL),
                    DCPX_E_INVAL);
+  WHY_HAS(g.m[0], "dcpx_push", "logits is NULL");
   ck_assert_int_eq(t_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0],
                               NULL, g.bt, g.bt_rows, g.bt_cols,
                               g.rows_out[0], g.valid[0], NULL, NULL, 0, NULL),
                    DCPX_E_INVAL);
+  WHY_HAS(g.m[0], "dcpx_merge", "req_id, block_table, rows_out and valid_out");
   /* A refused merge marks the rows it can hold -1 (dcpx.h): a row end out
    * of range, rows over R (only R rows written). */
   g.valid[0][0] = g.valid[0][1] = 77;
@@ -1176,13 +1196,16 @@ START_TEST(test_bad_inputs) {
     out.rows_out = g.rows_out[0];
     out.valid_out = g.valid[0];
     ck_assert_int_eq(dcpx_push(g.m[0], NULL, NULL), DCPX_E_INVAL);
+    WHY_HAS(g.m[0], "dcpx_push", "dcpx_call is NULL");
     ck_assert_int_eq(dcpx_merge(g.m[0], &in, NULL, NULL), DCPX_E_INVAL);
+    WHY_HAS(g.m[0], "dcpx_merge", "dcpx_merge_out is NULL");
     ck_assert_int_eq(dcpx_merge(g.m[0], NULL, &out, NULL), DCPX_E_INVAL);
     const uint32_t sizes[] = {0, 8, sizeof(in) - 8, sizeof(in) + 8};
     for (unsigned i = 0; i < 4; i++) {
       in.size = sizes[i];
       h[1].alarm = h[1].failed = 0;
       ck_assert_int_eq(dcpx_push(g.m[1], &in, NULL), DCPX_E_INVAL);
+      WHY_HAS(g.m[1], "dcpx_push", "dcpx_call.size is");
       ck_assert_uint_eq(h[1].failed, 1);
       ck_assert_uint_eq(h[1].alarm, 1);
       ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
@@ -1194,6 +1217,7 @@ START_TEST(test_bad_inputs) {
     out.reserved = 1;
     h[1].alarm = h[1].failed = 0;
     ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
+    WHY_HAS(g.m[1], "dcpx_merge", "dcpx_merge_out.reserved is 1");
     ck_assert_uint_eq(h[1].failed, 1);
   }
   group_free(&g);
@@ -1208,6 +1232,7 @@ START_TEST(test_bad_inputs) {
   g.req[1] = 1000;
   run_call(&g);
   ck_assert_int_eq(g.rc[0], DCPX_E_RANGE);
+  WHY_HAS(g.m[0], "dcpx_merge", "row 1's request (req_id 1000)");
   ck_assert_int_eq(g.valid[0][1], -1);
   ck_assert_int_eq(g.rows_out[0][32 + 0], -1);
   ck_assert_uint_eq(h[0].failed, 0);
@@ -1226,6 +1251,7 @@ START_TEST(test_bad_inputs) {
   }
   run_call(&g);
   check_exact(&g, "after a bad request id");
+  ck_assert_str_eq(dcpx_member_last_error(g.m[0]), ""); /* cleared */
   group_free(&g);
 }
 END_TEST

@@ -186,6 +186,7 @@ _PROTOS = {
     "dcpx_device_ctx": (c_int, [c_void_p, POINTER(DcpxDeviceC)]),
     "dcpx_health": (c_int, [c_void_p, POINTER(DcpxHealthInfoC)]),
     "dcpx_member_async_error": (c_int, [c_void_p, POINTER(DcpxAsyncErrorC)]),
+    "dcpx_member_last_error": (c_char_p, [c_void_p]),
     "dcpx_poll": (c_int, [c_void_p]),
     "dcpx_recover": (c_int, [c_void_p, c_void_p, c_uint32]),
 }

@@ -464,9 +464,13 @@ class Member:
             self._lib.dcpx_leave(ctypes.c_void_p(p))
 
     def _raise(self, r: int, what: str) -> None:
-        """Raises the error of a push/merge's code r; for Failed and
-        Aborted with why (the code's own text names only a timeout, but a
-        rank is FAILED too after it refused a call's arguments)."""
+        """Raises the error of a push/merge's code r: with the library's
+        reason when it refused the call (:meth:`last_error`: the argument
+        and the rule); for Failed and Aborted with why the rank or group
+        stopped."""
+        why = self.last_error()
+        if why:
+            what = why
         if r in (Failed.code, Aborted.code):
             try:
                 why = _REASON_TEXT.get(self.async_error().reason)
@@ -695,6 +699,16 @@ class Member:
               "dcpx_health")
         return Health(**{f.name: int(getattr(h, f.name))
                          for f in fields(Health)})
+
+    def last_error(self) -> str:
+        """Why the member refused its last call (the argument and the rule,
+        ``dcpx_member_last_error``), or "" when it did not refuse it for its
+        arguments or order."""
+        try:
+            why = self._call(self._lib.dcpx_member_last_error)
+        except StateError:  # left: no call to speak of
+            return ""
+        return why.decode("utf-8", "replace") if why else ""
 
     def async_error(self) -> AsyncError:
         """The member's sticky state, why, and the failed rows of its last

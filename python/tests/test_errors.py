@@ -107,9 +107,14 @@ def test_range_from_library_then_recover(member):
     refused call fails the rank, which recovers."""
     lg = np.zeros((4, 200), np.uint16)
     en = np.full(4, 200, np.int32)  # > max_local = 128
-    with pytest.raises(dcpx.RangeError) as ei:
+    assert member.last_error() == ""
+    with pytest.raises(dcpx.RangeError,
+                       match=r"dcpx_push: .*row_ends\[0\] = 200 is outside "
+                             r"0\.\.128") as ei:
         member.push(lg, en)
     assert ei.value.code == -34
+    # the library's reason, without DCPX_DEBUG
+    assert "row_ends[0] = 200" in member.last_error()
     h = member.health()
     assert h.failed_mask == 1
     # The next call raises Failed (or Aborted, once dcpxd has seen the
@@ -121,8 +126,20 @@ def test_range_from_library_then_recover(member):
                        match="refused an earlier call.*recover") as ei:
         member.push(lg, en)
     assert ei.value.code in (-1007, -1006)
+    assert member.last_error() == ""  # not refused: failed
     member.recover(timeout_ms=10000)
     _still_works(member)
+    assert member.last_error() == ""
+
+
+def test_call_order_reason(member):
+    """A call refused for its order says why (Member.last_error)."""
+    lg, en, req, bt = _args()
+    with pytest.raises(dcpx.StateError, match="no dcpx_push"):
+        member.merge(lg, en, req, bt)
+    assert "no dcpx_push" in member.last_error()
+    _still_works(member)
+    assert member.last_error() == ""
 
 
 def test_join_errors(daemon, group):
