@@ -578,16 +578,33 @@ static void awaited_rank_dead(dcpxd_group *g, uint32_t r) {
 
   g->awaiting &= ~(1u << r);
   dcpxd_group_health(g, r)->joined = 0;
-  dcpxd_bprintf(detail,
-                "rank %u (pid %d) died while dcpxd was away, before "
-                "reattaching",
-                r, (int)g->member[r].pid);
+  if (g->member[r].pid > 0)
+    dcpxd_bprintf(detail,
+                  "rank %u (pid %d) died while dcpxd was away, before "
+                  "reattaching",
+                  r, (int)g->member[r].pid);
+  else
+    dcpxd_bprintf(detail,
+                  "rank %u (its pid not visible to dcpxd) did not reattach "
+                  "within the join timeout (%u ms) of the restart",
+                  r, g->m->conf->join_timeout_ms);
   dcpxd_group_abort(g, DCPX_ABORT_DEAD, (int32_t)r, detail);
+}
+
+/* A rank whose pid dcpxd cannot see (SO_PEERCRED's 0: a process of
+ * another pid namespace) cannot be asked whether it lives: it is given
+ * the join timeout from the adoption to reattach. */
+static bool awaited_gone(const dcpxd_group *g, uint32_t r) {
+  const pid_t pid = g->member[r].pid;
+  if (pid > 0)
+    return !pid_alive(pid);
+  return dcpxd_now_ns(CLOCK_MONOTONIC) - g->adopted_ns >
+         (uint64_t)g->m->conf->join_timeout_ms * 1000000ull;
 }
 
 void dcpxd_group_check_awaiting(dcpxd_group *g) {
   for (uint32_t r = 0; r < g->shape.world && g->awaiting; r++)
-    if ((g->awaiting >> r) & 1u && !pid_alive(g->member[r].pid))
+    if ((g->awaiting >> r) & 1u && awaited_gone(g, r))
       awaited_rank_dead(g, r);
 }
 
@@ -769,6 +786,7 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   g->mem = mem;
   dcpx_layout_compute(&g->L, W, shape->rows, shape->topk, shape->local_topk);
   g->bytes = group_bytes(&g->L, W); /* counted, never refused: it exists */
+  g->adopted_ns = dcpxd_now_ns(CLOCK_MONOTONIC);
   if (adopt_memory(c, g, j, fds) < 0)
     return;
   adopt_state(g, j, awaited, sizeof(awaited));
@@ -1058,7 +1076,7 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
       return 0;
     }
   }
-  if (((*g)->awaiting >> j->rank) & 1u &&
+  if (((*g)->awaiting >> j->rank) & 1u && c->pid > 0 &&
       (*g)->member[j->rank].pid == c->pid) {
     /* The awaited rank's own process joins afresh: it dropped the
      * membership it had before the restart (its Leave could not reach

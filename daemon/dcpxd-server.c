@@ -612,6 +612,11 @@ static void conn_new(dcpxd_manager *m, int fd) {
   c->fd = fd;
   c->id = ++m->next_conn_id;
   c->pid = uc.pid;
+  if (uc.pid <= 0)
+    log_info("conn %" PRIu64 ": the peer's pid is not visible here (another "
+             "pid namespace): its death shows only as its socket closing, "
+             "and after a restart as a reattach that does not come",
+             c->id);
   c->uid = uc.uid;
   c->gid = uc.gid;
   uv_poll_init(m->loop, &c->poll, fd);

@@ -185,10 +185,13 @@ struct dcpxd_group {
   /* Adopted: recreated from a reattaching member's memory after a daemon
    * restart (dcpxd-group.c, "reattach"). `awaiting`: ranks that held the
    * group before and have not reattached; their pids (member[r].pid) are
-   * checked for liveness every DCPXD_PID_CHECK_MS. */
+   * checked for liveness every DCPXD_PID_CHECK_MS; one whose pid this
+   * daemon cannot see (0: another pid namespace) is awaited for the join
+   * timeout from adopted_ns. */
   bool adopted;
   uint32_t awaiting;
   uint64_t next_pid_check_ns;
+  uint64_t adopted_ns;
 
   uint64_t aborts, recoveries;
   bool has_last_record;

@@ -1070,6 +1070,107 @@ START_TEST(test_alarm_flood) {
 }
 END_TEST
 
+/* Sets rank `rank`'s pid in group sp's control page to 0, through the
+ * memfd that process `holder` (a rank) keeps open: what dcpxd sees of a
+ * rank in another pid namespace (SO_PEERCRED gives 0). */
+static void zero_pid(pid_t holder, const hh_spec *sp, uint32_t rank) {
+  char dir[64], want[96], path[96], link[160];
+  dcpx_layout L;
+  int fd = -1;
+  dcpx_layout_compute(&L, sp->W, sp->R, sp->K, sp->N);
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)holder);
+  snprintf(want, sizeof(want), "/memfd:dcpx-ctl:%s ", sp->group);
+  DIR *d = opendir(dir);
+  HC_ASSERT(d, "%s: %s", dir, strerror(errno));
+  for (struct dirent *e; fd < 0 && (e = readdir(d));) {
+    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+    ssize_t n = readlink(path, link, sizeof(link) - 1);
+    if (n <= 0)
+      continue;
+    link[n] = '\0';
+    if (!strncmp(link, want, strlen(want)))
+      fd = open(path, O_RDWR);
+  }
+  closedir(d);
+  HC_ASSERT(fd >= 0, "no control page among %s's fds", dir);
+  char *ctl = mmap(NULL, L.ctl_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   fd, 0);
+  close(fd);
+  HC_ASSERT(ctl != MAP_FAILED, "mmap: %s", strerror(errno));
+  dcpx_rank_health *h = (dcpx_rank_health *)(ctl + L.off_ranks);
+  HC_ASSERT(h[rank].pid > 0, "rank %u's pid is %u", rank, h[rank].pid);
+  h[rank].pid = 0;
+  munmap(ctl, L.ctl_bytes);
+}
+
+/* A rank whose pid dcpxd cannot see (0: a process of another pid
+ * namespace) is not taken for dead when a restarted dcpxd adopts its
+ * group (it was at once: no pid to ask): it is awaited, and reattaches;
+ * one that does not come back within the join timeout is declared dead
+ * then. */
+START_TEST(test_unseen_pid_after_restart) {
+  const uint32_t W = 2;
+  static const char *const jt[] = {"--join-timeout-ms=1500", NULL};
+  hh_spec sp = spec("unseen", W, 1000000000ull);
+  hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
+  pid_t pids[2];
+
+  start(jt);
+  sh->poll_each = 1;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  /* (1) Rank 1, whose pid dcpxd will not see, stays away from the new
+   * dcpxd for a while (it does not poll), then reattaches. */
+  sh->no_poll = 0x2;
+  hh_daemon_stop(&g_d, SIGKILL);
+  zero_pid(pids[0], &sp, 1);
+  start(jt);
+  wait_unhealthy("unseen", "\"awaiting_reattach\":2", "\"adopted\":true");
+  HC_ASSERT(strstr(g_o.out, "\"awaiting_reattach\":2"), "%s", g_o.out);
+  hh_sleep_ms(500); /* ten pid checks, a third of the join timeout */
+  CTL_JSON(1, "health", "unseen", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"ready\"") &&
+                json_u64("aborts") == 0,
+            "%s", g_o.out);
+  HC_ASSERT(!log_contains("died while dcpxd was away"),
+            "a rank with an unseen pid taken for dead");
+  sh->no_poll = 0;
+  wait_attached("unseen", W);
+  const uint64_t p = hh_max_progress(sh, W);
+  HC_ASSERT(hh_wait_progress(sh, W, p + 20, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  for (uint32_t r = 0; r < W; r++)
+    HC_ASSERT(sh->r[r].nfails == 0, "rank %u: %u failed calls", r,
+              sh->r[r].nfails);
+  /* (2) Again, and rank 1 never comes back (stopped): dead after the
+   * join timeout, not before, and not never. */
+  sh->no_poll = 0x2;
+  hh_daemon_stop(&g_d, SIGKILL);
+  zero_pid(pids[0], &sp, 1);
+  kill(pids[1], SIGSTOP);
+  start(jt);
+  wait_unhealthy("unseen", "\"awaiting_reattach\":2", "\"adopted\":true");
+  const uint64_t t0 = hh_mono();
+  for (int i = 0; i < 1000 && !log_contains("did not reattach within"); i++)
+    hh_sleep_ms(10);
+  const uint64_t waited_ms = (hh_mono() - t0) / 1000000u;
+  HC_ASSERT(log_contains("did not reattach within the join timeout"),
+            "the unseen rank was never given up");
+  HC_ASSERT(waited_ms >= 900 && waited_ms < 5000,
+            "given up after %llu ms (join timeout 1500 ms from the adoption)",
+            (unsigned long long)waited_ms);
+  for (uint32_t r = 0; r < W; r++) {
+    kill(pids[r], SIGKILL);
+    waitpid(pids[r], NULL, 0);
+  }
+  finish();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("health");
   TCase *tc = tcase_create("end-to-end");
@@ -1085,6 +1186,7 @@ int main(void) {
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
   ADD(test_rank_dies_while_daemon_away);
+  ADD(test_unseen_pid_after_restart);
   ADD(test_records_durable);
   ADD(test_alarm_flood);
 #undef ADD
