@@ -1098,10 +1098,17 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
     /* Awaited since a restart: a replacement only if its holder died. */
     dcpxd_group_check_awaiting(*g);
     if (((*g)->awaiting >> j->rank) & 1u) {
-      join_refuse(c, DCPX_E_DUPRANK,
-                  "rank %u of group '%s' is still held by pid %d, which has "
-                  "not reattached since dcpxd restarted",
-                  j->rank, (*g)->name, (int)(*g)->member[j->rank].pid);
+      if ((*g)->member[j->rank].pid > 0)
+        join_refuse(c, DCPX_E_DUPRANK,
+                    "rank %u of group '%s' is still held by pid %d, which "
+                    "has not reattached since dcpxd restarted",
+                    j->rank, (*g)->name, (int)(*g)->member[j->rank].pid);
+      else
+        join_refuse(c, DCPX_E_DUPRANK,
+                    "rank %u of group '%s' is still awaited since dcpxd "
+                    "restarted (its pid is not visible here: given up %u "
+                    "ms after the restart)",
+                    j->rank, (*g)->name, c->m->conf->join_timeout_ms);
       return -1;
     }
   }

@@ -660,9 +660,11 @@ typedef struct dcpx_async_error {
 /* Why this member refused its last call (dcpx_push, dcpx_push_list,
  * dcpx_merge), as one line naming the function, the argument and the rule
  * (e.g. "dcpx_push: group g rank 0: row_ends[2] = 65 is outside 0..64
- * (max_local 64, stride 64)"), with no DCPX_DEBUG needed; also a merge
- * whose rows fell outside the block table (DCPX_E_RANGE, the call
- * completed) and a call refused for its order (DCPX_E_STATE). "" when the
+ * (max_local 64, stride 64)"), with no DCPX_DEBUG needed; also a call
+ * refused for its order (DCPX_E_STATE) and, with the host backend, a
+ * merge whose rows fell outside the block table (DCPX_E_RANGE, the call
+ * completed; the CUDA backend finds those on the device: valid_out -1
+ * and no reason here). "" when the
  * last call was not refused for its arguments or order (a wait that timed
  * out, an aborted group: dcpx_member_async_error), NULL for m NULL.
  * Cleared as each call starts; valid until the member's next call or
@@ -709,10 +711,12 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * communicator from it (bounded by the join timeout: every rank must call
  * dcpx_recover, a replacement rank right after its join; a CUDA graph
  * captured with the old communicator must be captured again). Returns
- * DCPX_E_NCCL when no new communicator could be made (no id from rank 0
- * for the new generation, a setup that timed out): the rank is then
- * FAILED, so dcpxd aborts the group again, and calling dcpx_recover
- * again recovers it anew with a fresh id. Returns 0 at once if there is
+ * DCPX_E_NCCL when no new communicator could be made: after a setup that
+ * timed out the rank is FAILED, so dcpxd aborts the group again (unless
+ * it was aborted during the setup already: a peer died), and calling
+ * dcpx_recover again recovers it anew with a fresh id; with no id from
+ * rank 0 for the new generation (a dcpxd or rank 0 that predates them)
+ * the member's calls fail with DCPX_E_NCCL until dcpx_leave. Returns 0 at once if there is
  * nothing to recover (the group is not aborted and this rank has not
  * failed: e.g. a replacement that joined after the reset). Survives a
  * daemon restart meanwhile (it reattaches and acknowledges again).

@@ -197,8 +197,9 @@ static uint64_t logits_bytes(uint32_t rows, uint64_t stride) {
  * is enqueued; the reason into out[on] (when not NULL: the member's, for
  * dcpx_member_last_error) and logged. Compares only, once the buffers
  * were seen. */
-static int arrays_ok(struct dcpx__cuda *cu, const char *fn,
+static int arrays_ok(struct dcpx_member *m, const char *fn,
                      const call_array *a, size_t n, char *out, size_t on) {
+  struct dcpx__cuda *cu = m->cuda;
   char why[224];
   if (!cu->check_ptrs)
     return 0;
@@ -206,7 +207,8 @@ static int arrays_ok(struct dcpx__cuda *cu, const char *fn,
     const int r = dcpx__ptr_ok(&cu->pc, a[i].what, a[i].p, a[i].bytes, why,
                                sizeof(why));
     if (r < 0) {
-      dcpx__why_at(out, on, __FILE__, __LINE__, "%s: %s", fn, why);
+      dcpx__why_at(out, on, __FILE__, __LINE__, "%s: group %s rank %u: %s",
+                   fn, m->group, m->rank, why);
       return r;
     }
   }
@@ -680,7 +682,7 @@ static int push_arrays_ok(struct dcpx_member *m, const char *fn,
       {"logits", in->logits, logits_bytes(in->rows, in->stride)},
       {"row_ends", in->row_ends, 4ull * in->rows},
   };
-  return arrays_ok(m->cuda, fn, a, sizeof(a) / sizeof(a[0]), m->why,
+  return arrays_ok(m, fn, a, sizeof(a) / sizeof(a[0]), m->why,
                    sizeof(m->why));
 }
 
@@ -707,7 +709,7 @@ static int merge_arrays_ok(struct dcpx_member *m, const dcpx_call *in,
   };
   int r = push_arrays_ok(m, "dcpx_merge", in);
   return r < 0 ? r
-               : arrays_ok(m->cuda, "dcpx_merge", a, sizeof(a) / sizeof(a[0]),
+               : arrays_ok(m, "dcpx_merge", a, sizeof(a) / sizeof(a[0]),
                            m->why, sizeof(m->why));
 }
 
@@ -758,7 +760,7 @@ static int list_arrays_ok(struct dcpx_member *m, const dcpx_call *in,
       {"lists->values", li->values, 2u * e},
       {"lists->indices", li->indices, 4u * e},
   };
-  return arrays_ok(m->cuda, "dcpx_push_list", a, sizeof(a) / sizeof(a[0]),
+  return arrays_ok(m, "dcpx_push_list", a, sizeof(a) / sizeof(a[0]),
                    m->why, sizeof(m->why));
 }
 
@@ -851,7 +853,7 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
     const uint32_t n = in->rows < m->shape.rows ? in->rows : m->shape.rows;
     const call_array vo = {"valid_out", out->valid_out, 4ull * n};
     if (out->valid_out && n &&
-        arrays_ok(m->cuda, "dcpx_merge", &vo, 1, NULL, 0) == 0)
+        arrays_ok(m, "dcpx_merge", &vo, 1, NULL, 0) == 0)
       (void)cudaMemsetAsync(out->valid_out, 0xFF, sizeof(int32_t) * n,
                             (cudaStream_t)stream);
   }
@@ -990,9 +992,13 @@ int dcpx__cuda_recovered(struct dcpx_member *m) {
   const size_t len = ctl_nccl_id(m, gen, id);
   int r = DCPX_E_NCCL;
   if (!len) {
+    /* Not failed: no recovery would bring an id (a dcpxd or rank 0 that
+     * predates them), so aborting the group again would only repeat. */
     DCPX_WARN("group %s rank %u: no NCCL unique id from rank 0 for "
-              "generation %u (a dcpxd or rank 0 that predates them)",
+              "generation %u (a dcpxd or rank 0 that predates them): the "
+              "member's calls fail with DCPX_E_NCCL until dcpx_leave",
               m->group, m->rank, gen);
+    return DCPX_E_NCCL;
   } else {
     const CUcontext prev = ctx_enter(cu);
     r = dcpx__nccl_rebuild(cu->nccl, id, len, gen, why, sizeof(why));
@@ -1005,8 +1011,13 @@ int dcpx__cuda_recovered(struct dcpx_member *m) {
   if (r < 0) {
     /* This generation's communicators cannot form without this rank: it
      * fails, so dcpxd aborts the group, and the next dcpx_recover of
-     * every rank makes them from a fresh id of rank 0's. */
-    dcpx__member_fail(m);
+     * every rank makes them from a fresh id of rank 0's. Not when the
+     * group was aborted meanwhile (a peer died or failed during the
+     * setup, the setup's wait said so): it recovers anyway, and this
+     * rank's FAILED would read as a timeout of its own
+     * (dcpx_member_async_error), not the abort's reason. */
+    if (!__atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE))
+      dcpx__member_fail(m);
     return DCPX_E_NCCL;
   }
   return 0;

@@ -293,12 +293,17 @@ static int check_rows(struct dcpx_member *m, const char *fn, uint32_t rows,
                            : m->shape.max_local;
   for (uint32_t t = 0; t < rows; t++)
     if (row_ends[t] < 0 || (uint64_t)row_ends[t] > lim) {
-      DCPX_REFUSE(m, "%s: group %s rank %u: row_ends[%u] = %d is outside "
-                  "0..%llu (max_local %u%s%llu)",
-                  fn, m->group, m->rank, t, row_ends[t],
-                  (unsigned long long)lim, m->shape.max_local,
-                  need_logits ? ", stride " : "",
-                  need_logits ? (unsigned long long)stride : 0ull);
+      if (need_logits)
+        DCPX_REFUSE(m, "%s: group %s rank %u: row_ends[%u] = %d is outside "
+                    "0..%llu (max_local %u, stride %llu)",
+                    fn, m->group, m->rank, t, row_ends[t],
+                    (unsigned long long)lim, m->shape.max_local,
+                    (unsigned long long)stride);
+      else /* dcpx_push_list: no logits, no stride */
+        DCPX_REFUSE(m, "%s: group %s rank %u: row_ends[%u] = %d is outside "
+                    "0..%llu (max_local %u)",
+                    fn, m->group, m->rank, t, row_ends[t],
+                    (unsigned long long)lim, m->shape.max_local);
       return DCPX_E_RANGE;
     }
   return 0;
@@ -537,24 +542,30 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
     return r;
   }
   r = stop_reason(m);
+  uint32_t range_row = 0;
   for (uint32_t t = 0; t < rows && r == 0; t++) {
     int resc = 0;
     int rr = merge_row(m, t, &a, call, &resc);
     rescued += (uint64_t)resc;
     if (rr == DCPX_E_RANGE && !range)
-      DCPX_REFUSE(m, "dcpx_merge: group %s rank %u: row %u's request "
-                  "(req_id %d) or one of its selected KV positions lies "
-                  "outside the block table (%u x %u) or maps to a negative "
-                  "block: its valid_out is -1 (the first such row; the "
-                  "call completed)",
-                  m->group, m->rank, t, in->req_id[t], in->bt_rows,
-                  in->bt_cols);
+      range_row = t;
     if (rr == DCPX_E_RANGE)
       range = rr;
     else
       r = rr;
   }
   h->last_call_tag = in->call_tag;
+  /* Only a call that completed says so: one that failed after a row out
+   * of the table (a later row's wait timed out, the group aborted) is
+   * not refused, and its reason stays "" (dcpx_member_last_error). */
+  if (r == 0 && range)
+    DCPX_REFUSE(m, "dcpx_merge: group %s rank %u: row %u's request "
+                "(req_id %d) or one of its selected KV positions lies "
+                "outside the block table (%u x %u) or maps to a negative "
+                "block: its valid_out is -1 (the first such row; the "
+                "call completed)",
+                m->group, m->rank, range_row, in->req_id[range_row],
+                in->bt_rows, in->bt_cols);
   if (r < 0) {
     for (uint32_t t = 0; t < rows; t++)
       valid_out[t] = -1;

@@ -29,7 +29,7 @@ struct dcpx_member {
   char warning[192]; /* the join reply's, or "" */
   /* why this member refused its last call, or "" (dcpx_member_last_error;
    * cleared as each push or merge starts; DCPX_REFUSE writes it) */
-  char why[256];
+  char why[384]; /* the longest reason, with a 63-byte group name, fits */
   dcpx_shape shape;
   uint32_t rank, backend;
   uint32_t transport;     /* in use: DCPX_TRANSPORT_LL or _NCCL */

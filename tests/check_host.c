@@ -629,6 +629,20 @@ START_TEST(test_push_list_bad) {
     ck_assert_int_eq(push_list_once(&g, NULL), DCPX_E_INVAL);
     group_free(&g);
   }
+  {
+    /* A row end beyond max_local: the reason names max_local alone (a
+     * push_list has no stride), not "max_local 1000". */
+    group g;
+    group_init(&g, 2, 4, 32, 8, 1, 1, 100, 1000000000ull);
+    g.rows = 2;
+    fill(&g, 5, 0);
+    lists_from_ref(&g, 0);
+    g.ends[0][1] = 101;
+    ck_assert_int_eq(push_list_once(&g, &g.lists[0]), DCPX_E_RANGE);
+    WHY_HAS(g.m[0], "dcpx_push_list",
+            "row_ends[1] = 101 is outside 0..100 (max_local 100)");
+    group_free(&g);
+  }
   dcpx_device dev = DCPX_DEVICE_INIT;
   group g;
   group_init(&g, 1, 1, 4, 2, 1, 1, 10, 1000000000ull);

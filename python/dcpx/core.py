@@ -732,7 +732,9 @@ class Member:
         every rank then makes a new communicator (a replacement rank calls
         this right after its join; CUDA graphs captured before must be
         captured again). Raises TimedOut, or NcclError when no new
-        communicator could be made."""
+        communicator could be made: the rank is then failed and the group
+        aborts again, so calling recover() again retries with a fresh
+        id."""
         s = None
         if self.backend == Backend.CUDA:
             s = A.stream_handle(stream) if stream is not None else \
