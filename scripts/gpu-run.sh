@@ -65,7 +65,12 @@
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
 #            (rescue rare) and N=512 (every row rescues), and N=1280
 #            without PDL
-#   pingpong two GPUs: LL one-way latency (tests/gpu/pingpong)
+#   pingpong two GPUs: LL one-way latency (tests/gpu/pingpong; every pair
+#            of GPUs, and a matrix with more than two)
+#   dcp      four or eight GPUs (issue 17): test_nccl (W up to the GPUs),
+#            every pair's LL latency, and at W = 4 and 8 one rank per GPU
+#            whole calls LL against NCCL (N=512, auto N), the main job
+#            (rows 64 and 1), a stall and a kill -9 through dcpxd
 #   faults2  two GPUs, through dcpxd: a stall and a kill -9
 #   mps      W=8 rank processes on one GPU under MPS, through dcpxd: the
 #            main job, a stall, a kill -9
@@ -395,6 +400,31 @@ step_faults2() {
   [ "$ngpu" -ge 2 ] || { say "faults2: needs two GPUs, skipped"; return; }
   demo stall2gpu --spread --world 2 --rows 64 --calls 30 --fault-at 10 --fault-rank 1
   demo kill2gpu --spread --world 2 --rows 64 --calls 30 --kill-at 7 --fault-rank 0
+}
+
+step_dcp() { # issue 17: W = 4 and 8 one rank per GPU, when the machine has
+  # them: the exactness matrix of both transports (test_nccl's W = 1, 2, 4,
+  # 8 up to the GPUs), whole calls LL against NCCL (N=512 and the auto N),
+  # the main job, a stall and a kill -9 through dcpxd, the LL latency of
+  # every GPU pair beside nvidia-smi topo -m (nvidia-smi.txt)
+  [ "$ngpu" -ge 4 ] || { say "dcp: needs four GPUs or more, skipped"; return; }
+  local w
+  step_nccl
+  say "LL ping-pong, every pair"
+  timeout -k 5 300 "$B/tests/gpu/pingpong" --iters 10000 --launches 7 \
+    > "$OUT/pingpong_all.md" 2>&1 || rc=1
+  show "^\| |ll-oneway|FAIL|FATAL" "$OUT/pingpong_all.md" 60
+  for w in 4 8; do
+    [ "$ngpu" -ge "$w" ] || continue
+    GB_W=$w gbench dcp${w}_n512 DCPX_BENCH_N=512
+    GB_W=$w gbench dcp${w}_auto DCPX_BENCH_N=auto
+    demo dcp${w}_main --spread --world $w --rows 64 --calls 30
+    demo dcp${w}_rows1 --spread --world $w --rows 1 --calls 30
+    demo dcp${w}_stall --spread --world $w --rows 64 --calls 30 \
+      --fault-at 10 --fault-rank 1
+    demo dcp${w}_kill --spread --world $w --rows 64 --calls 30 --kill-at 7 \
+      --fault-rank $((w - 1))
+  done
 }
 
 step_mps() {

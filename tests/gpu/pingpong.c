@@ -2,8 +2,9 @@
  *
  *   pingpong [--iters N] [--launches L] [--timeout-ms T]
  *
- * For every pair (GPU 0, GPU j), j = 1 .. #GPUs - 1, with P2P access both
- * ways: GPU j runs the responder and GPU 0 the initiator of
+ * For every pair (GPU i, GPU j), i < j, with P2P access both ways (and,
+ * with more than two GPUs, a matrix of them at the end): GPU j runs the
+ * responder and GPU i the initiator of
  * tests/gpu/gpu_tools.cu (dcpx_k_pingpong), N round trips (default 10000) in
  * one launch per side, L launches (default 7) after one warm-up launch.
  * Each round trip is two LL pair stores over the link (st.volatile v2.u64
@@ -127,6 +128,16 @@ static int run_pair(side *a, side *b, uint32_t iters, int launches,
   return good;
 }
 
+/* Peer access from GPU a to GPU b (already enabled is fine). */
+static void enable_peer(int a, int b) {
+  CK(cudaSetDevice(a));
+  cudaError_t pe = cudaDeviceEnablePeerAccess(b, 0);
+  if (pe == cudaErrorPeerAccessAlreadyEnabled)
+    (void)cudaGetLastError();
+  else
+    CK(pe);
+}
+
 static void report(const char *name, double *ow, double *cy, int n,
                    int clock_khz) {
   qsort(ow, (size_t)n, sizeof(double), cmp_d);
@@ -179,50 +190,48 @@ int main(int argc, char **argv) {
 
   double *ow = calloc((size_t)launches, sizeof(double));
   double *cy = calloc((size_t)launches, sizeof(double));
-  side s0;
-  side_init(&s0, 0);
+  side sd[DCPX_MAX_WORLD];
+  double mat[DCPX_MAX_WORLD][DCPX_MAX_WORLD]; /* one-way median ns; < 0: none */
+  if (ndev > DCPX_MAX_WORLD)
+    ndev = DCPX_MAX_WORLD;
+  for (int i = 0; i < ndev; i++) {
+    side_init(&sd[i], i);
+    for (int j = 0; j < ndev; j++)
+      mat[i][j] = -1.0;
+  }
   int pairs = 0, failed = 0;
   double first_med = -1.0;
-  int first_j = 0;
-  for (int j = 1; j < ndev; j++) {
-    int ab = 0, ba = 0;
-    CK(cudaDeviceCanAccessPeer(&ab, 0, j));
-    CK(cudaDeviceCanAccessPeer(&ba, j, 0));
-    char name[64];
-    snprintf(name, sizeof(name), "GPU 0 <-> GPU %d", j);
-    if (!ab || !ba) {
-      printf("| %-22s | no P2P access (%d/%d) | | | | |\n", name, ab, ba);
-      continue;
-    }
-    CK(cudaSetDevice(0));
-    cudaError_t pe = cudaDeviceEnablePeerAccess(j, 0);
-    if (pe == cudaErrorPeerAccessAlreadyEnabled)
-      (void)cudaGetLastError();
-    else
-      CK(pe);
-    CK(cudaSetDevice(j));
-    pe = cudaDeviceEnablePeerAccess(0, 0);
-    if (pe == cudaErrorPeerAccessAlreadyEnabled)
-      (void)cudaGetLastError();
-    else
-      CK(pe);
-    side sj;
-    side_init(&sj, j);
-    pairs++;
-    int n = run_pair(&s0, &sj, iters, launches, timeout_ns, ow, cy);
-    if (n < 0) {
-      failed++;
-      printf("| %-22s | FAILED | | | | |\n", name);
-    } else {
-      report(name, ow, cy, n, clock_khz);
-      if (first_med < 0) {
-        first_med = ow[n / 2];
-        first_j = j;
+  int first_i = 0, first_j = 0;
+  for (int i = 0; i < ndev; i++)
+    for (int j = i + 1; j < ndev; j++) {
+      int ab = 0, ba = 0;
+      CK(cudaDeviceCanAccessPeer(&ab, i, j));
+      CK(cudaDeviceCanAccessPeer(&ba, j, i));
+      char name[64];
+      snprintf(name, sizeof(name), "GPU %d <-> GPU %d", i, j);
+      if (!ab || !ba) {
+        printf("| %-22s | no P2P access (%d/%d) | | | | |\n", name, ab, ba);
+        continue;
       }
+      enable_peer(i, j);
+      enable_peer(j, i);
+      pairs++;
+      int n = run_pair(&sd[i], &sd[j], iters, launches, timeout_ns, ow, cy);
+      if (n < 0) {
+        failed++;
+        printf("| %-22s | FAILED | | | | |\n", name);
+      } else {
+        report(name, ow, cy, n, clock_khz);
+        mat[i][j] = mat[j][i] = ow[n / 2];
+        if (first_med < 0) {
+          first_med = ow[n / 2];
+          first_i = i;
+          first_j = j;
+        }
+      }
+      fflush(stdout);
     }
-    fflush(stdout);
-    side_free(&sj);
-  }
+  side s0 = sd[0];
   /* reference: both sides on GPU 0 (two streams); informational only */
   {
     side sl;
@@ -236,16 +245,35 @@ int main(int argc, char **argv) {
       report("same GPU (reference)", ow, cy, n, clock_khz);
     side_free(&sl);
   }
-  side_free(&s0);
+  for (int i = 0; i < ndev; i++)
+    side_free(&sd[i]);
   free(ow);
   free(cy);
   if (!pairs) {
     printf("\npingpong: no GPU pair with P2P access: skipped\n");
     return 77;
   }
+  if (ndev > 2) { /* every pair at a glance (nvidia-smi topo -m beside it) */
+    printf("\nOne-way ns (median), GPU i -> GPU j:\n\n|   |");
+    for (int j = 0; j < ndev; j++)
+      printf(" %d |", j);
+    printf("\n|---|");
+    for (int j = 0; j < ndev; j++)
+      printf("---:|");
+    printf("\n");
+    for (int i = 0; i < ndev; i++) {
+      printf("| %d |", i);
+      for (int j = 0; j < ndev; j++)
+        if (i == j || mat[i][j] < 0)
+          printf(" %s |", i == j ? "-" : "n/a");
+        else
+          printf(" %.0f |", mat[i][j]);
+      printf("\n");
+    }
+  }
   if (first_med >= 0)
-    printf("\nll-oneway: GPU 0 <-> GPU %d median %.0f ns\n", first_j,
-           first_med);
+    printf("\nll-oneway: GPU %d <-> GPU %d median %.0f ns\n", first_i,
+           first_j, first_med);
   printf("pingpong: %d pair(s), %d failed\n", pairs, failed);
   return failed ? 1 : 0;
 }

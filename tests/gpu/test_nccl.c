@@ -836,7 +836,9 @@ static int gbench_main(uint32_t W, int ndev, const int *devs, uint64_t seed) {
     g_gb_iters = atoi(e);
   if ((e = getenv("DCPX_BENCH_REPS")) && atoi(e) > 0 && atoi(e) <= 64)
     g_gb_reps = atoi(e);
-  if ((e = getenv("DCPX_BENCH_N")) && atoi(e) > 0 && atoi(e) < 2048)
+  if ((e = getenv("DCPX_BENCH_N")) && !strcmp(e, "auto"))
+    g_gb_n = dcpx_shape_auto_local_topk(W, 2048); /* local_topk = 0's N */
+  else if (e && atoi(e) > 0 && atoi(e) < 2048)
     g_gb_n = (uint32_t)atoi(e);
   char gpu[256] = "";
   struct cudaDeviceProp pr;
