@@ -570,6 +570,18 @@ START_TEST(test_device_uuid) {
 }
 END_TEST
 
+/* The control page's header from a JoinReply's fds (fds[0]), mapped
+ * read-only; every fd closed. */
+static dcpx_ctl_header *map_header(int *fds, int nfds) {
+  ck_assert_int_ge(nfds, 1);
+  void *p = mmap(NULL, sizeof(dcpx_ctl_header), PROT_READ, MAP_SHARED,
+                 fds[0], 0);
+  ck_assert(p != MAP_FAILED);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  return p;
+}
+
 /* A W=1 member over raw frames whose Join carries nccl_id `id` (128
  * bytes): its socket, and its control page mapped into *ret_hdr. */
 static int nccl_member(const char *group, const uint8_t *id,
@@ -579,16 +591,10 @@ static int nccl_member(const char *group, const uint8_t *id,
   const int s =
       raw_join1(group, NULL, 0, id, DCPX_NCCL_ID_BYTES, &rep, fds, &nfds);
   ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_JOIN_REPLY);
-  ck_assert_int_ge(nfds, 1);
   ck_assert(rep->join_reply->nccl_id.len == DCPX_NCCL_ID_BYTES &&
             !memcmp(rep->join_reply->nccl_id.data, id, DCPX_NCCL_ID_BYTES));
   dcpx__frame_free(rep);
-  void *p = mmap(NULL, sizeof(dcpx_ctl_header), PROT_READ, MAP_SHARED,
-                 fds[0], 0);
-  ck_assert(p != MAP_FAILED);
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
-  *ret_hdr = p;
+  *ret_hdr = map_header(fds, nfds);
   return s;
 }
 
@@ -695,17 +701,13 @@ static size_t nccl_join_reply(int s, dcpx_ctl_header **ret_hdr) {
   }
   ck_assert_ptr_nonnull(rep->join_reply->reply);
   ck_assert_int_eq(rep->join_reply->reply->status, 0);
-  ck_assert_int_ge(nfds, 1);
   const size_t n = rep->join_reply->nccl_id.len;
   dcpx__frame_free(rep);
-  if (ret_hdr) {
-    void *p = mmap(NULL, sizeof(dcpx_ctl_header), PROT_READ, MAP_SHARED,
-                   fds[0], 0);
-    ck_assert(p != MAP_FAILED);
-    *ret_hdr = p;
-  }
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
+  dcpx_ctl_header *h = map_header(fds, nfds);
+  if (ret_hdr)
+    *ret_hdr = h;
+  else
+    munmap(h, sizeof(*h));
   return n;
 }
 
