@@ -703,7 +703,9 @@ DCPX_API int dcpx_poll(dcpx_member *m);
 
 /* After a failed call: acknowledge to dcpxd (the host backend has nothing
  * in flight; the CUDA backend synchronizes `stream` first, bounded by
- * timeout_ms), then wait up to timeout_ms for the group to be reset. With
+ * timeout_ms: the stream the member's calls went to; an engine that
+ * enqueued them on several streams synchronizes the others itself before),
+ * then wait up to timeout_ms for the group to be reset. With
  * the nccl transport a member of an aborted group (or a failed one) first
  * aborts its communicator, so that a collective whose peer died ends and
  * the stream drains; rank 0 sends a fresh NCCL unique id with its
