@@ -104,6 +104,22 @@ def _check_tensor(x: Any, name: str, kind: str, ndim: int,
                               ".contiguous())")
 
 
+_NP_SEEN: dict = {}
+
+
+def _np_dtype_ok(dt: Any, kind: str) -> bool:
+    """Whether numpy dtype dt is one of kind's, native and of its size;
+    remembered per (dtype, kind): numpy's dtype.name takes microseconds,
+    and an engine passes the same few dtypes on every call."""
+    ok = _NP_SEEN.get((dt, kind))
+    if ok is None:
+        ok = (dt.name in _NP_OK[kind] and dt.isnative and
+              dt.itemsize == (2 if kind == BF16 else 4))
+        if len(_NP_SEEN) < 256:
+            _NP_SEEN[(dt, kind)] = ok
+    return ok
+
+
 def check_array(x: Any, name: str, kind: str, ndim: int,
                 where: Tuple[str, int],
                 shape: Optional[Tuple[int, ...]] = None,
@@ -115,9 +131,7 @@ def check_array(x: Any, name: str, kind: str, ndim: int,
     if t is not None and isinstance(x, t.Tensor):
         return _check_tensor(x, name, kind, ndim, where, shape)
     if is_numpy(x):
-        if x.dtype.name not in _NP_OK[kind] or \
-                not x.dtype.isnative or x.dtype.itemsize != \
-                (2 if kind == BF16 else 4):
+        if not _np_dtype_ok(x.dtype, kind):
             raise DtypeError(context=f"{name} must be {_HINT[kind]}, got "
                              f"numpy {x.dtype}")
         if where[0] != "cpu":
@@ -151,11 +165,11 @@ def ptr(x: Any) -> Optional[int]:
     """The data address of an array, or None for None."""
     if x is None:
         return None
-    try:
-        p = x.data_ptr()  # torch
+    data_ptr = getattr(x, "data_ptr", None)  # torch
+    if data_ptr is not None:
+        p = data_ptr()
         return p if p or x.numel() else _EMPTY_ADDR
-    except AttributeError:
-        return x.ctypes.data  # numpy
+    return x.ctypes.data  # numpy
 
 
 def empty(like: Any, shape: Tuple[int, ...], kind: str) -> Any:
