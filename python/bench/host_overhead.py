@@ -1,8 +1,9 @@
 """What the package adds to a push + merge on the host backend (any
 machine, no GPU): the bare ctypes calls against a PreparedCall over the
-same buffers, W=1, rows 1, K 16 (so the C work is small and the Python
-overhead shows). Prints min / median / max us per push + merge over 5
-runs of 20,000 calls each.
+same buffers, and the eager Member.push + Member.merge (every argument
+checked on every call), W=1, rows 1, K 16 (so the C work is small and the
+Python overhead shows). Prints min / median / max us per push + merge
+over 5 runs of 20,000 calls each (5,000 for the eager calls).
 
 Run from a build tree (make) with the package on PYTHONPATH:
 DCPX_LIBRARY=<build>/libclient/.libs/libdcpx.so.0 DCPXD=<build>/daemon/dcpxd
@@ -55,13 +56,20 @@ def main():
             L.dcpx_push(ptr, ctypes.byref(cin), None)
             L.dcpx_merge(ptr, ctypes.byref(cin), ctypes.byref(cout), None)
 
+        def eager():  # every argument checked on every call
+            m.push(lg, en)
+            m.merge(lg, en, req, bt)
+
         r = timed(raw)
         q = timed(pc)
+        e = timed(eager, n=5000)
         print(f"package {dcpx.__file__}")
         print("| what | min | median | max |\n|---|---:|---:|---:|")
         print(f"| raw ctypes push + merge | {r[0]:.2f} | {r[1]:.2f} | "
               f"{r[2]:.2f} |")
         print(f"| PreparedCall() | {q[0]:.2f} | {q[1]:.2f} | {q[2]:.2f} |")
+        print(f"| Member.push + Member.merge (numpy) | {e[0]:.2f} | "
+              f"{e[1]:.2f} | {e[2]:.2f} |")
         print(f"PreparedCall over raw (medians): {q[1] - r[1]:.2f} us")
 
 
