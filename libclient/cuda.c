@@ -215,6 +215,7 @@ static int arrays_ok(struct dcpx_member *m, const char *fn,
   return 0;
 }
 
+#ifdef HAVE_NCCL
 /* rank 0's NCCL id for generation gen from the control page into id
  * (DCPX_NCCL_ID_BYTES): its length, or 0 when the page has none for gen
  * (docs/PROTOCOL.md 6.9). nccl_gen first (acquire: the id and its length
@@ -230,6 +231,7 @@ static size_t ctl_nccl_id(const struct dcpx_member *m, uint32_t gen,
   memcpy(id, m->hdr->nccl_id, len);
   return len;
 }
+#endif
 
 void dcpx__cuda_fini(struct dcpx_member *m) {
   struct dcpx__cuda *cu = m->cuda;
