@@ -426,29 +426,28 @@ START_TEST(test_bad_joins) {
 }
 END_TEST
 
-/* A Join of a W=1 host group carrying a device UUID of uuid_len bytes:
- * the reply's status, its error text into why, and the UUID it echoes
- * for rank 0 into echo (16 bytes; *ret_echo_len its length). */
-/* Rank 0 of a W=1 group over raw frames, its Join with device_uuid and
- * nccl_id as given (len 0: none): its socket, the reply (*ret_rep, the
- * caller frees it) and the reply's fds. */
-static int raw_join1(const char *group, const uint8_t *uuid, size_t uuid_len,
-                     const uint8_t *nccl_id, size_t nccl_len,
-                     Dcpx__Frame **ret_rep, int *fds, int *ret_nfds) {
+/* A Join of `group` (shape small(group, W)) as `rank` over raw frames,
+ * with device_uuid and nccl_id as given (len 0: none) and join timeout
+ * jt_ms: its socket; the JoinReply is not read here. */
+static int raw_join_send(const char *group, uint32_t W, uint32_t rank,
+                         const uint8_t *uuid, size_t uuid_len,
+                         const uint8_t *nccl_id, size_t nccl_len,
+                         uint32_t jt_ms) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__Join j = DCPX__JOIN__INIT;
   Dcpx__Shape ps;
   dcpx_shape sh;
-  spec sp = small(group, 1);
+  spec sp = small(group, W);
   int s = raw_connect();
   ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
   shape_of(&sp, &sh);
   dcpx__shape_to_pb(&sh, &ps);
   j.group = (char *)group;
   j.shape = &ps;
+  j.rank = rank;
   j.timeout_ns = 5000000000ull;
   j.device = -1;
-  j.join_timeout_ms = 5000;
+  j.join_timeout_ms = jt_ms;
   j.device_uuid.data = (uint8_t *)uuid;
   j.device_uuid.len = uuid_len;
   j.nccl_id.data = (uint8_t *)nccl_id;
@@ -456,12 +455,26 @@ static int raw_join1(const char *group, const uint8_t *uuid, size_t uuid_len,
   f.msg_case = DCPX__FRAME__MSG_JOIN;
   f.join = &j;
   ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  return s;
+}
+
+/* Rank 0 of a W=1 group over raw frames, its Join with device_uuid and
+ * nccl_id as given (len 0: none): its socket, the reply (*ret_rep, the
+ * caller frees it) and the reply's fds. */
+static int raw_join1(const char *group, const uint8_t *uuid, size_t uuid_len,
+                     const uint8_t *nccl_id, size_t nccl_len,
+                     Dcpx__Frame **ret_rep, int *fds, int *ret_nfds) {
+  const int s =
+      raw_join_send(group, 1, 0, uuid, uuid_len, nccl_id, nccl_len, 5000);
   *ret_nfds = 0;
   ck_assert_int_eq(
       dcpx__frame_recv(s, ret_rep, fds, DCPX_FRAME_MAX_FDS, ret_nfds), 0);
   return s;
 }
 
+/* A Join of a W=1 host group carrying a device UUID of uuid_len bytes:
+ * the reply's status, its error text into why, and the UUID it echoes
+ * for rank 0 into echo (16 bytes; *ret_echo_len its length). */
 static int uuid_join_keep(const char *group, const uint8_t *uuid,
                           size_t uuid_len, char *why, size_t why_len,
                           uint8_t *echo, size_t *ret_echo_len, int *ret_sock) {
@@ -663,27 +676,7 @@ END_TEST
  * bytes of `id` (n 0: none); the JoinReply is not read here. */
 static int nccl_join_send(const char *group, uint32_t W, uint32_t rank,
                           const uint8_t *id, size_t n) {
-  Dcpx__Frame f = DCPX__FRAME__INIT;
-  Dcpx__Join j = DCPX__JOIN__INIT;
-  Dcpx__Shape ps;
-  dcpx_shape sh;
-  spec sp = small(group, W);
-  int s = raw_connect();
-  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
-  shape_of(&sp, &sh);
-  dcpx__shape_to_pb(&sh, &ps);
-  j.group = (char *)group;
-  j.shape = &ps;
-  j.rank = rank;
-  j.timeout_ns = 5000000000ull;
-  j.device = -1;
-  j.join_timeout_ms = 20000;
-  j.nccl_id.data = (uint8_t *)id;
-  j.nccl_id.len = n;
-  f.msg_case = DCPX__FRAME__MSG_JOIN;
-  f.join = &j;
-  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
-  return s;
+  return raw_join_send(group, W, rank, NULL, 0, id, n, 20000);
 }
 
 /* The JoinReply on s (status 0 expected): its nccl_id's length; the
