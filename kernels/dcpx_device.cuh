@@ -677,14 +677,16 @@ DCPX_D void dcpx_dev_place_word(const dcpx_key_map *m, uint32_t *list,
 /* Pass C: the selected keys of this warp's segment, in order, into
  * list[pos]: as (s << 17 | l) in the merge's rounds (m->round 1, 2), as a
  * capacity-m->N list's words with their bit-16 plane (m->round 0: the top
- * N of a capacity-K list m->p1). bits1 (or NULL): S1 membership bits.
+ * N of a capacity-K list m->p1). words (or NULL): each selected key's
+ * word at its position (round 1: round 2's copy takes a rank's S1 keys
+ * from there).
  * bound (or NULL; round 1 with N >= 4 only): bound[s] for 0 < s < W, the
  * first position of rank s's entries (the caller writes bound[0] = 0 and
  * bound[W] = the keys selected). Ends with a barrier. */
 DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
                                 uint32_t n, const dcpx_key_map *m,
                                 uint32_t fbeg, uint32_t fend, uint32_t *list,
-                                uint32_t *bits1, uint32_t *bound) {
+                                uint32_t *words, uint32_t *bound) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t T = S->T, take = S->take, teq = T ? T : 0xFFFFFFFFu;
   uint32_t rg = S->wgt[warp], rq = S->weq[warp];
@@ -712,7 +714,7 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
     const uint32_t packed = ((uint32_t)__popc(gtm) << 16) | (uint32_t)__popc(eqm);
     const uint32_t incl = dcpx_dev_warp_incl(packed);
     const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
-    uint32_t nib = 0, starts = 0, sidx = 0;
+    uint32_t starts = 0, sidx = 0;
     while (next < f0 + 128u && next < fend && s_next < m->W) { /* uniform */
       if (next - f < 4u) { /* N >= 4: one start per group at most */
         starts = 1u << (next - f);
@@ -747,7 +749,7 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
           eqs |= (uint32_t)(ne < ntie) << e;
           ne++;
         }
-      nib = gtm | eqs;
+      const uint32_t nib = gtm | eqs;
       const uint32_t base = gb + min(qb, take);
       const uint32_t s2 = m->round == 2 && nib ? dcpx_dev_seg2(m, f) : 0u;
 #pragma unroll
@@ -755,17 +757,13 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
         const uint32_t pos = base + __popc(nib & ((1u << e) - 1u));
         if ((starts >> e) & 1u)
           bound[sidx] = pos;
-        if ((nib >> e) & 1u)
-          list[pos] = dcpx_dev_entry_of(m, s2, f + e, dcpx_dev_u4word(k, e));
+        if ((nib >> e) & 1u) {
+          const uint32_t w = dcpx_dev_u4word(k, e);
+          list[pos] = dcpx_dev_entry_of(m, s2, f + e, w);
+          if (words)
+            words[pos] = w;
+        }
       }
-    }
-    if (bits1) { /* lanes 8i .. 8i+7 make word f0 / 32 + i */
-      uint32_t v = nib << (4u * (lane & 7u));
-      v |= __shfl_xor_sync(DCPX_FULL, v, 1);
-      v |= __shfl_xor_sync(DCPX_FULL, v, 2);
-      v |= __shfl_xor_sync(DCPX_FULL, v, 4);
-      if ((lane & 7u) == 0)
-        bits1[(f0 >> 5) + (lane >> 3)] = v;
     }
     rg += tot >> 16;
     rq += tot & 0xFFFFu;

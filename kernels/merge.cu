@@ -14,8 +14,9 @@
  *   2. Round 1: exact top-K of k1 (flat_select: single-level when the keys
  *      span < 4096 values, else two-level; 4 keys per lane, 128 per warp
  *      step). Pass C writes each selected key's (r << 17 | l) at its output
- *      position in `list` and the S1 membership bits; the per-rank bounds
- *      of `list` give the saturated ranks (all N selected) and me's range.
+ *      position in `list` and its word at the same position in s1k; the
+ *      per-rank bounds of `list` give the saturated ranks (all N
+ *      selected) and me's range.
  *   The fault hook (block 0, first row) fires right after this poll
  *   (docs/PROTOCOL.md 6.6).
  *   3. No saturated rank: `list` is the answer.
@@ -41,7 +42,8 @@
  * leaves epoch, seq2 and stats alone: the group is recovered by zeroing.
  *
  * Shared memory: the selection state (static, ~19 KB), then, dynamic,
- * list [row_words(K)] | list2 [row_words(K)] | S1 bits | the staging
+ * list [row_words(K)] | list2 [row_words(K)] | s1k [row_words(K)] | the
+ * staging
  * area (when it fits):
  * k1 [W*N, to 4] | p1 [W][rw_n - N] | k2 [round-2 keys] | p2 [S][rw_k - K],
  * (a saturated rank with more than K elements >= T1 selects its top K
@@ -59,7 +61,7 @@
 /* Dynamic shared memory plan of a context (word counts of each region),
  * and reciprocals for dcpx_dev_div, computed once on the host. */
 typedef struct merge_plan {
-  uint32_t list_words, bits_words;
+  uint32_t list_words; /* list, list2 and s1k: rw_k words each */
   uint32_t k1_words, p1_words, k2_words, p2_words, stage_words;
   uint32_t in_smem; /* 1: the staging area is shared memory */
   float rcp_n, rcp_b, rcp_i;
@@ -69,7 +71,6 @@ static __host__ merge_plan plan_of(const dcpx_kctx *c) {
   const dcpx_stage_plan sp = dcpx_stage_plan_of(&c->L);
   merge_plan p;
   p.list_words = c->L.rw_k; /* > K; a multiple of 4 */
-  p.bits_words = dcpx__pad4((c->world * c->local_topk + 31) / 32);
   p.k1_words = sp.k1;
   p.p1_words = sp.p1;
   p.k2_words = sp.k2;
@@ -150,73 +151,50 @@ DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
   }
 }
 
-/* The S1 bits of the nb <= 32 flat keys from f on (bit i: key f + i). */
-DCPX_D uint32_t s1_window(const uint32_t *bits1, uint32_t f, uint32_t nb) {
-  const uint32_t sh = f & 31u;
-  uint32_t x = bits1[f >> 5] >> sh;
-  if (sh + nb > 32u) /* the window spans two words */
-    x |= bits1[(f >> 5) + 1] << (32u - sh);
-  return nb < 32u ? x & ((1u << nb) - 1u) : x;
-}
-
 /* Round 2's keys besides the rescue lists: each non-saturated rank's S1
- * keys, compacted in order (their entries are round 1's list[bound[s] +
- * j]: the key map's s1), and every segment's padding, into k2 (segment s
- * at off2[s]). Each rank's N entries are split among P = nw / W warps
- * (W <= nw, the block's warps), 32-entry chunks each: warp w copies part w % P of rank
- * w / P, starting after the S1 keys of the parts before it (popcounts of
- * bits1); the last part pads the segment. Within a part, lane i holds the
- * bits of 32-entry window i and, by one scan, where its keys go; each
- * window's copy then depends on nothing before it. */
-DCPX_D void round2_copy(const uint32_t *k1, const uint32_t *bits1,
+ * keys in order, which are round 1's selected words s1k[bound[s] ..
+ * bound[s + 1]) (flat_place wrote each beside its entry in `list`; their
+ * entries are list[bound[s] + j]: the key map's s1), into k2 (segment s
+ * at off2[s]), and every segment's padding. One pass over k2's groups of
+ * 4 positions, which share a segment (segments start at multiples of 4):
+ * no position waits for another. A saturated rank's segment is its rescue
+ * list (merge_keep_own, or the poll): only its padding past K here. */
+DCPX_D void round2_copy(const uint32_t *s1k, const uint32_t *bound,
                         const uint32_t *off2, uint32_t *k2, uint32_t mask,
-                        uint32_t W, uint32_t N, uint32_t K, uint32_t nw,
-                        uint32_t *kmn, uint32_t *kmx) {
-  const uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31u;
-  const uint32_t P = nw / W, s = w / P, q = w - s * P;
-  if (s >= W)
-    return;
-  const uint32_t o = off2[s], end = off2[s + 1] - o;
-  const uint32_t chunk = (((N + P - 1) / P) + 31u) & ~31u;
-  const uint32_t jb = min(N, q * chunk), je = min(N, jb + chunk);
-  uint32_t n = K;
-  if (!((mask >> s) & 1u)) {
-    /* the S1 keys of rank s's entries [0, jb): 32 per lane and step */
-    uint32_t c = 0;
+                        uint32_t W, uint32_t K, uint32_t nt, uint32_t *kmn,
+                        uint32_t *kmx) {
+  const uint32_t n2 = off2[W];
+  uint32_t mn = *kmn, mx = *kmx;
 #pragma unroll 1
-    for (uint32_t j = 32u * lane; j < jb; j += 32u * 32u)
-      c += __popc(s1_window(bits1, s * N + j, min(32u, jb - j)));
-    n = __reduce_add_sync(DCPX_FULL, c);
-    uint32_t mn = *kmn, mx = *kmx;
-#pragma unroll 1
-    for (uint32_t j1 = jb; j1 < je; j1 += 32u * 32u) {
-      const uint32_t j = j1 + 32u * lane;
-      const uint32_t x = j < je ? s1_window(bits1, s * N + j, min(32u, je - j))
-                                : 0u;
-      const uint32_t cx = __popc(x), incl = dcpx_dev_warp_incl(cx);
-      const uint32_t base = n + incl - cx;
-      const uint32_t nwin = min(32u, (je - j1 + 31u) >> 5);
-#pragma unroll 4
-      for (uint32_t i = 0; i < nwin; i++) {
-        const uint32_t xi = __shfl_sync(DCPX_FULL, x, i);
-        const uint32_t bi = __shfl_sync(DCPX_FULL, base, i);
-        if ((xi >> lane) & 1u) {
-          const uint32_t v = k1[s * N + j1 + 32u * i + lane];
-          k2[o + bi + __popc(xi & ((1u << lane) - 1u))] = v;
-          mn = min(mn, v >> 16);
-          mx = max(mx, v >> 16);
-        }
-      }
-      n += __shfl_sync(DCPX_FULL, incl, 31);
+  for (uint32_t x = 4u * threadIdx.x; x < n2; x += 4u * nt) {
+    uint32_t s = 0;
+#pragma unroll
+    for (uint32_t step = DCPX_MAX_WORLD / 2; step; step >>= 1)
+      if (s + step < W && off2[s + step] <= x)
+        s += step;
+    const uint32_t j = x - off2[s];
+    if ((mask >> s) & 1u) {
+#pragma unroll
+      for (uint32_t u = 0; u < 4; u++)
+        if (j + u >= K)
+          k2[x + u] = 0;
+      continue;
     }
-    *kmn = mn;
-    *kmx = mx;
+    const uint32_t b = bound[s], cnt = bound[s + 1] - b;
+    uint32_t v[4];
+#pragma unroll
+    for (uint32_t u = 0; u < 4; u++) {
+      v[u] = j + u < cnt ? s1k[b + j + u] : 0u;
+      const uint32_t k = v[u] >> 16;
+      if (k) {
+        mn = min(mn, k);
+        mx = max(mx, k);
+      }
+    }
+    *(uint4 *)(k2 + x) = make_uint4(v[0], v[1], v[2], v[3]);
   }
-  if (q != P - 1u)
-    return;
-#pragma unroll 1
-  for (uint32_t j = n + lane; j < end; j += 32)
-    k2[o + j] = 0;
+  *kmn = mn;
+  *kmx = mx;
 }
 
 /* A block's view of its merge: the context, the plan, and its shared and
@@ -230,7 +208,7 @@ typedef struct mblk {
   poll_map *pm;
   uint32_t *bound, *off2, *kmin_s;
   char **peer;
-  uint32_t *list, *list2, *bits1, *k1, *p1, *k2, *p2;
+  uint32_t *list, *list2, *s1k, *k1, *p1, *k2, *p2;
   dcpx_key_map km;
   unsigned long long *prof;
 } mblk;
@@ -243,9 +221,9 @@ DCPX_D void merge_block_init(mblk *b, const dcpx_kctx *c,
   b->prof = c->prof;
   b->list = (uint32_t *)dyn;
   b->list2 = b->list + plan->list_words;
-  b->bits1 = b->list2 + plan->list_words;
+  b->s1k = b->list2 + plan->list_words;
   b->k1 = plan->in_smem
-              ? b->bits1 + plan->bits_words
+              ? b->s1k + plan->list_words
               : c->stage + (uint64_t)blockIdx.x * plan->stage_words;
   b->p1 = b->k1 + plan->k1_words;
   b->k2 = b->p1 + plan->p1_words;
@@ -274,7 +252,7 @@ DCPX_D void merge_prof(const mblk *b, uint32_t t, uint32_t i) {
 }
 
 /* Round 1 of row t over the staged W lists: S1 into list (r << 17 | l) and
- * bits1, the per-rank bounds; returns the saturation mask, with *ret_total
+ * s1k (its words), the per-rank bounds; returns the saturation mask, with *ret_total
  * the selected keys and *ret_t1 = T1 (0 when fewer than K). */
 DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
                              uint32_t *ret_t1) {
@@ -295,7 +273,7 @@ DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
     b->bound[W] = *ret_total;
   }
   dcpx_dev_flat_place(S, b->k1, b->plan.k1_words, &b->km, fbeg, fend, b->list,
-                      b->bits1, fb ? b->bound : NULL);
+                      b->s1k, fb ? b->bound : NULL);
   merge_prof(b, t, 11);
   if (!fb)
     dcpx_dev_list_bounds(b->list, *ret_total, W, b->bound);
@@ -409,7 +387,7 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
                         const uint16_t *row, uint32_t len, int early,
                         uint32_t *ret_total) {
   const dcpx_kctx *c = b->c;
-  const uint32_t W = c->world, N = c->local_topk, K = c->topk, me = c->rank;
+  const uint32_t W = c->world, K = c->topk, me = c->rank;
   const uint32_t PK = c->L.rpairs, tid = threadIdx.x;
   uint32_t *seq2 = (uint32_t *)(c->ws + c->L.off_seq2);
   const char *resc = c->ws + c->L.off_rescue;
@@ -447,8 +425,8 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   if ((mask >> me) & 1u)
     merge_keep_own(b, mask, &kmn, &kmx);
   merge_prof(b, t, 37);
-  round2_copy(b->k1, b->bits1, b->off2, b->k2, mask, W, N, K, b->nt >> 5,
-              &kmn, &kmx);
+  round2_copy(b->s1k, b->bound, b->off2, b->k2, mask, W, K, b->nt, &kmn,
+              &kmx);
   merge_prof(b, t, 38);
   merge_prof_by(b, t, 39, b->nt - 32u); /* the last warp */
   __syncthreads();
@@ -546,8 +524,8 @@ DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t,
 
 /* EARLY: a call with the early rescue list (dcpx_k_early); the kernel
  * without it has none of its code. NT: MT threads, or MT / 2 with two
- * blocks per SM (calls of more rows than one wave of full blocks holds,
- * W <= 8: dcpx_k_merge_threads). */
+ * blocks per SM (calls of more rows than one wave of full blocks holds:
+ * dcpx_k_merge_threads). */
 template <int EARLY, int NT>
 static __global__ void __launch_bounds__(NT, MT / NT)
     dcpx_merge_kernel(const __grid_constant__ dcpx_kctx c, uint32_t rows,
@@ -748,7 +726,7 @@ merge_fn dcpx_k__merge_half(int early) {
 
 size_t dcpx_k_merge_smem(const dcpx_kctx *c) {
   const merge_plan p = plan_of(c);
-  return 4u * (2u * (size_t)p.list_words + p.bits_words +
+  return 4u * (3u * (size_t)p.list_words +
                (p.in_smem ? p.stage_words : 0u));
 }
 
@@ -766,9 +744,9 @@ static merge_fn merge_kernel_of(int early, uint32_t nt) {
 }
 
 int dcpx_k_merge_prepare(void) {
-  /* The largest plan: list and list2 4224 words each, bits 2048, the
+  /* The largest plan: list, list2 and s1k 4224 words each, the
    * staging budget. */
-  const int max_dyn = 4 * (2 * 4224 + 2048) + (int)DCPX_STAGE_SMEM_BYTES;
+  const int max_dyn = 4 * 3 * 4224 + (int)DCPX_STAGE_SMEM_BYTES;
   for (int i = 0; i < 4; i++)
     if (cudaFuncSetAttribute(merge_kernel_of(i & 1, i & 2 ? MT / 2 : MT),
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -790,10 +768,10 @@ static int merge_occupancy(const dcpx_kctx *c, uint32_t nt, int *ret) {
   return 0;
 }
 
-/* Whether the shape allows half-size blocks: round2_copy needs a warp
- * per rank, dcpx_dev_rescue_filter at most 8 entries per thread. */
+/* Whether the shape allows half-size blocks: dcpx_dev_rescue_filter
+ * takes at most 8 entries per thread. */
 static int merge_half_shape(const dcpx_kctx *c) {
-  return c->world <= MT / 2 / 32 && c->topk <= 8u * (MT / 2);
+  return c->topk <= 8u * (MT / 2);
 }
 
 int dcpx_k_merge_split_ok(const dcpx_kctx *c, int *ret_ok) {
