@@ -271,15 +271,20 @@ typedef struct dcpx_sel_smem {
   uint32_t kmin; /* dcpx_dev_resc_top's key range */
 } dcpx_sel_smem;
 
-DCPX_D void dcpx_dev_sel_zero(dcpx_sel_smem *S) {
-  if (threadIdx.x == 0)
+/* By threads tx = 0 .. n - 1 of the block (a part of it). */
+DCPX_D void dcpx_dev_sel_zero_part(dcpx_sel_smem *S, uint32_t tx, uint32_t n) {
+  if (tx == 0)
     S->kmax = 0;
 #pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < DCPX_HI_BINS; i += blockDim.x)
+  for (uint32_t i = tx; i < DCPX_HI_BINS; i += n)
     S->hist[i] = 0;
 #pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < DCPX_MAX_WARPS * 16; i += blockDim.x)
+  for (uint32_t i = tx; i < DCPX_MAX_WARPS * 16; i += n)
     S->h16[i] = 0;
+}
+
+DCPX_D void dcpx_dev_sel_zero(dcpx_sel_smem *S) {
+  dcpx_dev_sel_zero_part(S, threadIdx.x, blockDim.x);
 }
 
 /* Pass A, one key. */

@@ -101,6 +101,10 @@ typedef struct dcpx_k_counters {
 /* The merge sleeps 3 us before its rescue poll (is that poll's cost
  * something still draining from the phases before it?). */
 #define DCPX_K_DIAG_SLEEP 8u
+/* A saturated rank's merge stores its rescue list with every thread, then
+ * prepares round 2 with every thread (the order before 2026-12: by
+ * default half the block stores while the other half prepares). */
+#define DCPX_K_DIAG_NO_OVERLAP 16u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

@@ -158,15 +158,16 @@ DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
  * at off2[s]), and every segment's padding. One pass over k2's groups of
  * 4 positions, which share a segment (segments start at multiples of 4):
  * no position waits for another. A saturated rank's segment is its rescue
- * list (merge_keep_own, or the poll): only its padding past K here. */
+ * list (merge_keep_own, or the poll): only its padding past K here. By
+ * threads tx = 0 .. nt - 1. */
 DCPX_D void round2_copy(const uint32_t *s1k, const uint32_t *bound,
                         const uint32_t *off2, uint32_t *k2, uint32_t mask,
-                        uint32_t W, uint32_t K, uint32_t nt, uint32_t *kmn,
-                        uint32_t *kmx) {
+                        uint32_t W, uint32_t K, uint32_t tx, uint32_t nt,
+                        uint32_t *kmn, uint32_t *kmx) {
   const uint32_t n2 = off2[W];
   uint32_t mn = *kmn, mx = *kmx;
 #pragma unroll 1
-  for (uint32_t x = 4u * threadIdx.x; x < n2; x += 4u * nt) {
+  for (uint32_t x = 4u * tx; x < n2; x += 4u * nt) {
     uint32_t s = 0;
 #pragma unroll
     for (uint32_t step = DCPX_MAX_WORLD / 2; step; step >>= 1)
@@ -282,13 +283,11 @@ DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
 }
 
 /* A saturated `me`'s rescue list of row t (its top-K entries >= T1) into
- * list2, then stored as LL pairs tagged q2 into its slot of row t of every
- * rank. */
-DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
-                              uint32_t q2, const uint16_t *row, uint32_t len,
-                              int early) {
+ * list2 (every thread; ends with a barrier). */
+DCPX_D void merge_rescue_list(mblk *b, uint32_t t, uint32_t T1,
+                              const uint16_t *row, uint32_t len, int early) {
   const dcpx_kctx *c = b->c;
-  const uint32_t W = c->world, K = c->topk, me = c->rank, PK = c->L.rpairs;
+  const uint32_t K = c->topk;
   if (c->klist && !early) {
     dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
     dcpx_dev_rescue_filter(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
@@ -304,13 +303,20 @@ DCPX_D void merge_send_rescue(mblk *b, uint32_t t, uint32_t mask, uint32_t T1,
                          b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
                                  : NULL);
   }
-  merge_prof(b, t, 3);
+}
+
+/* That list (list2) stored as LL pairs tagged q2 into me's slot of row t
+ * of every other rank, by threads tx = 0 .. n - 1 of the block. */
+DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
+                               uint32_t q2, uint32_t tx, uint32_t n) {
+  const dcpx_kctx *c = b->c;
+  const uint32_t W = c->world, me = c->rank, PK = c->L.rpairs;
   const uint32_t slot = __popc(mask & ((1u << me) - 1u));
   const uint64_t dst = c->L.off_rescue + dcpx_rescue_offset(&c->L, t, slot, 0);
   if (c->diag & DCPX_K_DIAG_NO_RESCUE_STORES)
     return;
 #pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < PK; i += b->nt) {
+  for (uint32_t i = tx; i < PK; i += n) {
     const uint2 w = ((const uint2 *)b->list2)[i];
 #pragma unroll 1
     for (uint32_t d = 0; d < W; d++)
@@ -341,8 +347,8 @@ DCPX_D void merge_rescue_early(mblk *b, uint32_t t, const uint16_t *logits,
  * it is neither stored nor polled (docs/PROTOCOL.md 5.4). Entries four at
  * a time (list2, k2 and every segment start are 16-byte aligned; at K =
  * 2048 one vector per thread); the segment's padding is round2_copy's. */
-DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
-                           uint32_t *kmx) {
+DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t tx,
+                           uint32_t nt, uint32_t *kmn, uint32_t *kmx) {
   const dcpx_kctx *c = b->c;
   const uint32_t K = c->topk, me = c->rank, K4 = K & ~3u;
   const uint32_t *src = b->list2;
@@ -350,7 +356,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
   uint32_t *pl = b->p2 + __popc(mask & ((1u << me) - 1u)) * b->km.pk2;
   uint32_t mn = *kmn, mx = *kmx;
 #pragma unroll 1
-  for (uint32_t j = 4u * threadIdx.x; j < K4; j += 4u * b->nt) {
+  for (uint32_t j = 4u * tx; j < K4; j += 4u * nt) {
     const uint4 v = *(const uint4 *)(src + j);
     *(uint4 *)(ent + j) = v;
     const uint32_t k4[4] = {v.x >> 16, v.y >> 16, v.z >> 16, v.w >> 16};
@@ -362,7 +368,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
       }
   }
 #pragma unroll 1
-  for (uint32_t j = K4 + threadIdx.x; j < K; j += b->nt) {
+  for (uint32_t j = K4 + tx; j < K; j += nt) {
     const uint32_t w = src[j], k = w >> 16;
     ent[j] = w;
     if (k) {
@@ -371,7 +377,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t *kmn,
     }
   }
 #pragma unroll 1
-  for (uint32_t j = threadIdx.x; j < b->km.pk2; j += b->nt)
+  for (uint32_t j = tx; j < b->km.pk2; j += nt)
     pl[j] = src[K + j];
   *kmn = mn;
   *kmx = mx;
@@ -414,20 +420,37 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
     b->pm->src[y] = resc + dcpx_rescue_offset(&c->L, t, x, 0);
     b->pm->pl[y] = b->p2 + x * b->km.pk2;
   }
-  if ((mask >> me) & 1u)
-    merge_send_rescue(b, t, mask, T1, q2, row, len, early);
-  merge_prof(b, t, 4);
-  dcpx_dev_sel_zero(b->S);
-  __syncthreads();
-  merge_prof(b, t, 36);
+  /* A saturated me: its rescue list (a barrier at its end), then the
+   * first half of the block stores it to the peers while the second half
+   * prepares round 2 (the histograms zeroed, its own list and the others'
+   * S1 keys into k2): the stores are the peers' critical path, and the
+   * copy need not wait for them (DCPX_K_DIAG_NO_OVERLAP: every thread
+   * stores, then every thread copies). */
+  const int sat = (mask >> me) & 1u;
+  const int split = sat && !(c->diag & DCPX_K_DIAG_NO_OVERLAP);
+  const uint32_t h = split ? b->nt / 2u : 0u; /* the copy's first thread */
+  if (sat) {
+    merge_rescue_list(b, t, T1, row, len, early);
+    merge_prof(b, t, 3);
+  } else {
+    __syncthreads(); /* off2 */
+  }
   if (tid < W && ((others >> tid) & 1u))
     b->pm->ent[__popc(others & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
-  if ((mask >> me) & 1u)
-    merge_keep_own(b, mask, &kmn, &kmx);
-  merge_prof(b, t, 37);
-  round2_copy(b->s1k, b->bound, b->off2, b->k2, mask, W, K, b->nt, &kmn,
-              &kmx);
-  merge_prof(b, t, 38);
+  if (sat && tid < (split ? h : b->nt))
+    merge_store_rescue(b, t, mask, q2, tid, split ? h : b->nt);
+  merge_prof(b, t, 4);
+  if (tid >= h) {
+    const uint32_t tx = tid - h, n = b->nt - h;
+    merge_prof_by(b, t, 36, h);
+    dcpx_dev_sel_zero_part(b->S, tx, n);
+    if (sat)
+      merge_keep_own(b, mask, tx, n, &kmn, &kmx);
+    merge_prof_by(b, t, 37, h);
+    round2_copy(b->s1k, b->bound, b->off2, b->k2, mask, W, K, tx, n, &kmn,
+                &kmx);
+    merge_prof_by(b, t, 38, h);
+  }
   merge_prof_by(b, t, 39, b->nt - 32u); /* the last warp */
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_SLEEP) { /* let the memory system drain */

@@ -29,6 +29,10 @@
 #   abm      bench_kernels push and merge only (BENCH_QUICK), this build
 #            and the baseline at $BASE alternating, AB_ROUNDS (2) rounds,
 #            at each W:N of ABM_SHAPES (default 8:512)
+#   diagab   bench_kernels push and merge only, this build as shipped
+#            against DCPX_BENCH_DIAG=$DIAG_B (default 16: no overlap of
+#            the sender's rescue stores with its round-2 copy),
+#            alternating, AB_ROUNDS rounds, at each W:N of ABM_SHAPES
 #   earlyt1  one GPU, PDL forced: whole calls of W=2 (N=1280) and W=8
 #            (N=512) ranks with the early rescue list in every call, whose
 #            rescues with T1 > 0 filter it, against never (DCPX_RESC_EARLY
@@ -187,6 +191,26 @@ step_abm() { # push and merge only (no whole calls): this build against
       BENCH_W=$w BENCH_N=$n BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 \
         timeout -k 5 120 "$base" > "${f}_base.md" 2>&1 || rc=1
       show "^\| 16384" "${f}_base.md" 8
+    done
+  done
+}
+
+step_diagab() { # this build as shipped against itself with DCPX_BENCH_DIAG
+  # = $DIAG_B (default 16: the sender's rescue stores not beside its
+  # round-2 copy), push and merge only, alternating, AB_ROUNDS rounds, at
+  # each W:N of ABM_SHAPES
+  local i sh v
+  for i in $(seq "${AB_ROUNDS:-2}"); do
+    for sh in ${ABM_SHAPES:-8:512}; do
+      local w=${sh%%:*} n=${sh##*:}
+      for v in 0 "${DIAG_B:-16}"; do
+        local f="$OUT/diagab${i}_w${w}_d$v.md"
+        say "diagab round $i, W=$w N=$n: DCPX_BENCH_DIAG=$v"
+        DCPX_BENCH_DIAG=$v BENCH_W=$w BENCH_N=$n BENCH_QUICK=1 BENCH_REPS=5 \
+          BENCH_LEN=16384 timeout -k 5 120 "$B/tests/gpu/bench_kernels" \
+          > "$f" 2>&1 || rc=1
+        show "^\| 16384|rows 1, |rows 64, |stores beside" "$f" 40
+      done
     done
   done
 }

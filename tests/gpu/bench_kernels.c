@@ -296,7 +296,15 @@ static void profile_merge(gg *g, const char *what) {
          "placing %.2f + the rest %.2f\n",
          (double)(h[12] - h[2]) * 1e3 / khz, (double)(h[13] - h[12]) * 1e3 / khz,
          (double)(h[3] - h[13]) * 1e3 / khz);
-  if (h[4] && h[36] && h[37] && h[38] && h[39] && h[5])
+  if (h[3] && h[36] && h[37] && h[38] && h[39] && h[4] && h[36] < h[4])
+    note("  stores beside the copy: from the list's end, the stores (first "
+         "half) end at %.2f; the copy (second half) starts at %.2f, has its "
+         "own rescue list at %.2f, its first warp's copy at %.2f (the last "
+         "warp at %.2f); the barrier passes at %.2f\n",
+         (double)(h[4] - h[3]) * 1e3 / khz, (double)(h[36] - h[3]) * 1e3 / khz,
+         (double)(h[37] - h[3]) * 1e3 / khz, (double)(h[38] - h[3]) * 1e3 / khz,
+         (double)(h[39] - h[3]) * 1e3 / khz, (double)(h[5] - h[3]) * 1e3 / khz);
+  else if (h[4] && h[36] && h[37] && h[38] && h[39] && h[5])
     note("  round-2 copy = first barrier %.2f + own rescue list %.2f + "
          "thread 0's warp's copy %.2f (the last warp done at %.2f) + the rest "
          "%.2f\n",
