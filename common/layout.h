@@ -255,6 +255,23 @@ DCPX_LAYOUT_FN uint64_t dcpx_rescue_offset(const dcpx_layout *L, uint32_t t,
   return (((uint64_t)t * L->rescue_slots + slot) * L->rpairs + i) * 16u;
 }
 
+/* Whether word j of a rescue list of capacity K holding c entries is
+ * sent (docs/PROTOCOL.md 5.4): the entries, the first empty entry after
+ * them (the end mark; none when c == K), and the plane words of the
+ * entries. The rest is 0 by definition and never sent. */
+DCPX_LAYOUT_FN int dcpx_rescue_word_sent(uint32_t K, uint32_t c, uint32_t j) {
+  if (j < K)
+    return j <= c;
+  j -= K;
+  return j < (K + 31u) / 32u && 32u * j < c;
+}
+
+/* Whether pair i (words 2i, 2i + 1) of such a list is sent. */
+DCPX_LAYOUT_FN int dcpx_rescue_pair_sent(uint32_t K, uint32_t c, uint32_t i) {
+  return dcpx_rescue_word_sent(K, c, 2u * i) ||
+         dcpx_rescue_word_sent(K, c, 2u * i + 1u);
+}
+
 /* Byte offset, within ll_slots, of the pair i (words 2i, 2i+1) of source s,
  * row t, parity p. */
 DCPX_LAYOUT_FN uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,

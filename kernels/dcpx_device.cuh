@@ -1473,8 +1473,8 @@ DCPX_D void dcpx_dev_fault_hook(const dcpx_wctx *w, uint32_t e) {
  * row of dcpx_dev_rescue_list). Each thread holds its `per` (<= 8)
  * consecutive entries and their plane bits in registers before the first
  * barrier, so nothing is written before every read; three barriers. Every
- * thread must call it. */
-DCPX_D void dcpx_dev_rescue_filter(dcpx_sel_smem *S, const uint32_t *src,
+ * thread must call it; returns the list's entries (block-uniform). */
+DCPX_D uint32_t dcpx_dev_rescue_filter(dcpx_sel_smem *S, const uint32_t *src,
                                    uint32_t cap, uint32_t t1,
                                    uint32_t *words) {
   const uint32_t nt = blockDim.x, rw = dcpx_dev_row_words(cap);
@@ -1507,6 +1507,7 @@ DCPX_D void dcpx_dev_rescue_filter(dcpx_sel_smem *S, const uint32_t *src,
     pos++;
   }
   __syncthreads();
+  return total;
 }
 
 /* Qualifying mask of the 8 keys of a group: key != 0 and key >= t1. */
@@ -1733,8 +1734,9 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
  * prof (diagnostics, or NULL): thread 0's clock64 after the count, after
  * its warp's placing; with more than cap keys >= t1, prof[8..10] after
  * the top cap's key range, threshold and per-warp bases. Every thread must call it; it ends with a barrier;
- * it leaves the selection's histograms dirty. */
-DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
+ * it leaves the selection's histograms dirty. Returns the list's entries
+ * (block-uniform). */
+DCPX_D uint32_t dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
                                  uint32_t len, uint32_t cap, uint32_t t1,
                                  uint32_t *words, unsigned long long *prof) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -1768,7 +1770,7 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
     dcpx_dev_resc_top(S, &R, one, cap, t1, words, k, m, prof ? prof + 8 : NULL);
     if (prof && threadIdx.x == 0)
       prof[1] = clock64();
-    return;
+    return cap;
   }
   uint32_t pos = __reduce_add_sync(DCPX_FULL, lane < warp ? wc : 0u);
 #pragma unroll 1
@@ -1787,6 +1789,7 @@ DCPX_D void dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
   if (prof && threadIdx.x == 0)
     prof[1] = clock64();
   __syncthreads();
+  return total;
 }
 
 /* ---- call counters (dcpx_kernels.h dcpx_k_counters) ---------------------- */

@@ -105,6 +105,10 @@ typedef struct dcpx_k_counters {
  * prepares round 2 with every thread (the order before 2026-12: by
  * default half the block stores while the other half prepares). */
 #define DCPX_K_DIAG_NO_OVERLAP 16u
+/* A saturated rank's merge stores every pair of its rescue slot, not only
+ * the pairs that are sent (docs/PROTOCOL.md 5.4; still a valid exchange:
+ * the others are the zeros a receiver assumes): what the trimming saves. */
+#define DCPX_K_DIAG_FULL_RESCUE 32u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

@@ -89,6 +89,7 @@ typedef struct poll_map {
   const char *src[DCPX_MAX_WORLD];
   uint32_t *ent[DCPX_MAX_WORLD];
   uint32_t *pl[DCPX_MAX_WORLD];
+  uint32_t cs[DCPX_MAX_WORLD]; /* rescue lists: entries, ~0 until known */
 } poll_map;
 
 DCPX_D void stage_word(const poll_map *m, uint32_t x, uint32_t j, uint32_t C,
@@ -146,6 +147,91 @@ DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
           return;
         stage_word(m, x, 2 * i, C, (uint32_t)pa, kmn, kmx);
         stage_word(m, x, 2 * i + 1, C, (uint32_t)pb, kmn, kmx);
+      }
+    }
+  }
+}
+
+/* Rescue list x's pair i arrived as (wa, wb): staged, and when it holds
+ * the list's end mark (its first empty entry), the list's entry count
+ * into m->cs[x]. */
+DCPX_D void rescue_take(poll_map *m, uint32_t x, uint32_t i, uint32_t K,
+                        uint32_t wa, uint32_t wb, uint32_t *kmn,
+                        uint32_t *kmx) {
+  const uint32_t j = 2u * i;
+  stage_word(m, x, j, K, wa, kmn, kmx);
+  stage_word(m, x, j + 1u, K, wb, kmn, kmx);
+  if (j < K && wa == 0u)
+    atomicMin(&m->cs[x], j);
+  else if (j + 1u < K && wb == 0u)
+    atomicMin(&m->cs[x], j + 1u);
+}
+
+/* Polls nsrc rescue lists (capacity K, `pairs` LL pairs each, tag e) into
+ * the staging area, tracking the range of their keys: only the pairs that
+ * are sent (docs/PROTOCOL.md 5.4). A pair past a list's end is staged as
+ * zeros once the pair holding the end mark has arrived (m->cs[x], reset
+ * to ~0 by the caller): until then a wait cannot tell a pair not sent
+ * from one still on its way. region_base: the start of the rescue region
+ * (record indices). */
+DCPX_D void poll_rescue(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
+                        uint32_t pairs, uint32_t K, uint32_t e,
+                        const char *region_base, uint32_t nt, uint32_t *kmn,
+                        uint32_t *kmx) {
+  const uint32_t used = K + (K + 31u) / 32u; /* words ever sent */
+#pragma unroll 1
+  for (uint32_t i = threadIdx.x; i < pairs && !w->bw->fail; i += nt) {
+    if (2u * i >= used) { /* padding: never sent */
+#pragma unroll 1
+      for (uint32_t x = 0; x < nsrc; x++) {
+        stage_word(m, x, 2u * i, K, 0u, kmn, kmx);
+        stage_word(m, x, 2u * i + 1u, K, 0u, kmn, kmx);
+      }
+      continue;
+    }
+#pragma unroll 1
+    for (uint32_t x0 = 0; x0 < nsrc; x0 += 8) {
+      uint64_t a[8], b[8];
+      uint32_t late = 0;
+#pragma unroll
+      for (uint32_t u = 0; u < 8; u++)
+        if (x0 + u < nsrc)
+          dcpx_dev_ll_load(m->src[x0 + u] + (uint64_t)i * 16u, &a[u], &b[u]);
+#pragma unroll
+      for (uint32_t u = 0; u < 8; u++) {
+        const uint32_t x = x0 + u;
+        if (x >= nsrc)
+          break;
+        if ((uint32_t)(a[u] >> 32) != e || (uint32_t)(b[u] >> 32) != e) {
+          late |= 1u << u;
+          continue;
+        }
+        rescue_take(m, x, i, K, (uint32_t)a[u], (uint32_t)b[u], kmn, kmx);
+      }
+      while (late) {
+        const uint32_t x = x0 + __ffs(late) - 1;
+        late &= late - 1;
+        const char *p = m->src[x] + (uint64_t)i * 16u;
+        const uint32_t index = (uint32_t)((p - region_base) / 8u);
+        uint64_t mine = dcpx_dev_now(), pa, pb;
+        for (;;) {
+          dcpx_dev_ll_load(p, &pa, &pb);
+          const uint32_t ta = (uint32_t)(pa >> 32), tb = (uint32_t)(pb >> 32);
+          if (ta == e && tb == e) {
+            rescue_take(m, x, i, K, (uint32_t)pa, (uint32_t)pb, kmn, kmx);
+            break;
+          }
+          const uint32_t c = *(volatile uint32_t *)&m->cs[x];
+          if (c != ~0u && !dcpx_rescue_pair_sent(K, c, i)) { /* not sent */
+            stage_word(m, x, 2u * i, K, 0u, kmn, kmx);
+            stage_word(m, x, 2u * i + 1u, K, 0u, kmn, kmx);
+            break;
+          }
+          if (!dcpx_dev_wait_step(w, &mine, DCPX_REGION_RESCUE,
+                                  ta != e ? index : index + 1, e,
+                                  ta != e ? ta : tb))
+            return;
+        }
       }
     }
   }
@@ -283,32 +369,35 @@ DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
 }
 
 /* A saturated `me`'s rescue list of row t (its top-K entries >= T1) into
- * list2 (every thread; ends with a barrier). */
-DCPX_D void merge_rescue_list(mblk *b, uint32_t t, uint32_t T1,
-                              const uint16_t *row, uint32_t len, int early) {
+ * list2 (every thread); returns its entries. ecount: the entries of the
+ * early list (a call with it). */
+DCPX_D uint32_t merge_rescue_list(mblk *b, uint32_t t, uint32_t T1,
+                                  const uint16_t *row, uint32_t len, int early,
+                                  uint32_t ecount) {
   const dcpx_kctx *c = b->c;
   const uint32_t K = c->topk;
   if (c->klist && !early) {
     dcpx_dev_pdl_wait(); /* the push wrote klist[t] */
-    dcpx_dev_rescue_filter(b->S, c->klist + (uint64_t)t * c->L.rw_k, K, T1,
-                           b->list2);
-  } else if (early) {
+    return dcpx_dev_rescue_filter(b->S, c->klist + (uint64_t)t * c->L.rw_k,
+                                  K, T1, b->list2);
+  }
+  if (early)
     /* list2 holds the local top-K list since the row's start
      * (merge_rescue_early): the rescue list itself for T1 = 0, its
      * entries >= T1 otherwise */
-    if (T1)
-      dcpx_dev_rescue_filter(b->S, b->list2, K, T1, b->list2);
-  } else {
-    dcpx_dev_rescue_list(b->S, row, len, K, T1, b->list2,
-                         b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
-                                 : NULL);
-  }
+    return T1 ? dcpx_dev_rescue_filter(b->S, b->list2, K, T1, b->list2)
+              : ecount;
+  return dcpx_dev_rescue_list(
+      b->S, row, len, K, T1, b->list2,
+      b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12 : NULL);
 }
 
-/* That list (list2) stored as LL pairs tagged q2 into me's slot of row t
- * of every other rank, by threads tx = 0 .. n - 1 of the block. */
+/* That list (list2, cnt entries) stored as LL pairs tagged q2 into me's
+ * slot of row t of every other rank, by threads tx = 0 .. n - 1 of the
+ * block: the pairs that are sent (docs/PROTOCOL.md 5.4). */
 DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
-                               uint32_t q2, uint32_t tx, uint32_t n) {
+                               uint32_t q2, uint32_t cnt, uint32_t tx,
+                               uint32_t n) {
   const dcpx_kctx *c = b->c;
   const uint32_t W = c->world, me = c->rank, PK = c->L.rpairs;
   const uint32_t slot = __popc(mask & ((1u << me) - 1u));
@@ -317,6 +406,9 @@ DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
     return;
 #pragma unroll 1
   for (uint32_t i = tx; i < PK; i += n) {
+    if (!dcpx_rescue_pair_sent(c->topk, cnt, i) &&
+        !(c->diag & DCPX_K_DIAG_FULL_RESCUE))
+      continue;
     const uint2 w = ((const uint2 *)b->list2)[i];
 #pragma unroll 1
     for (uint32_t d = 0; d < W; d++)
@@ -332,11 +424,11 @@ DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
  * when W*N < K), and holds the one for any T1 (its entries >= T1,
  * dcpx_dev_rescue_filter); else list2 is overwritten. Ends with a
  * barrier. */
-DCPX_D void merge_rescue_early(mblk *b, uint32_t t, const uint16_t *logits,
-                               uint64_t stride, const int32_t *row_ends,
-                               uint32_t max_len) {
+DCPX_D uint32_t merge_rescue_early(mblk *b, uint32_t t,
+                                   const uint16_t *logits, uint64_t stride,
+                                   const int32_t *row_ends, uint32_t max_len) {
   const uint32_t len = dcpx_dev_row_len(row_ends[t], max_len);
-  dcpx_dev_rescue_list(b->S, logits + (uint64_t)t * stride, len,
+  return dcpx_dev_rescue_list(b->S, logits + (uint64_t)t * stride, len,
                        b->c->topk, 0u, b->list2,
                        b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
                                : NULL);
@@ -391,7 +483,7 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t tx,
 DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
                         uint32_t mask, uint32_t T1, uint32_t q2,
                         const uint16_t *row, uint32_t len, int early,
-                        uint32_t *ret_total) {
+                        uint32_t ecount, uint32_t *ret_total) {
   const dcpx_kctx *c = b->c;
   const uint32_t W = c->world, K = c->topk, me = c->rank;
   const uint32_t PK = c->L.rpairs, tid = threadIdx.x;
@@ -419,6 +511,7 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
     const uint32_t y = __popc(others & ((1u << tid) - 1u));
     b->pm->src[y] = resc + dcpx_rescue_offset(&c->L, t, x, 0);
     b->pm->pl[y] = b->p2 + x * b->km.pk2;
+    b->pm->cs[y] = ~0u;
   }
   /* A saturated me: its rescue list (a barrier at its end), then the
    * first half of the block stores it to the peers while the second half
@@ -429,16 +522,20 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   const int sat = (mask >> me) & 1u;
   const int split = sat && !(c->diag & DCPX_K_DIAG_NO_OVERLAP);
   const uint32_t h = split ? b->nt / 2u : 0u; /* the copy's first thread */
+  uint32_t cnt = 0;
   if (sat) {
-    merge_rescue_list(b, t, T1, row, len, early);
+    cnt = merge_rescue_list(b, t, T1, row, len, early, ecount);
     merge_prof(b, t, 3);
-  } else {
-    __syncthreads(); /* off2 */
   }
+  /* off2 and kmin_s (warp 0) and pm's slots: a rescue list's own barrier
+   * covers them, but the early list for T1 = 0 (built at the row's start)
+   * is taken as it is, with none */
+  if (!sat || (early && !T1))
+    __syncthreads();
   if (tid < W && ((others >> tid) & 1u))
     b->pm->ent[__popc(others & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
   if (sat && tid < (split ? h : b->nt))
-    merge_store_rescue(b, t, mask, q2, tid, split ? h : b->nt);
+    merge_store_rescue(b, t, mask, q2, cnt, tid, split ? h : b->nt);
   merge_prof(b, t, 4);
   if (tid >= h) {
     const uint32_t tx = tid - h, n = b->nt - h;
@@ -459,16 +556,16 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   }
   merge_prof(b, t, 5);
   merge_prof_by(b, t, 18, b->nt - 32);
-  poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
-             c->ws + c->L.off_rescue, b->nt, &kmn, &kmx);
+  poll_rescue(wc, b->pm, __popc(others), PK, K, q2, c->ws + c->L.off_rescue,
+              b->nt, &kmn, &kmx);
   merge_prof(b, t, 16);
   dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
   merge_prof(b, t, 17);
   merge_prof_by(b, t, 19, b->nt - 32);
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_POLL_TWICE) { /* the same code again, at once */
-    poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
-               c->ws + c->L.off_rescue, b->nt, &kmn, &kmx);
+    poll_rescue(wc, b->pm, __popc(others), PK, K, q2,
+                c->ws + c->L.off_rescue, b->nt, &kmn, &kmx);
     dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
     __syncthreads();
   }
@@ -637,8 +734,9 @@ static __global__ void __launch_bounds__(NT, MT / NT)
 #pragma unroll 1
     for (uint32_t f = W * N + tid; f < plan.k1_words; f += NT)
       b.k1[f] = 0; /* the padding keys */
+    uint32_t ecount = 0; /* the early list's entries */
     if (EARLY)
-      merge_rescue_early(&b, t, logits, stride, row_ends, max_len);
+      ecount = merge_rescue_early(&b, t, logits, stride, row_ends, max_len);
     dcpx_dev_sel_zero(&S);
     __syncthreads();
 
@@ -698,7 +796,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
         if (!merge_rescue(&b, &wc, t, mask, T1,
                           dcpx_dev_epoch_next(rowq[t & 3u]),
                           logits + (uint64_t)t * stride, len, EARLY,
-                          &total))
+                          ecount, &total))
           break;
       }
 

@@ -261,6 +261,53 @@ static int wait_list(struct dcpx_member *m, row_wait *w, uint32_t region,
   return 0;
 }
 
+/* Waits for a rescue list (capacity K, row_words(K) words) stored as LL
+ * pairs tagged `tag` at byte offset `off` of this rank's rescue region,
+ * into words: only the words that are sent (docs/PROTOCOL.md 5.4). The
+ * entries come first, so the end mark (the first empty entry) is seen
+ * before any word whose being sent depends on the count; the others are
+ * 0 by definition. */
+static int wait_rescue(struct dcpx_member *m, row_wait *w, uint64_t off,
+                       uint32_t tag, uint32_t *words) {
+  const uint32_t K = m->L.topk, n = m->L.rw_k;
+  const uint64_t *src = (const uint64_t *)(m->ws[m->rank] +
+                                           m->L.reg[DCPX_REGION_RESCUE].off + off);
+  uint32_t c = K; /* known once h passes it */
+  for (uint32_t h = 0; h < n; h++) {
+    if (h > c || (h >= K && !dcpx_rescue_word_sent(K, c, h))) {
+      words[h] = 0;
+      continue;
+    }
+    int r = wait_half(m, w, DCPX_REGION_RESCUE, &src[h], tag,
+                      (uint32_t)(off / 8u) + h, &words[h]);
+    if (r < 0)
+      return r;
+    if (h < c && words[h] == 0)
+      c = h;
+  }
+  return 0;
+}
+
+/* Stores this rank's rescue list (capacity K) as LL pairs tagged `tag` at
+ * byte offset `off` of every rank's rescue region (itself included): the
+ * pairs that are sent (docs/PROTOCOL.md 5.4), both halves of each. */
+static void ll_store_rescue(struct dcpx_member *m, uint64_t off,
+                            const uint32_t *words, uint32_t tag) {
+  const uint32_t K = m->L.topk;
+  uint32_t c = 0;
+  while (c < K && words[c])
+    c++;
+  for (uint32_t d = 0; d < m->L.world; d++) {
+    uint64_t *dst = (uint64_t *)(m->ws[d] +
+                                 m->L.reg[DCPX_REGION_RESCUE].off + off);
+    for (uint32_t i = 0; i < m->L.rpairs; i++)
+      if (dcpx_rescue_pair_sent(K, c, i))
+        for (uint32_t h = 2 * i; h < 2 * i + 2; h++)
+          __atomic_store_n(&dst[h], ((uint64_t)tag << 32) | words[h],
+                           __ATOMIC_RELAXED);
+  }
+}
+
 /* Stores the n (even) words as n/2 LL pairs tagged `tag` at byte offset
  * `off` of region `region` in every rank's workspace (itself included). */
 static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
@@ -434,17 +481,15 @@ static int rescue(struct dcpx_member *m, row_wait *w, const merge_args *a,
   if ((mask >> me) & 1u) {
     dcpx__rescue_list(a->logits + t * a->stride, (uint32_t)a->row_ends[t],
                       L->topk, sw & 0xFFFFu, m->klist);
-    ll_store_all(m, DCPX_REGION_RESCUE,
-                 dcpx_rescue_offset(L, t, dcpx_rescue_slot(mask, me), 0),
-                 m->klist, L->rw_k, q);
+    ll_store_rescue(m, dcpx_rescue_offset(L, t, dcpx_rescue_slot(mask, me), 0),
+                    m->klist, q);
   }
   for (uint32_t s = 0; s < L->world; s++) {
     if (!((mask >> s) & 1u))
       continue;
     const uint32_t slot = dcpx_rescue_slot(mask, s);
     uint32_t *words = m->rlists + (size_t)slot * L->rw_k;
-    int r = wait_list(m, w, DCPX_REGION_RESCUE,
-                      dcpx_rescue_offset(L, t, slot, 0), L->rw_k, q, words);
+    int r = wait_rescue(m, w, dcpx_rescue_offset(L, t, slot, 0), q, words);
     if (r < 0)
       return r;
     klists[s] = words;

@@ -33,6 +33,8 @@
 #            against DCPX_BENCH_DIAG=$DIAG_B (default 16: no overlap of
 #            the sender's rescue stores with its round-2 copy),
 #            alternating, AB_ROUNDS rounds, at each W:N of ABM_SHAPES
+#   sanitize test_kernels under compute-sanitizer with SAN_ENV and only
+#            the cases SAN_ONLY names; then with DCPX_BENCH_DIAG=16
 #   earlyt1  one GPU, PDL forced: whole calls of W=2 (N=1280) and W=8
 #            (N=512) ranks with the early rescue list in every call, whose
 #            rescues with T1 > 0 filter it, against never (DCPX_RESC_EARLY
@@ -213,6 +215,22 @@ step_diagab() { # this build as shipped against itself with DCPX_BENCH_DIAG
       done
     done
   done
+}
+
+step_sanitize() { # test_kernels under compute-sanitizer (when the machine
+  # has it; else plainly), with the variables in SAN_ENV (e.g.
+  # "DCPX_RESC_EARLY=1") and only the cases DCPX_TEST_ONLY=$SAN_ONLY names;
+  # then the same without the sanitizer and with DCPX_BENCH_DIAG=16
+  local san
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  say "sanitize: ${san:-no compute-sanitizer} ${SAN_ENV:-} only=${SAN_ONLY:-all}"
+  env ${SAN_ENV:-} DCPX_TEST_ONLY=${SAN_ONLY:-} timeout -k 5 200 ${san:+$san --print-limit 20} \
+    "$B/tests/gpu/test_kernels" > "$OUT/sanitize.log" 2>&1 || rc=1
+  tail -40 "$OUT/sanitize.log" | tee -a "$OUT/summary.txt"
+  say "sanitize: DCPX_BENCH_DIAG=16 ${SAN_ENV:-} only=${SAN_ONLY:-all}"
+  env ${SAN_ENV:-} DCPX_BENCH_DIAG=16 DCPX_TEST_ONLY=${SAN_ONLY:-} timeout -k 5 100 \
+    "$B/tests/gpu/test_kernels" > "$OUT/sanitize16.log" 2>&1 || rc=1
+  tail -5 "$OUT/sanitize16.log" | tee -a "$OUT/summary.txt"
 }
 
 step_earlyt1() { # the early rescue list where rescues have T1 > 0: PDL

@@ -992,10 +992,21 @@ static void check_slots(const group *g) {
         const uint32_t q = ((const uint32_t *)(g->ws[d] + g->L.off_seq2))[t];
         const uint64_t *h =
             rescue_half(g, d, rescue_index(g, t, dcpx_rescue_slot(mask, s)));
+        uint32_t c = 0;
+        while (c < g->sh.topk && w[c])
+          c++;
+        /* the pairs that are sent carry the list, the others were not
+         * stored in this rescue (tag q is new to the slot) */
         for (uint32_t i = 0; i < g->L.rw_k; i++)
-          ck_assert_msg(h[i] == (((uint64_t)q << 32) | w[i]),
-                        "row %u rank %u's slot at rank %u, half %u", t, s, d,
-                        i);
+          if (dcpx_rescue_pair_sent(g->sh.topk, c, i / 2))
+            ck_assert_msg(h[i] == (((uint64_t)q << 32) | w[i]),
+                          "row %u rank %u's slot at rank %u, half %u", t, s,
+                          d, i);
+          else
+            ck_assert_msg((uint32_t)(h[i] >> 32) != q,
+                          "row %u rank %u's slot at rank %u, half %u: "
+                          "stored, but not a sent pair (c = %u)",
+                          t, s, d, i, c);
       }
     }
   }
@@ -1065,7 +1076,10 @@ static void *stale_peer_main(void *arg) {
 /* Rank 1 (saturated, simulated) leaves pairs of other rounds in its rescue
  * slot of rank 0: tags q - 1 and q + 1 with garbage words. Rank 0 must not
  * take them: with the right pairs stored 100 ms later its outputs are the
- * reference's; without them it gives up at the first stale half. */
+ * reference's; without them it gives up at the first stale half. deliver
+ * 2: only the pairs that are sent (docs/PROTOCOL.md 5.4) are stored, the
+ * others keep their stale tags and garbage, and rank 0 must not wait for
+ * them. */
 static void stale_case(int deliver) {
   group g;
   pthread_t th;
@@ -1075,6 +1089,9 @@ static void stale_case(int deliver) {
   g.rows = 1;
   fill(&g, 21, 5); /* rank 1 holds the best: mask 0b10 (W*N > K) */
   fill_full(&g);
+  if (deliver == 2) /* its best 8 only: a rescue list of 8 entries */
+    for (uint32_t l = 8; l < 100; l++)
+      g.logits[1][l] = 0x2000;
   ck_assert_int_eq(t_ref_call(&g.sh, 1, (const uint16_t *const *)g.logits,
                                  g.stride, (const int32_t *const *)g.ends, 0,
                                  g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv,
@@ -1092,6 +1109,17 @@ static void stale_case(int deliver) {
   if (!deliver) { /* the first half right, the second stale (q + 1) */
     bad[0] = good[0];
     tbad[0] = 11;
+  }
+  if (deliver == 2) { /* the unsent pairs stay as they are */
+    uint32_t c = 0;
+    while (c < 12 && good[c])
+      c++;
+    ck_assert_uint_eq(c, 8); /* pair 5 (entries 10, 11) is not sent */
+    for (uint32_t h = 0; h < g.L.rw_k; h++)
+      if (!dcpx_rescue_pair_sent(12, c, h / 2)) {
+        good[h] = bad[h];
+        tq[h] = tbad[h];
+      }
   }
   rescue_pairs(&g, bad, tbad);
   peer_pairs(&g, 1, 0, 0, 1, 0, g.L.pairs);
@@ -1124,6 +1152,7 @@ static void stale_case(int deliver) {
 START_TEST(test_stale_rescue_tags) {
   stale_case(1);
   stale_case(0);
+  stale_case(2);
 }
 END_TEST
 

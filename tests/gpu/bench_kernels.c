@@ -50,9 +50,17 @@ static inline uint64_t xs(void) {
  * case). FILL_CLUSTER (the push only): every rank alike, but the last
  * 1/16 of each row is 8x larger, so a row's top N lies in one contiguous
  * window (a recent-token window scoring high), in a few warps' ranges of
- * the push's row pass. */
+ * the push's row pass. BENCH_SKEW_FEW=X: FILL_SKEW boosts only about X
+ * elements of rank 0's row (every (local / X)-th) above every other
+ * rank's values, the rest like the others': with X a little above N,
+ * rank 0 is saturated with a rescue list of about X entries plus its
+ * share of the rest (a rescue where one rank holds slightly more than N
+ * of the top K, as in DCP rows that rescue). */
 enum { FILL_PLAIN, FILL_SKEW, FILL_DOMINANT, FILL_CLUSTER };
 static void fill(gg *g, uint32_t rows, int mode) {
+  const char *fe = getenv("BENCH_SKEW_FEW");
+  const uint32_t few = fe ? (uint32_t)atoi(fe) : 0;
+  const uint32_t every = few ? (g->sh.max_local / few ? g->sh.max_local / few : 1) : 0;
   for (uint32_t r = 0; r < g->W; r++) {
     for (uint32_t t = 0; t < rows; t++) {
       uint16_t *row = g->h_logits[r] + g->lofs + (uint64_t)t * g->stride;
@@ -62,8 +70,10 @@ static void fill(gg *g, uint32_t rows, int mode) {
         for (uint32_t k = 0; k < 4 && l + k < g->sh.max_local; k++) {
           uint32_t b = (uint32_t)(x >> (16 * k));
           uint32_t exp = 120 + (b >> 8) % 10, sign = (b >> 15) & 1;
-          if (mode == FILL_SKEW && r == 0)
+          if (mode == FILL_SKEW && r == 0 && !few)
             exp += 1;
+          if (mode == FILL_SKEW && r == 0 && few && (l + k) % every == 0)
+            exp = 131;
           if (mode == FILL_DOMINANT && r == 0) {
             exp += 10;
             sign = 0;
