@@ -106,87 +106,68 @@ DCPX_D void stage_word(const poll_map *m, uint32_t x, uint32_t j, uint32_t C,
   }
 }
 
+/* Pair i of list x arrived as (wa, wb): both words staged. Of a rescue
+ * list, a pair holding the list's end mark (its first empty entry) also
+ * gives the list's entry count, into m->cs[x]. */
+DCPX_D void pair_take(poll_map *m, uint32_t x, uint32_t i, uint32_t C,
+                      int rescue, uint32_t wa, uint32_t wb, uint32_t *kmn,
+                      uint32_t *kmx) {
+  const uint32_t j = 2u * i;
+  stage_word(m, x, j, C, wa, kmn, kmx);
+  stage_word(m, x, j + 1u, C, wb, kmn, kmx);
+  if (!rescue)
+    return;
+  if (j < C && wa == 0u)
+    atomicMin(&m->cs[x], j);
+  else if (j + 1u < C && wb == 0u)
+    atomicMin(&m->cs[x], j + 1u);
+}
+
+/* The bounded wait for pair i of list x at p, which was late at the first
+ * look: 1 when it arrived (*pa, *pb), 0 when the wait gave up, and, for a
+ * rescue list, 2 when the list's end mark shows the pair is not sent
+ * (docs/PROTOCOL.md 5.4; its words are zeros). Until the end mark is in, a
+ * wait cannot tell a pair not sent from one on its way. */
+DCPX_D int pair_wait(const dcpx_wctx *w, const poll_map *m, uint32_t x,
+                     uint32_t i, const char *p, uint32_t e, uint32_t region,
+                     uint32_t index, uint32_t C, int rescue, uint64_t *pa,
+                     uint64_t *pb) {
+  if (!rescue)
+    return dcpx_dev_wait_ll(w, p, e, region, index, pa, pb);
+  uint64_t mine = dcpx_dev_now();
+  for (;;) {
+    dcpx_dev_ll_load(p, pa, pb);
+    const uint32_t ta = (uint32_t)(*pa >> 32), tb = (uint32_t)(*pb >> 32);
+    if (ta == e && tb == e)
+      return 1;
+    const uint32_t c = *(const volatile uint32_t *)&m->cs[x];
+    if (c != ~0u && !dcpx_rescue_pair_sent(C, c, i))
+      return 2;
+    if (!dcpx_dev_wait_step(w, &mine, region, ta != e ? index : index + 1, e,
+                            ta != e ? ta : tb))
+      return 0;
+  }
+}
+
 /* Polls nsrc lists of `pairs` LL pairs (tag e) into the staging area and
  * tracks the range of the non-empty entry keys. region_base: the start of
  * the polled region in this rank's workspace (record indices). The pairs
  * that carry tag e at the first look are staged by the unrolled fast
- * path; the others wait one by one (dcpx_dev_wait_ll, out of line). */
-DCPX_D void poll_lists(const dcpx_wctx *w, const poll_map *m, uint32_t nsrc,
+ * path; the others wait one by one (pair_wait). rescue (a constant at
+ * each call): the lists are rescue lists of capacity C, of which only the
+ * pairs that are sent are waited for (m->cs[x] reset to ~0 by the
+ * caller); padding pairs are zeros at once. */
+DCPX_D void poll_lists(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
                        uint32_t pairs, uint32_t C, uint32_t e,
                        uint32_t region, const char *region_base, uint32_t nt,
-                       uint32_t *kmn, uint32_t *kmx) {
+                       int rescue, uint32_t *kmn, uint32_t *kmx) {
+  const uint32_t used = C + (C + 31u) / 32u; /* a rescue list's words sent */
 #pragma unroll 1
   for (uint32_t i = threadIdx.x; i < pairs && !w->bw->fail; i += nt) {
+    if (rescue && 2u * i >= used) { /* padding: never sent */
 #pragma unroll 1
-    for (uint32_t x0 = 0; x0 < nsrc; x0 += 8) {
-      uint64_t a[8], b[8];
-      uint32_t late = 0;
-#pragma unroll
-      for (uint32_t u = 0; u < 8; u++)
-        if (x0 + u < nsrc)
-          dcpx_dev_ll_load(m->src[x0 + u] + (uint64_t)i * 16u, &a[u], &b[u]);
-#pragma unroll
-      for (uint32_t u = 0; u < 8; u++) {
-        const uint32_t x = x0 + u;
-        if (x >= nsrc)
-          break;
-        if ((uint32_t)(a[u] >> 32) != e || (uint32_t)(b[u] >> 32) != e) {
-          late |= 1u << u;
-          continue;
-        }
-        stage_word(m, x, 2 * i, C, (uint32_t)a[u], kmn, kmx);
-        stage_word(m, x, 2 * i + 1, C, (uint32_t)b[u], kmn, kmx);
-      }
-      while (late) {
-        const uint32_t x = x0 + __ffs(late) - 1;
-        late &= late - 1;
-        const char *p = m->src[x] + (uint64_t)i * 16u;
-        uint64_t pa, pb;
-        if (!dcpx_dev_wait_ll(w, p, e, region,
-                              (uint32_t)((p - region_base) / 8u), &pa, &pb))
-          return;
-        stage_word(m, x, 2 * i, C, (uint32_t)pa, kmn, kmx);
-        stage_word(m, x, 2 * i + 1, C, (uint32_t)pb, kmn, kmx);
-      }
-    }
-  }
-}
-
-/* Rescue list x's pair i arrived as (wa, wb): staged, and when it holds
- * the list's end mark (its first empty entry), the list's entry count
- * into m->cs[x]. */
-DCPX_D void rescue_take(poll_map *m, uint32_t x, uint32_t i, uint32_t K,
-                        uint32_t wa, uint32_t wb, uint32_t *kmn,
-                        uint32_t *kmx) {
-  const uint32_t j = 2u * i;
-  stage_word(m, x, j, K, wa, kmn, kmx);
-  stage_word(m, x, j + 1u, K, wb, kmn, kmx);
-  if (j < K && wa == 0u)
-    atomicMin(&m->cs[x], j);
-  else if (j + 1u < K && wb == 0u)
-    atomicMin(&m->cs[x], j + 1u);
-}
-
-/* Polls nsrc rescue lists (capacity K, `pairs` LL pairs each, tag e) into
- * the staging area, tracking the range of their keys: only the pairs that
- * are sent (docs/PROTOCOL.md 5.4). A pair past a list's end is staged as
- * zeros once the pair holding the end mark has arrived (m->cs[x], reset
- * to ~0 by the caller): until then a wait cannot tell a pair not sent
- * from one still on its way. region_base: the start of the rescue region
- * (record indices). */
-DCPX_D void poll_rescue(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
-                        uint32_t pairs, uint32_t K, uint32_t e,
-                        const char *region_base, uint32_t nt, uint32_t *kmn,
-                        uint32_t *kmx) {
-  const uint32_t used = K + (K + 31u) / 32u; /* words ever sent */
-#pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < pairs && !w->bw->fail; i += nt) {
-    if (2u * i >= used) { /* padding: never sent */
-#pragma unroll 1
-      for (uint32_t x = 0; x < nsrc; x++) {
-        stage_word(m, x, 2u * i, K, 0u, kmn, kmx);
-        stage_word(m, x, 2u * i + 1u, K, 0u, kmn, kmx);
-      }
+      for (uint32_t x = 0; x < nsrc; x++)
+        pair_take(m, x, i, C, 0, 0u, 0u, kmn, kmx);
       continue;
     }
 #pragma unroll 1
@@ -206,32 +187,23 @@ DCPX_D void poll_rescue(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
           late |= 1u << u;
           continue;
         }
-        rescue_take(m, x, i, K, (uint32_t)a[u], (uint32_t)b[u], kmn, kmx);
+        pair_take(m, x, i, C, rescue, (uint32_t)a[u], (uint32_t)b[u], kmn,
+                  kmx);
       }
       while (late) {
         const uint32_t x = x0 + __ffs(late) - 1;
         late &= late - 1;
         const char *p = m->src[x] + (uint64_t)i * 16u;
-        const uint32_t index = (uint32_t)((p - region_base) / 8u);
-        uint64_t mine = dcpx_dev_now(), pa, pb;
-        for (;;) {
-          dcpx_dev_ll_load(p, &pa, &pb);
-          const uint32_t ta = (uint32_t)(pa >> 32), tb = (uint32_t)(pb >> 32);
-          if (ta == e && tb == e) {
-            rescue_take(m, x, i, K, (uint32_t)pa, (uint32_t)pb, kmn, kmx);
-            break;
-          }
-          const uint32_t c = *(volatile uint32_t *)&m->cs[x];
-          if (c != ~0u && !dcpx_rescue_pair_sent(K, c, i)) { /* not sent */
-            stage_word(m, x, 2u * i, K, 0u, kmn, kmx);
-            stage_word(m, x, 2u * i + 1u, K, 0u, kmn, kmx);
-            break;
-          }
-          if (!dcpx_dev_wait_step(w, &mine, DCPX_REGION_RESCUE,
-                                  ta != e ? index : index + 1, e,
-                                  ta != e ? ta : tb))
-            return;
-        }
+        uint64_t pa = 0, pb = 0;
+        const int r = pair_wait(w, m, x, i, p, e, region,
+                                (uint32_t)((p - region_base) / 8u), C, rescue,
+                                &pa, &pb);
+        if (!r)
+          return;
+        if (r == 2)
+          pa = pb = 0;
+        pair_take(m, x, i, C, rescue && r == 1, (uint32_t)pa, (uint32_t)pb,
+                  kmn, kmx);
       }
     }
   }
@@ -394,7 +366,8 @@ DCPX_D uint32_t merge_rescue_list(mblk *b, uint32_t t, uint32_t T1,
 
 /* That list (list2, cnt entries) stored as LL pairs tagged q2 into me's
  * slot of row t of every other rank, by threads tx = 0 .. n - 1 of the
- * block: the pairs that are sent (docs/PROTOCOL.md 5.4). */
+ * block: the pairs that are sent (docs/PROTOCOL.md 5.4), every pair when
+ * q2 is a refresh (dcpx_rescue_refresh). */
 DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
                                uint32_t q2, uint32_t cnt, uint32_t tx,
                                uint32_t n) {
@@ -406,7 +379,7 @@ DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
     return;
 #pragma unroll 1
   for (uint32_t i = tx; i < PK; i += n) {
-    if (!dcpx_rescue_pair_sent(c->topk, cnt, i) &&
+    if (!dcpx_rescue_pair_sent(c->topk, cnt, i) && !dcpx_rescue_refresh(q2) &&
         !(c->diag & DCPX_K_DIAG_FULL_RESCUE))
       continue;
     const uint2 w = ((const uint2 *)b->list2)[i];
@@ -556,16 +529,16 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   }
   merge_prof(b, t, 5);
   merge_prof_by(b, t, 18, b->nt - 32);
-  poll_rescue(wc, b->pm, __popc(others), PK, K, q2, c->ws + c->L.off_rescue,
-              b->nt, &kmn, &kmx);
+  poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
+             c->ws + c->L.off_rescue, b->nt, 1, &kmn, &kmx);
   merge_prof(b, t, 16);
   dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
   merge_prof(b, t, 17);
   merge_prof_by(b, t, 19, b->nt - 32);
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_POLL_TWICE) { /* the same code again, at once */
-    poll_rescue(wc, b->pm, __popc(others), PK, K, q2,
-                c->ws + c->L.off_rescue, b->nt, &kmn, &kmx);
+    poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
+               c->ws + c->L.off_rescue, b->nt, 1, &kmn, &kmx);
     dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
     __syncthreads();
   }
@@ -744,7 +717,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
     do {
       /* ---- 1. poll the W lists ---- */
       poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
-                 NT, &kmn, &kmx);
+                 NT, 0, &kmn, &kmx);
       if (hook_on && t == 0 && tid == NT - 1)
         hook_armed = c.health[me].fault_armed;
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
@@ -753,7 +726,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       __syncthreads();
       if (c.diag & DCPX_K_DIAG_POLL_TWICE) {
         poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS,
-                   ws + c.L.off_ll, NT, &kmn, &kmx);
+                   ws + c.L.off_ll, NT, 0, &kmn, &kmx);
         dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
         __syncthreads();
       }

@@ -274,7 +274,7 @@ static int wait_rescue(struct dcpx_member *m, row_wait *w, uint64_t off,
                                            m->L.reg[DCPX_REGION_RESCUE].off + off);
   uint32_t c = K; /* known once h passes it */
   for (uint32_t h = 0; h < n; h++) {
-    if (h > c || (h >= K && !dcpx_rescue_word_sent(K, c, h))) {
+    if (h < K ? h > c : !dcpx_rescue_word_sent(K, c, h)) {
       words[h] = 0;
       continue;
     }
@@ -290,7 +290,8 @@ static int wait_rescue(struct dcpx_member *m, row_wait *w, uint64_t off,
 
 /* Stores this rank's rescue list (capacity K) as LL pairs tagged `tag` at
  * byte offset `off` of every rank's rescue region (itself included): the
- * pairs that are sent (docs/PROTOCOL.md 5.4), both halves of each. */
+ * pairs that are sent (docs/PROTOCOL.md 5.4), both halves of each; every
+ * pair when the tag is a refresh (dcpx_rescue_refresh). */
 static void ll_store_rescue(struct dcpx_member *m, uint64_t off,
                             const uint32_t *words, uint32_t tag) {
   const uint32_t K = m->L.topk;
@@ -301,7 +302,7 @@ static void ll_store_rescue(struct dcpx_member *m, uint64_t off,
     uint64_t *dst = (uint64_t *)(m->ws[d] +
                                  m->L.reg[DCPX_REGION_RESCUE].off + off);
     for (uint32_t i = 0; i < m->L.rpairs; i++)
-      if (dcpx_rescue_pair_sent(K, c, i))
+      if (dcpx_rescue_pair_sent(K, c, i) || dcpx_rescue_refresh(tag))
         for (uint32_t h = 2 * i; h < 2 * i + 2; h++)
           __atomic_store_n(&dst[h], ((uint64_t)tag << 32) | words[h],
                            __ATOMIC_RELAXED);

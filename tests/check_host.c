@@ -998,7 +998,8 @@ static void check_slots(const group *g) {
         /* the pairs that are sent carry the list, the others were not
          * stored in this rescue (tag q is new to the slot) */
         for (uint32_t i = 0; i < g->L.rw_k; i++)
-          if (dcpx_rescue_pair_sent(g->sh.topk, c, i / 2))
+          if (dcpx_rescue_pair_sent(g->sh.topk, c, i / 2) ||
+              dcpx_rescue_refresh(q))
             ck_assert_msg(h[i] == (((uint64_t)q << 32) | w[i]),
                           "row %u rank %u's slot at rank %u, half %u", t, s,
                           d, i);
@@ -1015,6 +1016,34 @@ static void check_slots(const group *g) {
 /* Every row rescues, every rank saturated (W*N < K and full rows, so all
  * S = W slots are used), for several shapes, one with rows beyond 2^16
  * (bit 16 of l in the rescue lists); then rows of which only some rescue. */
+/* A rescue list shorter than K (c = 30 of K = 64) whose entries all lie
+ * at l >= 65536: their plane words are sent and must be read (a receiver
+ * that took every word past the end mark as 0 lost bit 16 of l). Both
+ * ranks' rows are NaN but for 30 values each; rank 0's are the larger. */
+START_TEST(test_rescue_short_list_planes) {
+  group g;
+  group_init(&g, 2, 1, 64, 16, 7, 2, 70000, 5000000000ull);
+  g.rows = 1;
+  for (uint32_t d = 0; d < 2; d++) {
+    g.ends[d][0] = 70000;
+    for (uint32_t l = 0; l < 70000; l++)
+      g.logits[d][l] = 0x7FC0; /* NaN */
+    for (uint32_t l = 0; l < 30; l++)
+      g.logits[d][66000 + 7 * l] = (uint16_t)((d ? 0x3000 : 0x4000) + l);
+  }
+  run_call(&g);
+  ck_assert_uint_eq(check_exact(&g, "short rescue list, l >= 2^16"), 1);
+  check_slots(&g); /* the sent pairs only */
+  /* the 65,536th rescue of the row stores every pair of the slot */
+  for (uint32_t d = 0; d < 2; d++)
+    ((uint32_t *)(g.ws[d] + g.L.off_seq2))[0] = 0xFFFFu;
+  run_call(&g);
+  ck_assert_uint_eq(check_exact(&g, "short rescue list, refresh"), 1);
+  ck_assert_uint_eq(((uint32_t *)(g.ws[0] + g.L.off_seq2))[0], 0x10000u);
+  check_slots(&g); /* every pair */
+}
+END_TEST
+
 START_TEST(test_rescue_rows) {
   static const uint32_t shapes[][5] = {/* W, K, N, max_local, R */
                                        {3, 64, 8, 300, 4},
@@ -1518,6 +1547,7 @@ int main(void) {
   tcase_add_test(tc, test_fault_stall_bounds);
   tcase_add_test(tc, test_wait_phase_trickle);
   tcase_add_test(tc, test_rescue_rows);
+  tcase_add_test(tc, test_rescue_short_list_planes);
   tcase_add_test(tc, test_stale_rescue_tags);
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_async_error);

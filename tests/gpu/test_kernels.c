@@ -75,6 +75,12 @@ enum gen {
   G_WINDOW,   /* random, with a hot window of len / 16 holding the top N
                  (where: per row): a few warps' candidate buffers overrun */
   NGEN,
+  /* not in the mix: candidates only at every 37th l of the row's second
+   * half (the rest NaN), rank dom's 10 larger: with W*N < K every rank's
+   * rescue list holds fewer than K entries, all at l >= 65536 in a row
+   * of 131,072 (their plane words are sent, the pairs past the list's
+   * end are not: docs/PROTOCOL.md 5.4) */
+  G_SPARSE = 50,
   G_MIX = 100 /* row t of call c uses gen (t + c) % NGEN */
 };
 
@@ -82,7 +88,7 @@ static const char *gen_name(int gen) {
   static const char *n[] = {"random", "fewvals", "alleq", "special",
                             "dominant", "ints", "allnan", "desc",
                             "asc", "tiek", "neg", "window"};
-  return gen == G_MIX ? "mix" : n[gen];
+  return gen == G_MIX ? "mix" : gen == G_SPARSE ? "sparse" : n[gen];
 }
 
 enum lenmode { LEN_FULL, LEN_MIX };
@@ -127,6 +133,10 @@ static uint16_t gen_value(int gen, uint64_t *s, uint32_t r, uint32_t l,
     return 0x3F80;
   case G_NEG:
     return f2bf((float)(-1.0 - fabs(rnd_normal(s) * 4.0)));
+  case G_SPARSE:
+    if (l < len / 2 || l % 37u)
+      return 0x7FC0; /* NaN: no candidate */
+    return f2bf((float)(rnd_normal(s) + (r == dom ? 10.0 : 0.0)));
   case G_WINDOW: {
     const uint32_t w0 = (uint32_t)(((uint64_t)dom * len) / W);
     return f2bf((float)(rnd_normal(s) +
@@ -372,6 +382,13 @@ static const tcase cases[] = {
      0, 3, 5, 1, 0},
     {"w3-n31-k4096-len131072", 3, 31, 4096, 131072, 4, 64, 2, G_MIX,
      LEN_FULL, 2, 0, 5, 1, 1, 0},
+    {"w3-n31-k4096-sparse-131072", 3, 31, 4096, 131072, 4, 64, 2, G_SPARSE,
+     LEN_FULL, 2, 0, 0, 0, 1, 0},
+    /* every row rescues in every call, with seq2 crossing 65,536: one
+     * rescue stores every pair of its slots (dcpx_rescue_refresh), the
+     * others only the pairs that are sent */
+    {"refresh-w3-n31-k4096-sparse", 3, 31, 4096, 65536, 3, 64, 1, G_SPARSE,
+     LEN_FULL, 6, 0, 0, 0, 1, 65532u},
     {"w8-n512-k2048-random", 8, 512, 2048, 16384, 16, 64, 1, G_RANDOM,
      LEN_FULL, 2, 0, 0, 0, -1, 0},
     {"w8-n512-k2048-mix-65536", 8, 512, 2048, 65536, 10, 64, 1, G_MIX,
