@@ -25,9 +25,12 @@
  *      ord16 >= T1: one counting and one placing pass over its row) and
  *      stores it as LL pairs tagged q2 into rescue slot
  *      popcount(mask & ((1 << me) - 1)) of row t of every other rank (its
- *      own copy goes straight into k2). No fence, no flag. Every rank
- *      polls the slots of the other saturated ranks (tag q2) into its
- *      staging area: round 2's keys k2, rank-major, each rank's
+ *      own copy goes straight into k2): only the pairs that are sent
+ *      (the entries, the end mark, their plane words; docs/PROTOCOL.md
+ *      5.4), half the block storing while the other half prepares round
+ *      2. No fence, no flag. Every rank polls the slots of the other
+ *      saturated ranks (tag q2; a pair past a list's end mark is zeros)
+ *      into its staging area: round 2's keys k2, rank-major, each rank's
  *      segment padded to 4 keys: a saturated rank's rescue list (built
  *      in `list2`), any other rank's S1 keys compacted in order (their
  *      entries are `list`'s, so round 2 walks about K + the extras, not
