@@ -1041,6 +1041,7 @@ START_TEST(test_rescue_short_list_planes) {
   ck_assert_uint_eq(check_exact(&g, "short rescue list, refresh"), 1);
   ck_assert_uint_eq(((uint32_t *)(g.ws[0] + g.L.off_seq2))[0], 0x10000u);
   check_slots(&g); /* every pair */
+  group_free(&g);
 }
 END_TEST
 
