@@ -33,6 +33,7 @@
 #            against DCPX_BENCH_DIAG=$DIAG_B (default 16: no overlap of
 #            the sender's rescue stores with its round-2 copy),
 #            alternating, AB_ROUNDS rounds, at each W:N of ABM_SHAPES
+#            (DIAGAB_FULL=1: whole calls of all W ranks too)
 #   sanitize test_kernels under compute-sanitizer with SAN_ENV and only
 #            the cases SAN_ONLY names; then with DCPX_BENCH_DIAG=16
 #   earlyt1  one GPU, PDL forced: whole calls of W=2 (N=1280) and W=8
@@ -206,10 +207,11 @@ step_diagab() { # this build as shipped against itself with DCPX_BENCH_DIAG
     for sh in ${ABM_SHAPES:-8:512}; do
       local w=${sh%%:*} n=${sh##*:}
       for v in 0 "${DIAG_B:-16}"; do
-        local f="$OUT/diagab${i}_w${w}_d$v.md"
+        local f="$OUT/diagab${i}_w${w}_d$v.md" q=BENCH_QUICK=1
+        [ -n "${DIAGAB_FULL:-}" ] && q= # whole calls too
         say "diagab round $i, W=$w N=$n: DCPX_BENCH_DIAG=$v"
-        DCPX_BENCH_DIAG=$v BENCH_W=$w BENCH_N=$n BENCH_QUICK=1 BENCH_REPS=5 \
-          BENCH_LEN=16384 timeout -k 5 120 "$B/tests/gpu/bench_kernels" \
+        env $q DCPX_BENCH_DIAG=$v BENCH_W=$w BENCH_N=$n BENCH_REPS=5 \
+          BENCH_LEN=16384 timeout -k 5 150 "$B/tests/gpu/bench_kernels" \
           > "$f" 2>&1 || rc=1
         show "^\| 16384|rows 1, |rows 64, |stores beside" "$f" 40
       done
