@@ -378,12 +378,13 @@ DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
   const uint32_t W = c->world, me = c->rank, PK = c->L.rpairs;
   const uint32_t slot = __popc(mask & ((1u << me) - 1u));
   const uint64_t dst = c->L.off_rescue + dcpx_rescue_offset(&c->L, t, slot, 0);
+  const int all =
+      dcpx_rescue_refresh(q2) || (c->diag & DCPX_K_DIAG_FULL_RESCUE);
   if (c->diag & DCPX_K_DIAG_NO_RESCUE_STORES)
     return;
 #pragma unroll 1
   for (uint32_t i = tx; i < PK; i += n) {
-    if (!dcpx_rescue_pair_sent(c->topk, cnt, i) && !dcpx_rescue_refresh(q2) &&
-        !(c->diag & DCPX_K_DIAG_FULL_RESCUE))
+    if (!all && !dcpx_rescue_pair_sent(c->topk, cnt, i))
       continue;
     const uint2 w = ((const uint2 *)b->list2)[i];
 #pragma unroll 1
@@ -498,6 +499,7 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   const int sat = (mask >> me) & 1u;
   const int split = sat && !(c->diag & DCPX_K_DIAG_NO_OVERLAP);
   const uint32_t h = split ? b->nt / 2u : 0u; /* the copy's first thread */
+  const uint32_t ns = split ? h : b->nt;      /* the storing threads */
   uint32_t cnt = 0;
   if (sat) {
     cnt = merge_rescue_list(b, t, T1, row, len, early, ecount);
@@ -510,8 +512,8 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
     __syncthreads();
   if (tid < W && ((others >> tid) & 1u))
     b->pm->ent[__popc(others & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
-  if (sat && tid < (split ? h : b->nt))
-    merge_store_rescue(b, t, mask, q2, cnt, tid, split ? h : b->nt);
+  if (sat && tid < ns)
+    merge_store_rescue(b, t, mask, q2, cnt, tid, ns);
   merge_prof(b, t, 4);
   if (tid >= h) {
     const uint32_t tx = tid - h, n = b->nt - h;

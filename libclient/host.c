@@ -288,21 +288,19 @@ static int wait_rescue(struct dcpx_member *m, row_wait *w, uint64_t off,
   return 0;
 }
 
-/* Stores this rank's rescue list (capacity K) as LL pairs tagged `tag` at
- * byte offset `off` of every rank's rescue region (itself included): the
- * pairs that are sent (docs/PROTOCOL.md 5.4), both halves of each; every
- * pair when the tag is a refresh (dcpx_rescue_refresh). */
+/* Stores this rank's rescue list (capacity K, c entries) as LL pairs
+ * tagged `tag` at byte offset `off` of every rank's rescue region (itself
+ * included): the pairs that are sent (docs/PROTOCOL.md 5.4), both halves
+ * of each; every pair when the tag is a refresh (dcpx_rescue_refresh). */
 static void ll_store_rescue(struct dcpx_member *m, uint64_t off,
-                            const uint32_t *words, uint32_t tag) {
+                            const uint32_t *words, uint32_t c, uint32_t tag) {
   const uint32_t K = m->L.topk;
-  uint32_t c = 0;
-  while (c < K && words[c])
-    c++;
+  const int all = dcpx_rescue_refresh(tag);
   for (uint32_t d = 0; d < m->L.world; d++) {
     uint64_t *dst = (uint64_t *)(m->ws[d] +
                                  m->L.reg[DCPX_REGION_RESCUE].off + off);
     for (uint32_t i = 0; i < m->L.rpairs; i++)
-      if (dcpx_rescue_pair_sent(K, c, i) || dcpx_rescue_refresh(tag))
+      if (all || dcpx_rescue_pair_sent(K, c, i))
         for (uint32_t h = 2 * i; h < 2 * i + 2; h++)
           __atomic_store_n(&dst[h], ((uint64_t)tag << 32) | words[h],
                            __ATOMIC_RELAXED);
@@ -480,10 +478,11 @@ static int rescue(struct dcpx_member *m, row_wait *w, const merge_args *a,
   const dcpx_layout *L = &m->L;
   const uint32_t me = m->rank, t = w->t;
   if ((mask >> me) & 1u) {
-    dcpx__rescue_list(a->logits + t * a->stride, (uint32_t)a->row_ends[t],
-                      L->topk, sw & 0xFFFFu, m->klist);
+    const uint32_t c =
+        dcpx__rescue_list(a->logits + t * a->stride, (uint32_t)a->row_ends[t],
+                          L->topk, sw & 0xFFFFu, m->klist);
     ll_store_rescue(m, dcpx_rescue_offset(L, t, dcpx_rescue_slot(mask, me), 0),
-                    m->klist, q);
+                    m->klist, c, q);
   }
   for (uint32_t s = 0; s < L->world; s++) {
     if (!((mask >> s) & 1u))
