@@ -90,8 +90,12 @@ int dcpx_ref_call(const dcpx_shape *sh, const dcpx_ref_in *in,
   const uint32_t *lists[DCPX_MAX_WORLD], *klists[DCPX_MAX_WORLD];
   uint32_t *buf = NULL;
   dcpx_ref_stats st = {0, 0, 0};
+  dcpx_shape resolved;
   int r;
 
+  /* local_topk = 0: the library's N, as dcpx_shape_check and dcpx_join
+   * take it */
+  sh = dcpx__shape_resolved(sh, &resolved);
   r = check_call(sh, in, out);
   if (r < 0)
     return r;

@@ -351,7 +351,10 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * dcpx_push/dcpx_merge pairs, with dcpx_poll (or dcpx_health) once in a
  * while off the hot path, e.g. once per step -> dcpx_leave ->
  * dcpx_disconnect. A failed call (DCPX_E_FAILED, DCPX_E_ABORTED) is
- * followed by dcpx_recover before the next call.
+ * followed by dcpx_recover before the next call. A call may complete on
+ * one rank and fail on another: after the recovery every rank must
+ * resume at the same call (the engine agrees on a failed step across
+ * ranks and all redo it; docs/PROTOCOL.md 6.4).
  *
  * The call path (dcpx_push, dcpx_merge) never allocates and never enters
  * the kernel except in a wait that has spun without success (it then

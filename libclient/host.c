@@ -324,7 +324,8 @@ static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
 static int check_rows(struct dcpx_member *m, const char *fn, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
                       const int32_t *row_ends, int need_logits) {
-  if ((!logits && need_logits) || !row_ends) {
+  if (rows && ((!logits && need_logits) || !row_ends)) { /* an empty call
+                                                            * may pass NULL */
     DCPX_REFUSE(m, "%s: group %s rank %u: %s is NULL", fn, m->group, m->rank,
                 row_ends ? "logits" : "row_ends");
     return DCPX_E_INVAL;
@@ -571,8 +572,8 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
   int r, range = 0;
 
   rows_begin(m, rows);
-  const int no_args =
-      !in->req_id || !in->block_table || !out->rows_out || !valid_out;
+  const int no_args = rows && (!in->req_id || !in->block_table ||
+                                !out->rows_out || !valid_out);
   if (no_args)
     DCPX_REFUSE(m, "dcpx_merge: group %s rank %u: req_id, block_table, "
                 "rows_out and valid_out must not be NULL", m->group, m->rank);

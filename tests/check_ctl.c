@@ -396,6 +396,10 @@ START_TEST(test_check_records) {
   CTL(0, "records", "--limit", "0x10");
   CTL(2, "records", "--limit", "0x");
   CTL(2, "records", "--limit", "12abc");
+  CTL(0, "records", "--rank", "0x1"); /* a rank too (it was decimal only) */
+  CTL(0, "records", "--rank", "01");
+  CTL(2, "records", "--rank", "0x");
+  CTL(2, "records", "--rank", "0x-1");
   sh->release = 0x7;
   CC_ASSERT(hh_wait_progress(sh, W, sh->resume_at + 20, 20000) == 0,
             "no calls after the reset: %s", hh_rank_errors(sh, W));

@@ -278,6 +278,35 @@ START_TEST(test_exact_random) {
 }
 END_TEST
 
+/* An empty call (rows 0) may pass NULL for every array (include/dcpx.h):
+ * it succeeds on every rank, fails nobody, and the calls after it are
+ * exact. It used to be refused for its NULL row_ends, which failed the
+ * rank and aborted the group (the CUDA backend took it). */
+START_TEST(test_empty_call) {
+  group g;
+  group_init(&g, 3, 4, 64, 16, 1, 1, 700, 5000000000ull);
+  const dcpx_rank_health *h =
+      (const dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
+  for (int round = 0; round < 2; round++) {
+    for (uint32_t d = 0; d < 3; d++) {
+      dcpx_call in = DCPX_CALL_INIT;
+      dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+      ck_assert_int_eq(dcpx_push(g.m[d], &in, NULL), 0);
+      ck_assert_int_eq(dcpx_merge(g.m[d], &in, &out, NULL), 0);
+    }
+    for (uint32_t d = 0; d < 3; d++)
+      ck_assert_uint_eq(h[d].failed, 0);
+    ck_assert_uint_eq(((const dcpx_ctl_header *)g.ctl)->abort, 0);
+    g.rows = 3;
+    g.tag = (uint64_t)round;
+    fill(&g, 99 + (uint64_t)round, round);
+    run_call(&g);
+    check_exact(&g, "after an empty call");
+  }
+  group_free(&g);
+}
+END_TEST
+
 /* Rank d's merge of the group's rows `rows` into its outputs. */
 static int merge_of(group *g, uint32_t d, uint32_t rows) {
   return t_merge(g->m[d], rows, g->logits[d], g->stride, g->ends[d], g->req,
@@ -1536,6 +1565,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_exact_random);
   tcase_add_test(tc, test_call_order);
+  tcase_add_test(tc, test_empty_call);
   tcase_add_test(tc, test_epoch_wrap);
   tcase_add_test(tc, test_absent_rank_times_out);
   tcase_add_test(tc, test_abort_stops_waits);

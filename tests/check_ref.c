@@ -146,6 +146,7 @@ typedef struct tcall {
   int32_t *req_id[DCPX_MAX_WORLD];  /* [rows], rank's own */
   int32_t *bt[DCPX_MAX_WORLD];      /* [bt_rows][bt_cols], rank's own */
   uint32_t bt_rows, bt_cols;
+  int call_auto_n; /* dcpx_ref_call gets local_topk = 0 (sh has its N) */
 } tcall;
 
 static void tcall_init(tcall *c, uint32_t W, uint32_t rows, uint32_t K,
@@ -346,7 +347,10 @@ static void check_call(const tcall *c, const char *what, uint64_t seed,
       sat[t] = 0xEEEEEEEEu;
     }
     dcpx_ref_stats st = {0, 0, 0};
-    int rc = t_ref_call(&c->sh, rows, lg, c->stride, re, d, c->req_id[d],
+    dcpx_shape csh = c->sh;
+    if (c->call_auto_n)
+      csh.local_topk = 0;
+    int rc = t_ref_call(&csh, rows, lg, c->stride, re, d, c->req_id[d],
                            c->bt[d], c->bt_rows, c->bt_cols, rows_out, valid,
                            ids_out, sat, &st);
     EXPECT(rc == 0, "%s seed=0x%" PRIx64 " d=%u: dcpx_ref_call = %d (%s)",
@@ -607,10 +611,15 @@ static uint32_t pick_K(uint64_t *s) {
 }
 
 /* One random case of the small suite. */
+static int g_auto_n; /* random cases with local_topk = 0 (the library's N) */
+
 static void random_case(uint64_t seed, counts *acc) {
   uint64_t s = seed;
   tcall c;
   uint32_t W = rnd_in(&s, 1, 16), K = pick_K(&s), N = pick_N(&s, K, W);
+  const uint32_t auto_n = g_auto_n ? dcpx_shape_auto_local_topk(W, K) : 0;
+  if (auto_n)
+    N = auto_n;
   uint32_t B = Bs[dcpx_rnd_below(&s, 3)], I = Is[dcpx_rnd_below(&s, 4)];
   uint32_t rows = rnd_in(&s, 1, 4);
   /* Keep the work per case around W * rows * max_local <= 48k. */
@@ -620,6 +629,7 @@ static void random_case(uint64_t seed, counts *acc) {
     max_local = rnd_in(&s, 1, 16);
   uint64_t stride = max_local + dcpx_rnd_below(&s, 5);
   tcall_init(&c, W, rows, K, N, B, I, max_local, stride, rnd_in(&s, 1, 3));
+  c.call_auto_n = auto_n != 0;
   if (dcpx_rnd_below(&s, 4) == 0)
     c.sh.rows = rows + dcpx_rnd_below(&s, 3); /* a call below the shape's rows */
   tcall_random_tables(&c, &s);
@@ -661,6 +671,22 @@ START_TEST(test_random_small) {
                 "the rescue changed the result in only %" PRIu64 " of %" PRIu64
                 " rows",
                 k.rescue_changed, k.rows);
+}
+END_TEST
+
+/* local_topk = 0 in the shape means the library's N
+ * (dcpx_shape_auto_local_topk), for dcpx_ref_call as for dcpx_join: exact
+ * against the oracle, where it once divided by zero. */
+START_TEST(test_ref_call_auto_n) {
+  counts k = {0};
+  g_auto_n = 1;
+  for (uint32_t i = 0; i < 60; i++)
+    random_case(case_seed(7, i), &k);
+  g_auto_n = 0;
+  print_counts("local_topk 0", &k);
+  ck_assert_uint_gt(k.rows, 0);
+  ck_assert_uint_gt(k.rescue_rows, 0); /* both paths ran */
+  ck_assert_uint_gt(k.no_rescue_rows, 0);
 }
 END_TEST
 
@@ -1961,6 +1987,7 @@ static Suite *ref_suite(void) {
   tc = tcase_create("random");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_random_small);
+  tcase_add_test(tc, test_ref_call_auto_n);
   tcase_add_test(tc, test_random_large);
   tcase_add_test(tc, test_blocks_interleave);
   suite_add_tcase(s, tc);

@@ -152,8 +152,15 @@ static bool parse_i32(const char *s, int32_t *ret) {
   char *end;
   if (!s || !*s)
     return false;
+  const int neg = *s == '-';
+  const char *d = s + neg;
+  const int hex = d[0] == '0' && (d[1] == 'x' || d[1] == 'X');
+  if (hex && !isxdigit((unsigned char)d[2]))
+    return false; /* "0x" alone, "0x-1" */
   errno = 0;
-  long v = strtol(s, &end, 10);
+  long v = strtol(hex ? d + 2 : s, &end, hex ? 16 : 10);
+  if (hex && neg)
+    v = -v;
   if (errno || *end || v < INT32_MIN || v > INT32_MAX)
     return false;
   *ret = (int32_t)v;
@@ -929,7 +936,8 @@ static const struct {
      "  --epoch E   the call at epoch E (0: any)\n"
      "  --call C    the C-th call since the rank joined or the group last\n"
      "              recovered (1 = the first; not the engine's call tag)\n"
-     "  --ticks T   the stall: nanoseconds, or a number with ns, us, ms, s\n"},
+     "  --ticks T   the stall: nanoseconds, or a number with ns, us, ms, s,\n"
+     "              m, h or d\n"},
     {"check",
      "Usage: dcpxctl check [GROUP] [THRESHOLDS] [--socket PATH] [--timeout SEC]\n"
      "A monitoring check (Nagios, Icinga, Sensu): one line of status text\n"
@@ -1752,7 +1760,8 @@ static void help(void) {
       "\n"
       "Times (T): now, 10m / 2h / 1d (that long ago), @UNIXSECONDS,\n"
       "2025-01-31T12:00:00Z, or nanoseconds since the epoch.\n"
-      "Durations (--ticks): nanoseconds, or a number with ns, us, ms or s.\n"
+      "Durations (--ticks): nanoseconds, or a number with ns, us, ms, s, m,\n"
+      "h or d.\n"
       "\n"
       "Exit status:\n"
       "  0  ok (health: every group healthy)\n"
