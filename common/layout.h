@@ -272,10 +272,12 @@ DCPX_LAYOUT_FN int dcpx_rescue_pair_sent(uint32_t K, uint32_t c, uint32_t i) {
          dcpx_rescue_word_sent(K, c, 2u * i + 1u);
 }
 
-/* Whether a saturated rank stores every pair of its rescue slot in the
- * rescue tagged q2, sent or not (docs/PROTOCOL.md 5.4): once every 65,536
- * rescues of a row, so that a pair past its lists' ends does not keep a
- * tag for the 2^32 - 1 rescues after which the row's tags repeat. */
+/* Whether the rescue tagged q2 rewrites every copy of every slot of its
+ * row (docs/PROTOCOL.md 5.4): each saturated rank stores every pair of
+ * its slot, sent or not, into every region, its own included, and every
+ * rank zeros the slots no rank holds in its own region. Once every 65,536
+ * rescues of a row, so that no pair keeps a tag for the 2^32 - 2 rescues
+ * after which the row's tags repeat. */
 DCPX_LAYOUT_FN int dcpx_rescue_refresh(uint32_t q2) {
   return (q2 & 0xFFFFu) == 0;
 }

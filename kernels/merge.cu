@@ -369,8 +369,10 @@ DCPX_D uint32_t merge_rescue_list(mblk *b, uint32_t t, uint32_t T1,
 
 /* That list (list2, cnt entries) stored as LL pairs tagged q2 into me's
  * slot of row t of every other rank, by threads tx = 0 .. n - 1 of the
- * block: the pairs that are sent (docs/PROTOCOL.md 5.4), every pair when
- * q2 is a refresh (dcpx_rescue_refresh). */
+ * block: the pairs that are sent (docs/PROTOCOL.md 5.4). When q2 is a
+ * refresh (dcpx_rescue_refresh), every pair, and into me's own copy of
+ * the slot too (which nothing else rewrites, and nobody reads in a
+ * rescue that me holds). */
 DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
                                uint32_t q2, uint32_t cnt, uint32_t tx,
                                uint32_t n) {
@@ -389,9 +391,26 @@ DCPX_D void merge_store_rescue(const mblk *b, uint32_t t, uint32_t mask,
     const uint2 w = ((const uint2 *)b->list2)[i];
 #pragma unroll 1
     for (uint32_t d = 0; d < W; d++)
-      if (d != me)
+      if (d != me || all)
         dcpx_dev_ll_store(b->peer[d] + dst + (uint64_t)i * 16u, w.x, w.y, q2);
   }
+}
+
+/* A refresh (dcpx_rescue_refresh(q2), docs/PROTOCOL.md 5.4): the slots
+ * of row t that no rank holds in this rescue (slot popcount(mask) and
+ * up), every pair of them in this rank's own rescue region, zeros tagged
+ * q2, so that every copy of every slot is rewritten once per 65,536
+ * rescues of the row. Nobody reads or writes them in this rescue. By
+ * threads tx = 0 .. n - 1. */
+DCPX_D void merge_refresh_unused(const mblk *b, uint32_t t, uint32_t mask,
+                                 uint32_t q2, uint32_t tx, uint32_t n) {
+  const dcpx_kctx *c = b->c;
+  const uint32_t PK = c->L.rpairs, x0 = __popc(mask);
+  const uint32_t np = (c->L.rescue_slots - x0) * PK;
+  char *own = c->ws + c->L.off_rescue + dcpx_rescue_offset(&c->L, t, x0, 0);
+#pragma unroll 1
+  for (uint32_t i = tx; i < np; i += n) /* the slots are contiguous */
+    dcpx_dev_ll_store(own + (uint64_t)i * 16u, 0u, 0u, q2);
 }
 
 /* The early rescue list (kctx.resc_early): me's local top-K list of row
@@ -514,6 +533,8 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
     b->pm->ent[__popc(others & ((1u << tid) - 1u))] = b->k2 + b->off2[tid];
   if (sat && tid < ns)
     merge_store_rescue(b, t, mask, q2, cnt, tid, ns);
+  if (dcpx_rescue_refresh(q2) && tid < ns)
+    merge_refresh_unused(b, t, mask, q2, tid, ns);
   merge_prof(b, t, 4);
   if (tid >= h) {
     const uint32_t tx = tid - h, n = b->nt - h;

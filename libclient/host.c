@@ -307,6 +307,21 @@ static void ll_store_rescue(struct dcpx_member *m, uint64_t off,
   }
 }
 
+/* A refresh (dcpx_rescue_refresh(tag), docs/PROTOCOL.md 5.4): the slots
+ * of row t that no rank holds in this rescue (slot nsat and up), every
+ * pair of them in this rank's own rescue region, zeros tagged `tag`, so
+ * that every copy of every slot is rewritten once per 65,536 rescues of
+ * the row. Nobody reads or writes them in this rescue. */
+static void ll_refresh_unused(struct dcpx_member *m, uint32_t t,
+                              uint32_t nsat, uint32_t tag) {
+  const dcpx_layout *L = &m->L;
+  uint64_t *dst = (uint64_t *)(m->ws[m->rank] + L->reg[DCPX_REGION_RESCUE].off +
+                               dcpx_rescue_offset(L, t, nsat, 0));
+  const uint64_t n = 2ull * (L->rescue_slots - nsat) * L->rpairs;
+  for (uint64_t h = 0; h < n; h++) /* the slots are contiguous */
+    __atomic_store_n(&dst[h], (uint64_t)tag << 32, __ATOMIC_RELAXED);
+}
+
 /* Stores the n (even) words as n/2 LL pairs tagged `tag` at byte offset
  * `off` of region `region` in every rank's workspace (itself included). */
 static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
@@ -485,6 +500,8 @@ static int rescue(struct dcpx_member *m, row_wait *w, const merge_args *a,
     ll_store_rescue(m, dcpx_rescue_offset(L, t, dcpx_rescue_slot(mask, me), 0),
                     m->klist, c, q);
   }
+  if (dcpx_rescue_refresh(q))
+    ll_refresh_unused(m, t, (uint32_t)__builtin_popcount(mask), q);
   for (uint32_t s = 0; s < L->world; s++) {
     if (!((mask >> s) & 1u))
       continue;

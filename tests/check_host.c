@@ -1010,6 +1010,19 @@ static void check_slots(const group *g) {
   uint32_t w[4224];
   for (uint32_t t = 0; t < g->rows; t++) {
     const uint32_t sw = g->sat[0][t], mask = sw >> 16;
+    /* a refresh also rewrote, in every rank's region, the slots no rank
+     * holds in it (zeros), so that every copy of every slot carries a tag
+     * at most 65,536 rescues old */
+    for (uint32_t d = 0; mask && d < g->sh.world; d++) {
+      const uint32_t q = ((const uint32_t *)(g->ws[d] + g->L.off_seq2))[t];
+      for (uint32_t x = (uint32_t)__builtin_popcount(mask);
+           dcpx_rescue_refresh(q) && x < g->L.rescue_slots; x++)
+        for (uint32_t i = 0; i < g->L.rw_k; i++)
+          ck_assert_msg(*rescue_half(g, d, rescue_index(g, t, x) + i) ==
+                            (uint64_t)q << 32,
+                        "row %u: unused slot %u at rank %u, half %u not "
+                        "refreshed", t, x, d, i);
+    }
     for (uint32_t s = 0; s < g->sh.world; s++) {
       if (!((mask >> s) & 1u))
         continue;
@@ -1067,6 +1080,35 @@ START_TEST(test_rescue_short_list_planes) {
   ck_assert_uint_eq(check_exact(&g, "short rescue list, refresh"), 1);
   ck_assert_uint_eq(((uint32_t *)(g.ws[0] + g.L.off_seq2))[0], 0x10000u);
   check_slots(&g); /* every pair */
+  group_free(&g);
+}
+END_TEST
+
+/* The refresh reaches every copy of every slot: with one saturated rank
+ * of three (S = 3 slots), the rescue tagged 65,536 rewrites slots 1 and
+ * 2, which no rank holds in it, in every rank's region (zeros tagged
+ * 65,536), over the stale pairs planted there; a copy that no refresh
+ * rewrote could keep a tag until the row's tags came round. */
+START_TEST(test_refresh_unused_slots) {
+  group g;
+  group_init(&g, 3, 1, 64, 16, 1, 1, 100, 5000000000ull);
+  ck_assert_uint_eq(g.L.rescue_slots, 3);
+  g.rows = 1;
+  for (uint32_t d = 0; d < 3; d++) {
+    g.ends[d][0] = d ? 10 : 100; /* ranks 1, 2: lists of 10 < N */
+    for (uint32_t l = 0; l < 100; l++)
+      g.logits[d][l] = (uint16_t)((d ? 0x3000 : 0x4000) + l);
+    for (uint32_t x = 1; x < 3; x++)
+      for (uint32_t i = 0; i < g.L.rw_k; i++)
+        *rescue_half(&g, d, rescue_index(&g, 0, x) + i) =
+            (5ull << 32) | 0xBAD0000u | i;
+    ((uint32_t *)(g.ws[d] + g.L.off_seq2))[0] = 0xFFFFu;
+  }
+  run_call(&g);
+  ck_assert_uint_eq(check_exact(&g, "refresh, one saturated rank"), 1);
+  ck_assert_uint_eq(g.sat[0][0] >> 16, 1); /* rank 0 alone */
+  ck_assert_uint_eq(((uint32_t *)(g.ws[1] + g.L.off_seq2))[0], 0x10000u);
+  check_slots(&g);
   group_free(&g);
 }
 END_TEST
@@ -1574,6 +1616,7 @@ int main(void) {
   tcase_add_test(tc, test_wait_phase_trickle);
   tcase_add_test(tc, test_rescue_rows);
   tcase_add_test(tc, test_rescue_short_list_planes);
+  tcase_add_test(tc, test_refresh_unused_slots);
   tcase_add_test(tc, test_stale_rescue_tags);
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_async_error);

@@ -389,6 +389,11 @@ static const tcase cases[] = {
      * others only the pairs that are sent */
     {"refresh-w3-n31-k4096-sparse", 3, 31, 4096, 65536, 3, 64, 1, G_SPARSE,
      LEN_FULL, 6, 0, 0, 0, 1, 65532u},
+    /* rows that rescue now and then, some with fewer saturated ranks than
+     * slots, with seq2 crossing 65,536: a refresh then also rewrites the
+     * slots nobody holds (check_refresh) */
+    {"refresh-w4-n64-k256-mix", 4, 64, 256, 4096, 6, 16, 1, G_MIX, LEN_MIX,
+     24, 0, 0, 0, 1, 65530u},
     {"w8-n512-k2048-random", 8, 512, 2048, 16384, 16, 64, 1, G_RANDOM,
      LEN_FULL, 2, 0, 0, 0, -1, 0},
     {"w8-n512-k2048-mix-65536", 8, 512, 2048, 65536, 10, 64, 1, G_MIX,
@@ -439,6 +444,37 @@ static const tcase cases[] = {
 };
 
 static const char *g_only;
+
+/* After a call: every row whose rescue was a refresh (dcpx_rescue_refresh
+ * of its tag sq[t], docs/PROTOCOL.md 5.4) left every pair of every slot
+ * of the row, in every rank's rescue region, tagged sq[t]: the held slots
+ * by their holders (a holder's own copy included), the others zeros by
+ * each rank in its own region. Returns the mismatches. */
+static uint32_t check_refresh(gg *g, const char *name, uint32_t call,
+                              const uint32_t *sat, const uint32_t *sq) {
+  const size_t halves = 2 * (size_t)g->L.rescue_slots * g->L.rpairs;
+  uint64_t *h = (uint64_t *)malloc(8 * halves);
+  uint32_t bad = 0;
+  for (uint32_t t = 0; t < g->rows && !bad; t++) {
+    if (!(sat[t] >> 16) || !dcpx_rescue_refresh(sq[t]))
+      continue;
+    for (uint32_t r = 0; r < g->W && !bad; r++) {
+      gg_ws_read(g, r, g->L.off_rescue + dcpx_rescue_offset(&g->L, t, 0, 0),
+                 h, 8 * halves);
+      for (size_t i = 0; i < halves; i++)
+        if ((uint32_t)(h[i] >> 32) != sq[t]) {
+          printf("  %s call %u: row %u's refresh (tag 0x%x) missed rank %u's "
+                 "slot %zu, half %zu (tag 0x%x)\n",
+                 name, call, t, sq[t], r, i / (2 * g->L.rpairs),
+                 i % (2 * g->L.rpairs), (uint32_t)(h[i] >> 32));
+          bad++;
+          break;
+        }
+    }
+  }
+  free(h);
+  return bad;
+}
 
 /* Runs one case; returns 1 if exact. */
 static int run_case(const tcase *tc, uint64_t seed) {
@@ -494,6 +530,7 @@ static int run_case(const tcase *tc, uint64_t seed) {
         resc_t[t]++;
       }
     }
+    bad += check_refresh(&g, tc->name, call, rs.job[0].sat, sq);
     for (uint32_t r = 0; r < g.W; r++) {
       if (g.health[r].alarm || g.health[r].failed) {
         printf("  %s call %u: rank %u raised alarm=%u failed=%u\n", tc->name,
