@@ -604,6 +604,8 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
     rows_failed(m, rows);
     return r;
   }
+  if (!rows) /* as the CUDA merge, which is not launched: nothing to wait */
+    return 0; /* for, write or count */
   r = stop_reason(m);
   uint32_t range_row = 0;
   for (uint32_t t = 0; t < rows && r == 0; t++) {
