@@ -131,11 +131,14 @@ int dcpx__given_list(const uint16_t *values, const int32_t *indices,
 
 int dcpx__lists_check(const char *fn, const dcpx_lists *li, uint32_t rows,
                       uint32_t n, char *why, size_t wn) {
+  if (!rows && !li)
+    return 0; /* an empty call may pass NULL for every array (dcpx.h) */
   int r = dcpx__struct_check_at(__FILE__, __LINE__, fn, "dcpx_lists", li,
                                 sizeof(dcpx_lists), 0, why, wn);
   if (r < 0)
     return r;
-  if (!li->values || !li->indices || li->rows != rows || li->n != n ||
+  if ((rows && (!li->values || !li->indices)) || li->rows != rows ||
+      li->n != n ||
       (li->flags & ~DCPX_LISTS_CHECK_ORDER)) {
     dcpx__why_at(why, wn, __FILE__, __LINE__,
                  "%s: dcpx_lists of %u rows of %u entries (flags 0x%x, "

@@ -371,7 +371,9 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * is enqueued, the reason in the log: the library asks the driver
  * (cuPointerGetAttributes) about each array's first and last byte the
  * first time it sees the allocation, and takes later calls on the same
- * buffers from a cache of 16 allocations, without a driver call (host
+ * buffers from a cache of 16 allocations, without a driver call (memory
+ * the driver does not report a range for, such as pageable memory on a
+ * GPU that reads it itself, is asked about again on every call; host
  * memory from malloc, another GPU's memory and an array that runs into
  * unmapped space are refused, memory CUDA does not know not on a GPU that
  * reads pageable memory itself (HMM, Grace Hopper); one that runs into
@@ -386,6 +388,14 @@ typedef struct dcpx_member dcpx_member;
 
 #define DCPX_BACKEND_HOST 0u
 #define DCPX_BACKEND_CUDA 1u
+/* The exchange: auto (ll when the ranks' GPUs have P2P access or share a
+ * GPU, else nccl; docs/PROTOCOL.md 7), ll, or nccl. With auto or nccl, rank
+ * 0's join (CUDA backend, a libdcpx built with NCCL) makes an NCCL unique
+ * id for the group, and NCCL starts a bootstrap thread and a listening
+ * socket for it that stay until W ranks check in: when auto then picks
+ * ll, nobody does, and they stay for the life of the process (one per
+ * join of rank 0). An engine that joins many times, or knows its GPUs,
+ * passes ll (or nccl). */
 #define DCPX_TRANSPORT_AUTO 0u
 #define DCPX_TRANSPORT_LL 1u
 #define DCPX_TRANSPORT_NCCL 2u
@@ -509,8 +519,9 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *                   library calls).
  * After FAILED, ABORTED or a call refused for its arguments (not
  * DCPX_E_STATE), valid_out[t] = -1 for every row
- * t < min(rows, R) (not when the call was refused for a struct of unknown
- * size or a NULL valid_out; with the CUDA backend a refused merge sets
+ * t < min(rows, R) (not when the call was refused for one of its structs,
+ * of unknown size or with a reserved word that is not 0, whose pointers
+ * are not trusted then, or for a NULL valid_out; with the CUDA backend a refused merge sets
  * them with cudaMemsetAsync on the stream), and the member must
  * dcpx_recover before the next call. With the CUDA
  * backend waits end inside the kernel: the call returns 0 (or a launch
@@ -705,8 +716,8 @@ DCPX_API int dcpx_member_async_error(const dcpx_member *m,
 DCPX_API int dcpx_poll(dcpx_member *m);
 
 /* After a failed call: acknowledge to dcpxd (the host backend has nothing
- * in flight; the CUDA backend synchronizes `stream` first, bounded by
- * timeout_ms: the stream the member's calls went to; an engine that
+ * in flight; the CUDA backend, when there is something to recover,
+ * synchronizes `stream` first, bounded by timeout_ms: the stream the member's calls went to; an engine that
  * enqueued them on several streams synchronizes the others itself before),
  * then wait up to timeout_ms for the group to be reset. With
  * the nccl transport a member of an aborted group (or a failed one) first

@@ -1072,19 +1072,15 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
   Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
   uint32_t gen = 0;
-  int acked = 0, reacks = 0, r;
+  int acked = 0, reacks = 0, drained = 0, r;
 
   if (!m)
     return DCPX_E_INVAL;
   DCPX_INFO("dcpx_recover group %s rank %u (abort %u, failed %u)", m->group,
             m->rank, m->hdr ? m->hdr->abort : 0,
             m->health ? m->health[m->rank].failed : 0);
-#ifdef HAVE_CUDA
-  /* Drain: the acknowledgement says nothing of ours still runs. */
-  if (m->cuda && (r = dcpx__cuda_sync(m, stream, timeout_ms)) < 0)
-    return r;
-#endif
   (void)stream; /* host backend: nothing is in flight once a call returned */
+  (void)drained;
   if (m->link == DCPX__LINK_NONE)
     return DCPX_E_NOTCONN;
   (void)dcpx_poll(m); /* drain old events; reattach if the daemon is new */
@@ -1094,6 +1090,19 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
     if (!acked && !dcpx__member_needs_recovery(m))
       return recover_done(m); /* at once (a replacement whose group
                                  recovered before it asked, too) */
+#ifdef HAVE_CUDA
+    /* Drain before the first acknowledgement, which says nothing of ours
+     * still runs (a member with nothing to recover returned above, at
+     * once, without waiting for its stream); bounded by what is left of
+     * timeout_ms. Then look again: time passed. */
+    if (!acked && !drained && m->cuda) {
+      const uint64_t t = now_ms();
+      if ((r = dcpx__cuda_sync(m, stream, t < end ? (uint32_t)(end - t) : 0)) < 0)
+        return r;
+      drained = 1;
+      continue;
+    }
+#endif
     if (!acked && m->link == DCPX__LINK_UP) {
       /* Acknowledge for the generation being recovered. A daemon that
        * restarted since forgot earlier acks, so this runs again after

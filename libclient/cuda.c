@@ -641,8 +641,15 @@ static int cuda_capturing(void *stream) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (!stream) /* the legacy stream: a launch under capture fails anyway */
     return 0;
-  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess)
-    return 1;
+  const cudaError_t before = cudaPeekAtLastError();
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
+    /* not a stream this thread can use: the launch fails and the call is
+     * refused; the order check stays on, and the engine's last error is
+     * left as it was */
+    if (before == cudaSuccess)
+      (void)cudaGetLastError();
+    return 0;
+  }
   return st != cudaStreamCaptureStatusNone;
 }
 
@@ -754,9 +761,9 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
 /* dcpx_push_list's arrays: the lists and row_ends (not the logits). */
 static int list_arrays_ok(struct dcpx_member *m, const dcpx_call *in,
                           const dcpx_lists *li) {
-  const uint64_t e = (uint64_t)li->rows * li->n;
   if (!in->rows)
-    return 0; /* as push_arrays_ok */
+    return 0; /* as push_arrays_ok (li may be NULL) */
+  const uint64_t e = (uint64_t)li->rows * li->n;
   const call_array a[] = {
       {"row_ends", in->row_ends, 4ull * in->rows},
       {"lists->values", li->values, 2u * e},
@@ -787,10 +794,11 @@ static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
                                     sizeof(m->why))) == 0 &&
              (r = list_arrays_ok(m, in, li)) == 0) {
     cu->list_push = 1;
-    r = DCPX_KLOG(dcpx_k_push_list(&cu->kx, in->rows, li->values,
-                                   li->indices, in->row_ends,
+    r = DCPX_KLOG(dcpx_k_push_list(&cu->kx, in->rows, li ? li->values : NULL,
+                                   li ? li->indices : NULL, in->row_ends,
                                    m->check_lists ||
-                                       (li->flags & DCPX_LISTS_CHECK_ORDER),
+                                       (li && (li->flags &
+                                               DCPX_LISTS_CHECK_ORDER)),
                                    (cudaStream_t)stream),
                   "dcpx_k_push_list");
   }
@@ -866,7 +874,11 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
  * collective whose peer died can wait forever (it has no timeout of its
  * own over P2P), and recovery must not hang on it. */
 static int cuda_sync(void *stream, uint32_t timeout_ms) {
-  for (uint64_t waited_us = 0;; waited_us += 100) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const uint64_t end_ns = (uint64_t)ts.tv_sec * 1000000000ull +
+                          (uint64_t)ts.tv_nsec + timeout_ms * 1000000ull;
+  for (;;) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
     if (e == cudaSuccess)
       return 0;
@@ -874,7 +886,9 @@ static int cuda_sync(void *stream, uint32_t timeout_ms) {
       CUDA_OK(e); /* logs cudaStreamQuery's error */
       return DCPX_E_CUDA;
     }
-    if (waited_us >= (uint64_t)timeout_ms * 1000u) {
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* the clock, not a count of
+                                            sleeps, which overrun */
+    if ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec >= end_ns) {
       DCPX_WARN("stream still busy after %u ms (a collective whose peer "
                 "died?)", timeout_ms);
       return DCPX_E_TIMEDOUT;

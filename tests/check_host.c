@@ -291,7 +291,14 @@ START_TEST(test_empty_call) {
     for (uint32_t d = 0; d < 3; d++) {
       dcpx_call in = DCPX_CALL_INIT;
       dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+      dcpx_lists li = DCPX_LISTS_INIT; /* no values, no indices */
+      li.n = 16;
       ck_assert_int_eq(dcpx_push(g.m[d], &in, NULL), 0);
+      ck_assert_int_eq(dcpx_merge(g.m[d], &in, &out, NULL), 0);
+      /* dcpx_push_list too, with no lists at all, or empty ones */
+      ck_assert_int_eq(dcpx_push_list(g.m[d], &in, NULL, NULL), 0);
+      ck_assert_int_eq(dcpx_merge(g.m[d], &in, &out, NULL), 0);
+      ck_assert_int_eq(dcpx_push_list(g.m[d], &in, &li, NULL), 0);
       ck_assert_int_eq(dcpx_merge(g.m[d], &in, &out, NULL), 0);
     }
     for (uint32_t d = 0; d < 3; d++) { /* not counted (as on CUDA) */

@@ -91,6 +91,45 @@ def run_eager(rank, sock, group, shape, ngpu, calls):
     return calls
 
 
+def run_empty(rank, sock, group, shape, ngpu, calls):
+    """Empty calls (rows 0) with NULL for every array, straight through
+    the C API on the CUDA backend: dcpx_push, dcpx_merge and
+    dcpx_push_list (no lists at all, and lists with no arrays) return 0
+    and fail nobody, and the calls after them are exact."""
+    import torch
+    from dcpx._lib import DcpxCallC, DcpxListsC, DcpxMergeOutC
+    c, m, d = _join(rank, sock, group, shape, ngpu,
+                    transport=dcpx.Transport.LL)
+    R, L = shape.rows, shape.max_local
+    N = shape.local_topk or dcpx.auto_local_topk(shape.world, shape.topk)
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    cin = DcpxCallC()
+    cin.size = ctypes.sizeof(DcpxCallC)
+    out = DcpxMergeOutC()
+    out.size = ctypes.sizeof(DcpxMergeOutC)
+    li = DcpxListsC(ctypes.sizeof(DcpxListsC), 0, N, 0, None, None)
+    st = m._stream(None)
+    for call in range(calls):
+        for push in ((m._lib.dcpx_push, ctypes.byref(cin)),
+                     (m._lib.dcpx_push_list, ctypes.byref(cin), None),
+                     (m._lib.dcpx_push_list, ctypes.byref(cin),
+                      ctypes.byref(li))):
+            r = m._call(push[0], *push[1:], st)
+            assert r == 0, f"empty push: {dcpx.strerror(r)}"
+            r = m._call(m._lib.dcpx_merge, ctypes.byref(cin),
+                        ctypes.byref(out), st)
+            assert r == 0, f"empty merge: {dcpx.strerror(r)}"
+        lg, en = inputs(37, call, shape.world, R, L, "random")
+        x, e = _lg(lg[rank], d), _t(en[rank], d)
+        m.push(x, e, call_tag=call)
+        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
+        compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+    torch.cuda.synchronize()
+    _leave(c, m)
+    return calls
+
+
 def _top_lists(lg, en, N):
     """The local top-N of every row as push_list takes it (the
     reference's own lists: ties to the lower index)."""

@@ -84,6 +84,17 @@ def test_cuda_push_list(daemon, cuda_ok, group, W):
     assert len(out) == W
 
 
+@pytest.mark.parametrize("W", WORLDS)
+def test_cuda_empty_calls(daemon, cuda_ok, group, W):
+    """An empty call may pass NULL for every array (dcpx.h), push_list's
+    lists included: it succeeds, and the calls after it are exact (an
+    empty push_list with no lists failed the rank)."""
+    shape = dcpx.Shape(world=W, rows=4, topk=128, local_topk=0,
+                       block_size=16, interleave=1, max_local=1024)
+    out = _spawn("empty", W, daemon.socket, group, shape, calls=3)
+    assert len(out) == W
+
+
 @pytest.mark.parametrize("W", sorted({1, min(2, NGPU)}))
 def test_cuda_push_list_nccl(daemon, cuda_ok, group, W):
     """Member.push_list on the NCCL transport: NotSupported, and the rank
