@@ -332,8 +332,14 @@ class Client:
                       "JoinOptions.device (an int32; -1: host backend)")
         tns = _ranged(opts.timeout_ns, 0, (1 << 64) - 1,
                       "JoinOptions.timeout_ns")
+        # the library's values only (a wider int would be cut to 32 bits
+        # by ctypes: 1 << 32 became the host backend)
+        be = _ranged(opts.backend, 0, max(int(b) for b in Backend),
+                     "JoinOptions.backend (a dcpx.Backend)")
+        tr = _ranged(opts.transport, 0, max(int(t) for t in Transport),
+                     "JoinOptions.transport (a dcpx.Transport)")
         co = DcpxJoinOptsC(ctypes.sizeof(DcpxJoinOptsC), rank, group, dev,
-                           int(opts.backend), int(opts.transport), jt, tns)
+                           be, tr, jt, tns)
         p = ctypes.c_void_p()
         r = lib().dcpx_join(ctypes.c_void_p(self._ptr), ctypes.byref(cs),
                             ctypes.byref(co), ctypes.byref(p))
@@ -745,9 +751,13 @@ class Member:
 
     def leave(self) -> None:
         """Leaves the group and frees the member (``dcpx_leave``);
-        idempotent; never blocks. Later calls raise :class:`StateError`;
-        calls still running on other threads finish, and the last of them
-        frees the member. Leave together: a rank that leaves while
+        idempotent; never waits for a call running on another thread.
+        Later calls raise :class:`StateError`; calls still running on
+        other threads finish, and the last of them frees the member (with
+        the CUDA backend the freeing first waits for the member's work on
+        its device). Should an exception from a signal handler cut a
+        call's bookkeeping short, the member is freed when it is garbage
+        collected instead. Leave together: a rank that leaves while
         a peer still merges the last call takes the group down under that
         peer (its merge raises :class:`Aborted`); synchronize the ranks
         first."""
@@ -774,6 +784,13 @@ class Member:
     def __del__(self) -> None:
         try:
             self.leave()
+            # A leave deferred to a running call whose end was lost (an
+            # exception from a signal handler between the call's start and
+            # its try block): nothing runs once the member is collected
+            # (a running call holds it), so free it now.
+            p, self._left = self._left, None
+            if p is not None:
+                self._lib.dcpx_leave(ctypes.c_void_p(p))
         except Exception:
             pass
 

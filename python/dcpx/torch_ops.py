@@ -44,7 +44,10 @@ if REGISTERED:
                    call_tag: int) -> torch.Tensor:
         return logits.new_empty((0,), dtype=torch.uint8)
 
-    @torch.library.custom_op("dcpx::merge", mutates_args=())
+    # token: declared mutated (it is a 0-element tensor; nothing is
+    # written): a mutating op is never dropped as dead code, by Inductor
+    # either, whose elimination asks only that (see has_side_effect below)
+    @torch.library.custom_op("dcpx::merge", mutates_args=("token",))
     def _merge(handle: int, logits: torch.Tensor, row_ends: torch.Tensor,
                req_id: torch.Tensor, block_table: torch.Tensor,
                token: torch.Tensor, want_ids: bool, want_sat: bool,
@@ -92,12 +95,31 @@ if REGISTERED:
                         call_tag) -> None:
         return None
 
+    # Every op is a step of the group's protocol, whether or not its
+    # outputs are used: a merge dropped as dead code (a warm-up step whose
+    # result is thrown away) would leave its push pending and its peers
+    # waiting. Side-effectful ops are never eliminated (FX's and
+    # Inductor's dead-code elimination both ask).
+    _side = getattr(getattr(torch.fx, "node", None), "has_side_effect", None)
+    if _side is not None:
+        for _op in (torch.ops.dcpx.push.default, torch.ops.dcpx.merge.default,
+                    torch.ops.dcpx.merge_out.default):
+            _side(_op)
+
 
 _BF16 = tuple(getattr(torch, n) for n in ("bfloat16", "int16", "uint16")
               if hasattr(torch, n))
 _I32 = (torch.int32,)
 _U32 = tuple(getattr(torch, n) for n in ("int32", "uint32")
              if hasattr(torch, n))
+
+
+def _tag64(call_tag: Any) -> int:
+    """A call tag (any integer, modulo 2^64, as eager calls take it) as
+    the ops' int64 argument: the same 64 bits, signed; the op's eager call
+    takes it modulo 2^64 again."""
+    t = _core._tag(call_tag)
+    return t - (1 << 64) if t >> 63 else t
 
 
 def _check_handle(m: Member) -> int:
@@ -157,7 +179,7 @@ def push(m: Member, logits: torch.Tensor, row_ends: torch.Tensor,
                            "(torch.library.custom_op)")
     _check_rows(m, logits, row_ends)
     return torch.ops.dcpx.push(_check_handle(m), logits, row_ends,
-                               int(call_tag))
+                               _tag64(call_tag))
 
 
 def merge(m: Member, logits: torch.Tensor, row_ends: torch.Tensor,
@@ -188,9 +210,10 @@ def merge(m: Member, logits: torch.Tensor, row_ends: torch.Tensor,
         torch.ops.dcpx.merge_out(
             h, logits, row_ends, req_id, block_table, token, o.rows_out,
             o.valid_out, o.ids_out if o.ids_out is not None else none,
-            o.sat_word if o.sat_word is not None else none, int(call_tag))
+            o.sat_word if o.sat_word is not None else none,
+            _tag64(call_tag))
         return o
     r, v, i, s = torch.ops.dcpx.merge(h, logits, row_ends, req_id,
                                       block_table, token, bool(ids),
-                                      bool(sat), int(call_tag))
+                                      bool(sat), _tag64(call_tag))
     return MergeResult(r, v, i if ids else None, s if sat else None)

@@ -174,6 +174,11 @@ def test_join_errors(daemon, group):
         c.join(s2, rank=0, group=group, timeout_ns=10)
     with pytest.raises(dcpx.TransportError):
         c.join(s2, rank=0, group=group, transport=dcpx.Transport.NCCL)
+    # values past 32 bits are refused, not cut (1 << 32 joined as HOST)
+    with pytest.raises(dcpx.InvalidArgument, match="backend"):
+        c.join(s2, rank=0, group=group, backend=1 << 32)
+    with pytest.raises(dcpx.InvalidArgument, match="transport"):
+        c.join(s2, rank=0, group=group, transport=(1 << 32) + 2)
     s1 = dcpx.Shape(world=1, rows=2, topk=8, local_topk=2, max_local=64)
     try:  # a host-only build: NotSupported; CUDA built, no GPU: CudaError
         m = c.join(s1, rank=0, group=group + "-cuda",

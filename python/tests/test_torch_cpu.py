@@ -83,6 +83,39 @@ def test_torch_compile_fullgraph_cpu(daemon, group, W):
     assert all(v == 3 for v in out.values())
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_keeps_unused_merge(daemon, group, backend, tmp_path,
+                                    monkeypatch):
+    """A compiled step whose merge result is thrown away (a warm-up or
+    padding step) still merges: the ops are side-effectful. Its call tags
+    are beyond int64 (they failed the ops' int64 argument). Without that
+    the merge was eliminated as dead code, and the next push was refused
+    (the previous push has not been merged yet): a rank that skips its
+    merge leaves its peers waiting."""
+    # a fresh inductor cache: a graph compiled before the fix must not
+    # come back from disk
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    shape = dcpx.Shape(world=1, rows=4, topk=16, local_topk=4,
+                       block_size=4, max_local=128)
+    lg, en = inputs(5, 0, 1, 4, 128, "random")
+    req, bt = tables(0, 4, 128, 4)
+    x, e = _lg(lg[0]), torch.from_numpy(en[0])
+    q, b = torch.from_numpy(req), torch.from_numpy(bt)
+    big = (1 << 64) - 3  # any integer is a tag, modulo 2^64, compiled too
+    with dcpx.Client(daemon.socket).join(shape, group=group) as m:
+        def step(x, e):
+            tok = m.push(x, e, call_tag=big)
+            m.merge(x, e, q, b, token=tok, call_tag=big + (1 << 64))
+            return None
+
+        f = torch.compile(step, fullgraph=True, backend=backend)
+        for _ in range(3):
+            f(x, e)
+        assert m.health().calls == 3
+    torch._dynamo.reset()
+
+
 def test_compile_refuses_bad_dtype(daemon, group):
     shape = dcpx.Shape(world=1, rows=2, topk=8, local_topk=2, max_local=16)
     with dcpx.Client(daemon.socket).join(shape, group=group) as m:
