@@ -1063,17 +1063,23 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
     return -1;
   }
   if ((*g)->state != DCPXD_GROUP_FORMING && !(*g)->live && (*g)->awaiting) {
-    /* Nobody holds the group a restart left behind, only ranks that never
-     * reattached, and a rank joins afresh: its members have moved on (a
-     * rank's Leave could not reach us while we were away). It goes; this
-     * join starts a new group of the name. */
-    log_info("group=%s: no rank attached since the restart (awaiting "
-             "0x%x), and rank %u joins afresh: the old group goes",
-             (*g)->name, (*g)->awaiting, j->rank);
-    (*g)->awaiting = 0;
-    if (dcpxd_group_reap_empty(*g)) {
-      *g = NULL;
-      return 0;
+    /* Nobody holds the group a restart left behind (its adopter, if any,
+     * is gone too), only ranks that have not reattached yet, and a rank
+     * joins afresh. An awaited rank whose process lives may still come
+     * back (its wait has not timed out yet): the group stays, and this
+     * join is the replacement of a rank that died. Only when every
+     * awaited process is gone (dcpxd_group_check_awaiting) is nobody
+     * left to it: it goes, and this join starts a new group of the name.
+     * (It used to go at once, with its live ranks cut off for good.) */
+    dcpxd_group_check_awaiting(*g);
+    if (!(*g)->awaiting) {
+      log_info("group=%s: none of its ranks is left since the restart, "
+               "and rank %u joins afresh: the old group goes",
+               (*g)->name, j->rank);
+      if (dcpxd_group_reap_empty(*g)) {
+        *g = NULL;
+        return 0;
+      }
     }
   }
   if (((*g)->awaiting >> j->rank) & 1u && c->pid > 0 &&

@@ -822,6 +822,63 @@ START_TEST(test_adopter_dies_before_the_others_return) {
 }
 END_TEST
 
+/* The same, but the dead adopter's replacement joins before the other
+ * ranks (alive, not reattached yet) come back: it replaces rank 0 of the
+ * aborted group, the others reattach and all recover. The join used to
+ * take the group for one nobody would come back to, destroy it ("the old
+ * group goes") and start a new one, and the live ranks were refused for
+ * good ("forming anew"). */
+START_TEST(test_replacement_before_the_others_return) {
+  const uint32_t W = 3;
+  hh_spec sp = spec("adopter2", W, 1000000000ull);
+  hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
+  pid_t pids[3];
+
+  start(NULL);
+  sh->recover = 1;
+  sh->poll_each = 1;
+  sh->no_poll = 0x6; /* ranks 1 and 2 do not reattach by themselves */
+  sh->resume_at = 1000;
+  sh->stop_at = 1100;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  stop_clean();
+  start(NULL);
+  for (int i = 0; i < 2000 && !log_contains("adopted after a dcpxd restart");
+       i++)
+    hh_sleep_ms(5);
+  HC_ASSERT(log_contains("adopted after a dcpxd restart: rank 0"),
+            "rank 0 did not bring the group back");
+  sh->hold = 0x6; /* after their failure, ranks 1 and 2 wait: not back */
+  kill(pids[0], SIGKILL);
+  waitpid(pids[0], NULL, 0);
+  wait_fails(sh, 0x6, 1, 20000);
+  pids[0] = hh_rank_fork(g_d.sock, &sp, sh, 0, 0, 1);
+  for (int i = 0; i < 2000 && !log_contains("rank=0: replaced by pid"); i++)
+    hh_sleep_ms(5);
+  HC_ASSERT(log_contains("rank=0: replaced by pid") &&
+                !log_contains("the old group goes"),
+            "the replacement did not take rank 0 of the adopted group");
+  sh->no_poll = 0;
+  sh->release = 0x6;
+  int bad = 0;
+  for (uint32_t r = 0; r < W; r++) {
+    int st;
+    waitpid(pids[r], &st, 0);
+    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  HC_ASSERT(bad == 0, "%s", hh_rank_errors(sh, W));
+  for (uint32_t r = 0; r < W; r++)
+    HC_ASSERT(sh->r[r].ok_since_resume == 100, "rank %u: %llu calls", r,
+              (unsigned long long)sh->r[r].ok_since_resume);
+  finish();
+}
+END_TEST
+
 /* ---- durable records, damaged files, refusals and exit codes -------------- */
 
 START_TEST(test_records_durable) {
@@ -1189,6 +1246,7 @@ int main(void) {
   ADD(test_daemon_restart);
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
+  ADD(test_replacement_before_the_others_return);
   ADD(test_rank_dies_while_daemon_away);
   ADD(test_unseen_pid_after_restart);
   ADD(test_records_durable);
