@@ -341,6 +341,14 @@ int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
       }
       off += (size_t)w;
     }
+    if (r < 0 && off % REC_SIZE) {
+      /* A torn record (ENOSPC mid-write): cut it off, so that the records
+       * a later write appends stay on the 128-byte grid the loader reads
+       * (else every one after it would count as damaged). */
+      const uint64_t whole = s->size + off - off % REC_SIZE;
+      if (ftruncate(s->fd, (off_t)whole) == 0)
+        off -= off % REC_SIZE;
+    }
     s->size += off;
     if (r < 0)
       break;
