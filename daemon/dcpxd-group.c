@@ -1240,6 +1240,11 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
     return;
   if (g && g->state != DCPXD_GROUP_FORMING)
     return join_replace(c, j, g);
+  /* a new group, possibly where join_existing just let an old one go:
+   * its creation is checked as such (the old group's owner may not
+   * create groups of the name under the group-owner rules) */
+  if (!g && !join_allowed(c, NULL, j->group))
+    return;
   if (!g && !(g = group_new(c, j, &shape, transport, mem)))
     return;
   join_forming(c, j, g);
