@@ -699,6 +699,21 @@ START_TEST(test_restart_during_recovery) {
 }
 END_TEST
 
+/* Every one of the W ranks exits 0 after its 100 calls since the
+ * recovery. */
+static void ranks_done(hh_shared *sh, pid_t *pids, uint32_t W) {
+  int bad = 0;
+  for (uint32_t r = 0; r < W; r++) {
+    int st;
+    waitpid(pids[r], &st, 0);
+    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  HC_ASSERT(bad == 0, "%s", hh_rank_errors(sh, W));
+  for (uint32_t r = 0; r < W; r++)
+    HC_ASSERT(sh->r[r].ok_since_resume == 100, "rank %u: %llu calls", r,
+              (unsigned long long)sh->r[r].ok_since_resume);
+}
+
 /* A rank dies while dcpxd is away. Its peers wait for it until their
  * timeout (nothing else can tell them), then reattach from dcpx_recover;
  * the new daemon finds the dead rank's pid gone, aborts the group, and a
@@ -743,16 +758,7 @@ START_TEST(test_rank_dies_while_daemon_away) {
     hh_sleep_ms(5);
   HC_ASSERT(log_contains("died while dcpxd was away"), "not noticed");
   pids[victim] = hh_rank_fork(g_d.sock, &sp, sh, victim, 0, 1);
-  int bad = 0;
-  for (uint32_t r = 0; r < W; r++) {
-    int st;
-    waitpid(pids[r], &st, 0);
-    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  HC_ASSERT(bad == 0, "%s", hh_rank_errors(sh, W));
-  for (uint32_t r = 0; r < W; r++)
-    HC_ASSERT(sh->r[r].ok_since_resume == 100, "rank %u: %llu calls", r,
-              (unsigned long long)sh->r[r].ok_since_resume);
+  ranks_done(sh, pids, W);
   /* Their timeouts were stored by the new daemon. */
   CTL_JSON(0, "records", "--group", "away", "--json");
   hh_rec recs[8];
@@ -766,14 +772,14 @@ END_TEST
  * (aborted: dead rank), so that the others reattach, and a replacement
  * completes the recovery; it was destroyed with its last live member, and
  * the others were refused for good ("not a group this dcpxd created"). */
-START_TEST(test_adopter_dies_before_the_others_return) {
+/* Three ranks of group sp calling; dcpxd restarts, and rank 0 (the
+ * only one that polls) reattaches and adopts the group; ranks 1 and 2
+ * come back only from a recovery. pids[]: the ranks. */
+static hh_shared *adopted_group(const hh_spec *sp, pid_t *pids) {
   const uint32_t W = 3;
-  hh_spec sp = spec("adopter", W, 1000000000ull);
   hh_shared *sh = hh_shared_new();
   g_sh = sh;
   g_W = W;
-  pid_t pids[3];
-
   start(NULL);
   sh->recover = 1;
   sh->poll_each = 1;
@@ -781,7 +787,7 @@ START_TEST(test_adopter_dies_before_the_others_return) {
   sh->resume_at = 1000;
   sh->stop_at = 1100;
   for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+    pids[r] = hh_rank_fork(g_d.sock, sp, sh, r, 0, 0);
   HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
   stop_clean();
@@ -791,6 +797,13 @@ START_TEST(test_adopter_dies_before_the_others_return) {
     hh_sleep_ms(5);
   HC_ASSERT(log_contains("adopted after a dcpxd restart: rank 0"),
             "rank 0 did not bring the group back");
+  return sh;
+}
+
+START_TEST(test_adopter_dies_before_the_others_return) {
+  hh_spec sp = spec("adopter", 3, 1000000000ull);
+  pid_t pids[3];
+  hh_shared *sh = adopted_group(&sp, pids);
   /* The ranks not back yet are not "live": check warns, health says so. */
   int rc = hh_ctl(&g_d, &g_o, "check", (char *)NULL);
   HC_ASSERT(rc == 1 && strstr(g_o.out, "rank 1 awaiting reattach"),
@@ -808,16 +821,7 @@ START_TEST(test_adopter_dies_before_the_others_return) {
                 strstr(g_o.out, "\"abort_reason\":\"dead\""),
             "ranks 1 and 2 did not get back to their group: %s", g_o.out);
   pids[0] = hh_rank_fork(g_d.sock, &sp, sh, 0, 0, 1);
-  int bad = 0;
-  for (uint32_t r = 0; r < W; r++) {
-    int st;
-    waitpid(pids[r], &st, 0);
-    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  HC_ASSERT(bad == 0, "%s", hh_rank_errors(sh, W));
-  for (uint32_t r = 0; r < W; r++)
-    HC_ASSERT(sh->r[r].ok_since_resume == 100, "rank %u: %llu calls", r,
-              (unsigned long long)sh->r[r].ok_since_resume);
+  ranks_done(sh, pids, 3);
   finish();
 }
 END_TEST
@@ -829,30 +833,9 @@ END_TEST
  * group goes") and start a new one, and the live ranks were refused for
  * good ("forming anew"). */
 START_TEST(test_replacement_before_the_others_return) {
-  const uint32_t W = 3;
-  hh_spec sp = spec("adopter2", W, 1000000000ull);
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
+  hh_spec sp = spec("adopter2", 3, 1000000000ull);
   pid_t pids[3];
-
-  start(NULL);
-  sh->recover = 1;
-  sh->poll_each = 1;
-  sh->no_poll = 0x6; /* ranks 1 and 2 do not reattach by themselves */
-  sh->resume_at = 1000;
-  sh->stop_at = 1100;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
-            hh_rank_errors(sh, W));
-  stop_clean();
-  start(NULL);
-  for (int i = 0; i < 2000 && !log_contains("adopted after a dcpxd restart");
-       i++)
-    hh_sleep_ms(5);
-  HC_ASSERT(log_contains("adopted after a dcpxd restart: rank 0"),
-            "rank 0 did not bring the group back");
+  hh_shared *sh = adopted_group(&sp, pids);
   sh->hold = 0x6; /* after their failure, ranks 1 and 2 wait: not back */
   kill(pids[0], SIGKILL);
   waitpid(pids[0], NULL, 0);
@@ -865,16 +848,7 @@ START_TEST(test_replacement_before_the_others_return) {
             "the replacement did not take rank 0 of the adopted group");
   sh->no_poll = 0;
   sh->release = 0x6;
-  int bad = 0;
-  for (uint32_t r = 0; r < W; r++) {
-    int st;
-    waitpid(pids[r], &st, 0);
-    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  HC_ASSERT(bad == 0, "%s", hh_rank_errors(sh, W));
-  for (uint32_t r = 0; r < W; r++)
-    HC_ASSERT(sh->r[r].ok_since_resume == 100, "rank %u: %llu calls", r,
-              (unsigned long long)sh->r[r].ok_since_resume);
+  ranks_done(sh, pids, 3);
   finish();
 }
 END_TEST
