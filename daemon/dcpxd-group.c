@@ -1063,19 +1063,23 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
     return -1;
   }
   if ((*g)->state != DCPXD_GROUP_FORMING && !(*g)->live && (*g)->awaiting) {
-    /* Nobody holds the group a restart left behind (its adopter, if any,
-     * is gone too), only ranks that have not reattached yet, and a rank
-     * joins afresh. An awaited rank whose process lives may still come
-     * back (its wait has not timed out yet): the group stays, and this
-     * join is the replacement of a rank that died. Only when every
-     * awaited process is gone (dcpxd_group_check_awaiting) is nobody
-     * left to it: it goes, and this join starts a new group of the name.
-     * (It used to go at once, with its live ranks cut off for good.) */
-    dcpxd_group_check_awaiting(*g);
-    if (!(*g)->awaiting) {
-      log_info("group=%s: none of its ranks is left since the restart, "
-               "and rank %u joins afresh: the old group goes",
-               (*g)->name, j->rank);
+    /* Nobody holds the group a restart left behind, only ranks that have
+     * not reattached yet, and a rank joins afresh. If a member left it
+     * (a Leave), its ranks are moving on (the awaited ones left while we
+     * were away: their Leave could not reach us): it goes, and this join
+     * starts a new group of the name. If its members only died (the
+     * adopter, say), an awaited rank whose process lives may still come
+     * back (its wait has not timed out): the group stays, and this join
+     * replaces a dead rank; it goes only when no awaited process is
+     * left (dcpxd_group_check_awaiting). (It went at once, with its live
+     * ranks cut off for good.) */
+    if (!(*g)->left)
+      dcpxd_group_check_awaiting(*g);
+    if ((*g)->left || !(*g)->awaiting) {
+      log_info("group=%s: no rank attached since the restart (awaiting "
+               "0x%x), and rank %u joins afresh: the old group goes",
+               (*g)->name, (*g)->awaiting, j->rank);
+      (*g)->awaiting = 0;
       if (dcpxd_group_reap_empty(*g)) {
         *g = NULL;
         return 0;
@@ -1482,6 +1486,7 @@ static void member_leaves(dcpxd_conn *c, bool graceful) {
     return;
   }
   dcpxd_group_health(g, rank)->joined = 0;
+  g->left |= graceful;
   if (g->live == 0 && !g->awaiting) {
     log_info("group=%s: its last member %s", g->name,
              graceful ? "left" : "went away");

@@ -156,6 +156,7 @@ struct dcpxd_group {
   dcpxd_group_state state;
   uint32_t generation;
   uint32_t live; /* members with a connection */
+  bool left;     /* a member left it with a Leave: it is being given up */
   dcpxd_member member[DCPX_MAX_WORLD];
   /* rank 0's latest NCCL unique id (its Join, its RecoverAck): relayed in
    * JoinReply.nccl_id and through the control page (nccl_gen, nccl_id);
