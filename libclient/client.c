@@ -1072,7 +1072,10 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
   Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
   uint32_t gen = 0;
-  int acked = 0, reacks = 0, drained = 0, r;
+  int acked = 0, reacks = 0, r;
+#ifdef HAVE_CUDA
+  int drained = 0; /* the stream, before the first acknowledgement */
+#endif
 
   if (!m)
     return DCPX_E_INVAL;
@@ -1080,7 +1083,6 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
             m->rank, m->hdr ? m->hdr->abort : 0,
             m->health ? m->health[m->rank].failed : 0);
   (void)stream; /* host backend: nothing is in flight once a call returned */
-  (void)drained;
   if (m->link == DCPX__LINK_NONE)
     return DCPX_E_NOTCONN;
   (void)dcpx_poll(m); /* drain old events; reattach if the daemon is new */

@@ -148,22 +148,13 @@ static bool parse_u64(const char *s, uint64_t *ret) {
   return dcpxd_parse_num(s, ret) == 0;
 }
 
+/* A signed number: an optional "-", then what parse_u64 takes. */
 static bool parse_i32(const char *s, int32_t *ret) {
-  char *end;
-  if (!s || !*s)
+  const int neg = s && *s == '-';
+  uint64_t v;
+  if (!s || !parse_u64(s + neg, &v) || v > INT32_MAX + (uint64_t)neg)
     return false;
-  const int neg = *s == '-';
-  const char *d = s + neg;
-  const int hex = d[0] == '0' && (d[1] == 'x' || d[1] == 'X');
-  if (hex && !isxdigit((unsigned char)d[2]))
-    return false; /* "0x" alone, "0x-1" */
-  errno = 0;
-  long v = strtol(hex ? d + 2 : s, &end, hex ? 16 : 10);
-  if (hex && neg)
-    v = -v;
-  if (errno || *end || v < INT32_MIN || v > INT32_MAX)
-    return false;
-  *ret = (int32_t)v;
+  *ret = neg ? (int32_t)-(int64_t)v : (int32_t)v;
   return true;
 }
 
