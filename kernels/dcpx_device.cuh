@@ -135,7 +135,7 @@ DCPX_D uint32_t dcpx_dev_div(uint32_t x, uint32_t d, float rcp) {
   const int32_t r = (int32_t)(x - q * d);
   if (r < 0)
     q--;
-  else if (r >= (int32_t)d)
+  else if ((uint32_t)r >= d) /* unsigned: d may be 2^31 or more */
     q++;
   return q;
 }
@@ -259,7 +259,7 @@ DCPX_D uint32_t dcpx_dev_block_excl(uint32_t v, uint32_t *scratch,
 /* ---- selection ------------------------------------------------------------ */
 
 typedef struct dcpx_sel_smem {
-  uint32_t hist[DCPX_HI_BINS];        /* pass A: keys per ord >> 4 */
+  __align__(16) uint32_t hist[DCPX_HI_BINS]; /* pass A: keys per ord >> 4 */
   uint32_t h16[DCPX_MAX_WARPS * 16];  /* pass B: per warp, keys of bucket hb */
   uint32_t scan[DCPX_MAX_WARPS];
   uint32_t wgtb[DCPX_MAX_WARPS];      /* per warp: keys above bucket hb */
@@ -273,14 +273,15 @@ typedef struct dcpx_sel_smem {
 
 /* By threads tx = 0 .. n - 1 of the block (a part of it). */
 DCPX_D void dcpx_dev_sel_zero_part(dcpx_sel_smem *S, uint32_t tx, uint32_t n) {
+  const uint4 z = make_uint4(0, 0, 0, 0);
   if (tx == 0)
     S->kmax = 0;
 #pragma unroll 1
-  for (uint32_t i = tx; i < DCPX_HI_BINS; i += n)
-    S->hist[i] = 0;
+  for (uint32_t i = tx; i < DCPX_HI_BINS / 4u; i += n)
+    ((uint4 *)S->hist)[i] = z;
 #pragma unroll 1
-  for (uint32_t i = tx; i < DCPX_MAX_WARPS * 16; i += n)
-    S->h16[i] = 0;
+  for (uint32_t i = tx; i < DCPX_MAX_WARPS * 4u; i += n)
+    ((uint4 *)S->h16)[i] = z;
 }
 
 DCPX_D void dcpx_dev_sel_zero(dcpx_sel_smem *S) {
@@ -652,13 +653,15 @@ DCPX_D uint32_t dcpx_dev_seg2(const dcpx_key_map *m, uint32_t f) {
 }
 
 /* (s << 17) | l of key f whose word is w; in round 2 s is the rank whose
- * segment holds f (dcpx_dev_seg2), in round 1 it is found here. */
+ * segment holds f (dcpx_dev_seg2); in round 1 it is s when the caller
+ * knows it (s < W), else found here. */
 DCPX_D uint32_t dcpx_dev_entry_of(const dcpx_key_map *m, uint32_t s,
                                   uint32_t f, uint32_t w) {
   uint32_t j;
   const uint32_t *pl;
   if (m->round == 1) {
-    s = dcpx_dev_div(f, m->N, m->rcp_n);
+    if (s >= m->W)
+      s = dcpx_dev_div(f, m->N, m->rcp_n);
     j = f - s * m->N;
     pl = m->p1 + s * m->pwn;
   } else {
@@ -719,6 +722,12 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
     const uint32_t packed = ((uint32_t)__popc(gtm) << 16) | (uint32_t)__popc(eqm);
     const uint32_t incl = dcpx_dev_warp_incl(packed);
     const uint32_t tot = __shfl_sync(DCPX_FULL, incl, 31);
+    /* Round 1 with N >= 128: at most one rank starts in this chunk, at
+     * `next` as it is now, so key x's rank is s_next - 1, or s_next from
+     * next on (no division per key). */
+    const int r1on = bound && m->N >= 128u;
+    const uint32_t r1 = r1on ? s_next - 1u : 0xFFFFFFFFu; /* else: divide */
+    const uint32_t r1next = r1on ? next : 0xFFFFFFFFu;
     uint32_t starts = 0, sidx = 0;
     while (next < f0 + 128u && next < fend && s_next < m->W) { /* uniform */
       if (next - f < 4u) { /* N >= 4: one start per group at most */
@@ -764,7 +773,8 @@ DCPX_D void dcpx_dev_flat_place(const dcpx_sel_smem *S, const uint32_t *keys,
           bound[sidx] = pos;
         if ((nib >> e) & 1u) {
           const uint32_t w = dcpx_dev_u4word(k, e);
-          list[pos] = dcpx_dev_entry_of(m, s2, f + e, w);
+          const uint32_t s = m->round == 2 ? s2 : r1 + (f + e >= r1next);
+          list[pos] = dcpx_dev_entry_of(m, s, f + e, w);
           if (words)
             words[pos] = w;
         }
@@ -1850,8 +1860,22 @@ typedef struct dcpx_out_args {
   const int32_t *block_table;
   int32_t *rows_out, *valid_out, *ids_out;
   uint32_t K, W, me, B, I, bt_rows, bt_cols;
+  uint32_t sh_b, sh_i; /* log2 of B and of I when a power of two, else 32 */
   float rcp_b, rcp_i;
 } dcpx_out_args;
+
+/* log2(d) for a power of two d, else 32 (dcpx_dev_div_sh divides). */
+DCPX_D uint32_t dcpx_dev_log2_or32(uint32_t d) {
+  return d && !(d & (d - 1u)) ? (uint32_t)(__ffs(d) - 1) : 32u;
+}
+
+/* x / d: a shift when d is a power of two (sh = its log2, the common
+ * block sizes and interleave 1), else dcpx_dev_div. sh is the same for
+ * every thread, so the branch does not diverge. */
+DCPX_D uint32_t dcpx_dev_div_sh(uint32_t x, uint32_t d, float rcp,
+                                uint32_t sh) {
+  return sh < 32u ? x >> sh : dcpx_dev_div(x, d, rcp);
+}
 
 /* The output arguments every merge kernel (LL, and the NCCL transport's
  * round kernels) passes to dcpx_dev_outputs. */
@@ -1874,6 +1898,8 @@ DCPX_D void dcpx_dev_out_args_init(dcpx_out_args *oa, const int32_t *bt,
   oa->bt_cols = bt_cols;
   oa->rcp_b = rcp_b;
   oa->rcp_i = rcp_i;
+  oa->sh_b = dcpx_dev_log2_or32(B);
+  oa->sh_i = dcpx_dev_log2_or32(I);
 }
 
 /* Round 2's key offsets (docs/PROTOCOL.md 5.5, rank-major): rank s
@@ -1914,7 +1940,7 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
       int32_t g = -1;
       if (p < total) {
         const uint32_t x = list[p], l = x & 0x1FFFFu;
-        const uint32_t q = dcpx_dev_div(l, I, o->rcp_i);
+        const uint32_t q = dcpx_dev_div_sh(l, I, o->rcp_i, o->sh_i);
         g = (int32_t)(q * I * o->W + (x >> 17) * I + (l - q * I));
       }
       io[p] = g;
@@ -1922,7 +1948,7 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
     int32_t v = -1;
     if (p < cnt) {
       const uint32_t l = list[base + p] & 0x1FFFFu;
-      const uint32_t col = dcpx_dev_div(l, B, o->rcp_b);
+      const uint32_t col = dcpx_dev_div_sh(l, B, o->rcp_b, o->sh_b);
       if (req_ok && col < o->bt_cols) {
         const int32_t blk = __ldg(bt + col);
         const int64_t kv = (int64_t)blk * B + (l - col * B);

@@ -116,6 +116,14 @@ DCPX_D void pair_take(poll_map *m, uint32_t x, uint32_t i, uint32_t C,
                       int rescue, uint32_t wa, uint32_t wb, uint32_t *kmn,
                       uint32_t *kmx) {
   const uint32_t j = 2u * i;
+  if (!rescue && !(C & 1u) && j + 1u < C) {
+    /* Two entries (C even: 8-byte aligned in ent[x]), branch-free */
+    *(uint2 *)(m->ent[x] + j) = make_uint2(wa, wb);
+    const uint32_t ka = wa >> 16, kb = wb >> 16;
+    *kmn = min(*kmn, min(ka ? ka : 0xFFFFu, kb ? kb : 0xFFFFu));
+    *kmx = max(*kmx, max(ka, kb));
+    return;
+  }
   stage_word(m, x, j, C, wa, kmn, kmx);
   stage_word(m, x, j + 1u, C, wb, kmn, kmx);
   if (!rescue)

@@ -16,7 +16,10 @@
  *      both, or ordered as stream order would order it. Launched with
  *      programmatic dependent launch, it calls dcpx_device_pdl_wait()
  *      before any other function of this header (dcpx_merge lets its
- *      successor launch early).
+ *      successor launch early). So does every kernel launched with PDL
+ *      between that merge and this kernel, even one that uses nothing of
+ *      dcpx: one that never waits may end while the merge still runs,
+ *      and this kernel's wait would then not cover the merge.
  *   2. The call sequence. Exactly one thread of the grid calls
  *      dcpx_device_call_begin() once per call, also for a call of 0 rows,
  *      anywhere in the kernel (the merge reads the word only after its

@@ -14,6 +14,11 @@
  *   merge+rescue   the same with rank 0 dominating every row: rank 0 is
  *                  saturated, recomputes its top-K, pushes it to all 8
  *                  rescue areas, sets the flags and runs round 2.
+ *   floor          (notes) a kernel of the merge's launch shape (blocks,
+ *                  threads, dynamic shared memory) and of the push's that
+ *                  only loads, passes a barrier and stores: timed like the
+ *                  merge (with the epoch memset), it is what a launch
+ *                  costs in this graph before any row work.
  *   e2e            a whole call: all 8 ranks' push then merge, 8 streams
  *                  forked from and joined to one, merge grids capped so that
  *                  all 8 are resident (8 ranks share one GPU here, so this
@@ -28,6 +33,7 @@
 #include <stdarg.h>
 
 #include "gpu_group.h"
+#include "gpu_tools.h"
 
 static uint32_t g_iters = 20, g_reps = 15;
 static double g_min, g_max; /* of the last time_graph, us per iteration */
@@ -179,6 +185,40 @@ static double bench_merge(gg *g, uint32_t *ret_rescued) {
   *ret_rescued = n;
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphExecDestroy(ge0));
+  return us;
+}
+
+/* The launch floor of rank 0's merge (push: 0) shape at g->rows rows, in
+ * the graph pattern of bench_merge (each launch followed by the epoch
+ * memset, the memsets' own graph subtracted) or of bench_push (launches
+ * back to back): us per launch. */
+static double bench_floor(gg *g, int push) {
+  cudaStream_t s = g->st[0];
+  const size_t eb = 4 * (size_t)g->rows;
+  uint32_t *ep = (uint32_t *)(g->ws[0] + g->L.off_epoch);
+  const uint32_t nt = push ? dcpx_k_push_threads(&g->kc[0], g->rows)
+                           : dcpx_k_merge_threads(&g->kc[0], g->rows);
+  const size_t smem =
+      push ? dcpx_k_push_smem(&g->kc[0]) : dcpx_k_merge_smem(&g->kc[0]);
+  double us0 = 0;
+  KCK(dcpx_k_floor_prepare(smem));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (uint32_t i = 0; i < g_iters; i++) {
+    KCK(dcpx_k_floor(ep, g->rows, nt, smem, s));
+    if (!push)
+      CK(cudaMemsetAsync(ep, 0, eb, s));
+  }
+  cudaGraphExec_t ge = end_capture(s);
+  if (!push) {
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (uint32_t i = 0; i < g_iters; i++)
+      CK(cudaMemsetAsync(ep, 0, eb, s));
+    cudaGraphExec_t ge0 = end_capture(s);
+    us0 = time_graph(ge0, s);
+    CK(cudaGraphExecDestroy(ge0));
+  }
+  const double us = time_graph(ge, s) - us0;
+  CK(cudaGraphExecDestroy(ge));
   return us;
 }
 
@@ -471,6 +511,12 @@ int main(void) {
           }
         }
         tm[mode] = bench_merge(&g, &resc[mode]);
+        if (mode == FILL_PLAIN) {
+          const double fm = bench_floor(&g, 0), fp = bench_floor(&g, 1);
+          note("Launch floor, local %u, rows %u: merge shape %.2f us, push "
+               "shape %.2f us per launch (merge %.2f, push %.2f).\n",
+               lens[li], rows, fm, fp, tm[mode], tp);
+        }
         if (rows == 1 || rows == 64) {
           char what[64];
           snprintf(what, sizeof(what), "rows %u, %s", rows,

@@ -1,6 +1,8 @@
 /* gpu_tools.cu - test-only kernels (tests/gpu/gpu_tools.h), never in
  * libdcpx: the LL one-way latency between two GPUs (tests/gpu/pingpong.c),
- * and a start gate for multi-GPU timings (test_nccl --bench).
+ * a start gate for multi-GPU timings (test_nccl --bench), and the launch
+ * floor of bench_kernels (a kernel of a merge's or push's launch shape
+ * that does nothing but one load, a barrier and one store per block).
  *
  * One thread per side, one launch per side for `iters` round trips. The
  * initiator stores a tagged 16-byte LL pair (dcpx_dev_ll_store: words i, ~i,
@@ -110,6 +112,43 @@ int dcpx_k_gate(const uint32_t *flag, uint32_t value, uint64_t timeout_ns,
   if (!flag)
     return DCPX_E_INVAL;
   dcpx_gate_kernel<<<1, 32, 0, s>>>(flag, value, timeout_ns);
+  if (cudaGetLastError() != cudaSuccess)
+    return DCPX_E_CUDA;
+  return 0;
+}
+
+/* ---- the launch floor (tests/gpu/bench_kernels.c) -------------------------
+ *
+ * What a launch of the merge's (or push's) shape costs with no work in
+ * it: block t loads word[t], every thread passes one barrier, thread 0
+ * stores the word back. The bench times it in the same graph pattern as
+ * the merge (with the epoch memset between launches), so the difference
+ * between a merge and this floor is the merge's own row time. */
+__global__ void dcpx_floor_kernel(uint32_t *word, uint32_t rows) {
+  extern __shared__ uint32_t dyn_floor[];
+  uint32_t v = 0;
+  if (threadIdx.x == 0 && blockIdx.x < rows)
+    v = word[blockIdx.x];
+  __syncthreads();
+  if (threadIdx.x == 0 && blockIdx.x < rows) {
+    dyn_floor[0] = v;
+    word[blockIdx.x] = dyn_floor[0];
+  }
+}
+
+int dcpx_k_floor_prepare(size_t smem) {
+  if (cudaFuncSetAttribute(dcpx_floor_kernel,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem) != cudaSuccess)
+    return DCPX_E_CUDA;
+  return 0;
+}
+
+int dcpx_k_floor(uint32_t *word, uint32_t rows, uint32_t threads,
+                 size_t smem, cudaStream_t s) {
+  if (!word || !rows || !threads || threads > 1024)
+    return DCPX_E_INVAL;
+  dcpx_floor_kernel<<<rows, threads, smem, s>>>(word, rows);
   if (cudaGetLastError() != cudaSuccess)
     return DCPX_E_CUDA;
   return 0;

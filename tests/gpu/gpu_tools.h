@@ -1,6 +1,7 @@
 /* gpu_tools.h - kernels of the GPU tests only (tests/gpu/gpu_tools.cu),
  * linked into the tests/gpu programs and never into libdcpx: the LL
- * ping-pong (tests/gpu/pingpong) and a start gate (test_nccl --bench). */
+ * ping-pong (tests/gpu/pingpong), a start gate (test_nccl --bench) and
+ * the launch floor (bench_kernels). */
 #ifndef DCPX_TESTS_GPU_TOOLS_H
 #define DCPX_TESTS_GPU_TOOLS_H
 
@@ -35,6 +36,15 @@ int dcpx_k_pingpong(void *mine, void *peer, uint32_t iters, int initiator,
  * all ranks start together. A test tool. */
 int dcpx_k_gate(const uint32_t *flag, uint32_t value, uint64_t timeout_ns,
                 cudaStream_t s);
+
+/* The launch floor: `rows` blocks of `threads` threads with `smem` bytes
+ * of dynamic shared memory; block t loads word[t], passes one barrier and
+ * stores it back (word: device, rows words). The bench times it like a
+ * merge to separate launch cost from row time. dcpx_k_floor_prepare
+ * (outside any stream capture) allows up to `smem` bytes. A test tool. */
+int dcpx_k_floor_prepare(size_t smem);
+int dcpx_k_floor(uint32_t *word, uint32_t rows, uint32_t threads,
+                 size_t smem, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -211,6 +211,8 @@ static void gen_call(gg *g, const tcase *tc, uint64_t seed, uint32_t call) {
       g->h_req[r][t] = (int32_t)dcpx_rnd_below(&s, g->bt_rows);
     const uint32_t B = g->sh.block_size;
     uint32_t bmax = (uint32_t)(INT32_MAX / B) - 1;
+    if (INT32_MAX / B < 2) /* B >= 2^30: block 0 (and 1) only */
+      bmax = (uint32_t)(INT32_MAX / B) + 1u;
     if (bmax > (1u << 20))
       bmax = 1u << 20;
     for (size_t i = 0; i < (size_t)g->bt_rows * g->bt_cols; i++)
@@ -436,6 +438,13 @@ static const tcase cases[] = {
      LEN_FULL, 2, 0, 0, 0, 1, 0},
     {"w16-n4095-k4096-global-mix", 16, 4095, 4096, 12000, 4, 16, 3, G_MIX,
      LEN_MIX, 2, 0, 0, 0, 1, 0},
+    /* block sizes and interleaves that are not powers of two (the
+     * outputs divide), and a block size of 2^31 + 1 (the division's
+     * correction step compares unsigned) */
+    {"w4-n64-k256-b12-i3", 4, 64, 256, 4096, 6, 12, 3, G_MIX, LEN_MIX, 2, 0,
+     0, 0, 0, 0},
+    {"w2-n31-k64-bhuge", 2, 31, 64, 1000, 4, 0x80000001u, 1, G_MIX, LEN_MIX,
+     2, 0, 0, 0, 0, 0},
     /* epochs and seq2 through the wrap: 0xFFFFFFF0 + 40 calls */
     {"wrap-w4-n64-k256", 4, 64, 256, 4096, 6, 16, 1, G_MIX, LEN_MIX, 40, 0, 0,
      0, 1, 0xFFFFFFF0u},
