@@ -401,6 +401,7 @@ static void member_attach(dcpxd_group *g, uint32_t rank, dcpxd_conn *c,
  * member gets the error and the group is destroyed. */
 static void group_form(dcpxd_group *g) {
   const uint32_t W = g->shape.world;
+  const char *what = "allocate group memory";
   char label[96];
   void *map;
   int r;
@@ -443,8 +444,10 @@ static void group_form(dcpxd_group *g) {
     r = dcpxd_secrets_add(g->m->secrets, g->name, g->owner, W, pids,
                           g->hdr->secret);
   }
-  if (r < 0)
+  if (r < 0) {
+    what = "record the group in the state dir's groups file";
     goto fail;
+  }
   for (uint32_t i = 0; i < W; i++) {
     dcpx_rank_health *h = dcpxd_group_health(g, i);
     h->pid = (uint32_t)g->member[i].pid;
@@ -468,10 +471,10 @@ static void group_form(dcpxd_group *g) {
   return;
 
 fail:
-  log_error_errno(r, "group=%s: cannot allocate its memory: %m", g->name);
+  log_error_errno(r, "group=%s: cannot %s: %m", g->name, what);
   for (uint32_t i = 0; i < W; i++)
     if (g->member[i].conn)
-      join_refuse(g->member[i].conn, r, "cannot allocate group memory: %s",
+      join_refuse(g->member[i].conn, r, "cannot %s: %s", what,
                   dcpx_strerror(r));
   group_destroy(g);
 }

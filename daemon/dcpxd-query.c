@@ -9,7 +9,9 @@
  * kernels with the default wmem_max, the socket's send buffer (about
  * 200 KiB). Replies are therefore held under REPLY_BUDGET bytes: a records
  * answer drops its oldest entries (and says so in records_note), a groups
- * answer its last groups.
+ * answer its last groups, the groups that are not healthy coming first
+ * (and says how many in groups_left_out). Both fit in one pass over the
+ * items' sizes (fit_items).
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -144,6 +146,45 @@ static void query_error(dcpxd_conn *c, int status, const char *msg) {
   send_query_reply(c, &qr);
 }
 
+/* Bytes of a length-delimited field of `len` bytes (tag of a field number
+ * below 16: one byte; the length as a varint). */
+static size_t field_bytes(size_t len) {
+  size_t v = 1;
+  for (size_t x = len; x >= 0x80; x >>= 7)
+    v++;
+  return 1 + v + len;
+}
+
+/* How many of the n groups (or records: one of the two arrays set) fit
+ * the reply budget with the reply qr holds besides them, taking them from
+ * the front (groups) or the back (records, the newest): one pass over
+ * their sizes, not a packing of the whole reply per one left out. */
+static size_t fit_items(Dcpx__QueryReply *qr, Dcpx__GroupInfo **gs,
+                        Dcpx__Record **rs, size_t n) {
+  const size_t ng = qr->n_groups, nr = qr->n_records;
+  size_t used, k = 0;
+  qr->n_groups = 0;
+  qr->n_records = 0;
+  /* the note may grow to its buffer's size once the count is known */
+  used = dcpx__query_reply__get_packed_size(qr) + 3u + 768u;
+  qr->n_groups = ng;
+  qr->n_records = nr;
+  for (; k < n; k++) {
+    const size_t b =
+        field_bytes(gs ? dcpx__group_info__get_packed_size(gs[k])
+                       : dcpx__record__get_packed_size(rs[n - 1 - k]));
+    if (used + b > REPLY_BUDGET)
+      break;
+    used += b;
+  }
+  return k;
+}
+
+static size_t fit_groups(Dcpx__QueryReply *qr, Dcpx__GroupInfo **gs,
+                         size_t n) {
+  return fit_items(qr, gs, NULL, n);
+}
+
 static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   dcpxd_manager *m = c->m;
   Dcpx__QueryReply qr = DCPX__QUERY_REPLY__INIT;
@@ -174,17 +215,21 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
         !dcpxd_may_see(c, g))
       continue;
     fill_group(&infos[n], g);
-    ptrs[n] = &infos[n].gi;
     n++;
   }
+  /* The groups that are not healthy first (in list order, then the
+   * others): a reply that must be trimmed keeps them, so that a health
+   * check never misses a broken group for the size limit. */
+  total = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t i = 0; i < n; i++)
+      if (dcpx__group_info_healthy(&infos[i].gi) == pass)
+        ptrs[total++] = &infos[i].gi;
   rep.version = DCPX_PROTO_VERSION;
   qr.reply = &rep;
   qr.groups = ptrs;
-  qr.n_groups = n;
-  total = n;
-  while (qr.n_groups > 0 &&
-         dcpx__query_reply__get_packed_size(&qr) > REPLY_BUDGET)
-    qr.n_groups--;
+  qr.n_groups = fit_groups(&qr, ptrs, total);
+  qr.groups_left_out = (uint32_t)(total - qr.n_groups);
   if (qr.n_groups < total)
     dcpxd_bprintf(note, "showing %zu of %zu groups (reply size limit)",
                   qr.n_groups, total);
@@ -251,13 +296,12 @@ static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
   rep.version = DCPX_PROTO_VERSION;
   qr.reply = &rep;
   qr.records = ptrs;
-  qr.n_records = n;
-  while (qr.n_records > 0 &&
-         dcpx__query_reply__get_packed_size(&qr) > REPLY_BUDGET) {
-    size_t drop = qr.n_records / 8 ? qr.n_records / 8 : 1;
-    start += drop;
+  qr.n_records = 0;
+  {
+    const size_t keep = fit_items(&qr, NULL, ptrs, n); /* the newest */
+    start = n - keep;
     qr.records = ptrs + start;
-    qr.n_records -= drop;
+    qr.n_records = keep;
   }
   if (start)
     dcpxd_bprintf(note,
@@ -284,6 +328,10 @@ void dcpxd_query(dcpxd_conn *c, const Dcpx__Query *q) {
   case DCPX__QUERY__WHAT__STATS:
     return query_groups(c, q);
   case DCPX__QUERY__WHAT__RECORDS:
+    if (q->rank < -1) { /* -1 is every rank (docs/PROTOCOL.md 10.4) */
+      dcpxd_bprintf(msg, "rank %d: -1 (every rank) or a rank", (int)q->rank);
+      return query_error(c, DCPX_E_BADRANK, msg);
+    }
     return query_records(c, q);
   default:
     dcpxd_bprintf(msg, "unknown query %d", (int)q->what);

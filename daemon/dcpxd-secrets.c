@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +28,10 @@ typedef struct entry {
 } entry;
 
 struct dcpxd_secrets {
-  char *path, *tmp;
+  char *path, *tmp, *dir;
   entry *e;
   size_t n;
+  bool dirty; /* changes not saved yet (dcpxd_secrets_flush) */
 };
 
 static int parse_line(const char *line, entry *e) {
@@ -110,8 +112,17 @@ static int save(dcpxd_secrets *s) {
     r = -errno;
   if (r == 0 && rename(s->tmp, s->path) < 0)
     r = -errno;
+  if (r == 0) { /* the rename itself, durable */
+    const int dfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) < 0)
+      r = -errno;
+    if (dfd >= 0)
+      close(dfd);
+  }
   if (r < 0)
     log_warning_errno(r, "Cannot save %s: %m", s->path);
+  else
+    s->dirty = false;
   return r;
 }
 
@@ -158,7 +169,8 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
   int r;
 
   if (!s || asprintf(&s->path, "%s/groups", state_dir) < 0 ||
-      asprintf(&s->tmp, "%s/groups.tmp", state_dir) < 0) {
+      asprintf(&s->tmp, "%s/groups.tmp", state_dir) < 0 ||
+      !(s->dir = strdup(state_dir))) {
     dcpxd_secrets_free(s);
     return -ENOMEM;
   }
@@ -181,6 +193,7 @@ dcpxd_secrets *dcpxd_secrets_free(dcpxd_secrets *s) {
   if (s) {
     free(s->path);
     free(s->tmp);
+    free(s->dir);
     free(s->e);
     free(s);
   }
@@ -233,7 +246,7 @@ void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
     return;
   }
   e->pid[rank] = pid;
-  (void)save(s);
+  s->dirty = true;
 }
 
 void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name) {
@@ -242,7 +255,11 @@ void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name) {
   if (!e)
     return;
   *e = s->e[--s->n];
-  (void)save(s);
+  s->dirty = true;
+}
+
+int dcpxd_secrets_flush(dcpxd_secrets *s) {
+  return s && s->dirty ? save(s) : 0;
 }
 
 bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,

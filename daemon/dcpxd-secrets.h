@@ -14,8 +14,12 @@
  * all gone are removed: nobody is left to reattach to them (the memory of a
  * group lives in its ranks' processes), so they are state of dead groups.
  *
- * The file is rewritten whole (temporary file, fsync, rename) at every
- * change: one line "NAME UID HEX PID,PID,..." per group (pids of ranks
+ * The file is rewritten whole (temporary file, fsync, rename, fsync of
+ * the directory): at once when a group is added (its secret must be on
+ * disk before the Join reply hands it out), and for the changes of
+ * dcpxd_secrets_set_pid and dcpxd_secrets_remove once per turn of the
+ * event loop (dcpxd_secrets_flush), so that a client whose exit ends
+ * thousands of groups costs one save, not one per group. One line "NAME UID HEX PID,PID,..." per group (pids of ranks
  * 0..W-1, 0 for a rank not held; files of older dcpxd versions have no
  * pids, and those entries are kept). Unreadable lines are skipped with a
  * warning; a groups.tmp left by a crash is removed. */
@@ -43,12 +47,16 @@ int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
                       uint8_t secret[DCPX_CTL_SECRET_BYTES]);
 
 /* Records that rank `rank` of the W-rank group `name` is held by pid (0:
- * not held), and saves the file if that changed. */
+ * not held); saved by the next dcpxd_secrets_flush (or add). */
 void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
                            uint32_t rank, pid_t pid);
 
-/* Forgets a group (destroyed) and saves the file. */
+/* Forgets a group (destroyed); saved by the next flush (or add). */
 void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name);
+
+/* Saves the changes not saved yet, if any: dcpxd calls it once per turn
+ * of its event loop and at exit. 0 or a negative errno (logged). */
+int dcpxd_secrets_flush(dcpxd_secrets *s);
 
 /* True if `name` is a group this daemon created with this secret; its
  * owner in *owner. */

@@ -149,10 +149,18 @@ static void manager_stop(dcpxd_manager *m, const char *why) {
     uv_close((uv_handle_t *)&m->reaper, NULL);
   uv_close((uv_handle_t *)&m->health_timer, NULL);
   uv_close((uv_handle_t *)&m->watchdog_timer, NULL);
+  uv_close((uv_handle_t *)&m->secrets_check, NULL);
   uv_close((uv_handle_t *)&m->log_timer, NULL);
   uv_close((uv_handle_t *)&m->sig_term, NULL);
   uv_close((uv_handle_t *)&m->sig_int, NULL);
   uv_close((uv_handle_t *)&m->sig_hup, NULL);
+}
+
+/* After each turn's I/O: the groups file's changes of that turn (members
+ * gone, groups destroyed), in one save. */
+static void on_secrets_check(uv_check_t *h) {
+  dcpxd_manager *m = h->data;
+  (void)dcpxd_secrets_flush(m->secrets);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -313,6 +321,10 @@ int main(int argc, char **argv) {
   m->health_timer.data = m;
   uv_timer_init(m->loop, &m->watchdog_timer);
   m->watchdog_timer.data = m;
+  uv_check_init(m->loop, &m->secrets_check);
+  m->secrets_check.data = m;
+  uv_check_start(&m->secrets_check, on_secrets_check);
+  uv_unref((uv_handle_t *)&m->secrets_check); /* keeps no loop alive */
   uv_timer_init(m->loop, &m->log_timer);
   log_timer = &m->log_timer;
   dcpxd_log_on_suppress = arm_log_timer;
@@ -356,6 +368,7 @@ out_loop:
   if (uv_loop_close(m->loop) < 0)
     log_warning("Event loop still had open handles at exit");
 out_records:
+  (void)dcpxd_secrets_flush(m->secrets);
   m->secrets = dcpxd_secrets_free(m->secrets);
   m->records = dcpxd_records_free(m->records);
 out_lock:

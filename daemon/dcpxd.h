@@ -319,6 +319,7 @@ struct dcpxd_manager {
   uv_timer_t health_timer;
   bool health_active;
   uv_timer_t watchdog_timer;
+  uv_check_t secrets_check; /* saves the groups file's changes, once a turn */
   uv_timer_t log_timer; /* writes the rate limiter's summaries on time */
   uv_signal_t sig_term, sig_int, sig_hup;
 

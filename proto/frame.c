@@ -327,6 +327,23 @@ void dcpx__shape_from_pb(const Dcpx__Shape *in, dcpx_shape *out) {
   out->max_local = in->max_local;
 }
 
+int dcpx__rank_info_healthy(const Dcpx__GroupInfo *g,
+                            const Dcpx__RankInfo *r) {
+  if (g->state && strcmp(g->state, "forming") == 0)
+    return 1;
+  return r->joined && !r->alarm && !r->failed;
+}
+
+int dcpx__group_info_healthy(const Dcpx__GroupInfo *g) {
+  if (!g->state || strcmp(g->state, "aborted") == 0 ||
+      strcmp(g->state, "recovering") == 0 || g->abort)
+    return 0;
+  for (size_t i = 0; i < g->n_ranks; i++)
+    if (g->ranks[i] && !dcpx__rank_info_healthy(g, g->ranks[i]))
+      return 0;
+  return 1;
+}
+
 void dcpx__frame_free(Dcpx__Frame *f) {
   if (f)
     dcpx__frame__free_unpacked(f, NULL);

@@ -79,6 +79,15 @@ DCPX__HIDDEN int dcpx__group_name_ok(const char *s);
 DCPX__HIDDEN void dcpx__shape_to_pb(const dcpx_shape *in, Dcpx__Shape *out);
 DCPX__HIDDEN void dcpx__shape_from_pb(const Dcpx__Shape *in, dcpx_shape *out);
 
+/* The health a query reports, one rule for dcpxd (which puts the groups
+ * that are not healthy first in a reply it must trim) and dcpxctl (exit
+ * codes, check): a rank is healthy while its group forms, else when it is
+ * joined with neither alarm nor failed; a group when it is not aborted or
+ * recovering and every rank is healthy. */
+DCPX__HIDDEN int dcpx__rank_info_healthy(const Dcpx__GroupInfo *g,
+                                         const Dcpx__RankInfo *r);
+DCPX__HIDDEN int dcpx__group_info_healthy(const Dcpx__GroupInfo *g);
+
 /* Reply helpers. */
 DCPX__HIDDEN int dcpx__send_reply(int sock, int status, const char *error);
 

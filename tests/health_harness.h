@@ -213,7 +213,7 @@ HH_FN long hh_rss_kib(pid_t pid) {
 /* ---- dcpxctl -------------------------------------------------------------- */
 
 typedef struct hh_out {
-  char out[256 * 1024];
+  char out[4 * 1024 * 1024]; /* a node of thousands of groups */
   char err[16 * 1024];
   size_t n_out, n_err;
 } hh_out;

@@ -440,22 +440,6 @@ static const char *rank_state(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
   return "live";
 }
 
-static bool rank_healthy(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r) {
-  if (strcmp(g->state, "forming") == 0)
-    return true;
-  return r->joined && !r->alarm && !r->failed;
-}
-
-static bool group_healthy(const Dcpx__GroupInfo *g) {
-  if (!g->state || strcmp(g->state, "aborted") == 0 ||
-      strcmp(g->state, "recovering") == 0 || g->abort)
-    return false;
-  for (size_t i = 0; i < g->n_ranks; i++)
-    if (g->ranks[i] && !rank_healthy(g, g->ranks[i]))
-      return false;
-  return true;
-}
-
 static double rescue_rate(uint64_t rescue, uint64_t rows) {
   return rows ? (double)rescue / (double)rows : 0.0;
 }
@@ -498,7 +482,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   for (size_t i = 0; i < qr->n_groups; i++) {
     const Dcpx__GroupInfo *g = qr->groups[i];
     uint64_t rows = 0, rescue = 0, calls = 0, failed = 0;
-    bool ok = group_healthy(g);
+    bool ok = dcpx__group_info_healthy(g);
     all_ok = all_ok && ok;
     jw_obj(&w, NULL);
     jw_str(&w, "name", g->name);
@@ -577,6 +561,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   jw_arr_end(&w);
   if (with_health)
     jw_bool(&w, "healthy", all_ok);
+  jw_u64(&w, "groups_left_out", qr->groups_left_out);
   if (qr->records_note && *qr->records_note)
     jw_str(&w, "note", qr->records_note);
   jw_obj_end(&w);
@@ -623,7 +608,7 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
   for (size_t i = 0; i < qr->n_groups; i++) {
     const Dcpx__GroupInfo *g = qr->groups[i];
     uint64_t rows = 0, rescue = 0, calls = 0, failed = 0;
-    bool ok = group_healthy(g);
+    bool ok = dcpx__group_info_healthy(g);
 
     for (size_t k = 0; k < g->n_ranks; k++)
       if (g->ranks[k]) {
@@ -774,6 +759,10 @@ static const struct {
 /* qr: the STATS answer. om: OpenMetrics 1.0 (a counter family "x" has samples "x_total", the text
  * ends with "# EOF"); else the Prometheus text format 0.0.4 (the family is
  * named as its samples). */
+static const char left_out_help[] =
+    "Groups this scrape left out for dcpxd's reply size limit (the "
+    "healthy ones: the others come first)";
+
 static void metrics_out(const Dcpx__QueryReply *qr, bool om) {
   for (size_t m = 0; m < sizeof(metric_defs) / sizeof(metric_defs[0]); m++) {
     const char *name = metric_defs[m].name, *type = metric_defs[m].type;
@@ -869,6 +858,16 @@ static void metrics_out(const Dcpx__QueryReply *qr, bool om) {
       }
     }
   }
+  /* Groups the reply had no room for (dcpxd puts the unhealthy first):
+   * an alert on it says the scrape is not the whole node. */
+  if (om) {
+    printf("# TYPE dcpx_groups_left_out gauge\n");
+    printf("# HELP dcpx_groups_left_out %s.\n", left_out_help);
+  } else {
+    printf("# HELP dcpx_groups_left_out %s.\n", left_out_help);
+    printf("# TYPE dcpx_groups_left_out gauge\n");
+  }
+  printf("dcpx_groups_left_out %u\n", qr->groups_left_out);
   if (om)
     printf("# EOF\n");
 }
@@ -1153,7 +1152,7 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   const Dcpx__QueryReply *qr = in->query_reply;
   bool healthy = true;
   for (size_t i = 0; i < qr->n_groups; i++)
-    healthy = healthy && group_healthy(qr->groups[i]);
+    healthy = healthy && dcpx__group_info_healthy(qr->groups[i]);
   if (format == FMT_OPENMETRICS || format == FMT_PROMETHEUS) {
     if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
       dcpx__frame_free(in);
@@ -1615,7 +1614,12 @@ static int check_health(const char *group, const check_limits *l,
   }
   for (size_t i = 0; i < qr->n_groups; i++)
     check_group(qr->groups[i], l, f);
-  f->n_groups = qr->n_groups;
+  f->n_groups = qr->n_groups + qr->groups_left_out;
+  if (qr->groups_left_out) /* dcpxd sent the unhealthy ones first */
+    problem(f->warn, sizeof(f->warn),
+            "%u groups not checked (dcpxd's reply size limit: check them "
+            "by name)",
+            qr->groups_left_out);
   dcpx__frame_free(in);
   return -1;
 }
