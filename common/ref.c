@@ -41,10 +41,10 @@ static int check_call(const dcpx_shape *sh, const dcpx_ref_in *in,
     return r;
   if ((r = dcpx__struct_check("dcpx_ref_call", "dcpx_ref_in", in,
                               sizeof(dcpx_ref_in),
-                              in ? in->reserved : 0)) < 0 ||
+                              DCPX__RESERVED_OF(in))) < 0 ||
       (r = dcpx__struct_check("dcpx_ref_call", "dcpx_merge_out", out,
                               sizeof(dcpx_merge_out),
-                              out ? out->reserved : 0)) < 0)
+                              DCPX__RESERVED_OF(out))) < 0)
     return r;
   if (!in->logits || !in->row_ends || !in->req_id || !in->block_table ||
       !out->rows_out || !out->valid_out || in->rank >= sh->world)

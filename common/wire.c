@@ -173,6 +173,8 @@ uint32_t dcpx_shape_auto_local_topk(uint32_t world, uint32_t topk) {
 
 const char *dcpx_shape_warning(const dcpx_shape *s) {
   dcpx_shape r;
+  if (dcpx_shape_check(s) < 0) /* NULL, a foreign size, a bad shape */
+    return NULL;
   s = dcpx__shape_resolved(s, &r);
   if (!s || s->world < 2 || !s->local_topk ||
       (uint64_t)s->world * s->local_topk > s->topk)

@@ -59,13 +59,10 @@ static uint64_t now_ms(void) {
 /* Receives one frame within ms milliseconds. */
 static int recv_within(int sock, int ms, Dcpx__Frame **ret, int *fds,
                        int maxfds, int *ret_nfds) {
-  struct pollfd p = {.fd = sock, .events = POLLIN};
-  int n;
-  do
-    n = poll(&p, 1, ms);
-  while (n < 0 && errno == EINTR);
+  const int n =
+      dcpx__poll_until(sock, POLLIN, dcpx__mono_ms() + (uint64_t)(ms > 0 ? ms : 0));
   if (n < 0)
-    return -errno;
+    return n;
   if (n == 0)
     return DCPX_E_TIMEDOUT;
   return dcpx__frame_recv(sock, ret, fds, maxfds, ret_nfds);
@@ -593,7 +590,7 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
   if (r == 0 && merge)
     r = dcpx__struct_check_at(__FILE__, __LINE__, fn, "dcpx_merge_out", out,
                               sizeof(dcpx_merge_out),
-                              out ? out->reserved : 0, m->why,
+                              DCPX__RESERVED_OF(out), m->why,
                               sizeof(m->why));
   if (r < 0) {
     dcpx__member_refuse(m);
@@ -744,7 +741,7 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
 int dcpx_member_async_error(const dcpx_member *m, dcpx_async_error *ret) {
   int r = dcpx__struct_check("dcpx_member_async_error", "dcpx_async_error",
                              ret, sizeof(dcpx_async_error),
-                             ret ? ret->reserved : 0);
+                             DCPX__RESERVED_OF(ret));
   if (r < 0)
     return r;
   if (!m || !m->hdr)

@@ -432,8 +432,9 @@ int dcpx__host_push_list(struct dcpx_member *m, const dcpx_call *in,
   const dcpx_layout *L = &m->L;
   const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   const uint32_t N = L->local_topk;
-  const int order = m->check_lists || (li && (li->flags &
-                                              DCPX_LISTS_CHECK_ORDER));
+  const int order = m->check_lists ||
+                    (li && li->size == sizeof(*li) &&
+                     (li->flags & DCPX_LISTS_CHECK_ORDER));
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
   int r = check_lists(m, in, li, order);
   rows_begin(m, in->rows);

@@ -1,5 +1,6 @@
 /* frame.c - framing of dcpx messages over SOCK_SEQPACKET (see frame.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dcpx.h"
@@ -369,17 +371,43 @@ const char *dcpx__socket_path(const char *path) {
   return path && *path ? path : DCPX_DEFAULT_SOCKET;
 }
 
-int dcpx__frame_recv_answer(int sock, int timeout_ms, Dcpx__Frame **ret) {
+uint64_t dcpx__mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int dcpx__poll_until(int sock, short events, uint64_t deadline_ms) {
+  struct pollfd p = {.fd = sock, .events = events};
   for (;;) {
-    struct pollfd p = {.fd = sock, .events = POLLIN};
+    const uint64_t now = dcpx__mono_ms();
+    const uint64_t left = deadline_ms > now ? deadline_ms - now : 0;
+    const int n = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
+    if (n > 0)
+      return 1;
+    if (n == 0 && dcpx__mono_ms() >= deadline_ms)
+      return 0;
+    if (n < 0 && errno != EINTR)
+      return -errno;
+  }
+}
+
+/* The deadline of a timeout of ms >= 0 milliseconds from now. */
+static uint64_t deadline_of(int ms) {
+  return dcpx__mono_ms() + (uint64_t)(ms > 0 ? ms : 0);
+}
+
+int dcpx__frame_recv_answer(int sock, int timeout_ms, Dcpx__Frame **ret) {
+  /* One deadline for the whole wait: neither a signal (EINTR) nor an
+   * Event frame skipped on the way starts the timeout over. */
+  const uint64_t end = deadline_of(timeout_ms);
+  for (;;) {
     Dcpx__Frame *f = NULL;
-    int r = poll(&p, 1, timeout_ms);
+    int r = dcpx__poll_until(sock, POLLIN, end);
     if (r == 0)
       return DCPX_E_TIMEDOUT;
-    if (r < 0 && errno != EINTR)
-      return -errno;
     if (r < 0)
-      continue;
+      return r;
     r = dcpx__frame_recv(sock, &f, NULL, 0, NULL);
     if (r == -EAGAIN || r == -EINTR)
       continue;
@@ -406,18 +434,43 @@ int dcpx__ops_connect(const char *path, const char *agent, int timeout_ms,
     return DCPX_E_INVAL;
   }
   memcpy(sa.sun_path, path, strlen(path) + 1);
-  s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  /* Non-blocking while connecting: a Unix socket's connect blocks for as
+   * long as the daemon's backlog is full (a hung dcpxd that clients keep
+   * trying), so it is retried until the timeout instead. */
+  s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) {
     r = -errno;
     snprintf(err, errlen, "socket: %s", strerror(-r));
     return r;
   }
-  if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+  const uint64_t end = deadline_of(timeout_ms);
+  while (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
     const int e = errno;
+    if ((e == EAGAIN || e == EINTR) && dcpx__mono_ms() < end) {
+      if (e == EAGAIN)
+        usleep(5000); /* backlog full: no readiness to wait for */
+      continue;
+    }
+    if (e == EAGAIN) {
+      r = DCPX_E_TIMEDOUT;
+      snprintf(err, errlen,
+               "dcpxd at %s accepted no connection within %d ms (its "
+               "backlog is full: is it hung?)",
+               path, timeout_ms);
+      goto fail;
+    }
     snprintf(err, errlen, "cannot reach dcpxd at %s: %s", path, strerror(e));
     /* no socket file, or nobody listening on it: no daemon */
     r = e == ECONNREFUSED || e == ENOENT ? DCPX_E_CONNREFUSED : -e;
     goto fail;
+  }
+  {
+    const int fl = fcntl(s, F_GETFL);
+    if (fl < 0 || fcntl(s, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+      r = -errno;
+      snprintf(err, errlen, "fcntl: %s", strerror(-r));
+      goto fail;
+    }
   }
   h.version = DCPX_PROTO_VERSION;
   h.agent = (char *)agent;

@@ -53,6 +53,13 @@ DCPX__HIDDEN void dcpx__frame_free(Dcpx__Frame *f);
 DCPX__HIDDEN const char *dcpx__socket_path(const char *path);
 /* Receives the next frame that is not an Event, waiting at most timeout_ms
  * for each: 0 with *ret, DCPX_E_TIMEDOUT, or dcpx__frame_recv's error. */
+/* Milliseconds of CLOCK_MONOTONIC. */
+DCPX__HIDDEN uint64_t dcpx__mono_ms(void);
+/* Waits until sock has `events` (1), deadline_ms (dcpx__mono_ms) passes
+ * (0), or poll fails (a negative errno). A signal does not start the wait
+ * over: each retry after EINTR waits only for what is left. */
+DCPX__HIDDEN int dcpx__poll_until(int sock, short events,
+                                  uint64_t deadline_ms);
 DCPX__HIDDEN int dcpx__frame_recv_answer(int sock, int timeout_ms,
                                          Dcpx__Frame **ret);
 /* Connects to dcpxd at dcpx__socket_path(path) and exchanges Hello (as

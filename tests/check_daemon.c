@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1360,6 +1361,121 @@ START_TEST(test_socket_activation) {
 }
 END_TEST
 
+/* dcpx_recover's wait (and every wait for the daemon) counts down one
+ * deadline: under a signal every 10 ms (a profiler, a watchdog timer, a
+ * language runtime's), each poll() retried after EINTR used to wait the
+ * whole slice again, so the timeout never came. Rank 1 never recovers;
+ * rank 0 fails itself (a row end past max_local) and asks to recover in
+ * 1,000 ms. */
+static volatile long g_ticks;
+static void on_tick(int sig) {
+  (void)sig;
+  g_ticks++;
+}
+
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+START_TEST(test_recover_timeout_under_signals) {
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *c;
+  dcpx_member *m;
+  uint16_t lg[128] = {0};
+  int32_t ends[2] = {65, 1}; /* 65 > max_local: refused, rank 0 FAILED */
+  dcpx_call in = DCPX_CALL_INIT;
+  struct sigaction sa;
+  struct itimerval it = {{0, 10000}, {0, 10000}}, off = {{0, 0}, {0, 0}};
+  int r;
+
+  daemon_start();
+  sh.world = 2;
+  sh.rows = 2;
+  sh.topk = 8;
+  sh.local_topk = 4;
+  sh.max_local = 64;
+  pid_t peer = fork();
+  if (peer == 0) { /* rank 1: joins, then never recovers */
+    o.group = "sig";
+    o.rank = 1;
+    if (dcpx_connect(g_sock, &c) < 0 || dcpx_join(c, &sh, &o, &m) < 0)
+      _exit(1);
+    for (;;)
+      pause();
+  }
+  o.group = "sig";
+  o.rank = 0;
+  ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
+  ck_assert_int_eq(dcpx_join(c, &sh, &o, &m), 0);
+  in.rows = 2;
+  in.stride = 64;
+  in.logits = lg;
+  in.row_ends = ends;
+  ck_assert_int_lt(dcpx_push(m, &in, NULL), 0);
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_tick;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGALRM, &sa, NULL);
+  setitimer(ITIMER_REAL, &it, NULL);
+  const double t0 = mono_s();
+  r = dcpx_recover(m, NULL, 1000);
+  const double took = mono_s() - t0;
+  setitimer(ITIMER_REAL, &off, NULL);
+  kill(peer, SIGKILL);
+  waitpid(peer, NULL, 0);
+  ck_assert_msg(r == DCPX_E_TIMEDOUT,
+                "dcpx_recover: %d (%s), expected a timeout", r,
+                dcpx_strerror(r));
+  ck_assert_msg(took < 4.0 && g_ticks > 50,
+                "dcpx_recover(1000 ms) took %.2f s under %ld signals", took,
+                (long)g_ticks);
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  daemon_stop();
+}
+END_TEST
+
+/* A dcpxd that hangs (stopped) while clients keep trying fills its listen
+ * backlog; a blocking connect() then waited for as long as it stayed
+ * full, past dcpx_connect's 5 s. Every connect must now end in about 5 s
+ * with DCPX_E_TIMEDOUT. */
+#define HANG_CLIENTS 160
+static void *connect_once(void *arg) {
+  dcpx_client *c = NULL;
+  const int r = dcpx_connect(g_sock, &c);
+  if (r == 0)
+    dcpx_disconnect(c);
+  *(int *)arg = r;
+  return NULL;
+}
+
+START_TEST(test_connect_to_hung_daemon) {
+  pthread_t th[HANG_CLIENTS];
+  int rc[HANG_CLIENTS];
+
+  daemon_start();
+  kill(g_daemon, SIGSTOP);
+  const double t0 = mono_s();
+  for (int i = 0; i < HANG_CLIENTS; i++) {
+    rc[i] = 1;
+    ck_assert_int_eq(pthread_create(&th[i], NULL, connect_once, &rc[i]), 0);
+  }
+  for (int i = 0; i < HANG_CLIENTS; i++)
+    pthread_join(th[i], NULL);
+  const double took = mono_s() - t0;
+  kill(g_daemon, SIGCONT);
+  for (int i = 0; i < HANG_CLIENTS; i++)
+    ck_assert_msg(rc[i] == DCPX_E_TIMEDOUT, "connect %d: %d (%s)", i, rc[i],
+                  dcpx_strerror(rc[i]));
+  ck_assert_msg(took < 12.0, "%d connects to a hung dcpxd took %.1f s",
+                HANG_CLIENTS, took);
+  daemon_stop();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("end-to-end");
@@ -1381,6 +1497,8 @@ int main(void) {
   tcase_add_test(tc, test_connect_refused_with_reason);
   tcase_add_test(tc, test_recover_daemon_flapping);
   tcase_add_test(tc, test_socket_activation);
+  tcase_add_test(tc, test_recover_timeout_under_signals);
+  tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
