@@ -736,12 +736,23 @@ int dcpxd_conf_load(dcpxd_conf *c, int argc, char **argv) {
         return -ENOMEM;
   }
 
-  /* Pass 2: every setting flag, over the file. */
-  opterr = 1;
+  /* Pass 2: every setting flag, over the file. getopt stays silent: the
+   * reason goes through the log, with its priority (under journald a
+   * bare line of getopt's would be logged as information). */
+  opterr = 0;
   optind = 0;
-  while ((opt = getopt_long(argc, argv, "c:hV", long_options, &idx)) != -1) {
-    if (opt == '?' || opt == ':')
-      return -EINVAL; /* getopt printed why */
+  while ((opt = getopt_long(argc, argv, ":c:hV", long_options, &idx)) != -1) {
+    if (opt == '?' || opt == ':') {
+      const char *arg = argv[optind - 1];
+      if (opt == ':')
+        return log_error_errno(-EINVAL, "Option '%s' needs a value (see "
+                                        "dcpxd --help)", arg);
+      if (optopt)
+        return log_error_errno(-EINVAL, "Unknown option '-%c' (see dcpxd "
+                                        "--help)", optopt);
+      return log_error_errno(-EINVAL, "Unknown option '%s' (see dcpxd "
+                                      "--help)", arg);
+    }
     if (opt >= OPT_SETTING && opt < OPT_SETTING + N_SETTINGS) {
       const char *key = long_options[opt - OPT_SETTING].name;
       char where[64];

@@ -637,7 +637,7 @@ static void conn_new(dcpxd_manager *m, int fd) {
     dcpxd_conn_close(c, LOG_WARNING, "uid %u not allowed", (unsigned)uc.uid);
     return;
   }
-  if (m->n_conns > DCPXD_MAX_CONNS) {
+  if (m->n_conns > DCPXD_MAX_CONNS + (c->admin ? DCPXD_ADMIN_CONNS : 0u)) {
     dcpxd_conn_reply(c, DCPX_E_BUSY, "too many connections (%u)",
                      DCPXD_MAX_CONNS);
     dcpxd_conn_close(c, LOG_WARNING, "too many connections");

@@ -51,6 +51,10 @@ typedef struct dcpxd_group dcpxd_group;
 /* ---- connections (dcpxd-server.c) ------------------------------------- */
 
 #define DCPXD_MAX_CONNS 4096
+/* Connections past DCPXD_MAX_CONNS that only admins (root, dcpxd's user,
+ * admin-gid) may open: an operator can still run dcpxctl on a node whose
+ * clients took every ordinary slot. */
+#define DCPXD_ADMIN_CONNS 16
 /* Bytes a connection may have queued (peer not reading) before it is cut. */
 #define DCPXD_OUT_MAX (2u << 20)
 

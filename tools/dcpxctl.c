@@ -1216,8 +1216,9 @@ static int cmd_records(int argc, char **argv) {
       break;
     case 'l':
       if (!parse_u64(optarg, &v) || v == 0 || v > UINT32_MAX)
-        return usage_error("--limit must be a number >= 1 (leave it out "
-                           "for every record)");
+        return usage_error("--limit must be a number from 1 to %u (leave "
+                           "it out for every record)",
+                           (unsigned)UINT32_MAX);
       q.limit = (uint32_t)v;
       break;
     case 'h':
