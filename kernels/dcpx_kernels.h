@@ -230,8 +230,23 @@ static inline int dcpx_k_merge_args(const uint16_t *logits, uint64_t stride,
   return 0;
 }
 
+/* The preferred shared-memory carveout (percent of the SM's unified
+ * L1/shared memory, cudaFuncAttributePreferredSharedMemoryCarveout) that
+ * the prepare functions give the push and merge kernels: DCPX_SMEM_CARVEOUT
+ * (0..100) when set, else -1 (the driver's choice per launch). An
+ * experiment's switch (bench/RESULTS.md, session 16). */
+static inline int dcpx_k_carveout(void) {
+  const char *e = getenv("DCPX_SMEM_CARVEOUT");
+  char *end;
+  long v;
+  if (!e || !*e)
+    return -1;
+  v = strtol(e, &end, 10);
+  return *end || v < 0 || v > 100 ? -1 : (int)v;
+}
+
 /* Raises the dynamic shared memory limits of both kernels on the current
- * device. 0 or DCPX_E_CUDA. */
+ * device (and sets the carveout, dcpx_k_carveout). 0 or DCPX_E_CUDA. */
 int dcpx_k_push_prepare(void);
 int dcpx_k_merge_prepare(void);
 static inline int dcpx_k_prepare(void) {
