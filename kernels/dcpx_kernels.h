@@ -230,23 +230,8 @@ static inline int dcpx_k_merge_args(const uint16_t *logits, uint64_t stride,
   return 0;
 }
 
-/* The preferred shared-memory carveout (percent of the SM's unified
- * L1/shared memory, cudaFuncAttributePreferredSharedMemoryCarveout) that
- * the prepare functions give the push and merge kernels: DCPX_SMEM_CARVEOUT
- * (0..100) when set, else -1 (the driver's choice per launch). An
- * experiment's switch (bench/RESULTS.md, session 16). */
-static inline int dcpx_k_carveout(void) {
-  const char *e = getenv("DCPX_SMEM_CARVEOUT");
-  char *end;
-  long v;
-  if (!e || !*e)
-    return -1;
-  v = strtol(e, &end, 10);
-  return *end || v < 0 || v > 100 ? -1 : (int)v;
-}
-
 /* Raises the dynamic shared memory limits of both kernels on the current
- * device (and sets the carveout, dcpx_k_carveout). 0 or DCPX_E_CUDA. */
+ * device. 0 or DCPX_E_CUDA. */
 int dcpx_k_push_prepare(void);
 int dcpx_k_merge_prepare(void);
 static inline int dcpx_k_prepare(void) {
@@ -437,6 +422,13 @@ typedef struct dcpx_nkctx {
   dcpx_k_counters *ctr;     /* as kctx.ctr (round 1 counts), or NULL */
   dcpx_rank_health *health; /* this rank's health block (device address
                                of the control page), with ctr */
+  const uint32_t *voided;   /* device word, or NULL: non-zero once the
+                               library aborted the communicator (nccl.c):
+                               an all-gather before a round kernel may
+                               then have ended without its data, so the
+                               round kernels fail every row they start
+                               (valid_out = -1) instead of merging stale
+                               lists */
 } dcpx_nkctx;
 
 static inline int dcpx_kn_ctx_check(const dcpx_nkctx *c) {

@@ -875,16 +875,11 @@ int dcpx_k_merge_prepare(void) {
   /* The largest plan: list, list2 and s1k 4224 words each, the
    * staging budget. */
   const int max_dyn = 4 * 3 * 4224 + (int)DCPX_STAGE_SMEM_BYTES;
-  const int co = dcpx_k_carveout();
-  for (int i = 0; i < 4; i++) {
-    const merge_fn k = merge_kernel_of(i & 1, i & 2 ? MT / 2 : MT);
-    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             max_dyn) != cudaSuccess ||
-        (co >= 0 &&
-         cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
-                              co) != cudaSuccess))
+  for (int i = 0; i < 4; i++)
+    if (cudaFuncSetAttribute(merge_kernel_of(i & 1, i & 2 ? MT / 2 : MT),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             max_dyn) != cudaSuccess)
       return DCPX_E_CUDA;
-  }
   return 0;
 }
 

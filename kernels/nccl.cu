@@ -101,6 +101,25 @@ DCPX_D uint32_t n_hi(const uint32_t *p, uint32_t cap, uint32_t j) {
   return (p[cap + (j >> 5)] >> (j & 31u)) & 1u;
 }
 
+/* Whether the communicator was aborted (dcpx_nkctx.voided): read by one
+ * thread at a row's start, before the barrier that follows. */
+DCPX_D uint32_t n_voided(const dcpx_nkctx *c) {
+  return c->voided ? *(const volatile uint32_t *)c->voided : 0u;
+}
+
+/* A row failed because its lists may be stale (n_voided): -1 outputs and
+ * valid_out, and nothing else of the row's state (docs/PROTOCOL.md 5.7,
+ * as a row whose wait gave up). Every thread. */
+DCPX_D void n_row_void(const dcpx_out_args *o, uint32_t t) {
+  for (uint32_t p = threadIdx.x; p < o->K; p += blockDim.x) {
+    o->rows_out[(uint64_t)t * o->K + p] = -1;
+    if (o->ids_out)
+      o->ids_out[(uint64_t)t * o->K + p] = -1;
+  }
+  if (threadIdx.x == 0)
+    o->valid_out[t] = -1;
+}
+
 static __global__ void __launch_bounds__(NT)
     dcpx_nccl_round1_kernel(const dcpx_nkctx c, uint32_t rows,
                             const uint16_t *logits, uint64_t stride,
@@ -112,6 +131,7 @@ static __global__ void __launch_bounds__(NT)
                             float rcp_i) {
   __shared__ dcpx_sel_smem S;
   __shared__ uint32_t rcnt[DCPX_MAX_WORLD];
+  __shared__ uint32_t vd; /* n_voided, at the row's start */
   __shared__ __align__(16) unsigned long long snap[4]; /* counters, block 0 */
   extern __shared__ uint4 dyn[];
   const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
@@ -146,7 +166,18 @@ static __global__ void __launch_bounds__(NT)
     for (uint32_t i = tid; i < bw; i += NT)
       bits[i] = 0;
     dcpx_dev_sel_zero(&S);
+    if (tid == 0)
+      vd = n_voided(&c);
     __syncthreads();
+    if (vd) { /* block-uniform */
+      if (publish && t == 0)
+        dcpx_dev_count_publish(c.ctr, snap, c.health);
+      n_row_void(&oa, t);
+      if (tid == 0)
+        gmask[t] = 0; /* round 2 leaves the row alone */
+      __syncthreads();
+      continue;
+    }
 
     const uint32_t n1 = W * N;
     const uint32_t kpw = (((n1 + NW - 1) / NW) + 31u) & ~31u;
@@ -297,6 +328,7 @@ static __global__ void __launch_bounds__(NT)
   __shared__ dcpx_sel_smem S;
   __shared__ uint32_t off2[DCPX_MAX_WORLD + 1];
   __shared__ uint32_t bound[DCPX_MAX_WORLD + 1];
+  __shared__ uint32_t vd; /* n_voided, at the row's start */
   extern __shared__ uint4 dyn[];
   const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
   const uint32_t W = c.world, N = c.local_topk, K = c.topk, me = c.rank;
@@ -330,10 +362,17 @@ static __global__ void __launch_bounds__(NT)
     q.mask = mask;
     for (uint32_t i = tid; i < bw; i += NT)
       bits[i] = gbits[(uint64_t)t * bw + i];
-    if (tid == 0)
+    if (tid == 0) {
       dcpx_dev_round2_offsets(off2, mask, W, K, N);
+      vd = n_voided(&c);
+    }
     dcpx_dev_sel_zero(&S);
     __syncthreads();
+    if (vd) { /* the rescue all-gather may have ended without its data */
+      n_row_void(&oa, t);
+      __syncthreads();
+      continue;
+    }
 
     const uint32_t n2 = off2[W];
     const uint32_t kpw = (((n2 + NW - 1) / NW) + 31u) & ~31u;

@@ -201,15 +201,6 @@ int dcpx_k_push_prepare(void) {
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_dyn) != cudaSuccess)
     return DCPX_E_CUDA;
-  const int co = dcpx_k_carveout();
-  if (co >= 0 &&
-      (cudaFuncSetAttribute(dcpx_push_kernel<0>,
-                            cudaFuncAttributePreferredSharedMemoryCarveout,
-                            co) != cudaSuccess ||
-       cudaFuncSetAttribute(dcpx_push_kernel<1>,
-                            cudaFuncAttributePreferredSharedMemoryCarveout,
-                            co) != cudaSuccess))
-    return DCPX_E_CUDA;
   return 0;
 }
 

@@ -521,7 +521,7 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     const uint64_t setup_ns = (uint64_t)join_ms(m) * 1000000u;
     const dcpx__nccl_bounds b = {
         join_ms(m), m->timeout_ns > setup_ns ? m->timeout_ns : setup_ns,
-        &m->hdr->abort};
+        &m->hdr->abort, &m->health[m->rank].failed};
     /* A group aborted (a replacement joins it) or recovering: its
      * communicators are made anew when the recovery completes, in
      * dcpx_recover (dcpx__cuda_recovered). */

@@ -209,6 +209,10 @@ typedef struct dcpx__nccl_bounds {
   uint32_t setup_ms;
   uint64_t call_ns;
   const volatile uint32_t *abort_word;
+  /* the rank's failed word (or NULL); with abort_word, what the
+   * watchdog thread (nccl.c) watches: it aborts the communicator once
+   * either is set. Neither set: no watchdog (the tests' own comms). */
+  const volatile uint32_t *failed_word;
 } dcpx__nccl_bounds;
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_unique_id(uint8_t *out, size_t cap, size_t *ret_len);

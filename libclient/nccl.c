@@ -37,18 +37,23 @@
  *   - leave: the finalize is bounded by the join timeout, and the abort
  *     (which makes NCCL's kernels still waiting for a dead peer exit) comes
  *     before cuda.c's device-wide sync, so that sync cannot wait on NCCL.
- * A collective already on the stream whose peer died stays NCCL's: the
- * kernel waits until the comm is aborted (at leave, after a failed call,
- * or by dcpx_recover in an aborted group before it drains the stream,
- * cuda.c dcpx__cuda_sync).
+ * A collective already on the stream whose peer died waits until the
+ * comm is aborted: by the watchdog thread once the group's abort word or
+ * the rank's failed word is set (a graph replay or a stream sync makes no
+ * library call), at leave, after a failed call, or by dcpx_recover before
+ * it drains the stream (cuda.c dcpx__cuda_sync). Every abort first sets
+ * the device word `voided` (comm_abort), so that the round kernels queued
+ * behind an all-gather the abort ended without its data fail their rows
+ * instead of merging the last call's lists.
  * Recovery (docs/PROTOCOL.md 6.9): dcpx_recover aborts the comm of an
  * aborted group's member, rank 0 acknowledges with a fresh unique id,
  * dcpxd publishes it in the control page for the next generation, and
  * every member makes a new comm from it once the group runs again
  * (dcpx__nccl_rebuild, bounded as the setup at join). A rank that joins
  * an aborted group (a replacement) makes none at its join, only then.
- * The common path adds one compare per call (is the comm still there?)
- * and no syscall: the polls run only when NCCL answers ncclInProgress.
+ * The common path adds an uncontended lock and one compare per call (is
+ * the comm still there?) and no syscall: the polls run only when NCCL
+ * answers ncclInProgress.
  */
 #define _GNU_SOURCE
 #ifdef HAVE_CONFIG_H
@@ -60,6 +65,7 @@
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #include <nccl.h>
 #pragma GCC diagnostic pop
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +99,13 @@ struct dcpx__nccl {
   dcpx__nccl_bounds b;
   uint32_t rank, world; /* for the logs */
   dcpx_nkctx k;
+  uint32_t *voided;    /* device word: k.voided (comm_abort sets it) */
+  cudaStream_t side;   /* non-blocking: sets voided past a stuck stream */
+  /* comm's users: the caller's thread (calls, recovery, leave) and the
+   * watchdog, which aborts it when the group aborts or the rank fails */
+  pthread_mutex_t mu;
+  pthread_t wd;
+  int wd_on, wd_stop;
 };
 
 static uint64_t now_ns(void) {
@@ -171,6 +184,70 @@ say_why(char *why, size_t n, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* Sets (v = 1) or clears (v = 0) the device word voided, past anything
+ * the caller's stream still runs (a collective stuck on a dead peer): a
+ * non-blocking stream of its own, waited for. */
+static int set_voided(struct dcpx__nccl *n, int v) {
+  int prev = -1, r = 0;
+  if (!n->voided || !n->side)
+    return 0;
+  cudaGetDevice(&prev); /* the caller's (an engine thread's) stays */
+  if (!CUDA_OK(cudaSetDevice(n->device)) ||
+      !CUDA_OK(cudaMemsetAsync(n->voided, v ? 1 : 0, sizeof(uint32_t),
+                               n->side)) ||
+      !CUDA_OK(cudaStreamSynchronize(n->side)))
+    r = DCPX_E_CUDA;
+  if (prev >= 0 && prev != n->device)
+    cudaSetDevice(prev);
+  return r;
+}
+
+/* Aborts comm (n->mu held): first voided, so that the round kernels still
+ * queued behind an all-gather that the abort ends without its data fail
+ * their rows instead of merging the last call's lists (the abort is what
+ * lets those kernels run at all); then ncclCommAbort, which ends NCCL's
+ * kernels that still wait. */
+static void comm_abort(struct dcpx__nccl *n, const char *why) {
+  if (!n->comm)
+    return;
+  if (why)
+    DCPX_WARN("rank %u of %u: NCCL communicator aborted (%s)", n->rank,
+              n->world, why);
+  if (set_voided(n, 1) < 0)
+    DCPX_WARN("rank %u of %u: could not mark the queued NCCL rounds void",
+              n->rank, n->world);
+  ncclCommAbort(n->comm);
+  n->comm = NULL;
+}
+
+/* The watchdog: a collective already on the stream waits for its peers
+ * without a bound, and a CUDA graph replay or a stream sync makes no
+ * library call that could end it. Every DCPX_NCCL_WATCH_MS this thread
+ * looks at the group's abort word and the rank's failed word (host
+ * memory, the control page) and aborts the communicator when either is
+ * set: dcpxd sets abort when it sees a rank die, so a dead peer ends the
+ * waits in about its polling delay plus this one. */
+#define DCPX_NCCL_WATCH_MS 2
+static void *watchdog(void *arg) {
+  struct dcpx__nccl *n = arg;
+  const struct timespec nap = {0, DCPX_NCCL_WATCH_MS * 1000000L};
+  while (!__atomic_load_n(&n->wd_stop, __ATOMIC_ACQUIRE)) {
+    nanosleep(&nap, NULL);
+    const int bad =
+        (n->b.abort_word && __atomic_load_n(n->b.abort_word, __ATOMIC_ACQUIRE)) ||
+        (n->b.failed_word &&
+         __atomic_load_n(n->b.failed_word, __ATOMIC_ACQUIRE));
+    if (!bad)
+      continue;
+    pthread_mutex_lock(&n->mu);
+    if (n->comm)
+      comm_abort(n, "the group aborted or this rank failed (watchdog): its "
+                    "collectives end, the rows after them fail");
+    pthread_mutex_unlock(&n->mu);
+  }
+  return NULL;
+}
+
 void dcpx__nccl_counters(struct dcpx__nccl *n, void *ctr, void *health) {
   n->k.ctr = (dcpx_k_counters *)ctr;
   n->k.health = (dcpx_rank_health *)health;
@@ -220,13 +297,24 @@ static int comm_init(struct dcpx__nccl *n, const ncclUniqueId *uid,
   return r;
 }
 
-/* The NCCL buffer, zeroed, on the current device. */
+/* The NCCL buffer, zeroed, the voided word and its stream, on the
+ * current device. */
 static int buf_init(struct dcpx__nccl *n) {
   if (!CUDA_OK(cudaMalloc((void **)&n->k.buf, n->k.NL.bytes))) {
     n->k.buf = NULL;
     return DCPX_E_NOMEM;
   }
-  if (!CUDA_OK(cudaMemset(n->k.buf, 0, n->k.NL.bytes)) ||
+  if (!CUDA_OK(cudaMalloc((void **)&n->voided, sizeof(uint32_t)))) {
+    n->voided = NULL;
+    return DCPX_E_NOMEM;
+  }
+  n->k.voided = n->voided;
+  if (!CUDA_OK(cudaStreamCreateWithFlags(&n->side, cudaStreamNonBlocking))) {
+    n->side = NULL;
+    return DCPX_E_CUDA;
+  }
+  if (!CUDA_OK(cudaMemset(n->voided, 0, sizeof(uint32_t))) ||
+      !CUDA_OK(cudaMemset(n->k.buf, 0, n->k.NL.bytes)) ||
       !CUDA_OK(cudaDeviceSynchronize()) ||
       DCPX_KLOG(dcpx_kn_prepare(), "dcpx_kn_prepare") < 0)
     return DCPX_E_CUDA;
@@ -260,6 +348,7 @@ int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
   n->world = sh->world;
   n->device = device;
   n->gen = gen;
+  pthread_mutex_init(&n->mu, NULL);
   dcpx_kn_ctx_init(&n->k, sh, rank);
   n->k.ws = ws;
   cudaGetDevice(&prev);
@@ -271,6 +360,14 @@ int dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device,
     r = comm_init(n, &uid, why, why_len);
   if (r == 0)
     r = dcpx_kn_ctx_check(&n->k);
+  if (r == 0 && (b->abort_word || b->failed_word)) {
+    if (pthread_create(&n->wd, NULL, watchdog, n) != 0) {
+      say_why(why, why_len, "cannot start the NCCL watchdog thread");
+      r = DCPX_E_NOMEM;
+    } else {
+      n->wd_on = 1;
+    }
+  }
   if (r < 0)
     dcpx__nccl_fini(n, 1); /* on `device`, where the comm and buffer are */
   else
@@ -291,16 +388,17 @@ int dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id,
     return DCPX_E_PROTO;
   }
   memcpy(&uid, id, sizeof(uid));
-  dcpx__nccl_abort(n, "a recovery makes a new one");
   cudaGetDevice(&prev);
-  if (!CUDA_OK(cudaSetDevice(n->device)))
-    r = DCPX_E_CUDA;
+  pthread_mutex_lock(&n->mu);
+  comm_abort(n, "a recovery makes a new one");
+  /* The recovery drained the caller's stream before its acknowledgement:
+   * no round kernel of the old communicator is left to fail. */
+  r = set_voided(n, 0);
   if (r == 0)
     r = comm_init(n, &uid, why, why_len);
-  if (r < 0 && n->comm) {
-    ncclCommAbort(n->comm);
-    n->comm = NULL;
-  }
+  if (r < 0 && n->comm)
+    comm_abort(n, NULL);
+  pthread_mutex_unlock(&n->mu);
   if (r == 0) {
     n->gen = gen;
     DCPX_INFO("rank %u of %u: NCCL communicator made again for generation "
@@ -328,16 +426,22 @@ static int comm_finalize(struct dcpx__nccl *n) {
 }
 
 void dcpx__nccl_stop(struct dcpx__nccl *n, int abort) {
-  if (!n || !n->comm)
+  if (!n)
     return;
-  if (abort) {
-    ncclCommAbort(n->comm); /* the group aborted: ends kernels still waiting */
-    n->comm = NULL;
-  } else if (comm_finalize(n) == 0) {
+  if (n->wd_on) { /* nobody aborts behind our back from here on */
+    __atomic_store_n(&n->wd_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(n->wd, NULL);
+    n->wd_on = 0;
+  }
+  if (!n->comm)
+    return;
+  if (abort)
+    comm_abort(n, NULL); /* the group aborted: ends kernels still waiting */
+  else if (comm_finalize(n) == 0) {
     ncclCommDestroy(n->comm);
     n->comm = NULL;
   } else {
-    dcpx__nccl_abort(n, "its finalize at leave did not end");
+    comm_abort(n, "its finalize at leave did not end");
   }
 }
 
@@ -347,16 +451,20 @@ void dcpx__nccl_fini(struct dcpx__nccl *n, int abort) {
   dcpx__nccl_stop(n, abort);
   if (n->k.buf)
     cudaFree(n->k.buf);
+  if (n->voided)
+    cudaFree(n->voided);
+  if (n->side)
+    cudaStreamDestroy(n->side);
+  pthread_mutex_destroy(&n->mu);
   free(n);
 }
 
 void dcpx__nccl_abort(struct dcpx__nccl *n, const char *why) {
-  if (!n || !n->comm)
+  if (!n)
     return;
-  DCPX_WARN("rank %u of %u: NCCL communicator aborted (%s)", n->rank,
-            n->world, why);
-  ncclCommAbort(n->comm); /* ends NCCL's kernels that still wait */
-  n->comm = NULL;
+  pthread_mutex_lock(&n->mu);
+  comm_abort(n, why);
+  pthread_mutex_unlock(&n->mu);
 }
 
 static int push_k(const struct dcpx_nkctx *k, ncclComm_t comm,
@@ -429,13 +537,16 @@ int dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
 int dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows,
                     const uint16_t *logits, uint64_t stride,
                     const int32_t *row_ends, void *stream) {
-  if (!n->comm)
-    return DCPX_E_NCCL; /* aborted (a failed call), or not made yet */
-  const int r = push_k(&n->k, n->comm, &n->b, rows, logits, stride,
-                       row_ends, (cudaStream_t)stream);
-  if (r < 0)
-    dcpx__nccl_abort(n, "a failed push; the member's calls fail until "
-                         "dcpx_recover makes a new one");
+  int r = DCPX_E_NCCL; /* aborted (a failed call, the watchdog), or none */
+  pthread_mutex_lock(&n->mu); /* uncontended: no syscall */
+  if (n->comm) {
+    r = push_k(&n->k, n->comm, &n->b, rows, logits, stride, row_ends,
+               (cudaStream_t)stream);
+    if (r < 0)
+      comm_abort(n, "a failed push; the member's calls fail until "
+                    "dcpx_recover makes a new one");
+  }
+  pthread_mutex_unlock(&n->mu);
   return r;
 }
 
@@ -445,14 +556,16 @@ int dcpx__nccl_merge(struct dcpx__nccl *n, uint32_t rows,
                      const int32_t *block_table, uint32_t bt_rows,
                      uint32_t bt_cols, int32_t *rows_out, int32_t *valid_out,
                      int32_t *ids_out, uint32_t *sat_word, void *stream) {
-  if (!n->comm)
-    return DCPX_E_NCCL; /* aborted (a failed call), or not made yet */
-  const int r = merge_k(&n->k, n->comm, &n->b, rows, logits, stride,
-                        row_ends, req_id, block_table, bt_rows, bt_cols,
-                        rows_out, valid_out, ids_out, sat_word,
-                        (cudaStream_t)stream);
-  if (r < 0)
-    dcpx__nccl_abort(n, "a failed merge; the member's calls fail until "
-                         "dcpx_recover makes a new one");
+  int r = DCPX_E_NCCL; /* aborted (a failed call, the watchdog), or none */
+  pthread_mutex_lock(&n->mu);
+  if (n->comm) {
+    r = merge_k(&n->k, n->comm, &n->b, rows, logits, stride, row_ends,
+                req_id, block_table, bt_rows, bt_cols, rows_out, valid_out,
+                ids_out, sat_word, (cudaStream_t)stream);
+    if (r < 0)
+      comm_abort(n, "a failed merge; the member's calls fail until "
+                    "dcpx_recover makes a new one");
+  }
+  pthread_mutex_unlock(&n->mu);
   return r;
 }

@@ -67,10 +67,6 @@
 #            (DCPX_RESC_EARLY=0), and neither (the list from the row
 #            after round 1)
 #   early2   the same at W=2 on two GPUs
-#   carveout the shared-memory carveout for push and merge alike
-#            (DCPX_SMEM_CARVEOUT=$CARVEOUT, default 100) against the
-#            driver's choice: W=1 whole calls (test_nccl --bench 1) and
-#            W=2 ranks on one GPU (bench_kernels), alternating
 #   ab1      one GPU, W=1: test_nccl --bench 1 at N=512 of this build and
 #            of a baseline build's test_nccl at $BASE2, in one run
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
@@ -429,31 +425,6 @@ step_ab2() { # this build's W=2 whole calls against a baseline's, one job
 
 step_ab1() { abw 1 512; } # the same at W=1 on one GPU (every row rescues)
 
-step_carveout() { # the shared-memory carveout: the driver's choice per
-  # kernel against DCPX_SMEM_CARVEOUT=${CARVEOUT:-100} for push and merge
-  # alike, alternating, AB_ROUNDS (2) rounds: W=1 whole calls with PDL
-  # (test_nccl --bench 1, N=512 and 1280) and W=2 ranks' whole calls on
-  # one GPU (bench_kernels, N=1280)
-  local i v
-  for i in $(seq "${AB_ROUNDS:-2}"); do
-    for v in "" "${CARVEOUT:-100}"; do
-      local tag=${v:-drv}
-      say "carveout round $i: DCPX_SMEM_CARVEOUT=${v:-unset}"
-      DCPX_SMEM_CARVEOUT=$v DCPX_BENCH_N=512 timeout -k 5 150 \
-        "$B/tests/gpu/test_nccl" --bench 1 > "$OUT/carve${i}_w1_n512_$tag.md" \
-        2>&1 || rc=1
-      show "^\||MISMATCH" "$OUT/carve${i}_w1_n512_$tag.md" 12
-      DCPX_SMEM_CARVEOUT=$v DCPX_BENCH_N=1280 timeout -k 5 150 \
-        "$B/tests/gpu/test_nccl" --bench 1 > "$OUT/carve${i}_w1_n1280_$tag.md" \
-        2>&1 || rc=1
-      show "^\||MISMATCH" "$OUT/carve${i}_w1_n1280_$tag.md" 12
-      DCPX_SMEM_CARVEOUT=$v BENCH_W=2 BENCH_N=1280 BENCH_REPS=5 \
-        BENCH_LEN=16384 timeout -k 5 200 "$B/tests/gpu/bench_kernels" \
-        > "$OUT/carve${i}_w2_$tag.md" 2>&1 || rc=1
-      show "^\| 16384" "$OUT/carve${i}_w2_$tag.md" 8
-    done
-  done
-}
 
 demo() { # name, args...
   local name=$1; shift

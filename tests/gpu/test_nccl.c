@@ -601,6 +601,93 @@ static int run_exact(const tcase *tc, uint32_t W, const int *devs,
   return ok;
 }
 
+/* The round kernels' voided word (dcpx_nkctx.voided, libclient/nccl.c):
+ * once the library aborted the communicator, an all-gather before a round
+ * kernel may have ended without its data, and the kernel must fail every
+ * row (valid_out = -1, rows and ids -1) instead of merging the previous
+ * call's lists as exact. W=1, the word set by hand, then cleared: the
+ * next call is exact again. */
+static int run_voided(const tcase *tc, const int *devs, uint64_t seed) {
+  world_t *w = calloc(1, sizeof(*w));
+  uint32_t *vw = NULL, one = 1, zero = 0;
+  world_init(w, 1, tc, devs);
+  rank_t *k = &w->rk[0];
+  CK(cudaSetDevice(k->dev));
+  CK(cudaMalloc((void **)&vw, 4));
+  CK(cudaMemcpy(vw, &one, 4, cudaMemcpyHostToDevice));
+  k->nk.voided = vw;
+  gen_call(w, seed, 0);
+  poison(w);
+  run_calls(w, DCPX_TRANSPORT_NCCL, 1);
+  const size_t nout = (size_t)tc->rows * tc->K;
+  CK(cudaMemcpy(k->g_rows, k->d_rows, nout * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(k->g_ids, k->d_ids, nout * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(k->g_valid, k->d_valid, tc->rows * 4, cudaMemcpyDeviceToHost));
+  uint64_t not_failed = 0;
+  for (uint32_t t = 0; t < tc->rows; t++) {
+    int rb = k->g_valid[t] != -1;
+    for (uint32_t p = 0; p < tc->K; p++)
+      rb |= k->g_rows[(size_t)t * tc->K + p] != -1 ||
+            k->g_ids[(size_t)t * tc->K + p] != -1;
+    not_failed += rb;
+  }
+  CK(cudaMemcpy(vw, &zero, 4, cudaMemcpyHostToDevice));
+  gen_call(w, seed, 1);
+  poison(w);
+  run_calls(w, DCPX_TRANSPORT_NCCL, 1);
+  const uint64_t bad = compare(w, "nccl after voided", 1);
+  const int ok = not_failed == 0 && bad == 0;
+  printf("%s voided   W=1 rows=%u: %llu rows not failed while voided, then "
+         "%s\n",
+         ok ? "ok  " : "FAIL", tc->rows, (unsigned long long)not_failed,
+         bad ? "MISMATCH" : "exact");
+  k->nk.voided = NULL;
+  CK(cudaFree(vw));
+  world_free(w);
+  free(w);
+  return ok;
+}
+
+/* The watchdog (libclient/nccl.c): a member's communicator is aborted,
+ * within a few ms, once the group's abort word is set, without any call
+ * of the member's (a graph replay, a stream sync make none): its next
+ * call finds no communicator. W=1. */
+static int run_watchdog(void) {
+  const tcase *tc = &cases[0];
+  const dcpx_shape sh = shape_of(tc, 1);
+  dcpx_layout L;
+  uint8_t id[DCPX_NCCL_ID_BYTES];
+  size_t id_len = 0;
+  char *ws = NULL, why[512] = "";
+  volatile uint32_t abort_word = 0;
+  const dcpx__nccl_bounds b = {10000, 1000000000ull, &abort_word, NULL};
+  struct dcpx__nccl *n = NULL;
+
+  dcpx_layout_compute(&L, 1, tc->R, tc->K, tc->N);
+  CK(cudaSetDevice(0));
+  CK(cudaMalloc((void **)&ws, L.ws_bytes));
+  KCK(dcpx__nccl_unique_id(id, sizeof(id), &id_len));
+  KCK(dcpx__nccl_init(&sh, 0, 0, ws, id, id_len, 1, &b, why, sizeof(why),
+                      &n));
+  const int before = dcpx__nccl_push(n, 0, NULL, 0, NULL, NULL);
+  abort_word = DCPX_ABORT_DEAD;
+  int after = 0;
+  const double t0 = gg_now();
+  while (gg_now() - t0 < 10.0 &&
+         (after = dcpx__nccl_push(n, 0, NULL, 0, NULL, NULL)) == 0)
+    usleep(1000);
+  const double dt = gg_now() - t0;
+  dcpx__nccl_fini(n, 1);
+  CK(cudaFree(ws));
+  /* ncclCommAbort itself takes about 1 s (H200, NCCL 2.28) */
+  const int ok = before == 0 && after == DCPX_E_NCCL && dt < 5.0;
+  printf("%s watchdog W=1: a call before the abort %s, after it %s in "
+         "%.1f ms\n",
+         ok ? "ok  " : "FAIL", dcpx_strerror(before), dcpx_strerror(after),
+         1000.0 * dt);
+  return ok;
+}
+
 static void run_bench_host(const tcase *tc, uint32_t W, const int *devs) {
   world_t *w = calloc(1, sizeof(*w));
   world_init(w, W, tc, devs);
@@ -910,7 +997,7 @@ static int run_bounded(const char *name, uint32_t setup_ms, int abort_ms,
   size_t id_len = 0;
   char *ws = NULL, why[512] = "";
   volatile uint32_t abort_word = abort_ms == 0 ? DCPX_ABORT_DEAD : 0;
-  const dcpx__nccl_bounds b = {setup_ms, 1000000000ull, &abort_word};
+  const dcpx__nccl_bounds b = {setup_ms, 1000000000ull, &abort_word, NULL};
   abort_later al = {&abort_word, (useconds_t)(abort_ms > 0 ? abort_ms : 0) *
                                      1000u};
   struct dcpx__nccl *n = NULL;
@@ -1069,6 +1156,9 @@ int main(int argc, char **argv) {
   if (ndev < 2)
     printf("test_nccl: one GPU: W >= 2 needs several GPUs (NCCL refuses two "
            "ranks on one GPU); not run\n");
+  total += 2;
+  pass += (uint32_t)run_voided(&cases[0], devs, seed);
+  pass += (uint32_t)run_watchdog();
   printf("nccl-exact: %u/%u cases\n", pass, total);
   uint32_t btotal = 0;
   const uint32_t bpass = run_bounded_all(&btotal);
