@@ -525,10 +525,19 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     /* A group aborted (a replacement joins it) or recovering: its
      * communicators are made anew when the recovery completes, in
      * dcpx_recover (dcpx__cuda_recovered). */
-    const uint32_t gen =
-        dcpx__member_needs_recovery(m)
-            ? 0u
-            : __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+    /* The generation and the recovery test as one snapshot (the
+     * generation unchanged around the test): a recovery that completed
+     * between two separate reads gave a replacement rank 0 below an
+     * ack_id_gen one past the generation its id was sent for, and its
+     * next acknowledgement sent that used id again. */
+    uint32_t gen_now, gen_after;
+    int recovering;
+    do {
+      gen_now = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+      recovering = dcpx__member_needs_recovery(m);
+      gen_after = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+    } while (gen_now != gen_after);
+    const uint32_t gen = recovering ? 0u : gen_now;
     /* The group runs (gen != 0): the id every other member uses for gen
      * is the control page's (written before the generation), not
      * necessarily the JoinReply's: a replacement's reply carries the id
@@ -544,7 +553,7 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     if (!gen && m->rank == 0 && m->join_nccl_id_len) {
       memcpy(cu->ack_id, m->join_nccl_id, m->join_nccl_id_len);
       cu->ack_id_len = m->join_nccl_id_len;
-      cu->ack_id_gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+      cu->ack_id_gen = gen_now;
     }
     if (hlen) {
       nccl_id = hid;
