@@ -433,7 +433,7 @@ END_TEST
 
 
 /* A node with more groups than one reply holds (dcpxd's 128 KiB budget:
- * about 85 bytes per one-rank group with a name of 31 bytes). The one broken
+ * about 115 bytes per one-rank group with a name of 63 bytes). The one broken
  * group (a rank killed) is created last, so a reply cut in list order
  * left it out: health exited 0 and check said OK on a node with a dead
  * rank. dcpxd now puts the unhealthy groups first and says how many it
@@ -458,7 +458,7 @@ static pid_t join_and_wait(const char *sock, const hh_spec *sp, uint32_t rank) {
 }
 
 START_TEST(test_trimmed_reply) {
-  enum { G = 2000 };
+  enum { G = 1400 };
   static const char *const extra[] = {"--max-conns-per-uid=4096",
                                       "--max-groups-per-uid=4096", NULL};
   char name[64], want[96];
@@ -475,15 +475,15 @@ START_TEST(test_trimmed_reply) {
             3 * G + 64, (unsigned long)rl.rlim_cur);
   CC_ASSERT(hh_daemon_start(&g_d, extra) == 0, "dcpxd did not come up");
   for (int i = 0; i < G; i++) {
-    hh_spec sp;
+    hh_spec sp = spec("unused", 1);
     dcpx_shape shape;
     dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
-    /* DCPX_GROUP_NAME_MAX (31) bytes: the most bytes per group */
+    /* DCPX_GROUP_NAME_MAX (63) bytes: the most bytes per group, the
+     * fewest groups to fill the reply */
     snprintf(name, sizeof(name), "g%04d-%s", i,
-             "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcde");
-    sp = spec(name, 1);
+             "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefgh");
     hh_shape(&sp, &shape);
-    jo.group = sp.group;
+    jo.group = name;
     jo.timeout_ns = sp.timeout_ns;
     rc = dcpx_connect(g_d.sock, &c[i]);
     if (rc == 0)
