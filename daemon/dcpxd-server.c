@@ -493,6 +493,8 @@ static const char *recv_error_text(int r) {
   }
 }
 
+static void read_frames(dcpxd_conn *c);
+
 static void on_conn_io(uv_poll_t *h, int status, int events) {
   dcpxd_conn *c = h->data;
 
@@ -501,11 +503,20 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
   if (status < 0) {
     /* libuv reports POLLERR as UV_EBADF. On a Unix socket that is the
      * pending socket error, typically ECONNRESET: the peer closed with
-     * frames it had not read. Report that instead. */
+     * frames it had not read (a member that leaves with an abort event
+     * unread). What it sent before closing is still queued here: read
+     * it first, so that its Leave counts as a Leave, not as a death
+     * (they differ for a group adopted after a restart, dcpxd-group.c).
+     * Then report the error. */
     int err = 0;
     socklen_t len = sizeof(err);
-    if (status == UV_EBADF &&
-        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err)
+    const int sockerr =
+        status == UV_EBADF &&
+        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err;
+    read_frames(c);
+    if (c->closing)
+      goto out;
+    if (sockerr)
       dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
                        "connection error: %s", strerror(err));
     else
@@ -516,6 +527,14 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
     dcpxd_conn_flush(c);
   if (!(events & (UV_READABLE | UV_DISCONNECT)))
     goto out;
+  read_frames(c);
+out:
+  dcpxd_manager_update(c->m);
+}
+
+/* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
+ * peer is gone or c closes. */
+static void read_frames(dcpxd_conn *c) {
   for (int i = 0; i < RECV_BATCH && !c->closing; i++) {
     Dcpx__Frame *f = NULL;
     int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
@@ -544,8 +563,6 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         close(fds[k]);
     dcpx__frame_free(f);
   }
-out:
-  dcpxd_manager_update(c->m);
 }
 
 /* ---- accepting ----------------------------------------------------------- */

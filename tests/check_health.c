@@ -1206,6 +1206,53 @@ START_TEST(test_unseen_pid_after_restart) {
 }
 END_TEST
 
+/* A member that leaves with an event it never read (its group aborted
+ * when a peer left first) closes its socket with data unread, so dcpxd
+ * sees a reset (POLLERR) before it reads the Leave the member sent. It
+ * used to close the connection at once, counting a death ("went away"),
+ * which for a group adopted after a restart keeps the group for a
+ * replacement instead of letting it go (the soak's gang then joined an
+ * aborted group of a reused name). dcpxd now reads what the member sent
+ * first. */
+START_TEST(test_leave_with_event_unread) {
+  hh_spec sp = spec("lv", 2, 2000000000ull);
+  dcpx_shape shape;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *c;
+  dcpx_member *m;
+
+  start(NULL);
+  hh_shape(&sp, &shape);
+  jo.group = sp.group;
+  jo.timeout_ns = sp.timeout_ns;
+  pid_t peer = fork();
+  if (peer == 0) { /* rank 1 leaves first: the group aborts */
+    dcpx_join_opts j1 = jo;
+    j1.rank = 1;
+    if (dcpx_connect(g_d.sock, &c) < 0 || dcpx_join(c, &shape, &j1, &m) < 0)
+      _exit(1);
+    hh_sleep_ms(200);
+    dcpx_leave(m);
+    dcpx_disconnect(c);
+    _exit(0);
+  }
+  jo.rank = 0;
+  HC_ASSERT(dcpx_connect(g_d.sock, &c) == 0, "connect");
+  HC_ASSERT(dcpx_join(c, &shape, &jo, &m) == 0, "join");
+  int st;
+  waitpid(peer, &st, 0);
+  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 failed");
+  hh_sleep_ms(300); /* the abort event is in rank 0's socket, unread */
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  for (int i = 0; i < 200 && !log_contains("group=lv: its last member"); i++)
+    hh_sleep_ms(10);
+  HC_ASSERT(log_contains("group=lv: its last member left"),
+            "rank 0's Leave, sent before its reset, was not read");
+  finish();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("health");
   TCase *tc = tcase_create("end-to-end");
@@ -1225,6 +1272,7 @@ int main(void) {
   ADD(test_unseen_pid_after_restart);
   ADD(test_records_durable);
   ADD(test_alarm_flood);
+  ADD(test_leave_with_event_unread);
 #undef ADD
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
