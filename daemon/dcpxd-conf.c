@@ -747,6 +747,10 @@ int dcpxd_conf_load(dcpxd_conf *c, int argc, char **argv) {
       if (opt == ':')
         return log_error_errno(-EINVAL, "Option '%s' needs a value (see "
                                         "dcpxd --help)", arg);
+      if (arg[0] == '-' && arg[1] == '-') /* optopt: not for long ones */
+        return log_error_errno(-EINVAL, "Option '%s' is unknown, ambiguous "
+                                        "or takes no value (see dcpxd "
+                                        "--help)", arg);
       if (optopt)
         return log_error_errno(-EINVAL, "Unknown option '-%c' (see dcpxd "
                                         "--help)", optopt);

@@ -170,10 +170,6 @@ void dcpxd_health_adopt(dcpxd_group *g) {
     if (strcmp(r->group, g->name) != 0)
       continue;
     keys[n++] = (rkey){r->rank, r->block, r->time_ns, r->call_tag};
-    /* the store is in time order: its newest of the group is the
-     * group's last record, as before the restart */
-    g->last_record = *r;
-    g->has_last_record = true;
   }
   qsort(keys, n, sizeof(*keys), cmp_rkey);
   for (uint32_t d = 0; d < W && n; d++)

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dcpxd-log.h"
@@ -32,6 +33,7 @@ struct dcpxd_secrets {
   entry *e;
   size_t n;
   bool dirty; /* changes not saved yet (dcpxd_secrets_flush) */
+  uint64_t retry_ns; /* after a failed flush: not before this (monotonic) */
 };
 
 static int parse_line(const char *line, entry *e) {
@@ -258,8 +260,19 @@ void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name) {
   s->dirty = true;
 }
 
+/* A flush that failed (a full disk, a read-only state dir) is tried
+ * again a second later, not on every turn of the loop. */
+#define FLUSH_RETRY_NS 1000000000ull
+
 int dcpxd_secrets_flush(dcpxd_secrets *s) {
-  return s && s->dirty ? save(s) : 0;
+  if (!s || !s->dirty)
+    return 0;
+  const uint64_t now = dcpxd_now_ns(CLOCK_MONOTONIC);
+  if (now < s->retry_ns)
+    return 0;
+  const int r = save(s);
+  s->retry_ns = r < 0 ? now + FLUSH_RETRY_NS : 0;
+  return r;
 }
 
 bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,

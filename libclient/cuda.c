@@ -977,7 +977,16 @@ int dcpx__cuda_nccl_id(struct dcpx_member *m, uint32_t gen, uint8_t *out,
      * a listening socket behind for each id no communicator used. An id
      * sent for gen is used only once gen's recovery completes, and every
      * later ack is for a later generation. */
-    if (!cu->ack_id_len || cu->ack_id_gen != gen) {
+    /* ... and never an id a generation already runs on: the control
+     * page's id of the current generation (a replacement rank 0 whose
+     * join id the recovery it joined into published, while it read the
+     * group as still recovering). */
+    uint8_t used[DCPX_NCCL_ID_BYTES];
+    const size_t ul = ctl_nccl_id(
+        m, __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE), used);
+    const int spent = cu->ack_id_len && ul == cu->ack_id_len &&
+                      memcmp(used, cu->ack_id, ul) == 0;
+    if (!cu->ack_id_len || cu->ack_id_gen != gen || spent) {
       size_t len = 0;
       const int r = dcpx__nccl_unique_id(cu->ack_id, sizeof(cu->ack_id),
                                          &len);

@@ -101,6 +101,7 @@ struct dcpx__nccl {
   dcpx_nkctx k;
   uint32_t *voided;    /* device word: k.voided (comm_abort sets it) */
   cudaStream_t side;   /* non-blocking: sets voided past a stuck stream */
+  cudaEvent_t side_done; /* the memset on side, polled with a bound */
   /* comm's users: the caller's thread (calls, recovery, leave) and the
    * watchdog, which aborts it when the group aborts or the rank fails */
   pthread_mutex_t mu;
@@ -187,16 +188,45 @@ say_why(char *why, size_t n, const char *fmt, ...) {
 /* Sets (v = 1) or clears (v = 0) the device word voided, past anything
  * the caller's stream still runs (a collective stuck on a dead peer): a
  * non-blocking stream of its own, waited for. */
+/* How long set_voided waits for its memset: with one hardware queue for
+ * every stream (CUDA_DEVICE_MAX_CONNECTIONS=1) the memset may wait behind
+ * the very collective the abort is to end, and an unbounded wait would
+ * hang the abort (and, holding n->mu, every later call, the recovery and
+ * the leave). Past it the abort goes ahead unmarked: the rounds queued
+ * before the memset then run on what the all-gather left (as before
+ * voided existed), and the rounds after it fail. */
+#define VOIDED_WAIT_NS 100000000ull /* 100 ms */
+
 static int set_voided(struct dcpx__nccl *n, int v) {
   int prev = -1, r = 0;
-  if (!n->voided || !n->side)
+  if (!n->voided || !n->side || !n->side_done)
     return 0;
   cudaGetDevice(&prev); /* the caller's (an engine thread's) stays */
   if (!CUDA_OK(cudaSetDevice(n->device)) ||
       !CUDA_OK(cudaMemsetAsync(n->voided, v ? 1 : 0, sizeof(uint32_t),
                                n->side)) ||
-      !CUDA_OK(cudaStreamSynchronize(n->side)))
+      !CUDA_OK(cudaEventRecord(n->side_done, n->side)))
     r = DCPX_E_CUDA;
+  const uint64_t t0 = now_ns();
+  struct timespec nap = {0, 20000};
+  while (r == 0) {
+    const cudaError_t e = cudaEventQuery(n->side_done);
+    if (e == cudaSuccess)
+      break;
+    if (e != cudaErrorNotReady) {
+      CUDA_OK(e);
+      r = DCPX_E_CUDA;
+    } else if (now_ns() - t0 > VOIDED_WAIT_NS) {
+      DCPX_WARN("rank %u of %u: marking the queued NCCL rounds void did "
+                "not finish in %llu ms (one hardware queue for every "
+                "stream?); aborting anyway",
+                n->rank, n->world,
+                (unsigned long long)(VOIDED_WAIT_NS / 1000000u));
+      r = DCPX_E_TIMEDOUT;
+    } else {
+      nanosleep(&nap, NULL);
+    }
+  }
   if (prev >= 0 && prev != n->device)
     cudaSetDevice(prev);
   return r;
@@ -231,6 +261,10 @@ static void comm_abort(struct dcpx__nccl *n, const char *why) {
 static void *watchdog(void *arg) {
   struct dcpx__nccl *n = arg;
   const struct timespec nap = {0, DCPX_NCCL_WATCH_MS * 1000000L};
+  /* The member's device, current on this thread for good: set_voided's
+   * "previous device" of a thread without one would read 0 and make a
+   * context on GPU 0 when it gives it back. */
+  cudaSetDevice(n->device);
   while (!__atomic_load_n(&n->wd_stop, __ATOMIC_ACQUIRE)) {
     nanosleep(&nap, NULL);
     const int bad =
@@ -311,6 +345,11 @@ static int buf_init(struct dcpx__nccl *n) {
   n->k.voided = n->voided;
   if (!CUDA_OK(cudaStreamCreateWithFlags(&n->side, cudaStreamNonBlocking))) {
     n->side = NULL;
+    return DCPX_E_CUDA;
+  }
+  if (!CUDA_OK(cudaEventCreateWithFlags(&n->side_done,
+                                        cudaEventDisableTiming))) {
+    n->side_done = NULL;
     return DCPX_E_CUDA;
   }
   if (!CUDA_OK(cudaMemset(n->voided, 0, sizeof(uint32_t))) ||
@@ -453,6 +492,8 @@ void dcpx__nccl_fini(struct dcpx__nccl *n, int abort) {
     cudaFree(n->k.buf);
   if (n->voided)
     cudaFree(n->voided);
+  if (n->side_done)
+    cudaEventDestroy(n->side_done);
   if (n->side)
     cudaStreamDestroy(n->side);
   pthread_mutex_destroy(&n->mu);

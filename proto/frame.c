@@ -479,7 +479,11 @@ int dcpx__ops_connect(const char *path, const char *agent, int timeout_ms,
   /* A refused connection may be closed before the Hello is sent: its
    * reason is still there to read. */
   (void)dcpx__frame_send(s, &f, NULL, 0);
-  r = dcpx__frame_recv_answer(s, timeout_ms, &in);
+  {
+    /* what the connect left of the timeout */
+    const uint64_t now = dcpx__mono_ms();
+    r = dcpx__frame_recv_answer(s, now < end ? (int)(end - now) : 0, &in);
+  }
   if (r == DCPX_E_TIMEDOUT) {
     snprintf(err, errlen, "no answer from dcpxd within %d ms", timeout_ms);
     goto fail;
