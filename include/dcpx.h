@@ -536,8 +536,12 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * collectives can no longer be matched and an NCCL kernel waits without a
  * bound: every later call fails (DCPX_E_NCCL, and the rank fails, as
  * after any refused call: DCPX_E_FAILED) until dcpx_recover, which makes
- * a new communicator (docs/PROTOCOL.md 6.9). The same argument rules
- * hold for dcpx_push. */
+ * a new communicator (docs/PROTOCOL.md 6.9). A thread of the member's
+ * aborts the communicator as soon as the group aborts or the rank fails
+ * (a peer that died: no call needed, so a stream sync or a graph replay
+ * ends too); the merges already on the stream whose all-gathers that
+ * ended then give valid_out[t] = -1 on their rows, never the last call's
+ * rows. The same argument rules hold for dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
                         const dcpx_merge_out *out, void *stream);
 
