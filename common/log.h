@@ -59,11 +59,11 @@ __attribute__((visibility("hidden"))) int
 dcpx__struct_check_at(const char *file, int line, const char *fn,
                       const char *type, const void *p, uint32_t want,
                       uint32_t reserved, char *why, size_t n);
-/* The WARN line names the caller's file and line. */
 /* A public struct's `reserved` word, read only when its `size` is this
  * library's (a caller's smaller struct has none there). */
 #define DCPX__RESERVED_OF(p)                                                  \
   ((p) && (p)->size == sizeof(*(p)) ? (p)->reserved : 0u)
+/* The WARN line names the caller's file and line. */
 #define dcpx__struct_check(fn, type, p, want, reserved)                       \
   dcpx__struct_check_at(__FILE__, __LINE__, (fn), (type), (p), (want),        \
                         (reserved), NULL, 0)

@@ -180,11 +180,6 @@ static size_t fit_items(Dcpx__QueryReply *qr, Dcpx__GroupInfo **gs,
   return k;
 }
 
-static size_t fit_groups(Dcpx__QueryReply *qr, Dcpx__GroupInfo **gs,
-                         size_t n) {
-  return fit_items(qr, gs, NULL, n);
-}
-
 static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   dcpxd_manager *m = c->m;
   Dcpx__QueryReply qr = DCPX__QUERY_REPLY__INIT;
@@ -228,7 +223,7 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   rep.version = DCPX_PROTO_VERSION;
   qr.reply = &rep;
   qr.groups = ptrs;
-  qr.n_groups = fit_groups(&qr, ptrs, total);
+  qr.n_groups = fit_items(&qr, ptrs, NULL, total);
   qr.groups_left_out = (uint32_t)(total - qr.n_groups);
   if (qr.n_groups < total)
     dcpxd_bprintf(note, "showing %zu of %zu groups (reply size limit)",

@@ -19,8 +19,9 @@
  * disk before the Join reply hands it out), and for the changes of
  * dcpxd_secrets_set_pid and dcpxd_secrets_remove once per turn of the
  * event loop (dcpxd_secrets_flush), so that a client whose exit ends
- * thousands of groups costs one save, not one per group. One line "NAME UID HEX PID,PID,..." per group (pids of ranks
- * 0..W-1, 0 for a rank not held; files of older dcpxd versions have no
+ * thousands of groups costs one save, not one per group. One line
+ * "NAME UID HEX PID,PID,..." per group (pids of ranks 0..W-1, 0 for a
+ * rank not held; files of older dcpxd versions have no
  * pids, and those entries are kept). Unreadable lines are skipped with a
  * warning; a groups.tmp left by a crash is removed. */
 #ifndef DCPXD_SECRETS_H

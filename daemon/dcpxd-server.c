@@ -493,7 +493,38 @@ static const char *recv_error_text(int r) {
   }
 }
 
-static void read_frames(dcpxd_conn *c);
+/* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
+ * peer is gone or c closes. */
+static void read_frames(dcpxd_conn *c) {
+  for (int i = 0; i < RECV_BATCH && !c->closing; i++) {
+    Dcpx__Frame *f = NULL;
+    int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+    /* Only a reattaching Join carries fds; any others are closed. */
+    int r = dcpx__frame_recv(c->fd, &f, fds, DCPX_FRAME_MAX_FDS, &nfds);
+    if (r == -EAGAIN)
+      break;
+    if (r == DCPX_E_CONNRESET) {
+      dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
+                       "connection closed by peer");
+      break;
+    }
+    if (r == DCPX_E_MSGSIZE || r == DCPX_E_FDS || r == DCPX_E_PROTO ||
+        r == DCPX_E_TEXT) {
+      conn_protocol_error(c, r, recv_error_text(r));
+      break;
+    }
+    if (r < 0) {
+      dcpxd_conn_close(c, LOG_INFO, "receive failed: %s", dcpx_strerror(r));
+      break;
+    }
+    conn_dispatch(c, f, fds, nfds);
+    dcpxd_conn_idle_arm(c); /* activity, or a group joined or left */
+    for (int k = 0; k < nfds; k++)
+      if (fds[k] >= 0)
+        close(fds[k]);
+    dcpx__frame_free(f);
+  }
+}
 
 static void on_conn_io(uv_poll_t *h, int status, int events) {
   dcpxd_conn *c = h->data;
@@ -532,38 +563,6 @@ out:
   dcpxd_manager_update(c->m);
 }
 
-/* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
- * peer is gone or c closes. */
-static void read_frames(dcpxd_conn *c) {
-  for (int i = 0; i < RECV_BATCH && !c->closing; i++) {
-    Dcpx__Frame *f = NULL;
-    int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
-    /* Only a reattaching Join carries fds; any others are closed. */
-    int r = dcpx__frame_recv(c->fd, &f, fds, DCPX_FRAME_MAX_FDS, &nfds);
-    if (r == -EAGAIN)
-      break;
-    if (r == DCPX_E_CONNRESET) {
-      dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
-                       "connection closed by peer");
-      break;
-    }
-    if (r == DCPX_E_MSGSIZE || r == DCPX_E_FDS || r == DCPX_E_PROTO ||
-        r == DCPX_E_TEXT) {
-      conn_protocol_error(c, r, recv_error_text(r));
-      break;
-    }
-    if (r < 0) {
-      dcpxd_conn_close(c, LOG_INFO, "receive failed: %s", dcpx_strerror(r));
-      break;
-    }
-    conn_dispatch(c, f, fds, nfds);
-    dcpxd_conn_idle_arm(c); /* activity, or a group joined or left */
-    for (int k = 0; k < nfds; k++)
-      if (fds[k] >= 0)
-        close(fds[k]);
-    dcpx__frame_free(f);
-  }
-}
 
 /* ---- accepting ----------------------------------------------------------- */
 

@@ -50,17 +50,10 @@
 /* dcpx_poll handles at most this many frames per call. */
 #define POLL_BATCH 64
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* Receives one frame within ms milliseconds. */
 static int recv_within(int sock, int ms, Dcpx__Frame **ret, int *fds,
                        int maxfds, int *ret_nfds) {
-  const int n =
-      dcpx__poll_until(sock, POLLIN, dcpx__mono_ms() + (uint64_t)(ms > 0 ? ms : 0));
+  const int n = dcpx__poll_until(sock, POLLIN, dcpx__deadline_ms(ms));
   if (n < 0)
     return n;
   if (n == 0)
@@ -419,9 +412,9 @@ static int join_wait_reply(dcpx_client *c, dcpx_member *m,
                      JOIN_SLACK_MS;
   if (wait_ms > INT32_MAX) /* poll() takes an int */
     wait_ms = INT32_MAX;
-  const uint64_t end = now_ms() + wait_ms;
+  const uint64_t end = dcpx__mono_ms() + wait_ms;
   for (;;) {
-    uint64_t now = now_ms();
+    uint64_t now = dcpx__mono_ms();
     if (now >= end)
       return DCPX_E_TIMEDOUT;
     r = recv_within(m->sock, (int)(end - now), &rep, fds, DCPX_FRAME_MAX_FDS,
@@ -797,7 +790,7 @@ static void link_down(dcpx_member *m, uint64_t retry_in_ms) {
     close(m->sock);
   m->sock = -1;
   m->link = DCPX__LINK_DOWN;
-  m->retry_at_ms = now_ms() + retry_in_ms;
+  m->retry_at_ms = dcpx__mono_ms() + retry_in_ms;
 }
 
 /* Connects without blocking and sends Hello and the reattach Join, with
@@ -870,7 +863,7 @@ static int link_reattach_start(dcpx_member *m) {
   m->sock = s;
   m->link = DCPX__LINK_REATTACHING;
   m->reattach_step = 0;
-  m->link_sent_ms = now_ms();
+  m->link_sent_ms = dcpx__mono_ms();
   return 0;
 fail:
   if (r == -EPIPE || r == DCPX_E_CONNRESET || r == -ENOTCONN) {
@@ -943,7 +936,7 @@ proto:
 static int link_step(dcpx_member *m, int wait_ms, Dcpx__Frame **ret_frame) {
   int fds[DCPX_FRAME_MAX_FDS], nfds = 0, r;
   Dcpx__Frame *f = NULL;
-  uint64_t now = now_ms();
+  uint64_t now = dcpx__mono_ms();
 
   if (m->link == DCPX__LINK_DOWN) {
     if (now < m->retry_at_ms) {
@@ -965,7 +958,7 @@ static int link_step(dcpx_member *m, int wait_ms, Dcpx__Frame **ret_frame) {
     close(fds[i]); /* no answer here carries fds we want */
   if (r == DCPX_E_TIMEDOUT) {
     if (m->link == DCPX__LINK_REATTACHING) {
-      if (now_ms() - m->link_sent_ms > REATTACH_ANSWER_MS) {
+      if (dcpx__mono_ms() - m->link_sent_ms > REATTACH_ANSWER_MS) {
         link_down(m, RETRY_REFUSED_MS);
         return DCPX_E_TIMEDOUT;
       }
@@ -1065,7 +1058,7 @@ static int recover_done(dcpx_member *m) {
 }
 
 int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
-  const uint64_t end = now_ms() + timeout_ms;
+  const uint64_t end = dcpx__mono_ms() + timeout_ms;
   Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
   Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
   uint32_t gen = 0;
@@ -1095,7 +1088,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
      * once, without waiting for its stream); bounded by what is left of
      * timeout_ms. Then look again: time passed. */
     if (!acked && !drained && m->cuda) {
-      const uint64_t t = now_ms();
+      const uint64_t t = dcpx__mono_ms();
       if ((r = dcpx__cuda_sync(m, stream, t < end ? (uint32_t)(end - t) : 0)) < 0)
         return r;
       drained = 1;
@@ -1128,7 +1121,7 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
       }
       acked = 1;
     }
-    uint64_t now = now_ms();
+    uint64_t now = dcpx__mono_ms();
     if (now >= end)
       return DCPX_E_TIMEDOUT;
     /* Short slices, so that the control page is looked at too. */

@@ -185,9 +185,6 @@ say_why(char *why, size_t n, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Sets (v = 1) or clears (v = 0) the device word voided, past anything
- * the caller's stream still runs (a collective stuck on a dead peer): a
- * non-blocking stream of its own, waited for. */
 /* How long set_voided waits for its memset: with one hardware queue for
  * every stream (CUDA_DEVICE_MAX_CONNECTIONS=1) the memset may wait behind
  * the very collective the abort is to end, and an unbounded wait would
@@ -197,6 +194,9 @@ say_why(char *why, size_t n, const char *fmt, ...) {
  * voided existed), and the rounds after it fail. */
 #define VOIDED_WAIT_NS 100000000ull /* 100 ms */
 
+/* Sets (v = 1) or clears (v = 0) the device word voided, past anything
+ * the caller's stream still runs (a collective stuck on a dead peer): a
+ * non-blocking stream of its own, waited for up to VOIDED_WAIT_NS. */
 static int set_voided(struct dcpx__nccl *n, int v) {
   int prev = -1, r = 0;
   if (!n->voided || !n->side || !n->side_done)

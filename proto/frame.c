@@ -329,8 +329,8 @@ void dcpx__shape_from_pb(const Dcpx__Shape *in, dcpx_shape *out) {
   out->max_local = in->max_local;
 }
 
-int dcpx__rank_info_healthy(const Dcpx__GroupInfo *g,
-                            const Dcpx__RankInfo *r) {
+static int rank_info_healthy(const Dcpx__GroupInfo *g,
+                             const Dcpx__RankInfo *r) {
   if (g->state && strcmp(g->state, "forming") == 0)
     return 1;
   return r->joined && !r->alarm && !r->failed;
@@ -341,7 +341,7 @@ int dcpx__group_info_healthy(const Dcpx__GroupInfo *g) {
       strcmp(g->state, "recovering") == 0 || g->abort)
     return 0;
   for (size_t i = 0; i < g->n_ranks; i++)
-    if (g->ranks[i] && !dcpx__rank_info_healthy(g, g->ranks[i]))
+    if (g->ranks[i] && !rank_info_healthy(g, g->ranks[i]))
       return 0;
   return 1;
 }
@@ -392,15 +392,14 @@ int dcpx__poll_until(int sock, short events, uint64_t deadline_ms) {
   }
 }
 
-/* The deadline of a timeout of ms >= 0 milliseconds from now. */
-static uint64_t deadline_of(int ms) {
+uint64_t dcpx__deadline_ms(int ms) {
   return dcpx__mono_ms() + (uint64_t)(ms > 0 ? ms : 0);
 }
 
 int dcpx__frame_recv_answer(int sock, int timeout_ms, Dcpx__Frame **ret) {
   /* One deadline for the whole wait: neither a signal (EINTR) nor an
    * Event frame skipped on the way starts the timeout over. */
-  const uint64_t end = deadline_of(timeout_ms);
+  const uint64_t end = dcpx__deadline_ms(timeout_ms);
   for (;;) {
     Dcpx__Frame *f = NULL;
     int r = dcpx__poll_until(sock, POLLIN, end);
@@ -443,7 +442,7 @@ int dcpx__ops_connect(const char *path, const char *agent, int timeout_ms,
     snprintf(err, errlen, "socket: %s", strerror(-r));
     return r;
   }
-  const uint64_t end = deadline_of(timeout_ms);
+  const uint64_t end = dcpx__deadline_ms(timeout_ms);
   while (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
     const int e = errno;
     if ((e == EAGAIN || e == EINTR) && dcpx__mono_ms() < end) {

@@ -51,15 +51,18 @@ DCPX__HIDDEN void dcpx__frame_free(Dcpx__Frame *f);
 /* path if not NULL or empty, else $DCPX_SOCKET if set and not empty, else
  * DCPX_DEFAULT_SOCKET. */
 DCPX__HIDDEN const char *dcpx__socket_path(const char *path);
-/* Receives the next frame that is not an Event, waiting at most timeout_ms
- * for each: 0 with *ret, DCPX_E_TIMEDOUT, or dcpx__frame_recv's error. */
-/* Milliseconds of CLOCK_MONOTONIC. */
+/* Milliseconds of CLOCK_MONOTONIC, and that clock ms >= 0 milliseconds
+ * from now (a negative ms is 0). */
 DCPX__HIDDEN uint64_t dcpx__mono_ms(void);
+DCPX__HIDDEN uint64_t dcpx__deadline_ms(int ms);
 /* Waits until sock has `events` (1), deadline_ms (dcpx__mono_ms) passes
  * (0), or poll fails (a negative errno). A signal does not start the wait
  * over: each retry after EINTR waits only for what is left. */
 DCPX__HIDDEN int dcpx__poll_until(int sock, short events,
                                   uint64_t deadline_ms);
+/* Receives the next frame that is not an Event, within timeout_ms in all
+ * (Events skipped and signals do not restart it): 0 with *ret,
+ * DCPX_E_TIMEDOUT, or dcpx__frame_recv's error. */
 DCPX__HIDDEN int dcpx__frame_recv_answer(int sock, int timeout_ms,
                                          Dcpx__Frame **ret);
 /* Connects to dcpxd at dcpx__socket_path(path) and exchanges Hello (as
@@ -91,8 +94,6 @@ DCPX__HIDDEN void dcpx__shape_from_pb(const Dcpx__Shape *in, dcpx_shape *out);
  * codes, check): a rank is healthy while its group forms, else when it is
  * joined with neither alarm nor failed; a group when it is not aborted or
  * recovering and every rank is healthy. */
-DCPX__HIDDEN int dcpx__rank_info_healthy(const Dcpx__GroupInfo *g,
-                                         const Dcpx__RankInfo *r);
 DCPX__HIDDEN int dcpx__group_info_healthy(const Dcpx__GroupInfo *g);
 
 /* Reply helpers. */
