@@ -428,6 +428,8 @@ int dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id,
   }
   memcpy(&uid, id, sizeof(uid));
   cudaGetDevice(&prev);
+  if (!CUDA_OK(cudaSetDevice(n->device))) /* comm_init's device */
+    return DCPX_E_CUDA;
   pthread_mutex_lock(&n->mu);
   comm_abort(n, "a recovery makes a new one");
   /* The recovery drained the caller's stream before its acknowledgement:
