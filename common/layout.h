@@ -33,7 +33,8 @@
  * Control page (one per group, host memory owned by dcpxd, mapped by every
  * client and registered for device access): a header, then per rank a
  * health block, then the wait records [W][R] (record slot (d, t) has a
- * single writer: block t of rank d's merge, or the host backend's row t).
+ * single writer: block t of rank d's merge, or the host backend's row t;
+ * with the NCCL transport, slot (d, 0) only, libdcpx's watchdog thread).
  * Every word is written with plain stores (no CPU-GPU atomics: PCIe hosts
  * lack them); a writer orders "record, then alarm, then failed" with
  * system-scope fences.
@@ -59,7 +60,19 @@
 #define DCPX_REGION_MAX 8u
 
 #define DCPX_REC_EMPTY 0u
-#define DCPX_REC_TIMEOUT 1u
+#define DCPX_REC_TIMEOUT 1u /* a bounded wait gave up (an LL wait) */
+/* The NCCL transport: a collective of the rank made no progress for the
+ * group's wait limit (libclient/nccl.c's stall watch). Region 0, index
+ * 1 (the all-gather of the lists) or 2 (of the rescue lists), block 0,
+ * tags and call 0. */
+#define DCPX_REC_NCCL_TIMEOUT 2u
+
+/* A record kind's name, as dcpxd logs and dcpxctl prints it. */
+static inline const char *dcpx_rec_kind_name(uint32_t kind) {
+  return kind == DCPX_REC_TIMEOUT        ? "timeout"
+         : kind == DCPX_REC_NCCL_TIMEOUT ? "nccl_timeout"
+                                         : "unknown";
+}
 
 /* Reasons in the abort word (0 = not aborted). */
 #define DCPX_ABORT_ALARM 1u   /* a rank raised its alarm */

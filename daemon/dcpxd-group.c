@@ -101,6 +101,8 @@ const char *dcpxd_region_name(uint32_t id) {
     return "stats";
   case DCPX_REGION_CALL_SEQ:
     return "state";
+  case 0: /* an NCCL timeout's (DCPX_REC_NCCL_TIMEOUT): no region */
+    return "-";
   default:
     return "unknown";
   }

@@ -54,9 +54,6 @@ static int cmp_time(const void *a, const void *b) {
   return x->block < y->block ? -1 : x->block > y->block;
 }
 
-static const char *kind_name(uint32_t kind) {
-  return kind == DCPX_REC_TIMEOUT ? "timeout" : "unknown";
-}
 
 size_t dcpxd_health_harvest(dcpxd_group *g) {
   const uint32_t W = g->shape.world, R = g->shape.rows;
@@ -117,7 +114,7 @@ done_scan:
     log_warning("wait record group=%s gen=%u rank=%u kind=%s region=%s "
                 "index=%u expected=%u seen=%u block=%u call=%" PRIu64
                 " time=%" PRIu64,
-                r->group, r->generation, r->rank, kind_name(r->kind),
+                r->group, r->generation, r->rank, dcpx_rec_kind_name(r->kind),
                 dcpxd_region_name(r->region), r->index, r->expected, r->seen,
                 r->block, r->call_tag, r->time_ns);
   }

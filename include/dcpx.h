@@ -541,7 +541,12 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * (a peer that died: no call needed, so a stream sync or a graph replay
  * ends too); the merges already on the stream whose all-gathers that
  * ended then give valid_out[t] = -1 on their rows, never the last call's
- * rows. The same argument rules hold for dcpx_push. */
+ * rows. The same thread bounds the collectives: one of this rank's
+ * all-gathers that makes no progress for timeout_ns (a peer stopped or
+ * hung without dying, or ranks whose calls do not match) fails the rank
+ * with an nccl_timeout record, as an LL wait that gives up; so on nccl a
+ * merge must follow its push within timeout_ns. The same argument rules
+ * hold for dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
                         const dcpx_merge_out *out, void *stream);
 

@@ -429,7 +429,22 @@ typedef struct dcpx_nkctx {
                                round kernels fail every row they start
                                (valid_out = -1) instead of merging stale
                                lists */
+  unsigned long long *beat; /* host memory mapped for the device, or NULL:
+                               the stall watch's heartbeat. Each kernel's
+                               block 0 stores (globaltimer << 2) | code at
+                               its start, code saying which of this rank's
+                               collectives follows it on the stream
+                               (DCPX_NCCL_BEAT_*): libclient/nccl.c's
+                               watchdog fails the rank when the word shows
+                               a collective and stays the same for the
+                               group's timeout (a peer that stalled, or
+                               ranks whose calls do not match) */
 } dcpx_nkctx;
+
+/* dcpx_nkctx.beat's codes: what follows the kernel that stored it. */
+#define DCPX_NCCL_BEAT_IDLE 0u   /* round 2: no collective of this call */
+#define DCPX_NCCL_BEAT_LISTS 1u  /* lists: the all-gather of the lists */
+#define DCPX_NCCL_BEAT_RESCUE 2u /* round 1: that of the rescue lists */
 
 static inline int dcpx_kn_ctx_check(const dcpx_nkctx *c) {
   dcpx_layout L;
@@ -469,6 +484,8 @@ static inline void dcpx_kn_ctx_init(dcpx_nkctx *c, const dcpx_shape *sh,
   c->buf = NULL;
   c->ctr = NULL;
   c->health = NULL;
+  c->voided = NULL;
+  c->beat = NULL;
 }
 
 /* The all-gathers' buffers and counts (uint32 elements per rank). */

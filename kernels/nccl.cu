@@ -25,7 +25,8 @@
  * in the LL merge (merge.cu), so both transports give the same outputs bit
  * for bit: the selection of a set of keys in flat order is a property of
  * the keys (T and take), not of the code path. No epochs, parities, tags or
- * waits: NCCL orders the exchange, and stream order orders the kernels. A
+ * waits: NCCL orders the exchange, and stream order orders the kernels
+ * (each kernel stores a heartbeat for the host's stall watch, n_beat). A
  * failed exchange is NCCL's to report (ncclCommGetAsyncError).
  *
  * One block per row; push blocks of DCPX_K_PUSH_THREADS threads, round
@@ -40,6 +41,15 @@
 #define NT DCPX_K_MERGE_THREADS
 #define NW (NT / 32)
 #define LT DCPX_K_PUSH_THREADS
+
+/* The stall watch's heartbeat (dcpx_nkctx.beat, libclient/nccl.c): block
+ * 0's thread 0 at a kernel's start, one 8-byte store to host memory, what
+ * is next on the stream (code: DCPX_NCCL_BEAT_*) and when. */
+DCPX_D void n_beat(const dcpx_nkctx *c, uint32_t code) {
+  if (c->beat && blockIdx.x == 0 && threadIdx.x == 0)
+    *(volatile unsigned long long *)c->beat =
+        (dcpx_dev_now() << 2) | (unsigned long long)code;
+}
 
 /* ---- the lists kernel ----------------------------------------------------- */
 
@@ -57,6 +67,7 @@ static __global__ void __launch_bounds__(LT)
   const uint32_t max_len =
       (uint64_t)c.max_local < stride ? c.max_local : (uint32_t)stride;
 
+  n_beat(&c, DCPX_NCCL_BEAT_LISTS);
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t len = dcpx_dev_row_len(row_ends[t], max_len);
     dcpx_dev_local_list(&S, logits + (uint64_t)t * stride, len, N, words,
@@ -158,6 +169,7 @@ static __global__ void __launch_bounds__(NT)
   const int publish = c.ctr && blockIdx.x == 0 && tid == 0;
   if (publish) /* the previous calls' totals (merge.cu does the same) */
     dcpx_dev_count_fetch(c.ctr, snap);
+  n_beat(&c, DCPX_NCCL_BEAT_RESCUE);
 
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t *row0 = recv + (uint64_t)t * rw_n; /* rank s: + s*sstride */
@@ -345,6 +357,7 @@ static __global__ void __launch_bounds__(NT)
                          valid_out, ids_out, K, W, me, c.block_size,
                          c.interleave, rcp_b, rcp_i);
 
+  n_beat(&c, DCPX_NCCL_BEAT_IDLE);
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const uint32_t mask = gmask[t];
     if (!mask)

@@ -400,6 +400,34 @@ static int agree(struct dcpx_member *m) {
   }
 }
 
+#ifdef HAVE_NCCL
+/* The NCCL stall watch's verdict (libclient/nccl.c, on its watchdog
+ * thread): a collective of this rank made no progress for the group's
+ * wait limit. As an LL wait that gives up (docs/PROTOCOL.md 6.3): the
+ * record (row 0's slot, if empty; kind DCPX_REC_NCCL_TIMEOUT, index the
+ * all-gather: DCPX_NCCL_BEAT_LISTS or _RESCUE), then alarm and FAILED. */
+static void nccl_stalled(void *arg, uint32_t which, uint64_t waited_ns) {
+  struct dcpx_member *m = arg;
+  dcpx_wait_record *rec = &m->records[(size_t)m->rank * m->L.rows];
+  struct timespec ts;
+  (void)waited_ns;
+  if (__atomic_load_n(&rec->kind, __ATOMIC_ACQUIRE) == DCPX_REC_EMPTY) {
+    clock_gettime(CLOCK_REALTIME, &ts);
+    rec->region = 0;
+    rec->index = which;
+    rec->expected = 0;
+    rec->seen = 0;
+    rec->block = 0;
+    rec->time_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    rec->call_tag = 0;
+    rec->generation = m->hdr->generation;
+    rec->rank = m->rank;
+    __atomic_store_n(&rec->kind, DCPX_REC_NCCL_TIMEOUT, __ATOMIC_RELEASE);
+  }
+  dcpx__member_fail(m);
+}
+#endif
+
 int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
                     const uint8_t *nccl_id, size_t nccl_id_len, char *why,
                     size_t why_len) {
@@ -521,7 +549,8 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     const uint64_t setup_ns = (uint64_t)join_ms(m) * 1000000u;
     const dcpx__nccl_bounds b = {
         join_ms(m), m->timeout_ns > setup_ns ? m->timeout_ns : setup_ns,
-        &m->hdr->abort, &m->health[m->rank].failed};
+        &m->hdr->abort, &m->health[m->rank].failed,
+        &m->hdr->timeout_ns, nccl_stalled, m};
     /* A group aborted (a replacement joins it) or recovering: its
      * communicators are made anew when the recovery completes, in
      * dcpx_recover (dcpx__cuda_recovered). */

@@ -213,6 +213,17 @@ typedef struct dcpx__nccl_bounds {
    * watchdog thread (nccl.c) watches: it aborts the communicator once
    * either is set. Neither set: no watchdog (the tests' own comms). */
   const volatile uint32_t *failed_word;
+  /* The stall watch (with the watchdog; NULL stalled: none): when a
+   * collective of this rank is on its stream (the kernels' heartbeat,
+   * dcpx_nkctx.beat) and the heartbeat stays the same for the group's
+   * wait limit (*timeout_word, the control page's timeout_ns; 0:
+   * DCPX_K_DEFAULT_TIMEOUT_NS), the watchdog calls stalled(stalled_arg,
+   * which, waited_ns) once (which: DCPX_NCCL_BEAT_LISTS or _RESCUE): it
+   * records the timeout and fails the rank, and the watchdog's next look
+   * aborts the communicator as for any failure. */
+  const volatile uint64_t *timeout_word;
+  void (*stalled)(void *arg, uint32_t which, uint64_t waited_ns);
+  void *stalled_arg;
 } dcpx__nccl_bounds;
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_unique_id(uint8_t *out, size_t cap, size_t *ret_len);

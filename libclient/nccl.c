@@ -41,7 +41,10 @@
  * comm is aborted: by the watchdog thread once the group's abort word or
  * the rank's failed word is set (a graph replay or a stream sync makes no
  * library call), at leave, after a failed call, or by dcpx_recover before
- * it drains the stream (cuda.c dcpx__cuda_sync). Every abort first sets
+ * it drains the stream (cuda.c dcpx__cuda_sync). A peer that stalls
+ * without dying sets neither word: the watchdog's stall watch fails this
+ * rank when one of its all-gathers makes no progress for the group's wait
+ * limit (the kernels' heartbeat, stall_look). Every abort first sets
  * the device word `voided` (comm_abort), so that the round kernels queued
  * behind an all-gather the abort ended without its data fail their rows
  * instead of merging the last call's lists.
@@ -94,6 +97,9 @@ static int nccl_ok(ncclResult_t e, ncclComm_t comm, const char *what,
 
 struct dcpx__nccl {
   ncclComm_t comm; /* NULL once aborted or destroyed, or not made yet */
+  int live;        /* comm != NULL, for the watchdog's lock-free looks */
+  int setting_up;  /* 1 while a call waits for NCCL to set connections up
+                      (all_gather): no stall, whatever the heartbeat says */
   uint32_t gen;    /* the group generation comm was made for (0: none) */
   int device;
   dcpx__nccl_bounds b;
@@ -102,6 +108,7 @@ struct dcpx__nccl {
   uint32_t *voided;    /* device word: k.voided (comm_abort sets it) */
   cudaStream_t side;   /* non-blocking: sets voided past a stuck stream */
   cudaEvent_t side_done; /* the memset on side, polled with a bound */
+  unsigned long long *beat; /* k.beat's host address (cudaHostAlloc) */
   /* comm's users: the caller's thread (calls, recovery, leave) and the
    * watchdog, which aborts it when the group aborts or the rank fails */
   pthread_mutex_t mu;
@@ -116,6 +123,12 @@ static uint64_t now_ns(void) {
 }
 
 static uint64_t ms_to_ns(uint32_t ms) { return (uint64_t)ms * 1000000u; }
+
+/* n->comm and the watchdog's view of it (n->mu held). */
+static void set_comm(struct dcpx__nccl *n, ncclComm_t c) {
+  n->comm = c;
+  __atomic_store_n(&n->live, c != NULL, __ATOMIC_RELEASE);
+}
 
 /* Waits until comm leaves ncclInProgress: 0 when it settled with
  * ncclSuccess, DCPX_E_NCCL when with an error, DCPX_E_TIMEDOUT after
@@ -163,13 +176,19 @@ static int nccl_wait(ncclComm_t comm, uint64_t limit_ns,
  * where ncclInProgress is an error). */
 static int all_gather(const void *send, void *recv, size_t count,
                       ncclComm_t comm, const dcpx__nccl_bounds *b,
-                      cudaStream_t s, const char *what) {
+                      int *setting_up, cudaStream_t s, const char *what) {
   const ncclResult_t e =
       ncclAllGather(send, recv, count, ncclUint32, comm, s);
   if (__builtin_expect(e == ncclSuccess, 1))
     return 0;
-  if (e == ncclInProgress && b)
-    return nccl_wait(comm, b->call_ns, b->abort_word, what);
+  if (e == ncclInProgress && b) {
+    if (setting_up) /* the stall watch waits too */
+      __atomic_store_n(setting_up, 1, __ATOMIC_RELEASE);
+    const int r = nccl_wait(comm, b->call_ns, b->abort_word, what);
+    if (setting_up)
+      __atomic_store_n(setting_up, 0, __ATOMIC_RELEASE);
+    return r;
+  }
   nccl_ok(e, comm, what, __LINE__);
   return DCPX_E_NCCL;
 }
@@ -247,7 +266,51 @@ static void comm_abort(struct dcpx__nccl *n, const char *why) {
     DCPX_WARN("rank %u of %u: could not mark the queued NCCL rounds void",
               n->rank, n->world);
   ncclCommAbort(n->comm);
-  n->comm = NULL;
+  set_comm(n, NULL);
+}
+
+/* The stall watch's state (the watchdog thread's own). */
+typedef struct stall_watch {
+  unsigned long long last; /* the heartbeat at the last look */
+  uint64_t since;          /* when it took that value (CLOCK_MONOTONIC) */
+  int fired;               /* stalled() was called for this value */
+} stall_watch;
+
+/* One look of the stall watch: the kernels' heartbeat (dcpx_nkctx.beat)
+ * says which collective of this rank is on the stream, if any, and
+ * changes with every kernel of the transport. A collective that a peer
+ * never joins (it stalled, or its calls do not match this rank's) leaves
+ * the word as it is; after the group's wait limit, stalled() records a
+ * timeout and fails the rank, as an LL wait that gives up does. Nothing
+ * is a stall while NCCL sets connections up (a bounded wait of its own),
+ * without a communicator, or while the group is aborted or the rank
+ * failed (stop). */
+static void stall_look(struct dcpx__nccl *n, stall_watch *w, int stop) {
+  const uint64_t now = now_ns();
+  const unsigned long long beat =
+      __atomic_load_n(n->beat, __ATOMIC_ACQUIRE);
+  const uint32_t which = (uint32_t)(beat & 3u);
+  if (beat != w->last || stop || which == DCPX_NCCL_BEAT_IDLE ||
+      !__atomic_load_n(&n->live, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&n->setting_up, __ATOMIC_ACQUIRE)) {
+    if (beat != w->last)
+      w->fired = 0;
+    w->last = beat;
+    w->since = now;
+    return;
+  }
+  const uint64_t lim_word = *n->b.timeout_word;
+  const uint64_t lim = lim_word ? lim_word : DCPX_K_DEFAULT_TIMEOUT_NS;
+  if (w->fired || now - w->since < lim)
+    return;
+  w->fired = 1;
+  DCPX_WARN("rank %u of %u: the NCCL all-gather of the %s made no "
+            "progress in %llu ms (a peer stalled, or the ranks' calls do "
+            "not match): this rank fails",
+            n->rank, n->world,
+            which == DCPX_NCCL_BEAT_LISTS ? "lists" : "rescue lists",
+            (unsigned long long)((now - w->since) / 1000000u));
+  n->b.stalled(n->b.stalled_arg, which, now - w->since);
 }
 
 /* The watchdog: a collective already on the stream waits for its peers
@@ -256,11 +319,15 @@ static void comm_abort(struct dcpx__nccl *n, const char *why) {
  * looks at the group's abort word and the rank's failed word (host
  * memory, the control page) and aborts the communicator when either is
  * set: dcpxd sets abort when it sees a rank die, so a dead peer ends the
- * waits in about its polling delay plus this one. */
+ * waits in about its polling delay plus this one. A peer that stalls
+ * without dying is the stall watch's (stall_look): this rank fails after
+ * the group's wait limit, dcpxd aborts the group, and every rank's
+ * watchdog then aborts its communicator. */
 #define DCPX_NCCL_WATCH_MS 2
 static void *watchdog(void *arg) {
   struct dcpx__nccl *n = arg;
   const struct timespec nap = {0, DCPX_NCCL_WATCH_MS * 1000000L};
+  stall_watch sw = {0, now_ns(), 0};
   /* The member's device, current on this thread for good: set_voided's
    * "previous device" of a thread without one would read 0 and make a
    * context on GPU 0 when it gives it back. */
@@ -268,9 +335,12 @@ static void *watchdog(void *arg) {
   while (!__atomic_load_n(&n->wd_stop, __ATOMIC_ACQUIRE)) {
     nanosleep(&nap, NULL);
     const int bad =
-        (n->b.abort_word && __atomic_load_n(n->b.abort_word, __ATOMIC_ACQUIRE)) ||
+        (n->b.abort_word &&
+         __atomic_load_n(n->b.abort_word, __ATOMIC_ACQUIRE)) ||
         (n->b.failed_word &&
          __atomic_load_n(n->b.failed_word, __ATOMIC_ACQUIRE));
+    if (n->beat && n->b.stalled && n->b.timeout_word)
+      stall_look(n, &sw, bad);
     if (!bad)
       continue;
     pthread_mutex_lock(&n->mu);
@@ -314,6 +384,8 @@ static int comm_init(struct dcpx__nccl *n, const ncclUniqueId *uid,
   }
   const int r = nccl_wait(n->comm, ms_to_ns(n->b.setup_ms), n->b.abort_word,
                           "NCCL communicator setup");
+  if (r == 0)
+    set_comm(n, n->comm); /* live for the stall watch */
   if (r == DCPX_E_TIMEDOUT)
     say_why(why, why_len,
             "NCCL communicator setup (rank %u of %u) did not finish "
@@ -352,6 +424,16 @@ static int buf_init(struct dcpx__nccl *n) {
     n->side_done = NULL;
     return DCPX_E_CUDA;
   }
+  /* The heartbeat: host memory the kernels store into (8 bytes, one
+   * writer at a time: stream order) and the watchdog reads. */
+  if (!CUDA_OK(cudaHostAlloc((void **)&n->beat, sizeof(*n->beat),
+                             cudaHostAllocMapped | cudaHostAllocPortable))) {
+    n->beat = NULL;
+    return DCPX_E_NOMEM;
+  }
+  *n->beat = 0;
+  if (!CUDA_OK(cudaHostGetDevicePointer((void **)&n->k.beat, n->beat, 0)))
+    return DCPX_E_CUDA;
   if (!CUDA_OK(cudaMemset(n->voided, 0, sizeof(uint32_t))) ||
       !CUDA_OK(cudaMemset(n->k.buf, 0, n->k.NL.bytes)) ||
       !CUDA_OK(cudaDeviceSynchronize()) ||
@@ -433,8 +515,12 @@ int dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id,
   pthread_mutex_lock(&n->mu);
   comm_abort(n, "a recovery makes a new one");
   /* The recovery drained the caller's stream before its acknowledgement:
-   * no round kernel of the old communicator is left to fail. */
+   * no round kernel of the old communicator is left to fail, and no
+   * collective is on the stream, whatever the heartbeat says (a push
+   * whose merge never came). */
   r = set_voided(n, 0);
+  if (n->beat)
+    __atomic_store_n(n->beat, 0ull, __ATOMIC_RELEASE);
   if (r == 0)
     r = comm_init(n, &uid, why, why_len);
   if (r < 0 && n->comm)
@@ -480,7 +566,7 @@ void dcpx__nccl_stop(struct dcpx__nccl *n, int abort) {
     comm_abort(n, NULL); /* the group aborted: ends kernels still waiting */
   else if (comm_finalize(n) == 0) {
     ncclCommDestroy(n->comm);
-    n->comm = NULL;
+    set_comm(n, NULL);
   } else {
     comm_abort(n, "its finalize at leave did not end");
   }
@@ -498,6 +584,8 @@ void dcpx__nccl_fini(struct dcpx__nccl *n, int abort) {
     cudaEventDestroy(n->side_done);
   if (n->side)
     cudaStreamDestroy(n->side);
+  if (n->beat)
+    cudaFreeHost(n->beat);
   pthread_mutex_destroy(&n->mu);
   free(n);
 }
@@ -511,7 +599,7 @@ void dcpx__nccl_abort(struct dcpx__nccl *n, const char *why) {
 }
 
 static int push_k(const struct dcpx_nkctx *k, ncclComm_t comm,
-                  const dcpx__nccl_bounds *b, uint32_t rows,
+                  const dcpx__nccl_bounds *b, int *setting_up, uint32_t rows,
                   const uint16_t *logits, uint64_t stride,
                   const int32_t *row_ends, cudaStream_t s) {
   int r;
@@ -524,12 +612,12 @@ static int push_k(const struct dcpx_nkctx *k, ncclComm_t comm,
   if (r < 0)
     return r;
   return all_gather(dcpx_kn_send(k), dcpx_kn_recv(k),
-                    (size_t)rows * k->L.rw_n, comm, b, s,
+                    (size_t)rows * k->L.rw_n, comm, b, setting_up, s,
                     "ncclAllGather of the lists");
 }
 
 static int merge_k(const struct dcpx_nkctx *k, ncclComm_t comm,
-                   const dcpx__nccl_bounds *b, uint32_t rows,
+                   const dcpx__nccl_bounds *b, int *setting_up, uint32_t rows,
                    const uint16_t *logits, uint64_t stride,
                    const int32_t *row_ends, const int32_t *req_id,
                    const int32_t *block_table, uint32_t bt_rows,
@@ -549,7 +637,7 @@ static int merge_k(const struct dcpx_nkctx *k, ncclComm_t comm,
   /* Unconditional: whether any row needs its rescue is known on the
    * device only (see kernels/nccl.cu). */
   r = all_gather(dcpx_kn_rsend(k), dcpx_kn_rrecv(k),
-                 (size_t)rows * k->L.rw_k, comm, b, s,
+                 (size_t)rows * k->L.rw_k, comm, b, setting_up, s,
                  "ncclAllGather of the rescue lists");
   if (r < 0)
     return r;
@@ -561,7 +649,7 @@ static int merge_k(const struct dcpx_nkctx *k, ncclComm_t comm,
 int dcpx__nccl_push_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
                       const uint16_t *logits, uint64_t stride,
                       const int32_t *row_ends, void *stream) {
-  return push_k(k, (ncclComm_t)comm, NULL, rows, logits, stride, row_ends,
+  return push_k(k, (ncclComm_t)comm, NULL, NULL, rows, logits, stride, row_ends,
                 (cudaStream_t)stream);
 }
 
@@ -572,9 +660,9 @@ int dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
                        uint32_t bt_cols, int32_t *rows_out,
                        int32_t *valid_out, int32_t *ids_out,
                        uint32_t *sat_word, void *stream) {
-  return merge_k(k, (ncclComm_t)comm, NULL, rows, logits, stride, row_ends,
-                 req_id, block_table, bt_rows, bt_cols, rows_out, valid_out,
-                 ids_out, sat_word, (cudaStream_t)stream);
+  return merge_k(k, (ncclComm_t)comm, NULL, NULL, rows, logits, stride,
+                 row_ends, req_id, block_table, bt_rows, bt_cols, rows_out,
+                 valid_out, ids_out, sat_word, (cudaStream_t)stream);
 }
 
 int dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows,
@@ -583,8 +671,8 @@ int dcpx__nccl_push(struct dcpx__nccl *n, uint32_t rows,
   int r = DCPX_E_NCCL; /* aborted (a failed call, the watchdog), or none */
   pthread_mutex_lock(&n->mu); /* uncontended: no syscall */
   if (n->comm) {
-    r = push_k(&n->k, n->comm, &n->b, rows, logits, stride, row_ends,
-               (cudaStream_t)stream);
+    r = push_k(&n->k, n->comm, &n->b, &n->setting_up, rows, logits, stride,
+               row_ends, (cudaStream_t)stream);
     if (r < 0)
       comm_abort(n, "a failed push; the member's calls fail until "
                     "dcpx_recover makes a new one");
@@ -602,9 +690,9 @@ int dcpx__nccl_merge(struct dcpx__nccl *n, uint32_t rows,
   int r = DCPX_E_NCCL; /* aborted (a failed call, the watchdog), or none */
   pthread_mutex_lock(&n->mu);
   if (n->comm) {
-    r = merge_k(&n->k, n->comm, &n->b, rows, logits, stride, row_ends,
-                req_id, block_table, bt_rows, bt_cols, rows_out, valid_out,
-                ids_out, sat_word, (cudaStream_t)stream);
+    r = merge_k(&n->k, n->comm, &n->b, &n->setting_up, rows, logits, stride,
+                row_ends, req_id, block_table, bt_rows, bt_cols, rows_out,
+                valid_out, ids_out, sat_word, (cudaStream_t)stream);
     if (r < 0)
       comm_abort(n, "a failed merge; the member's calls fail until "
                     "dcpx_recover makes a new one");

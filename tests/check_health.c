@@ -1253,6 +1253,62 @@ START_TEST(test_leave_with_event_unread) {
 }
 END_TEST
 
+/* An NCCL timeout record (DCPX_REC_NCCL_TIMEOUT, written by libdcpx's
+ * NCCL stall watch on the host, docs/PROTOCOL.md 6.3): written here by
+ * hand into a host member's slot, as the watchdog writes it. dcpxd aborts
+ * the group, keeps the record and logs it by its kind's name; dcpxctl
+ * prints it, and `check` counts it with the timeout records. */
+START_TEST(test_nccl_record) {
+  hh_spec sp = spec("nr", 1, 2000000000ull);
+  dcpx_shape shape;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *c;
+  dcpx_member *m;
+
+  start(NULL);
+  hh_shape(&sp, &shape);
+  jo.group = sp.group;
+  jo.timeout_ns = sp.timeout_ns;
+  jo.rank = 0;
+  HC_ASSERT(dcpx_connect(g_d.sock, &c) == 0, "connect");
+  HC_ASSERT(dcpx_join(c, &shape, &jo, &m) == 0, "join");
+  dcpx_wait_record *w = &m->records[0];
+  w->region = 0;
+  w->index = 1; /* the all-gather of the lists */
+  w->expected = 0;
+  w->seen = 0;
+  w->block = 0;
+  w->time_ns = hh_real();
+  w->call_tag = 0;
+  w->generation = m->hdr->generation;
+  w->rank = 0;
+  __atomic_store_n(&w->kind, DCPX_REC_NCCL_TIMEOUT, __ATOMIC_RELEASE);
+  __atomic_store_n(&m->health[0].alarm, 1u, __ATOMIC_RELEASE);
+  __atomic_store_n(&m->health[0].failed, 1u, __ATOMIC_RELEASE);
+  for (int i = 0; i < 500 && !__atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE);
+       i++)
+    hh_sleep_ms(10);
+  HC_ASSERT(m->hdr->abort == DCPX_ABORT_ALARM, "abort %u", m->hdr->abort);
+  HC_ASSERT(dcpx_recover(m, NULL, 10000) == 0, "recover");
+  hh_rec recs[4];
+  CTL_JSON(0, "records", "--group", "nr", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, recs, 4) == 1, "%s", g_o.out);
+  HC_ASSERT(!strcmp(recs[0].kind, "nccl_timeout") &&
+                !strcmp(recs[0].region_name, "-") && recs[0].region == 0 &&
+                recs[0].index == 1 && recs[0].rank == 0,
+            "%s", g_o.out);
+  CTL(0, "records", "--group", "nr");
+  HC_ASSERT(strstr(g_o.out, "nccl_timeout"), "%s", g_o.out);
+  HC_ASSERT(log_contains("kind=nccl_timeout region=- index=1"),
+            "no structured record line in the daemon's log");
+  CTL(1, "check", "nr", "--records-warning", "1", "--records-critical", "5");
+  HC_ASSERT(strstr(g_o.out, "1 timeout record"), "%s", g_o.out);
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("health");
   TCase *tc = tcase_create("end-to-end");
@@ -1273,6 +1329,7 @@ int main(void) {
   ADD(test_records_durable);
   ADD(test_alarm_flood);
   ADD(test_leave_with_event_unread);
+  ADD(test_nccl_record);
 #undef ADD
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -460,7 +460,7 @@ static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
   jw_str(w, "group", r->group);
   jw_u64(w, "generation", r->generation);
   jw_u64(w, "rank", r->rank);
-  jw_str(w, "kind", r->kind == DCPX_REC_TIMEOUT ? "timeout" : "unknown");
+  jw_str(w, "kind", dcpx_rec_kind_name(r->kind));
   jw_u64(w, "region", r->region);
   jw_str(w, "region_name", r->region_name);
   jw_u64(w, "index", r->index);
@@ -1259,7 +1259,7 @@ static int cmd_records(int argc, char **argv) {
       format_time(rec->time_ns, t, sizeof(t));
       printf("%-30s %-16s %4u %4u %-8s %-9s %6u %10u %10u %5u %" PRIu64 "\n", t,
              rec->group, rec->generation, rec->rank,
-             rec->kind == DCPX_REC_TIMEOUT ? "timeout" : "unknown",
+             dcpx_rec_kind_name(rec->kind),
              rec->region_name, rec->index, rec->expected, rec->seen, rec->block,
              rec->call_tag);
     }
@@ -1642,7 +1642,8 @@ static int check_records(const char *group, const check_limits *l,
   if ((code = check_query(&rq, &in)) >= 0)
     return code;
   for (size_t i = 0; i < in->query_reply->n_records; i++)
-    if (in->query_reply->records[i]->kind == DCPX_REC_TIMEOUT)
+    if (in->query_reply->records[i]->kind == DCPX_REC_TIMEOUT ||
+        in->query_reply->records[i]->kind == DCPX_REC_NCCL_TIMEOUT)
       f->n_timeouts++;
   dcpx__frame_free(in);
   const uint64_t n = f->n_timeouts;

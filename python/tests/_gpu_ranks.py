@@ -13,13 +13,14 @@ from _ranks import compare, inputs, tables
 BARRIER = None
 
 
-def _join(rank, sock, group, shape, ngpu, transport=dcpx.Transport.AUTO):
+def _join(rank, sock, group, shape, ngpu, transport=dcpx.Transport.AUTO,
+          timeout_ns=5_000_000_000):
     import torch
     dev = rank % ngpu
     torch.cuda.set_device(dev)
     c = dcpx.Client(sock)
     m = c.join(shape, rank=rank, group=group, backend=dcpx.Backend.CUDA,
-               device=dev, timeout_ns=5_000_000_000, transport=transport)
+               device=dev, timeout_ns=timeout_ns, transport=transport)
     return c, m, torch.device("cuda", dev)
 
 
@@ -544,3 +545,64 @@ def run_nccl_recover(rank, sock, group, shape, ngpu, calls):
     m.leave()
     c.close()
     return took
+
+
+def run_nccl_stall(rank, sock, group, shape, ngpu, calls):
+    """test_gpu.test_cuda_nccl_stall: the nccl transport's stall watch
+    through dcpxd. W=1 with a 300 ms wait limit; a push whose merge never
+    comes leaves the all-gather of the lists as the last thing the stream
+    announced, which is what a rank whose peer stalled sees: after the
+    limit the rank fails, dcpxd aborts the group and keeps an
+    nccl_timeout record; a recovery makes a new communicator and the calls
+    after it are exact. A whole call followed by idle time past the limit
+    fails nothing. Returns (seconds to the failure, the record's kind and
+    index)."""
+    import json
+    import os
+    import subprocess
+    import torch
+    c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL,
+                    timeout_ns=300_000_000)
+    R, L = shape.rows, shape.max_local
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    lg, en = inputs(73, 0, shape.world, R, L, "random")
+    x, e = _lg(lg[rank], d), _t(en[rank], d)
+    ref = dcpx.ref_call(shape, lg, en, rank, req, bt)
+
+    def call(tag):
+        m.push(x, e, call_tag=tag)
+        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=tag)
+        compare(_host(res), ref, R)
+        torch.cuda.synchronize()
+
+    call(0)
+    time.sleep(0.9)  # three limits of idle time after a whole call
+    assert m.health().ok, "idle time after a whole call failed the rank"
+    m.push(x, e, call_tag=1)
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    while m.health().ok:
+        assert time.monotonic() - t0 < 10, "no stall seen in 10 s"
+        time.sleep(0.005)
+    took = time.monotonic() - t0
+    h = m.health()
+    assert h.failed_mask == 1, f"failed_mask {h.failed_mask}"
+    ctl = os.path.join(os.path.dirname(os.environ["DCPXD"]), "dcpxctl")
+    end = time.monotonic() + 10
+    while True:
+        out = subprocess.run([ctl, "--socket", sock, "--json", "records",
+                              "--group", group], check=True,
+                             capture_output=True, timeout=30).stdout
+        recs = json.loads(out)["records"]
+        if recs or time.monotonic() > end:
+            break
+        time.sleep(0.05)
+    assert len(recs) == 1, f"records: {recs}"
+    m.recover(timeout_ms=20000)
+    for tag in (2, 3):
+        call(tag)
+    assert m.health().ok
+    m.leave()
+    c.close()
+    return took, recs[0]["kind"], recs[0]["index"]

@@ -172,6 +172,17 @@ def test_cuda_nccl_recover(daemon, cuda_ok, group):
     assert out[0] < 5.0, f"recover took {out[0]:.1f} s"
 
 
+def test_cuda_nccl_stall(daemon, cuda_ok, group):
+    """nccl transport, W=1, a 300 ms wait limit: an all-gather that makes
+    no progress for the limit (the push's, its merge never enqueued)
+    fails the rank through the stall watch instead of hanging it; dcpxd
+    keeps an nccl_timeout record; recovery and exact calls follow; idle
+    time after a whole call fails nothing (docs/PROTOCOL.md 7)."""
+    took, kind, index = _spawn_nccl("nccl_stall", daemon, group)[0]
+    assert kind == "nccl_timeout" and index == 1, (kind, index)
+    assert took < 2.0, f"the stall took {took:.2f} s to fail the rank"
+
+
 def test_cuda_daemon_restart(cuda_ok, group):
     """dcpxd killed (-9) and started again on its socket and state dir: a
     CUDA member reattaches (the new dcpxd adopts its workspace, on the GPU

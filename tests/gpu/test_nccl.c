@@ -660,7 +660,8 @@ static int run_watchdog(void) {
   size_t id_len = 0;
   char *ws = NULL, why[512] = "";
   volatile uint32_t abort_word = 0;
-  const dcpx__nccl_bounds b = {10000, 1000000000ull, &abort_word, NULL};
+  const dcpx__nccl_bounds b = {10000, 1000000000ull, &abort_word, NULL,
+                               NULL, NULL, NULL};
   struct dcpx__nccl *n = NULL;
 
   dcpx_layout_compute(&L, 1, tc->R, tc->K, tc->N);
@@ -685,6 +686,79 @@ static int run_watchdog(void) {
          "%.1f ms\n",
          ok ? "ok  " : "FAIL", dcpx_strerror(before), dcpx_strerror(after),
          1000.0 * dt);
+  return ok;
+}
+
+/* The stall watch (libclient/nccl.c): a collective of the member's that
+ * makes no progress for the group's wait limit fails the rank (the
+ * callback), once; a finished call followed by idle time does not. W=1,
+ * where no peer can stall, so the member's push stands in: its lists
+ * kernel says "the all-gather of the lists is next" and no merge follows,
+ * which is what a rank whose peer never joins that all-gather sees. */
+static volatile uint32_t g_stalls, g_stall_which;
+static volatile uint32_t g_stall_failed;
+static void test_stalled(void *arg, uint32_t which, uint64_t waited_ns) {
+  (void)arg;
+  (void)waited_ns;
+  g_stall_which = which;
+  g_stall_failed = 1; /* as cuda.c's: the rank fails */
+  g_stalls++;
+}
+
+static int run_stall(const int *devs) {
+  const tcase *tc = &cases[0];
+  world_t *w = calloc(1, sizeof(*w));
+  uint8_t id[DCPX_NCCL_ID_BYTES];
+  size_t id_len = 0;
+  char why[512] = "";
+  volatile uint32_t abort_word = 0;
+  volatile uint64_t limit_ns = 300000000ull; /* the group's wait limit */
+  const dcpx__nccl_bounds b = {10000, 1000000000ull, &abort_word,
+                               &g_stall_failed, &limit_ns, test_stalled,
+                               NULL};
+  struct dcpx__nccl *n = NULL;
+
+  world_init(w, 1, tc, devs);
+  rank_t *k = &w->rk[0];
+  CK(cudaSetDevice(k->dev));
+  gen_call(w, 0x57A11ull, 0);
+  KCK(dcpx__nccl_unique_id(id, sizeof(id), &id_len));
+  KCK(dcpx__nccl_init(&w->sh, 0, k->dev, k->ws, id, id_len, 1, &b, why,
+                      sizeof(why), &n));
+  /* a whole call, then idle for twice the limit: no stall */
+  const int c1 = dcpx__nccl_push(n, tc->rows, k->d_log, tc->stride,
+                                 k->d_end, k->st);
+  const int c2 = dcpx__nccl_merge(n, tc->rows, k->d_log, tc->stride,
+                                  k->d_end, k->d_req, k->d_bt, w->bt_rows,
+                                  w->bt_cols, k->d_rows, k->d_valid,
+                                  k->d_ids, k->d_sat, k->st);
+  wait_stream(k->st, "stall: a whole call");
+  usleep(600000);
+  const uint32_t idle_stalls = g_stalls;
+  /* a push whose merge never comes: one stall, after the limit */
+  const double t0 = gg_now();
+  const int c3 = dcpx__nccl_push(n, tc->rows, k->d_log, tc->stride,
+                                 k->d_end, k->st);
+  wait_stream(k->st, "stall: a push");
+  while (gg_now() - t0 < 5.0 && !g_stalls)
+    usleep(1000);
+  const double dt = gg_now() - t0;
+  usleep(600000); /* the watchdog aborts the comm; no second stall */
+  const uint32_t stalls = g_stalls;
+  const int after = dcpx__nccl_push(n, tc->rows, k->d_log, tc->stride,
+                                    k->d_end, k->st);
+  dcpx__nccl_fini(n, 1);
+  world_free(w);
+  free(w);
+  const int ok = c1 == 0 && c2 == 0 && c3 == 0 && idle_stalls == 0 &&
+                 stalls == 1 && g_stall_which == DCPX_NCCL_BEAT_LISTS &&
+                 dt >= 0.3 && dt < 1.0 && after == DCPX_E_NCCL;
+  printf("%s stall    W=1: %u stalls after a whole call and 600 ms idle; "
+         "a push left alone: %u stall (the %s) after %.0f ms (limit 300), "
+         "the next call %s\n",
+         ok ? "ok  " : "FAIL", idle_stalls, stalls,
+         g_stall_which == DCPX_NCCL_BEAT_LISTS ? "lists" : "other",
+         1000.0 * dt, dcpx_strerror(after));
   return ok;
 }
 
@@ -997,7 +1071,8 @@ static int run_bounded(const char *name, uint32_t setup_ms, int abort_ms,
   size_t id_len = 0;
   char *ws = NULL, why[512] = "";
   volatile uint32_t abort_word = abort_ms == 0 ? DCPX_ABORT_DEAD : 0;
-  const dcpx__nccl_bounds b = {setup_ms, 1000000000ull, &abort_word, NULL};
+  const dcpx__nccl_bounds b = {setup_ms, 1000000000ull, &abort_word, NULL,
+                               NULL, NULL, NULL};
   abort_later al = {&abort_word, (useconds_t)(abort_ms > 0 ? abort_ms : 0) *
                                      1000u};
   struct dcpx__nccl *n = NULL;
@@ -1156,9 +1231,10 @@ int main(int argc, char **argv) {
   if (ndev < 2)
     printf("test_nccl: one GPU: W >= 2 needs several GPUs (NCCL refuses two "
            "ranks on one GPU); not run\n");
-  total += 2;
+  total += 3;
   pass += (uint32_t)run_voided(&cases[0], devs, seed);
   pass += (uint32_t)run_watchdog();
+  pass += (uint32_t)run_stall(devs);
   printf("nccl-exact: %u/%u cases\n", pass, total);
   uint32_t btotal = 0;
   const uint32_t bpass = run_bounded_all(&btotal);
