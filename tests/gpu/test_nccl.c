@@ -140,6 +140,7 @@ typedef struct rank_t {
   char *ws; /* workspace (LL slots etc.; sat/stats for nccl) */
   dcpx_k_counters *ctr; /* call counters, shared by both transports */
   dcpx_nkctx nk;
+  unsigned long long *beat; /* nk.beat's host address */
   ncclComm_t comm;
   dcpx_kctx kc;
   /* graph bench */
@@ -292,6 +293,11 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
     k->nk.health = (dcpx_rank_health *)(w->ctl_d + w->L.off_ranks) + r;
     CK(cudaMalloc((void **)&k->nk.buf, k->nk.NL.bytes));
     CK(cudaMemset(k->nk.buf, 0, k->nk.NL.bytes));
+    /* the stall watch's heartbeat, as libdcpx gives it (nccl.c) */
+    CK(cudaHostAlloc((void **)&k->beat, sizeof(*k->beat),
+                     cudaHostAllocMapped | cudaHostAllocPortable));
+    *k->beat = 0;
+    CK(cudaHostGetDevicePointer((void **)&k->nk.beat, k->beat, 0));
     KCK(dcpx_kn_ctx_check(&k->nk));
     wsv[r] = k->ws;
   }
@@ -378,6 +384,7 @@ static void world_free(world_t *w) {
     cudaFree(k->d_sat);
     cudaFree(k->ws);
     cudaFree(k->nk.buf);
+    cudaFreeHost(k->beat);
     if (w->d_peers[r])
       cudaFree(w->d_peers[r]);
     cudaStreamDestroy(k->st);
