@@ -1206,6 +1206,16 @@ START_TEST(test_unseen_pid_after_restart) {
 }
 END_TEST
 
+/* The shape and join options of group sp (rank to be set). */
+static void join_args(const hh_spec *sp, dcpx_shape *shape,
+                      dcpx_join_opts *jo) {
+  const dcpx_join_opts init = DCPX_JOIN_OPTS_INIT;
+  hh_shape(sp, shape);
+  *jo = init;
+  jo->group = sp->group;
+  jo->timeout_ns = sp->timeout_ns;
+}
+
 /* A member that leaves with an event it never read (its group aborted
  * when a peer left first) closes its socket with data unread, so dcpxd
  * sees a reset (POLLERR) before it reads the Leave the member sent. It
@@ -1217,14 +1227,12 @@ END_TEST
 START_TEST(test_leave_with_event_unread) {
   hh_spec sp = spec("lv", 2, 2000000000ull);
   dcpx_shape shape;
-  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_join_opts jo;
   dcpx_client *c;
   dcpx_member *m;
 
   start(NULL);
-  hh_shape(&sp, &shape);
-  jo.group = sp.group;
-  jo.timeout_ns = sp.timeout_ns;
+  join_args(&sp, &shape, &jo);
   pid_t peer = fork();
   if (peer == 0) { /* rank 1 leaves first: the group aborts */
     dcpx_join_opts j1 = jo;
@@ -1261,14 +1269,12 @@ END_TEST
 START_TEST(test_nccl_record) {
   hh_spec sp = spec("nr", 1, 2000000000ull);
   dcpx_shape shape;
-  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_join_opts jo;
   dcpx_client *c;
   dcpx_member *m;
 
   start(NULL);
-  hh_shape(&sp, &shape);
-  jo.group = sp.group;
-  jo.timeout_ns = sp.timeout_ns;
+  join_args(&sp, &shape, &jo);
   jo.rank = 0;
   HC_ASSERT(dcpx_connect(g_d.sock, &c) == 0, "connect");
   HC_ASSERT(dcpx_join(c, &shape, &jo, &m) == 0, "join");

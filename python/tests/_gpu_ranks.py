@@ -467,15 +467,14 @@ def restart_main(q, restarted, sock, group, shape):
         q.put(("err", 0, traceback.format_exc()))
 
 
-def _nccl_reset(rank, sock, group, shape, ngpu, seed):
-    """An nccl member (W=1) after one exact call and an operator reset of
-    its group (the abort seen): (client, member, call, reset), where
-    call(tag) runs one push + merge and checks it against the reference
-    and reset() resets the group again."""
-    import os
-    import subprocess
+def _nccl_member(rank, sock, group, shape, ngpu, seed,
+                 timeout_ns=5_000_000_000):
+    """An nccl member and its inputs: (client, member, call, push), where
+    call(tag) runs one push + merge and checks it against the reference,
+    and push(tag) runs the push alone."""
     import torch
-    c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL)
+    c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL,
+                    timeout_ns=timeout_ns)
     R, L = shape.rows, shape.max_local
     req, bt = tables(rank, R, L, shape.block_size)
     req_t, bt_t = _t(req, d), _t(bt, d)
@@ -488,6 +487,22 @@ def _nccl_reset(rank, sock, group, shape, ngpu, seed):
         res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=tag)
         compare(_host(res), ref, R)
         torch.cuda.synchronize()
+
+    def push(tag):
+        m.push(x, e, call_tag=tag)
+        torch.cuda.synchronize()
+
+    return c, m, call, push
+
+
+def _nccl_reset(rank, sock, group, shape, ngpu, seed):
+    """An nccl member (W=1) after one exact call and an operator reset of
+    its group (the abort seen): (client, member, call, reset), where
+    call(tag) runs one push + merge and checks it against the reference
+    and reset() resets the group again."""
+    import os
+    import subprocess
+    c, m, call, _ = _nccl_member(rank, sock, group, shape, ngpu, seed)
 
     def reset():
         ctl = os.path.join(os.path.dirname(os.environ["DCPXD"]), "dcpxctl")
@@ -560,27 +575,12 @@ def run_nccl_stall(rank, sock, group, shape, ngpu, calls):
     import json
     import os
     import subprocess
-    import torch
-    c, m, d = _join(rank, sock, group, shape, ngpu, dcpx.Transport.NCCL,
-                    timeout_ns=300_000_000)
-    R, L = shape.rows, shape.max_local
-    req, bt = tables(rank, R, L, shape.block_size)
-    req_t, bt_t = _t(req, d), _t(bt, d)
-    lg, en = inputs(73, 0, shape.world, R, L, "random")
-    x, e = _lg(lg[rank], d), _t(en[rank], d)
-    ref = dcpx.ref_call(shape, lg, en, rank, req, bt)
-
-    def call(tag):
-        m.push(x, e, call_tag=tag)
-        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=tag)
-        compare(_host(res), ref, R)
-        torch.cuda.synchronize()
-
+    c, m, call, push = _nccl_member(rank, sock, group, shape, ngpu, 73,
+                                    timeout_ns=300_000_000)
     call(0)
     time.sleep(0.9)  # three limits of idle time after a whole call
     assert m.health().ok, "idle time after a whole call failed the rank"
-    m.push(x, e, call_tag=1)
-    torch.cuda.synchronize()
+    push(1)
     t0 = time.monotonic()
     while m.health().ok:
         assert time.monotonic() - t0 < 10, "no stall seen in 10 s"
