@@ -78,9 +78,10 @@
 #            every pair's LL latency, and at W = 4 and 8 one rank per GPU
 #            whole calls LL against NCCL (N=512, auto N), the main job
 #            (rows 64 and 1), a stall and a kill -9 through dcpxd
-#   faults2  two GPUs, through dcpxd: a stall and a kill -9
+#   faults2  two GPUs, through dcpxd: a stall, a kill -9 and a SIGSTOP (LL),
+#            a kill -9 and a SIGSTOP (NCCL)
 #   mps      W=8 rank processes on one GPU under MPS, through dcpxd: the
-#            main job, a stall, a kill -9
+#            main job, a stall, a kill -9, a SIGSTOP
 #   uuid     ranks name their GPU by UUID: a dcpxd that sees no GPU
 #            refuses a CUDA join naming it; ranks that see their GPU only
 #            as CUDA_VISIBLE_DEVICES=GPU-... run exact calls
@@ -445,6 +446,13 @@ step_faults2() {
   [ "$ngpu" -ge 2 ] || { say "faults2: needs two GPUs, skipped"; return; }
   demo stall2gpu --spread --world 2 --rows 64 --calls 30 --fault-at 10 --fault-rank 1
   demo kill2gpu --spread --world 2 --rows 64 --calls 30 --kill-at 7 --fault-rank 0
+  demo stop2gpu --spread --world 2 --rows 64 --calls 30 --stop-at 12 --fault-rank 1
+  # the NCCL transport: a killed peer (dcpxd aborts, the watchdogs end the
+  # collectives) and a stopped one (the stall watch)
+  demo kill2nccl --spread --world 2 --transport nccl --rows 64 --calls 30 \
+    --kill-at 7 --fault-rank 0
+  demo stop2nccl --spread --world 2 --transport nccl --rows 64 --calls 30 \
+    --stop-at 12 --fault-rank 1
 }
 
 step_dcp() { # issue 17: W = 4 and 8 one rank per GPU, when the machine has
@@ -479,6 +487,7 @@ step_mps() {
   demo main --world 8 --rows 64 --calls 30
   demo stall --world 8 --rows 8 --calls 30 --fault-at 10 --fault-rank 5
   demo kill --world 8 --rows 8 --calls 30 --kill-at 12 --fault-rank 2
+  demo stop --world 8 --rows 8 --calls 30 --stop-at 14 --fault-rank 3
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }

@@ -47,12 +47,16 @@ bad --world abc
 bad --rows 12x
 bad --calls 4294967296
 bad --fault-at -1
+bad --stop-at 1e3
 bad --local-len 0x
 
 run --world 4 --rows 4 --local-len 3000 --calls 8
 run --world 3 --rows 4 --local-len 2048 --calls 8 --fault-at 3
 run --world 2 --rows 3 --local-len 2048 --calls 4 --fault-at 3 --fault-rank 0
 run --world 5 --rows 3 --local-len 2048 --calls 8 --kill-at 4 --fault-rank 2
+# A rank process stopped (SIGSTOP) before its push, continued 0.9 s later:
+# its peers' waits give up, the group aborts and recovers.
+run --world 3 --rows 4 --local-len 2048 --calls 6 --stop-at 2
 
 # Rows shorter than N, where local lengths are shorter than N themselves.
 run --world 2 --rows 4 --local-len 8 --local-topk 16 --topk 32 --calls 4
@@ -72,7 +76,11 @@ refused() { # pattern, args...
 }
 refused "unexpected argument 'extra'" extra
 refused "exceed int32" --world 2 --block-size 4294967295
-refused "needs --world >= 2" --world 1 --fault-at 1
+refused "need --world >= 2" --world 1 --fault-at 1
+refused "need --world >= 2" --world 1 --stop-at 1
+refused "only one of them" --world 2 --stop-at 1 --kill-at 1
+refused "needs --backend cuda" --transport nccl
+refused "auto|ll|nccl" --transport xy
 refused "local_topk 64 must be less than topk 64" --topk 64 --local-topk 64
 
 # No dcpxd: its reason is shown, and no /tmp/dcpx-demo.* folder stays.

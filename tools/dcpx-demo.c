@@ -64,6 +64,10 @@ typedef struct opts {
   int fault_at; /* call index whose merge stalls fault_rank, or -1 */
   int kill_at;  /* call index in which fault_rank is killed (-9) after its
                    push, then replaced by a new process; or -1 */
+  int stop_at;  /* call index before whose push fault_rank stops (SIGSTOP)
+                   until the parent continues it, DEMO_STOP_LIMITS wait
+                   limits later; or -1 */
+  uint32_t transport; /* DCPX_TRANSPORT_* of the join */
   uint32_t fault_rank;   /* default: 1, or 0 when W = 1 */
   int fault_rank_given;
   char self_dir[512]; /* where this program lives (dcpxd, dcpxctl) */
@@ -243,9 +247,25 @@ static void late(uint64_t ns) {
   nanosleep(&ts, NULL);
 }
 
-/* The call whose failure is injected (stall or kill), or -1. */
+/* The wait limit of a run with a fault injected: short, so the demo shows
+ * the whole failure and recovery in well under a second. */
+#define DEMO_FAULT_TIMEOUT_NS 300000000ull
+/* How long a stopped rank stays stopped, in wait limits: its peers' waits
+ * (LL) or all-gathers (NCCL, the stall watch) give up meanwhile. */
+#define DEMO_STOP_LIMITS 3u
+
+/* The call whose failure is injected (stall, kill or stop), or -1. */
 static int injected_call(const opts *o) {
-  return o->fault_at >= 0 ? o->fault_at : o->kill_at;
+  return o->fault_at >= 0 ? o->fault_at
+         : o->kill_at >= 0 ? o->kill_at
+                           : o->stop_at;
+}
+
+/* What the injected fault does to its rank, for the report. */
+static const char *fault_done(const opts *o) {
+  return o->fault_at >= 0  ? "stalled"
+         : o->kill_at >= 0 ? "killed (-9) and replaced"
+                           : "stopped (SIGSTOP) before its push";
 }
 
 /* ---- a rank process ------------------------------------------------------
@@ -385,9 +405,9 @@ static int rank_setup(rank_ctx *x) {
   x->shape.max_local = o->local_len;
   x->jo.rank = x->rank;
   x->jo.group = o->group;
-  /* A short bounded wait when a stall is injected, so the demo shows the
-   * whole failure and recovery in well under a second. */
-  x->jo.timeout_ns = injected_call(o) >= 0 ? 300000000ull : 5000000000ull;
+  x->jo.transport = o->transport;
+  x->jo.timeout_ns =
+      injected_call(o) >= 0 ? DEMO_FAULT_TIMEOUT_NS : 5000000000ull;
   int r = rank_alloc(x);
   if (r < 0)
     return r;
@@ -533,6 +553,8 @@ static int call_run(rank_ctx *x, uint32_t c, int skip) {
   x->merged = 0;
   if ((int)c == o->fault_at && x->rank == o->fault_rank)
     late(x->jo.timeout_ns / 3);
+  if ((int)c == o->stop_at && x->rank == o->fault_rank)
+    raise(SIGSTOP); /* the parent continues it (run_ranks) */
   int r = skip ? DCPX_E_FAILED : o->cuda ? call_cuda(x, c) : call_host(x, c);
   x->sh->lat_us[(size_t)x->rank * o->calls + c] = now_us() - t0;
   return r;
@@ -871,8 +893,10 @@ static void usage(FILE *f) {
           "                 [--interleave I] [--socket PATH] [--dcpxd PATH]\n"
           "                 [--seed S] [--group NAME] [--quiet]\n"
           "                 [--backend host|cuda] [--device N] [--spread]\n"
-          "                 [--fault-at CALL | --kill-at CALL] "
-          "[--fault-rank R]\n");
+          "                 [--transport auto|ll|nccl]\n"
+          "                 [--fault-at CALL | --kill-at CALL | --stop-at "
+          "CALL]\n"
+          "                 [--fault-rank R]\n");
 }
 
 /* --help: the synopsis, then what each option means and its default. */
@@ -904,13 +928,18 @@ static void help(void) {
       "  --backend B      host (shared memory) or cuda (default host)\n"
       "  --device N       CUDA device of every rank (default 0)\n"
       "  --spread         CUDA: rank r on device r % (device count)\n"
+      "  --transport T    auto (default), ll or nccl (CUDA only)\n"
       "  --fault-at CALL  stall --fault-rank's merge in call CALL (needs a\n"
       "                   private dcpxd: fault injection); the group aborts,\n"
       "                   recovers, and the calls after it must be exact\n"
       "  --kill-at CALL   kill -9 --fault-rank after its push in call CALL;\n"
       "                   a new process replaces it\n"
-      "  --fault-rank R   the rank --fault-at/--kill-at hit (default 1, or 0\n"
-      "                   when W = 1)\n",
+      "  --stop-at CALL   stop --fault-rank (SIGSTOP) before its push in\n"
+      "                   call CALL, for three wait limits (0.9 s): its\n"
+      "                   peers' waits give up, the group aborts; continued,\n"
+      "                   it recovers with them\n"
+      "  --fault-rank R   the rank a fault hits (default 1, or 0 when\n"
+      "                   W = 1)\n",
       stdout);
 }
 
@@ -953,16 +982,17 @@ static int parse_args(opts *o, int argc, char **argv) {
       {"backend", 1, 0, 'B'},    {"device", 1, 0, 'D'},
       {"spread", 0, 0, 'P'},     {"fault-at", 1, 0, 'F'},
       {"fault-rank", 1, 0, 'R'},  {"kill-at", 1, 0, 'K'},
+      {"stop-at", 1, 0, 'X'},    {"transport", 1, 0, 'T'},
       {0, 0, 0, 0}};
   int ch, li = -1;
 
   while ((ch = getopt_long(argc, argv, "", lo, &li)) != -1) {
     uint64_t v = 0;
-    /* Every option with a value but these three is a number. */
-    if (optarg && !strchr("sdgB", ch) &&
+    /* Every option with a value but these is a number. */
+    if (optarg && !strchr("sdgBT", ch) &&
         parse_num(li >= 0 ? lo[li].name : "?", optarg,
                   ch == 'S' ? UINT64_MAX
-                            : strchr("DFK", ch) ? (uint64_t)INT_MAX
+                            : strchr("DFKX", ch) ? (uint64_t)INT_MAX
                                                  : (uint64_t)UINT32_MAX,
                   &v) < 0)
       return 2;
@@ -999,6 +1029,19 @@ static int parse_args(opts *o, int argc, char **argv) {
       o->fault_rank_given = 1;
       break;
     case 'K': o->kill_at = (int)v; break;
+    case 'X': o->stop_at = (int)v; break;
+    case 'T':
+      if (!strcmp(optarg, "auto"))
+        o->transport = DCPX_TRANSPORT_AUTO;
+      else if (!strcmp(optarg, "ll"))
+        o->transport = DCPX_TRANSPORT_LL;
+      else if (!strcmp(optarg, "nccl"))
+        o->transport = DCPX_TRANSPORT_NCCL;
+      else {
+        fprintf(stderr, "dcpx-demo: --transport auto|ll|nccl\n");
+        return 2;
+      }
+      break;
     case 'h': help(); return 0;
     default: usage(stderr); return 2;
     }
@@ -1052,16 +1095,23 @@ static int check_opts(const opts *o) {
                     "(rows x blocks per row x block size) exceed int32\n");
     return 2;
   }
-  if (o->fault_at >= 0 && o->world < 2) {
-    fprintf(stderr, "dcpx-demo: --fault-at needs --world >= 2 (a stall is "
-                    "felt by the peers that wait for it)\n");
+  if ((o->fault_at >= 0 || o->stop_at >= 0) && o->world < 2) {
+    fprintf(stderr, "dcpx-demo: --fault-at and --stop-at need --world >= 2 "
+                    "(a stall is felt by the peers that wait for it)\n");
     return 2;
   }
-  if ((o->fault_at >= 0 || o->kill_at >= 0) &&
-      (o->fault_rank >= o->world || (o->fault_at >= 0 && o->kill_at >= 0) ||
+  const int faults =
+      (o->fault_at >= 0) + (o->kill_at >= 0) + (o->stop_at >= 0);
+  if (faults &&
+      (o->fault_rank >= o->world || faults > 1 ||
        (uint32_t)injected_call(o) >= o->calls)) {
-    fprintf(stderr, "dcpx-demo: --fault-at/--kill-at need a call < calls, "
-                    "a --fault-rank < world, and only one of them\n");
+    fprintf(stderr, "dcpx-demo: --fault-at/--kill-at/--stop-at need a call "
+                    "< calls, a --fault-rank < world, and only one of "
+                    "them\n");
+    return 2;
+  }
+  if (o->transport == DCPX_TRANSPORT_NCCL && !o->cuda) {
+    fprintf(stderr, "dcpx-demo: --transport nccl needs --backend cuda\n");
     return 2;
   }
   return 0;
@@ -1122,7 +1172,8 @@ static int run_ranks(const opts *o, shared *sh, pid_t *daemon_pid) {
   int failed = 0, replaced = 0;
   for (uint32_t left = o->world; left > 0;) {
     int st;
-    pid_t p = g_signal ? -1 : waitpid(-1, &st, 0);
+    pid_t p = g_signal ? -1
+                       : waitpid(-1, &st, o->stop_at >= 0 ? WUNTRACED : 0);
     if (p < 0 && errno == EINTR && !g_signal)
       continue;
     if (p < 0) { /* a signal (or no children left) */
@@ -1147,6 +1198,15 @@ static int run_ranks(const opts *o, shared *sh, pid_t *daemon_pid) {
       r++;
     if (r == o->world)
       continue; /* not ours */
+    if (WIFSTOPPED(st)) { /* --stop-at: its peers give up meanwhile */
+      const uint64_t ns = DEMO_STOP_LIMITS * DEMO_FAULT_TIMEOUT_NS;
+      struct timespec ts = {(time_t)(ns / 1000000000ull),
+                            (long)(ns % 1000000000ull)};
+      while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !g_signal)
+        ;
+      kill(p, SIGCONT);
+      continue;
+    }
     if (o->kill_at >= 0 && !replaced && p == kids[o->fault_rank] &&
         WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
       /* The killed rank: a new process joins as that rank. */
@@ -1218,7 +1278,8 @@ static int report_calls(const opts *o, const shared *sh, int failed) {
     printf("fault: no call failed: the %s of rank %u in call %d did not "
            "take (a dcpxd without --enable-fault-injection refuses to arm "
            "a stall)\n",
-           o->fault_at >= 0 ? "stall" : "kill", o->fault_rank,
+           o->fault_at >= 0 ? "stall" : o->kill_at >= 0 ? "kill" : "stop",
+           o->fault_rank,
            injected_call(o));
   } else if (injected_call(o) >= 0) {
     double worst = 0;
@@ -1227,9 +1288,7 @@ static int report_calls(const opts *o, const shared *sh, int failed) {
         worst = sh->recover_ms[r];
     printf("fault: rank %u %s in call %d; %u call(s) failed as "
            "injected; recovery took %.1f ms (slowest rank)\n",
-           o->fault_rank,
-           o->fault_at >= 0 ? "stalled" : "killed (-9) and replaced",
-           injected_call(o), faulted, worst);
+           o->fault_rank, fault_done(o), injected_call(o), faulted, worst);
   }
   /* Injected failures are not calls the reference can check. */
   uint32_t checked = o->calls - faulted;
@@ -1323,6 +1382,7 @@ int main(int argc, char **argv) {
   opts o = {.world = 8, .rows = 64, .calls = 50, .topk = 2048,
             .local_topk = 512, .local_len = 16384, .block_size = 64,
             .interleave = 1, .seed = 1, .fault_at = -1, .kill_at = -1,
+            .stop_at = -1,
             .fault_rank = 1, .self_dir = "."};
   char dir[128], sock[600], group[64];
   pid_t daemon_pid = 0;
