@@ -542,11 +542,10 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * ends too); the merges already on the stream whose all-gathers that
  * ended then give valid_out[t] = -1 on their rows, never the last call's
  * rows. The same thread bounds the collectives: one of this rank's
- * all-gathers that makes no progress for timeout_ns (a peer stopped or
- * hung without dying, or ranks whose calls do not match) fails the rank
- * with an nccl_timeout record, as an LL wait that gives up; so on nccl a
- * merge must follow its push within timeout_ns. The same argument rules
- * hold for dcpx_push. */
+ * all-gathers still pending after timeout_ns (a peer stopped or hung
+ * without dying, or a peer that skipped a call) fails the rank with an
+ * nccl_timeout record, as an LL wait that gives up (docs/PROTOCOL.md 7).
+ * The same argument rules hold for dcpx_push. */
 DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
                         const dcpx_merge_out *out, void *stream);
 

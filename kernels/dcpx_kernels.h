@@ -441,8 +441,11 @@ typedef struct dcpx_nkctx {
                                ranks whose calls do not match) */
 } dcpx_nkctx;
 
-/* dcpx_nkctx.beat's codes: what follows the kernel that stored it. */
-#define DCPX_NCCL_BEAT_IDLE 0u   /* round 2: no collective of this call */
+/* dcpx_nkctx.beat's codes: what follows the kernel that stored it. The
+ * push's all-gather is followed by a store of IDLE on the stream
+ * (libclient/nccl.c), so that device work between push and merge is not
+ * taken for a pending all-gather. */
+#define DCPX_NCCL_BEAT_IDLE 0u   /* round 2, or the push's end: none */
 #define DCPX_NCCL_BEAT_LISTS 1u  /* lists: the all-gather of the lists */
 #define DCPX_NCCL_BEAT_RESCUE 2u /* round 1: that of the rescue lists */
 
@@ -509,6 +512,9 @@ size_t dcpx_kn_round2_smem(const dcpx_nkctx *c);
 
 int dcpx_kn_lists(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
                   uint64_t stride, const int32_t *row_ends, cudaStream_t s);
+/* The heartbeat's IDLE after the push's all-gather (libclient/nccl.c), by
+ * a one-thread kernel; nothing without c->beat. */
+int dcpx_kn_beat_idle(const dcpx_nkctx *c, cudaStream_t s);
 int dcpx_kn_round1(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
                    uint64_t stride, const int32_t *row_ends,
                    const int32_t *req_id, const int32_t *block_table,

@@ -51,6 +51,11 @@ DCPX_D void n_beat(const dcpx_nkctx *c, uint32_t code) {
         (dcpx_dev_now() << 2) | (unsigned long long)code;
 }
 
+/* The end of the push's all-gather (libclient/nccl.c, beat_idle). */
+static __global__ void dcpx_nccl_idle_kernel(const dcpx_nkctx c) {
+  n_beat(&c, DCPX_NCCL_BEAT_IDLE);
+}
+
 /* ---- the lists kernel ----------------------------------------------------- */
 
 static __global__ void __launch_bounds__(LT)
@@ -492,6 +497,15 @@ int dcpx_kn_lists(const dcpx_nkctx *c, uint32_t rows, const uint16_t *logits,
       dcpx_launch_cfg(rows, LT, dcpx_kn_lists_smem(c), s);
   return cudaLaunchKernelEx(&cfg, dcpx_nccl_lists_kernel, *c, rows, logits,
                             stride, row_ends) == cudaSuccess
+             ? 0
+             : DCPX_E_CUDA;
+}
+
+int dcpx_kn_beat_idle(const dcpx_nkctx *c, cudaStream_t s) {
+  if (!c->beat)
+    return 0;
+  const cudaLaunchConfig_t cfg = dcpx_launch_cfg(1, 32, 0, s);
+  return cudaLaunchKernelEx(&cfg, dcpx_nccl_idle_kernel, *c) == cudaSuccess
              ? 0
              : DCPX_E_CUDA;
 }

@@ -242,6 +242,10 @@ dcpx__nccl_init(const dcpx_shape *sh, uint32_t rank, int device, char *ws,
 __attribute__((visibility("hidden"))) int
 dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id, size_t id_len,
                    uint32_t gen, char *why, size_t why_len);
+/* The stall watch's heartbeat word (host memory; tests write it to stand
+ * for a pending all-gather). */
+__attribute__((visibility("hidden"))) unsigned long long *
+dcpx__nccl_beat(struct dcpx__nccl *n);
 /* The generation the live communicator was made for; 0 when there is
  * none (aborted, or not made yet). */
 __attribute__((visibility("hidden"))) uint32_t

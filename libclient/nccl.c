@@ -536,6 +536,10 @@ int dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id,
   return r;
 }
 
+unsigned long long *dcpx__nccl_beat(struct dcpx__nccl *n) {
+  return n->beat;
+}
+
 uint32_t dcpx__nccl_gen(const struct dcpx__nccl *n) {
   return n->comm ? n->gen : 0u;
 }
@@ -598,6 +602,31 @@ void dcpx__nccl_abort(struct dcpx__nccl *n, const char *why) {
   pthread_mutex_unlock(&n->mu);
 }
 
+/* DCPX_NCCL_IDLE_MARK=none leaves the mark out (measurement only: what
+ * it costs, gpu-run.sh idlemark); read once per process. */
+static int g_no_mark;
+static pthread_once_t g_mark_once = PTHREAD_ONCE_INIT;
+
+static void mark_env(void) {
+  const char *v = getenv("DCPX_NCCL_IDLE_MARK");
+  g_no_mark = v && !strcmp(v, "none");
+}
+
+/* The heartbeat's IDLE on s after the push's all-gather (dcpx_nkctx.beat):
+ * the all-gather is over once the stream gets here, and whatever the
+ * engine runs before the merge is not one of this rank's collectives. A
+ * one-thread kernel: about 1.0 us per call in a graph on an H200, where
+ * a stream memory operation (cuStreamWriteValue64) cost 2.8 us (bench/
+ * RESULTS.md, session 17). */
+static int beat_idle(const struct dcpx_nkctx *k, cudaStream_t s) {
+  if (!k->beat)
+    return 0;
+  pthread_once(&g_mark_once, mark_env);
+  if (g_no_mark)
+    return 0;
+  return DCPX_KLOG(dcpx_kn_beat_idle(k, s), "dcpx_kn_beat_idle");
+}
+
 static int push_k(const struct dcpx_nkctx *k, ncclComm_t comm,
                   const dcpx__nccl_bounds *b, int *setting_up, uint32_t rows,
                   const uint16_t *logits, uint64_t stride,
@@ -611,9 +640,9 @@ static int push_k(const struct dcpx_nkctx *k, ncclComm_t comm,
                 "dcpx_kn_lists");
   if (r < 0)
     return r;
-  return all_gather(dcpx_kn_send(k), dcpx_kn_recv(k),
-                    (size_t)rows * k->L.rw_n, comm, b, setting_up, s,
-                    "ncclAllGather of the lists");
+  r = all_gather(dcpx_kn_send(k), dcpx_kn_recv(k), (size_t)rows * k->L.rw_n,
+                 comm, b, setting_up, s, "ncclAllGather of the lists");
+  return r < 0 ? r : beat_idle(k, s);
 }
 
 static int merge_k(const struct dcpx_nkctx *k, ncclComm_t comm,

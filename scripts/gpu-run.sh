@@ -67,6 +67,8 @@
 #            (DCPX_RESC_EARLY=0), and neither (the list from the row
 #            after round 1)
 #   early2   the same at W=2 on two GPUs
+#   idlemark one GPU, W=1: NCCL whole calls with each end-of-push mark of
+#            the stall watch (DCPX_NCCL_IDLE_MARK) and a baseline's
 #   ab1      one GPU, W=1: test_nccl --bench 1 at N=512 of this build and
 #            of a baseline build's test_nccl at $BASE2, in one run
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
@@ -425,6 +427,24 @@ step_ab2() { # this build's W=2 whole calls against a baseline's, one job
 }
 
 step_ab1() { abw 1 512; } # the same at W=1 on one GPU (every row rescues)
+
+step_idlemark() { # the NCCL push's end-of-all-gather mark (the stall watch):
+  # W=1 whole calls with the mark (a one-thread kernel), without it, and
+  # the baseline build ($BASE2), alternating, two rounds. (Session 17 also
+  # measured a cuStreamWriteValue64 mark, since removed: 2.8 us a call.)
+  local base=${BASE2:-$B/base/test_nccl} round m
+  for round in 1 2; do
+    for m in kernel none; do
+      GB_W=1 gbench idle_${m}_$round DCPX_BENCH_N=512 DCPX_NCCL_IDLE_MARK=$m
+    done
+    if [ -x "$base" ]; then
+      say "idlemark: baseline $base"
+      DCPX_BENCH_N=512 timeout -k 5 150 "$base" --bench 1 \
+        > "$OUT/idle_base_$round.md" 2>&1 || rc=1
+      show "^\||gbench|MISMATCH" "$OUT/idle_base_$round.md" 20
+    fi
+  done
+}
 
 
 demo() { # name, args...

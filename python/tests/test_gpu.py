@@ -173,14 +173,11 @@ def test_cuda_nccl_recover(daemon, cuda_ok, group):
 
 
 def test_cuda_nccl_stall(daemon, cuda_ok, group):
-    """nccl transport, W=1, a 300 ms wait limit: an all-gather that makes
-    no progress for the limit (the push's, its merge never enqueued)
-    fails the rank through the stall watch instead of hanging it; dcpxd
-    keeps an nccl_timeout record; recovery and exact calls follow; idle
-    time after a whole call fails nothing (docs/PROTOCOL.md 7)."""
-    took, kind, index = _spawn_nccl("nccl_stall", daemon, group)[0]
-    assert kind == "nccl_timeout" and index == 1, (kind, index)
-    assert took < 2.0, f"the stall took {took:.2f} s to fail the rank"
+    """nccl transport, W=1, a 300 ms wait limit: the stall watch fails no
+    healthy rank (idle time after a call, a merge that comes three limits
+    after its push, device work between them); docs/PROTOCOL.md 7."""
+    covered = _spawn_nccl("nccl_stall", daemon, group)[0]
+    assert covered >= 2.5, f"only {covered:.2f} s covered"
 
 
 def test_cuda_daemon_restart(cuda_ok, group):

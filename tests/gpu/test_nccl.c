@@ -697,18 +697,19 @@ static int run_watchdog(void) {
 }
 
 /* The stall watch (libclient/nccl.c): a collective of the member's that
- * makes no progress for the group's wait limit fails the rank (the
- * callback), once; a finished call followed by idle time does not. W=1,
- * where no peer can stall, so the member's push stands in: its lists
- * kernel says "the all-gather of the lists is next" and no merge follows,
- * which is what a rank whose peer never joins that all-gather sees. */
+ * stays pending for the group's wait limit fails the rank (the callback),
+ * once; a finished call, or a push whose merge has not come (its
+ * all-gather done: the stream marks its end), followed by idle time does
+ * not. W=1, where no peer can stall: the heartbeat is set by hand to what
+ * a lists kernel stores before an all-gather that never ends. The
+ * callback here does not fail the rank, so that a second firing for the
+ * same heartbeat would show; then the failed word is set and the
+ * watchdog aborts the communicator. */
 static volatile uint32_t g_stalls, g_stall_which;
-static volatile uint32_t g_stall_failed;
 static void test_stalled(void *arg, uint32_t which, uint64_t waited_ns) {
   (void)arg;
   (void)waited_ns;
   g_stall_which = which;
-  g_stall_failed = 1; /* as cuda.c's: the rank fails */
   g_stalls++;
 }
 
@@ -718,10 +719,10 @@ static int run_stall(const int *devs) {
   uint8_t id[DCPX_NCCL_ID_BYTES];
   size_t id_len = 0;
   char why[512] = "";
-  volatile uint32_t abort_word = 0;
+  volatile uint32_t abort_word = 0, failed_word = 0;
   volatile uint64_t limit_ns = 300000000ull; /* the group's wait limit */
-  const dcpx__nccl_bounds b = {10000, 1000000000ull, &abort_word,
-                               &g_stall_failed, &limit_ns, test_stalled,
+  const dcpx__nccl_bounds b = {10000,       1000000000ull, &abort_word,
+                               &failed_word, &limit_ns,     test_stalled,
                                NULL};
   struct dcpx__nccl *n = NULL;
 
@@ -732,6 +733,7 @@ static int run_stall(const int *devs) {
   KCK(dcpx__nccl_unique_id(id, sizeof(id), &id_len));
   KCK(dcpx__nccl_init(&w->sh, 0, k->dev, k->ws, id, id_len, 1, &b, why,
                       sizeof(why), &n));
+  volatile unsigned long long *beat = dcpx__nccl_beat(n);
   /* a whole call, then idle for twice the limit: no stall */
   const int c1 = dcpx__nccl_push(n, tc->rows, k->d_log, tc->stride,
                                  k->d_end, k->st);
@@ -740,30 +742,45 @@ static int run_stall(const int *devs) {
                                   w->bt_cols, k->d_rows, k->d_valid,
                                   k->d_ids, k->d_sat, k->st);
   wait_stream(k->st, "stall: a whole call");
+  const unsigned long long after_call = *beat;
   usleep(600000);
-  const uint32_t idle_stalls = g_stalls;
-  /* a push whose merge never comes: one stall, after the limit */
-  const double t0 = gg_now();
+  /* a push alone (its merge later): its all-gather's end marked, no stall */
   const int c3 = dcpx__nccl_push(n, tc->rows, k->d_log, tc->stride,
                                  k->d_end, k->st);
   wait_stream(k->st, "stall: a push");
+  const unsigned long long after_push = *beat;
+  usleep(600000);
+  const uint32_t idle_stalls = g_stalls;
+  const int c4 = dcpx__nccl_merge(n, tc->rows, k->d_log, tc->stride,
+                                  k->d_end, k->d_req, k->d_bt, w->bt_rows,
+                                  w->bt_cols, k->d_rows, k->d_valid,
+                                  k->d_ids, k->d_sat, k->st);
+  wait_stream(k->st, "stall: the merge");
+  /* an all-gather of the lists that never ends */
+  const double t0 = gg_now();
+  *beat = (0x1234ull << 2) | DCPX_NCCL_BEAT_LISTS;
   while (gg_now() - t0 < 5.0 && !g_stalls)
     usleep(1000);
   const double dt = gg_now() - t0;
-  usleep(600000); /* the watchdog aborts the comm; no second stall */
+  usleep(900000); /* three limits more: no second firing */
   const uint32_t stalls = g_stalls;
+  failed_word = 1; /* what cuda.c's callback does: the watchdog aborts */
+  usleep(1500000); /* ncclCommAbort takes about 1 s */
   const int after = dcpx__nccl_push(n, tc->rows, k->d_log, tc->stride,
                                     k->d_end, k->st);
   dcpx__nccl_fini(n, 1);
   world_free(w);
   free(w);
-  const int ok = c1 == 0 && c2 == 0 && c3 == 0 && idle_stalls == 0 &&
+  const int ok = c1 == 0 && c2 == 0 && c3 == 0 && c4 == 0 &&
+                 (after_call & 3u) == DCPX_NCCL_BEAT_IDLE && after_call &&
+                 (after_push & 3u) == DCPX_NCCL_BEAT_IDLE && idle_stalls == 0 &&
                  stalls == 1 && g_stall_which == DCPX_NCCL_BEAT_LISTS &&
                  dt >= 0.3 && dt < 1.0 && after == DCPX_E_NCCL;
-  printf("%s stall    W=1: %u stalls after a whole call and 600 ms idle; "
-         "a push left alone: %u stall (the %s) after %.0f ms (limit 300), "
-         "the next call %s\n",
-         ok ? "ok  " : "FAIL", idle_stalls, stalls,
+  printf("%s stall    W=1: heartbeat after a call %#llx, after a push "
+         "%#llx; %u stalls in 1.2 s of idle time; a pending all-gather: %u "
+         "stall (the %s) after %.0f ms (limit 300), none again in 900 ms; "
+         "failed, the next call %s\n",
+         ok ? "ok  " : "FAIL", after_call, after_push, idle_stalls, stalls,
          g_stall_which == DCPX_NCCL_BEAT_LISTS ? "lists" : "other",
          1000.0 * dt, dcpx_strerror(after));
   return ok;
