@@ -61,7 +61,7 @@
 
 #define DCPX_REC_EMPTY 0u
 #define DCPX_REC_TIMEOUT 1u /* a bounded wait gave up (an LL wait) */
-/* The NCCL transport: a collective of the rank made no progress for the
+/* The NCCL transport: a collective of the rank stayed pending for the
  * group's wait limit (libclient/nccl.c's stall watch). Region 0, index
  * 1 (the all-gather of the lists) or 2 (of the rescue lists), block 0,
  * tags and call 0. */

@@ -402,7 +402,7 @@ static int agree(struct dcpx_member *m) {
 
 #ifdef HAVE_NCCL
 /* The NCCL stall watch's verdict (libclient/nccl.c, on its watchdog
- * thread): a collective of this rank made no progress for the group's
+ * thread): a collective of this rank stayed pending for the group's
  * wait limit. As an LL wait that gives up (docs/PROTOCOL.md 6.3): the
  * record (row 0's slot, if empty; kind DCPX_REC_NCCL_TIMEOUT, index the
  * all-gather: DCPX_NCCL_BEAT_LISTS or _RESCUE), then alarm and FAILED. */

@@ -43,7 +43,7 @@
  * library call), at leave, after a failed call, or by dcpx_recover before
  * it drains the stream (cuda.c dcpx__cuda_sync). A peer that stalls
  * without dying sets neither word: the watchdog's stall watch fails this
- * rank when one of its all-gathers makes no progress for the group's wait
+ * rank when one of its all-gathers stays pending for the group's wait
  * limit (the kernels' heartbeat, stall_look). Every abort first sets
  * the device word `voided` (comm_abort), so that the round kernels queued
  * behind an all-gather the abort ended without its data fail their rows
@@ -304,8 +304,8 @@ static void stall_look(struct dcpx__nccl *n, stall_watch *w, int stop) {
   if (w->fired || now - w->since < lim)
     return;
   w->fired = 1;
-  DCPX_WARN("rank %u of %u: the NCCL all-gather of the %s made no "
-            "progress in %llu ms (a peer stalled, or the ranks' calls do "
+  DCPX_WARN("rank %u of %u: the NCCL all-gather of the %s still "
+            "pending after %llu ms (a peer stalled, or the ranks' calls do "
             "not match): this rank fails",
             n->rank, n->world,
             which == DCPX_NCCL_BEAT_LISTS ? "lists" : "rescue lists",
@@ -516,8 +516,8 @@ int dcpx__nccl_rebuild(struct dcpx__nccl *n, const uint8_t *id,
   comm_abort(n, "a recovery makes a new one");
   /* The recovery drained the caller's stream before its acknowledgement:
    * no round kernel of the old communicator is left to fail, and no
-   * collective is on the stream, whatever the heartbeat says (a push
-   * whose merge never came). */
+   * collective is on the stream, whatever the heartbeat says (a stuck
+   * all-gather that the abort ended before its next kernel ran). */
   r = set_voided(n, 0);
   if (n->beat)
     __atomic_store_n(n->beat, 0ull, __ATOMIC_RELEASE);
