@@ -17,7 +17,9 @@
 #include "config.h"
 #endif
 
+#include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +115,49 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
   }
 }
 
+/* The groups file's entries with no group here: dcpxd restarted and none
+ * of the group's ranks has reattached yet (a member reattaches at its
+ * next exchange with dcpxd: dcpx_poll, dcpx_recover, dcpx_leave). Without
+ * them a query would show nothing of a node whose groups run on, and a
+ * health check would say OK. Entry i of the file, if c may see it and
+ * the query asks for it: its ranks whose processes are alive, as a mask
+ * (ranks < 32; 0: none alive, or an entry of an older dcpxd without
+ * pids: not shown). */
+static uint32_t unattached_mask(dcpxd_conn *c, const Dcpx__Query *q,
+                                size_t i, const char **ret_name,
+                                uint32_t *ret_world) {
+  uid_t owner;
+  uint32_t n_pids, mask = 0;
+  const pid_t *pids;
+  const char *name =
+      dcpxd_secrets_entry(c->m->secrets, i, &owner, &n_pids, &pids);
+  if (!name || dcpxd_group_find(c->m, name) ||
+      (q->group && *q->group && strcmp(q->group, name) != 0) ||
+      (!c->admin && c->uid != owner))
+    return 0;
+  for (uint32_t r = 0; r < n_pids && r < 32; r++)
+    if (pids[r] > 0 && (kill(pids[r], 0) == 0 || errno == EPERM))
+      mask |= 1u << r;
+  *ret_name = name;
+  *ret_world = n_pids;
+  return mask;
+}
+
+/* Such a group as a GroupInfo: state "unattached", its world (the rest of
+ * its shape is not known until a rank reattaches), the live ranks as
+ * awaiting_reattach. */
+static void fill_unattached(ginfo *x, const char *name, uint32_t world,
+                            uint32_t mask) {
+  Dcpx__GroupInfo *gi = &x->gi;
+  dcpx__group_info__init(gi);
+  dcpx__shape__init(&x->shape);
+  x->shape.world = world;
+  gi->name = (char *)name;
+  gi->shape = &x->shape;
+  gi->state = "unattached";
+  gi->awaiting_reattach = mask;
+}
+
 static void send_query_reply(dcpxd_conn *c, Dcpx__QueryReply *qr) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
   int r;
@@ -189,10 +234,16 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   char note[128] = "", msg[128];
   dcpxd_group *g;
   size_t n = 0, total;
+  const size_t nsec = dcpxd_secrets_count(m->secrets);
+  const char *uname = NULL;
+  uint32_t uworld = 0;
 
   if (q->group && *q->group) {
     g = dcpxd_group_find(m, q->group);
-    if (!g || !dcpxd_may_see(c, g)) {
+    bool unattached = false;
+    for (size_t i = 0; !g && !unattached && i < nsec; i++)
+      unattached = unattached_mask(c, q, i, &uname, &uworld) != 0;
+    if ((!g || !dcpxd_may_see(c, g)) && !unattached) {
       dcpxd_bprintf(msg, "no group '%.*s'", DCPXD_GROUP_NAME_MAX, q->group);
       return query_error(c, DCPX_E_NOENT, msg);
     }
@@ -200,6 +251,7 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   TAILQ_FOREACH(g, &m->groups, link) {
     n++;
   }
+  n += nsec;
   infos = calloc(n ? n : 1, sizeof(*infos));
   ptrs = calloc(n ? n : 1, sizeof(*ptrs));
   if (!infos || !ptrs)
@@ -211,6 +263,11 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
       continue;
     fill_group(&infos[n], g);
     n++;
+  }
+  for (size_t i = 0; i < nsec; i++) {
+    const uint32_t mask = unattached_mask(c, q, i, &uname, &uworld);
+    if (mask)
+      fill_unattached(&infos[n++], uname, uworld, mask);
   }
   /* The groups that are not healthy first (in list order, then the
    * others): a reply that must be trimmed keeps them, so that a health

@@ -59,6 +59,15 @@ void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name);
  * of its event loop and at exit. 0 or a negative errno (logged). */
 int dcpxd_secrets_flush(dcpxd_secrets *s);
 
+/* The entries, for the queries (dcpxd-query.c: the groups a restart left
+ * whose ranks have not reattached): entry i < dcpxd_secrets_count, its
+ * name (NULL past the end), owner and the pids of its ranks (n_pids of
+ * them; 0 for an entry of an older dcpxd). */
+size_t dcpxd_secrets_count(const dcpxd_secrets *s);
+const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
+                                uid_t *owner, uint32_t *n_pids,
+                                const pid_t **pids);
+
 /* True if `name` is a group this daemon created with this secret; its
  * owner in *owner. */
 bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,

@@ -338,7 +338,8 @@ static int rank_info_healthy(const Dcpx__GroupInfo *g,
 
 int dcpx__group_info_healthy(const Dcpx__GroupInfo *g) {
   if (!g->state || strcmp(g->state, "aborted") == 0 ||
-      strcmp(g->state, "recovering") == 0 || g->abort)
+      strcmp(g->state, "recovering") == 0 ||
+      strcmp(g->state, "unattached") == 0 || g->abort)
     return 0;
   for (size_t i = 0; i < g->n_ranks; i++)
     if (g->ranks[i] && !rank_info_healthy(g, g->ranks[i]))

@@ -1315,6 +1315,56 @@ START_TEST(test_nccl_record) {
 }
 END_TEST
 
+/* dcpxd restarts while a group runs and its rank has not reattached yet
+ * (it reattaches at its next dcpx_poll): the queries list the group as
+ * "unattached" with its live ranks, and check is WARNING, instead of "no
+ * groups" and OK while the node's groups run unwatched. Once the rank
+ * polls, the group is adopted and healthy again. */
+START_TEST(test_unattached_after_restart) {
+  hh_spec sp = spec("ua", 1, 2000000000ull);
+  dcpx_shape shape;
+  dcpx_join_opts jo;
+  dcpx_client *c;
+  dcpx_member *m;
+
+  start(NULL);
+  join_args(&sp, &shape, &jo);
+  jo.rank = 0;
+  HC_ASSERT(dcpx_connect(g_d.sock, &c) == 0, "connect");
+  HC_ASSERT(dcpx_join(c, &shape, &jo, &m) == 0, "join");
+  int st = hh_daemon_stop(&g_d, SIGTERM);
+  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  start(NULL);
+  CTL_JSON(1, "health", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"name\":\"ua\"") &&
+                strstr(g_o.out, "\"state\":\"unattached\"") &&
+                json_u64("awaiting_reattach") == 1 && json_u64("world") == 1,
+            "%s", g_o.out);
+  CTL_JSON(1, "health", "ua", "--json"); /* by name too */
+  CTL(1, "health");
+  HC_ASSERT(strstr(g_o.out, "not reattached since dcpxd restarted"), "%s",
+            g_o.out);
+  CTL(0, "groups");
+  HC_ASSERT(strstr(g_o.out, "unattached"), "%s", g_o.out);
+  CTL(1, "check");
+  HC_ASSERT(strstr(g_o.out, "WARNING") &&
+                strstr(g_o.out, "ua not reattached since dcpxd restarted"),
+            "%s", g_o.out);
+  int r = -1;
+  for (int i = 0; i < 500 && (r = dcpx_poll(m)) != 0; i++)
+    hh_sleep_ms(10);
+  HC_ASSERT(r == 0, "dcpx_poll: %s", dcpx_strerror(r));
+  CTL_JSON(0, "health", "ua", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"ready\"") &&
+                strstr(g_o.out, "\"adopted\":true"),
+            "%s", g_o.out);
+  CTL(0, "check");
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("health");
   TCase *tc = tcase_create("end-to-end");
@@ -1336,6 +1386,7 @@ int main(void) {
   ADD(test_alarm_flood);
   ADD(test_leave_with_event_unread);
   ADD(test_nccl_record);
+  ADD(test_unattached_after_restart);
 #undef ADD
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

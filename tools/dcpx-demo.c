@@ -733,6 +733,10 @@ static int rank_call(rank_ctx *x, uint32_t c) {
   if (o->cuda && r == 0 && !skip && (r = fetch_outputs(x)) < 0)
     return r;
   tally_call(x, r);
+  /* Once per call, off the timed path, as an engine does once per step:
+   * events, and the reattach after a dcpxd restart (until then dcpxctl
+   * lists the group as unattached). Its result is not the call's. */
+  (void)dcpx_poll(x->m);
   if (injected_call(o) >= 0) {
     int recovered = 0;
     r = settle_fault(x, c, r, &recovered);

@@ -568,8 +568,14 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   jw_end(&w);
 }
 
+/* A group dcpxd restarted without: only its name, world and live ranks
+ * are known until one of them reattaches (dcpxd-query.c). */
+static bool unattached(const Dcpx__GroupInfo *g) {
+  return g->state && strcmp(g->state, "unattached") == 0;
+}
+
 static void print_shape(const Dcpx__GroupInfo *g) {
-  if (!g->shape)
+  if (!g->shape || unattached(g))
     return;
   printf("rows=%u topk=%u local_topk=%u block=%u interleave=%u "
          "max_local=%u",
@@ -590,7 +596,8 @@ static void human_groups(const Dcpx__QueryReply *qr) {
     snprintf(ranks, sizeof(ranks), "%u/%u", g->joined,
              g->shape ? g->shape->world : 0);
     printf("%-24s %-10s %5u %6s %-9s %-7s ", g->name, g->state, g->generation,
-           ranks, transport_name(g->transport), backend_name(g->backend));
+           ranks, unattached(g) ? "-" : transport_name(g->transport),
+           unattached(g) ? "-" : backend_name(g->backend));
     print_shape(g);
     putchar('\n');
   }
@@ -634,6 +641,11 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
       printf(")");
     }
     putchar('\n');
+    if (unattached(g)) {
+      printf("  not reattached since dcpxd restarted: its live ranks come "
+             "back at their next dcpx_poll (or recover, or leave)\n");
+      continue;
+    }
     printf("  %s transport, %s backend, wait timeout %.3f ms, ",
            transport_name(g->transport), backend_name(g->backend),
            (double)g->timeout_ns / 1e6);
@@ -1556,6 +1568,11 @@ static void check_group(const Dcpx__GroupInfo *g, const check_limits *l,
   uint64_t rows = 0, rescue = 0;
   /* A recovering group keeps its abort word until the recovery ends
    * (dcpxd-group.c), so "recovering" is tested first. */
+  if (unattached(g)) {
+    problem(f->warn, sizeof(f->warn),
+            "group %s not reattached since dcpxd restarted", g->name);
+    return;
+  }
   if (g->state && strcmp(g->state, "recovering") == 0)
     problem(f->warn, sizeof(f->warn), "group %s recovering", g->name);
   else if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
