@@ -123,7 +123,29 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
  * the query asks for it: its ranks whose processes are alive, as a mask
  * (ranks < 32; 0: none alive, or an entry of an older dcpxd without
  * pids: not shown). */
+static int cmp_name(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The names of the daemon's groups, sorted (n of them), for the entries'
+ * look-ups: one bsearch each, not a walk of the group list (a node may
+ * hold thousands). */
+static const char **group_names(dcpxd_manager *m, size_t n) {
+  const char **v = calloc(n ? n : 1, sizeof(*v));
+  dcpxd_group *g;
+  size_t k = 0;
+  if (!v)
+    return NULL;
+  TAILQ_FOREACH(g, &m->groups, link) {
+    if (k < n)
+      v[k++] = g->name;
+  }
+  qsort(v, k, sizeof(*v), cmp_name);
+  return v;
+}
+
 static uint32_t unattached_mask(dcpxd_conn *c, const Dcpx__Query *q,
+                                const char **names, size_t n_names,
                                 size_t i, const char **ret_name,
                                 uint32_t *ret_world) {
   uid_t owner;
@@ -131,7 +153,8 @@ static uint32_t unattached_mask(dcpxd_conn *c, const Dcpx__Query *q,
   const pid_t *pids;
   const char *name =
       dcpxd_secrets_entry(c->m->secrets, i, &owner, &n_pids, &pids);
-  if (!name || dcpxd_group_find(c->m, name) ||
+  if (!name ||
+      bsearch(&name, names, n_names, sizeof(*names), cmp_name) ||
       (q->group && *q->group && strcmp(q->group, name) != 0) ||
       (!c->admin && c->uid != owner))
     return 0;
@@ -237,21 +260,27 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   const size_t nsec = dcpxd_secrets_count(m->secrets);
   const char *uname = NULL;
   uint32_t uworld = 0;
+  _cleanup_free_ const char **names = NULL;
+  size_t n_names = 0;
 
+  TAILQ_FOREACH(g, &m->groups, link) {
+    n_names++;
+  }
+  names = group_names(m, n_names);
+  if (!names)
+    return query_error(c, DCPX_E_NOMEM, "out of memory");
   if (q->group && *q->group) {
     g = dcpxd_group_find(m, q->group);
     bool unattached = false;
     for (size_t i = 0; !g && !unattached && i < nsec; i++)
-      unattached = unattached_mask(c, q, i, &uname, &uworld) != 0;
+      unattached =
+          unattached_mask(c, q, names, n_names, i, &uname, &uworld) != 0;
     if ((!g || !dcpxd_may_see(c, g)) && !unattached) {
       dcpxd_bprintf(msg, "no group '%.*s'", DCPXD_GROUP_NAME_MAX, q->group);
       return query_error(c, DCPX_E_NOENT, msg);
     }
   }
-  TAILQ_FOREACH(g, &m->groups, link) {
-    n++;
-  }
-  n += nsec;
+  n = n_names + nsec;
   infos = calloc(n ? n : 1, sizeof(*infos));
   ptrs = calloc(n ? n : 1, sizeof(*ptrs));
   if (!infos || !ptrs)
@@ -265,7 +294,8 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
     n++;
   }
   for (size_t i = 0; i < nsec; i++) {
-    const uint32_t mask = unattached_mask(c, q, i, &uname, &uworld);
+    const uint32_t mask =
+        unattached_mask(c, q, names, n_names, i, &uname, &uworld);
     if (mask)
       fill_unattached(&infos[n++], uname, uworld, mask);
   }
