@@ -255,7 +255,7 @@ static void format_time(uint64_t ns, char *buf, size_t n) {
 static int sock_fd = -1;
 /* The last error, for check's status line; check prints only that line
  * (quiet_errors: nothing on stderr). */
-static char last_error[512];
+static char last_error[704];
 static int last_code; /* the dcpx error code of last_error */
 static bool quiet_errors;
 
@@ -317,7 +317,31 @@ static int connect_daemon(void) {
 }
 
 /* Prints a daemon error (human or JSON) and returns EXIT_DAEMON_ERROR. */
+/* A code's symbolic name (DCPX_E_NOENT), or NULL for a code dcpx does not
+ * name. */
+static const char *code_name(int code) {
+  switch (code) {
+#define DCPX__NAME(name, value, msg)                                          \
+  case value:                                                                  \
+    return #name;
+    DCPX_ERROR_TABLE(DCPX__NAME)
+#undef DCPX__NAME
+  default:
+    return NULL;
+  }
+}
+
+/* dcpxd's answer: its message when it sent one, with the code's name
+ * after it ("no group 'x' (DCPX_E_NOENT)"), else the code's text. */
 static int daemon_error(int status, const char *msg) {
+  char why[640];
+  const char *name = code_name(status);
+  if (msg && *msg && name)
+    snprintf(why, sizeof(why), "%s (%s)", msg, name);
+  else if (msg && *msg)
+    snprintf(why, sizeof(why), "%s (%s)", msg, dcpx_strerror(status));
+  else
+    snprintf(why, sizeof(why), "%s", dcpx_strerror(status));
   if (arg_json) {
     jw w = jw_start(stdout);
     jw_obj(&w, NULL);
@@ -327,10 +351,8 @@ static int daemon_error(int status, const char *msg) {
     jw_end(&w);
   }
   if (!quiet_errors)
-    fprintf(stderr, "dcpxctl: dcpxd: %s (%s)\n",
-            msg && *msg ? msg : dcpx_strerror(status), dcpx_strerror(status));
-  snprintf(last_error, sizeof(last_error), "dcpxd: %s (%s)",
-           msg && *msg ? msg : dcpx_strerror(status), dcpx_strerror(status));
+    fprintf(stderr, "dcpxctl: dcpxd: %s\n", why);
+  snprintf(last_error, sizeof(last_error), "dcpxd: %s", why);
   return EXIT_DAEMON_ERROR;
 }
 
@@ -1366,8 +1388,8 @@ static int cmd_fault(int argc, char **argv) {
       break;
     case 't':
       if (!parse_duration_ns(optarg, &cmd.ticks) || cmd.ticks == 0)
-        return usage_error("--ticks must be a duration > 0 (ns, or with "
-                           "ns/us/ms/s)");
+        return usage_error("--ticks must be a duration > 0 (ns, or a "
+                           "number with ns, us, ms, s, m, h or d)");
       have_ticks = true;
       break;
     case '?':
