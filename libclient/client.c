@@ -496,10 +496,19 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   dcpx_member *m = NULL;
   dcpx_shape auto_shape;
 
-  if (c)
-    c->last_error[0] = '\0';
-  if (!c || !o || !ret_member || o->size != sizeof(dcpx_join_opts))
-    return DCPX_E_INVAL; /* NULL, or a size this library does not know */
+  if (!c)
+    return DCPX_E_INVAL;
+  c->last_error[0] = '\0';
+  if (!o || !ret_member || o->size != sizeof(dcpx_join_opts)) {
+    /* NULL, or a size this library does not know */
+    snprintf(c->last_error, sizeof(c->last_error), "%s",
+             !o            ? "no join options: pass a dcpx_join_opts set "
+                             "from DCPX_JOIN_OPTS_INIT"
+             : !ret_member ? "ret_member is NULL"
+                           : "dcpx_join_opts.size is not this library's "
+                             "(a header of another libdcpx version?)");
+    return DCPX_E_INVAL;
+  }
   shape = dcpx__shape_resolved(shape, &auto_shape);
   r = join_check(shape, o, c->last_error, sizeof(c->last_error));
   if (r < 0)

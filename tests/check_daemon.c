@@ -1023,6 +1023,17 @@ START_TEST(test_refused_join_reason) {
   ck_assert_ptr_nonnull(why);
   ck_assert_msg(strstr(why, "local_topk") && strstr(why, "less than topk"),
                 "bad shape's reason: '%s'", why);
+  /* No options, or options of another size: said, not a bare -22. */
+  ck_assert_int_eq(dcpx_join(c1, &sh, NULL, &m), DCPX_E_INVAL);
+  why = dcpx_client_last_error(c1);
+  ck_assert_msg(why && strstr(why, "DCPX_JOIN_OPTS_INIT"), "no options: '%s'",
+                why ? why : "(null)");
+  dcpx_join_opts odd = jo;
+  odd.size = 8;
+  ck_assert_int_eq(dcpx_join(c1, &sh, &odd, &m), DCPX_E_INVAL);
+  why = dcpx_client_last_error(c1);
+  ck_assert_msg(why && strstr(why, "size"), "odd size: '%s'",
+                why ? why : "(null)");
   jo.rank = 0;
   ck_assert_int_eq(dcpx_join(c1, &sh, &jo, &m), DCPX_E_DUPRANK);
   ck_assert_ptr_nonnull(dcpx_client_last_error(c1));
