@@ -434,6 +434,9 @@ static int rank_join(rank_ctx *x) {
   if (r < 0 && dcpx_client_last_error(x->cl))
     fprintf(stderr, "dcpx-demo: rank %u: join refused: %s\n", x->rank,
             dcpx_client_last_error(x->cl));
+  /* e.g. W*N <= K: every full row rescues (the library's word on it) */
+  if (r == 0 && x->rank == 0 && dcpx_member_warning(x->m))
+    fprintf(stderr, "dcpx-demo: note: %s\n", dcpx_member_warning(x->m));
   return r;
 }
 
@@ -933,8 +936,9 @@ static void help(void) {
       "  --device N       CUDA device of every rank (default 0)\n"
       "  --spread         CUDA: rank r on device r % (device count)\n"
       "  --transport T    auto (default), ll or nccl (CUDA only)\n"
-      "  --fault-at CALL  stall --fault-rank's merge in call CALL (needs a\n"
-      "                   private dcpxd: fault injection); the group aborts,\n"
+      "  --fault-at CALL  stall --fault-rank's merge in call CALL (calls\n"
+      "                   count from 0; needs a private dcpxd: fault\n"
+      "                   injection); the group aborts,\n"
       "                   recovers, and the calls after it must be exact\n"
       "  --kill-at CALL   kill -9 --fault-rank after its push in call CALL;\n"
       "                   a new process replaces it\n"
