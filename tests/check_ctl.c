@@ -215,6 +215,18 @@ START_TEST(test_check_codes) {
   CTL(2, "records", "--group", "");
   CTL(2, "records", "--limit", "0"); /* was: every record */
   CC_ASSERT(strstr(g_o.err, "--limit"), "no reason: %s", g_o.err);
+  /* Two output formats at once, an empty time window: refused, not one
+   * silently taken (they printed JSON, metrics, "no records"). */
+  CTL(2, "--json", "stats", "--format=openmetrics");
+  CC_ASSERT(strstr(g_o.err, "two formats"), "no reason: %s", g_o.err);
+  CTL(2, "--json", "stats", "--format=text");
+  CTL(0, "--json", "stats", "--format=json");
+  CTL(2, "records", "--since", "2h", "--until", "3h");
+  CC_ASSERT(strstr(g_o.err, "--until"), "no reason: %s", g_o.err);
+  /* dcpxd's error names its code */
+  CTL(4, "health", "nosuchgroup");
+  CC_ASSERT(strstr(g_o.err, "no group 'nosuchgroup' (DCPX_E_NOENT)"), "%s",
+            g_o.err);
   CTL(3, "check", "--bogus");
   one_line("UNKNOWN");
   /* ... also given before the command (dcpxctl(1)); other commands

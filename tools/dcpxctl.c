@@ -1136,6 +1136,7 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   Dcpx__Query q = DCPX__QUERY__INIT;
   Dcpx__Frame *in = NULL;
   int opt, r, format = FMT_TEXT;
+  bool text_given = false;
   const char *output = NULL;
   char tmp[4096];
 
@@ -1149,7 +1150,7 @@ static int cmd_groups_like(int argc, char **argv, int what) {
       if (what != DCPX__QUERY__WHAT__STATS)
         return usage_error("--format is an option of stats");
       if (strcmp(optarg, "text") == 0)
-        format = FMT_TEXT;
+        format = FMT_TEXT, text_given = true;
       else if (strcmp(optarg, "json") == 0)
         arg_json = true;
       else if (strcmp(optarg, "openmetrics") == 0)
@@ -1172,6 +1173,11 @@ static int cmd_groups_like(int argc, char **argv, int what) {
     if ((r = global_opt(opt)))
       return r;
   }
+  if (arg_json && (format != FMT_TEXT || text_given))
+    return usage_error("--json and --format=%s ask for two formats",
+                       format == FMT_OPENMETRICS ? "openmetrics"
+                       : format == FMT_PROMETHEUS ? "prometheus"
+                                                  : "text");
   if (argc - optind > (what == DCPX__QUERY__WHAT__GROUPS ? 0 : 1))
     return usage_error("too many arguments");
   if (optind < argc && !*argv[optind]) /* "" is no name, not "every group" */
@@ -1267,6 +1273,9 @@ static int cmd_records(int argc, char **argv) {
   }
   if (optind < argc)
     return usage_error("unexpected argument '%s'", argv[optind]);
+  if (q.since_ns && q.until_ns && q.until_ns <= q.since_ns)
+    return usage_error("--until must come after --since (the window is "
+                       "[since, until))");
   r = run_query(&q, &in);
   if (r)
     return r;
