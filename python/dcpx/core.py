@@ -306,7 +306,11 @@ class Client:
         times out: :class:`TimedOut`). ``kw`` sets :class:`JoinOptions`
         fields, e.g. ``client.join(shape, rank=1, group="layer")``.
         Errors: ShapeError, DuplicateRank, BadRank, LimitError, TimedOut,
-        NotSupported (backend not built), InvalidArgument, ..."""
+        NotSupported (backend not built), InvalidArgument, ...
+
+        The wait is in C and outlasts signals: Ctrl-C (KeyboardInterrupt)
+        takes effect when it returns, within the join timeout; pass a
+        short ``join_timeout_ms`` where that matters."""
         if self._ptr is None:
             raise StateError(context="Client is closed")
         if options is not None and not isinstance(options, JoinOptions):
@@ -740,7 +744,7 @@ class Member:
         captured again). Raises TimedOut, or NcclError when no new
         communicator could be made: the rank is then failed and the group
         aborts again, so calling recover() again retries with a fresh
-        id."""
+        id. As with join, Ctrl-C takes effect when the wait returns."""
         s = None
         if self.backend == Backend.CUDA:
             s = A.stream_handle(stream) if stream is not None else \
