@@ -406,25 +406,10 @@ static int agree(struct dcpx_member *m) {
  * wait limit. As an LL wait that gives up (docs/PROTOCOL.md 6.3): the
  * record (row 0's slot, if empty; kind DCPX_REC_NCCL_TIMEOUT, index the
  * all-gather: DCPX_NCCL_BEAT_LISTS or _RESCUE), then alarm and FAILED. */
-static void nccl_stalled(void *arg, uint32_t which, uint64_t waited_ns) {
-  struct dcpx_member *m = arg;
-  dcpx_wait_record *rec = &m->records[(size_t)m->rank * m->L.rows];
-  struct timespec ts;
-  (void)waited_ns;
-  if (__atomic_load_n(&rec->kind, __ATOMIC_ACQUIRE) == DCPX_REC_EMPTY) {
-    clock_gettime(CLOCK_REALTIME, &ts);
-    rec->region = 0;
-    rec->index = which;
-    rec->expected = 0;
-    rec->seen = 0;
-    rec->block = 0;
-    rec->time_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    rec->call_tag = 0;
-    rec->generation = m->hdr->generation;
-    rec->rank = m->rank;
-    __atomic_store_n(&rec->kind, DCPX_REC_NCCL_TIMEOUT, __ATOMIC_RELEASE);
-  }
-  dcpx__member_fail(m);
+static void nccl_stalled(void *arg, uint32_t which) {
+  dcpx_wait_record x = {0}; /* region 0, row 0, tags and call 0 */
+  x.index = which;
+  dcpx__member_give_up(arg, DCPX_REC_NCCL_TIMEOUT, &x);
 }
 #endif
 

@@ -118,6 +118,25 @@ void dcpx__member_fail(struct dcpx_member *m) {
   __atomic_store_n(&h->failed, 1u, __ATOMIC_RELEASE);
 }
 
+void dcpx__member_give_up(struct dcpx_member *m, uint32_t kind,
+                          const dcpx_wait_record *x) {
+  dcpx_wait_record *rec =
+      &m->records[(size_t)m->rank * m->L.rows + x->block];
+  if (__atomic_load_n(&rec->kind, __ATOMIC_ACQUIRE) == DCPX_REC_EMPTY) {
+    rec->region = x->region;
+    rec->index = x->index;
+    rec->expected = x->expected;
+    rec->seen = x->seen;
+    rec->block = x->block;
+    rec->time_ns = clock_ns(CLOCK_REALTIME);
+    rec->call_tag = x->call_tag;
+    rec->generation = m->hdr->generation;
+    rec->rank = m->rank;
+    __atomic_store_n(&rec->kind, kind, __ATOMIC_RELEASE);
+  }
+  dcpx__member_fail(m);
+}
+
 void dcpx__member_refuse(struct dcpx_member *m) {
   m->refused_gen = m->hdr->generation + 1u;
   dcpx__member_fail(m);
@@ -165,25 +184,18 @@ typedef struct row_wait {
 /* Records a timeout, then alarm and FAILED (section 6). */
 static void give_up(struct dcpx_member *m, const row_wait *w, uint32_t region,
                     uint32_t index, uint32_t expected, uint32_t seen) {
-  dcpx_wait_record *rec = &m->records[(size_t)m->rank * m->L.rows + w->t];
-
-  if (__atomic_load_n(&rec->kind, __ATOMIC_ACQUIRE) == DCPX_REC_EMPTY) {
-    rec->region = region;
-    rec->index = index;
-    rec->expected = expected;
-    rec->seen = seen;
-    rec->block = w->t;
-    rec->time_ns = clock_ns(CLOCK_REALTIME);
-    rec->call_tag = w->call;
-    rec->generation = m->hdr->generation;
-    rec->rank = m->rank;
-    __atomic_store_n(&rec->kind, DCPX_REC_TIMEOUT, __ATOMIC_RELEASE);
-  }
+  dcpx_wait_record x = {0};
+  x.region = region;
+  x.index = index;
+  x.expected = expected;
+  x.seen = seen;
+  x.block = w->t;
+  x.call_tag = w->call;
   DCPX_WARN("group %s rank %u: a wait timed out (row %u, call %llu, region "
             "%u index %u: tag %u expected, %u seen); this rank is FAILED",
             m->group, m->rank, w->t, (unsigned long long)w->call, region,
             index, expected, seen);
-  dcpx__member_fail(m);
+  dcpx__member_give_up(m, DCPX_REC_TIMEOUT, &x);
 }
 
 /* Sleeps ns, in steps of at most 1 ms, or until a wait would stop. */

@@ -218,11 +218,11 @@ typedef struct dcpx__nccl_bounds {
    * dcpx_nkctx.beat) and the heartbeat stays the same for the group's
    * wait limit (*timeout_word, the control page's timeout_ns; 0:
    * DCPX_K_DEFAULT_TIMEOUT_NS), the watchdog calls stalled(stalled_arg,
-   * which, waited_ns) once (which: DCPX_NCCL_BEAT_LISTS or _RESCUE): it
+   * which) once (which: DCPX_NCCL_BEAT_LISTS or _RESCUE): it
    * records the timeout and fails the rank, and the watchdog's next look
    * aborts the communicator as for any failure. */
   const volatile uint64_t *timeout_word;
-  void (*stalled)(void *arg, uint32_t which, uint64_t waited_ns);
+  void (*stalled)(void *arg, uint32_t which);
   void *stalled_arg;
 } dcpx__nccl_bounds;
 __attribute__((visibility("hidden"))) int
@@ -307,6 +307,14 @@ __attribute__((visibility("hidden"))) void
 dcpx__member_fail(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) void
 dcpx__member_refuse(struct dcpx_member *m);
+/* A wait that gave up (docs/PROTOCOL.md 6.3): the record of kind `kind`
+ * into this rank's slot of row x->block, if that slot is empty (x's
+ * region, index, tags, block and call; the time, generation and rank
+ * filled here), then alarm and FAILED (dcpx__member_fail). The host
+ * backend's waits, and the NCCL stall watch (cuda.c, on its thread). */
+__attribute__((visibility("hidden"))) void
+dcpx__member_give_up(struct dcpx_member *m, uint32_t kind,
+                     const dcpx_wait_record *x);
 __attribute__((visibility("hidden"))) int
 dcpx__host_init(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) void

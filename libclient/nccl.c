@@ -310,7 +310,7 @@ static void stall_look(struct dcpx__nccl *n, stall_watch *w, int stop) {
             n->rank, n->world,
             which == DCPX_NCCL_BEAT_LISTS ? "lists" : "rescue lists",
             (unsigned long long)((now - w->since) / 1000000u));
-  n->b.stalled(n->b.stalled_arg, which, now - w->since);
+  n->b.stalled(n->b.stalled_arg, which);
 }
 
 /* The watchdog: a collective already on the stream waits for its peers

@@ -1216,6 +1216,18 @@ static void join_args(const hh_spec *sp, dcpx_shape *shape,
   jo->timeout_ns = sp->timeout_ns;
 }
 
+/* A one-rank group `name` on this test's dcpxd, joined from this process
+ * (host backend, a 2 s wait limit). */
+static void join_alone(const char *name, dcpx_client **c, dcpx_member **m) {
+  hh_spec sp = spec(name, 1, 2000000000ull);
+  dcpx_shape shape;
+  dcpx_join_opts jo;
+  join_args(&sp, &shape, &jo);
+  jo.rank = 0;
+  HC_ASSERT(dcpx_connect(g_d.sock, c) == 0, "connect");
+  HC_ASSERT(dcpx_join(*c, &shape, &jo, m) == 0, "join");
+}
+
 /* A member that leaves with an event it never read (its group aborted
  * when a peer left first) closes its socket with data unread, so dcpxd
  * sees a reset (POLLERR) before it reads the Leave the member sent. It
@@ -1267,17 +1279,11 @@ END_TEST
  * the group, keeps the record and logs it by its kind's name; dcpxctl
  * prints it, and `check` counts it with the timeout records. */
 START_TEST(test_nccl_record) {
-  hh_spec sp = spec("nr", 1, 2000000000ull);
-  dcpx_shape shape;
-  dcpx_join_opts jo;
   dcpx_client *c;
   dcpx_member *m;
 
   start(NULL);
-  join_args(&sp, &shape, &jo);
-  jo.rank = 0;
-  HC_ASSERT(dcpx_connect(g_d.sock, &c) == 0, "connect");
-  HC_ASSERT(dcpx_join(c, &shape, &jo, &m) == 0, "join");
+  join_alone("nr", &c, &m);
   dcpx_wait_record *w = &m->records[0];
   w->region = 0;
   w->index = 1; /* the all-gather of the lists */
@@ -1321,17 +1327,11 @@ END_TEST
  * groups" and OK while the node's groups run unwatched. Once the rank
  * polls, the group is adopted and healthy again. */
 START_TEST(test_unattached_after_restart) {
-  hh_spec sp = spec("ua", 1, 2000000000ull);
-  dcpx_shape shape;
-  dcpx_join_opts jo;
   dcpx_client *c;
   dcpx_member *m;
 
   start(NULL);
-  join_args(&sp, &shape, &jo);
-  jo.rank = 0;
-  HC_ASSERT(dcpx_connect(g_d.sock, &c) == 0, "connect");
-  HC_ASSERT(dcpx_join(c, &shape, &jo, &m) == 0, "join");
+  join_alone("ua", &c, &m);
   int st = hh_daemon_stop(&g_d, SIGTERM);
   HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
   start(NULL);

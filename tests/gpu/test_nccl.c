@@ -608,6 +608,16 @@ static int run_exact(const tcase *tc, uint32_t W, const int *devs,
   return ok;
 }
 
+/* A member's bounds with a setup limit and an abort word only (1 s for a
+ * collective that NCCL could not enqueue at once; no failed word, no
+ * stall watch). */
+static dcpx__nccl_bounds abort_bounds(uint32_t setup_ms,
+                                      const volatile uint32_t *abort_word) {
+  const dcpx__nccl_bounds b = {setup_ms, 1000000000ull, abort_word, NULL,
+                               NULL,     NULL,          NULL};
+  return b;
+}
+
 /* The round kernels' voided word (dcpx_nkctx.voided, libclient/nccl.c):
  * once the library aborted the communicator, an all-gather before a round
  * kernel may have ended without its data, and the kernel must fail every
@@ -667,8 +677,7 @@ static int run_watchdog(void) {
   size_t id_len = 0;
   char *ws = NULL, why[512] = "";
   volatile uint32_t abort_word = 0;
-  const dcpx__nccl_bounds b = {10000, 1000000000ull, &abort_word, NULL,
-                               NULL, NULL, NULL};
+  const dcpx__nccl_bounds b = abort_bounds(10000, &abort_word);
   struct dcpx__nccl *n = NULL;
 
   dcpx_layout_compute(&L, 1, tc->R, tc->K, tc->N);
@@ -706,9 +715,8 @@ static int run_watchdog(void) {
  * same heartbeat would show; then the failed word is set and the
  * watchdog aborts the communicator. */
 static volatile uint32_t g_stalls, g_stall_which;
-static void test_stalled(void *arg, uint32_t which, uint64_t waited_ns) {
+static void test_stalled(void *arg, uint32_t which) {
   (void)arg;
-  (void)waited_ns;
   g_stall_which = which;
   g_stalls++;
 }
@@ -1095,8 +1103,7 @@ static int run_bounded(const char *name, uint32_t setup_ms, int abort_ms,
   size_t id_len = 0;
   char *ws = NULL, why[512] = "";
   volatile uint32_t abort_word = abort_ms == 0 ? DCPX_ABORT_DEAD : 0;
-  const dcpx__nccl_bounds b = {setup_ms, 1000000000ull, &abort_word, NULL,
-                               NULL, NULL, NULL};
+  const dcpx__nccl_bounds b = abort_bounds(setup_ms, &abort_word);
   abort_later al = {&abort_word, (useconds_t)(abort_ms > 0 ? abort_ms : 0) *
                                      1000u};
   struct dcpx__nccl *n = NULL;
