@@ -54,6 +54,7 @@ extern "C" {
   X(DCPX_OK, 0, "success")                                                    \
   X(DCPX_E_PERM, -1, "operation not permitted")                               \
   X(DCPX_E_NOENT, -2, "no such group or file")                                \
+  X(DCPX_E_INTR, -4, "interrupted")                                           \
   X(DCPX_E_IO, -5, "input/output error")                                      \
   X(DCPX_E_NOMEM, -12, "out of memory")                                       \
   X(DCPX_E_ACCES, -13, "permission denied")                                   \
@@ -446,7 +447,7 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
  * DCPX_E_SHAPE, DCPX_E_DUPRANK, DCPX_E_BADRANK, DCPX_E_LIMIT,
  * DCPX_E_TIMEDOUT, DCPX_E_VERSION, DCPX_E_NOSYS (the CUDA backend in a
  * build without it), DCPX_E_ABORTED, DCPX_E_TRANSPORT, DCPX_E_CUDA,
- * DCPX_E_NCCL, connection errors. */
+ * DCPX_E_NCCL, DCPX_E_INTR (dcpx_client_interrupt), connection errors. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
 
@@ -461,6 +462,25 @@ DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
  * Valid until the next dcpx_join on the client or dcpx_disconnect. Like
  * the client, not safe to share between threads. */
 DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
+
+/* Stopping a wait, e.g. on Ctrl-C. dcpx_join waits up to its join timeout
+ * for the other ranks, dcpx_recover up to timeout_ms for the group's
+ * reset. While dcpx_client_interrupt(client, 1) is in effect, a dcpx_join
+ * on that client returns DCPX_E_INTR without joining: one already waiting
+ * within about 50 ms (it closes its connection, so dcpxd forgets the
+ * rank and the same rank may join again), one that starts, at once.
+ * dcpx_client_interrupt(client, 0) ends it; the flag stays until then,
+ * so that an interrupt that comes just before a join starts is not
+ * lost. dcpx_member_interrupt does the same for dcpx_recover on that
+ * member (the ack it may have sent stands: call dcpx_recover again to
+ * go on, as after DCPX_E_TIMEDOUT). Not stopped: the Hello (at most 5 s)
+ * and, with the CUDA backend, the backend's setup once the group formed
+ * (bounded by the join timeout; with the nccl transport also the new
+ * communicator at the end of a recovery). Each is one atomic store: safe
+ * from any thread, while dcpx_join or dcpx_recover runs on another, and
+ * from a signal handler. Returns 0, or DCPX_E_INVAL for NULL. */
+DCPX_API int dcpx_client_interrupt(dcpx_client *client, int on);
+DCPX_API int dcpx_member_interrupt(dcpx_member *member, int on);
 
 /* The warning dcpxd sent with the join reply (dcpx_shape_warning), or
  * NULL. Valid until dcpx_leave. */
@@ -744,7 +764,8 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * nothing to recover (the group is not aborted and this rank has not
  * failed: e.g. a replacement that joined after the reset). Survives a
  * daemon restart meanwhile (it reattaches and acknowledges again).
- * Returns 0 when the group runs again, DCPX_E_TIMEDOUT, or an error. */
+ * Returns 0 when the group runs again, DCPX_E_TIMEDOUT, DCPX_E_INTR
+ * (dcpx_member_interrupt), or an error. */
 DCPX_API int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms);
 
 #ifdef __cplusplus

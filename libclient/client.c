@@ -42,6 +42,10 @@
 #define DEFAULT_JOIN_WAIT_MS 30000
 /* Slack on top of the join timeout for the daemon's own answer. */
 #define JOIN_SLACK_MS 10000
+/* How long a join's wait looks away from dcpx_client_interrupt at most */
+#define INTR_SLICE_MS 50
+/* How long an interrupted join waits for dcpxd to drop its rank at most */
+#define WITHDRAW_MS 1000
 /* Reconnecting: next attempt after no daemon listened, after a daemon
  * refused the reattach, and how long a reattach's answers may take. */
 #define RETRY_DOWN_MS 10
@@ -400,6 +404,31 @@ static int join_send(dcpx_client *c, dcpx_member *m,
                                    sizeof(c->last_error));
 }
 
+/* A join that stops early (DCPX_E_INTR): says it is going (shutdown)
+ * and waits, at most ms, until dcpxd closes its end, which it does once
+ * it has dropped the rank, so that a join of the same rank right after is
+ * not refused as a duplicate. Whatever arrives meanwhile is discarded (the
+ * kernel closes fds passed with it). */
+static void join_withdraw(int sock, int ms) {
+  const uint64_t end = dcpx__mono_ms() + (uint64_t)ms;
+  char buf[256];
+  if (shutdown(sock, SHUT_WR) < 0)
+    return;
+  for (;;) {
+    const uint64_t now = dcpx__mono_ms();
+    if (now >= end ||
+        dcpx__poll_until(sock, POLLIN, dcpx__deadline_ms((int)(end - now))) <= 0)
+      return;
+    const ssize_t k = recv(sock, buf, sizeof(buf), MSG_DONTWAIT);
+    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+      return;
+  }
+}
+
+static int client_interrupted(const dcpx_client *c) {
+  return __atomic_load_n(&c->interrupt, __ATOMIC_ACQUIRE);
+}
+
 /* Step 4: waits for the JoinReply (with its fds), or a refusal (whose
  * reason goes to c->last_error). */
 static int join_wait_reply(dcpx_client *c, dcpx_member *m,
@@ -417,8 +446,14 @@ static int join_wait_reply(dcpx_client *c, dcpx_member *m,
     uint64_t now = dcpx__mono_ms();
     if (now >= end)
       return DCPX_E_TIMEDOUT;
-    r = recv_within(m->sock, (int)(end - now), &rep, fds, DCPX_FRAME_MAX_FDS,
-                    &nfds);
+    if (client_interrupted(c))
+      return DCPX_E_INTR;
+    /* Short slices, so that dcpx_client_interrupt is seen */
+    r = recv_within(m->sock, end - now < INTR_SLICE_MS ? (int)(end - now)
+                                                        : INTR_SLICE_MS,
+                    &rep, fds, DCPX_FRAME_MAX_FDS, &nfds);
+    if (r == DCPX_E_TIMEDOUT)
+      continue;
     if (r < 0)
       return r;
     if (rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY)
@@ -511,6 +546,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   }
   shape = dcpx__shape_resolved(shape, &auto_shape);
   r = join_check(shape, o, c->last_error, sizeof(c->last_error));
+  if (r == 0 && client_interrupted(c))
+    r = DCPX_E_INTR;
   if (r < 0)
     goto fail;
   m = member_new(c, shape, o);
@@ -519,6 +556,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     goto fail;
   }
   r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error));
+  if (r == 0 && client_interrupted(c)) /* the Hello took up to 5 s */
+    r = DCPX_E_INTR;
   if (r == 0)
     r = join_send(c, m, o);
   if (r == 0)
@@ -537,6 +576,11 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   return 0;
 
 fail:
+  if (r == DCPX_E_INTR && !c->last_error[0])
+    snprintf(c->last_error, sizeof(c->last_error), "%s",
+             "dcpx_client_interrupt stopped the join");
+  if (r == DCPX_E_INTR && m && m->sock >= 0)
+    join_withdraw(m->sock, WITHDRAW_MS);
   DCPX_WARN("dcpx_join group %s rank %u: %s%s%s", o->group ? o->group : "?",
             o->rank, dcpx_strerror(r), c->last_error[0] ? ": " : "",
             c->last_error);
@@ -545,6 +589,20 @@ fail:
   dcpx__frame_free(rep);
   member_free(m);
   return r;
+}
+
+int dcpx_client_interrupt(dcpx_client *c, int on) {
+  if (!c)
+    return DCPX_E_INVAL;
+  __atomic_store_n(&c->interrupt, on != 0, __ATOMIC_RELEASE);
+  return 0;
+}
+
+int dcpx_member_interrupt(dcpx_member *m, int on) {
+  if (!m)
+    return DCPX_E_INVAL;
+  __atomic_store_n(&m->interrupt, on != 0, __ATOMIC_RELEASE);
+  return 0;
 }
 
 const char *dcpx_client_last_error(const dcpx_client *c) {
@@ -1088,6 +1146,8 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   for (;;) {
     if (acked && recovered_since(m, gen))
       return recover_done(m);
+    if (dcpx__member_interrupted(m))
+      return DCPX_E_INTR; /* as after a timeout: call it again later */
     if (!acked && !dcpx__member_needs_recovery(m))
       return recover_done(m); /* at once (a replacement whose group
                                  recovered before it asked, too) */

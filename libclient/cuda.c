@@ -896,7 +896,8 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
 /* Drains the stream, but never for longer than timeout_ms: an NCCL
  * collective whose peer died can wait forever (it has no timeout of its
  * own over P2P), and recovery must not hang on it. */
-static int cuda_sync(void *stream, uint32_t timeout_ms) {
+static int cuda_sync(const struct dcpx_member *m, void *stream,
+                     uint32_t timeout_ms) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   const uint64_t end_ns = (uint64_t)ts.tv_sec * 1000000000ull +
@@ -909,6 +910,8 @@ static int cuda_sync(void *stream, uint32_t timeout_ms) {
       CUDA_OK(e); /* logs cudaStreamQuery's error */
       return DCPX_E_CUDA;
     }
+    if (m && dcpx__member_interrupted(m))
+      return DCPX_E_INTR;
     clock_gettime(CLOCK_MONOTONIC, &ts); /* the clock, not a count of
                                             sleeps, which overrun */
     if ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec >= end_ns) {
@@ -1084,7 +1087,7 @@ int dcpx__cuda_sync(struct dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const CUcontext prev = ctx_enter(m->cuda);
   if (m->cuda->nccl && dcpx__member_needs_recovery(m))
     nccl_refused(m, "the group is being recovered");
-  const int r = cuda_sync(stream, timeout_ms);
+  const int r = cuda_sync(m, stream, timeout_ms);
   ctx_leave(m->cuda, prev);
   return r;
 }

@@ -17,6 +17,9 @@ struct dcpx_client {
   char path[108]; /* sun_path */
   /* dcpxd's reason for refusing the last dcpx_join, or "" */
   char last_error[512];
+  /* dcpx_client_interrupt's flag: while set, dcpx_join returns
+   * DCPX_E_INTR (any thread or a signal handler sets it: atomics only) */
+  int interrupt;
 };
 
 struct dcpx__cuda; /* cuda.c */
@@ -104,7 +107,15 @@ struct dcpx_member {
   uint64_t link_sent_ms;  /* REATTACHING: when the Join went out */
   uint32_t reattach_step; /* REATTACHING: 0 Hello answer due, 1 JoinReply */
   uint32_t reattaches;    /* successful reattaches so far */
+  /* dcpx_member_interrupt's flag: while set, dcpx_recover returns
+   * DCPX_E_INTR (atomics only, as the client's) */
+  int interrupt;
 };
+
+/* Whether dcpx_member_interrupt's flag is set. */
+static inline int dcpx__member_interrupted(const struct dcpx_member *m) {
+  return __atomic_load_n(&m->interrupt, __ATOMIC_ACQUIRE);
+}
 
 /* Whether this rank has anything to recover: the group is aborted or being
  * recovered, or this rank failed (and the daemon has not noticed yet).

@@ -1449,6 +1449,123 @@ START_TEST(test_recover_timeout_under_signals) {
 }
 END_TEST
 
+/* dcpx_client_interrupt / dcpx_member_interrupt (include/dcpx.h): a join
+ * or a recovery that waits for ranks that never come ends with
+ * DCPX_E_INTR within about 50 ms of the flag, not at its timeout; a join
+ * that starts while the flag is set ends at once; dcpxd forgets an
+ * interrupted rank, so it joins again; a recovery interrupted goes on when
+ * called again. */
+typedef struct intr_arg {
+  dcpx_client *c;
+  dcpx_member *m; /* join: the result; recover: the member */
+  dcpx_shape sh;
+  int r;
+} intr_arg;
+
+static void *intr_join(void *arg) {
+  intr_arg *a = arg;
+  dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+  o.group = "intr";
+  o.rank = 0;
+  o.join_timeout_ms = 20000;
+  a->r = dcpx_join(a->c, &a->sh, &o, &a->m);
+  return NULL;
+}
+
+static void *intr_recover(void *arg) {
+  intr_arg *a = arg;
+  a->r = dcpx_recover(a->m, NULL, 20000);
+  return NULL;
+}
+
+static double intr_after(pthread_t th, int (*fn)(void *, int), void *obj) {
+  usleep(300000); /* the wait is under way */
+  const double t0 = mono_s();
+  ck_assert_int_eq(fn(obj, 1), 0);
+  pthread_join(th, NULL);
+  const double took = mono_s() - t0;
+  ck_assert_int_eq(fn(obj, 0), 0);
+  return took;
+}
+
+static int client_intr(void *c, int on) { return dcpx_client_interrupt(c, on); }
+static int member_intr(void *m, int on) { return dcpx_member_interrupt(m, on); }
+
+START_TEST(test_interrupt) {
+  intr_arg a = {0};
+  dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+  pthread_t th;
+  double took;
+
+  ck_assert_int_eq(dcpx_client_interrupt(NULL, 1), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_member_interrupt(NULL, 1), DCPX_E_INVAL);
+  daemon_start();
+  a.sh = (dcpx_shape)DCPX_SHAPE_INIT;
+  a.sh.world = 2;
+  a.sh.rows = 2;
+  a.sh.topk = 8;
+  a.sh.local_topk = 4;
+  a.sh.max_local = 64;
+  ck_assert_int_eq(dcpx_connect(g_sock, &a.c), 0);
+  /* set before the join: at once */
+  ck_assert_int_eq(dcpx_client_interrupt(a.c, 1), 0);
+  double t0 = mono_s();
+  intr_join(&a);
+  took = mono_s() - t0;
+  ck_assert_msg(a.r == DCPX_E_INTR && took < 0.5, "join: %d (%s) in %.2f s",
+                a.r, dcpx_strerror(a.r), took);
+  ck_assert_ptr_nonnull(strstr(dcpx_client_last_error(a.c), "interrupt"));
+  ck_assert_int_eq(dcpx_client_interrupt(a.c, 0), 0);
+  /* while the join waits for rank 1 */
+  ck_assert_int_eq(pthread_create(&th, NULL, intr_join, &a), 0);
+  took = intr_after(th, client_intr, a.c);
+  ck_assert_msg(a.r == DCPX_E_INTR && took < 0.5,
+                "join interrupted: %d (%s) after %.2f s", a.r,
+                dcpx_strerror(a.r), took);
+  /* dcpxd forgot that rank 0: it joins again, with rank 1 this time */
+  pid_t peer = fork();
+  if (peer == 0) { /* rank 1: joins, then never recovers */
+    dcpx_client *c;
+    dcpx_member *m;
+    o.group = "intr";
+    o.rank = 1;
+    if (dcpx_connect(g_sock, &c) < 0 || dcpx_join(c, &a.sh, &o, &m) < 0)
+      _exit(1);
+    for (;;)
+      pause();
+  }
+  intr_join(&a);
+  ck_assert_msg(a.r == 0, "join again: %d (%s: %s)", a.r, dcpx_strerror(a.r),
+                dcpx_client_last_error(a.c));
+  /* a recovery that waits for rank 1, which never acknowledges */
+  uint16_t lg[128] = {0};
+  int32_t ends[2] = {65, 1}; /* 65 > max_local: refused, rank 0 FAILED */
+  dcpx_call in = DCPX_CALL_INIT;
+  in.rows = 2;
+  in.stride = 64;
+  in.logits = lg;
+  in.row_ends = ends;
+  ck_assert_int_lt(dcpx_push(a.m, &in, NULL), 0);
+  ck_assert_int_eq(pthread_create(&th, NULL, intr_recover, &a), 0);
+  took = intr_after(th, member_intr, a.m);
+  ck_assert_msg(a.r == DCPX_E_INTR && took < 0.5,
+                "recover interrupted: %d (%s) after %.2f s", a.r,
+                dcpx_strerror(a.r), took);
+  /* called again, it waits as before */
+  t0 = mono_s();
+  const int r = dcpx_recover(a.m, NULL, 300);
+  took = mono_s() - t0;
+  ck_assert_msg(r == DCPX_E_TIMEDOUT && took > 0.25,
+                "recover again: %d (%s) after %.2f s", r, dcpx_strerror(r),
+                took);
+  kill(peer, SIGKILL);
+  waitpid(peer, NULL, 0);
+  dcpx_leave(a.m);
+  dcpx_disconnect(a.c);
+  daemon_stop();
+}
+END_TEST
+
 /* A dcpxd that hangs (stopped) while clients keep trying fills its listen
  * backlog; a blocking connect() then waited for as long as it stayed
  * full, past dcpx_connect's 5 s. Every connect must now end in about 5 s
@@ -1509,6 +1626,7 @@ int main(void) {
   tcase_add_test(tc, test_recover_daemon_flapping);
   tcase_add_test(tc, test_socket_activation);
   tcase_add_test(tc, test_recover_timeout_under_signals);
+  tcase_add_test(tc, test_interrupt);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

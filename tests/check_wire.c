@@ -577,6 +577,7 @@ START_TEST(test_strerror) {
       {"DCPX_OK", 0, DCPX_OK, 0},
       {"DCPX_E_PERM", -1, DCPX_E_PERM, EPERM},
       {"DCPX_E_NOENT", -2, DCPX_E_NOENT, ENOENT},
+      {"DCPX_E_INTR", -4, DCPX_E_INTR, EINTR},
       {"DCPX_E_IO", -5, DCPX_E_IO, EIO},
       {"DCPX_E_NOMEM", -12, DCPX_E_NOMEM, ENOMEM},
       {"DCPX_E_ACCES", -13, DCPX_E_ACCES, EACCES},

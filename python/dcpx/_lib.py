@@ -177,6 +177,8 @@ _PROTOS = {
     "dcpx_join": (c_int, [c_void_p, POINTER(DcpxShapeC),
                           POINTER(DcpxJoinOptsC), POINTER(c_void_p)]),
     "dcpx_client_last_error": (c_char_p, [c_void_p]),
+    "dcpx_client_interrupt": (c_int, [c_void_p, c_int]),
+    "dcpx_member_interrupt": (c_int, [c_void_p, c_int]),
     "dcpx_leave": (c_int, [c_void_p]),
     "dcpx_push": (c_int, [c_void_p, POINTER(DcpxCallC), c_void_p]),
     "dcpx_merge": (c_int, [c_void_p, POINTER(DcpxCallC),

@@ -18,7 +18,8 @@ import itertools
 import operator
 import weakref
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 from . import _arrays as A
 from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
@@ -260,6 +261,51 @@ _is_compiling = _not_compiling
 _torch_ops: Any = None
 
 # Live members by handle: the torch custom ops name a member by an int.
+def _interruptible(call: Callable[[], int],
+                   interrupt: Callable[[int], Any],
+                   abandon: Callable[[int], Any]) -> int:
+    """call(), a C wait that may last its whole timeout (dcpx_join,
+    dcpx_recover), on a worker thread, so that this thread still takes
+    Ctrl-C: it looks for signals every 50 ms. On KeyboardInterrupt (or any
+    exception a signal handler raises) ``interrupt(1)`` stops the C wait
+    (within about 50 ms: DCPX_E_INTR), the worker is waited for,
+    ``interrupt(0)`` clears the flag, ``abandon(code)`` undoes what the
+    call did if it completed anyway, and the exception goes on."""
+    box: List[Any] = []
+    # An Event of our own, not Thread.join: a join that a KeyboardInterrupt
+    # cut short can leave is_alive() False while the thread still runs.
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append(call())
+        except BaseException as e:  # handed to the caller's thread
+            box.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="dcpx-wait", daemon=True).start()
+    try:
+        while not done.wait(0.05):
+            pass
+    except BaseException:
+        interrupt(1)
+        try:
+            while not done.is_set():
+                try:
+                    done.wait(0.05)
+                except KeyboardInterrupt:  # again: it ends in ~50 ms anyway
+                    pass
+        finally:
+            interrupt(0)
+        if box and isinstance(box[0], int):
+            abandon(box[0])
+        raise
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return int(box[0])
+
+
 _members: Dict[int, "weakref.ReferenceType[Member]"] = {}
 _handles = itertools.count(1)
 
@@ -308,9 +354,13 @@ class Client:
         Errors: ShapeError, DuplicateRank, BadRank, LimitError, TimedOut,
         NotSupported (backend not built), InvalidArgument, ...
 
-        The wait is in C and outlasts signals: Ctrl-C (KeyboardInterrupt)
-        takes effect when it returns, within the join timeout; pass a
-        short ``join_timeout_ms`` where that matters."""
+        The wait runs on a worker thread, so Ctrl-C (KeyboardInterrupt,
+        or an exception a signal handler raises) stops it within about
+        50 ms (``dcpx_client_interrupt``): the rank does not join, and
+        dcpxd forgets it, so it may join again. Not stopped: the backend's
+        setup once the group formed (CUDA; bounded by the join timeout);
+        should the join complete anyway, the member leaves before the
+        exception goes on."""
         if self._ptr is None:
             raise StateError(context="Client is closed")
         if options is not None and not isinstance(options, JoinOptions):
@@ -345,8 +395,12 @@ class Client:
         co = DcpxJoinOptsC(ctypes.sizeof(DcpxJoinOptsC), rank, group, dev,
                            be, tr, jt, tns)
         p = ctypes.c_void_p()
-        r = lib().dcpx_join(ctypes.c_void_p(self._ptr), ctypes.byref(cs),
-                            ctypes.byref(co), ctypes.byref(p))
+        L, cp = lib(), ctypes.c_void_p(self._ptr)
+        r = _interruptible(
+            lambda: L.dcpx_join(cp, ctypes.byref(cs), ctypes.byref(co),
+                                ctypes.byref(p)),
+            lambda on: L.dcpx_client_interrupt(cp, on),
+            lambda code: L.dcpx_leave(p) if code >= 0 else None)
         if r < 0:
             context = f"joining group {opts.group!r} as rank {opts.rank}"
             why = lib().dcpx_client_last_error(ctypes.c_void_p(self._ptr))
@@ -744,14 +798,27 @@ class Member:
         captured again). Raises TimedOut, or NcclError when no new
         communicator could be made: the rank is then failed and the group
         aborts again, so calling recover() again retries with a fresh
-        id. As with join, Ctrl-C takes effect when the wait returns."""
+        id. As with join, Ctrl-C stops the wait within about 50 ms
+        (``dcpx_member_interrupt``; calling recover() again goes on with
+        the recovery); not stopped: with NCCL, the new communicator's
+        setup at the end (bounded by the join timeout)."""
         s = None
         if self.backend == Backend.CUDA:
             s = A.stream_handle(stream) if stream is not None else \
                 A.current_stream_of_device(self.options.device)
         ms = _ranged(timeout_ms, 0, 0xFFFFFFFF, "recover: timeout_ms")
         self._token = None
-        check(self._link_call(self._lib.dcpx_recover, s, ms), "dcpx_recover")
+        L = self._lib
+        p = self._begin()
+        try:
+            with self._link:
+                r = _interruptible(
+                    lambda: L.dcpx_recover(p, s, ms),
+                    lambda on: L.dcpx_member_interrupt(p, on),
+                    lambda code: None)  # an ack sent stands: call again
+        finally:
+            self._end()
+        check(r, "dcpx_recover")
 
     def leave(self) -> None:
         """Leaves the group and frees the member (``dcpx_leave``);

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Dict, Optional, Type
 
 __all__ = [
-    "DcpxError", "PermError", "NotFound", "IoError", "NoMemory",
+    "DcpxError", "PermError", "NotFound", "Interrupted", "IoError",
+    "NoMemory",
     "AccessDenied", "Busy", "Exists", "InvalidArgument", "RangeError",
     "NotSupported", "ProtocolError", "MessageTooLong", "ConnectionReset",
     "NotConnected", "TimedOut", "ConnectionRefused", "ShapeError",
@@ -72,6 +73,15 @@ class NotFound(DcpxError):
     """No such group, socket or file. (``DCPX_E_NOENT``, -2)"""
     code = -2
     name = "DCPX_E_NOENT"
+
+
+class Interrupted(DcpxError):
+    """A join or recovery stopped by ``dcpx_client_interrupt`` /
+    ``dcpx_member_interrupt``. (``DCPX_E_INTR``, -4) The package raises
+    KeyboardInterrupt itself when Ctrl-C stops one; this class is for a
+    code from elsewhere."""
+    code = -4
+    name = "DCPX_E_INTR"
 
 
 class IoError(DcpxError):
@@ -257,7 +267,8 @@ class TextError(DcpxError):
 #: code -> exception class, for every DCPX_E_* of include/dcpx.h.
 ERRORS: Dict[int, Type[DcpxError]] = {
     cls.code: cls for cls in (
-        PermError, NotFound, IoError, NoMemory, AccessDenied, Busy, Exists,
+        PermError, NotFound, Interrupted, IoError, NoMemory, AccessDenied,
+        Busy, Exists,
         InvalidArgument, RangeError, NotSupported, ProtocolError,
         MessageTooLong, ConnectionReset, NotConnected, TimedOut,
         ConnectionRefused, ShapeError, DuplicateRank, BadRank, LimitError,

@@ -1,0 +1,137 @@
+"""Ctrl-C during Client.join and Member.recover: both wait in C for other
+ranks (up to their timeouts), and used to take the KeyboardInterrupt only
+when that wait returned. Now the signal stops the wait within about 50 ms
+(dcpx_client_interrupt, dcpx_member_interrupt): an interrupted join leaves
+no rank behind in dcpxd, so the same rank joins again; an interrupted
+recovery goes on when recover() is called again.
+
+Each case runs in a child process that sends itself SIGINT, so that a
+KeyboardInterrupt that escapes cannot stop the pytest session."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import dcpx
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+_PRELUDE = textwrap.dedent("""
+    import json, os, signal, sys, threading, time
+    import dcpx
+    sock, group = sys.argv[1], sys.argv[2]
+    shape = dcpx.Shape(world=2, rows=4, topk=16, local_topk=4, block_size=4,
+                       max_local=128)
+    fired = []
+
+    def sigint_in(s):
+        def fire():
+            fired.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Timer(s, fire).start()
+
+    def join_in_thread(rank, got, **kw):
+        def run():
+            got[rank] = dcpx.Client(sock).join(shape, rank=rank, group=group,
+                                               **kw)
+        t = threading.Thread(target=run)
+        t.start()
+        return t
+    """)
+
+_JOIN = _PRELUDE + textwrap.dedent("""
+    c = dcpx.Client(sock)
+    out = {}
+    sigint_in(0.3)
+    t0 = time.monotonic()
+    try:
+        c.join(shape, rank=0, group=group, join_timeout_ms=20000)
+        out["first"] = "joined"
+    except KeyboardInterrupt:
+        out["first"] = "interrupted"
+        out["after_signal_s"] = time.monotonic() - fired[0]
+    # dcpxd forgot rank 0: it joins again, beside a rank 1
+    got = {}
+    t = join_in_thread(1, got, join_timeout_ms=20000)
+    m0 = c.join(shape, rank=0, group=group, join_timeout_ms=20000)
+    t.join(30)
+    out["again"] = [m0.rank, got[1].rank]
+    m0.leave()
+    got[1].leave()
+    print(json.dumps(out))
+    """)
+
+_RECOVER = _PRELUDE + textwrap.dedent("""
+    import numpy as np
+    got = {}
+    ts = [join_in_thread(r, got, timeout_ns=300_000_000) for r in (0, 1)]
+    for t in ts:
+        t.join(30)
+    m0, m1 = got[0], got[1]
+    lg = np.zeros((4, 128), np.uint16)
+    en = np.full(4, 128, np.int32)
+    req = np.arange(4, dtype=np.int32)
+    bt = np.arange(4 * 32, dtype=np.int32).reshape(4, 32)
+    out = {}
+    m0.push(lg, en)
+    try:
+        m0.merge(lg, en, req, bt)  # rank 1 never pushes: rank 0 fails
+    except (dcpx.Failed, dcpx.Aborted) as e:
+        out["merge"] = type(e).__name__
+    sigint_in(0.3)
+    try:
+        m0.recover(timeout_ms=20000)  # rank 1 never acknowledges
+        out["first"] = "recovered"
+    except KeyboardInterrupt:
+        out["first"] = "interrupted"
+        out["after_signal_s"] = time.monotonic() - fired[0]
+    try:
+        m0.recover(timeout_ms=300)  # goes on: still waits for rank 1
+        out["second"] = "recovered"
+    except dcpx.TimedOut:
+        out["second"] = "TimedOut"
+    t = threading.Thread(target=lambda: m1.recover(timeout_ms=20000))
+    t.start()
+    m0.recover(timeout_ms=20000)
+    t.join(30)
+    out["third"] = m0.health().generation
+    m0.leave()
+    m1.leave()
+    print(json.dumps(out))
+    """)
+
+
+def _child(script, daemon, group):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(HERE), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", script, daemon.socket, group],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_ctrl_c_stops_a_join(daemon, group):
+    out = _child(_JOIN, daemon, group)
+    assert out["first"] == "interrupted", out
+    assert out["after_signal_s"] < 0.5, out  # not the 20 s join timeout
+    assert out["again"] == [0, 1], out
+
+
+def test_ctrl_c_stops_a_recovery(daemon, group):
+    out = _child(_RECOVER, daemon, group)
+    assert out["merge"] in ("Failed", "Aborted"), out
+    assert out["first"] == "interrupted", out
+    assert out["after_signal_s"] < 0.5, out  # not the 20 s timeout
+    assert out["second"] == "TimedOut", out
+    assert out["third"] >= 2, out  # the group recovered after all
+
+
+def test_interrupt_code_maps_to_its_class(libdcpx):
+    e = dcpx.error_for(-4, "x")
+    assert isinstance(e, dcpx.Interrupted) and e.name == "DCPX_E_INTR"
+    assert "interrupted" in str(e)
