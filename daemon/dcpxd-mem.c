@@ -16,10 +16,14 @@
  * accepted, for the same reason as above: the daemon maps the control page
  * and must never fault on it, whoever sent the fd.
  *
- * zero() writes zeros through a temporary mapping rather than punching a
- * hole: a client that registered the pages for device access holds them
- * pinned, and after a hole punch its device mapping would keep the old
- * pages while its CPU mapping got new zero pages.
+ * zero() writes zeros through a mapping rather than punching a hole: a
+ * client that registered the pages for device access holds them pinned,
+ * and after a hole punch its device mapping would keep the old pages while
+ * its CPU mapping got new zero pages. It writes only where the memfd has
+ * pages (SEEK_DATA / SEEK_HOLE: resident or swapped), since the rest
+ * reads as zeros already: a recovery must not commit every page of a
+ * workspace (4.4 GB each at the largest shape) that the calls never
+ * touched.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -75,18 +79,38 @@ static int host_map(dcpxd_buf *b, void **ret) {
   return 0;
 }
 
+/* Zeros into p[0, bytes) where fd has pages; all of it when the file
+ * system cannot say where (SEEK_DATA unsupported). */
+static void zero_data(int fd, char *p, off_t bytes) {
+  off_t off = 0;
+  while (off < bytes) {
+    const off_t d = lseek(fd, off, SEEK_DATA);
+    if (d < 0 && errno == ENXIO)
+      return; /* only holes past off */
+    if (d < 0) {
+      memset(p + off, 0, (size_t)(bytes - off));
+      return;
+    }
+    off_t h = lseek(fd, d, SEEK_HOLE);
+    if (h < 0 || h > bytes)
+      h = bytes;
+    memset(p + d, 0, (size_t)(h - d));
+    off = h;
+  }
+}
+
 static int host_zero(dcpxd_buf *b) {
   void *p;
 
   if (b->map) {
-    memset(b->map, 0, (size_t)b->bytes);
+    zero_data(b->fd, b->map, (off_t)b->bytes);
     return 0;
   }
   p = mmap(NULL, (size_t)b->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd,
            0);
   if (p == MAP_FAILED)
     return -errno;
-  memset(p, 0, (size_t)b->bytes);
+  zero_data(b->fd, p, (off_t)b->bytes);
   munmap(p, (size_t)b->bytes);
   return 0;
 }

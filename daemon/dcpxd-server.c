@@ -434,7 +434,15 @@ static void conn_hello(dcpxd_conn *c, const Dcpx__Hello *h) {
   c->hello = true;
   log_debug("conn %" PRIu64 " (pid %d): hello from '%s'", c->id, (int)c->pid,
             c->agent);
-  dcpxd_conn_reply(c, 0, NULL);
+  /* the Reply, with the join timeout a Join of 0 gets (libdcpx's bound
+   * on its own wait for the JoinReply) */
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Reply rep = DCPX__REPLY__INIT;
+  rep.version = DCPX_PROTO_VERSION;
+  rep.join_timeout_ms = c->m->conf->join_timeout_ms;
+  f.msg_case = DCPX__FRAME__MSG_REPLY;
+  f.reply = &rep;
+  (void)dcpxd_conn_send(c, &f, NULL, 0);
 }
 
 static void conn_dispatch(dcpxd_conn *c, const Dcpx__Frame *f, int *fds,

@@ -39,7 +39,9 @@ extern "C" {
 #define DCPX_MAX_TOPK 4096
 #define DCPX_MAX_LOCAL (1u << 17)
 /* Upper bound on rows per call that any group may declare. The largest
- * shape's LL slots (W=16, N=4095, R=4096) take about 4.4 GB, so offsets
+ * shape's LL slots (W=16, N=4095, R=4096) take about 4.4 GB in each
+ * rank's workspace (a group holds W of them: host memory with the host
+ * backend, committed as the calls touch it), so offsets
  * are 64-bit everywhere. */
 #define DCPX_MAX_ROWS 4096
 /* Group names: 1..DCPX_GROUP_NAME_MAX bytes of [A-Za-z0-9._-], nothing
@@ -430,7 +432,9 @@ typedef struct dcpx_join_opts {
  * DCPX_E_INVAL (NULL ret_client), DCPX_E_RANGE (a path of 108 bytes or
  * more: a Unix socket's limit), DCPX_E_CONNREFUSED (no dcpxd there),
  * DCPX_E_VERSION, DCPX_E_TIMEDOUT (no answer in 5 s), the daemon's
- * refusal (e.g. DCPX_E_BUSY: too many connections). */
+ * refusal (e.g. DCPX_E_BUSY: too many connections), or another negative
+ * errno of the connect (e.g. -ENOTDIR, or -EPROTOTYPE for a path that is
+ * a socket of another kind: not dcpxd's). */
 DCPX_API int dcpx_connect(const char *socket_path, dcpx_client **ret_client);
 DCPX_API void dcpx_disconnect(dcpx_client *client);
 
@@ -447,7 +451,13 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
  * DCPX_E_SHAPE, DCPX_E_DUPRANK, DCPX_E_BADRANK, DCPX_E_LIMIT,
  * DCPX_E_TIMEDOUT, DCPX_E_VERSION, DCPX_E_NOSYS (the CUDA backend in a
  * build without it), DCPX_E_ABORTED, DCPX_E_TRANSPORT, DCPX_E_CUDA,
- * DCPX_E_NCCL, DCPX_E_INTR (dcpx_client_interrupt), connection errors. */
+ * DCPX_E_NCCL, DCPX_E_INTR (dcpx_client_interrupt), dcpxd's refusals of
+ * docs/PROTOCOL.md 7.1-7.3 (DCPX_E_ACCES: a group another uid owns;
+ * DCPX_E_BUSY: too many groups or connections of this uid; DCPX_E_NOMEM:
+ * the workspace cannot be allocated, or over dcpxd's byte cap),
+ * connection errors. A join of join_timeout_ms 0 waits as long as dcpxd's
+ * own join timeout (it says it in its Hello reply), plus 10 s should dcpxd
+ * hang. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
 
@@ -661,8 +671,10 @@ DCPX_API int dcpx_health(dcpx_member *m, dcpx_health_info *ret);
 #define DCPX_REASON_PEER_FAILED 3u /* another rank failed (its alarm
                                       aborted the group) */
 #define DCPX_REASON_DEAD_RANK 4u   /* a rank's process died or left */
-#define DCPX_REASON_OPERATOR 5u    /* an operator reset the group, or
-                                      dcpxd shut down */
+#define DCPX_REASON_OPERATOR 5u    /* an operator reset the group
+                                      (dcpxctl reset; a dcpxd that shuts
+                                      down or restarts aborts nothing: the
+                                      ranks reattach) */
 #define DCPX_REASON_BLOCK_TABLE 6u /* the last call completed, but rows
                                       whose elements fell outside the
                                       block table have valid_out -1 (host
@@ -720,7 +732,9 @@ DCPX_API const char *dcpx_member_last_error(const dcpx_member *m);
  * wrote them, before the stream is synchronized. Call it between calls,
  * on the thread that makes them (e.g. after a merge returned an error, or
  * when valid_out shows -1). Returns 0, or DCPX_E_INVAL (NULL, a size this
- * library does not know). */
+ * library does not know, a `reserved` word that is not 0: it may carry a
+ * meaning in a later version, so set the struct from
+ * DCPX_ASYNC_ERROR_INIT). */
 DCPX_API int dcpx_member_async_error(const dcpx_member *m,
                                      dcpx_async_error *ret);
 

@@ -39,7 +39,6 @@
 #include "member.h"
 
 #define HELLO_TIMEOUT_MS 5000
-#define DEFAULT_JOIN_WAIT_MS 30000
 /* Slack on top of the join timeout for the daemon's own answer. */
 #define JOIN_SLACK_MS 10000
 /* How long a join's wait looks away from dcpx_client_interrupt at most */
@@ -73,11 +72,12 @@ static void keep_error(char *err, size_t errlen, const Dcpx__Reply *rep) {
 
 /* Connects and says hello (proto/frame.c's dcpx__ops_connect, as dcpxctl
  * does). err gets one line of why, with the daemon's reason when it
- * refused. */
+ * refused; *ret_join_ms (NULL: not wanted) the daemon's join timeout. */
 static int open_conn(const char *path, int *ret_sock, char *err,
-                     size_t errlen) {
-  const int s = dcpx__ops_connect(path, "libdcpx " DCPX_VERSION_STRING,
-                                  HELLO_TIMEOUT_MS, err, errlen);
+                     size_t errlen, uint32_t *ret_join_ms) {
+  const int s = dcpx__ops_connect_join(path, "libdcpx " DCPX_VERSION_STRING,
+                                       HELLO_TIMEOUT_MS, err, errlen,
+                                       ret_join_ms);
   if (s < 0)
     return s;
   *ret_sock = s;
@@ -94,7 +94,7 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
   if (strlen(path) >= sizeof(c->path))
     return DCPX_E_RANGE;
   char why[512] = "";
-  r = open_conn(path, &s, why, sizeof(why)); /* fails early if no daemon
+  r = open_conn(path, &s, why, sizeof(why), NULL); /* fails early if no daemon
                                                 speaks our version */
   if (r < 0) {
     DCPX_WARN("dcpx_connect %s: %s (%s)", path, why, dcpx_strerror(r));
@@ -430,15 +430,14 @@ static int client_interrupted(const dcpx_client *c) {
 }
 
 /* Step 4: waits for the JoinReply (with its fds), or a refusal (whose
- * reason goes to c->last_error). */
+ * reason goes to c->last_error). dcpxd answers within the join timeout:
+ * opts', else its own (m->daemon_join_ms); this wait is the bound should
+ * it not. */
 static int join_wait_reply(dcpx_client *c, dcpx_member *m,
-                           const dcpx_join_opts *o, Dcpx__Frame **ret_rep,
-                           int *fds, int *ret_nfds) {
+                           Dcpx__Frame **ret_rep, int *fds, int *ret_nfds) {
   Dcpx__Frame *rep = NULL;
   int nfds = 0, r;
-  uint64_t wait_ms = (o->join_timeout_ms ? o->join_timeout_ms
-                                         : DEFAULT_JOIN_WAIT_MS) +
-                     JOIN_SLACK_MS;
+  uint64_t wait_ms = (uint64_t)dcpx__join_ms(m) + JOIN_SLACK_MS;
   if (wait_ms > INT32_MAX) /* poll() takes an int */
     wait_ms = INT32_MAX;
   const uint64_t end = dcpx__mono_ms() + wait_ms;
@@ -555,13 +554,14 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     r = DCPX_E_NOMEM;
     goto fail;
   }
-  r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error));
+  r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error),
+                &m->daemon_join_ms);
   if (r == 0 && client_interrupted(c)) /* the Hello took up to 5 s */
     r = DCPX_E_INTR;
   if (r == 0)
     r = join_send(c, m, o);
   if (r == 0)
-    r = join_wait_reply(c, m, o, &rep, fds, &nfds);
+    r = join_wait_reply(c, m, &rep, fds, &nfds);
   if (r == 0)
     r = member_start(m, rep->join_reply, fds, &nfds, c->last_error,
                      sizeof(c->last_error));

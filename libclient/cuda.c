@@ -52,11 +52,6 @@
 #include "merge.h"
 #include "transport.h"
 
-/* dcpxd's default join timeout (DCPXD_DEFAULT_JOIN_TIMEOUT_MS), for a
- * join that left it 0: it bounds the transport agreement and the NCCL
- * communicator's setup and finalize. */
-#define DEFAULT_JOIN_MS 30000u
-
 struct dcpx__cuda {
   int device;
   dcpx_kctx k;
@@ -374,9 +369,10 @@ static int resolve(const struct dcpx_member *m, const int32_t *gpu,
   return dcpx__transport_resolve(DCPX_TRANSPORT_AUTO, W, gpu, acc);
 }
 
-/* The join's timeout, or dcpxd's default when the join left it 0. */
+/* The join timeout (member.h): it bounds the transport agreement and the
+ * NCCL communicator's setup and finalize. */
 static uint32_t join_ms(const struct dcpx_member *m) {
-  return m->join_timeout_ms ? m->join_timeout_ms : DEFAULT_JOIN_MS;
+  return dcpx__join_ms(m);
 }
 
 /* With transport auto: every rank's choice, through the control page. */

@@ -617,9 +617,9 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
     rows_failed(m, rows);
     return r;
   }
-  if (!rows) /* as the CUDA merge, which is not launched: nothing to wait */
-    return 0; /* for, write or count */
-  r = stop_reason(m);
+  r = stop_reason(m); /* looked at at the start (docs/PROTOCOL.md 6.4) */
+  if (!rows) /* nothing to wait for, write or count; a failed rank or an */
+    return r; /* aborted group still says so, as the empty push does */
   uint32_t range_row = 0;
   for (uint32_t t = 0; t < rows && r == 0; t++) {
     int resc = 0;

@@ -101,6 +101,7 @@ struct dcpx_member {
   uint8_t join_nccl_id[DCPX_NCCL_ID_BYTES];
   size_t join_nccl_id_len;
   uint32_t join_timeout_ms;
+  uint32_t daemon_join_ms; /* dcpxd's join timeout (Hello reply; 0: unsaid) */
   int ctl_fd;
   int ws_fd[DCPX_MAX_WORLD];
   uint64_t retry_at_ms;   /* DOWN: next reconnect attempt */
@@ -111,6 +112,14 @@ struct dcpx_member {
    * DCPX_E_INTR (atomics only, as the client's) */
   int interrupt;
 };
+
+/* The join's timeout: its own, else dcpxd's (the one a Join of 0 gets),
+ * else, from a dcpxd that did not say, 30 s (dcpxd's built-in default). */
+static inline uint32_t dcpx__join_ms(const struct dcpx_member *m) {
+  return m->join_timeout_ms   ? m->join_timeout_ms
+         : m->daemon_join_ms ? m->daemon_join_ms
+                             : 30000u;
+}
 
 /* Whether dcpx_member_interrupt's flag is set. */
 static inline int dcpx__member_interrupted(const struct dcpx_member *m) {

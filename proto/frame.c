@@ -423,6 +423,12 @@ int dcpx__frame_recv_answer(int sock, int timeout_ms, Dcpx__Frame **ret) {
 
 int dcpx__ops_connect(const char *path, const char *agent, int timeout_ms,
                       char *err, size_t errlen) {
+  return dcpx__ops_connect_join(path, agent, timeout_ms, err, errlen, NULL);
+}
+
+int dcpx__ops_connect_join(const char *path, const char *agent,
+                           int timeout_ms, char *err, size_t errlen,
+                           uint32_t *ret_join_ms) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   Dcpx__Frame f = DCPX__FRAME__INIT, *in = NULL;
   Dcpx__Hello h = DCPX__HELLO__INIT;
@@ -504,6 +510,8 @@ int dcpx__ops_connect(const char *path, const char *agent, int timeout_ms,
              in->reply->error ? in->reply->error : "", dcpx_strerror(r));
     goto fail;
   }
+  if (ret_join_ms)
+    *ret_join_ms = in->reply->join_timeout_ms;
   dcpx__frame_free(in);
   return s;
 fail:

@@ -71,6 +71,11 @@ DCPX__HIDDEN int dcpx__frame_recv_answer(int sock, int timeout_ms,
  * in err (the daemon's reason if it refused). */
 DCPX__HIDDEN int dcpx__ops_connect(const char *path, const char *agent,
                                    int timeout_ms, char *err, size_t errlen);
+/* The same, and *ret_join_ms: the daemon's join timeout from its Hello
+ * reply (0 if it did not say). */
+DCPX__HIDDEN int dcpx__ops_connect_join(const char *path, const char *agent,
+                                        int timeout_ms, char *err,
+                                        size_t errlen, uint32_t *ret_join_ms);
 
 /* Text rules, one place for the client and the daemon. */
 /* 1 if the n bytes are valid UTF-8 without NUL (every string field of a

@@ -43,7 +43,7 @@ static int rm_entry(const char *p, const struct stat *st, int fl,
   return remove(p);
 }
 
-static void daemon_start(void) {
+static void daemon_start_join(const char *join_ms) {
   const char *bin = getenv("DCPXD");
   char state[160];
   if (!bin)
@@ -55,7 +55,7 @@ static void daemon_start(void) {
   g_daemon = fork();
   if (g_daemon == 0) {
     execl(bin, bin, "--socket", g_sock, "--state-dir", state,
-          "--join-timeout-ms", "20000", "--enable-fault-injection",
+          "--join-timeout-ms", join_ms, "--enable-fault-injection",
           (char *)NULL);
     _exit(127);
   }
@@ -69,6 +69,8 @@ static void daemon_start(void) {
   }
   ck_abort_msg("dcpxd (%s) did not come up", bin);
 }
+
+static void daemon_start(void) { daemon_start_join("20000"); }
 
 static void daemon_stop(void) {
   int st;
@@ -1566,6 +1568,67 @@ START_TEST(test_interrupt) {
 }
 END_TEST
 
+/* A join with join_timeout_ms 0 waits as long as dcpxd's join timeout
+ * (its Hello reply says it), not a fixed 30 s: a daemon of 1 s that hangs
+ * after the Join leaves the join waiting 1 s + 10 s of slack, where it
+ * waited 40 s before (and with a daemon of 60 s, a join that would form
+ * at 45 s gave up at 40). */
+START_TEST(test_join_waits_the_daemons_timeout) {
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *c;
+  dcpx_member *m = NULL;
+
+  daemon_start_join("1000");
+  int s = raw_connect();
+  Dcpx__Frame *rep = NULL;
+  ck_assert_int_ge(s, 0);
+  {
+    Dcpx__Frame f = DCPX__FRAME__INIT;
+    Dcpx__Hello h = DCPX__HELLO__INIT;
+    h.version = DCPX_PROTO_VERSION;
+    f.msg_case = DCPX__FRAME__MSG_HELLO;
+    f.hello = &h;
+    ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+    ck_assert_int_eq(dcpx__frame_recv_answer(s, 5000, &rep), 0);
+    ck_assert(rep->msg_case == DCPX__FRAME__MSG_REPLY && rep->reply);
+    ck_assert_uint_eq(rep->reply->join_timeout_ms, 1000);
+    dcpx__frame_free(rep);
+    close(s);
+  }
+  sh.world = 2;
+  sh.rows = 2;
+  sh.topk = 8;
+  sh.local_topk = 4;
+  sh.max_local = 64;
+  o.group = "jt";
+  ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
+  /* dcpxd answers itself at its 1 s */
+  double t0 = mono_s();
+  int r = dcpx_join(c, &sh, &o, &m);
+  double took = mono_s() - t0;
+  ck_assert_msg(r == DCPX_E_TIMEDOUT && took > 0.8 && took < 5.0,
+                "join: %d (%s) after %.1f s", r, dcpx_strerror(r), took);
+  /* a dcpxd that hangs once the Join is in: the join's own bound */
+  pid_t stopper = fork();
+  if (stopper == 0) {
+    usleep(300000);
+    kill(g_daemon, SIGSTOP);
+    _exit(0);
+  }
+  t0 = mono_s();
+  r = dcpx_join(c, &sh, &o, &m);
+  took = mono_s() - t0;
+  waitpid(stopper, NULL, 0);
+  kill(g_daemon, SIGCONT);
+  ck_assert_msg(r == DCPX_E_TIMEDOUT && took > 10.5 && took < 20.0,
+                "join to a hung dcpxd: %d (%s) after %.1f s (want 1 + 10)",
+                r, dcpx_strerror(r), took);
+  dcpx_disconnect(c);
+  daemon_stop();
+}
+END_TEST
+
 /* A dcpxd that hangs (stopped) while clients keep trying fills its listen
  * backlog; a blocking connect() then waited for as long as it stayed
  * full, past dcpx_connect's 5 s. Every connect must now end in about 5 s
@@ -1627,6 +1690,7 @@ int main(void) {
   tcase_add_test(tc, test_socket_activation);
   tcase_add_test(tc, test_recover_timeout_under_signals);
   tcase_add_test(tc, test_interrupt);
+  tcase_add_test(tc, test_join_waits_the_daemons_timeout);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

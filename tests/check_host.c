@@ -313,6 +313,17 @@ START_TEST(test_empty_call) {
     run_call(&g);
     check_exact(&g, "after an empty call");
   }
+  /* In an aborted group an empty call still says so (docs/PROTOCOL.md
+   * 6.4: the host backend looks at the stop conditions as a merge
+   * starts); the empty merge returned 0 while the empty push failed. */
+  __atomic_store_n(&((dcpx_ctl_header *)g.ctl)->abort, DCPX_ABORT_DEAD,
+                   __ATOMIC_RELEASE);
+  {
+    dcpx_call in = DCPX_CALL_INIT;
+    dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+    ck_assert_int_eq(dcpx_push(g.m[0], &in, NULL), DCPX_E_ABORTED);
+    ck_assert_int_eq(dcpx_merge(g.m[0], &in, &out, NULL), DCPX_E_ABORTED);
+  }
   group_free(&g);
 }
 END_TEST

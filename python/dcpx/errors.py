@@ -246,7 +246,8 @@ class StateError(DcpxError):
 
 
 class Recovering(DcpxError):
-    """The group is recovering: call Member.recover(). (``DCPX_E_RECOVER``,
+    """Reserved (the group is recovering); not raised by this version, where
+    a call during a recovery raises Aborted. (``DCPX_E_RECOVER``,
     -1012)"""
     code = -1012
     name = "DCPX_E_RECOVER"
