@@ -17,6 +17,12 @@
 
 #define MB (1024u * 1024u)
 
+#ifdef HAVE_CUDA
+/* dcpxd_mem_backend (dcpxd-mem.c) names the CUDA backend of a CUDA build;
+ * this test uses the host backend only and links without the CUDA one. */
+const dcpxd_mem_ops dcpxd_mem_cuda = {.name = "cuda (not in this test)"};
+#endif
+
 /* Bytes the memfd holds in pages (resident or swapped). */
 static uint64_t held(int fd) {
   struct stat st;
