@@ -478,7 +478,9 @@ DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
  * reset. While dcpx_client_interrupt(client, 1) is in effect, a dcpx_join
  * on that client returns DCPX_E_INTR without joining: one already waiting
  * within about 50 ms (it closes its connection, so dcpxd forgets the
- * rank and the same rank may join again), one that starts, at once.
+ * rank and the same rank may join again; should the group form at that
+ * very moment, the rank leaves it again and its peers see it leave), one
+ * that starts, at once.
  * dcpx_client_interrupt(client, 0) ends it; the flag stays until then,
  * so that an interrupt that comes just before a join starts is not
  * lost. dcpx_member_interrupt does the same for dcpx_recover on that
