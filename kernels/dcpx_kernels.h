@@ -309,6 +309,23 @@ static inline int dcpx_k_klist_wanted(const dcpx_kctx *c) {
  * call path. */
 int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm);
 
+/* What one kernel instance takes (the benches' roofline: tests/gpu/
+ * roofline.c): its registers per thread, local memory per thread (spills),
+ * static and (for this context) dynamic shared memory per block, and its
+ * blocks of `threads` threads that fit on one multiprocessor. Host query. */
+typedef struct dcpx_k_res {
+  int regs, local_bytes, static_smem;
+  size_t dyn_smem;
+  uint32_t threads;
+  int blocks_per_sm;
+} dcpx_k_res;
+/* The push of this context in blocks of nt threads (DCPX_K_PUSH_THREADS
+ * or half of it). */
+int dcpx_k_push_res(const dcpx_kctx *c, uint32_t nt, dcpx_k_res *ret);
+/* The merge (without the early rescue list) in blocks of nt threads
+ * (DCPX_K_MERGE_THREADS or half of it). */
+int dcpx_k_merge_res(const dcpx_kctx *c, uint32_t nt, dcpx_k_res *ret);
+
 /* Push (docs/PROTOCOL.md sections 3-4): for each row t < rows, this rank's
  * local top-N of logits[t * stride + 0 .. row_ends[t]) in wire words,
  * stored with epoch next(epoch[t]) into every rank's LL slots. row_ends[t]

@@ -927,6 +927,24 @@ int dcpx_k_merge_occupancy(const dcpx_kctx *c, int *ret_blocks_per_sm) {
   return merge_occupancy(c, MT, ret_blocks_per_sm);
 }
 
+int dcpx_k_merge_res(const dcpx_kctx *c, uint32_t nt, dcpx_k_res *ret) {
+  struct cudaFuncAttributes a;
+  int n = 0, r;
+  if (!ret || (nt != MT && nt != MT / 2u))
+    return DCPX_E_INVAL;
+  if ((r = merge_occupancy(c, nt, &n)) < 0)
+    return r;
+  if (cudaFuncGetAttributes(&a, merge_kernel_of(0, nt)) != cudaSuccess)
+    return DCPX_E_CUDA;
+  ret->regs = a.numRegs;
+  ret->local_bytes = (int)a.localSizeBytes;
+  ret->static_smem = (int)a.sharedSizeBytes;
+  ret->dyn_smem = dcpx_k_merge_smem(c);
+  ret->threads = nt;
+  ret->blocks_per_sm = n;
+  return 0;
+}
+
 int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
                  uint64_t stride, const int32_t *row_ends,
                  const int32_t *req_id, const int32_t *block_table,

@@ -192,6 +192,25 @@ size_t dcpx_k_klist_bytes(const dcpx_kctx *c) {
   return 4u * (size_t)c->L.rw_k * c->rows_max;
 }
 
+int dcpx_k_push_res(const dcpx_kctx *c, uint32_t nt, dcpx_k_res *ret) {
+  struct cudaFuncAttributes a;
+  int n = 0;
+  if (dcpx_k_ctx_check(c) < 0 || !ret || (nt != PT && nt != PT / 2u))
+    return DCPX_E_INVAL;
+  const size_t dyn = dcpx_k_push_smem(c);
+  if (cudaFuncGetAttributes(&a, dcpx_push_kernel<0>) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &n, dcpx_push_kernel<0>, (int)nt, dyn) != cudaSuccess)
+    return DCPX_E_CUDA;
+  ret->regs = a.numRegs;
+  ret->local_bytes = (int)a.localSizeBytes;
+  ret->static_smem = (int)a.sharedSizeBytes;
+  ret->dyn_smem = dyn;
+  ret->threads = nt;
+  ret->blocks_per_sm = n;
+  return 0;
+}
+
 int dcpx_k_push_prepare(void) {
   const int max_dyn = 4 * (4224 + 4224) + 6 * (int)DCPX_K_CAND;
   if (cudaFuncSetAttribute(dcpx_push_kernel<0>,

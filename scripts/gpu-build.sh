@@ -23,4 +23,5 @@ find . \( -name '*.o' -o -name '*.a' -o -name '*.lo' \) -delete
 rm -rf bench # host benches: gpu-run.sh runs none of them
 ls -la daemon/dcpxd tools/dcpx-demo tools/dcpxctl tests/gpu/test_kernels \
   tests/gpu/bench_kernels tests/gpu/test_nccl tests/gpu/pingpong \
+  tests/gpu/roofline \
   examples/indexer_push

@@ -21,6 +21,10 @@
 #            never joins: timeout, abort), and misaligned arrays refused
 #   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
 #            merge, merge with rescue, whole calls (5 graph replays each)
+#   roofline tests/gpu/roofline (the kernels' registers, spills, shared
+#            memory and blocks per SM; the copy bandwidth of one SM and
+#            of the GPU; each kernel's bytes per row at that bandwidth),
+#            then bench_kernels' push and merge figures beside it
 #   ab       bench_kernels A/B: this build, this build with full push
 #            blocks always (DCPX_PUSH_SPLIT_ROWS=0), and a baseline build's
 #            bench_kernels if one is carried at $BASE (default
@@ -151,6 +155,16 @@ step_bench1() {
   BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$B/tests/gpu/bench_kernels" \
     > "$OUT/bench_kernels.md" 2>&1 || rc=1
   tee -a "$OUT/summary.txt" < "$OUT/bench_kernels.md" | tail -40
+}
+
+step_roofline() { # what bounds the kernels (issue 11), beside their figures
+  say "roofline: resources, copy bandwidth, bytes per row"
+  timeout -k 5 120 "$B/tests/gpu/roofline" > "$OUT/roofline.md" 2>&1 || rc=1
+  tee -a "$OUT/summary.txt" < "$OUT/roofline.md"
+  say "bench_kernels, push and merge (the figures the bounds are set against)"
+  BENCH_QUICK=1 BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 \
+    "$B/tests/gpu/bench_kernels" > "$OUT/roofline_bench.md" 2>&1 || rc=1
+  show '^\| 16384' "$OUT/roofline_bench.md" 4
 }
 
 step_ab() {

@@ -23,6 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _PRELUDE = textwrap.dedent("""
     import json, os, signal, sys, threading, time
     import dcpx
+    # Python's own Ctrl-C handler, as in a terminal: a job started in the
+    # background (CI's `... &`) inherits SIGINT ignored, and Python then
+    # installs none
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sock, group = sys.argv[1], sys.argv[2]
     shape = dcpx.Shape(world=2, rows=4, topk=16, local_topk=4, block_size=4,
                        max_local=128)

@@ -153,3 +153,36 @@ int dcpx_k_floor(uint32_t *word, uint32_t rows, uint32_t threads,
     return DCPX_E_CUDA;
   return 0;
 }
+
+/* ---- the copy bandwidth (tests/gpu/roofline.c) ---------------------------
+ *
+ * What the kernels' bytes could cost at best: `blocks` blocks of `threads`
+ * threads copy n16 16-byte words from src to dst, each thread four words
+ * in flight (all four loads issued before any store), the blocks taking
+ * interleaved chunks. With one block it measures what one SM moves (a
+ * push or merge row is one block); with many, the whole GPU. */
+__global__ void dcpx_copy_kernel(const uint4 *src, uint4 *dst, size_t n16) {
+  const size_t step = (size_t)gridDim.x * blockDim.x;
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * step < n16; i += 4 * step) {
+    const uint4 a = src[i], b = src[i + step], c = src[i + 2 * step],
+                d = src[i + 3 * step];
+    dst[i] = a;
+    dst[i + step] = b;
+    dst[i + 2 * step] = c;
+    dst[i + 3 * step] = d;
+  }
+  for (; i < n16; i += step)
+    dst[i] = src[i];
+}
+
+int dcpx_k_copy(const void *src, void *dst, size_t n16, uint32_t blocks,
+                uint32_t threads, cudaStream_t s) {
+  if (!src || !dst || !blocks || !threads || threads > 1024)
+    return DCPX_E_INVAL;
+  dcpx_copy_kernel<<<blocks, threads, 0, s>>>((const uint4 *)src,
+                                               (uint4 *)dst, n16);
+  if (cudaGetLastError() != cudaSuccess)
+    return DCPX_E_CUDA;
+  return 0;
+}

@@ -1,7 +1,7 @@
 /* gpu_tools.h - kernels of the GPU tests only (tests/gpu/gpu_tools.cu),
  * linked into the tests/gpu programs and never into libdcpx: the LL
- * ping-pong (tests/gpu/pingpong), a start gate (test_nccl --bench) and
- * the launch floor (bench_kernels). */
+ * ping-pong (tests/gpu/pingpong), a start gate (test_nccl --bench), the
+ * launch floor (bench_kernels) and the copy bandwidth (roofline). */
 #ifndef DCPX_TESTS_GPU_TOOLS_H
 #define DCPX_TESTS_GPU_TOOLS_H
 
@@ -45,6 +45,12 @@ int dcpx_k_gate(const uint32_t *flag, uint32_t value, uint64_t timeout_ns,
 int dcpx_k_floor_prepare(size_t smem);
 int dcpx_k_floor(uint32_t *word, uint32_t rows, uint32_t threads,
                  size_t smem, cudaStream_t s);
+
+/* The copy bandwidth: `blocks` blocks of `threads` threads copy n16
+ * 16-byte words from src to dst (device memory, 16-byte aligned); one
+ * block measures one SM's bandwidth. A test tool (roofline.c). */
+int dcpx_k_copy(const void *src, void *dst, size_t n16, uint32_t blocks,
+                uint32_t threads, cudaStream_t s);
 
 #ifdef __cplusplus
 }
