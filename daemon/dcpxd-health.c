@@ -125,7 +125,8 @@ done_scan:
     log_warning("group=%s gen=%u: %zu later wait records dropped (at most %d "
                 "are stored per scan)",
                 g->name, g->generation, n - keep, HARVEST_KEEP);
-  (void)dcpxd_records_append(g->m->records, recs, keep);
+  if (dcpxd_records_append(g->m->records, recs, keep) < 0)
+    dcpxd_records_retry_arm(g->m);
   /* The newest stored one is the group's last record. */
   g->last_record = recs[keep - 1];
   g->has_last_record = true;

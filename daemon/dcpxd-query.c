@@ -393,6 +393,7 @@ static void query_records(dcpxd_conn *c, const Dcpx__Query *q) {
   else
     dcpxd_bprintf(note, "%s", store_note);
   qr.records_note = note;
+  qr.records_unstored = (uint32_t)dcpxd_records_unstored(s);
   qr.partial_view = !c->admin;
   send_query_reply(c, &qr);
 }

@@ -31,6 +31,11 @@
  *      to queries (dcpxd_records_note).
  *   5. Memory is bounded: only the newest `ring` records are kept (a ring
  *      buffer), however many alarms arrive.
+ *   6. A record that could not be written (disk full, an I/O error) waits
+ *      in a bounded backlog (`ring` records; beyond that the oldest are
+ *      counted as lost) and is written, in order and before any newer
+ *      one, by the next append or retry (dcpxd_records_retry, which dcpxd
+ *      calls every second while the backlog is not empty).
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -64,6 +69,10 @@ struct dcpxd_records {
   uint64_t size, max_bytes;
   dcpxd_record *ring;
   size_t cap, head, count; /* head: index of the oldest */
+  dcpxd_record *backlog;   /* not yet written, oldest first (cap of them) */
+  size_t n_backlog;
+  uint64_t lost; /* records the backlog had no room for */
+  int write_error; /* the last write's error, while the backlog holds any */
   uint64_t corrupt, truncated, loaded;
   char note[512];
 };
@@ -282,9 +291,10 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
   s->cap = ring ? ring : 1;
   s->dir = strdup(state_dir);
   s->ring = calloc(s->cap, sizeof(*s->ring));
+  s->backlog = calloc(s->cap, sizeof(*s->backlog));
   s->path = path_join(state_dir, "records.log");
   s->path_old = path_join(state_dir, "records.log.1");
-  if (!s->dir || !s->ring || !s->path || !s->path_old) {
+  if (!s->dir || !s->ring || !s->backlog || !s->path || !s->path_old) {
     dcpxd_records_free(s);
     return log_error_errno(-ENOMEM, "Cannot open records: %m");
   }
@@ -305,13 +315,13 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
   return 0;
 }
 
-int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
+/* Writes recs[0..n) to the live file (rotating as needed) and syncs it;
+ * *ret_done: how many are on disk. 0, or the error that stopped it. */
+static int write_entries(dcpxd_records *s, const dcpxd_record *recs,
+                         size_t n, size_t *ret_done) {
   uint8_t buf[REC_SIZE * 64];
   size_t i = 0;
   int r = 0;
-
-  for (size_t k = 0; k < n; k++)
-    ring_push(s, &recs[k]);
 
   while (i < n) {
     uint64_t room;
@@ -350,23 +360,101 @@ int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
         off -= off % REC_SIZE;
     }
     s->size += off;
+    i += off / REC_SIZE;
     if (r < 0)
       break;
-    i += chunk;
   }
   if (r == 0 && s->fd >= 0 && fdatasync(s->fd) < 0)
     r = -errno;
-  if (r < 0) {
-    char why[256];
+  *ret_done = r == 0 ? n : i;
+  return r;
+}
+
+/* recs[0..n) joins the backlog's end; the oldest go past its room. */
+static void backlog_add(dcpxd_records *s, const dcpxd_record *recs,
+                        size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    if (s->n_backlog == s->cap) {
+      memmove(s->backlog, s->backlog + 1,
+              (s->cap - 1) * sizeof(*s->backlog));
+      s->n_backlog--;
+      s->lost++;
+    }
+    s->backlog[s->n_backlog++] = recs[k];
+  }
+}
+
+/* The backlog to the file, oldest first; 0 when it is empty after. */
+static int backlog_flush(dcpxd_records *s) {
+  size_t done = 0;
+  int r = 0;
+  if (s->n_backlog)
+    r = write_entries(s, s->backlog, s->n_backlog, &done);
+  if (done) {
+    memmove(s->backlog, s->backlog + done,
+            (s->n_backlog - done) * sizeof(*s->backlog));
+    s->n_backlog -= done;
+  }
+  return r;
+}
+
+/* The note for a backlog (or none), after a write. */
+static void backlog_note(dcpxd_records *s, int r) {
+  char why[256] = "";
+  if (s->n_backlog || s->lost)
     dcpxd_bprintf(why,
-                  "writing %s failed (%s); %zu record(s) kept in memory "
-                  "only",
-                  s->path, dcpx_strerror(r), n - i);
-    update_note(s, why);
-    return log_error_errno(r, "Cannot store %zu record(s) in %s: %m", n - i,
-                           s->path);
+                  "writing %s failed (%s): %zu record(s) not stored yet, in "
+                  "memory and retried every second; %" PRIu64 " lost for "
+                  "want of room",
+                  s->path, dcpx_strerror(r < 0 ? r : s->write_error),
+                  s->n_backlog, s->lost);
+  update_note(s, why[0] ? why : NULL);
+}
+
+int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
+  size_t done = 0;
+  int r;
+
+  for (size_t k = 0; k < n; k++)
+    ring_push(s, &recs[k]);
+  /* The older ones first: the file stays in time order. */
+  r = backlog_flush(s);
+  if (r == 0)
+    r = write_entries(s, recs, n, &done);
+  if (r < 0) {
+    backlog_add(s, recs + done, n - done);
+    s->write_error = r;
+    backlog_note(s, r);
+    return log_error_errno(r, "Cannot store %zu record(s) in %s (kept in "
+                              "memory, retried): %m",
+                           n - done, s->path);
+  }
+  if (s->lost || s->write_error) {
+    s->write_error = 0;
+    backlog_note(s, 0);
   }
   return 0;
+}
+
+int dcpxd_records_retry(dcpxd_records *s) {
+  const size_t before = s->n_backlog;
+  if (!before)
+    return 0;
+  const int r = backlog_flush(s);
+  if (r < 0) {
+    s->write_error = r;
+    backlog_note(s, r);
+    return r;
+  }
+  log_notice("Stored %zu record(s) in %s that could not be written before",
+             before, s->path);
+  s->write_error = 0;
+  backlog_note(s, 0);
+  return 0;
+}
+
+size_t dcpxd_records_unstored(const dcpxd_records *s) {
+  return s->n_backlog;
 }
 
 size_t dcpxd_records_count(const dcpxd_records *s) { return s->count; }
@@ -388,6 +476,7 @@ dcpxd_records *dcpxd_records_free(dcpxd_records *s) {
   free(s->path);
   free(s->path_old);
   free(s->ring);
+  free(s->backlog);
   free(s);
   return NULL;
 }

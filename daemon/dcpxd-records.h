@@ -32,8 +32,16 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
 
 /* Appends n records: to the file (write + fdatasync, rotating first if it
  * would grow past max_bytes) and to the ring. On a file error the records
- * are still kept in memory; the error is returned (and noted for queries). */
+ * are still kept in memory, and the ones not written wait in a bounded
+ * backlog that the next append or dcpxd_records_retry writes first; the
+ * error is returned (and noted for queries). */
 int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *r, size_t n);
+
+/* Writes the backlog; 0 when it is empty after (or was), else the error. */
+int dcpxd_records_retry(dcpxd_records *s);
+
+/* Records in the backlog: not on disk yet. */
+size_t dcpxd_records_unstored(const dcpxd_records *s);
 
 /* Records in memory, oldest first: i in 0..count-1. */
 size_t dcpxd_records_count(const dcpxd_records *s);

@@ -97,6 +97,22 @@ void dcpxd_manager_update(dcpxd_manager *m) {
 
 static void on_watchdog(uv_timer_t *t) { (void)dcpxd_notify("WATCHDOG=1"); }
 
+static void on_records_retry(uv_timer_t *t) {
+  dcpxd_manager *m = t->data;
+  if (dcpxd_records_retry(m->records) == 0) {
+    uv_timer_stop(t);
+    m->records_retrying = false;
+  }
+}
+
+void dcpxd_records_retry_arm(dcpxd_manager *m) {
+  if (m->records_retrying || m->stopping ||
+      !dcpxd_records_unstored(m->records))
+    return;
+  uv_timer_start(&m->records_timer, on_records_retry, 1000, 1000);
+  m->records_retrying = true;
+}
+
 /* The log rate limiter's summaries: a timer armed when a key starts
  * dropping lines, so that "suppressed N similar lines" comes at the end of
  * its interval even if that line is never logged again. */
@@ -151,6 +167,7 @@ static void manager_stop(dcpxd_manager *m, const char *why) {
   uv_close((uv_handle_t *)&m->watchdog_timer, NULL);
   uv_close((uv_handle_t *)&m->secrets_check, NULL);
   uv_close((uv_handle_t *)&m->log_timer, NULL);
+  uv_close((uv_handle_t *)&m->records_timer, NULL);
   uv_close((uv_handle_t *)&m->sig_term, NULL);
   uv_close((uv_handle_t *)&m->sig_int, NULL);
   uv_close((uv_handle_t *)&m->sig_hup, NULL);
@@ -204,7 +221,8 @@ static void raise_nofile(void) {
  * cannot write stops it here rather than failing every join later.
  * Returns the lock's fd (kept open), or -1 (logged). */
 static int state_dir_lock(const char *dir) {
-  _cleanup_free_ char *lock = NULL, *tmp = NULL, *probe = NULL;
+  _cleanup_free_ char *lock = NULL, *tmp = NULL, *probe = NULL,
+                      *groups = NULL;
   char held[32] = "";
   struct stat st;
   int fd, tf;
@@ -217,6 +235,7 @@ static int state_dir_lock(const char *dir) {
     return log_error_errno(-ENOTDIR, "State dir %s: %m", dir), -1;
   if (asprintf(&lock, "%s/lock", dir) < 0 ||
       asprintf(&tmp, "%s/groups.tmp", dir) < 0 ||
+      asprintf(&groups, "%s/groups", dir) < 0 ||
       asprintf(&probe, "%s/.write-test.%d", dir, (int)getpid()) < 0)
     return log_error_errno(-ENOMEM, "State dir %s: %m", dir), -1;
   fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
@@ -244,14 +263,19 @@ static int state_dir_lock(const char *dir) {
   if (ftruncate(fd, 0) == 0)
     dprintf(fd, "%d\n", (int)getpid());
   /* A groups.tmp that is not a file would make every save fail (one left
-   * by a crash is dcpxd_secrets_open's to remove); then a test that a
-   * new file can be made there, as each save makes groups.tmp. */
-  if (lstat(tmp, &st) == 0 && !S_ISREG(st.st_mode)) {
-    log_error("Cannot write the groups file: %s is in the way (not a "
-              "regular file)", tmp);
-    close(fd);
-    return -1;
-  }
+   * by a crash is dcpxd_secrets_open's to remove), and so would a groups
+   * file that is not one (a save renames groups.tmp over it); then a
+   * test that a new file can be made there, as each save makes
+   * groups.tmp. */
+  const char *const in_way[2] = {tmp, groups};
+  for (int i = 0; i < 2; i++)
+    if (lstat(in_way[i], &st) == 0 && !S_ISREG(st.st_mode) &&
+        !(i == 1 && S_ISLNK(st.st_mode))) {
+      log_error("Cannot write the groups file: %s is in the way (not a "
+                "regular file)", in_way[i]);
+      close(fd);
+      return -1;
+    }
   if ((tf = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
                  0600)) < 0) {
     log_error_errno(-errno, "State dir %s is not writable (%s): %m", dir,
@@ -321,6 +345,8 @@ int main(int argc, char **argv) {
   m->health_timer.data = m;
   uv_timer_init(m->loop, &m->watchdog_timer);
   m->watchdog_timer.data = m;
+  uv_timer_init(m->loop, &m->records_timer);
+  m->records_timer.data = m;
   uv_check_init(m->loop, &m->secrets_check);
   m->secrets_check.data = m;
   uv_check_start(&m->secrets_check, on_secrets_check);

@@ -325,6 +325,8 @@ struct dcpxd_manager {
   uv_timer_t watchdog_timer;
   uv_check_t secrets_check; /* saves the groups file's changes, once a turn */
   uv_timer_t log_timer; /* writes the rate limiter's summaries on time */
+  uv_timer_t records_timer; /* retries unstored records every second */
+  bool records_retrying;
   uv_signal_t sig_term, sig_int, sig_hup;
 
   bool stopping;
@@ -334,5 +336,8 @@ struct dcpxd_manager {
 /* Recomputes STATUS= (sent when it changed) and starts or stops the alarm
  * scan with the number of ready groups. Cheap; called after changes. */
 void dcpxd_manager_update(dcpxd_manager *m);
+/* Records that could not be written wait in memory: retries them every
+ * second until they are on disk (dcpxd_records_retry). */
+void dcpxd_records_retry_arm(dcpxd_manager *m);
 
 #endif /* DCPXD_H */

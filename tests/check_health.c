@@ -1346,6 +1346,15 @@ START_TEST(test_unattached_after_restart) {
             g_o.out);
   CTL(0, "groups");
   HC_ASSERT(strstr(g_o.out, "unattached"), "%s", g_o.out);
+  /* its metrics: what is known (state, world), not zeros for what is not
+   * (the generation read 0 after every restart) */
+  CTL(0, "stats", "--format=openmetrics");
+  HC_ASSERT(strstr(g_o.out, "dcpx_group_info{group=\"ua\",state=\"unattached\","
+                            "transport=\"unknown\",backend=\"unknown\"} 1") &&
+                strstr(g_o.out, "dcpx_group_world_size{group=\"ua\"} 1") &&
+                !strstr(g_o.out, "dcpx_group_generation{group=\"ua\"}") &&
+                !strstr(g_o.out, "dcpx_group_aborted{group=\"ua\"}"),
+            "%s", g_o.out);
   CTL(1, "check");
   HC_ASSERT(strstr(g_o.out, "WARNING") &&
                 strstr(g_o.out, "ua not reattached since dcpxd restarted"),

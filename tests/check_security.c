@@ -1040,6 +1040,13 @@ START_TEST(test_state_dir_lock) {
   ck_assert_msg(strstr(out, "groups.tmp is in the way"), "dcpxd said: %s",
                 out);
   ck_assert_int_eq(rmdir(tmp), 0);
+  /* the groups file itself in the way: dcpxd reported Ready and then
+   * refused every join ("Is a directory") */
+  snprintf(tmp, sizeof(tmp), "%s/groups", state);
+  ck_assert_int_eq(mkdir(tmp, 0750), 0);
+  ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 0), 1);
+  ck_assert_msg(strstr(out, "groups is in the way"), "dcpxd said: %s", out);
+  ck_assert_int_eq(rmdir(tmp), 0);
   /* and with it gone, the same state dir serves (the lock went with the
    * process) */
   ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 1), 0);

@@ -817,13 +817,21 @@ static void metrics_out(const Dcpx__QueryReply *qr, bool om) {
     for (size_t i = 0; i < qr->n_groups; i++) {
       const Dcpx__GroupInfo *g = qr->groups[i];
       if (!metric_defs[m].per_rank) {
+        /* A group dcpxd knows only from its groups file (restarted, no
+         * rank back yet): its name, world and state; its generation,
+         * abort state, counts and timeout are not known, and a 0 would
+         * read as a value */
+        const bool un = unattached(g);
+        if (un && id != M_GROUP_INFO && id != M_WORLD && id != M_JOINED)
+          continue;
         printf("%s%s{group=\"", name, suffix);
         metric_label(g->name);
         if (id == M_GROUP_INFO) {
           printf("\",state=\"");
           metric_label(g->state);
           printf("\",transport=\"%s\",backend=\"%s\"} 1\n",
-                 transport_name(g->transport), backend_name(g->backend));
+                 un ? "unknown" : transport_name(g->transport),
+                 un ? "unknown" : backend_name(g->backend));
           continue;
         }
         printf("\"} ");
@@ -1693,7 +1701,13 @@ static int check_records(const char *group, const check_limits *l,
     if (in->query_reply->records[i]->kind == DCPX_REC_TIMEOUT ||
         in->query_reply->records[i]->kind == DCPX_REC_NCCL_TIMEOUT)
       f->n_timeouts++;
+  const uint32_t unstored = in->query_reply->records_unstored;
   dcpx__frame_free(in);
+  if (unstored) /* a stop of dcpxd now would lose them */
+    problem(f->warn, sizeof(f->warn),
+            "%u timeout record%s not stored on disk (dcpxd cannot write its "
+            "state dir: see its log)",
+            unstored, unstored == 1 ? "" : "s");
   const uint64_t n = f->n_timeouts;
   const double secs = (double)l->window_ns / 1e9;
   if (l->rec_crit && n >= l->rec_crit)

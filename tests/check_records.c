@@ -1,0 +1,146 @@
+/* check_records.c - dcpxd's timeout records when the state dir cannot take
+ * them (daemon/dcpxd-records.c): a record whose write fails (disk full;
+ * here a file size limit, RLIMIT_FSIZE, fails the write as a full disk
+ * does) waits in memory and is written, before any newer one, by the next
+ * append or retry, so that it survives a restart once the disk has room.
+ * It used to stay in memory only, and a restart lost it. */
+#include "config.h"
+
+#include <check.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "dcpxd-records.h"
+#include "layout.h"
+
+static char g_dir[64];
+
+static int rm_entry(const char *p, const struct stat *st, int fl,
+                    struct FTW *f) {
+  (void)st;
+  (void)fl;
+  (void)f;
+  return remove(p);
+}
+
+static dcpxd_record rec(uint64_t t) {
+  dcpxd_record r;
+  memset(&r, 0, sizeof(r));
+  snprintf(r.group, sizeof(r.group), "g%llu", (unsigned long long)t);
+  r.kind = DCPX_REC_TIMEOUT;
+  r.rank = (uint32_t)(t % 7u);
+  r.time_ns = 1000u + t;
+  return r;
+}
+
+/* An append and a retry on a disk whose files cannot grow past `bytes`
+ * (RLIM_INFINITY: room again). The limit holds only around the call: Check
+ * itself writes a file at every assertion. */
+static void fsize_limit(rlim_t bytes) {
+  struct rlimit rl = {bytes, RLIM_INFINITY};
+  if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+    abort();
+}
+
+static int append_at(dcpxd_records *s, const dcpxd_record *r, size_t n,
+                     rlim_t bytes) {
+  fsize_limit(bytes);
+  const int k = dcpxd_records_append(s, r, n);
+  fsize_limit(RLIM_INFINITY);
+  return k;
+}
+
+static int retry_at(dcpxd_records *s, rlim_t bytes) {
+  fsize_limit(bytes);
+  const int k = dcpxd_records_retry(s);
+  fsize_limit(RLIM_INFINITY);
+  return k;
+}
+
+/* The records of a fresh open of the state dir, as a restart sees them. */
+static void reopened(uint64_t n_want, size_t ring) {
+  dcpxd_records *s = NULL;
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, ring, &s), 0);
+  ck_assert_uint_eq(dcpxd_records_count(s), n_want);
+  for (size_t i = 0; i < n_want; i++) /* every one, in time order */
+    ck_assert_uint_eq(dcpxd_records_get(s, i)->time_ns, 1000u + i);
+  dcpxd_records_free(s);
+}
+
+START_TEST(test_unstored_records_are_retried) {
+  dcpxd_records *s = NULL;
+  dcpxd_record r[8];
+  for (int i = 0; i < 8; i++)
+    r[i] = rec((uint64_t)i);
+  signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG */
+  strcpy(g_dir, "/tmp/dcpx-rec.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 64, &s), 0);
+  ck_assert_int_eq(dcpxd_records_append(s, r, 2), 0);
+  /* the disk is full: the next three stay in memory, noted */
+  ck_assert_int_lt(append_at(s, r + 2, 1, 2 * 128), 0);
+  ck_assert_int_lt(append_at(s, r + 3, 2, 2 * 128), 0);
+  ck_assert_uint_eq(dcpxd_records_unstored(s), 3);
+  ck_assert_uint_eq(dcpxd_records_count(s), 5); /* queries see them */
+  ck_assert_ptr_nonnull(strstr(dcpxd_records_note(s), "3 record(s) not "
+                                                      "stored yet"));
+  ck_assert_int_lt(retry_at(s, 2 * 128), 0); /* still full */
+  /* room again: a retry writes them, in order */
+  ck_assert_int_eq(retry_at(s, RLIM_INFINITY), 0);
+  ck_assert_uint_eq(dcpxd_records_unstored(s), 0);
+  ck_assert_str_eq(dcpxd_records_note(s), "");
+  reopened(5, 64);
+  /* full again, and the next append (not a retry) writes the backlog
+   * before its own records */
+  ck_assert_int_lt(append_at(s, r + 5, 1, 5 * 128), 0);
+  ck_assert_int_eq(dcpxd_records_append(s, r + 6, 2), 0);
+  ck_assert_uint_eq(dcpxd_records_unstored(s), 0);
+  dcpxd_records_free(s);
+  reopened(8, 64);
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+END_TEST
+
+/* The backlog is bounded by the ring's size: past it the oldest unstored
+ * records are counted as lost, and the note says how many. */
+START_TEST(test_backlog_bounded) {
+  dcpxd_records *s = NULL;
+  dcpxd_record r[8];
+  for (int i = 0; i < 8; i++)
+    r[i] = rec((uint64_t)i);
+  signal(SIGXFSZ, SIG_IGN);
+  strcpy(g_dir, "/tmp/dcpx-rec.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 4, &s), 0);
+  ck_assert_int_lt(append_at(s, r, 6, 0), 0);
+  ck_assert_uint_eq(dcpxd_records_unstored(s), 4);
+  ck_assert_ptr_nonnull(strstr(dcpxd_records_note(s), "2 lost"));
+  ck_assert_int_eq(dcpxd_records_retry(s), 0);
+  dcpxd_records_free(s);
+  /* on disk: the newest four, 2..5 */
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 64, &s), 0);
+  ck_assert_uint_eq(dcpxd_records_count(s), 4);
+  ck_assert_uint_eq(dcpxd_records_get(s, 0)->time_ns, 1002u);
+  ck_assert_uint_eq(dcpxd_records_get(s, 3)->time_ns, 1005u);
+  dcpxd_records_free(s);
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+END_TEST
+
+int main(void) {
+  Suite *su = suite_create("records");
+  TCase *tc = tcase_create("store");
+  tcase_add_test(tc, test_unstored_records_are_retried);
+  tcase_add_test(tc, test_backlog_bounded);
+  suite_add_tcase(su, tc);
+  SRunner *sr = srunner_create(su);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
