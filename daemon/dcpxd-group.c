@@ -74,6 +74,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "dcpxd-log.h"
 #include "dcpxd-util.h"
@@ -205,6 +206,8 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
   dcpx__text_clean(msg);
   log_notice( "conn %" PRIu64 " (pid %d): join refused (%s): %s",
                   c->id, (int)c->pid, dcpx_strerror(status), msg);
+  if (c->reattach_j)
+    dcpxd_refusal_note(c, c->reattach_j, status, msg);
   rep.status = status;
   rep.error = msg;
   rep.version = DCPX_PROTO_VERSION;
@@ -377,6 +380,7 @@ static void member_attach(dcpxd_group *g, uint32_t rank, dcpxd_conn *c,
   dcpxd_member *mb = &g->member[rank];
   size_t k = 0;
 
+  dcpxd_refusal_clear(c->m, g->name, rank); /* the rank is watched again */
   mb->conn = c;
   mb->pid = c->pid;
   mb->device = j->device;
@@ -625,6 +629,51 @@ bool dcpxd_group_reap_empty(dcpxd_group *g) {
 
 /* The reattached member learns what it missed: a recovery in progress asks
  * it to drain and acknowledge again (acks do not survive a restart). */
+void dcpxd_refusal_note(dcpxd_conn *c, const Dcpx__Join *j, int status,
+                        const char *reason) {
+  dcpxd_manager *m = c->m;
+  dcpxd_refusal *r = NULL;
+  struct timespec ts;
+  if (!j->group || !*j->group)
+    return;
+  for (size_t i = 0; i < m->n_refusals && !r; i++)
+    if (m->refusals[i].pid == c->pid && m->refusals[i].rank == j->rank &&
+        strcmp(m->refusals[i].group, j->group) == 0)
+      r = &m->refusals[i];
+  if (!r) {
+    if (m->n_refusals == DCPXD_REFUSALS_MAX) { /* the oldest goes */
+      size_t o = 0;
+      for (size_t i = 1; i < m->n_refusals; i++)
+        if (m->refusals[i].last_ns < m->refusals[o].last_ns)
+          o = i;
+      m->refusals[o] = m->refusals[--m->n_refusals];
+    }
+    r = &m->refusals[m->n_refusals++];
+    memset(r, 0, sizeof(*r));
+    dcpxd_bprintf(r->group, "%s", j->group);
+    r->rank = j->rank;
+    r->pid = c->pid;
+    log_warning("group=%s rank=%u (pid %d) cannot reattach: it runs on, "
+                "unwatched by dcpxd, until it leaves or is restarted",
+                j->group, j->rank, (int)c->pid);
+  }
+  r->uid = c->uid;
+  r->status = status;
+  dcpxd_bprintf(r->reason, "%s", reason);
+  r->attempts++;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  r->last_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void dcpxd_refusal_clear(dcpxd_manager *m, const char *group, uint32_t rank) {
+  for (size_t i = 0; i < m->n_refusals;)
+    if (m->refusals[i].rank == rank &&
+        strcmp(m->refusals[i].group, group) == 0)
+      m->refusals[i] = m->refusals[--m->n_refusals];
+    else
+      i++;
+}
+
 static void reattach_done(dcpxd_group *g, dcpxd_conn *c, uint32_t rank) {
   send_join_reply_fds(g, rank, false);
   if (g->state == DCPXD_GROUP_RECOVERING)
@@ -1232,8 +1281,12 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
   jd = *j0;
   if (join_device(c, j0, mem, &jd.device) < 0)
     return;
-  if (j->reattach)
-    return group_reattach(c, j, &shape, transport, mem, fds, nfds);
+  if (j->reattach) {
+    c->reattach_j = j;
+    group_reattach(c, j, &shape, transport, mem, fds, nfds);
+    c->reattach_j = NULL;
+    return;
+  }
   if (transport == DCPX__TRANSPORT__TRANSPORT_NCCL &&
       j->backend != DCPX__BACKEND__BACKEND_CUDA)
     return join_refuse(c, DCPX_E_TRANSPORT,

@@ -248,6 +248,35 @@ static size_t fit_items(Dcpx__QueryReply *qr, Dcpx__GroupInfo **gs,
   return k;
 }
 
+/* The refused reattaches c may see (an admin all, anyone else those of
+ * its own uid), of processes that live, of group q->group if named:
+ * into out[] (DCPXD_REFUSALS_MAX), pointers into ptrs; returns how many. */
+static size_t refusals_of(dcpxd_conn *c, const Dcpx__Query *q,
+                          Dcpx__ReattachRefusal *out,
+                          Dcpx__ReattachRefusal **ptrs) {
+  dcpxd_manager *m = c->m;
+  size_t n = 0;
+  for (size_t i = 0; i < m->n_refusals; i++) {
+    dcpxd_refusal *r = &m->refusals[i];
+    if (kill(r->pid, 0) < 0 && errno == ESRCH)
+      continue; /* gone: nothing runs unwatched */
+    if ((!c->admin && r->uid != c->uid) ||
+        (q->group && *q->group && strcmp(q->group, r->group) != 0))
+      continue;
+    Dcpx__ReattachRefusal *o = &out[n];
+    dcpx__reattach_refusal__init(o);
+    o->group = r->group;
+    o->rank = r->rank;
+    o->pid = (int32_t)r->pid;
+    o->status = r->status;
+    o->reason = r->reason;
+    o->attempts = r->attempts;
+    o->last_ns = r->last_ns;
+    ptrs[n++] = o;
+  }
+  return n;
+}
+
 static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   dcpxd_manager *m = c->m;
   Dcpx__QueryReply qr = DCPX__QUERY_REPLY__INIT;
@@ -269,13 +298,18 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   names = group_names(m, n_names);
   if (!names)
     return query_error(c, DCPX_E_NOMEM, "out of memory");
+  Dcpx__ReattachRefusal refusals[DCPXD_REFUSALS_MAX];
+  Dcpx__ReattachRefusal *refusal_ptrs[DCPXD_REFUSALS_MAX];
+  qr.n_refused_reattaches = refusals_of(c, q, refusals, refusal_ptrs);
+  qr.refused_reattaches = refusal_ptrs;
   if (q->group && *q->group) {
     g = dcpxd_group_find(m, q->group);
     bool unattached = false;
     for (size_t i = 0; !g && !unattached && i < nsec; i++)
       unattached =
           unattached_mask(c, q, names, n_names, i, &uname, &uworld) != 0;
-    if ((!g || !dcpxd_may_see(c, g)) && !unattached) {
+    if ((!g || !dcpxd_may_see(c, g)) && !unattached &&
+        !qr.n_refused_reattaches) {
       dcpxd_bprintf(msg, "no group '%.*s'", DCPXD_GROUP_NAME_MAX, q->group);
       return query_error(c, DCPX_E_NOENT, msg);
     }

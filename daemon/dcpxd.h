@@ -91,6 +91,9 @@ struct dcpxd_conn {
   /* Membership: group != NULL iff group->member[rank].conn == this. */
   dcpxd_group *group;
   uint32_t rank;
+  /* The reattaching Join being handled, while it is: its refusal is
+   * noted (dcpxd_refusal_note) */
+  const Dcpx__Join *reattach_j;
 
   dcpxd_outmsg *out_head, *out_tail;
   size_t out_bytes;
@@ -298,6 +301,19 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd);
 
 /* ---- the manager (dcpxd.c) -------------------------------------------- */
 
+/* A refused reattach (proto ReattachRefusal), kept while its process
+ * lives; one per (group, rank, pid), the oldest replaced when full. */
+#define DCPXD_REFUSALS_MAX 32
+typedef struct dcpxd_refusal {
+  char group[DCPX_GROUP_NAME_MAX + 1];
+  uint32_t rank;
+  pid_t pid;
+  uid_t uid;
+  int status;
+  char reason[192];
+  uint64_t attempts, last_ns;
+} dcpxd_refusal;
+
 struct dcpxd_manager {
   uv_loop_t *loop;
   const dcpxd_conf *conf;
@@ -327,6 +343,8 @@ struct dcpxd_manager {
   uv_timer_t log_timer; /* writes the rate limiter's summaries on time */
   uv_timer_t records_timer; /* retries unstored records every second */
   bool records_retrying;
+  dcpxd_refusal refusals[DCPXD_REFUSALS_MAX];
+  size_t n_refusals;
   uv_signal_t sig_term, sig_int, sig_hup;
 
   bool stopping;
@@ -339,5 +357,12 @@ void dcpxd_manager_update(dcpxd_manager *m);
 /* Records that could not be written wait in memory: retries them every
  * second until they are on disk (dcpxd_records_retry). */
 void dcpxd_records_retry_arm(dcpxd_manager *m);
+
+/* A reattach refused (dcpxd-group.c join_refuse): noted, so that queries
+ * show a rank that runs unwatched; and forgotten when that rank of the
+ * group reattaches. */
+void dcpxd_refusal_note(dcpxd_conn *c, const Dcpx__Join *j, int status,
+                        const char *reason);
+void dcpxd_refusal_clear(dcpxd_manager *m, const char *group, uint32_t rank);
 
 #endif /* DCPXD_H */

@@ -1326,6 +1326,69 @@ END_TEST
  * "unattached" with its live ranks, and check is WARNING, instead of "no
  * groups" and OK while the node's groups run unwatched. Once the rank
  * polls, the group is adopted and healthy again. */
+/* A rank whose reattach dcpxd refuses (here its group's entry in the
+ * groups file holds another secret, as a damaged or replaced file
+ * would) runs on unwatched: health said "no groups" and check OK.
+ * dcpxd now lists it (QueryReply.refused_reattaches): health exits 1,
+ * check is WARNING, --json names it; a new join of that rank clears it. */
+START_TEST(test_refused_reattach_shown) {
+  dcpx_client *c;
+  dcpx_member *m;
+  char path[192], line[512] = "", all[4096] = "";
+
+  start(NULL);
+  join_alone("rr", &c, &m);
+  int st = hh_daemon_stop(&g_d, SIGTERM);
+  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  /* another secret for group rr: the first hex digit of its third field */
+  snprintf(path, sizeof(path), "%s/groups", g_d.state);
+  FILE *f = fopen(path, "r");
+  HC_ASSERT(f != NULL, "no %s", path);
+  while (fgets(line, sizeof(line), f)) {
+    if (strncmp(line, "rr ", 3) == 0) {
+      char *p = strchr(line + 3, ' ');
+      HC_ASSERT(p && p[1], "groups line: %s", line);
+      p[1] = p[1] == '0' ? '1' : '0';
+    }
+    strncat(all, line, sizeof(all) - strlen(all) - 1);
+  }
+  fclose(f);
+  f = fopen(path, "w");
+  HC_ASSERT(f != NULL && fputs(all, f) >= 0, "cannot rewrite %s", path);
+  fclose(f);
+  start(NULL);
+  int r = 0;
+  for (int i = 0; i < 300; i++) { /* its reattach, refused */
+    r = dcpx_poll(m);
+    if (r != 0 && r != DCPX_E_NOTCONN && r != DCPX_E_CONNREFUSED)
+      break;
+    hh_sleep_ms(10);
+  }
+  HC_ASSERT(r == DCPX_E_ACCES, "dcpx_poll: %d (%s)", r, dcpx_strerror(r));
+  CTL(1, "health");
+  HC_ASSERT(strstr(g_o.out, "rr rank 0 (pid") &&
+                strstr(g_o.out, "runs unwatched by dcpxd"),
+            "%s", g_o.out);
+  CTL(1, "check");
+  HC_ASSERT(strstr(g_o.out, "WARNING") &&
+                strstr(g_o.out, "rr rank 0 (pid") &&
+                strstr(g_o.out, "refused its reattach"),
+            "%s", g_o.out);
+  CTL_JSON(1, "health", "rr", "--json"); /* by name: no NOENT */
+  HC_ASSERT(strstr(g_o.out, "\"refused_reattaches\":[{\"group\":\"rr\"") &&
+                strstr(g_o.out, "\"status\":\"DCPX_E_ACCES\""),
+            "%s", g_o.out);
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  /* the rank joins afresh (a new group of the name): watched again */
+  join_alone("rr", &c, &m);
+  CTL(0, "check");
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 START_TEST(test_unattached_after_restart) {
   dcpx_client *c;
   dcpx_member *m;
@@ -1396,6 +1459,7 @@ int main(void) {
   ADD(test_leave_with_event_unread);
   ADD(test_nccl_record);
   ADD(test_unattached_after_restart);
+  ADD(test_refused_reattach_shown);
 #undef ADD
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -127,7 +127,8 @@ START_TEST(test_dcpxctl_json) {
   ck_assert_int_eq(
       python_check("import json, sys\n"
                    "docs = [json.loads(l) for l in open(sys.argv[1])]\n"
-                   "assert docs[0] == {'groups': [], 'groups_left_out': 0}, docs\n"
+                   "assert docs[0] == {'groups': [], 'refused_reattaches': [],"
+                        " 'groups_left_out': 0}, docs\n"
                    "assert docs[1]['records'] == [], docs\n"
                    "assert docs[2]['status'] == -22, docs\n"
                    "assert 'group name' in docs[2]['error'], docs\n"

@@ -581,8 +581,23 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
     jw_obj_end(&w);
   }
   jw_arr_end(&w);
+  jw_arr(&w, "refused_reattaches");
+  for (size_t i = 0; i < qr->n_refused_reattaches; i++) {
+    const Dcpx__ReattachRefusal *r = qr->refused_reattaches[i];
+    jw_obj(&w, NULL);
+    jw_str(&w, "group", r->group);
+    jw_u64(&w, "rank", r->rank);
+    jw_i64(&w, "pid", r->pid);
+    jw_str(&w, "status",
+           code_name(r->status) ? code_name(r->status) : "unknown");
+    jw_str(&w, "reason", r->reason);
+    jw_u64(&w, "attempts", r->attempts);
+    jw_u64(&w, "last_ns", r->last_ns);
+    jw_obj_end(&w);
+  }
+  jw_arr_end(&w);
   if (with_health)
-    jw_bool(&w, "healthy", all_ok);
+    jw_bool(&w, "healthy", all_ok && !qr->n_refused_reattaches);
   jw_u64(&w, "groups_left_out", qr->groups_left_out);
   if (qr->records_note && *qr->records_note)
     jw_str(&w, "note", qr->records_note);
@@ -625,13 +640,27 @@ static void human_groups(const Dcpx__QueryReply *qr) {
   }
 }
 
+/* Ranks that run unwatched: dcpxd refused their reattach (text). */
+static void human_refusals(const Dcpx__QueryReply *qr) {
+  for (size_t i = 0; i < qr->n_refused_reattaches; i++) {
+    const Dcpx__ReattachRefusal *r = qr->refused_reattaches[i];
+    printf("! %s rank %u (pid %d): reattach refused %" PRIu64 " time%s, "
+           "runs unwatched by dcpxd: %s (%s)\n",
+           r->group, r->rank, (int)r->pid, r->attempts,
+           r->attempts == 1 ? "" : "s", r->reason,
+           code_name(r->status) ? code_name(r->status) : "unknown");
+  }
+}
+
 static void human_health(const Dcpx__QueryReply *qr, bool stats) {
   const bool utf8 = strcmp(nl_langinfo(CODESET), "UTF-8") == 0;
   const char *tee = utf8 ? "\u251c\u2500" : "|-";
   const char *elbow = utf8 ? "\u2514\u2500" : "`-";
 
+  human_refusals(qr);
   if (qr->n_groups == 0) {
-    printf("no groups\n");
+    if (!qr->n_refused_reattaches)
+      printf("no groups\n");
     return;
   }
   for (size_t i = 0; i < qr->n_groups; i++) {
@@ -1198,7 +1227,7 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   if (r)
     return r;
   const Dcpx__QueryReply *qr = in->query_reply;
-  bool healthy = true;
+  bool healthy = !qr->n_refused_reattaches;
   for (size_t i = 0; i < qr->n_groups; i++)
     healthy = healthy && dcpx__group_info_healthy(qr->groups[i]);
   if (format == FMT_OPENMETRICS || format == FMT_PROMETHEUS) {
@@ -1671,6 +1700,12 @@ static int check_health(const char *group, const check_limits *l,
   }
   for (size_t i = 0; i < qr->n_groups; i++)
     check_group(qr->groups[i], l, f);
+  for (size_t i = 0; i < qr->n_refused_reattaches; i++) {
+    const Dcpx__ReattachRefusal *r = qr->refused_reattaches[i];
+    problem(f->warn, sizeof(f->warn),
+            "%s rank %u (pid %d) runs unwatched: dcpxd refused its reattach",
+            r->group, r->rank, (int)r->pid);
+  }
   f->n_groups = qr->n_groups + qr->groups_left_out;
   if (qr->groups_left_out) /* dcpxd sent the unhealthy ones first */
     problem(f->warn, sizeof(f->warn),
