@@ -441,24 +441,15 @@ int main(void) {
   const uint32_t lens[] = {16384, 65536};
   const uint32_t rowsv[] = {1, 8, 64, 256};
   const char *e;
-  int n = 0;
 
-  if ((e = getenv("BENCH_ITERS")) && atoi(e) > 0 && atoi(e) <= 64)
-    g_iters = (uint32_t)atoi(e);
-  if ((e = getenv("BENCH_REPS")) && atoi(e) > 0 && atoi(e) <= 64)
-    g_reps = (uint32_t)atoi(e);
-  if ((e = getenv("BENCH_N")) && atoi(e) > 0 && atoi(e) < (int)K)
-    N = (uint32_t)atoi(e);
-  if ((e = getenv("BENCH_W")) && atoi(e) >= 2 && atoi(e) <= 8)
-    W = (uint32_t)atoi(e);
-  CK(cudaGetDeviceCount(&n));
-  if (n < 1) {
-    fprintf(stderr, "no CUDA device\n");
-    return 77;
-  }
+  g_iters = gg_env_u32("BENCH_ITERS", 1, 64, g_iters);
+  g_reps = gg_env_u32("BENCH_REPS", 1, 64, g_reps);
+  N = gg_env_u32("BENCH_N", 1, K - 1, N);
+  W = gg_env_u32("BENCH_W", 2, 8, W);
   struct cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  KCK(dcpx_k_prepare());
+  const int skip = gg_gpu0(&prop);
+  if (skip)
+    return skip;
 
   printf("## dcpx kernels on %s (%d SMs)\n\n", prop.name,
          prop.multiProcessorCount);

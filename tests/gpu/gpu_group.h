@@ -57,6 +57,28 @@ static inline double gg_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* $name as a number in [lo, hi], else def (the benches' settings). */
+static inline uint32_t gg_env_u32(const char *name, uint32_t lo,
+                                  uint32_t hi, uint32_t def) {
+  const char *e = getenv(name);
+  const long v = e ? atol(e) : -1;
+  return v >= (long)lo && v <= (long)hi ? (uint32_t)v : def;
+}
+
+/* GPU 0's properties, with the kernels prepared: 0, or 77 (the tests'
+ * SKIP) when there is no GPU. */
+static inline int gg_gpu0(struct cudaDeviceProp *prop) {
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  if (n < 1) {
+    fprintf(stderr, "no CUDA device\n");
+    return 77;
+  }
+  CK(cudaGetDeviceProperties(prop, 0));
+  KCK(dcpx_k_prepare());
+  return 0;
+}
+
 typedef struct gg {
   dcpx_shape sh;
   dcpx_layout L;

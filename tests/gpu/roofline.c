@@ -60,24 +60,14 @@ static void res_row(const char *what, const dcpx_k_res *r) {
 }
 
 int main(void) {
-  uint32_t W = 8, N = 512, L = 16384;
   const uint32_t K = 2048, B = 64, R = 256;
-  const char *e;
-  int n = 0;
-  if ((e = getenv("BENCH_W")) && atoi(e) >= 1 && atoi(e) <= 8)
-    W = (uint32_t)atoi(e);
-  if ((e = getenv("BENCH_N")) && atoi(e) > 0 && atoi(e) < (int)K)
-    N = (uint32_t)atoi(e);
-  if ((e = getenv("BENCH_LEN")) && atoi(e) >= 1024 && atoi(e) <= 131072)
-    L = (uint32_t)atoi(e);
-  CK(cudaGetDeviceCount(&n));
-  if (n < 1) {
-    fprintf(stderr, "no CUDA device\n");
-    return 77;
-  }
+  const uint32_t W = gg_env_u32("BENCH_W", 1, 8, 8);
+  const uint32_t N = gg_env_u32("BENCH_N", 1, K - 1, 512);
+  const uint32_t L = gg_env_u32("BENCH_LEN", 1024, 131072, 16384);
   struct cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  KCK(dcpx_k_prepare());
+  const int skip = gg_gpu0(&prop);
+  if (skip)
+    return skip;
   gg g;
   gg_init(&g, W, R, R, N, K, B, 1, L, L, 0, 0);
 
