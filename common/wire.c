@@ -179,6 +179,9 @@ const char *dcpx_shape_warning(const dcpx_shape *s) {
   if (!s || s->world < 2 || !s->local_topk ||
       (uint64_t)s->world * s->local_topk > s->topk)
     return NULL;
+  if ((uint64_t)s->world * (s->topk - 1u) <= s->topk) /* N < K: no N helps */
+    return "world * local_topk <= topk: every full row rescues, always "
+           "(no local_topk below topk avoids it at this world and topk)";
   return "world * local_topk <= topk: every full row rescues, always "
          "(choose local_topk > topk / world, or 0 for the library's choice)";
 }

@@ -561,6 +561,30 @@ START_TEST(test_shape_check) {
       if (w >= 1 && w <= DCPX_MAX_WORLD && k >= 2 && k <= DCPX_MAX_TOPK)
         EXPECT(rz == 0, "W %u K %u: %d '%s'", w, k, rz, wz);
     }
+  /* The warning's advice is one the caller can take: N = 0 (the library's
+   * choice) never draws "0 for the library's choice" again; where no N
+   * below K avoids it (W = 2, K = 2), it says so. */
+  for (uint32_t w = 2; w <= DCPX_MAX_WORLD; w++)
+    for (uint32_t k = 2; k <= DCPX_MAX_TOPK; k++) {
+      dcpx_shape z = good_shape();
+      z.world = w;
+      z.topk = k;
+      z.local_topk = 0;
+      const char *why = dcpx_shape_warning(&z);
+      EXPECT(!why || !strstr(why, "library's choice"),
+             "W %u K %u: the library's own N draws '%s'", w, k, why);
+      EXPECT(!why || (w == 2 && k == 2), "W %u K %u: auto N warns '%s'", w,
+             k, why);
+    }
+  {
+    dcpx_shape z = good_shape();
+    z.world = 2;
+    z.topk = 2;
+    z.local_topk = 1;
+    const char *why = dcpx_shape_warning(&z);
+    EXPECT(why && strstr(why, "no local_topk below topk avoids it"),
+           "W 2 K 2: '%s'", why ? why : "(none)");
+  }
 }
 END_TEST
 
