@@ -641,10 +641,17 @@ void dcpxd_refusal_note(dcpxd_conn *c, const Dcpx__Join *j, int status,
         strcmp(m->refusals[i].group, j->group) == 0)
       r = &m->refusals[i];
   if (!r) {
-    if (m->n_refusals == DCPXD_REFUSALS_MAX) { /* the oldest goes */
-      size_t o = 0;
-      for (size_t i = 1; i < m->n_refusals; i++)
-        if (m->refusals[i].last_ns < m->refusals[o].last_ns)
+    /* Full, or this uid holds its share: its (or else anyone's) oldest
+     * goes, so that one uid's bogus reattaches cannot push out the
+     * others' */
+    size_t mine = 0, o = SIZE_MAX;
+    for (size_t i = 0; i < m->n_refusals; i++)
+      mine += m->refusals[i].uid == c->uid;
+    const bool own = mine >= DCPXD_REFUSALS_PER_UID;
+    if (own || m->n_refusals == DCPXD_REFUSALS_MAX) {
+      for (size_t i = 0; i < m->n_refusals; i++)
+        if ((!own || m->refusals[i].uid == c->uid) &&
+            (o == SIZE_MAX || m->refusals[i].last_ns < m->refusals[o].last_ns))
           o = i;
       m->refusals[o] = m->refusals[--m->n_refusals];
     }
@@ -1265,8 +1272,22 @@ static int join_device(dcpxd_conn *c, const Dcpx__Join *j,
   return 0;
 }
 
+static void group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
+                       int nfds);
+
+/* A Join. Any refusal of a reattaching one, its arguments' and its
+ * device's included (a dcpxd restarted without the rank's GPU), is noted
+ * in the refusal table (join_refuse). */
 void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
                       int nfds) {
+  if (j0->reattach && j0->group && dcpx__group_name_ok(j0->group))
+    c->reattach_j = j0;
+  group_join(c, j0, fds, nfds);
+  c->reattach_j = NULL;
+}
+
+static void group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
+                       int nfds) {
   dcpx_shape shape = DCPX_SHAPE_INIT;
   const dcpxd_mem_ops *mem;
   dcpxd_group *g;
@@ -1281,12 +1302,8 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
   jd = *j0;
   if (join_device(c, j0, mem, &jd.device) < 0)
     return;
-  if (j->reattach) {
-    c->reattach_j = j;
-    group_reattach(c, j, &shape, transport, mem, fds, nfds);
-    c->reattach_j = NULL;
-    return;
-  }
+  if (j->reattach)
+    return group_reattach(c, j, &shape, transport, mem, fds, nfds);
   if (transport == DCPX__TRANSPORT__TRANSPORT_NCCL &&
       j->backend != DCPX__BACKEND__BACKEND_CUDA)
     return join_refuse(c, DCPX_E_TRANSPORT,

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dcpxd-log.h"
 #include "dcpxd-util.h"
@@ -256,10 +257,14 @@ static size_t refusals_of(dcpxd_conn *c, const Dcpx__Query *q,
                           Dcpx__ReattachRefusal **ptrs) {
   dcpxd_manager *m = c->m;
   size_t n = 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  const uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
   for (size_t i = 0; i < m->n_refusals; i++) {
     dcpxd_refusal *r = &m->refusals[i];
-    if (kill(r->pid, 0) < 0 && errno == ESRCH)
-      continue; /* gone: nothing runs unwatched */
+    if ((kill(r->pid, 0) < 0 && errno == ESRCH) ||
+        now - r->last_ns > DCPXD_REFUSAL_TTL_NS)
+      continue; /* gone, or left (no retry for a minute) */
     if ((!c->admin && r->uid != c->uid) ||
         (q->group && *q->group && strcmp(q->group, r->group) != 0))
       continue;

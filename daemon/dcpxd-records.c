@@ -316,11 +316,15 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
 }
 
 /* Writes recs[0..n) to the live file (rotating as needed) and syncs it;
- * *ret_done: how many are on disk. 0, or the error that stopped it. */
+ * *ret_done: how many are on disk. 0, or the error that stopped it. A
+ * sync that fails takes back what this call wrote into the live file
+ * (truncated to where it started): those records were not stored, and a
+ * retry writes them once. */
 static int write_entries(dcpxd_records *s, const dcpxd_record *recs,
                          size_t n, size_t *ret_done) {
   uint8_t buf[REC_SIZE * 64];
-  size_t i = 0;
+  size_t i = 0, i_live = 0; /* i_live: the first record in the live file */
+  uint64_t size_live = s->size;
   int r = 0;
 
   while (i < n) {
@@ -328,9 +332,11 @@ static int write_entries(dcpxd_records *s, const dcpxd_record *recs,
     size_t chunk;
 
     if (s->fd < 0 || s->size + REC_SIZE > s->max_bytes) {
-      r = rotate(s);
+      r = rotate(s); /* syncs the file it closes */
       if (r < 0)
         break;
+      i_live = i;
+      size_live = s->size;
     }
     room = (s->max_bytes - s->size) / REC_SIZE;
     chunk = n - i;
@@ -364,8 +370,12 @@ static int write_entries(dcpxd_records *s, const dcpxd_record *recs,
     if (r < 0)
       break;
   }
-  if (r == 0 && s->fd >= 0 && fdatasync(s->fd) < 0)
+  if (r == 0 && s->fd >= 0 && fdatasync(s->fd) < 0) {
     r = -errno;
+    if (ftruncate(s->fd, (off_t)size_live) == 0)
+      s->size = size_live;
+    i = i_live;
+  }
   *ret_done = r == 0 ? n : i;
   return r;
 }
@@ -401,13 +411,18 @@ static int backlog_flush(dcpxd_records *s) {
 /* The note for a backlog (or none), after a write. */
 static void backlog_note(dcpxd_records *s, int r) {
   char why[256] = "";
-  if (s->n_backlog || s->lost)
+  if (s->n_backlog)
     dcpxd_bprintf(why,
                   "writing %s failed (%s): %zu record(s) not stored yet, in "
                   "memory and retried every second; %" PRIu64 " lost for "
                   "want of room",
                   s->path, dcpx_strerror(r < 0 ? r : s->write_error),
                   s->n_backlog, s->lost);
+  else if (s->lost)
+    dcpxd_bprintf(why,
+                  "%" PRIu64 " record(s) lost while %s could not be "
+                  "written (the memory for unstored ones was full)",
+                  s->lost, s->path);
   update_note(s, why[0] ? why : NULL);
 }
 
@@ -470,6 +485,9 @@ const char *dcpxd_records_note(const dcpxd_records *s) { return s->note; }
 dcpxd_records *dcpxd_records_free(dcpxd_records *s) {
   if (!s)
     return NULL;
+  if (s->n_backlog && dcpxd_records_retry(s) < 0) /* a last try */
+    log_error("%zu timeout record(s) were never stored in %s and are lost",
+              s->n_backlog, s->path);
   if (s->fd >= 0)
     close(s->fd);
   free(s->dir);

@@ -304,6 +304,10 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd);
 /* A refused reattach (proto ReattachRefusal), kept while its process
  * lives; one per (group, rank, pid), the oldest replaced when full. */
 #define DCPXD_REFUSALS_MAX 32
+#define DCPXD_REFUSALS_PER_UID 8
+/* Shown while the rank retried this recently (it retries at each
+ * dcpx_poll, at most once a second): one that left stops retrying */
+#define DCPXD_REFUSAL_TTL_NS (60ull * 1000000000ull)
 typedef struct dcpxd_refusal {
   char group[DCPX_GROUP_NAME_MAX + 1];
   uint32_t rank;

@@ -562,6 +562,10 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     r = join_send(c, m, o);
   if (r == 0)
     r = join_wait_reply(c, m, &rep, fds, &nfds);
+  /* The reply came in the slice the interrupt did: the group formed, and
+   * the rank leaves it again (dcpx.h) */
+  if (r == 0 && client_interrupted(c))
+    r = DCPX_E_INTR;
   if (r == 0)
     r = member_start(m, rep->join_reply, fds, &nfds, c->last_error,
                      sizeof(c->last_error));

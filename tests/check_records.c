@@ -7,18 +7,31 @@
 #include "config.h"
 
 #include <check.h>
+#include <errno.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "dcpxd-records.h"
 #include "layout.h"
 
 static char g_dir[64];
+
+/* fdatasync, failing (EIO) while g_fail_sync is set: this program's own
+ * definition, which dcpxd-records.c (linked in) calls. */
+static int g_fail_sync;
+int fdatasync(int fd) {
+  if (g_fail_sync) {
+    errno = EIO;
+    return -1;
+  }
+  return (int)syscall(SYS_fdatasync, fd);
+}
 
 static int rm_entry(const char *p, const struct stat *st, int fl,
                     struct FTW *f) {
@@ -132,11 +145,39 @@ START_TEST(test_backlog_bounded) {
 }
 END_TEST
 
+/* A sync that fails after the writes went through: the records are not
+ * stored (the file is cut back to where they started, so that the retry
+ * writes each once), they wait in the backlog, and the note says so; it
+ * counted them as stored and cleared the note. */
+START_TEST(test_failed_sync) {
+  dcpxd_records *s = NULL;
+  dcpxd_record r[4];
+  for (int i = 0; i < 4; i++)
+    r[i] = rec((uint64_t)i);
+  strcpy(g_dir, "/tmp/dcpx-rec.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 64, &s), 0);
+  ck_assert_int_eq(dcpxd_records_append(s, r, 1), 0);
+  g_fail_sync = 1;
+  const int k = dcpxd_records_append(s, r + 1, 2);
+  g_fail_sync = 0;
+  ck_assert_int_eq(k, -EIO);
+  ck_assert_uint_eq(dcpxd_records_unstored(s), 2);
+  ck_assert_ptr_nonnull(strstr(dcpxd_records_note(s), "not stored yet"));
+  ck_assert_int_eq(dcpxd_records_append(s, r + 3, 1), 0); /* backlog first */
+  ck_assert_uint_eq(dcpxd_records_unstored(s), 0);
+  dcpxd_records_free(s);
+  reopened(4, 64); /* each once, in order */
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("records");
   TCase *tc = tcase_create("store");
   tcase_add_test(tc, test_unstored_records_are_retried);
   tcase_add_test(tc, test_backlog_bounded);
+  tcase_add_test(tc, test_failed_sync);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);

@@ -1047,6 +1047,15 @@ START_TEST(test_state_dir_lock) {
   ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 0), 1);
   ck_assert_msg(strstr(out, "groups is in the way"), "dcpxd said: %s", out);
   ck_assert_int_eq(rmdir(tmp), 0);
+  /* and a link to a FIFO there (its load would hang dcpxd at start) */
+  char fifo[192];
+  snprintf(fifo, sizeof(fifo), "%s/fifo", g_dir);
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  ck_assert_int_eq(symlink(fifo, tmp), 0);
+  ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 0), 1);
+  ck_assert_msg(strstr(out, "groups is in the way"), "dcpxd said: %s", out);
+  ck_assert_int_eq(unlink(tmp), 0);
+  ck_assert_int_eq(unlink(fifo), 0);
   /* and with it gone, the same state dir serves (the lock went with the
    * process) */
   ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 1), 0);

@@ -268,9 +268,10 @@ def _interruptible(call: Callable[[], int],
     dcpx_recover), on a worker thread, so that this thread still takes
     Ctrl-C: it looks for signals every 50 ms. On KeyboardInterrupt (or any
     exception a signal handler raises) ``interrupt(1)`` stops the C wait
-    (within about 50 ms: DCPX_E_INTR), the worker is waited for,
-    ``interrupt(0)`` clears the flag, ``abandon(code)`` undoes what the
-    call did if it completed anyway, and the exception goes on."""
+    (within about 50 ms: DCPX_E_INTR), the worker is waited for (further
+    signals' exceptions are held till then), ``interrupt(0)`` clears the
+    flag, ``abandon(code)`` undoes what the call did if it completed
+    anyway, and the exception goes on."""
     box: List[Any] = []
     # An Event of our own, not Thread.join: a join that a KeyboardInterrupt
     # cut short can leave is_alive() False while the thread still runs.
@@ -284,23 +285,33 @@ def _interruptible(call: Callable[[], int],
         finally:
             done.set()
 
-    threading.Thread(target=run, name="dcpx-wait", daemon=True).start()
+    th = threading.Thread(target=run, name="dcpx-wait", daemon=True)
     try:
+        th.start()
         while not done.wait(0.05):
             pass
-    except BaseException:
+    except BaseException as first:
+        if th.ident is None:  # it never started: nothing to stop or undo
+            raise
+        pending: BaseException = first
         interrupt(1)
         try:
+            # Until the worker is out of the C call (about 50 ms; the CUDA
+            # backend's setup once the group formed is not stopped): it
+            # may still use the client or the member. A second signal's
+            # exception is kept, not let out: a SystemExit wins over a
+            # KeyboardInterrupt.
             while not done.is_set():
                 try:
                     done.wait(0.05)
-                except KeyboardInterrupt:  # again: it ends in ~50 ms anyway
-                    pass
+                except BaseException as again:
+                    if not isinstance(again, KeyboardInterrupt):
+                        pending = again
         finally:
             interrupt(0)
         if box and isinstance(box[0], int):
             abandon(box[0])
-        raise
+        raise pending
     if isinstance(box[0], BaseException):
         raise box[0]
     return int(box[0])
