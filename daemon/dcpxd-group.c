@@ -74,7 +74,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "dcpxd-log.h"
 #include "dcpxd-util.h"
@@ -627,13 +626,10 @@ bool dcpxd_group_reap_empty(dcpxd_group *g) {
   return true;
 }
 
-/* The reattached member learns what it missed: a recovery in progress asks
- * it to drain and acknowledge again (acks do not survive a restart). */
 void dcpxd_refusal_note(dcpxd_conn *c, const Dcpx__Join *j, int status,
                         const char *reason) {
   dcpxd_manager *m = c->m;
   dcpxd_refusal *r = NULL;
-  struct timespec ts;
   if (!j->group || !*j->group)
     return;
   for (size_t i = 0; i < m->n_refusals && !r; i++)
@@ -668,8 +664,7 @@ void dcpxd_refusal_note(dcpxd_conn *c, const Dcpx__Join *j, int status,
   r->status = status;
   dcpxd_bprintf(r->reason, "%s", reason);
   r->attempts++;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  r->last_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  r->last_ns = dcpxd_now_ns(CLOCK_REALTIME);
 }
 
 void dcpxd_refusal_clear(dcpxd_manager *m, const char *group, uint32_t rank) {
@@ -681,6 +676,8 @@ void dcpxd_refusal_clear(dcpxd_manager *m, const char *group, uint32_t rank) {
       i++;
 }
 
+/* The reattached member learns what it missed: a recovery in progress asks
+ * it to drain and acknowledge again (acks do not survive a restart). */
 static void reattach_done(dcpxd_group *g, dcpxd_conn *c, uint32_t rank) {
   send_join_reply_fds(g, rank, false);
   if (g->state == DCPXD_GROUP_RECOVERING)

@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "dcpxd-log.h"
 #include "dcpxd-util.h"
@@ -257,9 +256,7 @@ static size_t refusals_of(dcpxd_conn *c, const Dcpx__Query *q,
                           Dcpx__ReattachRefusal **ptrs) {
   dcpxd_manager *m = c->m;
   size_t n = 0;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  const uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  const uint64_t now = dcpxd_now_ns(CLOCK_REALTIME);
   for (size_t i = 0; i < m->n_refusals; i++) {
     dcpxd_refusal *r = &m->refusals[i];
     if ((kill(r->pid, 0) < 0 && errno == ESRCH) ||

@@ -216,8 +216,16 @@ int dcpxd_conn_send(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
   return conn_enqueue(c, f, fds, nfds);
 }
 
-int dcpxd_conn_reply(dcpxd_conn *c, int status, const char *fmt, ...) {
+/* rep (its version set here) as a Reply frame. */
+static int conn_send_reply(dcpxd_conn *c, Dcpx__Reply *rep) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
+  rep->version = DCPX_PROTO_VERSION;
+  f.msg_case = DCPX__FRAME__MSG_REPLY;
+  f.reply = rep;
+  return dcpxd_conn_send(c, &f, NULL, 0);
+}
+
+int dcpxd_conn_reply(dcpxd_conn *c, int status, const char *fmt, ...) {
   Dcpx__Reply rep = DCPX__REPLY__INIT;
   char msg[512] = "";
 
@@ -230,10 +238,7 @@ int dcpxd_conn_reply(dcpxd_conn *c, int status, const char *fmt, ...) {
   dcpx__text_clean(msg);
   rep.status = status;
   rep.error = msg;
-  rep.version = DCPX_PROTO_VERSION;
-  f.msg_case = DCPX__FRAME__MSG_REPLY;
-  f.reply = &rep;
-  return dcpxd_conn_send(c, &f, NULL, 0);
+  return conn_send_reply(c, &rep);
 }
 
 /* ---- closing ------------------------------------------------------------- */
@@ -436,13 +441,9 @@ static void conn_hello(dcpxd_conn *c, const Dcpx__Hello *h) {
             c->agent);
   /* the Reply, with the join timeout a Join of 0 gets (libdcpx's bound
    * on its own wait for the JoinReply) */
-  Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__Reply rep = DCPX__REPLY__INIT;
-  rep.version = DCPX_PROTO_VERSION;
   rep.join_timeout_ms = c->m->conf->join_timeout_ms;
-  f.msg_case = DCPX__FRAME__MSG_REPLY;
-  f.reply = &rep;
-  (void)dcpxd_conn_send(c, &f, NULL, 0);
+  (void)conn_send_reply(c, &rep);
 }
 
 static void conn_dispatch(dcpxd_conn *c, const Dcpx__Frame *f, int *fds,

@@ -115,6 +115,20 @@ dcpx_launch_cfg_pdl(uint32_t grid, uint32_t block, size_t smem,
   return cfg;
 }
 
+/* A kernel instance's resources (dcpx_k_push_res, dcpx_k_merge_res) from
+ * its attributes, blocks of nt threads per SM and dynamic smem. */
+static inline __host__ void dcpx_k_res_of(const struct cudaFuncAttributes *a,
+                                          size_t dyn, uint32_t nt,
+                                          int blocks_per_sm,
+                                          dcpx_k_res *ret) {
+  ret->regs = a->numRegs;
+  ret->local_bytes = (int)a->localSizeBytes;
+  ret->static_smem = (int)a->sharedSizeBytes;
+  ret->dyn_smem = dyn;
+  ret->threads = nt;
+  ret->blocks_per_sm = blocks_per_sm;
+}
+
 /* ---- the order and the wire --------------------------------------------- */
 
 /* ord16 (0 for NaN), the epoch step, the LL store and PDL: the public

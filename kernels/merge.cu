@@ -936,12 +936,7 @@ int dcpx_k_merge_res(const dcpx_kctx *c, uint32_t nt, dcpx_k_res *ret) {
     return r;
   if (cudaFuncGetAttributes(&a, merge_kernel_of(0, nt)) != cudaSuccess)
     return DCPX_E_CUDA;
-  ret->regs = a.numRegs;
-  ret->local_bytes = (int)a.localSizeBytes;
-  ret->static_smem = (int)a.sharedSizeBytes;
-  ret->dyn_smem = dcpx_k_merge_smem(c);
-  ret->threads = nt;
-  ret->blocks_per_sm = n;
+  dcpx_k_res_of(&a, dcpx_k_merge_smem(c), nt, n, ret);
   return 0;
 }
 

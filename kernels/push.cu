@@ -202,12 +202,7 @@ int dcpx_k_push_res(const dcpx_kctx *c, uint32_t nt, dcpx_k_res *ret) {
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(
           &n, dcpx_push_kernel<0>, (int)nt, dyn) != cudaSuccess)
     return DCPX_E_CUDA;
-  ret->regs = a.numRegs;
-  ret->local_bytes = (int)a.localSizeBytes;
-  ret->static_smem = (int)a.sharedSizeBytes;
-  ret->dyn_smem = dyn;
-  ret->threads = nt;
-  ret->blocks_per_sm = n;
+  dcpx_k_res_of(&a, dyn, nt, n, ret);
   return 0;
 }
 

@@ -41,6 +41,19 @@ static int rm_entry(const char *p, const struct stat *st, int fl,
   return remove(p);
 }
 
+/* The records of a new, empty state dir (g_dir, a fresh mkdtemp). */
+static dcpxd_records *fresh(size_t ring) {
+  dcpxd_records *s = NULL;
+  snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/dcpx-rec.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, ring, &s), 0);
+  return s;
+}
+
+static void remove_dir(void) {
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+
 static dcpxd_record rec(uint64_t t) {
   dcpxd_record r;
   memset(&r, 0, sizeof(r));
@@ -86,14 +99,11 @@ static void reopened(uint64_t n_want, size_t ring) {
 }
 
 START_TEST(test_unstored_records_are_retried) {
-  dcpxd_records *s = NULL;
   dcpxd_record r[8];
   for (int i = 0; i < 8; i++)
     r[i] = rec((uint64_t)i);
   signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG */
-  strcpy(g_dir, "/tmp/dcpx-rec.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(g_dir));
-  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 64, &s), 0);
+  dcpxd_records *s = fresh(64);
   ck_assert_int_eq(dcpxd_records_append(s, r, 2), 0);
   /* the disk is full: the next three stay in memory, noted */
   ck_assert_int_lt(append_at(s, r + 2, 1, 2 * 128), 0);
@@ -115,21 +125,18 @@ START_TEST(test_unstored_records_are_retried) {
   ck_assert_uint_eq(dcpxd_records_unstored(s), 0);
   dcpxd_records_free(s);
   reopened(8, 64);
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  remove_dir();
 }
 END_TEST
 
 /* The backlog is bounded by the ring's size: past it the oldest unstored
  * records are counted as lost, and the note says how many. */
 START_TEST(test_backlog_bounded) {
-  dcpxd_records *s = NULL;
   dcpxd_record r[8];
   for (int i = 0; i < 8; i++)
     r[i] = rec((uint64_t)i);
   signal(SIGXFSZ, SIG_IGN);
-  strcpy(g_dir, "/tmp/dcpx-rec.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(g_dir));
-  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 4, &s), 0);
+  dcpxd_records *s = fresh(4);
   ck_assert_int_lt(append_at(s, r, 6, 0), 0);
   ck_assert_uint_eq(dcpxd_records_unstored(s), 4);
   ck_assert_ptr_nonnull(strstr(dcpxd_records_note(s), "2 lost"));
@@ -141,7 +148,7 @@ START_TEST(test_backlog_bounded) {
   ck_assert_uint_eq(dcpxd_records_get(s, 0)->time_ns, 1002u);
   ck_assert_uint_eq(dcpxd_records_get(s, 3)->time_ns, 1005u);
   dcpxd_records_free(s);
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  remove_dir();
 }
 END_TEST
 
@@ -150,13 +157,10 @@ END_TEST
  * writes each once), they wait in the backlog, and the note says so; it
  * counted them as stored and cleared the note. */
 START_TEST(test_failed_sync) {
-  dcpxd_records *s = NULL;
   dcpxd_record r[4];
   for (int i = 0; i < 4; i++)
     r[i] = rec((uint64_t)i);
-  strcpy(g_dir, "/tmp/dcpx-rec.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(g_dir));
-  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 64, &s), 0);
+  dcpxd_records *s = fresh(64);
   ck_assert_int_eq(dcpxd_records_append(s, r, 1), 0);
   g_fail_sync = 1;
   const int k = dcpxd_records_append(s, r + 1, 2);
@@ -168,7 +172,7 @@ START_TEST(test_failed_sync) {
   ck_assert_uint_eq(dcpxd_records_unstored(s), 0);
   dcpxd_records_free(s);
   reopened(4, 64); /* each once, in order */
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  remove_dir();
 }
 END_TEST
 

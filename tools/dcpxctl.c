@@ -331,6 +331,12 @@ static const char *code_name(int code) {
   }
 }
 
+/* code_name, or "unknown" for a code dcpx does not name. */
+static const char *code_label(int code) {
+  const char *n = code_name(code);
+  return n ? n : "unknown";
+}
+
 /* dcpxd's answer: its message when it sent one, with the code's name
  * after it ("no group 'x' (DCPX_E_NOENT)"), else the code's text. */
 static int daemon_error(int status, const char *msg) {
@@ -588,8 +594,7 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
     jw_str(&w, "group", r->group);
     jw_u64(&w, "rank", r->rank);
     jw_i64(&w, "pid", r->pid);
-    jw_str(&w, "status",
-           code_name(r->status) ? code_name(r->status) : "unknown");
+    jw_str(&w, "status", code_label(r->status));
     jw_str(&w, "reason", r->reason);
     jw_u64(&w, "attempts", r->attempts);
     jw_u64(&w, "last_ns", r->last_ns);
@@ -648,7 +653,7 @@ static void human_refusals(const Dcpx__QueryReply *qr) {
            "runs unwatched by dcpxd: %s (%s)\n",
            r->group, r->rank, (int)r->pid, r->attempts,
            r->attempts == 1 ? "" : "s", r->reason,
-           code_name(r->status) ? code_name(r->status) : "unknown");
+           code_label(r->status));
   }
 }
 
