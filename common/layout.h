@@ -77,7 +77,7 @@ static inline const char *dcpx_rec_kind_name(uint32_t kind) {
 /* Reasons in the abort word (0 = not aborted). */
 #define DCPX_ABORT_ALARM 1u   /* a rank raised its alarm */
 #define DCPX_ABORT_DEAD 2u    /* a rank's process died or disconnected */
-#define DCPX_ABORT_OPERATOR 3u /* dcpxctl reset / daemon shutdown */
+#define DCPX_ABORT_OPERATOR 3u /* dcpxctl reset (a shutdown aborts nothing) */
 
 typedef struct dcpx_layout {
   uint32_t world, rows, topk, local_topk;

@@ -1062,8 +1062,13 @@ static int join_args(dcpxd_conn *c, const Dcpx__Join *j, dcpx_shape *shape,
                 "%s (backend %d)", why, (int)j->backend);
     return -1;
   }
-  if (j->timeout_ns == 0) {
-    join_refuse(c, DCPX_E_INVAL, "timeout_ns must be > 0");
+  if (j->timeout_ns < DCPX_MIN_TIMEOUT_NS) {
+    /* docs/PROTOCOL.md 1: a group's wait timeout is at least 1 ms (a
+     * shorter one fails healthy calls whose peers are merely scheduled
+     * late) */
+    join_refuse(c, DCPX_E_INVAL,
+                "timeout_ns %" PRIu64 " is below 1 ms (1000000 ns)",
+                (uint64_t)j->timeout_ns);
     return -1;
   }
   if (j->nccl_id.len > DCPX_NCCL_ID_BYTES) {
@@ -1605,6 +1610,20 @@ int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
   if (ticks == 0) {
     snprintf(err, errlen, "ticks must be > 0");
     return DCPX_E_INVAL;
+  }
+  /* The hook is read by the LL merge only (docs/PROTOCOL.md 6.6): on an
+   * nccl group, asked for at join or chosen by auto (the ranks' transport
+   * words), nothing would ever fire it. */
+  bool nccl = g->transport == DCPX__TRANSPORT__TRANSPORT_NCCL;
+  for (uint32_t r = 0; !nccl && r < g->shape.world; r++)
+    nccl = __atomic_load_n(&dcpxd_group_health(g, r)->transport,
+                           __ATOMIC_ACQUIRE) == DCPX_TRANSPORT_NCCL;
+  if (nccl) {
+    snprintf(err, errlen,
+             "group '%s' uses the nccl transport, which has no fault hook "
+             "(fault injection needs the ll transport or the host backend)",
+             g->name);
+    return DCPX_E_NOSYS;
   }
   /* Disarm, write the parameters, then arm: a stalling block reads them
    * only after it saw fault_armed. */

@@ -420,8 +420,13 @@ typedef struct dcpx_join_opts {
   uint32_t backend;         /* DCPX_BACKEND_* */
   uint32_t transport;       /* DCPX_TRANSPORT_* */
   uint32_t join_timeout_ms; /* 0: the daemon's default */
-  uint64_t timeout_ns;      /* bounded-wait limit of every wait (>= 1 ms) */
+  uint64_t timeout_ns;      /* bounded-wait limit of every wait, at least
+                               DCPX_MIN_TIMEOUT_NS */
 } dcpx_join_opts;
+
+/* The shortest wait timeout a group may have (1 ms): libdcpx and dcpxd
+ * refuse a shorter one with DCPX_E_INVAL. */
+#define DCPX_MIN_TIMEOUT_NS 1000000ull
 
 #define DCPX_JOIN_OPTS_INIT                                                   \
   {sizeof(dcpx_join_opts), 0, NULL, -1, DCPX_BACKEND_HOST,                    \
@@ -523,8 +528,10 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *   DCPX_E_FAILED   a wait timed out on this rank (or it was FAILED);
  *   DCPX_E_ABORTED  the group was aborted;
  *   DCPX_E_INVAL / DCPX_E_RANGE before any work: bad arguments (a struct
- *                   of unknown size, NULL outputs, rows > R, a row_end
- *                   outside 0..max_local); the rank then marks itself
+ *                   of unknown size, NULL outputs, rows > R; with the host
+ *                   backend also a row_end outside 0..max_local, which
+ *                   the CUDA kernels, reading row_ends on the device,
+ *                   clamp instead: docs/PROTOCOL.md 1); the rank then marks itself
  *                   FAILED, since skipping its part would leave it a call
  *                   behind its peers;
  *   DCPX_E_RANGE after the protocol completed (host backend): some row's

@@ -298,7 +298,7 @@ static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o,
   if (!dcpx__group_name_ok(o->group))
     JOIN_NO(DCPX_E_INVAL, "the group name must be 1..63 bytes of "
                           "[A-Za-z0-9._-]");
-  if (o->timeout_ns < 1000000ull)
+  if (o->timeout_ns < DCPX_MIN_TIMEOUT_NS)
     JOIN_NO(DCPX_E_INVAL, "timeout_ns %llu is below 1 ms",
             (unsigned long long)o->timeout_ns);
   if (o->rank >= shape->world)

@@ -432,10 +432,17 @@ END_TEST
 /* A Join of `group` (shape small(group, W)) as `rank` over raw frames,
  * with device_uuid and nccl_id as given (len 0: none) and join timeout
  * jt_ms: its socket; the JoinReply is not read here. */
-static int raw_join_send(const char *group, uint32_t W, uint32_t rank,
-                         const uint8_t *uuid, size_t uuid_len,
-                         const uint8_t *nccl_id, size_t nccl_len,
-                         uint32_t jt_ms) {
+/* What raw_join_send_x sets besides: the Join's transport and wait
+ * timeout (raw_join_send: auto, 5 s). */
+typedef struct join_x {
+  int transport;
+  uint64_t timeout_ns;
+} join_x;
+
+static int raw_join_send_x(const char *group, uint32_t W, uint32_t rank,
+                           const uint8_t *uuid, size_t uuid_len,
+                           const uint8_t *nccl_id, size_t nccl_len,
+                           uint32_t jt_ms, const join_x *x) {
   Dcpx__Frame f = DCPX__FRAME__INIT;
   Dcpx__Join j = DCPX__JOIN__INIT;
   Dcpx__Shape ps;
@@ -455,10 +462,22 @@ static int raw_join_send(const char *group, uint32_t W, uint32_t rank,
   j.device_uuid.len = uuid_len;
   j.nccl_id.data = (uint8_t *)nccl_id;
   j.nccl_id.len = nccl_len;
+  if (x) {
+    j.transport = (Dcpx__Transport)x->transport;
+    j.timeout_ns = x->timeout_ns;
+  }
   f.msg_case = DCPX__FRAME__MSG_JOIN;
   f.join = &j;
   ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
   return s;
+}
+
+static int raw_join_send(const char *group, uint32_t W, uint32_t rank,
+                         const uint8_t *uuid, size_t uuid_len,
+                         const uint8_t *nccl_id, size_t nccl_len,
+                         uint32_t jt_ms) {
+  return raw_join_send_x(group, W, rank, uuid, uuid_len, nccl_id, nccl_len,
+                         jt_ms, NULL);
 }
 
 /* Rank 0 of a W=1 group over raw frames, its Join with device_uuid and
@@ -787,6 +806,101 @@ START_TEST(test_nccl_id_of_departed_rank0) {
   munmap(h, sizeof(*h));
   close(s0);
   close(s1);
+  daemon_stop();
+}
+END_TEST
+
+/* The status of a raw Join's reply on socket s; its fds go to fds (the
+ * caller closes them). */
+static int join_status(int s, int *fds, int *ret_nfds, char *why,
+                       size_t why_len) {
+  Dcpx__Frame *rep = NULL;
+  *ret_nfds = 0;
+  int r = dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, ret_nfds);
+  if (r < 0)
+    return r;
+  const Dcpx__Reply *rp = rep->msg_case == DCPX__FRAME__MSG_JOIN_REPLY
+                              ? rep->join_reply->reply
+                              : rep->msg_case == DCPX__FRAME__MSG_REPLY
+                                    ? rep->reply
+                                    : NULL;
+  r = rp ? rp->status : DCPX_E_PROTO;
+  if (why)
+    snprintf(why, why_len, "%s", rp && rp->error ? rp->error : "");
+  dcpx__frame_free(rep);
+  return r;
+}
+
+/* A fault stall of rank 0 of `group` over a raw admin connection: the
+ * status, the reason into why. */
+static int raw_fault(const char *group, char *why, size_t why_len) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
+  Dcpx__Command cmd = DCPX__COMMAND__INIT;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  const int s = raw_connect();
+  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
+  cmd.kind = DCPX__COMMAND__KIND__FAULT_STALL;
+  cmd.group = (char *)group;
+  cmd.ticks = 1000000;
+  f.msg_case = DCPX__FRAME__MSG_COMMAND;
+  f.command = &cmd;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+  int r = dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, &nfds);
+  close(s);
+  if (r < 0)
+    return r;
+  ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_REPLY);
+  r = rep->reply->status;
+  snprintf(why, why_len, "%s", rep->reply->error ? rep->reply->error : "");
+  dcpx__frame_free(rep);
+  return r;
+}
+
+/* dcpxd's own checks of a Join's wait timeout and of a fault stall
+ * (docs/PROTOCOL.md 6.6, 10.4), which libdcpx cannot stand in for when
+ * another implementation speaks to dcpxd: a timeout below 1 ms is refused
+ * (1 ms is accepted); the fault hook is armed on a group whose transport
+ * is not yet known, and refused (DCPX_E_NOSYS) once a rank's transport
+ * word says nccl. (A Join that asks for nccl needs the CUDA backend: not
+ * here.) */
+START_TEST(test_timeout_floor_and_nccl_fault) {
+  uint8_t id[DCPX_NCCL_ID_BYTES];
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  char why[256];
+  memset(id, 7, sizeof(id));
+  daemon_start();
+  join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, DCPX_MIN_TIMEOUT_NS - 1};
+  int s = raw_join_send_x("short", 1, 0, NULL, 0, NULL, 0, 5000, &x);
+  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)),
+                   DCPX_E_INVAL);
+  ck_assert_msg(strstr(why, "below 1 ms"), "%s", why);
+  close(s);
+  x.timeout_ns = DCPX_MIN_TIMEOUT_NS;
+  s = raw_join_send_x("short", 1, 0, NULL, 0, NULL, 0, 5000, &x);
+  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)), 0);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  close(s);
+
+  /* auto: armed until the rank's transport word says nccl */
+  x.timeout_ns = 5000000000ull;
+  s = raw_join_send_x("fa", 1, 0, NULL, 0, id, sizeof(id), 5000, &x);
+  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)), 0);
+  ck_assert_int_ge(nfds, 1);
+  const size_t ctl = sizeof(dcpx_ctl_header) + sizeof(dcpx_rank_health);
+  char *page = mmap(NULL, ctl, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+  ck_assert(page != MAP_FAILED);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  dcpx_rank_health *h = (dcpx_rank_health *)(page + sizeof(dcpx_ctl_header));
+  ck_assert_int_eq(raw_fault("fa", why, sizeof(why)), 0);
+  __atomic_store_n(&h->transport, DCPX_TRANSPORT_LL, __ATOMIC_RELEASE);
+  ck_assert_int_eq(raw_fault("fa", why, sizeof(why)), 0);
+  __atomic_store_n(&h->transport, DCPX_TRANSPORT_NCCL, __ATOMIC_RELEASE);
+  ck_assert_int_eq(raw_fault("fa", why, sizeof(why)), DCPX_E_NOSYS);
+  ck_assert_msg(strstr(why, "nccl transport"), "%s", why);
+  munmap(page, ctl);
+  close(s);
   daemon_stop();
 }
 END_TEST
@@ -1679,6 +1793,7 @@ int main(void) {
   tcase_add_test(tc, test_device_uuid);
   tcase_add_test(tc, test_nccl_id_relay);
   tcase_add_test(tc, test_nccl_id_of_departed_rank0);
+  tcase_add_test(tc, test_timeout_floor_and_nccl_fault);
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
   tcase_add_test(tc, test_refused_join_reason);

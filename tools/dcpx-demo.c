@@ -1122,6 +1122,12 @@ static int check_opts(const opts *o) {
     fprintf(stderr, "dcpx-demo: --transport nccl needs --backend cuda\n");
     return 2;
   }
+  if (o->transport == DCPX_TRANSPORT_NCCL && o->fault_at >= 0) {
+    fprintf(stderr, "dcpx-demo: --fault-at needs the ll transport (the nccl "
+                    "transport has no fault hook: use --kill-at or "
+                    "--stop-at)\n");
+    return 2;
+  }
   return 0;
 }
 

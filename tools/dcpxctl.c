@@ -806,7 +806,7 @@ static const struct {
     {M_RANK_ALARM, "dcpx_rank_alarm", "gauge", true,
      "1 when the rank raised an alarm"},
     {M_RANK_FAILED, "dcpx_rank_failed", "gauge", true,
-     "1 when the rank's last call failed"},
+     "1 while the rank is FAILED (a call of it failed; until the next recovery)"},
     {M_GROUP_INFO, "dcpx_group", "info", false,
      "The group's state, transport and backend"},
     {M_GENERATION, "dcpx_group_generation", "gauge", false,
@@ -995,7 +995,7 @@ static const struct {
      "Usage: dcpxctl fault stall --group G --rank R [--epoch E] [--call C]\n"
      "                           --ticks T [OPTIONS]\n"
      "Stall block 0 of rank R once for T, at most the group's wait timeout\n"
-     "(needs dcpxd --enable-fault-injection).\n"
+     "(needs dcpxd --enable-fault-injection; not on the nccl transport).\n"
      "\n"
      "  --group G   the group\n"
      "  --rank R    the rank that stalls\n"
