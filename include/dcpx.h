@@ -603,7 +603,12 @@ DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
  * bad row is stored nowhere and marks the rank FAILED (alarm, then
  * FAILED: dcpxd aborts the group; dcpx_recover), so the call fails and
  * never gives a wrong answer. DCPX_E_NOSYS with the NCCL transport:
- * nothing is done and the rank does not fail (push with dcpx_push). */
+ * nothing is done and the rank does not fail (push with dcpx_push).
+ * CUDA graphs: from a member's first dcpx_push_list (or dcpx_device_ctx)
+ * on, its merges take a saturated rank's rescue list from the logits, not
+ * from what dcpx_push kept; a graph holding a dcpx_merge without its push,
+ * captured before that, must be captured again (its merge would read a
+ * list kept by an earlier dcpx_push). */
 DCPX_API int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
                             const dcpx_lists *lists, void *stream);
 

@@ -69,6 +69,11 @@
 #include "dcpx_kernels.h"
 #include "layout.h"
 
+/* The push and the merge read the stop word as word 2 of the rank state's
+ * bytes 16..31 (one 16-byte cp.async). */
+static_assert(offsetof(dcpx_rank_state, stop) == 24,
+              "dcpx_rank_state: stop at byte 24");
+
 #define DCPX_D static __device__ __forceinline__
 /* Slow paths (waits that must spin, faults, timeouts): kept out of line so
  * that the hot code stays small (instruction fetch is the merge's largest

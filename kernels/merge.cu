@@ -676,6 +676,11 @@ static __global__ void __launch_bounds__(NT, MT / NT)
    * global load after round 1 (row_ends[t], the caller's, is loaded into
    * a register after the poll's PDL wait, long before round 1 ends). */
   __shared__ __align__(16) uint32_t rowq[4];
+  /* Bytes 16..31 of the rank state (stop is word 2), read once at the
+   * kernel's start (cp.async, waited for with rowq's): a merge that
+   * follows one that ended early fails every row, even where its slots
+   * hold complete lists of an earlier call (docs/PROTOCOL.md 6.4). */
+  __shared__ __align__(16) uint32_t st4[4];
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -703,6 +708,8 @@ static __global__ void __launch_bounds__(NT, MT / NT)
                          c.interleave, plan.rcp_b, plan.rcp_i);
   if (tid < W)
     peer[tid] = c.peers[tid]; /* read after the row's first barrier */
+  if (tid == 0)
+    dcpx_dev_async16(st4, ws + c.L.off_call + 16u);
   int publish = c.ctr && blockIdx.x == 0 && tid == 0;
   if (publish)
     dcpx_dev_count_fetch(c.ctr, snap);
@@ -764,12 +771,16 @@ static __global__ void __launch_bounds__(NT, MT / NT)
         dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
         __syncthreads();
       }
-      if (hook) {
+      /* A merge of this rank ended early (stop, as this kernel found it):
+       * the row's epoch stayed behind, so its slots may hold an earlier
+       * call's complete lists, which the poll took without waiting. */
+      const uint32_t stopped = st4[2];
+      if (hook && !stopped) {
         hook = 0;
         dcpx_dev_fault_hook(&wc, e);
       }
       merge_prof(&b, t, 1);
-      if (bw.fail)
+      if (bw.fail || stopped)
         break;
       /* The caller's memory (req_id, row_ends, the block table, the
        * outputs) is read and written only from here, once the grid before

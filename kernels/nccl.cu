@@ -7,11 +7,11 @@
  *                            section 3, no LL tags) -> send[t]
  *          ncclAllGather     send [rows][rw_n] -> recv [W][rows][rw_n]
  *   merge: round-1 kernel    per row: S1 = top-K of the W lists (flat (r, l)
- *                            order), the saturation mask, sat_word, stats;
- *                            no saturated rank: the outputs; else the S1
- *                            bits and the mask to the buffer, and, if this
- *                            rank is saturated, its local top-K list ->
- *                            rsend[t]
+ *                            order), the saturation mask; no saturated
+ *                            rank: the outputs, sat_word, stats; else the
+ *                            S1 bits and the row's sat_word (mask, T1) to
+ *                            the buffer, and, if this rank is saturated,
+ *                            its local top-K list -> rsend[t]
  *          ncclAllGather     rsend [rows][rw_k] -> rrecv [W][rows][rw_k],
  *                            unconditionally: the host cannot know whether
  *                            any row needs a rescue without a sync. It costs
@@ -19,7 +19,11 @@
  *                            row is saturated.
  *          round-2 kernel    rows with a mask: top-K of the rank-major keys
  *                            (a saturated rank's K-list from rrecv, S1
- *                            entries of the others from recv); outputs.
+ *                            entries of the others from recv); outputs,
+ *                            sat_word, stats. A row failed in either round
+ *                            (voided: the communicator was aborted) keeps
+ *                            its sat_word and stats, and its call counts
+ *                            once in failed_calls (round 2's n_count_failed).
  *
  * The selection, the local lists and the outputs are dcpx_device.cuh's, as
  * in the LL merge (merge.cu), so both transports give the same outputs bit
@@ -123,6 +127,23 @@ DCPX_D uint32_t n_voided(const dcpx_nkctx *c) {
   return c->voided ? *(const volatile uint32_t *)c->voided : 0u;
 }
 
+/* gmask[t] (round 1 to round 2): 0 when round 1 finished the row, the
+ * row's sat_word (mask << 16 | T1, never ~0: T1 <= 0xFF80) when it
+ * needs round 2, N_VOID when round 1 failed it. */
+#define N_VOID 0xFFFFFFFFu
+
+/* A call with a failed row counted once in failed_calls (round 2, thread
+ * 0 of a block): keyed by the launches counted so far, which round 1 of
+ * this call has advanced (stream order) and no later call has yet. */
+DCPX_D void n_count_failed(const dcpx_nkctx *c) {
+  if (!c->ctr)
+    return;
+  const unsigned long long key =
+      *(const volatile unsigned long long *)&c->ctr->launched;
+  if (atomicMax(&c->ctr->last_failed, key) < key)
+    atomicAdd(&c->ctr->failed_calls, 1ull);
+}
+
 /* A row failed because its lists may be stale (n_voided): -1 outputs and
  * valid_out, and nothing else of the row's state (docs/PROTOCOL.md 5.7,
  * as a row whose wait gave up). Every thread. */
@@ -191,7 +212,7 @@ static __global__ void __launch_bounds__(NT)
         dcpx_dev_count_publish(c.ctr, snap, c.health);
       n_row_void(&oa, t);
       if (tid == 0)
-        gmask[t] = 0; /* round 2 leaves the row alone */
+        gmask[t] = N_VOID; /* round 2 counts the failed call */
       __syncthreads();
       continue;
     }
@@ -255,14 +276,17 @@ static __global__ void __launch_bounds__(NT)
     const uint32_t own = __shfl_sync(DCPX_FULL, rc, me);
     const uint32_t sw = (mask << 16) | (all ? 0u : S.T);
     if (tid == 0) {
-      if (c.ctr)
-        dcpx_dev_count_row(c.ctr, mask != 0);
-      gmask[t] = mask;
-      satw[t] = sw;
+      /* A row that needs round 2 has its state written there, once its
+       * rescue lists are in (a voided round 2 leaves it alone, 5.7). */
+      gmask[t] = mask ? sw : 0u;
       if (sat_out)
         sat_out[t] = sw;
-      stats[2u * t] += 1;
-      stats[2u * t + 1] += mask != 0;
+      if (!mask) {
+        if (c.ctr)
+          dcpx_dev_count_row(c.ctr, 0u);
+        satw[t] = sw;
+        stats[2u * t] += 1;
+      }
     }
     if (!mask) {
       dcpx_dev_outputs(&oa, t, req_id[t], list, base, own, all ? nz : K);
@@ -363,10 +387,18 @@ static __global__ void __launch_bounds__(NT)
                          c.interleave, rcp_b, rcp_i);
 
   n_beat(&c, DCPX_NCCL_BEAT_IDLE);
+  uint32_t *satw = (uint32_t *)(c.ws + c.L.off_sat);
+  uint64_t *stats = (uint64_t *)(c.ws + c.L.off_stats);
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
-    const uint32_t mask = gmask[t];
-    if (!mask)
+    const uint32_t sw = gmask[t];
+    if (!sw)
       continue; /* block-uniform: round 1 wrote this row's outputs */
+    if (sw == N_VOID) { /* round 1 failed the row */
+      if (tid == 0)
+        n_count_failed(&c);
+      continue;
+    }
+    const uint32_t mask = sw >> 16;
     n2_src q;
     q.row0 = recv + (uint64_t)t * rw_n;
     q.krow0 = rrecv + (uint64_t)t * rw_k;
@@ -388,6 +420,8 @@ static __global__ void __launch_bounds__(NT)
     __syncthreads();
     if (vd) { /* the rescue all-gather may have ended without its data */
       n_row_void(&oa, t);
+      if (tid == 0)
+        n_count_failed(&c);
       __syncthreads();
       continue;
     }
@@ -444,6 +478,13 @@ static __global__ void __launch_bounds__(NT)
     __syncthreads();
     dcpx_dev_outputs(&oa, t, req_id[t], list, bound[me],
                      bound[me + 1] - bound[me], bound[W]);
+    if (tid == 0) { /* the row's state, as round 1 does for the others */
+      if (c.ctr)
+        dcpx_dev_count_row(c.ctr, 1u);
+      satw[t] = sw;
+      stats[2u * t] += 1;
+      stats[2u * t + 1] += 1;
+    }
     __syncthreads(); /* shared state is reused by the next row */
   }
 }

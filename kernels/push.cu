@@ -22,10 +22,6 @@
 
 #define PT DCPX_K_PUSH_THREADS
 
-/* The push reads the stop word as word 2 of the state's bytes 16..31. */
-static_assert(offsetof(dcpx_rank_state, stop) == 24,
-              "dcpx_rank_state: stop at byte 24");
-
 /* With kctx.klist: the local top-K list of the row into kw (shared) and
  * into klist[t] (this rank's device memory, for a rescue of this call:
  * the merge then only filters it, merge.cu), and the local top-N list, the

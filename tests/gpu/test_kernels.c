@@ -1007,6 +1007,80 @@ static int run_push_abort(uint64_t seed) {
   return bad == 0;
 }
 
+/* A merge after one that ended early fails every row, even where its
+ * slots hold complete lists. The case: rank 0's merge of call n gave up
+ * (its epochs stayed behind, `stop` set) while its peer's call-n lists
+ * still landed; the engine's merge of call n+1, already enqueued or in a
+ * replayed graph, then finds call n's lists complete in the parity it
+ * reads and used to return them as a valid result. Here: both ranks
+ * push call 1, rank 0's stop mirror is set as a merge that gave up sets
+ * it, and both merge: rank 0 must fail every row (valid_out -1, outputs
+ * -1, epochs not advanced), rank 1 is exact; after a recovery a call is
+ * exact on both. */
+static int run_merge_after_stop(uint64_t seed) {
+  /* random rows, W * N well over K: no row rescues (rank 1 would wait
+   * for rank 0's rescue list) */
+  static const tcase tc = {"merge-stop", 2, 200, 256, 4096, 4, 16, 1,
+                           G_RANDOM, LEN_FULL, 1, 0, 0, 0, -1, 0};
+  gg g;
+  refset rs;
+  uint32_t bad = 0, epoch[4];
+  const uint32_t one = 1;
+  gg_init(&g, tc.W, 4, 4, tc.N, tc.K, tc.B, tc.I, tc.max_local, tc.max_local,
+          0, 0);
+  ref_alloc(&rs, &g);
+  corner_inputs(&g, &tc, seed);
+  gg_recover(&g);
+  g.hdr->timeout_ns = 5000000000ull;
+  __sync_synchronize();
+  for (uint32_t r = 0; r < g.W; r++)
+    gg_push(&g, r);
+  for (uint32_t r = 0; r < g.W; r++)
+    CK(cudaStreamSynchronize(g.st[r]));
+  gg_ws_write(&g, 0, g.L.off_call + offsetof(dcpx_rank_state, stop), &one, 4);
+  const double t0 = gg_now();
+  for (uint32_t r = 0; r < g.W; r++)
+    gg_merge(&g, r);
+  for (uint32_t r = 0; r < g.W; r++)
+    CK(cudaStreamSynchronize(g.st[r]));
+  gg_download(&g);
+  if (ref_run(&rs, &g) < 0)
+    bad++;
+  for (uint32_t t = 0; t < g.rows; t++) {
+    int allneg = g.g_valid[0][t] == -1;
+    for (uint32_t i = 0; i < g.sh.topk; i++)
+      allneg &= g.g_rows[0][(size_t)t * g.sh.topk + i] == -1 &&
+                g.g_ids[0][(size_t)t * g.sh.topk + i] == -1;
+    if (!allneg) {
+      printf("  merge-stop: rank 0 row %u: valid_out %d, not a failed row\n",
+             t, g.g_valid[0][t]);
+      bad++;
+    }
+  }
+  gg_ws_read(&g, 0, g.L.off_epoch, epoch, sizeof(epoch));
+  for (uint32_t t = 0; t < g.rows; t++)
+    if (epoch[t]) {
+      printf("  merge-stop: rank 0 row %u: epoch advanced to %u\n", t,
+             epoch[t]);
+      bad++;
+    }
+  bad += compare_rank(&g, &rs.job[1], 1, "merge-stop", 0, NULL, NULL);
+  const double ms = (gg_now() - t0) * 1e3;
+  gg_recover(&g);
+  g.hdr->timeout_ns = 5000000000ull;
+  __sync_synchronize();
+  gg_poison(&g);
+  gg_call(&g);
+  for (uint32_t r = 0; r < g.W; r++)
+    CK(cudaStreamSynchronize(g.st[r]));
+  bad += corner_compare(&g, &rs, "merge-stop-recovered");
+  printf("case %-30s %s (the failed merge took %.1f ms)\n",
+         "merge-after-stop", bad ? "FAIL" : "exact", ms);
+  ref_free(&rs, g.W);
+  gg_free(&g);
+  return bad == 0;
+}
+
 /* An earlier, unrelated CUDA error of the caller's thread is neither taken
  * for a launch failure nor cleared. */
 static int run_stale_error(uint64_t seed) {
@@ -1249,6 +1323,7 @@ static int run_bad_tables(uint64_t seed) {
 static int run_corners(void) {
   int ok = 1;
   ok &= run_push_abort(g_seed ^ 0xAB);
+  ok &= run_merge_after_stop(g_seed ^ 0x5709);
   ok &= run_stale_error(g_seed ^ 0x57A1);
   ok &= run_trickle();
   ok &= run_staged_overwrite(g_seed ^ 0x57A6);

@@ -648,16 +648,51 @@ static int run_voided(const tcase *tc, const int *devs, uint64_t seed) {
             k->g_ids[(size_t)t * tc->K + p] != -1;
     not_failed += rb;
   }
+  /* A failed row leaves sat_word and stats alone (docs/PROTOCOL.md 5.7),
+   * rescued rows included (this case rescues every full row: their state
+   * is round 2's), and the call counts once as failed, none of its rows */
+  dcpx_k_counters ctr;
+  const size_t nstat = 2u * tc->rows;
+  uint64_t *stat = calloc(nstat, 8);
+  uint32_t *satw = calloc(tc->rows, 4);
+  uint64_t state_bad = 0;
+  CK(cudaMemcpy(stat, k->ws + w->L.off_stats, nstat * 8,
+                cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(satw, k->ws + w->L.off_sat, tc->rows * 4,
+                cudaMemcpyDeviceToHost));
+  for (uint32_t t = 0; t < tc->rows; t++)
+    state_bad += stat[2 * t] || stat[2 * t + 1] || satw[t];
+  CK(cudaMemcpy(&ctr, k->ctr, sizeof(ctr), cudaMemcpyDeviceToHost));
+  state_bad += ctr.failed_calls != 1 || ctr.rows || ctr.rescue_rows;
   CK(cudaMemcpy(vw, &zero, 4, cudaMemcpyHostToDevice));
   gen_call(w, seed, 1);
   poison(w);
   run_calls(w, DCPX_TRANSPORT_NCCL, 1);
   const uint64_t bad = compare(w, "nccl after voided", 1);
-  const int ok = not_failed == 0 && bad == 0;
+  CK(cudaMemcpy(stat, k->ws + w->L.off_stats, nstat * 8,
+                cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(satw, k->ws + w->L.off_sat, tc->rows * 4,
+                cudaMemcpyDeviceToHost));
+  uint32_t resc = 0;
+  for (uint32_t t = 0; t < tc->rows; t++) {
+    const uint32_t m = w->x_sat[0][t] >> 16;
+    resc += m != 0;
+    state_bad += stat[2 * t] != 1 || stat[2 * t + 1] != (m != 0) ||
+                 satw[t] != w->x_sat[0][t];
+  }
+  CK(cudaMemcpy(&ctr, k->ctr, sizeof(ctr), cudaMemcpyDeviceToHost));
+  state_bad += ctr.failed_calls != 1 || ctr.rows != tc->rows ||
+               ctr.rescue_rows != resc;
+  free(stat);
+  free(satw);
+  const int ok = not_failed == 0 && bad == 0 && state_bad == 0;
   printf("%s voided   W=1 rows=%u: %llu rows not failed while voided, then "
-         "%s\n",
+         "%s; state and counters %s (failed_calls %llu, rows %llu, rescued "
+         "%llu of %u)\n",
          ok ? "ok  " : "FAIL", tc->rows, (unsigned long long)not_failed,
-         bad ? "MISMATCH" : "exact");
+         bad ? "MISMATCH" : "exact", state_bad ? "WRONG" : "right",
+         (unsigned long long)ctr.failed_calls, (unsigned long long)ctr.rows,
+         (unsigned long long)ctr.rescue_rows, resc);
   k->nk.voided = NULL;
   CK(cudaFree(vw));
   world_free(w);
