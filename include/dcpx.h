@@ -347,7 +347,12 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * keeps); a dcpx_member is one rank's membership of one group (a process
  * may hold several). Both are
  * opaque, and not safe to share between threads without a lock: give each
- * engine thread its own member.
+ * engine thread its own member. fork(): a member belongs to the process
+ * that joined it. In a child of fork() every call on an inherited member
+ * (push, merge, poll, health, recover, device context) is refused with
+ * DCPX_E_STATE and does nothing, and dcpx_leave only releases the child's
+ * copy (the parent's rank stays joined); a child that takes part in a
+ * group connects and joins itself.
  *
  * Lifetime: dcpx_connect -> dcpx_join (blocks until all W ranks joined with
  * an identical shape, or the join times out) -> any number of

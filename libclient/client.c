@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "frame.h"
 #include "log.h"
 #include "member.h"
@@ -131,11 +133,42 @@ static void member_link_init(dcpx_member *m) {
     m->ws_fd[d] = -1;
 }
 
+/* fork(): the child gets a copy of every member, with the parent's
+ * socket to dcpxd, workspace mappings and rank. Driving it from the child
+ * would interleave two processes' calls under one rank (the peers'
+ * results go wrong without an error), and its leave would tell dcpxd that
+ * the parent's rank left. So the child counts its forks (an atfork
+ * handler, registered at the first join), and a member joined before the
+ * last fork refuses every call (DCPX_E_STATE) and leaves by releasing its
+ * copies only: no Leave, no shutdown of the shared socket, no CUDA (which
+ * a forked child cannot use). One relaxed load per call: no syscall. */
+static unsigned g_forks;
+static pthread_once_t g_fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_child(void) { __atomic_add_fetch(&g_forks, 1u, __ATOMIC_RELAXED); }
+
+static void fork_watch(void) { (void)pthread_atfork(NULL, NULL, fork_child); }
+
+static int member_forked(const dcpx_member *m) {
+  return m->fork_gen != __atomic_load_n(&g_forks, __ATOMIC_RELAXED);
+}
+
+/* A call on a member that a forked child inherited: refused, and the
+ * parent's rank left as it is. */
+static int forked_refuse(dcpx_member *m, const char *fn) {
+  DCPX_REFUSE(m, "%s: group %s rank %u was joined by the parent of this "
+              "process (fork); a child must connect and join itself "
+              "(nothing done; dcpx_leave here only releases the copy)",
+              fn, m->group, m->rank);
+  return DCPX_E_STATE;
+}
+
 static void member_free(dcpx_member *m) {
   if (!m)
     return;
 #ifdef HAVE_CUDA
-  dcpx__cuda_fini(m);
+  if (!member_forked(m)) /* the parent's CUDA state: not the child's */
+    dcpx__cuda_fini(m);
 #endif
   dcpx__host_fini(m);
   member_unmap(m);
@@ -331,9 +364,11 @@ static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o,
 /* Step 2: a member with the join's settings and layout, no link yet. */
 static dcpx_member *member_new(const dcpx_client *c, const dcpx_shape *shape,
                                const dcpx_join_opts *o) {
+  (void)pthread_once(&g_fork_once, fork_watch);
   dcpx_member *m = calloc(1, sizeof(*m));
   if (!m)
     return NULL;
+  m->fork_gen = __atomic_load_n(&g_forks, __ATOMIC_RELAXED);
   member_link_init(m);
   memcpy(m->path, c->path, sizeof(m->path));
   m->device = o->device;
@@ -628,6 +663,12 @@ int dcpx_leave(dcpx_member *m) {
 
   if (!m)
     return 0;
+  if (member_forked(m)) { /* the parent's rank stays joined */
+    DCPX_INFO("releasing a forked child's copy of group %s rank %u", m->group,
+              m->rank);
+    member_free(m);
+    return 0;
+  }
   DCPX_INFO("leaving group %s as rank %u", m->group, m->rank);
   f.msg_case = DCPX__FRAME__MSG_LEAVE;
   f.leave = &lv;
@@ -725,6 +766,8 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
   int r;
   if (!m)
     return DCPX_E_INVAL;
+  if (member_forked(m))
+    return forked_refuse(m, "dcpx_push");
   if ((r = call_check(m, "dcpx_push", in, NULL, 0)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_push", 0, in, stream)) < 0)
@@ -747,6 +790,8 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
   int r;
   if (!m)
     return DCPX_E_INVAL;
+  if (member_forked(m))
+    return forked_refuse(m, "dcpx_push_list");
   if ((r = call_check(m, "dcpx_push_list", in, NULL, 0)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_push_list", 0, in, stream)) < 0)
@@ -769,6 +814,8 @@ int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx) {
                              sizeof(dcpx_device), 0);
   if (!m || r < 0)
     return DCPX_E_INVAL;
+  if (member_forked(m))
+    return forked_refuse(m, "dcpx_device_ctx");
 #ifdef HAVE_CUDA
   if (m->cuda) {
     r = dcpx__cuda_device_ctx(m, ret_ctx);
@@ -787,6 +834,8 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
   int r;
   if (!m)
     return DCPX_E_INVAL;
+  if (member_forked(m))
+    return forked_refuse(m, "dcpx_merge");
   if ((r = call_check(m, "dcpx_merge", in, out, 1)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_merge", 1, in, stream)) < 0)
@@ -1058,6 +1107,8 @@ int dcpx_poll(dcpx_member *m) {
 
   if (!m)
     return DCPX_E_INVAL;
+  if (member_forked(m)) /* the link is the parent's */
+    return forked_refuse(m, "dcpx_poll");
   if (m->link == DCPX__LINK_NONE)
     return 0;
   for (int i = 0; i < POLL_BATCH; i++) {
@@ -1083,6 +1134,8 @@ int dcpx_health(dcpx_member *m, dcpx_health_info *ret) {
   size_t n;
   if (!m || !ret || ret->size < offsetof(dcpx_health_info, daemon_link))
     return DCPX_E_INVAL;
+  if (member_forked(m))
+    return forked_refuse(m, "dcpx_health");
   (void)dcpx_poll(m); /* keeps the link, as documented */
   n = ret->size < sizeof(h) ? ret->size : sizeof(h);
   memset(&h, 0, sizeof(h));
@@ -1140,6 +1193,8 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
 
   if (!m)
     return DCPX_E_INVAL;
+  if (member_forked(m))
+    return forked_refuse(m, "dcpx_recover");
   DCPX_INFO("dcpx_recover group %s rank %u (abort %u, failed %u)", m->group,
             m->rank, m->hdr ? m->hdr->abort : 0,
             m->health ? m->health[m->rank].failed : 0);

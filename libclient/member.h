@@ -111,6 +111,10 @@ struct dcpx_member {
   /* dcpx_member_interrupt's flag: while set, dcpx_recover returns
    * DCPX_E_INTR (atomics only, as the client's) */
   int interrupt;
+  /* The process's fork count when it joined (client.c dcpx__forked): a
+   * copy of the member in a child of fork() is the parent's rank, which the
+   * child must neither drive nor leave */
+  unsigned fork_gen;
 };
 
 /* The join's timeout: its own, else dcpxd's (the one a Join of 0 gets),

@@ -905,6 +905,84 @@ START_TEST(test_timeout_floor_and_nccl_fault) {
 }
 END_TEST
 
+/* One push + merge of a W=1 member (spec small), R rows of L logits:
+ * the return code. */
+static int one_call(dcpx_member *m, const spec *sp) {
+  const uint32_t R = sp->R, K = sp->K, bt_cols = (sp->L + 3) / 4;
+  uint16_t *lg = calloc((size_t)R * sp->L, 2);
+  int32_t *en = calloc(R, 4), *req = calloc(R, 4), *vo = calloc(R, 4);
+  int32_t *bt = calloc((size_t)R * bt_cols, 4);
+  int32_t *ro = calloc((size_t)R * K, 4);
+  for (uint32_t t = 0; t < R; t++) {
+    en[t] = (int32_t)sp->L;
+    for (uint32_t l = 0; l < sp->L; l++)
+      lg[t * sp->L + l] = (uint16_t)(0x3F00 + (t * 31 + l * 7) % 0x60);
+  }
+  int r = t_push(m, R, lg, sp->L, en, 1, NULL);
+  if (r == 0)
+    r = t_merge(m, R, lg, sp->L, en, req, bt, R, bt_cols, ro, vo, NULL, NULL,
+                1, NULL);
+  free(lg);
+  free(en);
+  free(req);
+  free(vo);
+  free(bt);
+  free(ro);
+  return r;
+}
+
+/* fork() after a join: the child's copy of the member is the parent's
+ * rank. Every call of the child's is refused (DCPX_E_STATE, the reason
+ * naming fork) and its dcpx_leave only releases the copy: the parent's
+ * rank stays joined in dcpxd, the group is not aborted, and the parent's
+ * calls go on. (Before: the child's calls ran under the parent's rank,
+ * mixing two processes' lists, and its leave, e.g. from Python's
+ * Member.__del__ at exit, told dcpxd the parent's rank left.) */
+START_TEST(test_fork_child) {
+  spec sp = small("forked", 1);
+  dcpx_shape sh;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *c = NULL;
+  dcpx_member *m = NULL;
+  daemon_start();
+  shape_of(&sp, &sh);
+  jo.group = sp.group;
+  jo.timeout_ns = 2000000000ull;
+  ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), 0);
+  ck_assert_int_eq(one_call(m, &sp), 0);
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int bad = 0;
+    dcpx_health_info h = DCPX_HEALTH_INFO_INIT;
+    bad |= one_call(m, &sp) != DCPX_E_STATE;
+    const char *why = dcpx_member_last_error(m);
+    bad |= !why || !strstr(why, "fork");
+    bad |= dcpx_poll(m) != DCPX_E_STATE;
+    bad |= dcpx_health(m, &h) != DCPX_E_STATE;
+    bad |= dcpx_recover(m, NULL, 100) != DCPX_E_STATE;
+    bad |= dcpx_leave(m) != 0;
+    dcpx_disconnect(c);
+    _exit(bad);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "the forked child's calls were not refused (status %d)", st);
+  usleep(200000); /* a Leave from the child would have arrived by now */
+  ck_assert_int_eq(rank_joined(sp.group, 0), 1);
+  dcpx_health_info h = DCPX_HEALTH_INFO_INIT;
+  ck_assert_int_eq(dcpx_health(m, &h), 0);
+  ck_assert_uint_eq(h.abort, 0);
+  ck_assert_uint_eq(h.joined_mask, 1);
+  ck_assert_int_eq(one_call(m, &sp), 0);
+  ck_assert_int_eq(dcpx_leave(m), 0);
+  dcpx_disconnect(c);
+  daemon_stop();
+}
+END_TEST
+
 START_TEST(test_daemon_survives_abuse) {
   daemon_start();
   /* Wrong version: a clear error. */
@@ -1794,6 +1872,7 @@ int main(void) {
   tcase_add_test(tc, test_nccl_id_relay);
   tcase_add_test(tc, test_nccl_id_of_departed_rank0);
   tcase_add_test(tc, test_timeout_floor_and_nccl_fault);
+  tcase_add_test(tc, test_fork_child);
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
   tcase_add_test(tc, test_refused_join_reason);
