@@ -1326,6 +1326,22 @@ static void group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
    * create groups of the name under the group-owner rules) */
   if (!g && !join_allowed(c, NULL, j->group))
     return;
+  /* Not while a group of the name that a restart left unattached has live
+   * ranks (other than the joiner: a process that left it while dcpxd was
+   * down may join anew): they hold its workspace and reattach at their
+   * next poll or recover, and a new group now would split the name in
+   * two. The joiner is asked to retry (libdcpx does, until its join
+   * timeout); once a rank reattached, the same Join replaces a dead rank
+   * (docs/PROTOCOL.md 10.3). */
+  const uint32_t live =
+      g ? 0u : dcpxd_secrets_live(c->m->secrets, j->group, c->pid);
+  if (live)
+    return join_refuse(c, DCPX_E_AGAIN,
+                       "group '%s' awaits the reattach of its ranks after a "
+                       "dcpxd restart (ranks of mask 0x%x still live): "
+                       "retry once they have reattached (at their next "
+                       "dcpx_poll or dcpx_recover)",
+                       j->group, live);
   if (!g && !(g = group_new(c, j, &shape, transport, mem)))
     return;
   join_forming(c, j, g);

@@ -158,9 +158,8 @@ static uint32_t unattached_mask(dcpxd_conn *c, const Dcpx__Query *q,
       (q->group && *q->group && strcmp(q->group, name) != 0) ||
       (!c->admin && c->uid != owner))
     return 0;
-  for (uint32_t r = 0; r < n_pids && r < 32; r++)
-    if (pids[r] > 0 && (kill(pids[r], 0) == 0 || errno == EPERM))
-      mask |= 1u << r;
+  (void)pids;
+  mask = dcpxd_secrets_live(c->m->secrets, name, 0);
   *ret_name = name;
   *ret_world = n_pids;
   return mask;

@@ -288,6 +288,17 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
   return s->e[i].name;
 }
 
+uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name,
+                            pid_t except) {
+  const entry *e = s ? find(s, name) : NULL;
+  uint32_t mask = 0;
+  for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++)
+    if (e->pid[r] > 0 && e->pid[r] != except &&
+        (kill(e->pid[r], 0) == 0 || errno == EPERM))
+      mask |= 1u << r;
+  return mask;
+}
+
 bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,
                          const uint8_t secret[DCPX_CTL_SECRET_BYTES],
                          uid_t *owner) {

@@ -68,6 +68,11 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
                                 uid_t *owner, uint32_t *n_pids,
                                 const pid_t **pids);
 
+/* The ranks of entry `name` whose recorded process lives (bit r), other
+ * than `except` (0: none); 0 when there is no such entry. */
+uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name,
+                            pid_t except);
+
 /* True if `name` is a group this daemon created with this secret; its
  * owner in *owner. */
 bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,

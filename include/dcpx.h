@@ -58,6 +58,7 @@ extern "C" {
   X(DCPX_E_NOENT, -2, "no such group or file")                                \
   X(DCPX_E_INTR, -4, "interrupted")                                           \
   X(DCPX_E_IO, -5, "input/output error")                                      \
+  X(DCPX_E_AGAIN, -11, "try again")                                           \
   X(DCPX_E_NOMEM, -12, "out of memory")                                       \
   X(DCPX_E_ACCES, -13, "permission denied")                                   \
   X(DCPX_E_BUSY, -16, "busy")                                                 \
@@ -467,7 +468,11 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
  * the workspace cannot be allocated, or over dcpxd's byte cap),
  * connection errors. A join of join_timeout_ms 0 waits as long as dcpxd's
  * own join timeout (it says it in its Hello reply), plus 10 s should dcpxd
- * hang. */
+ * hang. After a dcpxd restart, a join into a group whose live ranks have
+ * not reattached yet (a replacement started at once) is refused by dcpxd
+ * for now (DCPX_E_AGAIN); dcpx_join sends it again every 100 ms, for up to
+ * the join timeout (then DCPX_E_TIMEDOUT, with dcpxd's reason), and joins
+ * as the dead rank's replacement once the others are back. */
 DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
                        const dcpx_join_opts *opts, dcpx_member **ret_member);
 

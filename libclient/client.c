@@ -423,8 +423,13 @@ static int join_send(dcpx_client *c, dcpx_member *m,
    * it to every rank. With auto, a failure only rules out nccl. */
   if (o->rank == 0 && o->backend == DCPX_BACKEND_CUDA &&
       o->transport != DCPX_TRANSPORT_LL) {
-    int r = dcpx__nccl_unique_id(m->join_nccl_id, sizeof(m->join_nccl_id),
-                                 &m->join_nccl_id_len);
+    /* one id per dcpx_join: a Join sent again (DCPX_E_AGAIN) reuses it,
+     * since each id starts a bootstrap thread of its own */
+    int r = m->join_nccl_id_len
+                ? 0
+                : dcpx__nccl_unique_id(m->join_nccl_id,
+                                       sizeof(m->join_nccl_id),
+                                       &m->join_nccl_id_len);
     if (r < 0 && o->transport == DCPX_TRANSPORT_NCCL)
       return r;
     if (r < 0)
@@ -462,6 +467,43 @@ static void join_withdraw(int sock, int ms) {
 
 static int client_interrupted(const dcpx_client *c) {
   return __atomic_load_n(&c->interrupt, __ATOMIC_ACQUIRE);
+}
+
+/* How often a Join that dcpxd asked to retry (DCPX_E_AGAIN) goes again. */
+#define JOIN_RETRY_MS 100
+
+/* dcpxd asked this join to try again (DCPX_E_AGAIN: the group awaits its
+ * ranks' reattach after a dcpxd restart): the connection and what came
+ * with the refusal are dropped, and after JOIN_RETRY_MS (in slices that
+ * see dcpx_client_interrupt) the caller sends the Join again, until the
+ * join timeout counted from the first refusal (*end, 0 until then).
+ * Returns 0 to go again, DCPX_E_TIMEDOUT (dcpxd's reason kept) or
+ * DCPX_E_INTR. */
+static int join_retry(dcpx_client *c, dcpx_member *m, Dcpx__Frame **rep,
+                      int *fds, int *nfds, uint64_t *end) {
+  for (int i = 0; i < *nfds; i++)
+    close(fds[i]);
+  *nfds = 0;
+  dcpx__frame_free(*rep);
+  *rep = NULL;
+  close(m->sock);
+  m->sock = -1;
+  const uint64_t now = dcpx__mono_ms();
+  if (!*end)
+    *end = now + dcpx__join_ms(m);
+  if (now >= *end) {
+    const size_t n = strlen(c->last_error);
+    snprintf(c->last_error + n, sizeof(c->last_error) - n,
+             " (still so after %u ms of retries)", dcpx__join_ms(m));
+    return DCPX_E_TIMEDOUT;
+  }
+  for (uint64_t t = now; t < now + JOIN_RETRY_MS; t = dcpx__mono_ms()) {
+    if (client_interrupted(c))
+      return DCPX_E_INTR;
+    struct timespec nap = {0, INTR_SLICE_MS * 1000000L};
+    nanosleep(&nap, NULL);
+  }
+  return 0;
 }
 
 /* Step 4: waits for the JoinReply (with its fds), or a refusal (whose
@@ -589,14 +631,19 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     r = DCPX_E_NOMEM;
     goto fail;
   }
-  r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error),
-                &m->daemon_join_ms);
-  if (r == 0 && client_interrupted(c)) /* the Hello took up to 5 s */
-    r = DCPX_E_INTR;
-  if (r == 0)
-    r = join_send(c, m, o);
-  if (r == 0)
-    r = join_wait_reply(c, m, &rep, fds, &nfds);
+  for (uint64_t retry_end = 0;;) {
+    r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error),
+                  &m->daemon_join_ms);
+    if (r == 0 && client_interrupted(c)) /* the Hello took up to 5 s */
+      r = DCPX_E_INTR;
+    if (r == 0)
+      r = join_send(c, m, o);
+    if (r == 0)
+      r = join_wait_reply(c, m, &rep, fds, &nfds);
+    if (r != DCPX_E_AGAIN ||
+        (r = join_retry(c, m, &rep, fds, &nfds, &retry_end)) < 0)
+      break;
+  }
   /* The reply came in the slice the interrupt did: the group formed, and
    * the rank leaves it again (dcpx.h) */
   if (r == 0 && client_interrupted(c))

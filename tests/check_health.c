@@ -76,17 +76,23 @@ static void finish(void) {
   memset(&g_d, 0, sizeof(g_d));
 }
 
-static int log_contains(const char *needle) {
+/* How often needle occurs in dcpxd's log (every start of this test's). */
+static int log_count(const char *needle) {
   static char buf[1 << 20];
   FILE *f = fopen(g_d.log, "r");
   size_t n;
+  int k = 0;
   if (!f)
     return 0;
   n = fread(buf, 1, sizeof(buf) - 1, f);
   fclose(f);
   buf[n] = 0;
-  return strstr(buf, needle) != NULL;
+  for (const char *p = buf; (p = strstr(p, needle)) != NULL; p++)
+    k++;
+  return k;
 }
+
+static int log_contains(const char *needle) { return log_count(needle) > 0; }
 
 static const char *const k_fault[] = {"--enable-fault-injection", NULL};
 
@@ -763,6 +769,46 @@ START_TEST(test_rank_dies_while_daemon_away) {
   CTL_JSON(0, "records", "--group", "away", "--json");
   hh_rec recs[8];
   HC_ASSERT(hh_parse_records(g_o.out, recs, 8) == timed_out, "%s", g_o.out);
+  finish();
+}
+END_TEST
+
+/* A rank dies while dcpxd is away, and its replacement joins as soon as
+ * dcpxd is back, before the survivors (waiting out their timeout) have
+ * reattached. dcpxd asks it to retry (DCPX_E_AGAIN) while the group's
+ * live ranks have not come back, and libdcpx does, so that it replaces the
+ * dead rank once they have. It used to start a second group of the same
+ * name, which the survivors' reattach then met as "another instance". */
+START_TEST(test_replacement_before_reattach) {
+  const uint32_t W = 2, victim = 1;
+  hh_spec sp = spec("early", W, 3000000000ull);
+  hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
+  pid_t pids[2];
+
+  start(NULL);
+  sh->recover = 1;
+  sh->poll_each = 1;
+  sh->victim_rank = (int32_t)victim;
+  sh->victim_call = 30;
+  sh->resume_at = 1000;
+  sh->stop_at = 1100;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  for (int i = 0; i < 2000 && !sh->victim_ready; i++)
+    hh_sleep_ms(5);
+  HC_ASSERT(sh->victim_ready, "victim: %s", hh_rank_errors(sh, W));
+  stop_clean();
+  kill(pids[victim], SIGKILL);
+  waitpid(pids[victim], NULL, 0);
+  start(NULL);
+  pids[victim] = hh_rank_fork(g_d.sock, &sp, sh, victim, 0, 1);
+  ranks_done(sh, pids, W);
+  HC_ASSERT(log_contains("awaits the reattach of its ranks"),
+            "the replacement's join was not asked to retry");
+  HC_ASSERT(log_count("group=early forming") == 1,
+            "a second group 'early' was started");
   finish();
 }
 END_TEST
@@ -1449,6 +1495,7 @@ int main(void) {
   ADD(test_kill9_replace);
   ADD(test_kill9_socket_held);
   ADD(test_daemon_restart);
+  ADD(test_replacement_before_reattach);
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
   ADD(test_replacement_before_the_others_return);

@@ -14,7 +14,7 @@ from typing import Dict, Optional, Type
 
 __all__ = [
     "DcpxError", "PermError", "NotFound", "Interrupted", "IoError",
-    "NoMemory",
+    "TryAgain", "NoMemory",
     "AccessDenied", "Busy", "Exists", "InvalidArgument", "RangeError",
     "NotSupported", "ProtocolError", "MessageTooLong", "ConnectionReset",
     "NotConnected", "TimedOut", "ConnectionRefused", "ShapeError",
@@ -88,6 +88,15 @@ class IoError(DcpxError):
     """Input/output error. (``DCPX_E_IO``, -5)"""
     code = -5
     name = "DCPX_E_IO"
+
+
+class TryAgain(DcpxError):
+    """Try again: dcpxd asked a join to come back later (the group awaits
+    its ranks' reattach after a dcpxd restart). libdcpx retries such a
+    join itself until its join timeout; this class is for a code from
+    elsewhere. (``DCPX_E_AGAIN``, -11)"""
+    code = -11
+    name = "DCPX_E_AGAIN"
 
 
 class NoMemory(DcpxError, MemoryError):
@@ -268,7 +277,8 @@ class TextError(DcpxError):
 #: code -> exception class, for every DCPX_E_* of include/dcpx.h.
 ERRORS: Dict[int, Type[DcpxError]] = {
     cls.code: cls for cls in (
-        PermError, NotFound, Interrupted, IoError, NoMemory, AccessDenied,
+        PermError, NotFound, Interrupted, IoError, TryAgain, NoMemory,
+        AccessDenied,
         Busy, Exists,
         InvalidArgument, RangeError, NotSupported, ProtocolError,
         MessageTooLong, ConnectionReset, NotConnected, TimedOut,
