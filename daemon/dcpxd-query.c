@@ -496,6 +496,18 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
     return;
   }
   g = dcpxd_group_find(c->m, cmd->group);
+  if (!g && cmd->kind == DCPX__COMMAND__KIND__RESET &&
+      dcpxd_secrets_remove(c->m->secrets, cmd->group)) {
+    /* An unattached group (left by a restart; its ranks have not
+     * reattached, and may never: they left while dcpxd was down): the
+     * operator drops it. A rank of it that reattaches later is refused
+     * (and listed by health while its process lives). */
+    log_notice("group=%s: unattached group dropped by a reset (pid %d uid "
+               "%u); a reattach of its ranks will be refused",
+               cmd->group, (int)c->pid, (unsigned)c->uid);
+    dcpxd_conn_reply(c, 0, "%s", "");
+    return;
+  }
   if (!g) {
     dcpxd_conn_reply(c, DCPX_E_NOENT, "no group '%.*s'", DCPXD_GROUP_NAME_MAX,
                      cmd->group ? cmd->group : "");

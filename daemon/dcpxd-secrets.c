@@ -251,13 +251,14 @@ void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
   s->dirty = true;
 }
 
-void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name) {
+bool dcpxd_secrets_remove(dcpxd_secrets *s, const char *name) {
   entry *e = find(s, name);
 
   if (!e)
-    return;
+    return false;
   *e = s->e[--s->n];
   s->dirty = true;
+  return true;
 }
 
 /* A flush that failed (a full disk, a read-only state dir) is tried

@@ -52,8 +52,9 @@ int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
 void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
                            uint32_t rank, pid_t pid);
 
-/* Forgets a group (destroyed); saved by the next flush (or add). */
-void dcpxd_secrets_remove(dcpxd_secrets *s, const char *name);
+/* Forgets a group (destroyed, or an unattached one an operator reset):
+ * false if there was no entry; saved by the next flush (or add). */
+bool dcpxd_secrets_remove(dcpxd_secrets *s, const char *name);
 
 /* Saves the changes not saved yet, if any: dcpxd calls it once per turn
  * of its event loop and at exit. 0 or a negative errno (logged). */

@@ -1483,6 +1483,37 @@ START_TEST(test_unattached_after_restart) {
 }
 END_TEST
 
+/* A group whose ranks left while dcpxd was down stays unattached (its
+ * processes live on, so dcpxd cannot tell they left); an operator's reset
+ * drops it: health and check are clean again, and the name is free. It
+ * used to answer "no group" while groups listed it. */
+START_TEST(test_unattached_reset) {
+  dcpx_client *c;
+  dcpx_member *m;
+
+  start(NULL);
+  join_alone("ub", &c, &m);
+  int st = hh_daemon_stop(&g_d, SIGTERM);
+  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  dcpx_leave(m); /* its Leave goes nowhere */
+  dcpx_disconnect(c);
+  start(NULL);
+  CTL(1, "health", "ub");
+  HC_ASSERT(strstr(g_o.out, "unattached"), "%s", g_o.out);
+  CTL(1, "check");
+  CTL(0, "reset", "--group", "ub");
+  CTL(0, "health");
+  HC_ASSERT(!strstr(g_o.out, "ub"), "%s", g_o.out);
+  CTL(0, "check");
+  CTL(4, "reset", "--group", "ub"); /* gone: no group */
+  join_alone("ub", &c, &m); /* the name is free */
+  CTL(0, "health", "ub");
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("health");
   TCase *tc = tcase_create("end-to-end");
@@ -1496,6 +1527,7 @@ int main(void) {
   ADD(test_kill9_socket_held);
   ADD(test_daemon_restart);
   ADD(test_replacement_before_reattach);
+  ADD(test_unattached_reset);
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
   ADD(test_replacement_before_the_others_return);
