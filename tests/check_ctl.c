@@ -522,6 +522,11 @@ START_TEST(test_trimmed_reply) {
     hh_sleep_ms(20);
   CTL(1, "health", "zz-broken");
 
+  CTL(0, "groups"); /* the listing says it is cut short too */
+  CC_ASSERT(strstr(g_o.out, "zz-broken") && strstr(g_o.err, "showing"),
+            "groups of every group: not the broken one, or no note:\n%.400s"
+            "\n%s",
+            g_o.out, g_o.err);
   CTL(1, "health"); /* every group: the broken one is in the reply */
   CC_ASSERT(strstr(g_o.out, "zz-broken") && strstr(g_o.err, "showing"),
             "health of every group: not the broken one, or no note:\n%.400s"

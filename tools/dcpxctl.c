@@ -643,6 +643,8 @@ static void human_groups(const Dcpx__QueryReply *qr) {
     print_shape(g);
     putchar('\n');
   }
+  if (qr->records_note && *qr->records_note) /* groups left out */
+    fprintf(stderr, "note: %s\n", qr->records_note);
 }
 
 /* Ranks that run unwatched: dcpxd refused their reattach (text). */
