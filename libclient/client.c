@@ -665,6 +665,22 @@ fail:
   if (r == DCPX_E_INTR && !c->last_error[0])
     snprintf(c->last_error, sizeof(c->last_error), "%s",
              "dcpx_client_interrupt stopped the join");
+  /* No reason from dcpxd: the connection's own (dcpxd answers a join
+   * that does not form with DCPX_E_TIMEDOUT and why, so a timeout here
+   * means it did not answer at all) */
+  if (!c->last_error[0] && r == DCPX_E_TIMEDOUT)
+    snprintf(c->last_error, sizeof(c->last_error),
+             "no answer from dcpxd within the join timeout and %d s more: "
+             "dcpxd hung or is stopped", JOIN_SLACK_MS / 1000);
+  else if (!c->last_error[0] && r == DCPX_E_CONNRESET)
+    snprintf(c->last_error, sizeof(c->last_error), "%s",
+             "dcpxd closed the connection during the join (it stopped or "
+             "restarted): join again");
+  else if (!c->last_error[0] &&
+           (r == DCPX_E_IO || r == DCPX_E_NOTCONN || r == -EPIPE))
+    snprintf(c->last_error, sizeof(c->last_error),
+             "the connection to dcpxd failed during the join (%s)",
+             dcpx_strerror(r));
   if (r == DCPX_E_INTR && m && m->sock >= 0)
     join_withdraw(m->sock, WITHDRAW_MS);
   DCPX_WARN("dcpx_join group %s rank %u: %s%s%s", o->group ? o->group : "?",
@@ -957,6 +973,7 @@ static void link_down(dcpx_member *m, uint64_t retry_in_ms) {
     close(m->sock);
   m->sock = -1;
   m->link = DCPX__LINK_DOWN;
+  m->refused = 0;
   m->retry_at_ms = dcpx__mono_ms() + retry_in_ms;
 }
 
@@ -1056,6 +1073,7 @@ static int reattach_refused(dcpx_member *m, const Dcpx__Reply *rep) {
             m->group, m->rank, rep->error && rep->error[0] ? rep->error : "-",
             dcpx_strerror(rep->status), RETRY_REFUSED_MS);
   link_down(m, RETRY_REFUSED_MS);
+  m->refused = rep->status;
   return rep->status;
 }
 
@@ -1106,17 +1124,20 @@ static int link_step(dcpx_member *m, int wait_ms, Dcpx__Frame **ret_frame) {
   uint64_t now = dcpx__mono_ms();
 
   if (m->link == DCPX__LINK_DOWN) {
+    /* until the retry: dcpxd's refusal of the last reattach, if it
+     * refused it, else "no dcpxd answers" */
+    const int down = m->refused ? m->refused : DCPX_E_CONNREFUSED;
     if (now < m->retry_at_ms) {
       uint64_t nap = m->retry_at_ms - now;
-      if (wait_ms <= 0)
-        return DCPX_E_CONNREFUSED;
-      (void)poll(NULL, 0, nap < (uint64_t)wait_ms ? (int)nap : wait_ms);
-      return DCPX_E_CONNREFUSED;
+      if (wait_ms > 0)
+        (void)poll(NULL, 0, nap < (uint64_t)wait_ms ? (int)nap : wait_ms);
+      return down;
     }
     r = link_reattach_start(m);
     if (r < 0) { /* not there (soon again), or a refusal (in a second) */
       m->retry_at_ms = now + (r == DCPX_E_CONNREFUSED ? RETRY_DOWN_MS
                                                       : RETRY_REFUSED_MS);
+      m->refused = r == DCPX_E_CONNREFUSED ? 0 : r;
       return r;
     }
   }

@@ -108,6 +108,9 @@ struct dcpx_member {
   uint64_t link_sent_ms;  /* REATTACHING: when the Join went out */
   uint32_t reattach_step; /* REATTACHING: 0 Hello answer due, 1 JoinReply */
   uint32_t reattaches;    /* successful reattaches so far */
+  int refused;            /* DOWN: dcpxd's code if it refused the last
+                             reattach (what dcpx_poll says until the
+                             retry), else 0 */
   /* dcpx_member_interrupt's flag: while set, dcpx_recover returns
    * DCPX_E_INTR (atomics only, as the client's) */
   int interrupt;

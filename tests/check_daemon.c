@@ -1816,6 +1816,10 @@ START_TEST(test_join_waits_the_daemons_timeout) {
   ck_assert_msg(r == DCPX_E_TIMEDOUT && took > 10.5 && took < 20.0,
                 "join to a hung dcpxd: %d (%s) after %.1f s (want 1 + 10)",
                 r, dcpx_strerror(r), took);
+  /* and says so: not the peers' absence (dcpxd's own timeout says that) */
+  const char *why = dcpx_client_last_error(c);
+  ck_assert_msg(why && strstr(why, "dcpxd hung"), "last error: %s",
+                why ? why : "(none)");
   dcpx_disconnect(c);
   daemon_stop();
 }

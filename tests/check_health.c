@@ -1411,6 +1411,13 @@ START_TEST(test_refused_reattach_shown) {
     hh_sleep_ms(10);
   }
   HC_ASSERT(r == DCPX_E_ACCES, "dcpx_poll: %d (%s)", r, dcpx_strerror(r));
+  /* until the retry (a second), each poll still says why: the refusal,
+   * not "no dcpxd listens" (DCPX_E_CONNREFUSED) */
+  for (int i = 0; i < 5; i++) {
+    r = dcpx_poll(m);
+    HC_ASSERT(r == DCPX_E_ACCES, "dcpx_poll %d after the refusal: %d (%s)",
+              i, r, dcpx_strerror(r));
+  }
   CTL(1, "health");
   HC_ASSERT(strstr(g_o.out, "rr rank 0 (pid") &&
                 strstr(g_o.out, "runs unwatched by dcpxd"),
