@@ -676,6 +676,10 @@ fail:
     snprintf(c->last_error, sizeof(c->last_error), "%s",
              "dcpxd closed the connection during the join (it stopped or "
              "restarted): join again");
+  else if (!c->last_error[0] && r == -EMFILE)
+    snprintf(c->last_error, sizeof(c->last_error), "%s",
+             "the descriptors of dcpxd's reply did not fit: this process "
+             "is at its open-file limit (RLIMIT_NOFILE, ulimit -n)");
   else if (!c->last_error[0] &&
            (r == DCPX_E_IO || r == DCPX_E_NOTCONN || r == -EPIPE))
     snprintf(c->last_error, sizeof(c->last_error),

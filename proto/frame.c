@@ -266,6 +266,15 @@ int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
     r = DCPX_E_MSGSIZE;
     goto fail;
   }
+  /* Descriptors cut short: fewer than the buffer holds came in, so the
+   * kernel could not install the rest here (this process is at its
+   * open-file limit: -EMFILE), or more were sent than the buffer holds
+   * (the sender's fault: DCPX_E_FDS). */
+  if ((mh.msg_flags & MSG_CTRUNC) &&
+      nfds_sent < (sizeof(ctl.buf) - CMSG_LEN(0)) / sizeof(int)) {
+    r = -EMFILE;
+    goto fail;
+  }
   if ((mh.msg_flags & MSG_CTRUNC) || (fds && nfds_sent > (size_t)maxfds)) {
     r = DCPX_E_FDS;
     goto fail;

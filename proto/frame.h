@@ -38,6 +38,8 @@ DCPX__HIDDEN int dcpx__frame_send(int sock, const Dcpx__Frame *f,
  * closed); DCPX_E_CONNRESET at end of stream; -EAGAIN if non-blocking and
  * nothing is queued; DCPX_E_MSGSIZE for an oversized packet; DCPX_E_FDS
  * for one with more than maxfds (or DCPX_FRAME_MAX_FDS) descriptors;
+ * -EMFILE when this process had no room for the descriptors sent (its
+ * open-file limit);
  * DCPX_E_PROTO for one that does not unpack or names no message;
  * DCPX_E_TEXT for a string field that is not text. */
 DCPX__HIDDEN int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds,

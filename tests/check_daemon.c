@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -983,6 +984,43 @@ START_TEST(test_fork_child) {
 }
 END_TEST
 
+/* A join whose reply's descriptors do not fit under the process's
+ * open-file limit says so: -EMFILE, the reason naming the limit (it was
+ * DCPX_E_FDS, "too many file descriptors in one message", a fault of the
+ * sender's, with no reason). */
+START_TEST(test_join_at_fd_limit) {
+  spec sp = small("fdlimit", 1);
+  daemon_start();
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    dcpx_shape sh;
+    dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+    dcpx_client *c = NULL;
+    dcpx_member *m = NULL;
+    shape_of(&sp, &sh);
+    jo.group = sp.group;
+    if (dcpx_connect(g_sock, &c) < 0)
+      _exit(2);
+    /* the join's socket takes the lowest free fd; the reply's two (the
+     * control page, the workspace) would take the next two: leave one */
+    const int probe = dup(0);
+    close(probe);
+    struct rlimit rl = {(rlim_t)probe + 2, (rlim_t)probe + 2};
+    if (probe < 0 || setrlimit(RLIMIT_NOFILE, &rl) < 0)
+      _exit(3);
+    const int r = dcpx_join(c, &sh, &jo, &m);
+    const char *why = dcpx_client_last_error(c);
+    _exit(r == -EMFILE && why && strstr(why, "open-file limit") ? 0 : 1);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "join at the fd limit: child status 0x%x", st);
+  daemon_stop();
+}
+END_TEST
+
 START_TEST(test_daemon_survives_abuse) {
   daemon_start();
   /* Wrong version: a clear error. */
@@ -1877,6 +1915,7 @@ int main(void) {
   tcase_add_test(tc, test_nccl_id_of_departed_rank0);
   tcase_add_test(tc, test_timeout_floor_and_nccl_fault);
   tcase_add_test(tc, test_fork_child);
+  tcase_add_test(tc, test_join_at_fd_limit);
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
   tcase_add_test(tc, test_refused_join_reason);
