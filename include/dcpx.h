@@ -777,8 +777,10 @@ DCPX_API int dcpx_member_async_error(const dcpx_member *m,
  * watches this rank's health until the member is attached again.
  *
  * It touches only the member's link to dcpxd, never what dcpx_push and
- * dcpx_merge use, so it may run on another thread while they run (not
- * while dcpx_health, dcpx_recover or dcpx_leave run on the member). */
+ * dcpx_merge use, so it may run on another thread while they run.
+ * dcpx_poll, dcpx_health and dcpx_recover of one member run one at a time:
+ * one called while another runs on another thread returns DCPX_E_BUSY and
+ * does nothing. dcpx_leave must not overlap any call of the member. */
 DCPX_API int dcpx_poll(dcpx_member *m);
 
 /* After a failed call: acknowledge to dcpxd (the host backend has nothing

@@ -1174,13 +1174,24 @@ static int link_step(dcpx_member *m, int wait_ms, Dcpx__Frame **ret_frame) {
   return 1;
 }
 
-int dcpx_poll(dcpx_member *m) {
+/* dcpx_poll, dcpx_health and dcpx_recover drive the member's link (its
+ * socket, its reattach), one at a time (dcpx.h): a second one that
+ * overlaps is refused with DCPX_E_BUSY instead of reading the same socket
+ * (which could leave the member unattached for good). Atomics only. */
+static int link_enter(dcpx_member *m) {
+  return __atomic_exchange_n(&m->link_busy, 1, __ATOMIC_ACQUIRE)
+             ? DCPX_E_BUSY
+             : 0;
+}
+
+static void link_exit(dcpx_member *m) {
+  __atomic_store_n(&m->link_busy, 0, __ATOMIC_RELEASE);
+}
+
+/* dcpx_poll's work, the link entered. */
+static int poll_link(dcpx_member *m) {
   int r = 0;
 
-  if (!m)
-    return DCPX_E_INVAL;
-  if (member_forked(m)) /* the link is the parent's */
-    return forked_refuse(m, "dcpx_poll");
   if (m->link == DCPX__LINK_NONE)
     return 0;
   for (int i = 0; i < POLL_BATCH; i++) {
@@ -1201,14 +1212,30 @@ int dcpx_poll(dcpx_member *m) {
   return r < 0 ? r : DCPX_E_NOTCONN;
 }
 
+int dcpx_poll(dcpx_member *m) {
+  int r;
+  if (!m)
+    return DCPX_E_INVAL;
+  if (member_forked(m)) /* the link is the parent's */
+    return forked_refuse(m, "dcpx_poll");
+  if ((r = link_enter(m)) < 0)
+    return r;
+  r = poll_link(m);
+  link_exit(m);
+  return r;
+}
+
 int dcpx_health(dcpx_member *m, dcpx_health_info *ret) {
   dcpx_health_info h;
   size_t n;
+  int r;
   if (!m || !ret || ret->size < offsetof(dcpx_health_info, daemon_link))
     return DCPX_E_INVAL;
   if (member_forked(m))
     return forked_refuse(m, "dcpx_health");
-  (void)dcpx_poll(m); /* keeps the link, as documented */
+  if ((r = link_enter(m)) < 0)
+    return r;
+  (void)poll_link(m); /* keeps the link, as documented */
   n = ret->size < sizeof(h) ? ret->size : sizeof(h);
   memset(&h, 0, sizeof(h));
   h.size = (uint32_t)n;
@@ -1231,6 +1258,7 @@ int dcpx_health(dcpx_member *m, dcpx_health_info *ret) {
   h.daemon_link = m->link == DCPX__LINK_UP;
   h.reattaches = m->reattaches;
   memcpy(ret, &h, n);
+  link_exit(m);
   return 0;
 }
 
@@ -1253,7 +1281,23 @@ static int recover_done(dcpx_member *m) {
   return 0;
 }
 
+static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms);
+
 int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
+  int r;
+  if (!m)
+    return DCPX_E_INVAL;
+  if (member_forked(m))
+    return forked_refuse(m, "dcpx_recover");
+  if ((r = link_enter(m)) < 0)
+    return r;
+  r = recover_link(m, stream, timeout_ms);
+  link_exit(m);
+  return r;
+}
+
+/* dcpx_recover's work, the link entered. */
+static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const uint64_t end = dcpx__mono_ms() + timeout_ms;
   Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
   Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
@@ -1263,17 +1307,13 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   int drained = 0; /* the stream, before the first acknowledgement */
 #endif
 
-  if (!m)
-    return DCPX_E_INVAL;
-  if (member_forked(m))
-    return forked_refuse(m, "dcpx_recover");
   DCPX_INFO("dcpx_recover group %s rank %u (abort %u, failed %u)", m->group,
             m->rank, m->hdr ? m->hdr->abort : 0,
             m->health ? m->health[m->rank].failed : 0);
   (void)stream; /* host backend: nothing is in flight once a call returned */
   if (m->link == DCPX__LINK_NONE)
     return DCPX_E_NOTCONN;
-  (void)dcpx_poll(m); /* drain old events; reattach if the daemon is new */
+  (void)poll_link(m); /* drain old events; reattach if the daemon is new */
   for (;;) {
     if (acked && recovered_since(m, gen))
       return recover_done(m);

@@ -108,6 +108,7 @@ struct dcpx_member {
   uint64_t link_sent_ms;  /* REATTACHING: when the Join went out */
   uint32_t reattach_step; /* REATTACHING: 0 Hello answer due, 1 JoinReply */
   uint32_t reattaches;    /* successful reattaches so far */
+  int link_busy; /* dcpx_poll, dcpx_health or dcpx_recover runs (atomic) */
   int refused;            /* DOWN: dcpxd's code if it refused the last
                              reattach (what dcpx_poll says until the
                              retry), else 0 */

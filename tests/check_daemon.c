@@ -1779,6 +1779,12 @@ START_TEST(test_interrupt) {
   in.row_ends = ends;
   ck_assert_int_lt(dcpx_push(a.m, &in, NULL), 0);
   ck_assert_int_eq(pthread_create(&th, NULL, intr_recover, &a), 0);
+  /* the recovery drives the member's link: a poll or a health query from
+   * another thread meanwhile is refused, and does nothing */
+  usleep(100000);
+  dcpx_health_info hi = DCPX_HEALTH_INFO_INIT;
+  ck_assert_int_eq(dcpx_poll(a.m), DCPX_E_BUSY);
+  ck_assert_int_eq(dcpx_health(a.m, &hi), DCPX_E_BUSY);
   took = intr_after(th, member_intr, a.m);
   ck_assert_msg(a.r == DCPX_E_INTR && took < 0.5,
                 "recover interrupted: %d (%s) after %.2f s", a.r,
@@ -1790,6 +1796,8 @@ START_TEST(test_interrupt) {
   ck_assert_msg(r == DCPX_E_TIMEDOUT && took > 0.25,
                 "recover again: %d (%s) after %.2f s", r, dcpx_strerror(r),
                 took);
+  ck_assert_int_eq(dcpx_poll(a.m), 0); /* none runs now */
+  ck_assert_int_eq(dcpx_health(a.m, &hi), 0);
   kill(peer, SIGKILL);
   waitpid(peer, NULL, 0);
   dcpx_leave(a.m);
