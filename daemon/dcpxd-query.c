@@ -89,6 +89,8 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
     ri->device_uuid.len = g->member[r].uuid_len;
     ri->device_uuid.data = (uint8_t *)g->member[r].uuid;
     ri->timeouts = g->member[r].timeouts;
+    ri->acknowledged =
+        g->state == DCPXD_GROUP_RECOVERING && g->member[r].acked;
     if (g->hdr) {
       const dcpx_rank_health *h = dcpxd_group_health(g, r);
       /* a rank awaited since a restart is not attached to this daemon,

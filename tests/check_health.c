@@ -1252,6 +1252,56 @@ START_TEST(test_unseen_pid_after_restart) {
 }
 END_TEST
 
+/* A recovery held up by a rank that does not drain (stopped): health
+ * marks which ranks have acknowledged and which not, and check names the
+ * ranks it waits for; before, the stopped rank showed as "live" and only
+ * the victim that timed out as FAILED, pointing the operator at the wrong
+ * rank. */
+START_TEST(test_recovery_acknowledgements) {
+  const uint32_t W = 2;
+  hh_spec sp = spec("acks", W, 500000000ull);
+  hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
+  pid_t pids[2];
+
+  start(NULL);
+  sh->recover = 1;
+  sh->stop_at = 1u << 30;
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  kill(pids[1], SIGSTOP);
+  wait_unhealthy("acks", "\"state\":\"recovering\"",
+                 "\"acknowledged\":true");
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"recovering\"") &&
+                strstr(g_o.out, "\"rank\":0,") &&
+                strstr(g_o.out, "\"acknowledged\":true") &&
+                strstr(g_o.out, "\"acknowledged\":false"),
+            "%s", g_o.out);
+  CTL(1, "health", "acks");
+  HC_ASSERT(strstr(g_o.out, "rank 0") && strstr(g_o.out, "  acknowledged") &&
+                strstr(g_o.out, "NOT ACKNOWLEDGED"),
+            "%s", g_o.out);
+  CTL(2, "check"); /* CRITICAL: rank 0 FAILED, as it timed out */
+  HC_ASSERT(strstr(g_o.out, "group acks recovering (not acknowledged by "
+                            "rank 1)"),
+            "%s", g_o.out);
+  kill(pids[1], SIGCONT);
+  const uint64_t p = hh_max_progress(sh, W);
+  HC_ASSERT(hh_wait_progress(sh, W, p + 20, 20000) == 0, "%s",
+            hh_rank_errors(sh, W));
+  CTL_JSON(0, "health", "acks", "--json"); /* running: no such field */
+  HC_ASSERT(strstr(g_o.out, "\"acknowledged\":null"), "%s", g_o.out);
+  for (uint32_t r = 0; r < W; r++) {
+    kill(pids[r], SIGKILL);
+    waitpid(pids[r], NULL, 0);
+  }
+  finish();
+}
+END_TEST
+
 /* The shape and join options of group sp (rank to be set). */
 static void join_args(const hh_spec *sp, dcpx_shape *shape,
                       dcpx_join_opts *jo) {
@@ -1535,6 +1585,7 @@ int main(void) {
   ADD(test_daemon_restart);
   ADD(test_replacement_before_reattach);
   ADD(test_unattached_reset);
+  ADD(test_recovery_acknowledgements);
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
   ADD(test_replacement_before_the_others_return);

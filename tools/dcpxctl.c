@@ -451,6 +451,10 @@ static bool gpu_uuid(const Dcpx__RankInfo *r, char *out, size_t n) {
   return true;
 }
 
+static bool recovering(const Dcpx__GroupInfo *g) {
+  return g->state && strcmp(g->state, "recovering") == 0;
+}
+
 /* A rank's state; the bad ones in capitals for humans (`shout`), all in
  * lower case for JSON. */
 static const char *rank_state(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
@@ -560,6 +564,10 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
         jw_null(&w, "device_uuid");
       jw_bool(&w, "alarm", r->alarm);
       jw_bool(&w, "failed", r->failed);
+      if (recovering(g))
+        jw_bool(&w, "acknowledged", r->acknowledged);
+      else
+        jw_null(&w, "acknowledged");
       jw_u64(&w, "calls", r->calls);
       jw_u64(&w, "rows", r->rows);
       jw_u64(&w, "rescue_rows", r->rescue_rows);
@@ -736,6 +744,8 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
                r->rows, r->rescue_rows, r->failed_calls);
       else if (r->failed_calls)
         printf("  failed_calls %" PRIu64, r->failed_calls);
+      if (recovering(g)) /* who holds the recovery up */
+        printf("  %s", r->acknowledged ? "acknowledged" : "NOT ACKNOWLEDGED");
       putchar('\n');
     }
     if (g->last_record) {
@@ -1648,9 +1658,16 @@ static void check_group(const Dcpx__GroupInfo *g, const check_limits *l,
             "group %s not reattached since dcpxd restarted", g->name);
     return;
   }
-  if (g->state && strcmp(g->state, "recovering") == 0)
-    problem(f->warn, sizeof(f->warn), "group %s recovering", g->name);
-  else if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
+  if (recovering(g)) {
+    char who[96] = "";
+    for (size_t k = 0, n = 0; k < g->n_ranks && n < 8; k++)
+      if (g->ranks[k] && !g->ranks[k]->acknowledged)
+        snprintf(who + strlen(who), sizeof(who) - strlen(who), "%s%u",
+                 n++ ? "," : "", g->ranks[k]->rank);
+    problem(f->warn, sizeof(f->warn),
+            "group %s recovering (not acknowledged by rank %s)", g->name,
+            who[0] ? who : "-");
+  } else if (!g->state || strcmp(g->state, "aborted") == 0 || g->abort)
     problem(f->crit, sizeof(f->crit), "group %s aborted (%s)", g->name,
             dcpx__abort_reason_name(g->abort));
   for (size_t k = 0; k < g->n_ranks; k++) {
