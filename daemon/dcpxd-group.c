@@ -1276,6 +1276,7 @@ static int join_device(dcpxd_conn *c, const Dcpx__Join *j,
 
 static void group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
                        int nfds);
+static bool join_unattached(dcpxd_conn *c, const Dcpx__Join *j);
 
 /* A Join. Any refusal of a reattaching one, its arguments' and its
  * device's included (a dcpxd restarted without the rank's GPU), is noted
@@ -1326,25 +1327,49 @@ static void group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
    * create groups of the name under the group-owner rules) */
   if (!g && !join_allowed(c, NULL, j->group))
     return;
-  /* Not while a group of the name that a restart left unattached has live
-   * ranks (other than the joiner: a process that left it while dcpxd was
-   * down may join anew): they hold its workspace and reattach at their
-   * next poll or recover, and a new group now would split the name in
-   * two. The joiner is asked to retry (libdcpx does, until its join
-   * timeout); once a rank reattached, the same Join replaces a dead rank
-   * (docs/PROTOCOL.md 10.3). */
-  const uint32_t live =
-      g ? 0u : dcpxd_secrets_live(c->m->secrets, j->group, c->pid);
-  if (live)
-    return join_refuse(c, DCPX_E_AGAIN,
-                       "group '%s' awaits the reattach of its ranks after a "
-                       "dcpxd restart (ranks of mask 0x%x still live): "
-                       "retry once they have reattached (at their next "
-                       "dcpx_poll or dcpx_recover)",
-                       j->group, live);
+  if (!g && !join_unattached(c, j))
+    return;
   if (!g && !(g = group_new(c, j, &shape, transport, mem)))
     return;
   join_forming(c, j, g);
+}
+
+/* A fresh Join (not a reattach) of a name that a restart left unattached
+ * (docs/PROTOCOL.md 10.3): its live ranks hold the group's workspace and
+ * reattach at their next poll or recover, and a new group now would split
+ * the name in two. So, within one join timeout of dcpxd's start, the
+ * joiner is asked to retry (DCPX_E_AGAIN; libdcpx does, until its own
+ * join timeout), and once a rank reattached the same Join replaces a
+ * dead rank. Unless the joiner is itself one of the group's processes: it
+ * left its rank while dcpxd was down (the Leave was lost) and joins anew,
+ * so the old group is given up (its other ranks, if they come back, are
+ * refused). Past the join timeout the ranks that did not come back are
+ * taken to have left too. false: refused. */
+static bool join_unattached(dcpxd_conn *c, const Dcpx__Join *j) {
+  bool listed = false;
+  const uint32_t live =
+      dcpxd_secrets_live(c->m->secrets, j->group, c->pid, &listed);
+  const uint64_t waited_ms =
+      (dcpxd_now_ns(CLOCK_MONOTONIC) - c->m->started_ns) / 1000000u;
+  if (listed || (live && waited_ms >= c->m->conf->join_timeout_ms)) {
+    if (dcpxd_secrets_remove(c->m->secrets, j->group))
+      log_notice("group=%s: the unattached group is given up (%s): a new "
+                 "group of the name forms; a reattach of its old ranks "
+                 "will be refused",
+                 j->group,
+                 listed ? "one of its processes joins it afresh"
+                        : "its ranks did not reattach within the join "
+                          "timeout");
+    return true;
+  }
+  if (!live)
+    return true;
+  join_refuse(c, DCPX_E_AGAIN,
+              "group '%s' awaits the reattach of its ranks after a dcpxd "
+              "restart (ranks of mask 0x%x still live): retry once they "
+              "have reattached (at their next dcpx_poll or dcpx_recover)",
+              j->group, live);
+  return false;
 }
 
 /* ---- abort --------------------------------------------------------------- */

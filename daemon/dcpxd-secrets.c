@@ -290,13 +290,18 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
 }
 
 uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name,
-                            pid_t except) {
+                            pid_t except, bool *ret_listed) {
   const entry *e = s ? find(s, name) : NULL;
   uint32_t mask = 0;
-  for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++)
-    if (e->pid[r] > 0 && e->pid[r] != except &&
-        (kill(e->pid[r], 0) == 0 || errno == EPERM))
+  bool listed = false;
+  for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++) {
+    if (except > 0 && e->pid[r] == except)
+      listed = true;
+    else if (e->pid[r] > 0 && (kill(e->pid[r], 0) == 0 || errno == EPERM))
       mask |= 1u << r;
+  }
+  if (ret_listed)
+    *ret_listed = listed;
   return mask;
 }
 

@@ -70,9 +70,10 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
                                 const pid_t **pids);
 
 /* The ranks of entry `name` whose recorded process lives (bit r), other
- * than `except` (0: none); 0 when there is no such entry. */
+ * than `except`'s (0: none), and in *ret_listed (may be NULL) whether
+ * `except` is one of its processes; 0 when there is no such entry. */
 uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name,
-                            pid_t except);
+                            pid_t except, bool *ret_listed);
 
 /* True if `name` is a group this daemon created with this secret; its
  * owner in *owner. */

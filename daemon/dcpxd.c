@@ -340,6 +340,7 @@ int main(int argc, char **argv) {
     goto out_records;
   }
   m->loop = &loop;
+  m->started_ns = dcpxd_now_ns(CLOCK_MONOTONIC);
   uv_idle_init(m->loop, &m->reaper);
   m->reaper.data = m;
   uv_timer_init(m->loop, &m->health_timer);

@@ -1324,6 +1324,78 @@ static void join_alone(const char *name, dcpx_client **c, dcpx_member **m) {
   HC_ASSERT(dcpx_join(*c, &shape, &jo, m) == 0, "join");
 }
 
+/* Rank r of W=2 group `name` joined from this process (the shape of
+ * join_alone's, world 2): the member, or NULL. */
+static dcpx_member *join_pair(const char *name, uint32_t r, dcpx_client **c) {
+  hh_spec sp = spec(name, 2, 2000000000ull);
+  dcpx_shape shape;
+  dcpx_join_opts jo;
+  dcpx_member *m = NULL;
+  join_args(&sp, &shape, &jo);
+  jo.rank = r;
+  if (dcpx_connect(g_d.sock, c) < 0 || dcpx_join(*c, &shape, &jo, &m) < 0)
+    return NULL;
+  return m;
+}
+
+/* Every rank of a group leaves while dcpxd is down (their Leaves are
+ * lost), then the same processes join the name afresh at once: the group
+ * forms again right away. The unattached group's live ranks are its own
+ * joiners, so nobody will reattach: the first of its processes to join
+ * afresh gives it up. (With only "retry while other ranks live", each
+ * joiner waited for the other: the soak test's gangs timed out.) */
+START_TEST(test_rejoin_after_leave_while_down) {
+  int go[2], done[2];
+  HC_ASSERT(pipe(go) == 0 && pipe(done) == 0, "pipe");
+  start(NULL);
+  const pid_t pid = fork();
+  HC_ASSERT(pid >= 0, "fork");
+  if (pid == 0) { /* rank 1 */
+    dcpx_client *c;
+    char b;
+    dcpx_member *m = join_pair("ud", 1, &c);
+    if (!m || read(go[0], &b, 1) != 1) /* dcpxd is down */
+      _exit(1);
+    dcpx_leave(m);
+    dcpx_disconnect(c);
+    if (read(go[0], &b, 1) != 1) /* dcpxd is back */
+      _exit(2);
+    m = join_pair("ud", 1, &c);
+    if (write(done[1], "x", 1) != 1 || !m)
+      _exit(3);
+    dcpx_leave(m);
+    dcpx_disconnect(c);
+    _exit(0);
+  }
+  dcpx_client *c;
+  dcpx_member *m = join_pair("ud", 0, &c);
+  HC_ASSERT(m != NULL, "first join");
+  int st = hh_daemon_stop(&g_d, SIGTERM);
+  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  HC_ASSERT(write(go[1], "x", 1) == 1, "go");
+  dcpx_leave(m); /* its Leave goes nowhere */
+  dcpx_disconnect(c);
+  hh_sleep_ms(100); /* the child left too */
+  start(NULL);
+  HC_ASSERT(write(go[1], "x", 1) == 1, "go");
+  const uint64_t t0 = hh_mono();
+  m = join_pair("ud", 0, &c);
+  const uint64_t ms = (hh_mono() - t0) / 1000000u;
+  char b;
+  HC_ASSERT(read(done[0], &b, 1) == 1, "rank 1 did not get through");
+  HC_ASSERT(m != NULL && ms < 5000, "join afresh: %s after %llu ms",
+            m ? "joined" : "failed", (unsigned long long)ms);
+  HC_ASSERT(log_contains("one of its processes joins it afresh"),
+            "the unattached group was not given up");
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  HC_ASSERT(waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
+                WEXITSTATUS(st) == 0,
+            "rank 1: status 0x%x", st);
+  finish();
+}
+END_TEST
+
 /* A member that leaves with an event it never read (its group aborted
  * when a peer left first) closes its socket with data unread, so dcpxd
  * sees a reset (POLLERR) before it reads the Leave the member sent. It
@@ -1585,6 +1657,7 @@ int main(void) {
   ADD(test_daemon_restart);
   ADD(test_replacement_before_reattach);
   ADD(test_unattached_reset);
+  ADD(test_rejoin_after_leave_while_down);
   ADD(test_recovery_acknowledgements);
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
