@@ -1364,11 +1364,14 @@ static bool join_unattached(dcpxd_conn *c, const Dcpx__Join *j) {
   }
   if (!live)
     return true;
+  const uint64_t left_ms = c->m->conf->join_timeout_ms - waited_ms;
   join_refuse(c, DCPX_E_AGAIN,
               "group '%s' awaits the reattach of its ranks after a dcpxd "
               "restart (ranks of mask 0x%x still live): retry once they "
-              "have reattached (at their next dcpx_poll or dcpx_recover)",
-              j->group, live);
+              "have reattached (at their next dcpx_poll or dcpx_recover), "
+              "at most %" PRIu64 " ms more; an admin's 'dcpxctl reset "
+              "--group %s' gives the old group up now",
+              j->group, live, left_ms, j->group);
   return false;
 }
 

@@ -289,6 +289,24 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
   return s->e[i].name;
 }
 
+/* Whether process pid lives: it exists (kill 0; EPERM: another uid's)
+ * and is not a zombie (dead, its parent has not reaped it yet: the
+ * state after the command's closing parenthesis in /proc/PID/stat). */
+static bool pid_live(pid_t pid) {
+  char path[64], buf[512];
+  if (pid <= 0 || (kill(pid, 0) < 0 && errno != EPERM))
+    return false;
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return true; /* no procfs: taken as alive */
+  const size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');
+  return !(p && p[1] == ' ' && p[2] == 'Z');
+}
+
 uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name,
                             pid_t except, bool *ret_listed) {
   const entry *e = s ? find(s, name) : NULL;
@@ -297,7 +315,7 @@ uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name,
   for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++) {
     if (except > 0 && e->pid[r] == except)
       listed = true;
-    else if (e->pid[r] > 0 && (kill(e->pid[r], 0) == 0 || errno == EPERM))
+    else if (pid_live(e->pid[r]))
       mask |= 1u << r;
   }
   if (ret_listed)

@@ -491,12 +491,13 @@ static int join_retry(dcpx_client *c, dcpx_member *m, Dcpx__Frame **rep,
   const uint64_t now = dcpx__mono_ms();
   if (!*end)
     *end = now + dcpx__join_ms(m);
-  if (now >= *end) {
+  if (now >= *end) { /* dcpxd's reason stays */
     const size_t n = strlen(c->last_error);
     snprintf(c->last_error + n, sizeof(c->last_error) - n,
              " (still so after %u ms of retries)", dcpx__join_ms(m));
     return DCPX_E_TIMEDOUT;
   }
+  c->last_error[0] = '\0'; /* the next attempt's own, if any */
   for (uint64_t t = now; t < now + JOIN_RETRY_MS; t = dcpx__mono_ms()) {
     if (client_interrupted(c))
       return DCPX_E_INTR;

@@ -1396,6 +1396,97 @@ START_TEST(test_rejoin_after_leave_while_down) {
 }
 END_TEST
 
+/* A W=2 rank of group `name` in a child process: joins, says so on wr,
+ * waits (rd) until dcpxd restarted, then exits at once (poll_after_ms <
+ * 0) or, after poll_after_ms, polls (reattaches) for 4 s and exits. */
+static void restart_rank(const char *name, uint32_t rank, int rd, int wr,
+                         int poll_after_ms) {
+  dcpx_client *c;
+  char x = 1;
+  dcpx_member *m = join_pair(name, rank, &c);
+  if (!m || write(wr, &x, 1) != 1 || read(rd, &x, 1) != 1)
+    _exit(3);
+  if (poll_after_ms < 0)
+    _exit(0);
+  hh_sleep_ms((unsigned)poll_after_ms);
+  for (int i = 0; i < 400; i++) {
+    (void)dcpx_poll(m);
+    hh_sleep_ms(10);
+  }
+  _exit(0);
+}
+
+/* A join that dcpxd asked to retry (the survivor reattaches 800 ms after
+ * the restart) and that then succeeds leaves no reason behind: dcpx.h
+ * says the last error is NULL after a success (it kept the refusal). */
+START_TEST(test_retried_join_last_error) {
+  int up[2], dn0[2], dn1[2];
+  char x = 1;
+  HC_ASSERT(pipe(up) == 0 && pipe(dn0) == 0 && pipe(dn1) == 0, "pipe");
+  start(NULL);
+  const pid_t a = fork();
+  if (a == 0)
+    restart_rank("rj", 0, dn0[0], up[1], 800);
+  const pid_t b = fork();
+  if (b == 0)
+    restart_rank("rj", 1, dn1[0], up[1], -1);
+  HC_ASSERT(read(up[0], &x, 1) == 1 && read(up[0], &x, 1) == 1, "joined");
+  stop_clean();
+  HC_ASSERT(write(dn1[1], &x, 1) == 1, "go"); /* rank 1 exits */
+  waitpid(b, NULL, 0);
+  start(NULL);
+  HC_ASSERT(write(dn0[1], &x, 1) == 1, "go"); /* back in 800 ms */
+  dcpx_client *c;
+  dcpx_member *m = join_pair("rj", 1, &c);
+  const char *why = dcpx_client_last_error(c);
+  HC_ASSERT(m != NULL, "the replacement did not join: %s", why ? why : "-");
+  HC_ASSERT(log_contains("awaits the reattach of its ranks"),
+            "the join was not asked to retry");
+  HC_ASSERT(why == NULL, "last error after a successful join: %s", why);
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  waitpid(a, NULL, 0);
+  finish();
+}
+END_TEST
+
+/* A rank process that died while dcpxd was down, not reaped by its parent
+ * yet (a zombie), is dead: a new join of the name goes ahead at once (its
+ * pid still "existed" for kill(pid, 0), and the join was refused). */
+START_TEST(test_zombie_rank_is_dead) {
+  int pp[2], qq[2];
+  char x = 1;
+  HC_ASSERT(pipe(pp) == 0 && pipe(qq) == 0, "pipe");
+  start(NULL);
+  const pid_t k = fork();
+  if (k == 0) {
+    dcpx_client *c;
+    dcpx_member *m;
+    join_alone("zz", &c, &m);
+    if (write(pp[1], &x, 1) != 1 || read(qq[0], &x, 1) != 1)
+      _exit(3);
+    _exit(0); /* dies with its member while dcpxd is down */
+  }
+  HC_ASSERT(read(pp[0], &x, 1) == 1, "child joined");
+  stop_clean();
+  HC_ASSERT(write(qq[1], &x, 1) == 1, "go");
+  hh_sleep_ms(300); /* a zombie now: not reaped */
+  start(NULL);
+  dcpx_client *c;
+  dcpx_member *m;
+  const uint64_t t0 = hh_mono();
+  join_alone("zz", &c, &m);
+  const uint64_t ms = (hh_mono() - t0) / 1000000u;
+  waitpid(k, NULL, 0);
+  HC_ASSERT(ms < 1000, "join took %llu ms", (unsigned long long)ms);
+  HC_ASSERT(!log_contains("awaits the reattach of its ranks"),
+            "refused while the dead rank was a zombie");
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 /* A member that leaves with an event it never read (its group aborted
  * when a peer left first) closes its socket with data unread, so dcpxd
  * sees a reset (POLLERR) before it reads the Leave the member sent. It
@@ -1658,6 +1749,8 @@ int main(void) {
   ADD(test_replacement_before_reattach);
   ADD(test_unattached_reset);
   ADD(test_rejoin_after_leave_while_down);
+  ADD(test_retried_join_last_error);
+  ADD(test_zombie_rank_is_dead);
   ADD(test_recovery_acknowledgements);
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
