@@ -522,6 +522,12 @@ static void read_frames(dcpxd_conn *c) {
       conn_protocol_error(c, r, recv_error_text(r));
       break;
     }
+    if (r == -EMFILE) { /* the descriptors a reattach brings: no room */
+      conn_protocol_error(c, DCPX_E_BUSY,
+                          "dcpxd is out of file descriptors (its open-file "
+                          "limit, LimitNOFILE): retry later");
+      break;
+    }
     if (r < 0) {
       dcpxd_conn_close(c, LOG_INFO, "receive failed: %s", dcpx_strerror(r));
       break;

@@ -1160,8 +1160,10 @@ static int link_step(dcpx_member *m, int wait_ms, Dcpx__Frame **ret_frame) {
     return 0;
   }
   if (r < 0) {
-    /* EOF: the daemon went away. Reconnect at once (it may be back). */
-    link_down(m, 0);
+    /* EOF: the daemon went away. Reconnect at once (it may be back); but a
+     * reattach whose connection ended before its answers came (dcpxd
+     * closed it) waits as after a refusal: no reconnect storm. */
+    link_down(m, m->link == DCPX__LINK_REATTACHING ? RETRY_REFUSED_MS : 0);
     return r == -ECONNRESET || r == -EPIPE ? DCPX_E_CONNRESET : r;
   }
   if (m->link == DCPX__LINK_REATTACHING) {

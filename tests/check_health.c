@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <check.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include "health_harness.h"
 
@@ -1487,6 +1488,72 @@ START_TEST(test_zombie_rank_is_dead) {
 }
 END_TEST
 
+/* The open-file limit under which process pid has exactly `room` free
+ * descriptor numbers (a new descriptor takes the lowest free one), from
+ * /proc/PID/fd; 0 if it cannot tell. */
+static int fd_limit_leaving(pid_t pid, int room) {
+  char path[64];
+  unsigned char used[4096] = {0};
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(path);
+  if (!d)
+    return 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    const int fd = atoi(e->d_name);
+    if (e->d_name[0] != '.' && fd >= 0 && fd < (int)sizeof(used))
+      used[fd] = 1;
+  }
+  closedir(d);
+  for (int fd = 0, free_seen = 0; fd < (int)sizeof(used); fd++)
+    if (!used[fd] && ++free_seen == room)
+      return fd + 1;
+  return 0;
+}
+
+/* A restarted dcpxd at its open-file limit cannot take the descriptors a
+ * reattach brings: it answers DCPX_E_BUSY (a warning in its log), and the
+ * member tries again a second later (dcpx_poll says DCPX_E_BUSY
+ * meanwhile). It used to close the connection without a word, and the
+ * member reconnected at once: about 1,800 connections in 5 s. Once the
+ * limit is raised, the member reattaches. */
+START_TEST(test_reattach_at_daemon_fd_limit) {
+  dcpx_client *c;
+  dcpx_member *m;
+  start(NULL);
+  join_alone("fdl", &c, &m);
+  stop_clean();
+  start(NULL);
+  /* room for the reattach's connection only (one more, should dcpxd hold
+   * a file open for a moment when its fds are listed): the reattach
+   * brings two (the control page, the workspace) */
+  const int lim = fd_limit_leaving(g_d.pid, 1);
+  struct rlimit old, low;
+  HC_ASSERT(lim > 0 && prlimit(g_d.pid, RLIMIT_NOFILE, NULL, &old) == 0,
+            "prlimit of dcpxd (limit %d)", lim);
+  low = old; /* the soft limit only: raising a hard one needs privilege */
+  low.rlim_cur = (rlim_t)lim;
+  HC_ASSERT(prlimit(g_d.pid, RLIMIT_NOFILE, &low, NULL) == 0, "prlimit");
+  int busy = 0;
+  for (uint64_t end = hh_mono() + 3000000000ull; hh_mono() < end;) {
+    busy += dcpx_poll(m) == DCPX_E_BUSY;
+    hh_sleep_ms(1);
+  }
+  const int refusals = log_count("dcpxd is out of file descriptors");
+  HC_ASSERT(busy > 0 && refusals >= 1 && refusals <= 6,
+            "polls that said BUSY: %d; refusals in dcpxd's log: %d", busy,
+            refusals);
+  HC_ASSERT(prlimit(g_d.pid, RLIMIT_NOFILE, &old, NULL) == 0, "prlimit");
+  int r = -1;
+  for (int i = 0; i < 300 && (r = dcpx_poll(m)) != 0; i++)
+    hh_sleep_ms(10);
+  HC_ASSERT(r == 0, "no reattach once the limit was raised: %s",
+            dcpx_strerror(r));
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 /* A member that leaves with an event it never read (its group aborted
  * when a peer left first) closes its socket with data unread, so dcpxd
  * sees a reset (POLLERR) before it reads the Leave the member sent. It
@@ -1751,6 +1818,7 @@ int main(void) {
   ADD(test_rejoin_after_leave_while_down);
   ADD(test_retried_join_last_error);
   ADD(test_zombie_rank_is_dead);
+  ADD(test_reattach_at_daemon_fd_limit);
   ADD(test_recovery_acknowledgements);
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
