@@ -1780,8 +1780,12 @@ START_TEST(test_interrupt) {
   ck_assert_int_lt(dcpx_push(a.m, &in, NULL), 0);
   ck_assert_int_eq(pthread_create(&th, NULL, intr_recover, &a), 0);
   /* the recovery drives the member's link: a poll or a health query from
-   * another thread meanwhile is refused, and does nothing */
-  usleep(100000);
+   * another thread meanwhile is refused, and does nothing (once the
+   * recovery holds the link: member.h's flag) */
+  for (int i = 0; i < 500 && !__atomic_load_n(&a.m->link_busy,
+                                                __ATOMIC_ACQUIRE);
+       i++)
+    usleep(1000);
   dcpx_health_info hi = DCPX_HEALTH_INFO_INIT;
   ck_assert_int_eq(dcpx_poll(a.m), DCPX_E_BUSY);
   ck_assert_int_eq(dcpx_health(a.m, &hi), DCPX_E_BUSY);
