@@ -1160,10 +1160,13 @@ static int link_step(dcpx_member *m, int wait_ms, Dcpx__Frame **ret_frame) {
     return 0;
   }
   if (r < 0) {
-    /* EOF: the daemon went away. Reconnect at once (it may be back); but a
-     * reattach whose connection ended before its answers came (dcpxd
-     * closed it) waits as after a refusal: no reconnect storm. */
-    link_down(m, m->link == DCPX__LINK_REATTACHING ? RETRY_REFUSED_MS : 0);
+    /* EOF: the daemon went away. Reconnect at once (it may be back, and
+     * one that closes before it answers the Hello is still coming up);
+     * but a reattach that dcpxd closed after answering its Hello, without
+     * a JoinReply, waits as after a refusal: no reconnect storm. */
+    link_down(m, m->link == DCPX__LINK_REATTACHING && m->reattach_step
+                     ? RETRY_REFUSED_MS
+                     : 0);
     return r == -ECONNRESET || r == -EPIPE ? DCPX_E_CONNRESET : r;
   }
   if (m->link == DCPX__LINK_REATTACHING) {
