@@ -684,6 +684,28 @@ static void nccl_refused(struct dcpx_member *m, const char *why) {
 #endif
 }
 
+/* A call this rank refused (not enqueued, the rank now FAILED) leaves its
+ * epochs a call behind, as a merge that ended early does; that merge sets
+ * the device's stop word, which the next push and merge read at their
+ * start (a graph replay too, which makes no library call: its merge could
+ * otherwise take the complete lists of the call it failed, docs/PROTOCOL.md
+ * 6.4). Set it here as well, on the call's stream, so that what the engine
+ * enqueues there after this call sees it; dcpx_recover clears it. Not on a
+ * stream under capture (the graph would carry the store) or one the
+ * thread cannot use; the engine's sticky error is left as it was. The
+ * nccl transport aborts its communicator instead. */
+static void stop_mirror(struct dcpx_member *m, void *stream) {
+  struct dcpx__cuda *cu = m->cuda;
+  if (cu->nccl || cuda_capturing(stream))
+    return;
+  const cudaError_t before = cudaPeekAtLastError();
+  char *stop = cu->k.ws + cu->k.L.off_call + offsetof(dcpx_rank_state, stop);
+  if (cudaMemsetAsync(stop, 0x01, sizeof(uint32_t), (cudaStream_t)stream) !=
+          cudaSuccess &&
+      before == cudaSuccess)
+    (void)cudaGetLastError();
+}
+
 /* A call that was not enqueued and has no reason yet (a kernel launcher
  * or NCCL refused it, or the group stopped it): why, for
  * dcpx_member_last_error. */
@@ -771,6 +793,7 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
   if (r < 0) {
     launch_why(m, "dcpx_push", r);
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
+    stop_mirror(m, stream);
   }
   else
     m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
@@ -824,6 +847,7 @@ static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
   if (r < 0) {
     launch_why(m, "dcpx_push_list", r);
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
+    stop_mirror(m, stream);
   }
   else
     m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
@@ -877,6 +901,7 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
   if (r < 0) {
     launch_why(m, "dcpx_merge", r);
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
+    stop_mirror(m, stream);
     /* valid_out -1 on the rows it can hold, in stream order (best effort:
      * after a launch error the stream may refuse this too) */
     const uint32_t n = in->rows < m->shape.rows ? in->rows : m->shape.rows;

@@ -394,6 +394,68 @@ def run_graph(rank, sock, group, shape, ngpu, calls):
     return calls, float(np.median(times) * 1e6)
 
 
+def run_graph_after_refusal(rank, sock, group, shape, ngpu, calls):
+    """A call libdcpx refuses (a C caller's merge of more rows than the
+    shape's) fails the rank; a CUDA graph of push + merge captured before
+    it makes no library call when it is replayed after it, yet must fail
+    too (valid_out -1 on every row: the device's stop word, which the
+    refusal sets) until dcpx_recover; after the recovery the replays are
+    exact again."""
+    import torch
+    from dcpx._lib import call_in, merge_out
+    c, m, d = _join(rank, sock, group, shape, ngpu)
+    R, L, K = shape.rows, shape.max_local, shape.topk
+    req, bt = tables(rank, R, L, shape.block_size)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    x = torch.zeros((R, L), dtype=torch.bfloat16, device=d)
+    e = torch.zeros(R, dtype=torch.int32, device=d)
+    out = dcpx.MergeResult(torch.empty((R, K), dtype=torch.int32, device=d),
+                           torch.empty(R, dtype=torch.int32, device=d),
+                           torch.empty((R, K), dtype=torch.int32, device=d),
+                           torch.empty(R, dtype=torch.int32, device=d))
+
+    def load(call):
+        lg, en = inputs(43, call, shape.world, R, L, "random")
+        x.copy_(_lg(lg[rank], d))
+        e.copy_(_t(en[rank], d))
+        return lg, en
+
+    def step():
+        tok = m.push(x, e)
+        m.merge(x, e, req_t, bt_t, out=out, token=tok)
+
+    def replay_exact(call):
+        lg, en = load(call)
+        g.replay()
+        torch.cuda.synchronize()
+        compare(_host(out), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+
+    load(0)
+    step()  # warm-up, eager
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    replay_exact(1)
+    st = ctypes.c_void_p(torch.cuda.current_stream(d).cuda_stream)
+    m.push(x, e)
+    cin = call_in(R + 1, x.data_ptr(), L, e.data_ptr(), req_t.data_ptr(),
+                  bt_t.data_ptr(), bt.shape[0], bt.shape[1])
+    cout = merge_out(out.rows_out.data_ptr(), out.valid_out.data_ptr(),
+                     out.ids_out.data_ptr())
+    r = m._call(m._lib.dcpx_merge, ctypes.byref(cin), ctypes.byref(cout), st)
+    assert r == dcpx.RangeError.code, f"merge of R + 1 rows: {r}"
+    load(2)
+    g.replay()
+    torch.cuda.synchronize()
+    valid = out.valid_out.cpu().numpy()
+    assert (valid == -1).all(), f"replay after a refusal: valid_out {valid}"
+    m.recover(timeout_ms=20000)
+    replay_exact(3)
+    _leave(c, m)
+    return calls
+
+
 def run_compile(rank, sock, group, shape, ngpu, calls):
     """A decode-step function compiled with torch.compile(fullgraph=True):
     the indexer logits, push, merge and the KV gather in one graph."""

@@ -73,14 +73,17 @@ def compare(res, ref, rows):
 
 
 def _default_ctx():
-    """fork, unless this process has initialised CUDA (an earlier GPU test
-    of the same pytest run): a forked child cannot use CUDA then, and
-    torch.compile touches it, so spawn. DCPX_TEST_START_METHOD overrides."""
+    """fork, unless this process may have initialised CUDA (an earlier GPU
+    test of the same pytest run, through torch or through libdcpx's CUDA
+    backend, which torch.cuda.is_initialized() does not see): a forked
+    child cannot use CUDA then, and torch.compile touches it, so spawn
+    wherever torch sees a GPU. DCPX_TEST_START_METHOD overrides."""
     forced = os.environ.get("DCPX_TEST_START_METHOD")
     if forced:
         return forced
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    if torch is not None and (torch.cuda.is_initialized() or
+                              torch.cuda.is_available()):
         return "spawn"
     return "fork"
 

@@ -128,6 +128,15 @@ def test_cuda_graph_capture(daemon, cuda_ok, group, W):
           f"{[round(v[1], 1) for v in out.values()]} us")
 
 
+def test_cuda_graph_after_refusal(daemon, cuda_ok, group):
+    """A graph replayed after a call libdcpx refused fails its rows until
+    dcpx_recover, then is exact again (the refusal sets the device's stop
+    word: the replay makes no library call)."""
+    shape = dcpx.Shape(world=1, rows=8, topk=128, local_topk=32,
+                       block_size=16, max_local=4096)
+    _spawn("graph_after_refusal", 1, daemon.socket, group, shape)
+
+
 def test_cuda_bad_arrays(daemon, cuda_ok, group):
     """Arrays a kernel of the member's GPU cannot touch (host memory from
     malloc, an array running into unmapped space, another GPU's memory)
