@@ -275,6 +275,8 @@ def lib() -> ctypes.CDLL:
             except AttributeError as e:
                 tried.append(f"  {cand}: not a matching libdcpx ({e})")
                 continue
+            from . import errors
+            errors.remember_texts(cdll)
             _lib, _path = cdll, cand
             return cdll
         raise LibraryNotFound(_HELP + "\nTried:\n" + "\n".join(tried))

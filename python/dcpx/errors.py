@@ -10,7 +10,7 @@ or its subclasses :class:`DtypeError` and :class:`DeviceError`.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Optional, Type
 
 __all__ = [
     "DcpxError", "PermError", "NotFound", "Interrupted", "IoError",
@@ -54,7 +54,22 @@ def _rebuild(cls, message, code, context):
     return cls(message, code=code, context=context)
 
 
+#: code -> dcpx_strerror's text, for every code of ERRORS, filled when
+#: libdcpx is loaded (remember_texts): an error raised inside code that
+#: torch.compile traces then builds its message without a ctypes call,
+#: which Dynamo cannot trace (the dcpx error was lost for its own).
+_TEXTS: Dict[int, str] = {}
+
+
+def remember_texts(cdll: Any) -> None:
+    for code in ERRORS:
+        _TEXTS[code] = cdll.dcpx_strerror(code).decode("utf-8", "replace")
+
+
 def _strerror(code: int) -> str:
+    text = _TEXTS.get(code)
+    if text is not None:
+        return text
     try:
         from ._lib import lib
         return lib().dcpx_strerror(code).decode("utf-8", "replace")

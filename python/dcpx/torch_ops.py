@@ -117,7 +117,14 @@ _U32 = tuple(getattr(torch, n) for n in ("int32", "uint32")
 def _tag64(call_tag: Any) -> int:
     """A call tag (any integer, modulo 2^64, as eager calls take it) as
     the ops' int64 argument: the same 64 bits, signed; the op's eager call
-    takes it modulo 2^64 again."""
+    takes it modulo 2^64 again. A tag that varies between calls of a
+    compiled function is symbolic there (a SymInt, after at most one
+    recompile): it goes to the op as it is, and must fit int64 (a step
+    counter does)."""
+    if (isinstance(call_tag, (int, torch.SymInt)) and
+            not isinstance(call_tag, bool) and
+            -(1 << 63) <= call_tag < (1 << 63)):
+        return call_tag  # no bit operations: they fail on a SymInt
     t = _core._tag(call_tag)
     return t - (1 << 64) if t >> 63 else t
 

@@ -125,3 +125,30 @@ def test_compile_refuses_bad_dtype(daemon, group):
             f(torch.zeros((2, 16)), torch.zeros(2, dtype=torch.int32))
         assert "dtype" in str(ei.value)
         assert m.health().failed_mask == 0  # refused before any work
+
+
+def test_compile_with_a_tag_per_step(daemon, group):
+    """A call tag that changes every step, passed into the compiled
+    function (the README's advice), compiles (fullgraph) and runs every
+    step exact: the tag becomes symbolic after one recompile, and the ops
+    take it without bit operations (they failed: "Invalid NaN
+    comparison")."""
+    torch._dynamo.reset()
+    shape = dcpx.Shape(world=1, rows=4, topk=16, local_topk=4,
+                       block_size=4, max_local=128)
+    req, bt = tables(0, 4, 128, 4)
+    req_t, bt_t = torch.from_numpy(req), torch.from_numpy(bt)
+    with dcpx.Client(daemon.socket).join(shape, group=group) as m:
+        @torch.compile(fullgraph=True)
+        def layer(lg, en, tag):
+            tok = m.push(lg, en, call_tag=tag)
+            return m.merge(lg, en, req_t, bt_t, call_tag=tag, token=tok)
+
+        for step in range(6):
+            lg, en = inputs(17, step, 1, 4, 128, "random")
+            res = layer(_lg(lg[0]), torch.from_numpy(en[0]),
+                        step * 61 + 3)
+            got = dcpx.MergeResult(*(None if t is None else t.numpy()
+                                     for t in res))
+            compare(got, dcpx.ref_call(shape, lg, en, 0, req, bt), 4)
+        assert m.health().calls == 6
