@@ -745,8 +745,9 @@ typedef struct dcpx_async_error {
  * and no reason here). "" when the
  * last call was not refused for its arguments or order (a wait that timed
  * out, an aborted group: dcpx_member_async_error), NULL for m NULL.
- * Cleared as each call starts; valid until the member's next call or
- * dcpx_leave. Read it on the thread that makes the calls. */
+ * Cleared as each call starts and by a dcpx_recover that succeeds (the
+ * refusal it recovered from is over); valid until the member's next call
+ * or dcpx_leave. Read it on the thread that makes the calls. */
 DCPX_API const char *dcpx_member_last_error(const dcpx_member *m);
 
 /* This member's sticky state and why, into *ret (ret->size set, e.g. by

@@ -1298,6 +1298,8 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   if ((r = link_enter(m)) < 0)
     return r;
   r = recover_link(m, stream, timeout_ms);
+  if (r == 0)
+    m->why[0] = '\0'; /* the refusal it recovered from is over */
   link_exit(m);
   return r;
 }

@@ -342,9 +342,13 @@ class Client:
 
     def __post_init__(self) -> None:
         p = ctypes.c_void_p()
-        if self.socket is not None and not isinstance(self.socket, str):
-            raise InvalidArgument(context="Client socket must be a str path")
-        path = None if self.socket is None else self.socket.encode()
+        if self.socket is not None:
+            try:  # a str, or a path-like such as pathlib.Path
+                self.socket = os.fsdecode(os.fspath(self.socket))
+            except TypeError:
+                raise InvalidArgument(context="Client socket must be a "
+                                      "path (str or os.PathLike)") from None
+        path = None if self.socket is None else os.fsencode(self.socket)
         if path is not None and b"\0" in path:
             raise TextError(context="Client socket path contains a NUL")
         r = lib().dcpx_connect(path, ctypes.byref(p))
@@ -352,7 +356,10 @@ class Client:
             where = (self.socket or os.environ.get("DCPX_SOCKET")
                      or "/run/dcpx/dcpxd.sock")
             what = f"connecting to dcpxd at {where}"
-            if not os.path.exists(where):
+            if r == RangeError.code and len(os.fsencode(where)) >= 108:
+                what += (f" (the path is {len(os.fsencode(where))} bytes; a "
+                         "Unix socket's is at most 107)")
+            elif not os.path.exists(where):
                 what += " (no such socket: is dcpxd running there?)"
             check(r, what)
         self._ptr = p.value

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from typing import List, Optional
 
 from .core import Client
@@ -46,6 +47,18 @@ def find_dcpxd() -> Optional[str]:
     return shutil.which("dcpxd", path=path)
 
 
+def _reap(proc: "subprocess.Popen", path: str) -> None:
+    """A PrivateDaemon's dcpxd and temp dir, when nobody stopped them."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(path, ignore_errors=True)
+
+
 class PrivateDaemon:
     """dcpxd on a private socket in a temp dir, with its own state dir;
     started by :meth:`start` (or ``with``), stopped by SIGTERM."""
@@ -74,7 +87,9 @@ class PrivateDaemon:
     def start(self, timeout_s: float = 10.0) -> "PrivateDaemon":
         """Starts dcpxd and waits until it answers; raises RuntimeError
         (with its log) if it does not, leaving nothing behind (its temp
-        dir goes too)."""
+        dir goes too). A daemon never stopped is stopped when this object
+        is collected or the interpreter exits (not when the process is
+        killed: use ``with``, or :meth:`stop`, in a ``finally``)."""
         try:
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(self.args, stdout=log,
@@ -83,6 +98,7 @@ class PrivateDaemon:
         except OSError as e:
             self.stop()
             raise RuntimeError(f"cannot run {self.args[0]}: {e}") from e
+        self._reaper = weakref.finalize(self, _reap, self.proc, self.dir)
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -110,6 +126,9 @@ class PrivateDaemon:
 
     def stop(self) -> int:
         """SIGTERM, wait; returns dcpxd's exit status (0: clean)."""
+        reaper = getattr(self, "_reaper", None)
+        if reaper is not None:
+            reaper.detach()
         rc = 0
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -162,3 +162,29 @@ def test_connect_refused(libdcpx, tmp_path):
     with pytest.raises((dcpx.ConnectionRefused, dcpx.NotFound)) as ei:
         dcpx.Client(str(tmp_path / "no.sock"))
     assert ei.value.code in (-111, -2)
+
+
+def test_private_daemon_not_left_running(tmp_path):
+    """A PrivateDaemon its program never stops is stopped (and its temp
+    dir removed) when the interpreter exits; it was left running under
+    init."""
+    import subprocess
+    import sys
+    import time
+    script = tmp_path / "orphan.py"
+    script.write_text("import dcpx.testing\n"
+                      "d = dcpx.testing.PrivateDaemon().start()\n"
+                      "print(d.proc.pid, d.dir)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    pid, path = int(out[0]), out[1]
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError(f"dcpxd {pid} still runs")
+    assert not os.path.exists(path)

@@ -132,6 +132,16 @@ def test_range_from_library_then_recover(member):
     assert member.last_error() == ""
 
 
+def test_recover_clears_the_reason(member):
+    """A successful recovery clears the reason of the refusal it recovered
+    from (Member.last_error named the old refusal after it)."""
+    with pytest.raises(dcpx.RangeError):
+        member.push(np.zeros((4, 200), np.uint16), np.full(4, 200, np.int32))
+    assert "row_ends[0] = 200" in member.last_error()
+    member.recover(timeout_ms=10000)
+    assert member.last_error() == ""
+
+
 def test_call_order_reason(member):
     """A call refused for its order says why (Member.last_error)."""
     lg, en, req, bt = _args()
@@ -284,3 +294,18 @@ def test_connect_no_socket(tmp_path):
     with pytest.raises(dcpx.ConnectionRefused) as e:
         dcpx.Client(p)
     assert p in str(e.value) and "no such socket" in str(e.value)
+
+
+def test_connect_path_like_and_too_long(daemon, tmp_path):
+    """A pathlib.Path socket works as a str does; a path over a Unix
+    socket's 107 bytes says so (not "no such socket"); a non-path is
+    InvalidArgument."""
+    import pathlib
+    with dcpx.Client(pathlib.Path(daemon.socket)):
+        pass
+    long = str(tmp_path / ("x" * 120))
+    with pytest.raises(dcpx.RangeError) as e:
+        dcpx.Client(long)
+    assert "107" in str(e.value) and "no such socket" not in str(e.value)
+    with pytest.raises(dcpx.InvalidArgument):
+        dcpx.Client(42)
