@@ -1062,10 +1062,12 @@ static int join_args(dcpxd_conn *c, const Dcpx__Join *j, dcpx_shape *shape,
                 "%s (backend %d)", why, (int)j->backend);
     return -1;
   }
-  if (j->timeout_ns < DCPX_MIN_TIMEOUT_NS) {
+  if (j->timeout_ns == 0 ||
+      (!j->reattach && j->timeout_ns < DCPX_MIN_TIMEOUT_NS)) {
     /* docs/PROTOCOL.md 1: a group's wait timeout is at least 1 ms (a
      * shorter one fails healthy calls whose peers are merely scheduled
-     * late) */
+     * late); a reattach keeps the group's, whatever an older dcpxd
+     * accepted */
     join_refuse(c, DCPX_E_INVAL,
                 "timeout_ns %" PRIu64 " is below 1 ms (1000000 ns)",
                 (uint64_t)j->timeout_ns);

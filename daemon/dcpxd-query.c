@@ -503,7 +503,8 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
     /* An unattached group (left by a restart; its ranks have not
      * reattached, and may never: they left while dcpxd was down): the
      * operator drops it. A rank of it that reattaches later is refused
-     * (and listed by health while its process lives). */
+     * (and then listed by health among the refused reattaches while it
+     * retries). */
     log_notice("group=%s: unattached group dropped by a reset (pid %d uid "
                "%u); a reattach of its ranks will be refused",
                cmd->group, (int)c->pid, (unsigned)c->uid);

@@ -466,7 +466,8 @@ DCPX_API void dcpx_disconnect(dcpx_client *client);
  * docs/PROTOCOL.md 7.1-7.3 (DCPX_E_ACCES: a group another uid owns;
  * DCPX_E_BUSY: too many groups or connections of this uid; DCPX_E_NOMEM:
  * the workspace cannot be allocated, or over dcpxd's byte cap),
- * connection errors. A join of join_timeout_ms 0 waits as long as dcpxd's
+ * connection errors, -EMFILE (this process has no room under its
+ * open-file limit for the descriptors of dcpxd's reply). A join of join_timeout_ms 0 waits as long as dcpxd's
  * own join timeout (it says it in its Hello reply), plus 10 s should dcpxd
  * hang. After a dcpxd restart, a join into a group whose live ranks have
  * not reattached yet (a replacement started at once) is refused by dcpxd

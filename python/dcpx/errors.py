@@ -128,7 +128,9 @@ class AccessDenied(DcpxError, PermissionError):
 
 
 class Busy(DcpxError):
-    """Busy (a dcpxd bound was reached). (``DCPX_E_BUSY``, -16)"""
+    """Busy: a dcpxd bound was reached, or (libdcpx) a member's poll,
+    health or recover ran while another of them did. (``DCPX_E_BUSY``,
+    -16)"""
     code = -16
     name = "DCPX_E_BUSY"
 
