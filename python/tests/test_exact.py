@@ -57,6 +57,15 @@ def _rank(rank, q, sock, group, shape, calls, kind, rows_of, torch_cpu):
     return exact, stats
 
 
+# Rows of each call (module level: a spawned rank unpickles them).
+def _fewer_rows(call):
+    return 6 - (call % 3)
+
+
+def _four_rows(call):
+    return 4
+
+
 @pytest.mark.parametrize("W,kind", [(2, "random"), (4, "random"),
                                     (3, "ties"), (4, "skew"), (1, "ties")])
 def test_exact_processes(daemon, group, W, kind):
@@ -64,7 +73,7 @@ def test_exact_processes(daemon, group, W, kind):
                        block_size=4, interleave=2, max_local=700)
     calls = 6
     out = run_ranks(_rank, W, (daemon.socket, group, shape, calls, kind,
-                               lambda c: 6 - (c % 3), False))
+                               _fewer_rows, False))
     assert sorted(out) == list(range(W))
     assert all(v[0] == calls for v in out.values())
     if kind in ("skew", "ties") and W > 1:
@@ -76,7 +85,7 @@ def test_exact_small_n(daemon, group):
     shape = dcpx.Shape(world=3, rows=4, topk=16, local_topk=1,
                        block_size=1, interleave=1, max_local=300)
     out = run_ranks(_rank, 3, (daemon.socket, group, shape, 4, "random",
-                               lambda c: 4, False))
+                               _four_rows, False))
     assert all(v[1][1] > 0 for v in out.values())
 
 
@@ -85,7 +94,7 @@ def test_exact_torch_cpu(daemon, group):
     shape = dcpx.Shape(world=2, rows=4, topk=32, local_topk=0,
                        block_size=8, interleave=1, max_local=500)
     out = run_ranks(_rank, 2, (daemon.socket, group, shape, 3, "random",
-                               lambda c: 4, True))
+                               _four_rows, True))
     assert all(v[0] == 3 for v in out.values())
 
 

@@ -37,8 +37,12 @@ def test_ref_call_lists_indices_shape(libdcpx, small_shape):
 def test_nul_in_names(daemon, group, small_shape):
     with pytest.raises(dcpx.TextError):
         dcpx.Client(daemon.socket + "\0junk")
+    with pytest.raises(dcpx.TextError):
+        dcpx.Client(daemon.socket.encode() + b"\0junk")
+    with dcpx.Client(daemon.socket.encode()):  # a bytes path, as os takes
+        pass
     with pytest.raises(dcpx.InvalidArgument):
-        dcpx.Client(daemon.socket.encode())
+        dcpx.Client(3.5)
     with dcpx.Client(daemon.socket) as c:
         with pytest.raises(dcpx.TextError):
             c.join(small_shape, rank=0, group=group + "\0other")
