@@ -725,14 +725,14 @@ static void ranks_done(hh_shared *sh, pid_t *pids, uint32_t W) {
  * timeout (nothing else can tell them), then reattach from dcpx_recover;
  * the new daemon finds the dead rank's pid gone, aborts the group, and a
  * replacement completes the recovery. */
-START_TEST(test_rank_dies_while_daemon_away) {
-  const uint32_t W = 3, victim = 2;
-  hh_spec sp = spec("away", W, 1000000000ull);
+/* W ranks of group sp calling (recovering, polling at each call, resuming
+ * at call 1000 after a failure, 100 calls more); rank `victim` is killed
+ * in call 30 while dcpxd is down; dcpxd is back when this returns. */
+static hh_shared *victim_away(const hh_spec *sp, uint32_t W,
+                              uint32_t victim, pid_t *pids) {
   hh_shared *sh = hh_shared_new();
   g_sh = sh;
   g_W = W;
-  pid_t pids[3];
-
   start(NULL);
   sh->recover = 1;
   sh->poll_each = 1;
@@ -741,7 +741,7 @@ START_TEST(test_rank_dies_while_daemon_away) {
   sh->resume_at = 1000;
   sh->stop_at = 1100;
   for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
+    pids[r] = hh_rank_fork(g_d.sock, sp, sh, r, 0, 0);
   for (int i = 0; i < 2000 && !sh->victim_ready; i++)
     hh_sleep_ms(5);
   HC_ASSERT(sh->victim_ready, "victim: %s", hh_rank_errors(sh, W));
@@ -749,6 +749,14 @@ START_TEST(test_rank_dies_while_daemon_away) {
   kill(pids[victim], SIGKILL);
   waitpid(pids[victim], NULL, 0);
   start(NULL);
+  return sh;
+}
+
+START_TEST(test_rank_dies_while_daemon_away) {
+  const uint32_t W = 3, victim = 2;
+  hh_spec sp = spec("away", W, 1000000000ull);
+  pid_t pids[3];
+  hh_shared *sh = victim_away(&sp, W, victim, pids);
   wait_fails(sh, 0x3, 1, 10000);
   /* The first to time out reattaches, and its abort may end the other's
    * wait before its own timeout. */
@@ -783,27 +791,8 @@ END_TEST
 START_TEST(test_replacement_before_reattach) {
   const uint32_t W = 2, victim = 1;
   hh_spec sp = spec("early", W, 3000000000ull);
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
   pid_t pids[2];
-
-  start(NULL);
-  sh->recover = 1;
-  sh->poll_each = 1;
-  sh->victim_rank = (int32_t)victim;
-  sh->victim_call = 30;
-  sh->resume_at = 1000;
-  sh->stop_at = 1100;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  for (int i = 0; i < 2000 && !sh->victim_ready; i++)
-    hh_sleep_ms(5);
-  HC_ASSERT(sh->victim_ready, "victim: %s", hh_rank_errors(sh, W));
-  stop_clean();
-  kill(pids[victim], SIGKILL);
-  waitpid(pids[victim], NULL, 0);
-  start(NULL);
+  hh_shared *sh = victim_away(&sp, W, victim, pids);
   pids[victim] = hh_rank_fork(g_d.sock, &sp, sh, victim, 0, 1);
   ranks_done(sh, pids, W);
   HC_ASSERT(log_contains("awaits the reattach of its ranks"),

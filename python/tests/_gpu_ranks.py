@@ -349,20 +349,29 @@ def run_bad_arrays(rank, sock, group, shape, ngpu, calls):
     return calls
 
 
+def _static_buffers(rank, shape, d):
+    """A graph's static buffers on device d: the tables (host and device),
+    the logits and row ends, and the outputs."""
+    import torch
+    R, L, K = shape.rows, shape.max_local, shape.topk
+    req, bt = tables(rank, R, L, shape.block_size)
+    i32 = torch.int32
+    x = torch.zeros((R, L), dtype=torch.bfloat16, device=d)
+    e = torch.zeros(R, dtype=i32, device=d)
+    out = dcpx.MergeResult(torch.empty((R, K), dtype=i32, device=d),
+                           torch.empty(R, dtype=i32, device=d),
+                           torch.empty((R, K), dtype=i32, device=d),
+                           torch.empty(R, dtype=i32, device=d))
+    return req, bt, _t(req, d), _t(bt, d), x, e, out
+
+
 def run_graph(rank, sock, group, shape, ngpu, calls):
     """push + merge captured once in a CUDA graph, replayed per call with
     new inputs copied into the static buffers."""
     import torch
     c, m, d = _join(rank, sock, group, shape, ngpu)
-    R, L, K = shape.rows, shape.max_local, shape.topk
-    req, bt = tables(rank, R, L, shape.block_size)
-    req_t, bt_t = _t(req, d), _t(bt, d)
-    x = torch.zeros((R, L), dtype=torch.bfloat16, device=d)
-    e = torch.zeros(R, dtype=torch.int32, device=d)
-    out = dcpx.MergeResult(torch.empty((R, K), dtype=torch.int32, device=d),
-                           torch.empty(R, dtype=torch.int32, device=d),
-                           torch.empty((R, K), dtype=torch.int32, device=d),
-                           torch.empty(R, dtype=torch.int32, device=d))
+    R, L = shape.rows, shape.max_local
+    req, bt, req_t, bt_t, x, e, out = _static_buffers(rank, shape, d)
 
     def load(call):
         lg, en = inputs(41, call, shape.world, R, L,
@@ -404,15 +413,8 @@ def run_graph_after_refusal(rank, sock, group, shape, ngpu, calls):
     import torch
     from dcpx._lib import call_in, merge_out
     c, m, d = _join(rank, sock, group, shape, ngpu)
-    R, L, K = shape.rows, shape.max_local, shape.topk
-    req, bt = tables(rank, R, L, shape.block_size)
-    req_t, bt_t = _t(req, d), _t(bt, d)
-    x = torch.zeros((R, L), dtype=torch.bfloat16, device=d)
-    e = torch.zeros(R, dtype=torch.int32, device=d)
-    out = dcpx.MergeResult(torch.empty((R, K), dtype=torch.int32, device=d),
-                           torch.empty(R, dtype=torch.int32, device=d),
-                           torch.empty((R, K), dtype=torch.int32, device=d),
-                           torch.empty(R, dtype=torch.int32, device=d))
+    R, L = shape.rows, shape.max_local
+    req, bt, req_t, bt_t, x, e, out = _static_buffers(rank, shape, d)
 
     def load(call):
         lg, en = inputs(43, call, shape.world, R, L, "random")
