@@ -1338,42 +1338,36 @@ static void group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
 
 /* A fresh Join (not a reattach) of a name that a restart left unattached
  * (docs/PROTOCOL.md 10.3): its live ranks hold the group's workspace and
- * reattach at their next poll or recover, and a new group now would split
- * the name in two. So, within one join timeout of dcpxd's start, the
- * joiner is asked to retry (DCPX_E_AGAIN; libdcpx does, until its own
- * join timeout), and once a rank reattached the same Join replaces a
- * dead rank. Unless the joiner is itself one of the group's processes: it
- * left its rank while dcpxd was down (the Leave was lost) and joins anew,
- * so the old group is given up (its other ranks, if they come back, are
- * refused). Past the join timeout the ranks that did not come back are
- * taken to have left too. false: refused. */
+ * reattach at their next poll or recover (an idle engine may not for a
+ * long time), and a new group now would split the name in two. So while
+ * any of them lives the joiner is asked to retry (DCPX_E_AGAIN; libdcpx
+ * does, until its own join timeout), and once a rank reattached the same
+ * Join replaces a dead rank. A joiner that is itself one of the group's
+ * processes left its ranks while dcpxd was down (its Leave was lost: a
+ * process that held them would reattach, not join), so its pids are
+ * forgotten first; when no live rank is left, the old group is given up
+ * (its entry dropped) and the Join forms a new one. An admin's RESET gives
+ * it up at once. false: refused. */
 static bool join_unattached(dcpxd_conn *c, const Dcpx__Join *j) {
-  bool listed = false;
-  const uint32_t live =
-      dcpxd_secrets_live(c->m->secrets, j->group, c->pid, &listed);
-  const uint64_t waited_ms =
-      (dcpxd_now_ns(CLOCK_MONOTONIC) - c->m->started_ns) / 1000000u;
-  if (listed || (live && waited_ms >= c->m->conf->join_timeout_ms)) {
+  if (dcpxd_secrets_forget_pid(c->m->secrets, j->group, c->pid))
+    log_notice("group=%s: pid %d, which held ranks of it before dcpxd "
+               "restarted, joins it afresh: those ranks are taken to have "
+               "left", j->group, (int)c->pid);
+  const uint32_t live = dcpxd_secrets_live(c->m->secrets, j->group);
+  if (!live) {
     if (dcpxd_secrets_remove(c->m->secrets, j->group))
-      log_notice("group=%s: the unattached group is given up (%s): a new "
-                 "group of the name forms; a reattach of its old ranks "
-                 "will be refused",
-                 j->group,
-                 listed ? "one of its processes joins it afresh"
-                        : "its ranks did not reattach within the join "
-                          "timeout");
+      log_notice("group=%s: the unattached group is given up (no rank of "
+                 "it lives): a new group of the name forms",
+                 j->group);
     return true;
   }
-  if (!live)
-    return true;
-  const uint64_t left_ms = c->m->conf->join_timeout_ms - waited_ms;
   join_refuse(c, DCPX_E_AGAIN,
               "group '%s' awaits the reattach of its ranks after a dcpxd "
               "restart (ranks of mask 0x%x still live): retry once they "
-              "have reattached (at their next dcpx_poll or dcpx_recover), "
-              "at most %" PRIu64 " ms more; an admin's 'dcpxctl reset "
-              "--group %s' gives the old group up now",
-              j->group, live, left_ms, j->group);
+              "have reattached (at their next dcpx_poll or dcpx_recover); "
+              "an admin's 'dcpxctl reset --group %s' gives the old group "
+              "up",
+              j->group, live, j->group);
   return false;
 }
 

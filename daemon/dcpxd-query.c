@@ -161,7 +161,7 @@ static uint32_t unattached_mask(dcpxd_conn *c, const Dcpx__Query *q,
       (!c->admin && c->uid != owner))
     return 0;
   (void)pids;
-  mask = dcpxd_secrets_live(c->m->secrets, name, 0, NULL);
+  mask = dcpxd_secrets_live(c->m->secrets, name);
   *ret_name = name;
   *ret_world = n_pids;
   return mask;

@@ -290,37 +290,56 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
 }
 
 /* Whether process pid lives: it exists (kill 0; EPERM: another uid's)
- * and is not a zombie (dead, its parent has not reaped it yet: the
- * state after the command's closing parenthesis in /proc/PID/stat). */
+ * and is not a zombie (dead, its parent has not reaped it yet). The state
+ * after the command's closing parenthesis in /proc/PID/stat is that of
+ * the thread-group leader, which reads Z also when only the main thread
+ * has exited while other threads run on: then /proc/PID/status counts
+ * more than one thread. */
 static bool pid_live(pid_t pid) {
-  char path[64], buf[512];
+  char path[64], buf[1024];
   if (pid <= 0 || (kill(pid, 0) < 0 && errno != EPERM))
     return false;
   snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
   FILE *f = fopen(path, "re");
   if (!f)
     return true; /* no procfs: taken as alive */
-  const size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
   fclose(f);
   buf[n] = '\0';
   const char *p = strrchr(buf, ')');
-  return !(p && p[1] == ' ' && p[2] == 'Z');
+  if (!(p && p[1] == ' ' && p[2] == 'Z'))
+    return true;
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  if (!(f = fopen(path, "re")))
+    return false;
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  p = strstr(buf, "\nThreads:");
+  return p && strtol(p + 9, NULL, 10) > 1;
 }
 
-uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name,
-                            pid_t except, bool *ret_listed) {
+uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name) {
   const entry *e = s ? find(s, name) : NULL;
   uint32_t mask = 0;
-  bool listed = false;
-  for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++) {
-    if (except > 0 && e->pid[r] == except)
-      listed = true;
-    else if (pid_live(e->pid[r]))
+  for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++)
+    if (pid_live(e->pid[r]))
       mask |= 1u << r;
-  }
-  if (ret_listed)
-    *ret_listed = listed;
   return mask;
+}
+
+bool dcpxd_secrets_forget_pid(dcpxd_secrets *s, const char *name,
+                              pid_t pid) {
+  entry *e = s ? find(s, name) : NULL;
+  bool held = false;
+  for (uint32_t r = 0; e && pid > 0 && r < e->n_pids; r++)
+    if (e->pid[r] == pid) {
+      e->pid[r] = 0;
+      held = true;
+    }
+  if (held)
+    s->dirty = true;
+  return held;
 }
 
 bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,

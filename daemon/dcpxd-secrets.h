@@ -69,11 +69,13 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
                                 uid_t *owner, uint32_t *n_pids,
                                 const pid_t **pids);
 
-/* The ranks of entry `name` whose recorded process lives (bit r), other
- * than `except`'s (0: none), and in *ret_listed (may be NULL) whether
- * `except` is one of its processes; 0 when there is no such entry. */
-uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name,
-                            pid_t except, bool *ret_listed);
+/* The ranks of entry `name` whose recorded process lives (bit r); 0
+ * when there is no such entry. */
+uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name);
+
+/* Forgets process pid in entry `name` (its ranks' pids become 0: it left
+ * them); false if it held none. Saved by the next flush. */
+bool dcpxd_secrets_forget_pid(dcpxd_secrets *s, const char *name, pid_t pid);
 
 /* True if `name` is a group this daemon created with this secret; its
  * owner in *owner. */

@@ -340,7 +340,6 @@ int main(int argc, char **argv) {
     goto out_records;
   }
   m->loop = &loop;
-  m->started_ns = dcpxd_now_ns(CLOCK_MONOTONIC);
   uv_idle_init(m->loop, &m->reaper);
   m->reaper.data = m;
   uv_timer_init(m->loop, &m->health_timer);

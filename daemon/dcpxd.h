@@ -353,8 +353,6 @@ struct dcpxd_manager {
 
   bool stopping;
   char status[256];
-  uint64_t started_ns; /* CLOCK_MONOTONIC at start: unattached groups'
-                          ranks are waited for one join timeout from it */
 };
 
 /* Recomputes STATUS= (sent when it changed) and starts or stops the alarm

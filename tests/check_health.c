@@ -1377,7 +1377,8 @@ START_TEST(test_rejoin_after_leave_while_down) {
   HC_ASSERT(read(done[0], &b, 1) == 1, "rank 1 did not get through");
   HC_ASSERT(m != NULL && ms < 5000, "join afresh: %s after %llu ms",
             m ? "joined" : "failed", (unsigned long long)ms);
-  HC_ASSERT(log_contains("one of its processes joins it afresh"),
+  HC_ASSERT(log_contains("joins it afresh") &&
+                log_contains("the unattached group is given up"),
             "the unattached group was not given up");
   dcpx_leave(m);
   dcpx_disconnect(c);
@@ -1390,11 +1391,13 @@ END_TEST
 
 /* A W=2 rank of group `name` in a child process: joins, says so on wr,
  * waits (rd) until dcpxd restarted, then exits at once (poll_after_ms <
- * 0) or, after poll_after_ms, polls (reattaches) for 4 s and exits. */
+ * 0) or, after poll_after_ms, polls (reattaches) for 4 s and exits 0 if
+ * it got attached, 4 if not. */
 static void restart_rank(const char *name, uint32_t rank, int rd, int wr,
                          int poll_after_ms) {
   dcpx_client *c;
   char x = 1;
+  int attached = 0;
   dcpx_member *m = join_pair(name, rank, &c);
   if (!m || write(wr, &x, 1) != 1 || read(rd, &x, 1) != 1)
     _exit(3);
@@ -1402,11 +1405,95 @@ static void restart_rank(const char *name, uint32_t rank, int rd, int wr,
     _exit(0);
   hh_sleep_ms((unsigned)poll_after_ms);
   for (int i = 0; i < 400; i++) {
-    (void)dcpx_poll(m);
+    attached |= dcpx_poll(m) == 0;
     hh_sleep_ms(10);
   }
-  _exit(0);
+  _exit(attached ? 0 : 4);
 }
+
+/* Rank 1 of group `name` dies after dcpxd restarted (`idle_ms` later:
+ * its survivor, rank 0, made no call and no poll meanwhile), and a
+ * replacement joins before the survivor reattaches (300 ms after the
+ * death): the replacement is asked to retry and joins the survivor's
+ * group, which the survivor gets back to. survivor: how rank 0's process
+ * runs restart_rank (a plain child, or a thread of one whose main thread
+ * exited). */
+static void replace_before_survivor(const char *name, const char *const *args,
+                                    unsigned idle_ms, void (*survivor)(int, int,
+                                                                       int)) {
+  int up[2], dn0[2], dn1[2];
+  char x = 1;
+  HC_ASSERT(pipe(up) == 0 && pipe(dn0) == 0 && pipe(dn1) == 0, "pipe");
+  start(args);
+  const pid_t a = fork();
+  if (a == 0)
+    survivor(dn0[0], up[1], 300);
+  const pid_t b = fork();
+  if (b == 0)
+    restart_rank(name, 1, dn1[0], up[1], -1);
+  HC_ASSERT(read(up[0], &x, 1) == 1 && read(up[0], &x, 1) == 1, "joined");
+  stop_clean();
+  start(args);
+  hh_sleep_ms(idle_ms);
+  HC_ASSERT(write(dn1[1], &x, 1) == 1, "go"); /* rank 1 exits */
+  waitpid(b, NULL, 0);
+  HC_ASSERT(write(dn0[1], &x, 1) == 1, "go"); /* the survivor, soon */
+  dcpx_client *c;
+  dcpx_member *m = join_pair(name, 1, &c);
+  const char *why = dcpx_client_last_error(c);
+  int st = 0;
+  waitpid(a, &st, 0);
+  HC_ASSERT(m != NULL, "the replacement did not join: %s", why ? why : "-");
+  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "the survivor did not get its group back (status 0x%x)", st);
+  HC_ASSERT(log_contains("awaits the reattach of its ranks"),
+            "the replacement was not asked to retry");
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+
+static void survivor_idle(int rd, int wr, int poll_after_ms) {
+  restart_rank("is", 0, rd, wr, poll_after_ms);
+}
+
+/* The survivor made no call and no poll for longer than dcpxd's join
+ * timeout since its restart (an idle engine): still its group (a rule
+ * that gave unattached groups up after the join timeout split it). */
+START_TEST(test_idle_survivor_keeps_its_group) {
+  static const char *const jt[] = {"--join-timeout-ms=1500", NULL};
+  replace_before_survivor("is", jt, 2000, survivor_idle);
+}
+END_TEST
+
+typedef struct thread_rank {
+  int rd, wr, poll_after_ms;
+} thread_rank;
+
+static void *thread_rank_main(void *p) {
+  const thread_rank *t = p;
+  restart_rank("zl", 0, t->rd, t->wr, t->poll_after_ms);
+  return NULL;
+}
+
+static void survivor_thread(int rd, int wr, int poll_after_ms) {
+  static thread_rank t;
+  pthread_t th;
+  t.rd = rd;
+  t.wr = wr;
+  t.poll_after_ms = poll_after_ms;
+  if (pthread_create(&th, NULL, thread_rank_main, &t) != 0)
+    _exit(5);
+  pthread_exit(NULL); /* the leader reads Z in /proc/PID/stat */
+}
+
+/* The survivor's process lives on in a thread after its main thread
+ * exited: /proc/PID/stat says Z, yet it is alive (it was taken for a
+ * zombie, and the replacement split the group). */
+START_TEST(test_survivor_without_main_thread) {
+  replace_before_survivor("zl", NULL, 0, survivor_thread);
+}
+END_TEST
 
 /* A join that dcpxd asked to retry (the survivor reattaches 800 ms after
  * the restart) and that then succeeds leaves no reason behind: dcpx.h
@@ -1810,6 +1897,8 @@ int main(void) {
   ADD(test_retried_join_last_error);
   ADD(test_zombie_rank_is_dead);
   ADD(test_reattach_at_daemon_fd_limit);
+  ADD(test_idle_survivor_keeps_its_group);
+  ADD(test_survivor_without_main_thread);
   ADD(test_recovery_acknowledgements);
   ADD(test_restart_during_recovery);
   ADD(test_adopter_dies_before_the_others_return);
