@@ -47,8 +47,12 @@ def find_dcpxd() -> Optional[str]:
     return shutil.which("dcpxd", path=path)
 
 
-def _reap(proc: "subprocess.Popen", path: str) -> None:
-    """A PrivateDaemon's dcpxd and temp dir, when nobody stopped them."""
+def _reap(proc: "subprocess.Popen", path: str, owner: int) -> None:
+    """A PrivateDaemon's dcpxd and temp dir, when nobody stopped them; in
+    the process that started it only (a forked child's exit leaves its
+    parent's daemon alone)."""
+    if os.getpid() != owner:
+        return
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -98,7 +102,8 @@ class PrivateDaemon:
         except OSError as e:
             self.stop()
             raise RuntimeError(f"cannot run {self.args[0]}: {e}") from e
-        self._reaper = weakref.finalize(self, _reap, self.proc, self.dir)
+        self._reaper = weakref.finalize(self, _reap, self.proc, self.dir,
+                                        os.getpid())
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:

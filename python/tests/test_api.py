@@ -188,3 +188,20 @@ def test_private_daemon_not_left_running(tmp_path):
         os.kill(pid, 9)
         raise AssertionError(f"dcpxd {pid} still runs")
     assert not os.path.exists(path)
+
+
+def test_private_daemon_survives_a_forked_child():
+    """A forked child that exits normally runs the finalizers it inherited:
+    the parent's PrivateDaemon must stay (its dir and dcpxd)."""
+    d = dcpx.testing.PrivateDaemon().start()
+    try:
+        pid = os.fork()
+        if pid == 0:  # what a child's ordinary exit runs, then out
+            import atexit
+            atexit._run_exitfuncs()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.path.exists(d.socket) and d.proc.poll() is None
+        dcpx.Client(d.socket).close()
+    finally:
+        d.stop()
