@@ -807,7 +807,10 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * failed: e.g. a replacement that joined after the reset). Survives a
  * daemon restart meanwhile (it reattaches and acknowledges again).
  * Returns 0 when the group runs again, DCPX_E_TIMEDOUT, DCPX_E_INTR
- * (dcpx_member_interrupt), or an error. */
+ * (dcpx_member_interrupt), DCPX_E_BUSY (dcpx_poll or dcpx_health runs on
+ * the member on another thread; or a restarted dcpxd refused the reattach
+ * for want of connections or file descriptors: call it again later), a
+ * restarted dcpxd's other refusal of the reattach, or an error. */
 DCPX_API int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms);
 
 #ifdef __cplusplus

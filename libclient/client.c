@@ -755,7 +755,7 @@ int dcpx_leave(dcpx_member *m) {
 /* The call structs' size and reserved words; a refused struct fails the
  * rank, as any bad argument does (dcpx_merge in include/dcpx.h). */
 static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
-                      const dcpx_merge_out *out, int merge) {
+                      const dcpx_merge_out *out, int merge, void *stream) {
   m->why[0] = '\0'; /* this call's refusal, if any, says why */
   int r = dcpx__struct_check_at(__FILE__, __LINE__, fn, "dcpx_call", in,
                                 sizeof(dcpx_call), 0, m->why,
@@ -769,7 +769,7 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
     dcpx__member_refuse(m);
 #ifdef HAVE_CUDA
     if (m->cuda)
-      dcpx__cuda_refused(m, "a call with a bad struct");
+      dcpx__cuda_refused(m, stream, "a call with a bad struct");
 #endif
   }
   return r;
@@ -836,7 +836,7 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
     return DCPX_E_INVAL;
   if (member_forked(m))
     return forked_refuse(m, "dcpx_push");
-  if ((r = call_check(m, "dcpx_push", in, NULL, 0)) < 0)
+  if ((r = call_check(m, "dcpx_push", in, NULL, 0, stream)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_push", 0, in, stream)) < 0)
     return r;
@@ -860,7 +860,7 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
     return DCPX_E_INVAL;
   if (member_forked(m))
     return forked_refuse(m, "dcpx_push_list");
-  if ((r = call_check(m, "dcpx_push_list", in, NULL, 0)) < 0)
+  if ((r = call_check(m, "dcpx_push_list", in, NULL, 0, stream)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_push_list", 0, in, stream)) < 0)
     return r;
@@ -904,7 +904,7 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
     return DCPX_E_INVAL;
   if (member_forked(m))
     return forked_refuse(m, "dcpx_merge");
-  if ((r = call_check(m, "dcpx_merge", in, out, 1)) < 0)
+  if ((r = call_check(m, "dcpx_merge", in, out, 1, stream)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_merge", 1, in, stream)) < 0)
     return r;

@@ -700,10 +700,15 @@ static void stop_mirror(struct dcpx_member *m, void *stream) {
     return;
   const cudaError_t before = cudaPeekAtLastError();
   char *stop = cu->k.ws + cu->k.L.off_call + offsetof(dcpx_rank_state, stop);
+  /* relaxed: another thread's capture in global mode does not make this
+   * thread's store an error (it is not part of that capture) */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
   if (cudaMemsetAsync(stop, 0x01, sizeof(uint32_t), (cudaStream_t)stream) !=
           cudaSuccess &&
       before == cudaSuccess)
     (void)cudaGetLastError();
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
 }
 
 /* A call that was not enqueued and has no reason yet (a kernel launcher
@@ -966,9 +971,11 @@ static void ctx_leave(const struct dcpx__cuda *cu, CUcontext prev) {
 
 /* Outside the backend's calls (a bad struct, client.c): ncclCommAbort
  * makes CUDA calls, so it too runs in the member's context. */
-void dcpx__cuda_refused(struct dcpx_member *m, const char *why) {
+void dcpx__cuda_refused(struct dcpx_member *m, void *stream,
+                        const char *why) {
   const CUcontext prev = ctx_enter(m->cuda);
   nccl_refused(m, why);
+  stop_mirror(m, stream);
   ctx_leave(m->cuda, prev);
 }
 

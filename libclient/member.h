@@ -180,9 +180,10 @@ dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
                 size_t why_len);
 /* A call of the member refused before it reached the backend (a bad
  * struct): with the nccl transport its communicator is aborted
- * (dcpx__nccl_abort). */
+ * (dcpx__nccl_abort); with ll the device's stop word is set on `stream`
+ * (cuda.c stop_mirror). */
 __attribute__((visibility("hidden"))) void
-dcpx__cuda_refused(struct dcpx_member *m, const char *why);
+dcpx__cuda_refused(struct dcpx_member *m, void *stream, const char *why);
 /* The 16-byte UUID of this process's CUDA device `device` (Join.device_uuid). */
 __attribute__((visibility("hidden"))) int
 dcpx__cuda_device_uuid(int device, uint8_t *out);
