@@ -151,20 +151,16 @@ static uint32_t unattached_mask(dcpxd_conn *c, const Dcpx__Query *q,
                                 size_t i, const char **ret_name,
                                 uint32_t *ret_world) {
   uid_t owner;
-  uint32_t n_pids, mask = 0;
-  const pid_t *pids;
-  const char *name =
-      dcpxd_secrets_entry(c->m->secrets, i, &owner, &n_pids, &pids);
+  uint32_t n_pids;
+  const char *name = dcpxd_secrets_entry(c->m->secrets, i, &owner, &n_pids);
   if (!name ||
       bsearch(&name, names, n_names, sizeof(*names), cmp_name) ||
       (q->group && *q->group && strcmp(q->group, name) != 0) ||
       (!c->admin && c->uid != owner))
     return 0;
-  (void)pids;
-  mask = dcpxd_secrets_live(c->m->secrets, name);
   *ret_name = name;
   *ret_world = n_pids;
-  return mask;
+  return dcpxd_secrets_live(c->m->secrets, name);
 }
 
 /* Such a group as a GroupInfo: state "unattached", its world (the rest of

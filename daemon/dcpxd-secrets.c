@@ -279,13 +279,11 @@ int dcpxd_secrets_flush(dcpxd_secrets *s) {
 size_t dcpxd_secrets_count(const dcpxd_secrets *s) { return s ? s->n : 0; }
 
 const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
-                                uid_t *owner, uint32_t *n_pids,
-                                const pid_t **pids) {
+                                uid_t *owner, uint32_t *n_pids) {
   if (!s || i >= s->n)
     return NULL;
   *owner = s->e[i].owner;
   *n_pids = s->e[i].n_pids;
-  *pids = s->e[i].pid;
   return s->e[i].name;
 }
 

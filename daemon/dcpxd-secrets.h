@@ -62,12 +62,12 @@ int dcpxd_secrets_flush(dcpxd_secrets *s);
 
 /* The entries, for the queries (dcpxd-query.c: the groups a restart left
  * whose ranks have not reattached): entry i < dcpxd_secrets_count, its
- * name (NULL past the end), owner and the pids of its ranks (n_pids of
- * them; 0 for an entry of an older dcpxd). */
+ * name (NULL past the end), owner and the number of its ranks' pids (0
+ * for an entry of an older dcpxd); which of them live:
+ * dcpxd_secrets_live. */
 size_t dcpxd_secrets_count(const dcpxd_secrets *s);
 const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
-                                uid_t *owner, uint32_t *n_pids,
-                                const pid_t **pids);
+                                uid_t *owner, uint32_t *n_pids);
 
 /* The ranks of entry `name` whose recorded process lives (bit r); 0
  * when there is no such entry. */
