@@ -28,14 +28,17 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
+#include <linux/futex.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -87,13 +90,23 @@ typedef struct ctr_check {
 
 /* Shared between the parent and the ranks (MAP_SHARED before fork). */
 /* The ranks' barrier (process-shared). A rank that stops early breaks it,
- * so that the others stop at their next wait instead of waiting forever
- * for it (a pthread barrier cannot be broken). */
+ * and so does the parent when a rank dies of a signal, so that the others
+ * stop at their next wait instead of waiting forever for it.
+ *
+ * It takes no lock: a rank can be killed anywhere in it and leave nothing
+ * held. (Its first form, a robust mutex with a process-shared condition
+ * variable, could not be made safe: a rank killed inside
+ * pthread_cond_broadcast or pthread_cond_wait can die holding the
+ * condition variable's internal lock, which is not robust, and the
+ * parent's break then blocked forever.) Arrivals count in `count`; the
+ * last one resets it and bumps `gen`; a break sets `broken` and bumps
+ * `gen` too. Waiters sleep in futex(2) on `gen` (shared, not private: the
+ * ranks are processes), re-checking at least every 100 ms. */
 typedef struct rank_barrier {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  uint32_t n, count, gen;
-  int broken;
+  atomic_uint count; /* arrivals in this generation */
+  atomic_uint gen;   /* bumped when all have arrived, and by a break */
+  atomic_int broken;
+  uint32_t n;
 } rank_barrier;
 
 typedef struct shared {
@@ -111,55 +124,42 @@ typedef struct shared {
 } shared;
 
 static void rb_init(rank_barrier *b, uint32_t n) {
-  pthread_mutexattr_t ma;
-  pthread_condattr_t ca;
-  pthread_mutexattr_init(&ma);
-  pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
-  pthread_condattr_init(&ca);
-  pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
-  pthread_mutex_init(&b->mu, &ma);
-  pthread_cond_init(&b->cv, &ca);
+  atomic_init(&b->count, 0);
+  atomic_init(&b->gen, 0);
+  atomic_init(&b->broken, 0);
   b->n = n;
 }
 
-/* A rank killed while it held the mutex (robust: the next locker gets
- * EOWNERDEAD) may have counted itself in: the barrier is broken. */
-static void rb_lock(rank_barrier *b) {
-  if (pthread_mutex_lock(&b->mu) == EOWNERDEAD) {
-    b->broken = 1;
-    pthread_mutex_consistent(&b->mu);
-  }
+static void rb_sleep(atomic_uint *w, unsigned seen) {
+  struct timespec ts = {0, 100000000};
+  syscall(SYS_futex, (unsigned *)w, FUTEX_WAIT, seen, &ts, NULL, 0);
 }
 
-/* 0 when all n ranks arrived; -1 when a rank broke the barrier. */
+static void rb_wake(atomic_uint *w) {
+  syscall(SYS_futex, (unsigned *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* 0 when all n ranks arrived; -1 when the barrier is broken. (gen is read
+ * before this rank counts itself in: it cannot move until it has.) */
 static int rb_wait(rank_barrier *b) {
-  int r = -1;
-  rb_lock(b);
-  if (!b->broken) {
-    const uint32_t gen = b->gen;
-    if (++b->count == b->n) {
-      b->count = 0;
-      b->gen++;
-      pthread_cond_broadcast(&b->cv);
-    } else {
-      while (b->gen == gen && !b->broken)
-        if (pthread_cond_wait(&b->cv, &b->mu) == EOWNERDEAD) {
-          b->broken = 1;
-          pthread_mutex_consistent(&b->mu);
-        }
-    }
-    r = b->gen != gen ? 0 : -1;
+  const unsigned gen = atomic_load(&b->gen);
+  if (atomic_load(&b->broken))
+    return -1;
+  if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+    atomic_store(&b->count, 0);
+    atomic_fetch_add(&b->gen, 1);
+    rb_wake(&b->gen);
+    return 0;
   }
-  pthread_mutex_unlock(&b->mu);
-  return r;
+  while (atomic_load(&b->gen) == gen && !atomic_load(&b->broken))
+    rb_sleep(&b->gen, gen);
+  return atomic_load(&b->broken) ? -1 : 0;
 }
 
 static void rb_break(rank_barrier *b) {
-  rb_lock(b);
-  b->broken = 1;
-  pthread_cond_broadcast(&b->cv);
-  pthread_mutex_unlock(&b->mu);
+  atomic_store(&b->broken, 1);
+  atomic_fetch_add(&b->gen, 1);
+  rb_wake(&b->gen);
 }
 
 static double unif(uint64_t *s) {
@@ -843,8 +843,12 @@ static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n) {
   }
   snprintf(sock, n, "%s/dcpxd.sock", dir);
   snprintf(state, sizeof(state), "%s/state", dir);
+  const pid_t parent = getpid();
   pid = fork();
   if (pid == 0) {
+    /* It stops (and its runtime folder can go) if the demo is killed. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
+      _exit(1);
     /* The daemon's log goes to the runtime folder, not the report. */
     char log[700];
     snprintf(log, sizeof(log), "%s/dcpxd.log", dir);
@@ -1166,9 +1170,14 @@ static void catch_signals(void (*fn)(int)) {
 
 static pid_t fork_rank(const opts *o, uint32_t r, shared *sh, uint32_t first,
                        int replacement) {
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
     catch_signals(SIG_DFL);
+    /* A rank outlives no parent (killed, it breaks no barrier and reaps
+     * nobody): it would run its calls out alone. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+      _exit(1);
     _exit(run_rank(o, r, sh, first, replacement));
   }
   return pid;
