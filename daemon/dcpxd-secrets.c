@@ -26,10 +26,17 @@ typedef struct entry {
   uint8_t secret[DCPX_CTL_SECRET_BYTES];
   uint32_t n_pids; /* 0: none known (an entry of an older dcpxd) */
   pid_t pid[DCPX_MAX_WORLD];
+  /* when each pid's process started (/proc/PID/stat's starttime, clock
+   * ticks since boot; 0: not known): a pid that another process took
+   * since is not the rank's */
+  uint64_t start[DCPX_MAX_WORLD];
 } entry;
+
+#define BOOT_ID_LEN 36 /* /proc/sys/kernel/random/boot_id, a UUID */
 
 struct dcpxd_secrets {
   char *path, *tmp, *dir;
+  char boot[BOOT_ID_LEN + 1]; /* this boot's id, or "" (no procfs) */
   entry *e;
   size_t n;
   bool dirty; /* changes not saved yet (dcpxd_secrets_flush) */
@@ -44,13 +51,23 @@ static int parse_line(const char *line, entry *e) {
   if (sscanf(line, "%63s %u %65s %n", e->name, &uid, hex, &end) != 3 ||
       strlen(hex) != 2 * DCPX_CTL_SECRET_BYTES)
     return -EINVAL;
-  /* PID,PID,... of ranks 0..W-1 (0: not held), absent in older files. */
+  /* PID[@START],... of ranks 0..W-1 (0: not held), absent in older
+   * files; @START (the process's start time) too. */
   for (const char *p = line + end; *p && *p != '\n';) {
     char *q;
     long pid = strtol(p, &q, 10);
-    if (q == p || pid < 0 || pid > INT32_MAX || e->n_pids == DCPX_MAX_WORLD ||
-        (*q != ',' && *q != '\n' && *q != '\0'))
+    unsigned long long start = 0;
+    if (q == p || pid < 0 || pid > INT32_MAX || e->n_pids == DCPX_MAX_WORLD)
       return -EINVAL;
+    if (*q == '@') {
+      const char *t = q + 1;
+      if (*t < '0' || *t > '9')
+        return -EINVAL;
+      start = strtoull(t, &q, 10);
+    }
+    if (*q != ',' && *q != '\n' && *q != '\0')
+      return -EINVAL;
+    e->start[e->n_pids] = start;
     e->pid[e->n_pids++] = (pid_t)pid;
     p = *q == ',' ? q + 1 : q;
   }
@@ -64,17 +81,44 @@ static int parse_line(const char *line, entry *e) {
   return 0;
 }
 
+/* The file's first line, "#boot ID", names the boot its pids belong to
+ * (absent in older files; '#' is no group name's). Returns 1 for that line, after noting in
+ * *other_boot whether it is another boot than this one. */
+static int boot_line(const dcpxd_secrets *s, const char *line,
+                     bool *other_boot) {
+  char id[BOOT_ID_LEN + 2];
+  if (strncmp(line, "#boot ", 6) != 0)
+    return 0;
+  if (sscanf(line + 6, "%37s", id) == 1 && s->boot[0] &&
+      strcmp(id, s->boot) != 0)
+    *other_boot = true;
+  return 1;
+}
+
+/* Reads the entries. Those of another boot are dropped: every process
+ * that held their ranks is gone, whatever pid it had. */
 static int load(dcpxd_secrets *s) {
   _cleanup_fclose_ FILE *f = fopen(s->path, "re");
   _cleanup_free_ char *line = NULL;
   size_t cap = 0;
   unsigned lineno = 0;
+  bool other_boot = false;
 
   if (!f)
     return errno == ENOENT ? 0 : -errno;
   while (getline(&line, &cap, f) >= 0) {
     entry e = {0}, *ne;
     lineno++;
+    if (lineno == 1 && boot_line(s, line, &other_boot))
+      continue;
+    if (other_boot) {
+      if (parse_line(line, &e) == 0)
+        log_info("group=%s: forgotten, created before this machine "
+                 "restarted (no process of its ranks is left)",
+                 e.name);
+      s->dirty = true;
+      continue;
+    }
     if (parse_line(line, &e) < 0) {
       log_warning("%s:%u: not a group entry, skipped", s->path, lineno);
       continue;
@@ -102,12 +146,17 @@ static int save(dcpxd_secrets *s) {
       close(fd);
     return log_warning_errno(r, "Cannot write %s: %m", s->tmp);
   }
+  if (s->boot[0])
+    fprintf(f, "#boot %s\n", s->boot);
   for (size_t i = 0; i < s->n; i++) {
     fprintf(f, "%s %u ", s->e[i].name, (unsigned)s->e[i].owner);
     for (size_t k = 0; k < DCPX_CTL_SECRET_BYTES; k++)
       fprintf(f, "%02x", s->e[i].secret[k]);
-    for (uint32_t k = 0; k < s->e[i].n_pids; k++)
+    for (uint32_t k = 0; k < s->e[i].n_pids; k++) {
       fprintf(f, "%c%d", k ? ',' : ' ', (int)s->e[i].pid[k]);
+      if (s->e[i].start[k])
+        fprintf(f, "@%llu", (unsigned long long)s->e[i].start[k]);
+    }
     fputc('\n', f);
   }
   if (fflush(f) != 0 || fsync(fileno(f)) < 0)
@@ -128,11 +177,71 @@ static int save(dcpxd_secrets *s) {
   return r;
 }
 
-/* True if no process of the entry's ranks lives: nobody can reattach to
- * the group (its memory went with its last process), so its entry is
- * dead. kill(pid, 0): ESRCH is gone; EPERM (another user's process, as
- * dcpxd.service runs as dcpx) is alive. A reused pid keeps an entry: the
- * mistake that costs nothing. An entry without pids is kept. */
+/* /proc/PID/stat of pid, from the field after the command's closing
+ * parenthesis (the state), into buf; NULL without it. */
+static const char *proc_stat(pid_t pid, char *buf, size_t n) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  _cleanup_fclose_ FILE *f = fopen(path, "re");
+  if (!f)
+    return NULL;
+  const size_t k = fread(buf, 1, n - 1, f);
+  buf[k] = '\0';
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' && p[2] ? p + 2 : NULL;
+}
+
+/* The start time of the state's process (the 20th field from the state,
+ * starttime), or 0. */
+static uint64_t stat_start(const char *state) {
+  const char *p = state;
+  for (int k = 0; k < 19 && p; k++)
+    if ((p = strchr(p, ' ')))
+      p++;
+  return p ? strtoull(p, NULL, 10) : 0;
+}
+
+/* When process pid started (clock ticks since boot), or 0 (not known). */
+static uint64_t proc_start(pid_t pid) {
+  char buf[1024];
+  const char *st = pid > 0 ? proc_stat(pid, buf, sizeof(buf)) : NULL;
+  return st ? stat_start(st) : 0;
+}
+
+/* Whether the process of a rank lives: pid exists (kill 0; EPERM: another
+ * uid's), is the process that took the rank (its start time, where both
+ * are known: a pid can be reused), and is not a zombie (dead, its parent
+ * has not reaped it yet). The state in /proc/PID/stat is that of the
+ * thread-group leader, which reads Z also when only the main thread has
+ * exited while other threads run on: then /proc/PID/status counts more
+ * than one thread. */
+static bool pid_live(pid_t pid, uint64_t start) {
+  char path[64], buf[1024];
+  if (pid <= 0 || (kill(pid, 0) < 0 && errno != EPERM))
+    return false;
+  const char *st = proc_stat(pid, buf, sizeof(buf));
+  if (!st)
+    return true; /* no procfs: taken as alive */
+  if (start && stat_start(st) && stat_start(st) != start)
+    return false; /* another process has the pid now */
+  if (st[0] != 'Z')
+    return true;
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  _cleanup_fclose_ FILE *f = fopen(path, "re");
+  if (!f)
+    return false;
+  const size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  buf[n] = '\0';
+  const char *p = strstr(buf, "\nThreads:");
+  return p && strtol(p + 9, NULL, 10) > 1;
+}
+
+/* True if no process of the entry's ranks lives (pid_live): nobody can
+ * reattach to the group (its memory went with its last process), so its
+ * entry is dead. A pid reused by a process whose start time was not known
+ * when the rank's was recorded (an older file) keeps an entry: then only
+ * dcpxctl reset lets a Join of its name form a new group. An entry
+ * without pids is kept. */
 static bool entry_dead(const entry *e) {
   uint32_t held = 0;
 
@@ -140,7 +249,7 @@ static bool entry_dead(const entry *e) {
     if (e->pid[k] <= 0)
       continue;
     held++;
-    if (kill(e->pid[k], 0) == 0 || errno != ESRCH)
+    if (pid_live(e->pid[k], e->start[k]))
       return false;
   }
   return held > 0;
@@ -162,7 +271,7 @@ static void prune_dead(dcpxd_secrets *s) {
       i++;
     }
   }
-  if (pruned)
+  if (pruned || s->dirty)
     (void)save(s);
 }
 
@@ -175,6 +284,18 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
       !(s->dir = strdup(state_dir))) {
     dcpxd_secrets_free(s);
     return -ENOMEM;
+  }
+  /* No boot id (no procfs): pids are taken as they are, as in files of
+   * older versions. */
+  {
+    _cleanup_fclose_ FILE *b =
+        fopen("/proc/sys/kernel/random/boot_id", "re");
+    char id[BOOT_ID_LEN + 2] = "";
+    if (b && fgets(id, sizeof(id), b) &&
+        strlen(id) >= BOOT_ID_LEN) {
+      id[BOOT_ID_LEN] = '\0';
+      memcpy(s->boot, id, sizeof(s->boot));
+    }
   }
   r = load(s);
   if (r < 0) {
@@ -230,7 +351,10 @@ int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
   e->owner = owner;
   memcpy(e->secret, secret, DCPX_CTL_SECRET_BYTES);
   memset(e->pid, 0, sizeof(e->pid));
+  memset(e->start, 0, sizeof(e->start));
   memcpy(e->pid, pids, world * sizeof(*pids));
+  for (uint32_t r = 0; r < world; r++)
+    e->start[r] = proc_start(pids[r]);
   e->n_pids = world;
   return save(s);
 }
@@ -243,11 +367,13 @@ void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
     return;
   if (e->n_pids != world) {
     memset(e->pid, 0, sizeof(e->pid));
+    memset(e->start, 0, sizeof(e->start));
     e->n_pids = world;
-  } else if (e->pid[rank] == pid) {
+  } else if (e->pid[rank] == pid && (pid <= 0 || e->start[rank])) {
     return;
   }
   e->pid[rank] = pid;
+  e->start[rank] = proc_start(pid);
   s->dirty = true;
 }
 
@@ -287,41 +413,11 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
   return s->e[i].name;
 }
 
-/* Whether process pid lives: it exists (kill 0; EPERM: another uid's)
- * and is not a zombie (dead, its parent has not reaped it yet). The state
- * after the command's closing parenthesis in /proc/PID/stat is that of
- * the thread-group leader, which reads Z also when only the main thread
- * has exited while other threads run on: then /proc/PID/status counts
- * more than one thread. */
-static bool pid_live(pid_t pid) {
-  char path[64], buf[1024];
-  if (pid <= 0 || (kill(pid, 0) < 0 && errno != EPERM))
-    return false;
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "re");
-  if (!f)
-    return true; /* no procfs: taken as alive */
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *p = strrchr(buf, ')');
-  if (!(p && p[1] == ' ' && p[2] == 'Z'))
-    return true;
-  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-  if (!(f = fopen(path, "re")))
-    return false;
-  n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  p = strstr(buf, "\nThreads:");
-  return p && strtol(p + 9, NULL, 10) > 1;
-}
-
 uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name) {
   const entry *e = s ? find(s, name) : NULL;
   uint32_t mask = 0;
   for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++)
-    if (pid_live(e->pid[r]))
+    if (pid_live(e->pid[r], e->start[r]))
       mask |= 1u << r;
   return mask;
 }
@@ -333,6 +429,7 @@ bool dcpxd_secrets_forget_pid(dcpxd_secrets *s, const char *name,
   for (uint32_t r = 0; e && pid > 0 && r < e->n_pids; r++)
     if (e->pid[r] == pid) {
       e->pid[r] = 0;
+      e->start[r] = 0;
       held = true;
     }
   if (held)

@@ -20,10 +20,14 @@
  * dcpxd_secrets_set_pid and dcpxd_secrets_remove once per turn of the
  * event loop (dcpxd_secrets_flush), so that a client whose exit ends
  * thousands of groups costs one save, not one per group. One line
- * "NAME UID HEX PID,PID,..." per group (pids of ranks 0..W-1, 0 for a
+ * "NAME UID HEX PID[@START],..." per group (pids of ranks 0..W-1, 0 for a
  * rank not held; files of older dcpxd versions have no
- * pids, and those entries are kept). Unreadable lines are skipped with a
- * warning; a groups.tmp left by a crash is removed. */
+ * pids, and those entries are kept). Each pid may carry "@START", when its
+ * process started (/proc/PID/stat starttime): a live pid of another start
+ * time is another process, not the rank's. A first line "#boot ID" names
+ * the boot (/proc/sys/kernel/random/boot_id) the pids belong to; at the
+ * start of another boot every entry is dropped. Unreadable lines are
+ * skipped with a warning; a groups.tmp left by a crash is removed. */
 #ifndef DCPXD_SECRETS_H
 #define DCPXD_SECRETS_H
 

@@ -1140,6 +1140,112 @@ START_TEST(test_state_cleanup) {
 }
 END_TEST
 
+/* Rewrites STATE_DIR/groups while no dcpxd runs (daemon_restart_after):
+ * g_edit_group's start times + 1 (its pids now belong to other
+ * processes), or, with no group named, another boot id on the first
+ * line. */
+static const char *g_edit_group;
+static void edit_groups(void) {
+  char path[192], buf[8192], out[8192];
+  size_t n = 0, o = 0;
+  FILE *f;
+  snprintf(path, sizeof(path), "%s/state/groups", g_dir);
+  ck_assert_ptr_nonnull(f = fopen(path, "r"));
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  for (char *line = buf, *next; *line; line = next) {
+    next = strchr(line, '\n');
+    next = next ? next + 1 : line + strlen(line);
+    const size_t len = (size_t)(next - line);
+    const size_t g = g_edit_group ? strlen(g_edit_group) : 0;
+    if (!g_edit_group && strncmp(line, "#boot ", 6) == 0) {
+      o += (size_t)snprintf(out + o, sizeof(out) - o,
+                            "#boot 01234567-89ab-cdef-0123-456789abcdef\n");
+    } else if (g && strncmp(line, g_edit_group, g) == 0 && line[g] == ' ') {
+      const char *at = memchr(line, '@', len);
+      ck_assert_ptr_nonnull(at);
+      const unsigned long long start = strtoull(at + 1, NULL, 10);
+      o += (size_t)snprintf(out + o, sizeof(out) - o, "%.*s@%llu\n",
+                            (int)(at - line), line, start + 1);
+    } else {
+      memcpy(out + o, line, len);
+      o += len;
+    }
+  }
+  ck_assert_ptr_nonnull(f = fopen(path, "w"));
+  fwrite(out, 1, o, f);
+  fclose(f);
+}
+
+/* A rank's pid alone does not say that the rank lives: a pid can be
+ * reused, by the next boot's processes above all, and an entry kept for a
+ * process that is not the rank's made every Join of the group's name
+ * DCPX_E_AGAIN until its join timeout (and check WARNING) until an
+ * operator's reset. The groups file records each rank process's start
+ * time and the boot: a live pid of another start time, and every entry
+ * of another boot, are forgotten at start, and a Join of the name then
+ * forms a new group. */
+START_TEST(test_state_pid_reuse) {
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *cl;
+  dcpx_member *m;
+  char path[192], log[128], first[128] = "";
+  pid_t reused, kept;
+  FILE *f;
+
+  snprintf(g_log, sizeof(g_log), "/tmp/dcpx-sec-reuse.%d", (int)getpid());
+  unlink(g_log);
+  snprintf(log, sizeof(log), "%s", g_log);
+  daemon_start();
+  reused = rank_process("st-reused");
+  kept = rank_process("st-kept");
+  ck_assert_int_eq(line_pid(groups_line("st-kept")), kept);
+  ck_assert_ptr_nonnull(strchr(groups_line("st-reused"), '@'));
+  snprintf(path, sizeof(path), "%s/state/groups", g_dir);
+  ck_assert_ptr_nonnull(f = fopen(path, "r"));
+  ck_assert_ptr_nonnull(fgets(first, sizeof(first), f));
+  fclose(f);
+  ck_assert_msg(strncmp(first, "#boot ", 6) == 0, "first line: %s", first);
+
+  /* st-reused's pid is taken by "another process" (its start time
+   * differs): its entry goes at start, st-kept's stays */
+  g_edit_group = "st-reused";
+  daemon_restart_after(edit_groups);
+  ck_assert_str_eq(groups_line("st-reused"), "");
+  ck_assert_int_eq(line_pid(groups_line("st-kept")), kept);
+  ck_assert_int_eq(count_lines(log, "group=st-reused: forgotten"), 1);
+  ck_assert_int_eq(count_lines(log, "group=st-kept: forgotten"), 0);
+  /* and a Join of its name forms a new group at once (before: AGAIN
+   * until the join timeout) */
+  sh.world = 1, sh.rows = 2, sh.topk = 16, sh.local_topk = 4;
+  sh.block_size = 4, sh.interleave = 2, sh.max_local = 64;
+  jo.group = "st-reused";
+  jo.timeout_ns = 5000000000ull;
+  jo.join_timeout_ms = 3000;
+  ck_assert_int_eq(dcpx_connect(g_sock, &cl), 0);
+  ck_assert_int_eq(dcpx_join(cl, &sh, &jo, &m), 0);
+  dcpx_leave(m);
+  dcpx_disconnect(cl);
+
+  /* the machine "restarted": every entry goes, st-kept's too */
+  g_edit_group = NULL;
+  daemon_restart_after(edit_groups);
+  ck_assert_str_eq(groups_line("st-kept"), "");
+  ck_assert_int_eq(
+      count_lines(log, "group=st-kept: forgotten, created before this "
+                       "machine restarted"),
+      1);
+  kill(reused, SIGKILL);
+  kill(kept, SIGKILL);
+  waitpid(reused, NULL, 0);
+  waitpid(kept, NULL, 0);
+  daemon_stop();
+  unlink(log);
+}
+END_TEST
+
 /* ---- 3. bounded resources ------------------------------------------------- */
 
 /* The Hello deadline and the idle timeout close silent connections with a
@@ -1467,6 +1573,7 @@ int main(void) {
   tcase_add_test(tc, test_owner_rules);
   tcase_add_test(tc, test_reattach_needs_secret);
   tcase_add_test(tc, test_state_cleanup);
+  tcase_add_test(tc, test_state_pid_reuse);
   suite_add_tcase(s, tc);
   tc = tcase_create("bounds");
   tcase_set_timeout(tc, 120);
