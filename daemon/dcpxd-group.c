@@ -569,10 +569,6 @@ static void group_request_reset(dcpxd_group *g, const char *detail);
 
 /* ---- reattach ------------------------------------------------------------ */
 
-static bool pid_alive(pid_t pid) {
-  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
-}
-
 /* 1 if both fds name the same file (the same memfd), else 0. */
 static bool same_file(int a, int b) {
   struct stat x, y;
@@ -599,13 +595,15 @@ static void awaited_rank_dead(dcpxd_group *g, uint32_t r) {
   dcpxd_group_abort(g, DCPX_ABORT_DEAD, (int32_t)r, detail);
 }
 
-/* A rank whose pid dcpxd cannot see (SO_PEERCRED's 0: a process of
- * another pid namespace) cannot be asked whether it lives: it is given
+/* Whether an awaited rank's process is gone: as for an unattached group
+ * (dcpxd_secrets_rank_live: a zombie, or a pid another process took since,
+ * is gone). A rank whose pid dcpxd cannot see (SO_PEERCRED's 0: a process
+ * of another pid namespace) cannot be asked whether it lives: it is given
  * the join timeout from the adoption to reattach. */
 static bool awaited_gone(const dcpxd_group *g, uint32_t r) {
   const pid_t pid = g->member[r].pid;
   if (pid > 0)
-    return !pid_alive(pid);
+    return !dcpxd_secrets_rank_live(g->m->secrets, g->name, r, pid);
   return dcpxd_now_ns(CLOCK_MONOTONIC) - g->adopted_ns >
          (uint64_t)g->m->conf->join_timeout_ms * 1000000ull;
 }
@@ -1342,17 +1340,18 @@ static void group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
  * long time), and a new group now would split the name in two. So while
  * any of them lives the joiner is asked to retry (DCPX_E_AGAIN; libdcpx
  * does, until its own join timeout), and once a rank reattached the same
- * Join replaces a dead rank. A joiner that is itself one of the group's
- * processes left its ranks while dcpxd was down (its Leave was lost: a
- * process that held them would reattach, not join), so its pids are
- * forgotten first; when no live rank is left, the old group is given up
+ * Join replaces a dead rank. A joiner whose process held the rank it
+ * joins left that rank while dcpxd was down (its Leave was lost: a member
+ * that held it would reattach, not join), so that rank is forgotten first
+ * (only that one: the process may hold other ranks, one member per GPU,
+ * that reattach on their own); when no live rank is left, the old group is given up
  * (its entry dropped) and the Join forms a new one. An admin's RESET gives
  * it up at once. false: refused. */
 static bool join_unattached(dcpxd_conn *c, const Dcpx__Join *j) {
-  if (dcpxd_secrets_forget_pid(c->m->secrets, j->group, c->pid))
-    log_notice("group=%s: pid %d, which held ranks of it before dcpxd "
-               "restarted, joins it afresh: those ranks are taken to have "
-               "left", j->group, (int)c->pid);
+  if (dcpxd_secrets_forget_rank(c->m->secrets, j->group, j->rank, c->pid))
+    log_notice("group=%s: pid %d, which held rank %u of it before dcpxd "
+               "restarted, joins it afresh: it is taken to have left it",
+               j->group, (int)c->pid, j->rank);
   const uint32_t live = dcpxd_secrets_live(c->m->secrets, j->group);
   if (!live) {
     if (dcpxd_secrets_remove(c->m->secrets, j->group))

@@ -160,7 +160,7 @@ static uint32_t unattached_mask(dcpxd_conn *c, const Dcpx__Query *q,
     return 0;
   *ret_name = name;
   *ret_world = n_pids;
-  return dcpxd_secrets_live(c->m->secrets, name);
+  return dcpxd_secrets_live_at(c->m->secrets, i);
 }
 
 /* Such a group as a GroupInfo: state "unattached", its world (the rest of
@@ -256,7 +256,7 @@ static size_t refusals_of(dcpxd_conn *c, const Dcpx__Query *q,
   const uint64_t now = dcpxd_now_ns(CLOCK_REALTIME);
   for (size_t i = 0; i < m->n_refusals; i++) {
     dcpxd_refusal *r = &m->refusals[i];
-    if ((kill(r->pid, 0) < 0 && errno == ESRCH) ||
+    if (!dcpxd_pid_live(r->pid, 0) ||
         now - r->last_ns > DCPXD_REFUSAL_TTL_NS)
       continue; /* gone, or left (no retry for a minute) */
     if ((!c->admin && r->uid != c->uid) ||

@@ -215,7 +215,7 @@ static uint64_t proc_start(pid_t pid) {
  * thread-group leader, which reads Z also when only the main thread has
  * exited while other threads run on: then /proc/PID/status counts more
  * than one thread. */
-static bool pid_live(pid_t pid, uint64_t start) {
+bool dcpxd_pid_live(pid_t pid, uint64_t start) {
   char path[64], buf[1024];
   if (pid <= 0 || (kill(pid, 0) < 0 && errno != EPERM))
     return false;
@@ -249,7 +249,7 @@ static bool entry_dead(const entry *e) {
     if (e->pid[k] <= 0)
       continue;
     held++;
-    if (pid_live(e->pid[k], e->start[k]))
+    if (dcpxd_pid_live(e->pid[k], e->start[k]))
       return false;
   }
   return held > 0;
@@ -413,28 +413,38 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
   return s->e[i].name;
 }
 
-uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name) {
-  const entry *e = s ? find(s, name) : NULL;
+static uint32_t live_mask(const entry *e) {
   uint32_t mask = 0;
   for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++)
-    if (pid_live(e->pid[r], e->start[r]))
+    if (dcpxd_pid_live(e->pid[r], e->start[r]))
       mask |= 1u << r;
   return mask;
 }
 
-bool dcpxd_secrets_forget_pid(dcpxd_secrets *s, const char *name,
-                              pid_t pid) {
+uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name) {
+  return live_mask(s ? find(s, name) : NULL);
+}
+
+uint32_t dcpxd_secrets_live_at(const dcpxd_secrets *s, size_t i) {
+  return s && i < s->n ? live_mask(&s->e[i]) : 0;
+}
+
+bool dcpxd_secrets_rank_live(const dcpxd_secrets *s, const char *name,
+                             uint32_t rank, pid_t pid) {
+  const entry *e = s ? find(s, name) : NULL;
+  const bool known = e && rank < e->n_pids && e->pid[rank] == pid;
+  return dcpxd_pid_live(pid, known ? e->start[rank] : 0);
+}
+
+bool dcpxd_secrets_forget_rank(dcpxd_secrets *s, const char *name,
+                               uint32_t rank, pid_t pid) {
   entry *e = s ? find(s, name) : NULL;
-  bool held = false;
-  for (uint32_t r = 0; e && pid > 0 && r < e->n_pids; r++)
-    if (e->pid[r] == pid) {
-      e->pid[r] = 0;
-      e->start[r] = 0;
-      held = true;
-    }
-  if (held)
-    s->dirty = true;
-  return held;
+  if (!e || pid <= 0 || rank >= e->n_pids || e->pid[rank] != pid)
+    return false;
+  e->pid[rank] = 0;
+  e->start[rank] = 0;
+  s->dirty = true;
+  return true;
 }
 
 bool dcpxd_secrets_match(const dcpxd_secrets *s, const char *name,

@@ -76,10 +76,26 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
 /* The ranks of entry `name` whose recorded process lives (bit r); 0
  * when there is no such entry. */
 uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name);
+/* The same for entry i (< dcpxd_secrets_count), without a lookup. */
+uint32_t dcpxd_secrets_live_at(const dcpxd_secrets *s, size_t i);
 
-/* Forgets process pid in entry `name` (its ranks' pids become 0: it left
- * them); false if it held none. Saved by the next flush. */
-bool dcpxd_secrets_forget_pid(dcpxd_secrets *s, const char *name, pid_t pid);
+/* Forgets that process pid holds rank `rank` of entry `name` (it left
+ * it); false if it did not. Only that rank: a process may hold several
+ * ranks of a group (a member per GPU), and its others reattach on their
+ * own. Saved by the next flush. */
+bool dcpxd_secrets_forget_rank(dcpxd_secrets *s, const char *name,
+                               uint32_t rank, pid_t pid);
+
+/* Whether process pid lives: it exists, is not a zombie, and, if start is
+ * not 0, started then (/proc/PID/stat starttime: a reused pid is another
+ * process). Without procfs, whether it exists. */
+bool dcpxd_pid_live(pid_t pid, uint64_t start);
+
+/* Whether pid lives as the process of rank `rank` of entry `name`
+ * (dcpxd_pid_live with the start time recorded for it, if the entry holds
+ * that pid for the rank). */
+bool dcpxd_secrets_rank_live(const dcpxd_secrets *s, const char *name,
+                             uint32_t rank, pid_t pid);
 
 /* True if `name` is a group this daemon created with this secret; its
  * owner in *owner. */

@@ -1566,6 +1566,102 @@ START_TEST(test_zombie_rank_is_dead) {
 }
 END_TEST
 
+/* Rank r (a thread_join's) of W=2 group "mp" from a thread of this
+ * process. */
+typedef struct thread_join {
+  uint32_t rank;
+  dcpx_client *c;
+  dcpx_member *m;
+  volatile int done;
+} thread_join;
+
+static void *thread_join_main(void *p) {
+  thread_join *t = p;
+  t->m = join_pair("mp", t->rank, &t->c);
+  __atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* One process holds both ranks of a group (a member per GPU). dcpxd
+ * restarts; rank 1's member leaves meanwhile (its Leave is lost) and the
+ * process joins rank 1 afresh while its rank-0 member, alive, has not
+ * polled yet. The join waits for rank 0 to reattach and then replaces
+ * rank 1 in rank 0's group. (dcpxd forgot every rank of the joiner's pid,
+ * gave the group up and formed a new one, which waited for a rank 0 that
+ * never came: rank 0's reattach was refused for good, the join timed
+ * out.) */
+START_TEST(test_two_ranks_one_process) {
+  thread_join t0 = {0, NULL, NULL, 0}, t1 = {1, NULL, NULL, 0};
+  pthread_t th;
+  start(NULL);
+  HC_ASSERT(pthread_create(&th, NULL, thread_join_main, &t0) == 0, "thread");
+  dcpx_client *c1;
+  dcpx_member *m1 = join_pair("mp", 1, &c1);
+  HC_ASSERT(pthread_join(th, NULL) == 0 && t0.m && m1, "joined");
+  stop_clean();
+  dcpx_leave(m1); /* goes nowhere */
+  dcpx_disconnect(c1);
+  start(NULL);
+  HC_ASSERT(pthread_create(&th, NULL, thread_join_main, &t1) == 0, "thread");
+  hh_sleep_ms(300); /* then rank 0 polls, as an engine at its next step */
+  for (int i = 0; i < 800 && !__atomic_load_n(&t1.done, __ATOMIC_ACQUIRE);
+       i++) {
+    dcpx_poll(t0.m);
+    hh_sleep_ms(10);
+  }
+  HC_ASSERT(pthread_join(th, NULL) == 0, "join thread");
+  const char *why = dcpx_client_last_error(t1.c);
+  HC_ASSERT(t1.m != NULL, "rank 1 did not join again: %s", why ? why : "-");
+  HC_ASSERT(log_contains("adopted after a dcpxd restart: rank 0"),
+            "rank 0 did not reattach");
+  HC_ASSERT(!log_contains("the unattached group is given up"),
+            "the group was given up while rank 0 lived");
+  dcpx_leave(t1.m);
+  dcpx_disconnect(t1.c);
+  dcpx_leave(t0.m);
+  dcpx_disconnect(t0.c);
+  finish();
+}
+END_TEST
+
+/* Rank 1 dies while dcpxd is down and stays a zombie (its parent has not
+ * reaped it); rank 0 reattaches, so the group is adopted awaiting rank 1.
+ * A replacement for rank 1 then joins: the zombie is dead here too (the
+ * adopted group's awaited ranks were judged by kill(pid, 0) alone, which
+ * a zombie passes, and the replacement was refused DCPX_E_DUPRANK). */
+START_TEST(test_zombie_awaited_rank) {
+  int up[2], dn0[2], dn1[2];
+  char x = 1;
+  HC_ASSERT(pipe(up) == 0 && pipe(dn0) == 0 && pipe(dn1) == 0, "pipe");
+  start(NULL);
+  const pid_t a = fork();
+  if (a == 0)
+    restart_rank("za", 0, dn0[0], up[1], 0);
+  const pid_t b = fork();
+  if (b == 0)
+    restart_rank("za", 1, dn1[0], up[1], -1);
+  HC_ASSERT(read(up[0], &x, 1) == 1 && read(up[0], &x, 1) == 1, "joined");
+  stop_clean();
+  HC_ASSERT(write(dn1[1], &x, 1) == 1, "go"); /* rank 1 exits: a zombie */
+  hh_sleep_ms(200);
+  start(NULL);
+  HC_ASSERT(write(dn0[1], &x, 1) == 1, "go"); /* rank 0 reattaches */
+  for (int i = 0; i < 300 && !log_contains("adopted after a dcpxd restart");
+       i++)
+    hh_sleep_ms(10);
+  HC_ASSERT(log_contains("awaiting ranks 1"), "not adopted awaiting rank 1");
+  dcpx_client *c;
+  dcpx_member *m = join_pair("za", 1, &c);
+  const char *why = dcpx_client_last_error(c);
+  HC_ASSERT(m != NULL, "the replacement was refused: %s", why ? why : "-");
+  waitpid(b, NULL, 0);
+  waitpid(a, NULL, 0);
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 /* The open-file limit under which process pid has exactly `room` free
  * descriptor numbers (a new descriptor takes the lowest free one), from
  * /proc/PID/fd; 0 if it cannot tell. */
@@ -1896,6 +1992,8 @@ int main(void) {
   ADD(test_rejoin_after_leave_while_down);
   ADD(test_retried_join_last_error);
   ADD(test_zombie_rank_is_dead);
+  ADD(test_two_ranks_one_process);
+  ADD(test_zombie_awaited_rank);
   ADD(test_reattach_at_daemon_fd_limit);
   ADD(test_idle_survivor_keeps_its_group);
   ADD(test_survivor_without_main_thread);
