@@ -982,12 +982,27 @@ typedef struct trickle {
   volatile int stop;
 } trickle;
 
-/* Rank 1's list of row 0 into rank 0's slots, one pair per period. */
+/* Rank 1's list of row 0 into rank 0's slots, pair i at (i + 1)
+ * periods from the start: absolute deadlines, so that late wake-ups on a
+ * loaded machine do not add up (120 sleeps of 1 ms took 145 ms idle, and
+ * over the timeout under load). */
 static void *trickle_main(void *arg) {
   trickle *tr = arg;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const uint64_t start = (uint64_t)t0.tv_sec * 1000000000ull +
+                         (uint64_t)t0.tv_nsec;
   for (uint32_t i = 0; i < tr->g->L.pairs && !tr->stop; i++) {
-    for (uint64_t n = 0; n < tr->period_ns && !tr->stop; n += 1000000)
-      sleep_ns(1000000);
+    const uint64_t due = start + (uint64_t)(i + 1) * tr->period_ns;
+    for (;;) { /* 1 ms naps, to see stop */
+      struct timespec now;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      const uint64_t t = (uint64_t)now.tv_sec * 1000000000ull +
+                         (uint64_t)now.tv_nsec;
+      if (t >= due || tr->stop)
+        break;
+      sleep_ns(due - t < 1000000 ? due - t : 1000000);
+    }
     if (!tr->stop)
       peer_pairs(tr->g, 1, 0, 0, 1, i, i + 1);
   }
