@@ -89,7 +89,7 @@ typedef struct spec {
   const char *group;
   uint32_t W, R, K, N, L, calls;
   uint32_t epoch_start; /* 0: leave zeroed */
-  pthread_barrier_t *barrier;
+  uint32_t *arrived; /* shared: ranks past their epoch set-up */
   uint32_t *done; /* ranks through their calls (shared) */
 } spec;
 
@@ -180,7 +180,17 @@ static int rank_proc(const spec *sp, uint32_t rank) {
       ep[t] = sp->epoch_start + t;
       sq[t] = sp->epoch_start;
     }
-    pthread_barrier_wait(sp->barrier);
+    /* All set up before any pushes. Bounded: a rank whose join failed
+     * never arrives (a pthread barrier would keep its peers forever). */
+    __atomic_add_fetch(sp->arrived, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; __atomic_load_n(sp->arrived, __ATOMIC_SEQ_CST) < sp->W;
+         i++) {
+      if (i == 30000) {
+        fprintf(stderr, "rank %u: its peers did not set up in 30 s\n", rank);
+        return 1;
+      }
+      usleep(1000);
+    }
   }
   for (uint32_t cl = 0; cl < sp->calls && !bad; cl++) {
     inputs(sp, cl, lg, en);
@@ -227,13 +237,10 @@ static int rank_proc(const spec *sp, uint32_t rank) {
 /* Runs a group of W rank processes; returns how many failed. */
 static int run_group(spec *sp) {
   pid_t kids[DCPX_MAX_WORLD];
-  pthread_barrier_t *bar = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  pthread_barrierattr_t ba;
-  pthread_barrierattr_init(&ba);
-  pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
-  pthread_barrier_init(bar, &ba, sp->W);
-  sp->barrier = bar;
+  char *bar = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(bar, MAP_FAILED);
+  sp->arrived = (uint32_t *)bar; /* zero, from the mmap */
   sp->done = (uint32_t *)((char *)bar + 2048); /* zero, from the mmap */
   for (uint32_t r = 0; r < sp->W; r++) {
     kids[r] = fork();
