@@ -1344,8 +1344,8 @@ static void group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
  * joins left that rank while dcpxd was down (its Leave was lost: a member
  * that held it would reattach, not join), so that rank is forgotten first
  * (only that one: the process may hold other ranks, one member per GPU,
- * that reattach on their own); when no live rank is left, the old group is given up
- * (its entry dropped) and the Join forms a new one. An admin's RESET gives
+ * that reattach on their own); when no live rank is left, the old group
+ * is given up (its entry dropped) and the Join forms a new one. An admin's RESET gives
  * it up at once. false: refused. */
 static bool join_unattached(dcpxd_conn *c, const Dcpx__Join *j) {
   if (dcpxd_secrets_forget_rank(c->m->secrets, j->group, j->rank, c->pid))

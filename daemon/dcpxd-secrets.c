@@ -82,8 +82,9 @@ static int parse_line(const char *line, entry *e) {
 }
 
 /* The file's first line, "#boot ID", names the boot its pids belong to
- * (absent in older files; '#' is no group name's). Returns 1 for that line, after noting in
- * *other_boot whether it is another boot than this one. */
+ * (absent in older files; '#' is no group name's). Returns 1 for that
+ * line, after noting in *other_boot whether it is another boot than this
+ * one. */
 static int boot_line(const dcpxd_secrets *s, const char *line,
                      bool *other_boot) {
   char id[BOOT_ID_LEN + 2];
@@ -222,7 +223,8 @@ bool dcpxd_pid_live(pid_t pid, uint64_t start) {
   const char *st = proc_stat(pid, buf, sizeof(buf));
   if (!st)
     return true; /* no procfs: taken as alive */
-  if (start && stat_start(st) && stat_start(st) != start)
+  const uint64_t started = stat_start(st);
+  if (start && started && started != start)
     return false; /* another process has the pid now */
   if (st[0] != 'Z')
     return true;
@@ -236,23 +238,27 @@ bool dcpxd_pid_live(pid_t pid, uint64_t start) {
   return p && strtol(p + 9, NULL, 10) > 1;
 }
 
-/* True if no process of the entry's ranks lives (pid_live): nobody can
+/* The ranks of e whose process lives (bit r). */
+static uint32_t live_mask(const entry *e) {
+  uint32_t mask = 0;
+  for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++)
+    if (dcpxd_pid_live(e->pid[r], e->start[r]))
+      mask |= 1u << r;
+  return mask;
+}
+
+/* True if no process of the entry's ranks lives (dcpxd_pid_live): nobody can
  * reattach to the group (its memory went with its last process), so its
  * entry is dead. A pid reused by a process whose start time was not known
  * when the rank's was recorded (an older file) keeps an entry: then only
  * dcpxctl reset lets a Join of its name form a new group. An entry
  * without pids is kept. */
 static bool entry_dead(const entry *e) {
-  uint32_t held = 0;
+  bool held = false;
 
-  for (uint32_t k = 0; k < e->n_pids; k++) {
-    if (e->pid[k] <= 0)
-      continue;
-    held++;
-    if (dcpxd_pid_live(e->pid[k], e->start[k]))
-      return false;
-  }
-  return held > 0;
+  for (uint32_t k = 0; k < e->n_pids; k++)
+    held |= e->pid[k] > 0;
+  return held && live_mask(e) == 0;
 }
 
 /* At start: forgets the groups whose ranks are all gone, and saves the
@@ -275,6 +281,18 @@ static void prune_dead(dcpxd_secrets *s) {
     (void)save(s);
 }
 
+/* This boot's id into out, or "" without one (no procfs: pids are then
+ * taken as they are, as in files of older versions). */
+static void read_boot_id(char out[BOOT_ID_LEN + 1]) {
+  _cleanup_fclose_ FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+  char id[BOOT_ID_LEN + 2] = "";
+  out[0] = '\0';
+  if (f && fgets(id, sizeof(id), f) && strlen(id) >= BOOT_ID_LEN) {
+    id[BOOT_ID_LEN] = '\0';
+    memcpy(out, id, BOOT_ID_LEN + 1);
+  }
+}
+
 int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
   dcpxd_secrets *s = calloc(1, sizeof(*s));
   int r;
@@ -285,18 +303,7 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
     dcpxd_secrets_free(s);
     return -ENOMEM;
   }
-  /* No boot id (no procfs): pids are taken as they are, as in files of
-   * older versions. */
-  {
-    _cleanup_fclose_ FILE *b =
-        fopen("/proc/sys/kernel/random/boot_id", "re");
-    char id[BOOT_ID_LEN + 2] = "";
-    if (b && fgets(id, sizeof(id), b) &&
-        strlen(id) >= BOOT_ID_LEN) {
-      id[BOOT_ID_LEN] = '\0';
-      memcpy(s->boot, id, sizeof(s->boot));
-    }
-  }
+  read_boot_id(s->boot);
   r = load(s);
   if (r < 0) {
     log_error_errno(r, "Cannot read %s: %m", s->path);
@@ -411,14 +418,6 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
   *owner = s->e[i].owner;
   *n_pids = s->e[i].n_pids;
   return s->e[i].name;
-}
-
-static uint32_t live_mask(const entry *e) {
-  uint32_t mask = 0;
-  for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++)
-    if (dcpxd_pid_live(e->pid[r], e->start[r]))
-      mask |= 1u << r;
-  return mask;
 }
 
 uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name) {

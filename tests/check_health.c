@@ -1495,26 +1495,39 @@ START_TEST(test_survivor_without_main_thread) {
 }
 END_TEST
 
-/* A join that dcpxd asked to retry (the survivor reattaches 800 ms after
- * the restart) and that then succeeds leaves no reason behind: dcpx.h
- * says the last error is NULL after a success (it kept the refusal). */
-START_TEST(test_retried_join_last_error) {
+/* Ranks 0 and 1 of W=2 group `name` in child processes (restart_rank):
+ * they join; dcpxd stops; rank 1 exits (reaped at once with reap, else
+ * left a zombie); dcpxd starts again, and rank 0 polls (reattaches)
+ * poll_after_ms later. Their pids in *a and *b. */
+static void rank1_dies_while_down(const char *name, int poll_after_ms,
+                                  int reap, pid_t *a, pid_t *b) {
   int up[2], dn0[2], dn1[2];
   char x = 1;
   HC_ASSERT(pipe(up) == 0 && pipe(dn0) == 0 && pipe(dn1) == 0, "pipe");
   start(NULL);
-  const pid_t a = fork();
-  if (a == 0)
-    restart_rank("rj", 0, dn0[0], up[1], 800);
-  const pid_t b = fork();
-  if (b == 0)
-    restart_rank("rj", 1, dn1[0], up[1], -1);
+  *a = fork();
+  if (*a == 0)
+    restart_rank(name, 0, dn0[0], up[1], poll_after_ms);
+  *b = fork();
+  if (*b == 0)
+    restart_rank(name, 1, dn1[0], up[1], -1);
   HC_ASSERT(read(up[0], &x, 1) == 1 && read(up[0], &x, 1) == 1, "joined");
   stop_clean();
   HC_ASSERT(write(dn1[1], &x, 1) == 1, "go"); /* rank 1 exits */
-  waitpid(b, NULL, 0);
+  if (reap)
+    waitpid(*b, NULL, 0);
+  else
+    hh_sleep_ms(200); /* a zombie now */
   start(NULL);
-  HC_ASSERT(write(dn0[1], &x, 1) == 1, "go"); /* back in 800 ms */
+  HC_ASSERT(write(dn0[1], &x, 1) == 1, "go");
+}
+
+/* A join that dcpxd asked to retry (the survivor reattaches 800 ms after
+ * the restart) and that then succeeds leaves no reason behind: dcpx.h
+ * says the last error is NULL after a success (it kept the refusal). */
+START_TEST(test_retried_join_last_error) {
+  pid_t a, b;
+  rank1_dies_while_down("rj", 800, 1, &a, &b); /* rank 0 back in 800 ms */
   dcpx_client *c;
   dcpx_member *m = join_pair("rj", 1, &c);
   const char *why = dcpx_client_last_error(c);
@@ -1630,22 +1643,8 @@ END_TEST
  * adopted group's awaited ranks were judged by kill(pid, 0) alone, which
  * a zombie passes, and the replacement was refused DCPX_E_DUPRANK). */
 START_TEST(test_zombie_awaited_rank) {
-  int up[2], dn0[2], dn1[2];
-  char x = 1;
-  HC_ASSERT(pipe(up) == 0 && pipe(dn0) == 0 && pipe(dn1) == 0, "pipe");
-  start(NULL);
-  const pid_t a = fork();
-  if (a == 0)
-    restart_rank("za", 0, dn0[0], up[1], 0);
-  const pid_t b = fork();
-  if (b == 0)
-    restart_rank("za", 1, dn1[0], up[1], -1);
-  HC_ASSERT(read(up[0], &x, 1) == 1 && read(up[0], &x, 1) == 1, "joined");
-  stop_clean();
-  HC_ASSERT(write(dn1[1], &x, 1) == 1, "go"); /* rank 1 exits: a zombie */
-  hh_sleep_ms(200);
-  start(NULL);
-  HC_ASSERT(write(dn0[1], &x, 1) == 1, "go"); /* rank 0 reattaches */
+  pid_t a, b;
+  rank1_dies_while_down("za", 0, 0, &a, &b); /* rank 1 a zombie */
   for (int i = 0; i < 300 && !log_contains("adopted after a dcpxd restart");
        i++)
     hh_sleep_ms(10);
