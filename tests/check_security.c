@@ -670,6 +670,13 @@ static int do_own_group(const void *unused) {
   close(s1);
   return r;
 }
+/* Until root's query sees group g (a child's join got there; a fixed
+ * sleep raced a slow fork), at most 10 s. */
+static void wait_group_seen(const char *g) {
+  for (int i = 0; i < 1000 && do_count(g) != 1; i++)
+    usleep(10000);
+  ck_assert_msg(do_count(g) == 1, "group %s never appeared", g);
+}
 /* Creates "nbw" (rank 0) and waits until it formed: root joins rank 1. */
 static int do_wait_formed(const void *unused) {
   int s = hello_conn(), r = raw_join(s, "nbw", 2, 0, 1);
@@ -730,7 +737,7 @@ START_TEST(test_ownership_matrix) {
   ck_assert_int_eq(as_nobody(0, do_own_group, NULL), 1);
   /* root may join a user's group */
   pid_t p = as_nobody_async(0, do_wait_formed, NULL);
-  usleep(300000);
+  wait_group_seen("nbw");
   ck_assert_int_eq(do_join1("nbw"), 0);
   ck_assert_int_eq(user_wait(p), 0);
   close(r0);
@@ -770,7 +777,7 @@ START_TEST(test_owner_rules) {
   ck_assert_int_eq(as_user(65533, 0, do_join0, "shared-x"), DCPX_E_ACCES);
   pid_t p = as_user_async(65533, (const gid_t[]){4243}, 1, do_create_wait,
                           "shared-x");
-  usleep(300000);
+  wait_group_seen("shared-x");
   ck_assert_int_eq(as_user(NOBODY, 0, do_join1, "shared-x"), DCPX_E_ACCES);
   ck_assert_int_eq(as_user(NOBODY, 0, do_count, "shared-x"), DCPX_E_NOENT);
   ck_assert_int_eq(as_user(NOBODY, 4243, do_count, "shared-x"), 1);

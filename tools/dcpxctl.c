@@ -6,8 +6,8 @@
  * act on:
  *
  *   0  ok (for health: every group healthy)
- *   1  unhealthy (health: a group aborted or recovering, or a rank dead,
- *      alarmed or failed)
+ *   1  unhealthy (health: a group aborted, recovering or unattached, or a
+ *      rank dead, awaited, alarmed, failed or unwatched)
  *   2  usage error
  *   3  cannot reach the daemon (not running, no permission, version
  *      mismatch, no answer)
@@ -971,8 +971,9 @@ static const struct {
     {"health", "Usage: dcpxctl health [GROUP] [OPTIONS]\n"
                "The groups' ranks (or GROUP's): state, pid, device, calls,\n"
                "rescue rate, the last timeout record. Exit status 1 when a\n"
-               "group is aborted or recovering, or a rank dead, alarmed or\n"
-               "failed.\n"},
+               "group is aborted, recovering or unattached, or a rank dead,\n"
+               "awaited (not back since a dcpxd restart), alarmed or failed,\n"
+               "or running unwatched (dcpxd refused its reattach).\n"},
     {"stats", "Usage: dcpxctl stats [GROUP] [--format=FORMAT] [--output=FILE]\n"
               "                     [OPTIONS]\n"
               "Per-rank calls, rows, rescued rows and failed calls.\n"
@@ -1033,9 +1034,13 @@ static const struct {
      "  --records-critical N    CRITICAL at N or more (default 0: never)\n"
      "\n"
      "CRITICAL: a group aborted, a rank failed, dead or alarmed, or dcpxd\n"
-     "unreachable. WARNING: a group recovering, a rank awaiting its reattach\n"
-     "after a dcpxd restart, recent timeout records or a rescue rate over\n"
-     "the threshold.\n"
+     "unreachable. WARNING: a group recovering or unattached, a rank\n"
+     "awaiting its reattach after a dcpxd restart or running unwatched\n"
+     "(dcpxd refused its reattach), recent timeout records, records dcpxd\n"
+     "could not store yet (a full disk), groups left out of dcpxd's reply\n"
+     "(healthy ones: check them by name), or a rescue rate over the\n"
+     "threshold. A critical threshold below its warning one is refused\n"
+     "(UNKNOWN).\n"
      "\n"
      "Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (usage error,\n"
      "dcpxd answered with an error, e.g. an unknown GROUP, the caller is no\n"
@@ -1883,9 +1888,9 @@ static void help(void) {
       "\n"
       "Exit status:\n"
       "  0  ok (health: every group healthy)\n"
-      "  1  unhealthy (health: a group aborted or recovering, or a rank dead, "
-      "alarmed\n"
-      "     or failed)\n"
+      "  1  unhealthy (health: a group aborted, recovering or unattached, or "
+      "a rank\n"
+      "     dead, awaited, alarmed, failed or unwatched)\n"
       "  2  usage error\n"
       "  3  cannot reach dcpxd (not running, no permission, version "
       "mismatch,\n     no answer)\n"
