@@ -1145,7 +1145,7 @@ END_TEST
  * memfd that process `holder` (a rank) keeps open: what dcpxd sees of a
  * rank in another pid namespace (SO_PEERCRED gives 0). */
 static void zero_pid(pid_t holder, const hh_spec *sp, uint32_t rank) {
-  char dir[64], want[96], path[96], link[160];
+  char dir[64], want[96], path[64 + 256 + 2], link[160];
   dcpx_layout L;
   int fd = -1;
   dcpx_layout_compute(&L, sp->W, sp->R, sp->K, sp->N);
