@@ -142,6 +142,11 @@ START_TEST(test_option_errors) {
   CTL(3, "check", "-xh");
   one_line("UNKNOWN");
   CC_ASSERT(strstr(g_o.out, "'-x'"), "%s", g_o.out);
+  /* --until 0 (the epoch) is an empty window, refused as --until before
+   * --since is: 0 on the wire means no end, and every record came back. */
+  USAGE_ERR("--until", "records", "--until", "0");
+  USAGE_ERR("--until", "records", "--until", "@0");
+  USAGE_ERR("--until", "records", "--until", "1970-01-01T00:00:00Z");
   memset(&g_d, 0, sizeof(g_d));
 }
 END_TEST

@@ -1312,6 +1312,12 @@ static int cmd_records(int argc, char **argv) {
     case 'u':
       if (!parse_time_ns(optarg, &q.until_ns))
         return usage_error("--until: cannot parse time '%s'", optarg);
+      /* 0 on the wire is no end at all (PROTOCOL.md 10.4): every record
+       * would come back for a window that holds none */
+      if (q.until_ns == 0)
+        return usage_error("--until %s is the epoch itself: no record is "
+                           "older (leave --until out for no end)",
+                           optarg);
       break;
     case 'l':
       if (!parse_u64(optarg, &v) || v == 0 || v > UINT32_MAX)
