@@ -147,6 +147,14 @@ START_TEST(test_option_errors) {
   USAGE_ERR("--until", "records", "--until", "0");
   USAGE_ERR("--until", "records", "--until", "@0");
   USAGE_ERR("--until", "records", "--until", "1970-01-01T00:00:00Z");
+  /* A socket path over a Unix socket's 107 bytes: check says so on its
+   * one UNKNOWN line (it said "query failed", the reason on stderr). */
+  memset(g_d.sock, 'x', sizeof(g_d.sock) - 1);
+  g_d.sock[sizeof(g_d.sock) - 1] = '\0';
+  CTL(3, "check");
+  one_line("UNKNOWN");
+  CC_ASSERT(strstr(g_o.out, "too long"), "%s", g_o.out);
+  USAGE_ERR("too long", "groups");
   memset(&g_d, 0, sizeof(g_d));
 }
 END_TEST

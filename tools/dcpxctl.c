@@ -308,8 +308,12 @@ static int connect_daemon(void) {
   char err[512];
   int r = dcpx__ops_connect(arg_socket, "dcpxctl " DCPX_VERSION_STRING,
                             arg_timeout_ms, err, sizeof(err));
-  if (r == DCPX_E_INVAL)
-    return usage_error("%s", err);
+  if (r == DCPX_E_INVAL) { /* e.g. a socket path too long: check says it
+                             * on its status line, the others on stderr */
+    snprintf(last_error, sizeof(last_error), "%s", err);
+    last_code = r;
+    return quiet_errors ? EXIT_USAGE : usage_error("%s", err);
+  }
   if (r < 0)
     return die_unreachable(r, "%s", err);
   sock_fd = r;
