@@ -82,6 +82,10 @@ refused "only one of them" --world 2 --stop-at 1 --kill-at 1
 refused "needs --backend cuda" --transport nccl
 refused "auto|ll|nccl" --transport xy
 refused "local_topk 64 must be less than topk 64" --topk 64 --local-topk 64
+# A group name dcpxd refuses: said before dcpxd and the ranks start (every
+# join was refused, and the run printed the latencies of no calls).
+refused "--group 'a b'" --group 'a b'
+refused "1..63 bytes" --group x123456789x123456789x123456789x123456789x123456789x123456789x123
 
 # No dcpxd: its reason is shown, and no /tmp/dcpx-demo.* folder stays.
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/demo-smoke-t.XXXXXX")

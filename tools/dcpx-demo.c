@@ -1077,7 +1077,22 @@ static int parse_args(opts *o, int argc, char **argv) {
   return -1;
 }
 
-/* Returns 0, or 2 (and says why) if the shape or the fault is bad. */
+/* 1 if s is a group name dcpxd takes: 1..DCPX_GROUP_NAME_MAX bytes of
+ * [A-Za-z0-9._-] (dcpx.h). */
+static int group_name_ok(const char *s) {
+  size_t n = strlen(s);
+  if (n < 1 || n > DCPX_GROUP_NAME_MAX)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+          (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' ||
+          s[i] == '-'))
+      return 0;
+  return 1;
+}
+
+/* Returns 0, or 2 (and says why) if the shape, the group name or the
+ * fault is bad. */
 static int check_opts(const opts *o) {
   dcpx_shape probe = DCPX_SHAPE_INIT;
   probe.world = o->world;
@@ -1096,6 +1111,13 @@ static int check_opts(const opts *o) {
   }
   if (!o->calls) {
     fprintf(stderr, "dcpx-demo: --calls must be > 0\n");
+    return 2;
+  }
+  /* Refused here, before dcpxd and the ranks start: every rank's join
+   * was refused, and the run printed latencies of no calls. */
+  if (o->group && !group_name_ok(o->group)) {
+    fprintf(stderr, "dcpx-demo: --group '%s': a group name is 1..%d bytes "
+                    "of [A-Za-z0-9._-]\n", o->group, DCPX_GROUP_NAME_MAX);
     return 2;
   }
   /* Request t's KV blocks are ids t * cols .. (t + 1) * cols - 1, so
