@@ -560,6 +560,16 @@ class Member:
                 why = None
             if why:
                 what += f" ({why}; call recover())"
+        elif why and r != StateError.code:
+            # A refusal (bad arguments, a failed launch) fails the rank:
+            # every later call raises Failed until recover() (a refusal
+            # for the call order, State, does not).
+            try:
+                failed = self.async_error().state != 0
+            except Exception:  # left meanwhile
+                failed = False
+            if failed:
+                what += " (this rank is now failed: call recover())"
         check(r, what)
 
     def __repr__(self) -> str:

@@ -113,6 +113,8 @@ def test_range_from_library_then_recover(member):
                              r"0\.\.128") as ei:
         member.push(lg, en)
     assert ei.value.code == -34
+    # ... and says that the rank is now failed, and what to do
+    assert "now failed: call recover()" in str(ei.value), str(ei.value)
     # the library's reason, without DCPX_DEBUG
     assert "row_ends[0] = 200" in member.last_error()
     h = member.health()
