@@ -324,6 +324,15 @@ static void stall_look(struct dcpx__nccl *n, stall_watch *w, int stop) {
  * the group's wait limit, dcpxd aborts the group, and every rank's
  * watchdog then aborts its communicator. */
 #define DCPX_NCCL_WATCH_MS 2
+/* Whether the group is aborted or this rank failed (the watchdog's
+ * reason to abort the communicator). */
+static int wd_bad(const struct dcpx__nccl *n) {
+  return (n->b.abort_word &&
+          __atomic_load_n(n->b.abort_word, __ATOMIC_ACQUIRE)) ||
+         (n->b.failed_word &&
+          __atomic_load_n(n->b.failed_word, __ATOMIC_ACQUIRE));
+}
+
 static void *watchdog(void *arg) {
   struct dcpx__nccl *n = arg;
   const struct timespec nap = {0, DCPX_NCCL_WATCH_MS * 1000000L};
@@ -334,17 +343,19 @@ static void *watchdog(void *arg) {
   cudaSetDevice(n->device);
   while (!__atomic_load_n(&n->wd_stop, __ATOMIC_ACQUIRE)) {
     nanosleep(&nap, NULL);
-    const int bad =
-        (n->b.abort_word &&
-         __atomic_load_n(n->b.abort_word, __ATOMIC_ACQUIRE)) ||
-        (n->b.failed_word &&
-         __atomic_load_n(n->b.failed_word, __ATOMIC_ACQUIRE));
+    const int bad = wd_bad(n);
     if (n->beat && n->b.stalled && n->b.timeout_word)
       stall_look(n, &sw, bad);
     if (!bad)
       continue;
     pthread_mutex_lock(&n->mu);
-    if (n->comm)
+    /* Looked at again under the lock: dcpx__nccl_rebuild holds it while
+     * it makes the next generation's communicator, which it starts only
+     * once the recovery cleared abort and failed. A `bad` read before the
+     * lock may be from the generation before; acting on it would abort
+     * the communicator just made (its calls then fail, and the group
+     * needs another recovery). */
+    if (n->comm && wd_bad(n))
       comm_abort(n, "the group aborted or this rank failed (watchdog): its "
                     "collectives end, the rows after them fail");
     pthread_mutex_unlock(&n->mu);
