@@ -221,10 +221,21 @@ static int set_voided(struct dcpx__nccl *n, int v) {
   if (!n->voided || !n->side || !n->side_done)
     return 0;
   cudaGetDevice(&prev); /* the caller's (an engine thread's) stays */
-  if (!CUDA_OK(cudaSetDevice(n->device)) ||
-      !CUDA_OK(cudaMemsetAsync(n->voided, v ? 1 : 0, sizeof(uint32_t),
-                               n->side)) ||
-      !CUDA_OK(cudaEventRecord(n->side_done, n->side)))
+  /* Relaxed, as stop_mirror (cuda.c) does: the memset and the event are
+   * on a stream of our own, never captured, but in the default (global)
+   * mode the event query below is refused while any thread captures in
+   * global mode (an engine capturing a graph while the watchdog aborts),
+   * and that refusal invalidates the other thread's capture. */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  int swapped = 0;
+  if (!CUDA_OK(cudaSetDevice(n->device)))
+    r = DCPX_E_CUDA;
+  else
+    swapped = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  if (r == 0 &&
+      (!CUDA_OK(cudaMemsetAsync(n->voided, v ? 1 : 0, sizeof(uint32_t),
+                                n->side)) ||
+       !CUDA_OK(cudaEventRecord(n->side_done, n->side))))
     r = DCPX_E_CUDA;
   const uint64_t t0 = now_ns();
   struct timespec nap = {0, 20000};
@@ -246,6 +257,8 @@ static int set_voided(struct dcpx__nccl *n, int v) {
       nanosleep(&nap, NULL);
     }
   }
+  if (swapped)
+    (void)cudaThreadExchangeStreamCaptureMode(&mode); /* the caller's */
   if (prev >= 0 && prev != n->device)
     cudaSetDevice(prev);
   return r;
@@ -341,6 +354,15 @@ static void *watchdog(void *arg) {
    * "previous device" of a thread without one would read 0 and make a
    * context on GPU 0 when it gives it back. */
   cudaSetDevice(n->device);
+  /* This thread never captures; relaxed for good, so that its CUDA calls
+   * (set_voided's, ncclCommAbort's) are not refused while an engine
+   * thread captures a graph in global mode, which would invalidate that
+   * capture (PyTorch's NCCL watchdog leaves the global mode for its event
+   * queries for the same reason). */
+  {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  }
   while (!__atomic_load_n(&n->wd_stop, __ATOMIC_ACQUIRE)) {
     nanosleep(&nap, NULL);
     const int bad = wd_bad(n);
