@@ -589,9 +589,15 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * a new communicator (docs/PROTOCOL.md 6.9). A thread of the member's
  * aborts the communicator as soon as the group aborts or the rank fails
  * (a peer that died: no call needed, so a stream sync or a graph replay
- * ends too); the merges already on the stream whose all-gathers that
- * ended then give valid_out[t] = -1 on their rows, never the last call's
- * rows. The same thread bounds the collectives: one of this rank's
+ * already on the stream ends too); the merges already on the stream whose
+ * all-gathers that ended then give valid_out[t] = -1 on their rows, never
+ * the last call's rows. A graph launched after that abort is not safe:
+ * its captured all-gathers name the aborted communicator, whose memory
+ * NCCL has freed, and no library call is there to refuse them. With nccl,
+ * check dcpx_member_async_error before each replay of a graph holding
+ * dcpx calls (host loads only) and launch it only while state is DCPX_OK;
+ * else dcpx_recover and capture again (docs/PROTOCOL.md 6.4). With ll such
+ * a replay is safe: its merge fails its rows. The same thread bounds the collectives: one of this rank's
  * all-gathers still pending after timeout_ns (a peer stopped or hung
  * without dying, or a peer that skipped a call) fails the rank with an
  * nccl_timeout record, as an LL wait that gives up (docs/PROTOCOL.md 7).

@@ -873,7 +873,7 @@ int dcpx__cuda_device_ctx(struct dcpx_member *m, dcpx_device *ret) {
 
 static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                       const dcpx_merge_out *out, void *stream) {
-  int r;
+  int r, refuse = 1;
   /* in->call_tag: records carry the device call sequence (layout.h) */
   m->last_rows = in->rows;
   if (in->rows > m->shape.rows) {
@@ -887,8 +887,12 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
 #ifdef HAVE_NCCL
   else if (m->cuda->nccl && (r = push_allowed(m)) < 0) {
     /* the ll merge fails its rows on the device; a collective would wait
-     * for peers that issue nothing more */
+     * for peers that issue nothing more. Not a refusal of this rank's:
+     * the group is aborted or the rank FAILED already, so, as the push
+     * here, it leaves the rank's state (and the reason that stopped the
+     * group, e.g. a dead peer) as it is; a recovery comes next anyway. */
     nccl_refused(m, dcpx_strerror(r));
+    refuse = 0;
   } else if (m->cuda->nccl)
     r = dcpx__nccl_merge(m->cuda->nccl, in->rows, in->logits, in->stride,
                          in->row_ends, in->req_id, in->block_table,
@@ -904,9 +908,11 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                                (cudaStream_t)stream),
                   "dcpx_k_merge");
   if (r < 0) {
-    launch_why(m, "dcpx_merge", r);
-    dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
-    stop_mirror(m, stream);
+    if (refuse) {
+      launch_why(m, "dcpx_merge", r);
+      dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
+      stop_mirror(m, stream);
+    }
     /* valid_out -1 on the rows it can hold, in stream order (best effort:
      * after a launch error the stream may refuse this too) */
     const uint32_t n = in->rows < m->shape.rows ? in->rows : m->shape.rows;

@@ -217,6 +217,13 @@ def run_rank(a, rank, sock, barrier):
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
                         step_fn()
+                # The member must be healthy before a replay: with nccl a
+                # replay after an abort would run its captured
+                # all-gathers on an aborted (freed) communicator
+                # (docs/PROTOCOL.md 6.4). Host loads only.
+                if m.async_error().state != 0:
+                    raise SystemExit(f"rank {rank}: the group failed; "
+                                     "recover() and capture again")
                 graph.replay()
             torch.cuda.synchronize()
             us.append((time.perf_counter() - t0) * 1e6)

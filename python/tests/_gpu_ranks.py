@@ -586,7 +586,7 @@ def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
     communicator (a collective would wait without a bound for peers that
     issue nothing more); each recovery makes a new one (from rank 0's
     fresh id), and the calls after it are exact; leave is prompt."""
-    c, m, call, _ = _nccl_reset(rank, sock, group, shape, ngpu, 71)
+    c, m, call, reset = _nccl_reset(rank, sock, group, shape, ngpu, 71)
     try:
         call(1)
     except dcpx.Aborted:
@@ -596,6 +596,19 @@ def run_nccl_refused(rank, sock, group, shape, ngpu, calls):
     m.recover(timeout_ms=20000)
     for tag in (2, 3):
         call(tag)
+    # A merge whose group an operator aborted after its push: refused
+    # (Aborted), and the reason stays the operator's; it read "this rank
+    # refused an earlier call" (the merge failed the rank as a refusal).
+    try:
+        call(4, between=reset)
+    except dcpx.Aborted:
+        pass
+    else:
+        raise AssertionError("a merge while aborted was not refused")
+    why = m.async_error().reason
+    assert why == dcpx.Reason.OPERATOR, f"reason {why!r}"
+    m.recover(timeout_ms=20000)
+    call(5)
     t0 = time.monotonic()
     m.leave()
     c.close()
