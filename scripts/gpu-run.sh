@@ -75,6 +75,9 @@
 #            the stall watch (DCPX_NCCL_IDLE_MARK) and a baseline's
 #   ab1      one GPU, W=1: test_nccl --bench 1 at N=512 of this build and
 #            of a baseline build's test_nccl at $BASE2, in one run
+#   bench1w  one GPU, W=1: test_nccl --bench 1, LL and NCCL in one run,
+#            N=1280 (rescue rare) and N=512 (every row rescues): the
+#            LL-against-NCCL figures where no second GPU is lent
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
 #            (rescue rare) and N=512 (every row rescues), and N=1280
 #            without PDL
@@ -441,6 +444,11 @@ step_ab2() { # this build's W=2 whole calls against a baseline's, one job
 }
 
 step_ab1() { abw 1 512; } # the same at W=1 on one GPU (every row rescues)
+
+step_bench1w() { # W=1 whole calls, LL and NCCL in one job, no baseline
+  GB_W=1 gbench gbench1_n1280 DCPX_BENCH_N=1280
+  GB_W=1 gbench gbench1_n512 DCPX_BENCH_N=512
+}
 
 step_idlemark() { # the NCCL push's end-of-all-gather mark (the stall watch):
   # W=1 whole calls with the mark (a one-thread kernel), without it, and
