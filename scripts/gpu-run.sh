@@ -76,7 +76,7 @@
 #   ab1      one GPU, W=1: test_nccl --bench 1 at N=512 of this build and
 #            of a baseline build's test_nccl at $BASE2, in one run
 #   bench1w  one GPU, W=1: test_nccl --bench 1, LL and NCCL in one run,
-#            N=1280 (rescue rare) and N=512 (every row rescues): the
+#            N=1280 and N=512 (at W=1, W*N < K: every row rescues): the
 #            LL-against-NCCL figures where no second GPU is lent
 #   bench2   two GPUs: test_nccl --bench 2, LL and NCCL in one run, N=1280
 #            (rescue rare) and N=512 (every row rescues), and N=1280
