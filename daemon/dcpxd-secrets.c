@@ -19,6 +19,7 @@
 #include "dcpxd-records.h"
 #include "dcpxd-secrets.h"
 #include "dcpxd-util.h"
+#include "frame.h"
 
 typedef struct entry {
   char name[DCPXD_GROUP_NAME_MAX + 1];
@@ -43,14 +44,40 @@ struct dcpxd_secrets {
   uint64_t retry_ns; /* after a failed flush: not before this (monotonic) */
 };
 
+static int hex_digit(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+/* One line "NAME UID HEX [PID[@START],...]" into e; -EINVAL for anything
+ * else: a name that is no group name (a Query reply listing it as an
+ * unattached group would be refused by every client as not text), a uid
+ * that is no uint32 (sscanf's %u took "-1" and wrapped 4294968296 to 1000)
+ * or (uid_t)-1, a secret that is not 64 hex digits (%2x took "-1" and
+ * "0x"). */
 static int parse_line(const char *line, entry *e) {
+  char name[DCPXD_GROUP_NAME_MAX + 2], uid_s[12];
   char hex[2 * DCPX_CTL_SECRET_BYTES + 2];
-  unsigned uid;
+  uint32_t uid;
   int end = 0;
 
-  if (sscanf(line, "%63s %u %65s %n", e->name, &uid, hex, &end) != 3 ||
-      strlen(hex) != 2 * DCPX_CTL_SECRET_BYTES)
+  /* each field one wider than it may be: a longer one is refused, never
+   * cut (its rest would be read as the next field) */
+  if (sscanf(line, "%64s %11s %65s %n", name, uid_s, hex, &end) != 3 ||
+      !dcpx__group_name_ok(name) || dcpxd_parse_u32(uid_s, 10, &uid) < 0 ||
+      (uid_t)uid == (uid_t)-1 || strlen(hex) != 2 * DCPX_CTL_SECRET_BYTES)
     return -EINVAL;
+  for (size_t i = 0; i < DCPX_CTL_SECRET_BYTES; i++) {
+    const int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0)
+      return -EINVAL;
+    e->secret[i] = (uint8_t)(hi << 4 | lo);
+  }
   /* PID[@START],... of ranks 0..W-1 (0: not held), absent in older
    * files; @START (the process's start time) too. */
   for (const char *p = line + end; *p && *p != '\n';) {
@@ -71,12 +98,7 @@ static int parse_line(const char *line, entry *e) {
     e->pid[e->n_pids++] = (pid_t)pid;
     p = *q == ',' ? q + 1 : q;
   }
-  for (size_t i = 0; i < DCPX_CTL_SECRET_BYTES; i++) {
-    unsigned b;
-    if (sscanf(hex + 2 * i, "%2x", &b) != 1)
-      return -EINVAL;
-    e->secret[i] = (uint8_t)b;
-  }
+  memcpy(e->name, name, strlen(name) + 1);
   e->owner = (uid_t)uid;
   return 0;
 }
@@ -122,6 +144,15 @@ static int load(dcpxd_secrets *s) {
     }
     if (parse_line(line, &e) < 0) {
       log_warning("%s:%u: not a group entry, skipped", s->path, lineno);
+      continue;
+    }
+    bool dup = false; /* the first holds: a second would come back when
+                         the first is removed */
+    for (size_t i = 0; i < s->n && !dup; i++)
+      dup = strcmp(s->e[i].name, e.name) == 0;
+    if (dup) {
+      log_warning("%s:%u: group=%s: a second entry of the name, skipped",
+                  s->path, lineno, e.name);
       continue;
     }
     ne = realloc(s->e, (s->n + 1) * sizeof(*ne));

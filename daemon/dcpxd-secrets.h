@@ -26,8 +26,10 @@
  * process started (/proc/PID/stat starttime): a live pid of another start
  * time is another process, not the rank's. A first line "#boot ID" names
  * the boot (/proc/sys/kernel/random/boot_id) the pids belong to; at the
- * start of another boot every entry is dropped. Unreadable lines are
- * skipped with a warning; a groups.tmp left by a crash is removed. */
+ * start of another boot every entry is dropped. Unreadable lines (a name
+ * that is no group name, a uid that is no uint32, a secret that is not 64
+ * hex digits) and a second entry of a name are skipped with a warning; a
+ * groups.tmp left by a crash is removed. */
 #ifndef DCPXD_SECRETS_H
 #define DCPXD_SECRETS_H
 

@@ -1,0 +1,104 @@
+/* check_state.c - dcpxd's groups file (daemon/dcpxd-secrets.c) as a
+ * restart reads it: damaged, hand-edited or hostile lines are skipped and
+ * the good ones kept; a file dcpxd cannot read whole stops it instead of
+ * being taken as shorter than it is. */
+#include "config.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dcpxd-secrets.h"
+
+static char g_dir[64];
+
+static int rm_entry(const char *p, const struct stat *st, int fl,
+                    struct FTW *f) {
+  (void)st;
+  (void)fl;
+  (void)f;
+  return remove(p);
+}
+
+static void remove_dir(void) {
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A fresh state dir (g_dir) whose groups file holds `text`, of `mode`. */
+static void groups_file(const char *text, mode_t mode) {
+  char path[128];
+  snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/dcpx-state.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  snprintf(path, sizeof(path), "%s/groups", g_dir);
+  const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  ck_assert_int_eq(fchmod(fd, mode), 0);
+  close(fd);
+}
+
+#define HEX62 "0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+#define HEX0 "00" HEX62 /* the secret 0, 1, ..., 31 */
+
+/* Lines that are no entry dcpxd wrote are skipped, each on its own: the
+ * good lines around them are kept. Before, a name of any bytes was taken
+ * (a Query reply listing it as an unattached group was then refused by
+ * every client: dcpxctl groups and health failed, check said CRITICAL),
+ * and so were uids that sscanf's %u wrapped (4294968296 became uid 1000,
+ * "-1" 4294967295) and secrets that %2x read leniently ("-1" as 0xff);
+ * a second entry of a name came back once the first was removed. */
+START_TEST(test_groups_bad_lines) {
+  dcpxd_secrets *s = NULL;
+  uid_t owner = 0;
+  uint32_t n_pids = 0;
+  uint8_t secret[32];
+
+  groups_file("good 1000 " HEX0 " 0\n"
+              "bad\xffname 1000 " HEX0 " 0\n"
+              "a/b 1000 " HEX0 " 0\n"
+              "wrapped 4294968296 " HEX0 " 0\n"
+              "negative -1 " HEX0 " 0\n"
+              "nouid 4294967295 " HEX0 " 0\n"
+              "minus 1000 -1" HEX62 " 0\n"
+              "prefix 1000 0x" HEX62 " 0\n"
+              "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+              "1000 1001 " HEX0 " 0\n" /* a 67-byte name, cut at 63 */
+              "good 1001 " HEX0 " 0\n" /* a second "good" */
+              "old 1002 " HEX0 "\n",   /* an older dcpxd's: no pids */
+              0600);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(s), 2);
+  ck_assert_str_eq(dcpxd_secrets_entry(s, 0, &owner, &n_pids), "good");
+  ck_assert_uint_eq(owner, 1000);
+  ck_assert_uint_eq(n_pids, 1);
+  ck_assert_str_eq(dcpxd_secrets_entry(s, 1, &owner, &n_pids), "old");
+  ck_assert_uint_eq(owner, 1002);
+  ck_assert_uint_eq(n_pids, 0);
+  for (int i = 0; i < 32; i++)
+    secret[i] = (uint8_t)i;
+  ck_assert(dcpxd_secrets_match(s, "good", secret, &owner));
+  ck_assert_uint_eq(owner, 1000);
+  ck_assert(dcpxd_secrets_remove(s, "good"));
+  ck_assert(!dcpxd_secrets_match(s, "good", secret, &owner));
+  dcpxd_secrets_free(s);
+  remove_dir();
+}
+END_TEST
+
+int main(void) {
+  Suite *su = suite_create("state");
+  TCase *tc = tcase_create("groups");
+  tcase_add_test(tc, test_groups_bad_lines);
+  suite_add_tcase(su, tc);
+  SRunner *sr = srunner_create(su);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
