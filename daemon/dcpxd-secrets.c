@@ -161,6 +161,10 @@ static int load(dcpxd_secrets *s) {
     s->e = ne;
     s->e[s->n++] = e;
   }
+  /* A read error (EIO) is no end of file: the entries after it would be
+   * forgotten, and the next save would drop them from the file for good. */
+  if (ferror(f))
+    return errno > 0 ? -errno : -EIO;
   return 0;
 }
 
@@ -337,7 +341,9 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
   read_boot_id(s->boot);
   r = load(s);
   if (r < 0) {
-    log_error_errno(r, "Cannot read %s: %m", s->path);
+    log_error_errno(r, "Cannot read %s: %m; stopping rather than forget "
+                       "the groups it holds",
+                    s->path);
     dcpxd_secrets_free(s);
     return r;
   }

@@ -91,10 +91,29 @@ START_TEST(test_groups_bad_lines) {
 }
 END_TEST
 
+/* A groups file that cannot be read to its end (an I/O error; here a
+ * directory, which fopen opens and every read fails with EISDIR) stops
+ * dcpxd: before, the read error counted as the end of the file, dcpxd
+ * started without the entries after it and its next save dropped them
+ * from the file for good (their groups could never reattach). */
+START_TEST(test_groups_read_error) {
+  dcpxd_secrets *s = NULL;
+  char path[128];
+  snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/dcpx-state.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  snprintf(path, sizeof(path), "%s/groups", g_dir);
+  ck_assert_int_eq(mkdir(path, 0700), 0);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EISDIR);
+  ck_assert_ptr_null(s);
+  remove_dir();
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("state");
   TCase *tc = tcase_create("groups");
   tcase_add_test(tc, test_groups_bad_lines);
+  tcase_add_test(tc, test_groups_read_error);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
