@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -126,9 +127,30 @@ static int load(dcpxd_secrets *s) {
   size_t cap = 0;
   unsigned lineno = 0;
   bool other_boot = false;
+  struct stat st;
 
   if (!f)
     return errno == ENOENT ? 0 : -errno;
+  /* Its secrets and owners decide who may adopt which group: a file that
+   * another uid made (renamed into a state dir others may write), or that
+   * others may write, may be forged. One that others may read (written by
+   * an older dcpxd under a looser umask) is rewritten 0600 (prune_dead). */
+  if (fstat(fileno(f), &st) < 0)
+    return -errno;
+  if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+    log_error("%s is not trusted: owner uid %u, mode %04o (it must be "
+              "dcpxd's, uid %u, and writable by it alone); check its lines, "
+              "then chown and chmod 600 it, or remove it",
+              s->path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+              (unsigned)geteuid());
+    return -EPERM;
+  }
+  if (st.st_mode & 044) {
+    log_notice("%s is readable by others (mode %04o): rewritten for "
+               "dcpxd's uid alone",
+               s->path, (unsigned)(st.st_mode & 07777));
+    s->dirty = true;
+  }
   while (getline(&line, &cap, f) >= 0) {
     entry e = {0}, *ne;
     lineno++;

@@ -109,11 +109,48 @@ START_TEST(test_groups_read_error) {
 }
 END_TEST
 
+/* The groups file's secrets and owners decide who may adopt which group
+ * after a restart: a file that others may write, or that another uid made
+ * (renamed into a state dir whose mode was loosened), stops dcpxd instead
+ * of being trusted. One that others may only read (an older dcpxd wrote it
+ * under a looser umask) is rewritten for dcpxd's uid alone. */
+START_TEST(test_groups_not_trusted) {
+  dcpxd_secrets *s = NULL;
+  char path[128];
+  struct stat st;
+
+  groups_file("forged 1000 " HEX0 " 0\n", 0666);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EPERM);
+  ck_assert_ptr_null(s);
+  remove_dir();
+  groups_file("forged 1000 " HEX0 " 0\n", 0620);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EPERM);
+  remove_dir();
+  if (geteuid() == 0) { /* a file of another uid */
+    groups_file("forged 1000 " HEX0 " 0\n", 0600);
+    snprintf(path, sizeof(path), "%s/groups", g_dir);
+    ck_assert_int_eq(chown(path, 65534, 65534), 0);
+    ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EPERM);
+    remove_dir();
+  }
+  groups_file("kept 1000 " HEX0 " 0\n", 0644);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(s), 1);
+  snprintf(path, sizeof(path), "%s/groups", g_dir);
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert_msg((st.st_mode & 077) == 0, "groups file mode %o",
+                (unsigned)(st.st_mode & 0777));
+  dcpxd_secrets_free(s);
+  remove_dir();
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("state");
   TCase *tc = tcase_create("groups");
   tcase_add_test(tc, test_groups_bad_lines);
   tcase_add_test(tc, test_groups_read_error);
+  tcase_add_test(tc, test_groups_not_trusted);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
