@@ -155,15 +155,24 @@ static void ring_push(dcpxd_records *s, const dcpxd_record *r) {
 /* Loads every valid entry of one file into the ring. A partial tail is
  * counted; for the live file (`fix_tail`) it is also cut off. */
 static void load_file(dcpxd_records *s, const char *path, bool fix_tail) {
-  _cleanup_close_ int fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY);
+  /* O_NONBLOCK: a FIFO there must not hang the start (nor a link to one) */
+  _cleanup_close_ int fd =
+      open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   uint8_t buf[REC_SIZE * 256];
   uint64_t off = 0, bad = 0, good = 0;
   size_t have = 0;
   ssize_t n;
+  struct stat st;
 
   if (fd < 0) {
     if (errno != ENOENT)
       log_warning_errno(-errno, "Cannot read records file %s: %m", path);
+    return;
+  }
+  /* a FIFO would block the reads, a device (a link to /dev/zero) never
+   * end them */
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    log_warning("Records file %s is not a regular file: not read", path);
     return;
   }
   for (;;) {
@@ -301,6 +310,13 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
 
   load_file(s, s->path_old, false);
   load_file(s, s->path, true);
+  /* the live file is appended to: one that is not a file (a FIFO, whose
+   * open would wait for a reader, or a link to a device) stops dcpxd */
+  if (stat(s->path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    log_error("Records file %s is in the way (not a regular file)", s->path);
+    dcpxd_records_free(s);
+    return -EINVAL;
+  }
   r = open_live(s);
   if (r < 0) {
     log_error_errno(r, "Cannot open records file %s: %m", s->path);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -176,12 +177,42 @@ START_TEST(test_failed_sync) {
 }
 END_TEST
 
+/* A records file that is not a file: a FIFO hung dcpxd at start (the read
+ * of records.log.1 waited for a writer for good; an open of records.log
+ * for its appends waits for a reader), and a link to /dev/zero spun. The
+ * rotated one is skipped with a warning; the live one stops dcpxd with a
+ * message (a hang said nothing). */
+START_TEST(test_not_regular_files) {
+  dcpxd_records *s = NULL;
+  char path[128];
+  snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/dcpx-rec.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  snprintf(path, sizeof(path), "%s/records.log.1", g_dir);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+  ck_assert_uint_eq(dcpxd_records_count(s), 0);
+  dcpxd_records_free(s);
+  ck_assert_int_eq(unlink(path), 0);
+  ck_assert_int_eq(symlink("/dev/zero", path), 0);
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+  dcpxd_records_free(s);
+  ck_assert_int_eq(unlink(path), 0);
+  snprintf(path, sizeof(path), "%s/records.log", g_dir);
+  ck_assert_int_eq(unlink(path), 0);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  s = NULL;
+  ck_assert_int_lt(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+  remove_dir();
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("records");
   TCase *tc = tcase_create("store");
   tcase_add_test(tc, test_unstored_records_are_retried);
   tcase_add_test(tc, test_backlog_bounded);
   tcase_add_test(tc, test_failed_sync);
+  tcase_add_test(tc, test_not_regular_files);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
