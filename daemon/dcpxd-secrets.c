@@ -190,35 +190,58 @@ static int load(dcpxd_secrets *s) {
   return 0;
 }
 
-/* Writes every entry to the temporary file, then renames it over. */
+/* Writes every entry to the temporary file, then renames it over. The
+ * text is made in memory and written with write(2), every return checked:
+ * a stdio stream drops a buffer whose write failed and goes on, so a
+ * write error that a later one did not repeat (a disk full for a moment)
+ * left a file with a hole in its middle, which the rename then put in
+ * place of the good one. */
 static int save(dcpxd_secrets *s) {
+  _cleanup_free_ char *text = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&text, &len);
+  int r = 0;
+
+  if (!m)
+    return log_warning_errno(-ENOMEM, "Cannot save %s: %m", s->path);
+  if (s->boot[0])
+    fprintf(m, "#boot %s\n", s->boot);
+  for (size_t i = 0; i < s->n; i++) {
+    fprintf(m, "%s %u ", s->e[i].name, (unsigned)s->e[i].owner);
+    for (size_t k = 0; k < DCPX_CTL_SECRET_BYTES; k++)
+      fprintf(m, "%02x", s->e[i].secret[k]);
+    for (uint32_t k = 0; k < s->e[i].n_pids; k++) {
+      fprintf(m, "%c%d", k ? ',' : ' ', (int)s->e[i].pid[k]);
+      if (s->e[i].start[k])
+        fprintf(m, "@%llu", (unsigned long long)s->e[i].start[k]);
+    }
+    fputc('\n', m);
+  }
+  const bool failed = ferror(m);
+  if (fclose(m) != 0 || failed)
+    return log_warning_errno(-ENOMEM, "Cannot save %s: %m", s->path);
   /* 0600 whatever the umask: the reattach secrets are the groups' keys */
   const int fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC |
                                   O_NOFOLLOW, 0600);
-  _cleanup_fclose_ FILE *f = fd >= 0 ? fdopen(fd, "we") : NULL;
-  int r = 0;
-
-  if (!f) {
+  if (fd < 0) {
     r = -errno;
-    if (fd >= 0)
-      close(fd);
     return log_warning_errno(r, "Cannot write %s: %m", s->tmp);
   }
-  if (s->boot[0])
-    fprintf(f, "#boot %s\n", s->boot);
-  for (size_t i = 0; i < s->n; i++) {
-    fprintf(f, "%s %u ", s->e[i].name, (unsigned)s->e[i].owner);
-    for (size_t k = 0; k < DCPX_CTL_SECRET_BYTES; k++)
-      fprintf(f, "%02x", s->e[i].secret[k]);
-    for (uint32_t k = 0; k < s->e[i].n_pids; k++) {
-      fprintf(f, "%c%d", k ? ',' : ' ', (int)s->e[i].pid[k]);
-      if (s->e[i].start[k])
-        fprintf(f, "@%llu", (unsigned long long)s->e[i].start[k]);
+  for (size_t off = 0; off < len;) {
+    const ssize_t w = write(fd, text + off, len - off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0) {
+      r = -errno;
+      break;
     }
-    fputc('\n', f);
+    off += (size_t)w;
   }
-  if (fflush(f) != 0 || fsync(fileno(f)) < 0)
+  if (r == 0 && fsync(fd) < 0)
     r = -errno;
+  close(fd);
+  if (r < 0)
+    (void)unlink(s->tmp); /* its room back; the file it would replace holds */
   if (r == 0 && rename(s->tmp, s->path) < 0)
     r = -errno;
   if (r == 0) { /* the rename itself, durable */

@@ -12,11 +12,31 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "dcpxd-secrets.h"
 
 static char g_dir[64];
+
+/* write(2), this program's own (dcpxd-secrets.c, linked in, calls it):
+ * WRITE_SHORT writes 16 bytes of the next write, WRITE_SHORT_THEN_FAIL
+ * fails the one after that too (ENOSPC); each goes back to WRITE_PLAIN
+ * once done. */
+enum { WRITE_PLAIN, WRITE_SHORT, WRITE_SHORT_THEN_FAIL, WRITE_FAIL };
+static int g_write;
+ssize_t write(int fd, const void *buf, size_t n) {
+  if (g_write == WRITE_FAIL) {
+    g_write = WRITE_PLAIN;
+    errno = ENOSPC;
+    return -1;
+  }
+  if (g_write != WRITE_PLAIN && n > 16) {
+    g_write = g_write == WRITE_SHORT_THEN_FAIL ? WRITE_FAIL : WRITE_PLAIN;
+    n = 16;
+  }
+  return syscall(SYS_write, fd, buf, n);
+}
 
 static int rm_entry(const char *p, const struct stat *st, int fl,
                     struct FTW *f) {
@@ -145,12 +165,62 @@ START_TEST(test_groups_not_trusted) {
 }
 END_TEST
 
+/* The groups file as it is on disk. */
+static void groups_text(char *buf, size_t n) {
+  char path[128];
+  snprintf(path, sizeof(path), "%s/groups", g_dir);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  const size_t k = fread(buf, 1, n - 1, f);
+  buf[k] = '\0';
+  fclose(f);
+}
+
+/* A save whose write fails (a disk full for a moment: a short write, then
+ * ENOSPC) fails, leaves the file it would have replaced as it was and no
+ * groups.tmp; a short write alone is carried on. Before, the file went
+ * through stdio, which drops a buffer whose write failed and goes on: a
+ * failure that the next write did not repeat left a file with a hole in
+ * its middle, and the rename put it in place of the good one. */
+START_TEST(test_groups_failed_write) {
+  dcpxd_secrets *s = NULL;
+  uint8_t secret[32];
+  const pid_t pids[16] = {0};
+  char before[4096], after[4096], tmp[128];
+  dcpxd_secrets *t = NULL;
+
+  groups_file("kept 1000 " HEX0 " 0\n", 0600);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  groups_text(before, sizeof(before));
+  g_write = WRITE_SHORT_THEN_FAIL;
+  const int r = dcpxd_secrets_add(s, "new", 1000, 16, pids, secret);
+  const int left = g_write;
+  g_write = WRITE_PLAIN;
+  ck_assert_int_eq(left, WRITE_PLAIN); /* the save wrote through write(2) */
+  ck_assert_int_eq(r, -ENOSPC);
+  groups_text(after, sizeof(after));
+  ck_assert_str_eq(after, before);
+  snprintf(tmp, sizeof(tmp), "%s/groups.tmp", g_dir);
+  ck_assert_int_ne(access(tmp, F_OK), 0);
+  /* a short write alone is no error: the rest follows */
+  g_write = WRITE_SHORT;
+  ck_assert_int_eq(dcpxd_secrets_add(s, "new", 1000, 16, pids, secret), 0);
+  g_write = WRITE_PLAIN;
+  dcpxd_secrets_free(s);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &t), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(t), 2);
+  dcpxd_secrets_free(t);
+  remove_dir();
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("state");
   TCase *tc = tcase_create("groups");
   tcase_add_test(tc, test_groups_bad_lines);
   tcase_add_test(tc, test_groups_read_error);
   tcase_add_test(tc, test_groups_not_trusted);
+  tcase_add_test(tc, test_groups_failed_write);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
