@@ -445,6 +445,14 @@ class Client:
         except Exception:  # interpreter shutdown
             pass
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A copy would hold the same C pointer: a second close() frees it
+        # twice, and another process (spawn) would use an address that
+        # means nothing there. Each process connects itself.
+        raise TypeError("a dcpx.Client cannot be pickled or copied: pass "
+                        "its socket path and connect in the process that "
+                        "uses it (dcpx.Client(socket))")
+
 
 def connect(socket: Optional[str] = None) -> Client:
     """``Client(socket)``."""
@@ -873,6 +881,12 @@ class Member:
             check(self._lib.dcpx_leave(ctypes.c_void_p(p)), "dcpx_leave")
 
     close = leave
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # As Client's: the C member is this process's (a copy would leave
+        # it twice; another process cannot use it).
+        raise TypeError("a dcpx.Member cannot be pickled or copied: each "
+                        "process connects and joins itself")
 
     def __enter__(self) -> "Member":
         return self
