@@ -63,6 +63,12 @@ def _reap(proc: "subprocess.Popen", path: str, owner: int) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _rmdir(path: str, owner: int) -> None:
+    """A PrivateDaemon's temp dir, when it was never started."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class PrivateDaemon:
     """dcpxd on a private socket in a temp dir, with its own state dir;
     started by :meth:`start` (or ``with``), stopped by SIGTERM."""
@@ -87,14 +93,20 @@ class PrivateDaemon:
         self.args += list(extra_args or [])
         self.proc: Optional[subprocess.Popen] = None
         self.log = os.path.join(self.dir, "dcpxd.log")
+        # the temp dir of one never started (start() hands it to _reap)
+        self._dir_reaper = weakref.finalize(self, _rmdir, self.dir,
+                                            os.getpid())
 
     def start(self, timeout_s: float = 10.0) -> "PrivateDaemon":
         """Starts dcpxd and waits until it answers; raises RuntimeError
         (with its log) if it does not, leaving nothing behind (its temp
         dir goes too). A daemon never stopped is stopped when this object
         is collected or the interpreter exits (not when the process is
-        killed: use ``with``, or :meth:`stop`, in a ``finally``)."""
+        killed: use ``with``, or :meth:`stop`, in a ``finally``); so is
+        the temp dir of one never started. After :meth:`stop` it starts
+        again on the same socket, with a fresh state dir."""
         try:
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)  # after stop()
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(self.args, stdout=log,
                                              stderr=log,
@@ -104,6 +116,7 @@ class PrivateDaemon:
             raise RuntimeError(f"cannot run {self.args[0]}: {e}") from e
         self._reaper = weakref.finalize(self, _reap, self.proc, self.dir,
                                         os.getpid())
+        self._dir_reaper.detach()
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:

@@ -205,3 +205,42 @@ def test_private_daemon_survives_a_forked_child():
         dcpx.Client(d.socket).close()
     finally:
         d.stop()
+
+
+def test_private_daemon_never_started_leaves_nothing(tmp_path):
+    """A PrivateDaemon made but never started (a test that failed or
+    skipped before start()) removes its temp dir when collected or at
+    exit; it was left in $TMPDIR."""
+    import subprocess
+    import sys
+    import dcpx.testing
+    d = dcpx.testing.PrivateDaemon(binary="/bin/true")
+    path = d.dir
+    assert os.path.isdir(path)
+    del d
+    import gc
+    gc.collect()
+    assert not os.path.exists(path)
+    script = tmp_path / "unstarted.py"
+    script.write_text("import dcpx.testing\n"
+                      "d = dcpx.testing.PrivateDaemon(binary='/bin/true')\n"
+                      "print(d.dir)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert not os.path.exists(out[0])
+
+
+def test_private_daemon_starts_again_after_stop(libdcpx):
+    """stop() removes the temp dir; a later start() made it again (it
+    failed as 'cannot run dcpxd: No such file ... dcpxd.log')."""
+    import dcpx.testing
+    if not dcpx.testing.find_dcpxd():
+        pytest.skip("dcpxd not found (set DCPXD)")
+    d = dcpx.testing.PrivateDaemon().start()
+    try:
+        assert d.stop() == 0 and not os.path.exists(d.dir)
+        d.start()
+        dcpx.Client(d.socket).close()
+    finally:
+        assert d.stop() == 0
+    assert not os.path.exists(d.dir)
