@@ -316,18 +316,24 @@ def main(argv=None):
                                 not torch.cuda.is_available()):
         p.error("--backend cuda needs torch with a GPU")
     import tempfile
-    a.run_dir = tempfile.mkdtemp(prefix="dcpx-step.")
     daemon = None
     sock = a.socket
     if sock is None:
-        daemon = dcpx.testing.PrivateDaemon().start()
+        try:
+            daemon = dcpx.testing.PrivateDaemon().start()
+        except (OSError, RuntimeError) as e:
+            print(f"cannot start a private dcpxd: {e}", file=sys.stderr)
+            return 1
         sock = daemon.socket
-    ctx = mp.get_context("spawn" if a.backend == "cuda" else "fork")
-    q = ctx.Queue()
-    barrier = ctx.Barrier(a.world)
-    procs = [ctx.Process(target=rank_main, args=(a, r, sock, q, barrier))
-             for r in range(a.world)]
+    a.run_dir = tempfile.mkdtemp(prefix="dcpx-step.")
+    procs = []
     try:
+        ctx = mp.get_context("spawn" if a.backend == "cuda" else "fork")
+        q = ctx.Queue()
+        barrier = ctx.Barrier(a.world)
+        procs = [ctx.Process(target=rank_main,
+                             args=(a, r, sock, q, barrier))
+                 for r in range(a.world)]
         for pr in procs:
             pr.start()
         total = bad = 0

@@ -30,3 +30,19 @@ def test_decode_step_context_below_topk(daemon):
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "exact: 4/4 rows" in out.stdout, out.stdout
+
+
+def test_decode_step_without_dcpxd_leaves_nothing(tmp_path):
+    """No dcpxd to start: a one-line error and exit 1, and no temp dir
+    left behind (its run dir was made before the daemon's start, outside
+    the try that removes it)."""
+    env = dict(os.environ, DCPXD=str(tmp_path / "no-dcpxd"),
+               TMPDIR=str(tmp_path / "tmp"))
+    os.mkdir(env["TMPDIR"])
+    out = subprocess.run(
+        [sys.executable, EXAMPLE, "--world", "2", "--backend", "host"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "cannot start a private dcpxd" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert os.listdir(env["TMPDIR"]) == []
