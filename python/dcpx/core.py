@@ -1006,7 +1006,10 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
                               len(stats) < 3):
         raise InvalidArgument(context="ref_call: stats must be a list of "
                               "three ints")
+    if not isinstance(shape, Shape):
+        raise InvalidArgument(context="ref_call: shape must be a dcpx.Shape")
     s = shape.resolved()
+    s.check()  # names the field and the rule (C's refusal names neither)
     W = s.world
     if len(logits) != W or len(row_ends) != W:
         raise InvalidArgument(context=f"ref_call needs {W} logits and "
@@ -1025,6 +1028,24 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     bt = A.to_numpy_host(block_table, "block_table", A.I32, 2)
     if req.shape != (rows,):
         raise InvalidArgument(context="ref_call: req_id shape")
+    # What dcpx_ref_call refuses with a bare code, named here.
+    rank = _ranged(rank, 0, 0xFFFFFFFF, "ref_call rank")
+    if rank >= W:
+        raise InvalidArgument(context=f"ref_call: rank {rank} is not below "
+                              f"world {W}")
+    if rows > s.rows:
+        raise RangeError(context=f"ref_call: {rows} rows, more than the "
+                         f"shape's rows={s.rows}")
+    if bt.size == 0:
+        raise InvalidArgument(context="ref_call: block_table is empty")
+    lim = min(s.max_local, stride)
+    for r, x in enumerate(en):
+        bad = np.flatnonzero((x < 0) | (x > lim))
+        if bad.size:
+            t = int(bad[0])
+            raise RangeError(context=f"ref_call: row_ends[{r}][{t}] = "
+                             f"{int(x[t])} is outside 0..{lim} (max_local "
+                             f"{s.max_local}, stride {stride})")
     K = s.topk
     res = MergeResult(np.empty((rows, K), np.int32),
                       np.empty((rows,), np.int32),
@@ -1034,8 +1055,7 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     ep = (ctypes.c_void_p * W)(*[x.ctypes.data for x in en])
     st = DcpxRefStatsC()
     cs = s._c()
-    keep, lsp = _ref_lists(lists, W)
-    rank = _ranged(rank, 0, 0xFFFFFFFF, "ref_call rank")
+    keep, lsp = _ref_lists(lists, W, rows, s.local_topk)
     rin = DcpxRefInC(ctypes.sizeof(DcpxRefInC), rows, rank, 0, stride,
                      ctypes.cast(lp, ctypes.c_void_p).value,
                      ctypes.cast(ep, ctypes.c_void_p).value, A.ptr(req),
@@ -1052,25 +1072,34 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     return res
 
 
-def _ref_lists(lists: Optional[Sequence[Any]],
-               W: int) -> Tuple[List[Any], Optional[int]]:
+def _ref_lists(lists: Optional[Sequence[Any]], W: int, rows: int,
+               N: int) -> Tuple[List[Any], Optional[int]]:
     """dcpx_ref_in.lists for ref_call: the arrays to keep alive, and the
     address of the [W] array of dcpx_lists pointers (None: no lists)."""
     if lists is None:
         return [], None
-    if len(lists) != W:
+    if not hasattr(lists, "__len__") or len(lists) != W:
         raise InvalidArgument(context=f"ref_call needs {W} lists (or None)")
     keep: List[Any] = []
     ptrs = (ctypes.c_void_p * W)()
     for r, pair in enumerate(lists):
         if pair is None:
             continue
-        v = A.to_numpy_host(pair[0], "values", A.BF16, 2)
-        i = A.to_numpy_host(pair[1], "indices", A.I32, 2)
+        try:
+            values, indices = pair
+        except (TypeError, ValueError):
+            raise InvalidArgument(context=f"ref_call lists[{r}] must be "
+                                  "None or a (values, indices) pair") from None
+        v = A.to_numpy_host(values, "values", A.BF16, 2)
+        i = A.to_numpy_host(indices, "indices", A.I32, 2)
         if i.shape != v.shape:  # C reads rows * n of each
             raise InvalidArgument(
                 context=f"ref_call lists[{r}]: indices {tuple(i.shape)} "
                         f"!= values {tuple(v.shape)}")
+        if v.shape != (rows, N):
+            raise InvalidArgument(
+                context=f"ref_call lists[{r}]: values {tuple(v.shape)}, "
+                        f"the call needs (rows, local_topk) = ({rows}, {N})")
         li = DcpxListsC(ctypes.sizeof(DcpxListsC), v.shape[0], v.shape[1],
                         0, A.ptr(v), A.ptr(i))
         keep += [v, i, li]

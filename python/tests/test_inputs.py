@@ -122,3 +122,39 @@ def test_call_tag_and_out_types(member):
         member.merge(lg, en, req, bt, out=(np.empty((4, 16), np.int32),))
     member.merge(lg, en, req, bt, call_tag=-1)  # modulo 2^64, as C
     assert member.async_error().state == 0
+
+
+def test_ref_call_names_what_it_refuses(libdcpx, small_shape):
+    """ref_call's refusals name the argument and the rule, as Member's
+    do: dcpx_ref_call itself returns a bare code ('dcpx_ref_call: invalid
+    argument'), and a shape that is not a Shape raised AttributeError
+    from inside the package."""
+    lg, en, req, bt = _ref_args(small_shape)
+    R, N = small_shape.rows, small_shape.local_topk
+    cases = [
+        (dict(shape=(1, 4, 16)), dcpx.InvalidArgument, "dcpx.Shape"),
+        (dict(shape=dcpx.Shape(world=1, rows=4, topk=16, local_topk=16)),
+         dcpx.InvalidArgument, "local_topk 16 must be less than topk"),
+        (dict(rank=1), dcpx.InvalidArgument, "rank 1 is not below world 1"),
+        (dict(lg=np.zeros((R + 1, 128), np.uint16),
+              en=np.zeros(R + 1, np.int32),
+              req=np.zeros(R + 1, np.int32)),
+         dcpx.RangeError, f"{R + 1} rows, more than"),
+        (dict(en=np.array([0, 129, 0, 0], np.int32)), dcpx.RangeError,
+         r"row_ends\[0\]\[1\] = 129 is outside 0..128"),
+        (dict(bt=np.zeros((0, 4), np.int32)), dcpx.InvalidArgument,
+         "block_table is empty"),
+        (dict(lists=[(np.zeros((R, N - 1), np.uint16),
+                      np.zeros((R, N - 1), np.int32))]),
+         dcpx.InvalidArgument, r"lists\[0\]: values .* needs"),
+        (dict(lists=[(np.zeros((R, N), np.uint16),)]),
+         dcpx.InvalidArgument, "a \\(values, indices\\) pair"),
+        (dict(lists=5), dcpx.InvalidArgument, "needs 1 lists"),
+    ]
+    for kw, cls, text in cases:
+        a = dict(shape=small_shape, lg=lg, en=en, rank=0, req=req, bt=bt,
+                 lists=None)
+        a.update(kw)
+        with pytest.raises(cls, match=text):
+            dcpx.ref_call(a["shape"], [a["lg"]], [a["en"]], a["rank"],
+                          a["req"], a["bt"], lists=a["lists"])
