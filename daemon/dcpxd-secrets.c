@@ -120,7 +120,9 @@ static int boot_line(const dcpxd_secrets *s, const char *line,
 }
 
 /* Reads the entries. Those of another boot are dropped: every process
- * that held their ranks is gone, whatever pid it had. */
+ * that held their ranks is gone, whatever pid it had. Returns 0, a
+ * negative errno (the file could not be read), or 1: a file it may not
+ * trust (logged here). */
 static int load(dcpxd_secrets *s) {
   _cleanup_fclose_ FILE *f = fopen(s->path, "re");
   _cleanup_free_ char *line = NULL;
@@ -143,7 +145,7 @@ static int load(dcpxd_secrets *s) {
               "then chown and chmod 600 it, or remove it",
               s->path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
               (unsigned)geteuid());
-    return -EPERM;
+    return 1; /* said: dcpxd_secrets_open adds no "Cannot read" */
   }
   if (st.st_mode & 044) {
     log_notice("%s is readable by others (mode %04o): rewritten for "
@@ -385,10 +387,13 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
   }
   read_boot_id(s->boot);
   r = load(s);
-  if (r < 0) {
-    log_error_errno(r, "Cannot read %s: %m; stopping rather than forget "
-                       "the groups it holds",
-                    s->path);
+  if (r != 0) {
+    if (r < 0)
+      log_error_errno(r, "Cannot read %s: %m; stopping rather than forget "
+                         "the groups it holds",
+                      s->path);
+    else
+      r = -EPERM; /* not trusted, said by load */
     dcpxd_secrets_free(s);
     return r;
   }
