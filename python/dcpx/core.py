@@ -572,8 +572,9 @@ class Member:
             # A refusal (bad arguments, a failed launch) fails the rank:
             # every later call raises Failed until recover() (a refusal
             # for the call order, State, does not).
-            try:
-                failed = self.async_error().state != 0
+            try:  # this rank's own failed bit (not just an aborted group)
+                failed = bool((self.async_error().failed_mask
+                               >> self.rank) & 1)
             except Exception:  # left meanwhile
                 failed = False
             if failed:
