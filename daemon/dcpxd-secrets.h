@@ -10,7 +10,9 @@
  * is the entry of that very name.
  *
  * The entry also holds the pid of each rank's process, kept as members
- * join, are replaced or reattach. At start, the entries whose processes are
+ * join, are replaced or reattach (0 once a rank leaves or dies: a
+ * process that left lives on, and must not keep its group unattached
+ * across a restart). At start, the entries whose processes are
  * all gone are removed: nobody is left to reattach to them (the memory of a
  * group lives in its ranks' processes), so they are state of dead groups.
  *

@@ -1899,6 +1899,68 @@ START_TEST(test_refused_reattach_shown) {
 }
 END_TEST
 
+/* A rank that left a formed group (a Leave) and lives on holds it no
+ * more: the groups file must not name its process as the rank's. Rank 1
+ * (this process) leaves, dcpxd restarts, and rank 0 dies while dcpxd is
+ * down: no rank of the group is left, so the name is free at once. The
+ * leaver's pid stayed in the file: the group was kept "unattached" as if
+ * rank 1 could still reattach, and every Join of the name was told to
+ * retry (DCPX_E_AGAIN) for as long as the leaver lived. */
+START_TEST(test_left_rank_not_awaited) {
+  int up[2], dn[2];
+  char x = 1;
+  HC_ASSERT(pipe(up) == 0 && pipe(dn) == 0, "pipe");
+  start(NULL);
+  const pid_t a = fork();
+  HC_ASSERT(a >= 0, "fork");
+  if (a == 0) { /* rank 0: joins, then dies when told */
+    dcpx_client *c;
+    dcpx_member *m = join_pair("lr", 0, &c);
+    if (!m || write(up[1], &x, 1) != 1)
+      _exit(1);
+    (void)read(dn[0], &x, 1);
+    _exit(0);
+  }
+  dcpx_client *c;
+  dcpx_member *m = join_pair("lr", 1, &c);
+  HC_ASSERT(m != NULL && read(up[0], &x, 1) == 1, "the group did not form");
+  dcpx_leave(m); /* rank 1 leaves; this process lives on */
+  dcpx_disconnect(c);
+  wait_unhealthy("lr", "\"state\":\"aborted\"", NULL);
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"aborted\""), "%s", g_o.out);
+  stop_clean();
+  HC_ASSERT(write(dn[1], &x, 1) == 1, "go"); /* rank 0 dies meanwhile */
+  int st = 0;
+  HC_ASSERT(waitpid(a, &st, 0) == a && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "rank 0: status 0x%x", st);
+  start(NULL);
+  CTL_JSON(0, "health", "--json");
+  HC_ASSERT(!strstr(g_o.out, "\"name\":\"lr\""),
+            "the group is kept for a rank that left it: %s", g_o.out);
+  /* and the name forms a new group at once */
+  const pid_t b = fork();
+  HC_ASSERT(b >= 0, "fork");
+  if (b == 0) {
+    dcpx_member *m1 = join_pair("lr", 1, &c);
+    if (!m1)
+      _exit(1);
+    dcpx_leave(m1);
+    dcpx_disconnect(c);
+    _exit(0);
+  }
+  const uint64_t t0 = hh_mono();
+  m = join_pair("lr", 0, &c);
+  const uint64_t took = (hh_mono() - t0) / 1000000u;
+  HC_ASSERT(m != NULL && took < 10000, "join afresh: %s after %llu ms",
+            m ? "joined" : "failed", (unsigned long long)took);
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  HC_ASSERT(waitpid(b, &st, 0) == b && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "the new rank 1: status 0x%x", st);
+  finish();
+}
+END_TEST
+
 START_TEST(test_unattached_after_restart) {
   dcpx_client *c;
   dcpx_member *m;
@@ -2011,6 +2073,7 @@ int main(void) {
   ADD(test_leave_with_event_unread);
   ADD(test_nccl_record);
   ADD(test_unattached_after_restart);
+  ADD(test_left_rank_not_awaited);
   ADD(test_refused_reattach_shown);
 #undef ADD
   suite_add_tcase(s, tc);
