@@ -59,7 +59,8 @@
  * (same inode). An awaited rank whose pid is gone is dead: the group is
  * aborted and waits for a replacement, as for any dead rank. A replacement
  * Join for an awaited rank whose process still lives is refused as a
- * duplicate.
+ * duplicate, and so is a reattach, adopting or not, from a process other
+ * than the rank's recorded one while that one lives (held_by_other).
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -674,6 +675,31 @@ void dcpxd_refusal_clear(dcpxd_manager *m, const char *group, uint32_t rank) {
       i++;
 }
 
+/* Whether rank `rank` of g is held by a live process other than c's:
+ * holder is the rank's recorded pid (its health block's, as the adoption
+ * takes it, or the member's since). A process that dcpxd cut off from a
+ * rank while it lived (its output over the limit, a rank taken for dead)
+ * and that another process replaced keeps retrying its reattach; it must
+ * not take the rank back from the live replacement, in the adoption of
+ * the group after a restart nor after it. A holder that is gone (a
+ * zombie, a pid that another process took since: the groups file's start
+ * time, as for an awaited rank) or unseen (0: another pid namespace)
+ * does not count; neither does the holder itself, of one or more ranks. */
+static bool held_by_other(const dcpxd_group *g, uint32_t rank, pid_t holder,
+                          const dcpxd_conn *c) {
+  return holder > 0 && holder != c->pid &&
+         dcpxd_secrets_rank_live(g->m->secrets, g->name, rank, holder);
+}
+
+static void refuse_other_holder(dcpxd_conn *c, const char *group, uint32_t rank,
+                                pid_t holder) {
+  join_refuse(c, DCPX_E_DUPRANK,
+              "rank %u of group '%s' is held by pid %d, which lives, not by "
+              "this process (pid %d): it lost the rank (cut off or taken for "
+              "dead, and replaced) and cannot reattach as it",
+              rank, group, (int)holder, (int)c->pid);
+}
+
 /* The reattached member learns what it missed: a recovery in progress asks
  * it to drain and acknowledge again (acks do not survive a restart). */
 static void reattach_done(dcpxd_group *g, dcpxd_conn *c, uint32_t rank) {
@@ -845,6 +871,13 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   g->adopted_ns = dcpxd_now_ns(CLOCK_MONOTONIC);
   if (adopt_memory(c, g, j, fds) < 0)
     return;
+  /* read once: the page is writable by the members */
+  const pid_t holder = (pid_t)__atomic_load_n(&dcpxd_group_health(g, rank)->pid,
+                                              __ATOMIC_RELAXED);
+  if (held_by_other(g, rank, holder, c)) {
+    group_free(g);
+    return refuse_other_holder(c, j->group, rank, holder);
+  }
   adopt_state(g, j, awaited, sizeof(awaited));
 
   TAILQ_INSERT_TAIL(&m->groups, g, link);
@@ -916,6 +949,8 @@ static void group_reattach(dcpxd_conn *c, const Dcpx__Join *j,
     return join_refuse(c, DCPX_E_DUPRANK,
                        "rank %u of group '%s' is already held by pid %d", rank,
                        g->name, (int)mb->pid);
+  if (held_by_other(g, rank, mb->pid, c))
+    return refuse_other_holder(c, g->name, rank, mb->pid);
   member_attach(g, rank, c, j);
   dcpxd_group_health(g, rank)->pid = (uint32_t)c->pid;
   dcpxd_group_health(g, rank)->joined = 1;

@@ -1665,6 +1665,130 @@ START_TEST(test_zombie_awaited_rank) {
 }
 END_TEST
 
+/* A rank process that dcpxd cut off while it lived (here: its socket shut
+ * down under it, as dcpxd does to a peer over its output limit), was
+ * replaced, and keeps retrying its reattach, is not the rank's holder:
+ * after a dcpxd restart its reattach is refused (DCPX_E_DUPRANK, naming
+ * the replacement) whether it comes first and would adopt the group or
+ * comes after another rank adopted it, and the replacement reattaches.
+ * It used to become the rank again, and the replacement was refused: two
+ * live processes used one rank's workspace. */
+typedef struct stale_ctl {
+  volatile uint32_t poll; /* bit r: child of rank r polls */
+  volatile uint32_t quit;
+  volatile uint32_t joined; /* bit r: child of rank r joined */
+  volatile int32_t last[2]; /* its last dcpx_poll */
+} stale_ctl;
+
+static pid_t stale_child(stale_ctl *k, uint32_t rank) {
+  const pid_t p = fork();
+  HC_ASSERT(p >= 0, "fork");
+  if (p)
+    return p;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  dcpx_client *c;
+  dcpx_member *m = join_pair("stale", rank, &c);
+  if (!m)
+    _exit(1);
+  __atomic_or_fetch(&k->joined, 1u << rank, __ATOMIC_SEQ_CST);
+  while (!k->quit) {
+    if ((k->poll >> rank) & 1u)
+      k->last[rank] = dcpx_poll(m);
+    hh_sleep_ms(10);
+  }
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  _exit(0);
+}
+
+/* Polls m until the reattach is answered (or 5 s): its code. (A refusal
+ * is returned again until its retry, a second later.) */
+static int poll_answered(dcpx_member *m) {
+  int r = DCPX_E_NOTCONN;
+  for (int i = 0; i < 500; i++) {
+    r = dcpx_poll(m);
+    if (r != DCPX_E_NOTCONN && r != DCPX_E_CONNREFUSED &&
+        r != DCPX_E_CONNRESET && !(r == 0 && m->link != DCPX__LINK_UP))
+      break;
+    hh_sleep_ms(10);
+  }
+  return r;
+}
+
+START_TEST(test_stale_rank_reattach) {
+  stale_ctl *k = mmap(NULL, sizeof(*k), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  HC_ASSERT(k != MAP_FAILED, "mmap");
+  memset(k, 0, sizeof(*k));
+  char want[64];
+  start(NULL);
+  const pid_t a = stale_child(k, 0);
+  dcpx_client *c;
+  dcpx_member *old = join_pair("stale", 1, &c); /* this process: rank 1 */
+  HC_ASSERT(old != NULL, "the group did not form");
+  /* dcpxd cuts this rank off; this process lives on, and does not poll
+   * (its reattach would take the rank back) until it has been replaced */
+  HC_ASSERT(shutdown(old->sock, SHUT_RDWR) == 0, "shutdown");
+  wait_unhealthy("stale", "\"state\":\"aborted\"", NULL);
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"aborted\""), "%s", g_o.out);
+  const pid_t b = stale_child(k, 1); /* the replacement */
+  for (int i = 0; i < 500 && !((k->joined >> 1) & 1u); i++)
+    hh_sleep_ms(10);
+  HC_ASSERT((k->joined >> 1) & 1u, "the replacement did not join");
+  snprintf(want, sizeof(want), "already held by pid %d", (int)b);
+  int r = poll_answered(old);
+  HC_ASSERT(r == DCPX_E_DUPRANK, "the old rank 1's reattach: %s",
+            dcpx_strerror(r));
+
+  /* (1) dcpxd restarts, and the old process reattaches first: it would
+   * adopt the group as rank 1 */
+  stop_clean();
+  start(NULL);
+  hh_sleep_ms(1100); /* past the retry of its last refusal */
+  r = poll_answered(old);
+  HC_ASSERT(r == DCPX_E_DUPRANK, "the old rank 1 reattached first: %s",
+            dcpx_strerror(r));
+  snprintf(want, sizeof(want), "rank 1 of group 'stale' is held by pid %d",
+           (int)b);
+  HC_ASSERT(log_contains(want), "the refusal does not name pid %d", (int)b);
+  k->poll = 0x3;
+  wait_attached("stale", 2);
+  for (int i = 0; i < 500 && k->last[1] != 0; i++)
+    hh_sleep_ms(10); /* its poll that took the answer */
+  HC_ASSERT(k->last[1] == 0, "the replacement: %s", dcpx_strerror(k->last[1]));
+
+  /* (2) Again, and rank 0 adopts the group first, awaiting rank 1 */
+  static const char adopted0[] = "adopted after a dcpxd restart: rank 0";
+  const int n0 = log_count(adopted0);
+  k->poll = 0;
+  stop_clean();
+  start(NULL);
+  k->poll = 0x1;
+  for (int i = 0; i < 500 && log_count(adopted0) == n0; i++)
+    hh_sleep_ms(10);
+  HC_ASSERT(log_count(adopted0) > n0, "rank 0 did not adopt the group");
+  hh_sleep_ms(1100); /* past the old process's retry */
+  r = poll_answered(old);
+  HC_ASSERT(r == DCPX_E_DUPRANK, "the old rank 1 reattached: %s",
+            dcpx_strerror(r));
+  k->poll = 0x3;
+  wait_attached("stale", 2);
+  for (int i = 0; i < 500 && k->last[1] != 0; i++)
+    hh_sleep_ms(10); /* its poll that took the answer */
+  HC_ASSERT(k->last[1] == 0, "the replacement: %s", dcpx_strerror(k->last[1]));
+
+  dcpx_disconnect(c);
+  k->quit = 1;
+  int st;
+  HC_ASSERT(waitpid(a, &st, 0) == a && WIFEXITED(st) && !WEXITSTATUS(st),
+            "rank 0: 0x%x", st);
+  HC_ASSERT(waitpid(b, &st, 0) == b && WIFEXITED(st) && !WEXITSTATUS(st),
+            "rank 1: 0x%x", st);
+  munmap(k, sizeof(*k));
+  finish();
+}
+END_TEST
+
 /* The open-file limit under which process pid has exactly `room` free
  * descriptor numbers (a new descriptor takes the lowest free one), from
  * /proc/PID/fd; 0 if it cannot tell. */
@@ -2059,6 +2183,7 @@ int main(void) {
   ADD(test_zombie_rank_is_dead);
   ADD(test_two_ranks_one_process);
   ADD(test_zombie_awaited_rank);
+  ADD(test_stale_rank_reattach);
   ADD(test_reattach_at_daemon_fd_limit);
   ADD(test_idle_survivor_keeps_its_group);
   ADD(test_survivor_without_main_thread);
