@@ -809,6 +809,13 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
     r = rank_call(&x, c);
   if (r == 0)
     r = check_counters(&x);
+  /* Every rank has finished its calls before any leaves: a Leave aborts a
+   * ready group, so a rank that left at once failed a peer still at the
+   * start of its last merge (DCPX_E_ABORTED; seen in CI under load). An
+   * engine ends its last step collectively too. A broken barrier (a rank
+   * that stopped) lets the others go on. */
+  if (r == 0)
+    (void)rb_wait(&sh->barrier);
   sh->status[rank] = r;
   if (r < 0) {
     rb_break(&sh->barrier); /* the others stop at their next call */
