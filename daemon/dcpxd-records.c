@@ -362,17 +362,8 @@ static int write_entries(dcpxd_records *s, const dcpxd_record *recs,
       chunk = sizeof(buf) / REC_SIZE;
     for (size_t k = 0; k < chunk; k++)
       encode(buf + k * REC_SIZE, &recs[i + k]);
-    size_t len = chunk * REC_SIZE, off = 0;
-    while (off < len) {
-      ssize_t w = write(s->fd, buf + off, len - off);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w < 0) {
-        r = -errno;
-        break;
-      }
-      off += (size_t)w;
-    }
+    size_t off = 0;
+    r = dcpxd_write_all(s->fd, buf, chunk * REC_SIZE, &off);
     if (r < 0 && off % REC_SIZE) {
       /* A torn record (ENOSPC mid-write): cut it off, so that the records
        * a later write appends stay on the 128-byte grid the loader reads

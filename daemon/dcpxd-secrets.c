@@ -229,16 +229,7 @@ static int save(dcpxd_secrets *s) {
     r = -errno;
     return log_warning_errno(r, "Cannot write %s: %m", s->tmp);
   }
-  for (size_t off = 0; off < len;) {
-    const ssize_t w = write(fd, text + off, len - off);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w < 0) {
-      r = -errno;
-      break;
-    }
-    off += (size_t)w;
-  }
+  r = dcpxd_write_all(fd, text, len, NULL);
   if (r == 0 && fsync(fd) < 0)
     r = -errno;
   close(fd);

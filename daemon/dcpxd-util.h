@@ -44,6 +44,28 @@ static inline void fclosep(FILE **f) {
 
 #define ELEMENTSOF(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Writes the len bytes at buf to fd, carrying on after short writes and
+ * EINTR: 0, or -errno of the write that failed. *ret_done (or NULL): the
+ * bytes written, either way. */
+static inline int dcpxd_write_all(int fd, const void *buf, size_t len,
+                                  size_t *ret_done) {
+  size_t off = 0;
+  int r = 0;
+  while (off < len) {
+    const ssize_t w = write(fd, (const char *)buf + off, len - off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0) {
+      r = -errno;
+      break;
+    }
+    off += (size_t)w;
+  }
+  if (ret_done)
+    *ret_done = off;
+  return r;
+}
+
 static inline uint64_t dcpxd_now_ns(clockid_t clk) {
   struct timespec ts;
   clock_gettime(clk, &ts);
