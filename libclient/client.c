@@ -1289,6 +1289,31 @@ static int recover_done(dcpx_member *m) {
 
 static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms);
 
+/* A recovery that timed out, logged with what the control page says of
+ * why: the ranks that no live process holds (dcpxd waits for their
+ * replacements), or, when every rank is held, that some rank has not
+ * called dcpx_recover (dcpxd's acknowledgements: dcpxctl health). */
+static int recover_timed_out(const dcpx_member *m, uint32_t timeout_ms) {
+  char absent[DCPX_MAX_WORLD * 4 + 1];
+  size_t n = 0;
+  absent[0] = '\0';
+  for (uint32_t d = 0; d < m->shape.world; d++)
+    if (!__atomic_load_n(&m->health[d].joined, __ATOMIC_RELAXED))
+      n += (size_t)snprintf(absent + n, sizeof(absent) - n, "%s%u",
+                            n ? "," : "", d);
+  if (n)
+    DCPX_WARN("dcpx_recover group %s rank %u: not reset within %u ms: no "
+              "live process holds rank(s) %s (dcpxd waits for their "
+              "replacements to join)",
+              m->group, m->rank, timeout_ms, absent);
+  else
+    DCPX_WARN("dcpx_recover group %s rank %u: not reset within %u ms: every "
+              "rank is held; some have not called dcpx_recover (dcpxctl "
+              "health shows the acknowledgements)",
+              m->group, m->rank, timeout_ms);
+  return DCPX_E_TIMEDOUT;
+}
+
 int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   int r;
   if (!m)
@@ -1371,7 +1396,7 @@ static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms) {
     }
     uint64_t now = dcpx__mono_ms();
     if (now >= end)
-      return DCPX_E_TIMEDOUT;
+      return recover_timed_out(m, timeout_ms);
     /* Short slices, so that the control page is looked at too. */
     int slice = (int)(end - now < 50u ? end - now : 50u);
     ev = NULL;

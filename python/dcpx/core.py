@@ -25,8 +25,8 @@ from . import _arrays as A
 from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
                    DcpxListsC, DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
-from .errors import (Aborted, Failed, InvalidArgument, RangeError, StateError,
-                     TextError, check)
+from .errors import (Aborted, DcpxError, Failed, InvalidArgument, RangeError,
+                     StateError, TextError, TimedOut, check)
 
 __all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
            "MergeResult", "RefStats", "Client", "Member", "PreparedCall",
@@ -832,7 +832,9 @@ class Member:
         default the current torch stream, first). With the NCCL transport
         every rank then makes a new communicator (a replacement rank calls
         this right after its join; CUDA graphs captured before must be
-        captured again). Raises TimedOut, or NcclError when no new
+        captured again). Raises TimedOut (its message names the ranks
+        that no live process holds, or says that every rank is held and
+        some has not called recover()), or NcclError when no new
         communicator could be made: the rank is then failed and the group
         aborts again, so calling recover() again retries with a fresh
         id. As with join, Ctrl-C stops the wait within about 50 ms
@@ -855,7 +857,24 @@ class Member:
                     lambda code: None)  # an ack sent stands: call again
         finally:
             self._end()
+        if r == TimedOut.code:
+            raise TimedOut(code=r, context=self._recover_stuck(ms))
         check(r, "dcpx_recover")
+
+    def _recover_stuck(self, ms: int) -> str:
+        """Why a recovery timed out, as far as the control page says."""
+        what = f"dcpx_recover: the group was not reset within {ms} ms"
+        try:
+            h = self.health()
+        except DcpxError:
+            return what
+        absent = [d for d in range(h.world) if not (h.joined_mask >> d) & 1]
+        if absent:
+            return (f"{what}: no live process holds rank(s) "
+                    f"{', '.join(map(str, absent))} (dcpxd waits for their "
+                    "replacements to join)")
+        return (f"{what}: every rank is held; some have not called "
+                "recover() (dcpxctl health shows the acknowledgements)")
 
     def leave(self) -> None:
         """Leaves the group and frees the member (``dcpx_leave``);

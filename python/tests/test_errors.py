@@ -311,3 +311,30 @@ def test_connect_path_like_and_too_long(daemon, tmp_path):
     assert "107" in str(e.value) and "no such socket" not in str(e.value)
     with pytest.raises(dcpx.InvalidArgument):
         dcpx.Client(42)
+
+
+def test_recover_timeout_names_the_absent_rank(daemon, group):
+    """A recovery that cannot complete because a rank left (no live
+    process holds it: dcpxd waits for a replacement) times out naming
+    that rank, not just "timed out"."""
+    shape = dcpx.Shape(world=2, rows=2, topk=16, local_topk=0,
+                       block_size=4, max_local=128)
+    got = {}
+
+    def join(rank):
+        got[rank] = dcpx.Client(daemon.socket).join(shape, rank=rank,
+                                                    group=group)
+    ts = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    m0, m1 = got[0], got[1]
+    m1.leave()  # a leave aborts the formed group; rank 1 is now absent
+    deadline = time.monotonic() + 10
+    while not m0.async_error().abort and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(dcpx.TimedOut) as e:
+        m0.recover(timeout_ms=300)
+    assert "rank(s) 1" in str(e.value) and "replacement" in str(e.value)
+    m0.leave()
