@@ -331,7 +331,7 @@ static void member_detach(dcpxd_group *g, uint32_t rank) {
 
   if (!c)
     return;
-  uv_timer_stop(&c->join_timer);
+  dcpxd_conn_join_done(c);
   c->group = NULL;
   mb->conn = NULL;
   mb->acked = false;
@@ -471,7 +471,7 @@ static void group_form(dcpxd_group *g) {
   if (dcpx_shape_warning(&g->shape))
     log_warning("group=%s: %s", g->name, dcpx_shape_warning(&g->shape));
   for (uint32_t i = 0; i < W; i++) {
-    uv_timer_stop(&g->member[i].conn->join_timer);
+    dcpxd_conn_join_done(g->member[i].conn);
     send_join_reply(g, i);
   }
   return;
@@ -1259,7 +1259,7 @@ static void join_forming(dcpxd_conn *c, const Dcpx__Join *j, dcpxd_group *g) {
   member_attach(g, j->rank, c, j);
   timeout_ms =
       j->join_timeout_ms ? j->join_timeout_ms : c->m->conf->join_timeout_ms;
-  uv_timer_start(&c->join_timer, on_join_timeout, timeout_ms, 0);
+  dcpxd_conn_join_wait(c, on_join_timeout, timeout_ms);
   log_info("group=%s rank=%u joined (pid %d, node '%s', device %d): %u/%u",
            g->name, j->rank, (int)c->pid, g->member[j->rank].node,
            (int)j->device, g->live, W);
@@ -1667,6 +1667,18 @@ void dcpxd_group_leave(dcpxd_conn *c) {
 void dcpxd_group_member_gone(dcpxd_conn *c) {
   if (c->group)
     member_leaves(c, false);
+}
+
+void dcpxd_group_join_gone(dcpxd_conn *c) {
+  char name[DCPX_GROUP_NAME_MAX + 1];
+  const uint32_t rank = c->rank;
+
+  dcpxd_bprintf(name, "%s", c->group->name);
+  member_leaves(c, false); /* may destroy the group */
+  join_refuse(c, DCPX_E_CONNRESET,
+              "the client hung up while its Join for rank %u of group '%s' "
+              "waited: the rank is given up",
+              rank, name);
 }
 
 /* ---- fault hook ---------------------------------------------------------- */

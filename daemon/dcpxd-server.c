@@ -14,7 +14,9 @@
  *   wait Hello --(other frame, bad version)--> Reply error, closing
  *      |
  *      v
- *   open: Join / Leave / RecoverAck / Query / Command, any number
+ *   open: Join / Leave / RecoverAck / Query / Command, any number, each
+ *      |  answered before the next is read (a Join that waits for its
+ *      |  group holds the rest unread in the socket, conn_watch)
  *      |
  *      v (EOF, HUP, error, malformed or unexpected frame, send failure)
  *   closing --(reaper, next loop turn)--> removed from its group, handles
@@ -90,6 +92,36 @@ static void conn_set_events(dcpxd_conn *c, unsigned events) {
     c->poll_events = events;
 }
 
+/* Whether a Join of c waits for its group (dcpxd_conn_join_wait). */
+static bool conn_join_waits(const dcpxd_conn *c) {
+  return uv_is_active((const uv_handle_t *)&c->join_timer);
+}
+
+/* What c's poll watches: a hang-up always; its requests unless its Join
+ * waits (they stay in the socket, unread, until it is answered: one
+ * answer per request, in order, docs/PROTOCOL.md 10.3); room to send
+ * while output is queued. */
+static void conn_watch(dcpxd_conn *c) {
+  unsigned events = UV_DISCONNECT;
+
+  if (!conn_join_waits(c))
+    events |= UV_READABLE;
+  if (c->out_head)
+    events |= UV_WRITABLE;
+  conn_set_events(c, events);
+}
+
+void dcpxd_conn_join_wait(dcpxd_conn *c, uv_timer_cb on_timeout,
+                          uint64_t timeout_ms) {
+  uv_timer_start(&c->join_timer, on_timeout, timeout_ms, 0);
+  conn_watch(c);
+}
+
+void dcpxd_conn_join_done(dcpxd_conn *c) {
+  uv_timer_stop(&c->join_timer);
+  conn_watch(c);
+}
+
 /* Sends one queued message; 0 sent, -EAGAIN full, else an error. */
 static int outmsg_send(int fd, const dcpxd_outmsg *o) {
   struct iovec iov = {.iov_base = (void *)o->data, .iov_len = o->len};
@@ -139,8 +171,7 @@ void dcpxd_conn_flush(dcpxd_conn *c) {
     c->m->out_bytes -= o->len;
     outmsg_free(o);
   }
-  if (!c->out_head)
-    conn_set_events(c, UV_READABLE | UV_DISCONNECT);
+  conn_watch(c);
 }
 
 static int conn_enqueue(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
@@ -189,7 +220,7 @@ static int conn_enqueue(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
   c->out_tail = o;
   c->out_bytes += len;
   c->m->out_bytes += len;
-  conn_set_events(c, UV_READABLE | UV_WRITABLE | UV_DISCONNECT);
+  conn_watch(c);
   return 0;
 }
 
@@ -503,9 +534,10 @@ static const char *recv_error_text(int r) {
 }
 
 /* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
- * peer is gone or c closes. */
+ * peer is gone, c closes or a Join of it waits (conn_watch). */
 static void read_frames(dcpxd_conn *c) {
-  for (int i = 0; i < RECV_BATCH && !c->closing; i++) {
+  for (int i = 0; i < RECV_BATCH && !c->closing && !conn_join_waits(c);
+       i++) {
     Dcpx__Frame *f = NULL;
     int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
     /* Only a reattaching Join carries fds; any others are closed. */
@@ -573,7 +605,10 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
     dcpxd_conn_flush(c);
   if (!(events & (UV_READABLE | UV_DISCONNECT)))
     goto out;
-  read_frames(c);
+  if (conn_join_waits(c) && (events & UV_DISCONNECT))
+    dcpxd_group_join_gone(c); /* then what it sent after, in order */
+  if (!conn_join_waits(c))
+    read_frames(c);
 out:
   dcpxd_manager_update(c->m);
 }
@@ -684,8 +719,7 @@ static void conn_new(dcpxd_manager *m, int fd) {
     return;
   }
   dcpxd_conn_idle_arm(c);
-  c->poll_events = UV_READABLE | UV_DISCONNECT;
-  uv_poll_start(&c->poll, (int)c->poll_events, on_conn_io);
+  conn_watch(c);
   log_debug("conn %" PRIu64 ": accepted pid %d uid %u gid %u", c->id,
             (int)uc.pid, (unsigned)uc.uid, (unsigned)uc.gid);
 }

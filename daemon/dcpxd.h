@@ -74,7 +74,8 @@ struct dcpxd_conn {
   uid_t uid;
   gid_t gid;
   uv_poll_t poll;
-  uv_timer_t join_timer; /* armed while waiting in a forming group */
+  uv_timer_t join_timer; /* armed while a Join waits in a forming group
+                          * (dcpxd_conn_join_wait) */
   uv_timer_t idle_timer; /* armed while the connection holds no group */
   /* A member's process, watched through a pidfd: its death is noticed
    * even when its socket stays open (inherited by a child). -1: none. */
@@ -122,6 +123,15 @@ void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...)
 void dcpxd_conn_idle_arm(dcpxd_conn *c);
 /* Tries to send what is queued (at shutdown, before closing). */
 void dcpxd_conn_flush(dcpxd_conn *c);
+/* A Join of c waits for its group, at most timeout_ms (then on_timeout
+ * runs): until dcpxd_conn_join_done, c's next requests are not read, only
+ * its hang-up, which gives the Join up (dcpxd_group_join_gone; docs/
+ * PROTOCOL.md 10.3). */
+void dcpxd_conn_join_wait(dcpxd_conn *c, uv_timer_cb on_timeout,
+                          uint64_t timeout_ms);
+/* c's Join is answered, or c leaves its group: its requests are read
+ * again. */
+void dcpxd_conn_join_done(dcpxd_conn *c);
 /* Watches the peer process (member connections): when it exits, the
  * connection is closed as if it had hung up. 0, or a negative code when
  * the kernel has no pidfd (then only the socket's hang-up tells). */
@@ -259,6 +269,9 @@ void dcpxd_group_leave(dcpxd_conn *c);
 void dcpxd_group_recover_ack(dcpxd_conn *c, const Dcpx__RecoverAck *a);
 /* The reaper: c (closing) was a member. */
 void dcpxd_group_member_gone(dcpxd_conn *c);
+/* c hung up while its Join waited (dcpxd_conn_join_wait): the rank is
+ * freed and the Join refused, DCPX_E_CONNRESET (docs/PROTOCOL.md 10.3). */
+void dcpxd_group_join_gone(dcpxd_conn *c);
 
 /* Sets the abort word (if 0) to `reason`, stores the group's wait records,
  * and sends Event ABORT to every live member. rank: the rank concerned or

@@ -11,6 +11,7 @@
 #include <check.h>
 #include <errno.h>
 #include <ftw.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1817,6 +1818,113 @@ START_TEST(test_interrupt) {
 }
 END_TEST
 
+/* Sends a HEALTH query of `group` on s; the reply is not read here. */
+static void raw_health_send(int s, const char *group) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Query q = DCPX__QUERY__INIT;
+  q.what = DCPX__QUERY__WHAT__HEALTH;
+  q.group = (char *)group;
+  f.msg_case = DCPX__FRAME__MSG_QUERY;
+  f.query = &q;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+}
+
+/* The next answer on s (within 5 s): its message kind, its status into
+ * *status and its error text into why; any fds are closed. */
+static int next_answer(int s, int *status, char *why, size_t why_len) {
+  Dcpx__Frame *rep = NULL;
+  const Dcpx__Reply *rp = NULL;
+  ck_assert_int_eq(dcpx__poll_until(s, POLLIN, dcpx__deadline_ms(5000)), 1);
+  ck_assert_int_eq(dcpx__frame_recv(s, &rep, NULL, 0, NULL), 0);
+  const int kind = rep->msg_case;
+  if (kind == DCPX__FRAME__MSG_REPLY)
+    rp = rep->reply;
+  else if (kind == DCPX__FRAME__MSG_JOIN_REPLY)
+    rp = rep->join_reply->reply;
+  else if (kind == DCPX__FRAME__MSG_QUERY_REPLY)
+    rp = rep->query_reply->reply;
+  *status = rp ? rp->status : 0;
+  snprintf(why, why_len, "%s", rp && rp->error ? rp->error : "");
+  dcpx__frame_free(rep);
+  return kind;
+}
+
+/* One answer per request, in order (docs/PROTOCOL.md 10.3), also while a
+ * Join waits for its group: a client that sends a Query and a second
+ * Join behind it gets its JoinReply first, then the QueryReply, then the
+ * second Join's refusal. (dcpxd answered the two others at once, ahead of
+ * the JoinReply.) The same when the waiting Join times out, and when the
+ * client shuts its side down while the Join waits: the Join is refused
+ * (its rank freed), the Query answered, then the connection closes. */
+START_TEST(test_answers_in_order_while_join_waits) {
+  dcpx_shape sh;
+  spec sp = small("order", 2);
+  char why[512];
+  int st;
+  daemon_start();
+  shape_of(&sp, &sh);
+
+  /* the group forms */
+  int s0 = raw_connect();
+  ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
+  raw_join(s0, "order", 0, &sh, 0);
+  raw_health_send(s0, "order");
+  raw_join(s0, "order", 1, &sh, 0);
+  ck_assert_int_eq(dcpx__poll_until(s0, POLLIN, dcpx__deadline_ms(300)), 0);
+  int s1 = raw_connect();
+  ck_assert_int_eq(raw_hello(s1, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_join(s1, "order", 1, &sh, 1), 0);
+  ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == 0, "first Join: %d (%s)", st, why);
+  ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_QUERY_REPLY);
+  ck_assert_msg(st == 0, "Query: %d (%s)", st, why);
+  ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == DCPX_E_STATE && strstr(why, "already holds rank 0"),
+                "second Join: %d (%s)", st, why);
+  close(s0);
+  close(s1);
+
+  /* the group does not form in time */
+  s0 = raw_connect();
+  ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
+  raw_join_ms(s0, "order2", 0, &sh, 0, 500);
+  raw_health_send(s0, "order2");
+  ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == DCPX_E_TIMEDOUT, "Join: %d (%s)", st, why);
+  ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_QUERY_REPLY);
+  ck_assert_msg(st == DCPX_E_NOENT, "Query: %d (%s)", st, why);
+  close(s0);
+
+  /* a hang-up while the Join waits, a request unread behind it */
+  s0 = raw_connect();
+  ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
+  raw_join(s0, "order3", 0, &sh, 0);
+  for (int i = 0; i < 500 && !rank_joined("order3", 0); i++)
+    usleep(10000);
+  ck_assert_int_eq(rank_joined("order3", 0), 1);
+  raw_health_send(s0, "order3");
+  ck_assert_int_eq(shutdown(s0, SHUT_WR), 0);
+  ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == DCPX_E_CONNRESET && strstr(why, "hung up"),
+                "Join: %d (%s)", st, why);
+  ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_QUERY_REPLY);
+  ck_assert_msg(st == DCPX_E_NOENT, "Query: %d (%s)", st, why);
+  Dcpx__Frame *eof = NULL;
+  ck_assert_int_eq(dcpx__poll_until(s0, POLLIN, dcpx__deadline_ms(5000)), 1);
+  ck_assert_int_eq(dcpx__frame_recv(s0, &eof, NULL, 0, NULL),
+                   DCPX_E_CONNRESET);
+  close(s0);
+  daemon_stop();
+}
+END_TEST
+
 /* A join with join_timeout_ms 0 waits as long as dcpxd's join timeout
  * (its Hello reply says it), not a fixed 30 s: a daemon of 1 s that hangs
  * after the Join leaves the join waiting 1 s + 10 s of slack, where it
@@ -1947,6 +2055,7 @@ int main(void) {
   tcase_add_test(tc, test_recover_timeout_under_signals);
   tcase_add_test(tc, test_interrupt);
   tcase_add_test(tc, test_join_waits_the_daemons_timeout);
+  tcase_add_test(tc, test_answers_in_order_while_join_waits);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
