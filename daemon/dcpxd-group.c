@@ -1701,6 +1701,13 @@ int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
     snprintf(err, errlen, "ticks must be > 0");
     return DCPX_E_INVAL;
   }
+  /* dcpx_epoch_next runs 1..0xFFFFFFFE: a hook armed for 0xFFFFFFFF
+   * would never fire, and nothing would say so. */
+  if (epoch == UINT32_MAX) {
+    snprintf(err, errlen, "epoch %u never occurs (epochs run 1..%u; 0: any)",
+             epoch, UINT32_MAX - 1u);
+    return DCPX_E_INVAL;
+  }
   /* The hook is read by the LL merge only (docs/PROTOCOL.md 6.6): on an
    * nccl group, asked for at join or chosen by auto (the ranks' transport
    * words), nothing would ever fire it. */

@@ -840,9 +840,10 @@ static int join_status(int s, int *fds, int *ret_nfds, char *why,
   return r;
 }
 
-/* A fault stall of rank 0 of `group` over a raw admin connection: the
- * status, the reason into why. */
-static int raw_fault(const char *group, char *why, size_t why_len) {
+/* A fault stall of rank 0 of `group` at `epoch` (0: any) over a raw admin
+ * connection: the status, the reason into why. */
+static int raw_fault(const char *group, uint32_t epoch, char *why,
+                     size_t why_len) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
   Dcpx__Command cmd = DCPX__COMMAND__INIT;
   int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
@@ -851,6 +852,7 @@ static int raw_fault(const char *group, char *why, size_t why_len) {
   cmd.kind = DCPX__COMMAND__KIND__FAULT_STALL;
   cmd.group = (char *)group;
   cmd.ticks = 1000000;
+  cmd.epoch = epoch;
   f.msg_case = DCPX__FRAME__MSG_COMMAND;
   f.command = &cmd;
   ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
@@ -870,7 +872,9 @@ static int raw_fault(const char *group, char *why, size_t why_len) {
  * another implementation speaks to dcpxd: a timeout below 1 ms is refused
  * (1 ms is accepted); the fault hook is armed on a group whose transport
  * is not yet known, and refused (DCPX_E_NOSYS) once a rank's transport
- * word says nccl. (A Join that asks for nccl needs the CUDA backend: not
+ * word says nccl; an epoch that never occurs (0xFFFFFFFF: dcpx_epoch_next
+ * wraps 0xFFFFFFFE to 1) is refused (DCPX_E_INVAL), since such a hook
+ * would never fire. (A Join that asks for nccl needs the CUDA backend: not
  * here.) */
 START_TEST(test_timeout_floor_and_nccl_fault) {
   uint8_t id[DCPX_NCCL_ID_BYTES];
@@ -902,11 +906,16 @@ START_TEST(test_timeout_floor_and_nccl_fault) {
   for (int i = 0; i < nfds; i++)
     close(fds[i]);
   dcpx_rank_health *h = (dcpx_rank_health *)(page + sizeof(dcpx_ctl_header));
-  ck_assert_int_eq(raw_fault("fa", why, sizeof(why)), 0);
+  ck_assert_int_eq(raw_fault("fa", 0, why, sizeof(why)), 0);
   __atomic_store_n(&h->transport, DCPX_TRANSPORT_LL, __ATOMIC_RELEASE);
-  ck_assert_int_eq(raw_fault("fa", why, sizeof(why)), 0);
+  ck_assert_int_eq(raw_fault("fa", 0, why, sizeof(why)), 0);
+  /* epochs run 1..0xFFFFFFFE: a hook for 0xFFFFFFFF would never fire */
+  ck_assert_int_eq(raw_fault("fa", 0xFFFFFFFEu, why, sizeof(why)), 0);
+  ck_assert_int_eq(raw_fault("fa", 0xFFFFFFFFu, why, sizeof(why)),
+                   DCPX_E_INVAL);
+  ck_assert_msg(strstr(why, "never occurs"), "%s", why);
   __atomic_store_n(&h->transport, DCPX_TRANSPORT_NCCL, __ATOMIC_RELEASE);
-  ck_assert_int_eq(raw_fault("fa", why, sizeof(why)), DCPX_E_NOSYS);
+  ck_assert_int_eq(raw_fault("fa", 0, why, sizeof(why)), DCPX_E_NOSYS);
   ck_assert_msg(strstr(why, "nccl transport"), "%s", why);
   munmap(page, ctl);
   close(s);

@@ -1016,7 +1016,7 @@ static const struct {
      "\n"
      "  --group G   the group\n"
      "  --rank R    the rank that stalls\n"
-     "  --epoch E   the call at epoch E (0: any)\n"
+     "  --epoch E   the call at epoch E (0: any; epochs run 1..4294967294)\n"
      "  --call C    the C-th call since the rank joined or the group last\n"
      "              recovered (1 = the first; not the engine's call tag)\n"
      "  --ticks T   the stall: nanoseconds, or a number with ns, us, ms, s,\n"
