@@ -147,6 +147,10 @@ START_TEST(test_option_errors) {
   USAGE_ERR("--until", "records", "--until", "0");
   USAGE_ERR("--until", "records", "--until", "@0");
   USAGE_ERR("--until", "records", "--until", "1970-01-01T00:00:00Z");
+  /* A rank no group can have (W <= 16) matched nothing: "no records",
+   * exit 0, for a typo. */
+  USAGE_ERR("--rank", "records", "--rank", "16");
+  USAGE_ERR("--rank", "records", "--rank", "-2");
   /* A socket path over a Unix socket's 107 bytes: check says so on its
    * one UNKNOWN line (it said "query failed", the reason on stderr). */
   memset(g_d.sock, 'x', sizeof(g_d.sock) - 1);

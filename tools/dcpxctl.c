@@ -997,7 +997,7 @@ static const struct {
      "Timeout records, oldest first.\n"
      "\n"
      "  --group G   only group G\n"
-     "  --rank R    only rank R (-1: any)\n"
+     "  --rank R    only rank R, 0..15 (-1: any)\n"
      "  --since T   only records at or after T\n"
      "  --until T   only records before T\n"
      "  --limit N   only the newest N (N >= 1)\n"
@@ -1306,8 +1306,11 @@ static int cmd_records(int argc, char **argv) {
       q.group = optarg;
       break;
     case 'r':
-      if (!parse_i32(optarg, &q.rank) || q.rank < -1)
-        return usage_error("--rank must be a rank number (or -1 for any)");
+      /* a rank no group can have would only match nothing: say so */
+      if (!parse_i32(optarg, &q.rank) || q.rank < -1 ||
+          q.rank >= DCPX_MAX_WORLD)
+        return usage_error("--rank must be a rank number 0..%d (or -1 for "
+                           "any)", DCPX_MAX_WORLD - 1);
       break;
     case 's':
       if (!parse_time_ns(optarg, &q.since_ns))
