@@ -23,6 +23,7 @@
 #include "log.h"
 #include "member.h"
 #include "rng.h"
+#include "brute.h"
 
 static uint64_t mono_ns(void) {
   struct timespec ts;
@@ -60,6 +61,8 @@ typedef struct group {
   const dcpx_lists *given[DCPX_MAX_WORLD];
   dcpx_lists lists[DCPX_MAX_WORLD];
   int ref_given;
+  /* Rank d's own req_id and block table when set (else req and bt). */
+  int32_t *req_of[DCPX_MAX_WORLD], *bt_of[DCPX_MAX_WORLD];
 } group;
 
 static void group_init(group *g, uint32_t W, uint32_t R, uint32_t K,
@@ -193,7 +196,9 @@ static void *rank_main(void *arg) {
                       : dcpx_push(g->m[d], &in, NULL);
     if (r == 0)
       r = t_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
-                     g->req, g->bt, g->bt_rows, g->bt_cols, g->rows_out[d],
+                     g->req_of[d] ? g->req_of[d] : g->req,
+                     g->bt_of[d] ? g->bt_of[d] : g->bt, g->bt_rows,
+                     g->bt_cols, g->rows_out[d],
                      g->valid[d], g->ids[d], g->sat[d], g->tag, NULL);
   }
   g->rc[d] = r;
@@ -1637,6 +1642,191 @@ START_TEST(test_join_transport_refused) {
 }
 END_TEST
 
+/* ---- adversarial corners against tests/brute.h ---------------------------- */
+
+/* Groups of tests/brute.h's adversarial shapes (K odd, N = 1 or K - 1,
+ * W = 1 or 16, W * N below, at and above K, rows beyond 2^16, B and I
+ * odd, huge or past max_local), three calls each (epochs, seq2 and the
+ * rescue slots carried over), with bf16 specials, ties at T1, short and
+ * empty rows, given lists on some ranks (5.8), and each rank's own block
+ * table, whose KV rows reach 2^31 - 1 or, in some calls, fail. Every
+ * rank's outputs against the brute force, not the reference: sat_word and
+ * ids_out always; valid_out and rows_out, or -1 on a row whose table
+ * lookup fails (and then DCPX_E_RANGE from the merge, and the group still
+ * in step for the next call). */
+START_TEST(test_adversarial_brute) {
+  uint64_t calls = 0, rows_all = 0, rescued = 0, changed = 0, multi = 0,
+           range_rows = 0, given_rows = 0, hi = 0, kodd = 0, w16 = 0;
+  for (uint32_t gi_ = 0; gi_ < 72; gi_++) {
+    uint64_t s = 0xAD7E5A2Bull * (gi_ + 1);
+    (void)dcpx_splitmix64(&s);
+    const int big = gi_ % 6 == 5;
+    dcpx_shape sh = adv_shape(&s, big ? DCPX_MAX_LOCAL : 2000, big ? 4 : 16);
+    const uint32_t W = sh.world, K = sh.topk, N = sh.local_topk, R = 3,
+                   maxl = sh.max_local, B = sh.block_size,
+                   I = sh.interleave;
+    group g;
+    group_init(&g, W, R, K, N, B, I, maxl, 5000000000ull);
+    kodd += K % 2;
+    w16 += W == 16;
+    const uint32_t bt_rows = 2;
+    const uint32_t full_cols = (uint32_t)((maxl + (uint64_t)B - 1) / B);
+    int32_t *req[DCPX_MAX_WORLD], *bt[DCPX_MAX_WORLD];
+    uint16_t *gv[DCPX_MAX_WORLD];
+    int32_t *gix[DCPX_MAX_WORLD];
+    dcpx_lists li[DCPX_MAX_WORLD];
+    for (uint32_t d = 0; d < W; d++) {
+      req[d] = calloc(R, sizeof(int32_t));
+      bt[d] = calloc((size_t)bt_rows * full_cols + 1, sizeof(int32_t));
+      gv[d] = calloc((size_t)R * N, sizeof(uint16_t));
+      gix[d] = calloc((size_t)R * N, sizeof(int32_t));
+      g.req_of[d] = req[d];
+      g.bt_of[d] = bt[d];
+    }
+    bf_el *scr = calloc((size_t)maxl + 1, sizeof(bf_el));
+    bf_row_out o[3];
+    bf_el *selbuf = calloc((size_t)R * K, sizeof(bf_el));
+    int32_t *wr = calloc(K, sizeof(int32_t)), *wi = calloc(K, sizeof(int32_t));
+    for (uint32_t c = 0; c < 3; c++) {
+      const uint32_t rows = big ? 1 : adv_in(&s, 1, R);
+      const uint32_t hot = dcpx_rnd_below(&s, W), cmode = dcpx_rnd_below(&s, 8);
+      const int mixed = dcpx_rnd_below(&s, 3) == 0;
+      const int given = dcpx_rnd_below(&s, 3) == 0;
+      const int bad = dcpx_rnd_below(&s, 4) == 0;
+      g.rows = rows;
+      g.tag = c;
+      g.bt_rows = bt_rows;
+      g.bt_cols = bad && dcpx_rnd_below(&s, 2) ? dcpx_rnd_below(&s, full_cols + 1)
+                                               : full_cols;
+      for (uint32_t d = 0; d < W; d++) {
+        for (uint32_t t = 0; t < rows; t++) {
+          const uint32_t len = big ? maxl : adv_len(&s, N, K, maxl);
+          g.ends[d][t] = (int32_t)len;
+          adv_row(&s, g.logits[d] + t * g.stride, len, g.stride,
+                  mixed ? dcpx_rnd_below(&s, 8) : cmode, d, hot, K);
+        }
+        g.given[d] = NULL;
+        if (given && dcpx_rnd_below(&s, 4)) {
+          const uint32_t kind = dcpx_rnd_below(&s, 3);
+          for (uint32_t t = 0; t < rows; t++)
+            adv_list(&s, g.logits[d] + t * g.stride, (uint32_t)g.ends[d][t],
+                     N, kind, gv[d] + (size_t)t * N, gix[d] + (size_t)t * N,
+                     scr);
+          li[d] = (dcpx_lists)DCPX_LISTS_INIT;
+          li[d].rows = rows;
+          li[d].n = N;
+          li[d].flags = dcpx_rnd_below(&s, 2) ? DCPX_LISTS_CHECK_ORDER : 0;
+          li[d].values = gv[d];
+          li[d].indices = gix[d];
+          g.given[d] = &li[d];
+        }
+        adv_table(&s, bt[d], bt_rows, g.bt_cols, B, bad);
+        for (uint32_t t = 0; t < rows; t++)
+          req[d][t] = bad && dcpx_rnd_below(&s, 4) == 0
+                          ? (dcpx_rnd_below(&s, 2) ? -1 : (int32_t)bt_rows)
+                          : (int32_t)dcpx_rnd_below(&s, bt_rows);
+      }
+      run_call(&g);
+
+      bf_row_in bi;
+      memset(&bi, 0, sizeof(bi));
+      bi.W = W;
+      bi.K = K;
+      bi.N = N;
+      for (uint32_t t = 0; t < rows; t++) {
+        for (uint32_t r = 0; r < W; r++) {
+          bi.x[r] = g.logits[r] + t * g.stride;
+          bi.len[r] = (uint32_t)g.ends[r][t];
+          bi.gv[r] = g.given[r] ? gv[r] + (size_t)t * N : NULL;
+          bi.gi[r] = g.given[r] ? gix[r] + (size_t)t * N : NULL;
+        }
+        bf_el *bs = calloc(bf_scratch(&bi), sizeof(bf_el));
+        o[t].sel = selbuf + (size_t)t * K;
+        bf_row(&bi, bs, &o[t]);
+        free(bs);
+        rows_all++;
+        rescued += o[t].mask != 0;
+        changed += !o[t].s1_exact;
+        multi += __builtin_popcount(o[t].mask) > 1;
+        given_rows += given;
+      }
+      for (uint32_t d = 0; d < W; d++) {
+        int want_rc = 0;
+        for (uint32_t t = 0; t < rows; t++)
+          if (bf_outputs(&o[t], W, K, B, I, d, req[d][t], bt[d], bt_rows,
+                         g.bt_cols, wr, &wi[0], wi) < 0)
+            want_rc = DCPX_E_RANGE;
+        ck_assert_msg(g.rc[d] == want_rc,
+                      "adversarial group %u call %u W=%u K=%u N=%u: rank %u: "
+                      "merge = %d, want %d", gi_, c, W, K, N, d, g.rc[d],
+                      want_rc);
+        for (uint32_t t = 0; t < rows; t++) {
+          int32_t wv = -1;
+          const char *what = "";
+          char buf[240];
+          const int rb = bf_outputs(&o[t], W, K, B, I, d, req[d][t], bt[d],
+                                    bt_rows, g.bt_cols, wr, &wv, wi);
+          if (rb < 0) {
+            wv = -1;
+            for (uint32_t i = 0; i < K; i++)
+              wr[i] = -1;
+            range_rows++;
+          }
+          snprintf(buf, sizeof(buf),
+                   "adversarial group %u call %u W=%u K=%u N=%u B=%u I=%u "
+                   "max_local=%u given=%d bad=%d: rank %u row %u",
+                   gi_, c, W, K, N, B, I, maxl, given, bad, d, t);
+          what = buf;
+          ck_assert_msg(g.sat[d][t] == o[t].sat_word,
+                        "%s: sat_word 0x%08x, want 0x%08x", what,
+                        g.sat[d][t], o[t].sat_word);
+          ck_assert_msg(g.valid[d][t] == wv, "%s: valid_out %d, want %d",
+                        what, g.valid[d][t], wv);
+          for (uint32_t i = 0; i < K; i++) {
+            ck_assert_msg(g.ids[d][(size_t)t * K + i] == wi[i],
+                          "%s: ids_out[%u] = %d, want %d", what, i,
+                          g.ids[d][(size_t)t * K + i], wi[i]);
+            ck_assert_msg(g.rows_out[d][(size_t)t * K + i] == wr[i],
+                          "%s: rows_out[%u] = %d, want %d", what, i,
+                          g.rows_out[d][(size_t)t * K + i], wr[i]);
+          }
+          for (uint32_t i = 0; rb == 0 && i < o[t].nsel; i++)
+            hi += o[t].sel[i].r == d && o[t].sel[i].l >= 65536;
+        }
+      }
+      calls++;
+    }
+    for (uint32_t d = 0; d < W; d++) {
+      g.given[d] = NULL;
+      free(req[d]);
+      free(bt[d]);
+      free(gv[d]);
+      free(gix[d]);
+    }
+    free(scr);
+    free(selbuf);
+    free(wr);
+    free(wi);
+    group_free(&g);
+  }
+  printf("check_host: adversarial: %llu calls (%llu groups K odd, %llu "
+         "W=16), %llu rows, %llu rescued (%llu changed by it, %llu with 2+ "
+         "saturated ranks), %llu given-list rows, %llu rank-rows out of the "
+         "table, %llu own l >= 2^16 selected\n",
+         (unsigned long long)calls, (unsigned long long)kodd,
+         (unsigned long long)w16, (unsigned long long)rows_all,
+         (unsigned long long)rescued, (unsigned long long)changed,
+         (unsigned long long)multi, (unsigned long long)given_rows,
+         (unsigned long long)range_rows, (unsigned long long)hi);
+  ck_assert_uint_gt(rescued, rows_all / 5);
+  ck_assert_uint_gt(changed, 5);
+  ck_assert_uint_gt(multi, 5);
+  ck_assert_uint_gt(given_rows, 5);
+  ck_assert_uint_gt(range_rows, 5);
+  ck_assert_uint_gt(hi, 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("host");
   TCase *tc = tcase_create("protocol");
@@ -1661,6 +1851,7 @@ int main(void) {
   tcase_add_test(tc, test_push_list_exact);
   tcase_add_test(tc, test_push_list_given);
   tcase_add_test(tc, test_push_list_bad);
+  tcase_add_test(tc, test_adversarial_brute);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

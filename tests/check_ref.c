@@ -35,6 +35,7 @@
 #include "call.h"
 #include "merge.h"
 #include "rng.h"
+#include "brute.h"
 
 static uint64_t g_seed = 0x5EEDDC9C0FFEEull;
 static uint32_t g_scale = 100;
@@ -1968,6 +1969,248 @@ START_TEST(test_given_lists_rules) {
 }
 END_TEST
 
+/* ---- adversarial corners against tests/brute.h ---------------------------- */
+
+/* One adversarial call (tests/brute.h's generator: its shape, rows,
+ * tables and, in some cases, given lists) through dcpx_ref_call for every
+ * rank, against the brute force: sat_word, ids_out, rows_out, valid_out,
+ * the statistics, and DCPX_E_RANGE exactly when one of the rank's rows
+ * fails its table lookup (5.7). */
+typedef struct adv_counts {
+  uint64_t cases, rows, rescue_rows, changed, range_calls, sel_hi, given_rows,
+      multi_sat, kodd, w16, big;
+} adv_counts;
+
+static void adv_ref_case(uint64_t seed, adv_counts *k) {
+  uint64_t s = seed;
+  const int big = dcpx_rnd_below(&s, 8) == 0;
+  dcpx_shape sh = adv_shape(&s, big ? DCPX_MAX_LOCAL : 3000, big ? 4 : 16);
+  const uint32_t W = sh.world, K = sh.topk, N = sh.local_topk,
+                 maxl = sh.max_local;
+  uint32_t rows = maxl > 20000 ? 1 : adv_in(&s, 1, 3);
+  sh.rows = rows + dcpx_rnd_below(&s, 2);
+  ck_assert_int_eq(dcpx_shape_check(&sh), 0);
+  const uint64_t stride = maxl + dcpx_rnd_below(&s, 3);
+  const uint32_t hot = dcpx_rnd_below(&s, W), cmode = dcpx_rnd_below(&s, 8);
+  const int mixed = dcpx_rnd_below(&s, 3) == 0;
+  const int given = dcpx_rnd_below(&s, 4) == 0;
+  const int bad = dcpx_rnd_below(&s, 6) == 0;
+  uint16_t *lg[DCPX_MAX_WORLD], *gv[DCPX_MAX_WORLD] = {0};
+  int32_t *re[DCPX_MAX_WORLD], *gi[DCPX_MAX_WORLD] = {0};
+  int32_t *req[DCPX_MAX_WORLD], *bt[DCPX_MAX_WORLD];
+  dcpx_lists li[DCPX_MAX_WORLD];
+  const dcpx_lists *lp[DCPX_MAX_WORLD];
+  bf_el *scr = xcalloc((size_t)stride + 1, sizeof(bf_el));
+  const uint32_t bt_rows = adv_in(&s, 1, 3);
+  uint32_t bt_cols = (uint32_t)((maxl + (uint64_t)sh.block_size - 1) /
+                                sh.block_size);
+  if (bad && dcpx_rnd_below(&s, 2))
+    bt_cols = dcpx_rnd_below(&s, bt_cols + 1); /* too narrow */
+  for (uint32_t r = 0; r < W; r++) {
+    lg[r] = xcalloc((size_t)rows * stride, sizeof(uint16_t));
+    re[r] = xcalloc(rows, sizeof(int32_t));
+    for (uint32_t t = 0; t < rows; t++) {
+      const uint32_t len = big && t == 0 ? maxl : adv_len(&s, N, K, maxl);
+      re[r][t] = (int32_t)len;
+      adv_row(&s, lg[r] + t * stride, len, stride,
+              mixed ? dcpx_rnd_below(&s, 8) : cmode, r, hot, K);
+    }
+    lp[r] = NULL;
+    if (given && dcpx_rnd_below(&s, 4)) {
+      gv[r] = xcalloc((size_t)rows * N, sizeof(uint16_t));
+      gi[r] = xcalloc((size_t)rows * N, sizeof(int32_t));
+      const uint32_t kind = dcpx_rnd_below(&s, 3);
+      for (uint32_t t = 0; t < rows; t++)
+        adv_list(&s, lg[r] + t * stride, (uint32_t)re[r][t], N, kind,
+                 gv[r] + (size_t)t * N, gi[r] + (size_t)t * N, scr);
+      li[r] = (dcpx_lists)DCPX_LISTS_INIT;
+      li[r].rows = rows;
+      li[r].n = N;
+      li[r].values = gv[r];
+      li[r].indices = gi[r];
+      lp[r] = &li[r];
+    }
+    bt[r] = xcalloc((size_t)bt_rows * bt_cols + 1, sizeof(int32_t));
+    adv_table(&s, bt[r], bt_rows, bt_cols, sh.block_size, bad);
+    req[r] = xcalloc(rows, sizeof(int32_t));
+    for (uint32_t t = 0; t < rows; t++)
+      req[r][t] = bad && dcpx_rnd_below(&s, 4) == 0
+                      ? (dcpx_rnd_below(&s, 2) ? -1 : (int32_t)bt_rows)
+                      : (int32_t)dcpx_rnd_below(&s, bt_rows);
+  }
+
+  /* The brute force of every row. */
+  bf_row_out *o = xcalloc(rows, sizeof(bf_row_out));
+  bf_el *selbuf = xcalloc((size_t)rows * K, sizeof(bf_el));
+  bf_row_in bi;
+  memset(&bi, 0, sizeof(bi));
+  bi.W = W;
+  bi.K = K;
+  bi.N = N;
+  uint64_t want_resc = 0, want_sat = 0;
+  for (uint32_t t = 0; t < rows; t++) {
+    for (uint32_t r = 0; r < W; r++) {
+      bi.x[r] = lg[r] + t * stride;
+      bi.len[r] = (uint32_t)re[r][t];
+      bi.gv[r] = lp[r] ? gv[r] + (size_t)t * N : NULL;
+      bi.gi[r] = lp[r] ? gi[r] + (size_t)t * N : NULL;
+    }
+    bf_el *bs = xcalloc(bf_scratch(&bi), sizeof(bf_el));
+    o[t].sel = selbuf + (size_t)t * K;
+    bf_row(&bi, bs, &o[t]);
+    free(bs);
+    want_resc += o[t].mask != 0;
+    want_sat += (uint64_t)__builtin_popcount(o[t].mask);
+    k->rows++;
+    k->rescue_rows += o[t].mask != 0;
+    k->changed += !o[t].s1_exact;
+    k->multi_sat += __builtin_popcount(o[t].mask) > 1;
+    k->given_rows += given;
+  }
+
+  char what[200];
+  snprintf(what, sizeof(what),
+           "adversarial seed=0x%" PRIx64 " W=%u K=%u N=%u B=%u I=%u "
+           "max_local=%u rows=%u given=%d bad=%d",
+           seed, W, K, N, sh.block_size, sh.interleave, maxl, rows, given,
+           bad);
+  int32_t *ro = xcalloc((size_t)rows * K, sizeof(int32_t));
+  int32_t *io = xcalloc((size_t)rows * K, sizeof(int32_t));
+  int32_t *wr = xcalloc(K, sizeof(int32_t)), *wi = xcalloc(K, sizeof(int32_t));
+  int32_t *vo = xcalloc(rows, sizeof(int32_t));
+  uint32_t *so = xcalloc(rows, sizeof(uint32_t));
+  for (uint32_t d = 0; d < W; d++) {
+    int want_rc = 0;
+    for (uint32_t t = 0; t < rows; t++) {
+      int32_t wv;
+      if (bf_outputs(&o[t], W, K, sh.block_size, sh.interleave, d,
+                     req[d][t], bt[d], bt_rows, bt_cols, wr, &wv, wi) < 0)
+        want_rc = DCPX_E_RANGE;
+    }
+    dcpx_ref_stats st = {0, 0, 0};
+    int rc = t_ref_call_lists(&sh, rows, (const uint16_t *const *)lg, stride,
+                              (const int32_t *const *)re, d, req[d], bt[d],
+                              bt_rows, bt_cols, ro, vo, io, so, &st,
+                              given ? lp : NULL);
+    EXPECT(rc == want_rc, "%s d=%u: dcpx_ref_call = %d, want %d", what, d, rc,
+           want_rc);
+    k->range_calls += rc == DCPX_E_RANGE;
+    if (rc)
+      continue;
+    EXPECT(st.rows == rows && st.rescue_rows == want_resc &&
+               st.saturated == want_sat,
+           "%s d=%u: stats %" PRIu64 " %" PRIu64 " %" PRIu64 ", want %u %"
+           PRIu64 " %" PRIu64, what, d, st.rows, st.rescue_rows,
+           st.saturated, rows, want_resc, want_sat);
+    for (uint32_t t = 0; t < rows; t++) {
+      int32_t wv = 0;
+      ck_assert_int_eq(bf_outputs(&o[t], W, K, sh.block_size, sh.interleave,
+                                  d, req[d][t], bt[d], bt_rows, bt_cols, wr,
+                                  &wv, wi),
+                       0);
+      EXPECT(so[t] == o[t].sat_word, "%s d=%u t=%u: sat_word 0x%08x, want "
+             "0x%08x", what, d, t, so[t], o[t].sat_word);
+      EXPECT(vo[t] == wv, "%s d=%u t=%u: valid_out %d, want %d", what, d, t,
+             vo[t], wv);
+      for (uint32_t i = 0; i < K; i++) {
+        EXPECT(io[(size_t)t * K + i] == wi[i],
+               "%s d=%u t=%u: ids_out[%u] = %d, want %d", what, d, t, i,
+               io[(size_t)t * K + i], wi[i]);
+        EXPECT(ro[(size_t)t * K + i] == wr[i],
+               "%s d=%u t=%u: rows_out[%u] = %d, want %d", what, d, t, i,
+               ro[(size_t)t * K + i], wr[i]);
+      }
+      for (uint32_t i = 0; i < o[t].nsel; i++)
+        k->sel_hi += o[t].sel[i].r == d && o[t].sel[i].l >= 65536;
+    }
+  }
+  k->cases++;
+  k->kodd += K % 2;
+  k->w16 += W == 16;
+  k->big += big;
+  for (uint32_t r = 0; r < W; r++) {
+    free(lg[r]);
+    free(re[r]);
+    free(gv[r]);
+    free(gi[r]);
+    free(bt[r]);
+    free(req[r]);
+  }
+  free(scr);
+  free(o);
+  free(selbuf);
+  free(ro);
+  free(io);
+  free(wr);
+  free(wi);
+  free(vo);
+  free(so);
+}
+
+START_TEST(test_adversarial_brute) {
+  adv_counts k;
+  memset(&k, 0, sizeof(k));
+  uint32_t n = 2000 * g_scale / 100;
+  if (n < 40)
+    n = 40;
+  for (uint32_t i = 0; i < n; i++)
+    adv_ref_case(case_seed(16, i), &k);
+  printf("check_ref: adversarial: %" PRIu64 " cases (%" PRIu64 " K odd, %"
+         PRIu64 " W=16, %" PRIu64 " rows >= 2^16), %" PRIu64 " rows, %" PRIu64
+         " rescued (%" PRIu64 " changed by it, %" PRIu64 " with 2+ saturated "
+         "ranks), %" PRIu64 " given-list rows, %" PRIu64 " calls DCPX_E_RANGE, %"
+         PRIu64 " own l >= 2^16 selected\n",
+         k.cases, k.kodd, k.w16, k.big, k.rows, k.rescue_rows, k.changed,
+         k.multi_sat, k.given_rows, k.range_calls, k.sel_hi);
+  fflush(stdout);
+  ck_assert_uint_gt(k.rescue_rows, k.rows / 5);
+  ck_assert_uint_gt(k.changed, k.rows / 20);
+  ck_assert_uint_gt(k.multi_sat, 10);
+  ck_assert_uint_gt(k.given_rows, 20);
+  ck_assert_uint_gt(k.range_calls, 5);
+  ck_assert_uint_gt(k.sel_hi, 0);
+  ck_assert_uint_gt(k.kodd, 20);
+  ck_assert_uint_gt(k.w16, 20);
+
+  /* Hand-checked (docs/PROTOCOL.md 5.8): the local top-N's indices with a
+   * value of other bits are another list. W = 2, K = 2, N = 1, rank 0
+   * {-0, -inf}, rank 1 {+0, +0}: both ranks saturated; T1 is -0's ord16
+   * from the logits, +0's when rank 0 gives (+0, l = 0); the selection is
+   * rank 1's two +0 either way. */
+  {
+    dcpx_shape sh = DCPX_SHAPE_INIT;
+    sh.world = 2;
+    sh.rows = 1;
+    sh.topk = 2;
+    sh.local_topk = 1;
+    sh.max_local = 2;
+    const uint16_t a[2] = {0x8000, 0xFF80}, b[2] = {0x0000, 0x0000};
+    const uint16_t *lg[2] = {a, b};
+    const int32_t e[1] = {2}, *re[2] = {e, e};
+    const uint16_t gv[1] = {0x0000};
+    const int32_t gi[1] = {0};
+    dcpx_lists li = DCPX_LISTS_INIT;
+    li.rows = 1;
+    li.n = 1;
+    li.values = gv;
+    li.indices = gi;
+    const dcpx_lists *lp[2] = {&li, NULL};
+    int32_t req = 0, bt[2] = {0, 1}, ro[2], va, ids[2];
+    uint32_t sat;
+    ck_assert_int_eq(t_ref_call(&sh, 1, lg, 2, re, 1, &req, bt, 1, 2, ro, &va,
+                                ids, &sat, NULL), 0);
+    ck_assert_uint_eq(sat, 0x37FFFu);
+    ck_assert_int_eq(ids[0], 1); /* (1, 0) */
+    ck_assert_int_eq(ids[1], 3); /* (1, 1) */
+    ck_assert_int_eq(t_ref_call_lists(&sh, 1, lg, 2, re, 1, &req, bt, 1, 2,
+                                      ro, &va, ids, &sat, NULL, lp), 0);
+    ck_assert_uint_eq(sat, 0x38000u);
+    ck_assert_int_eq(ids[0], 1);
+    ck_assert_int_eq(ids[1], 3);
+  }
+}
+END_TEST
+
 static Suite *ref_suite(void) {
   Suite *s = suite_create("ref");
   TCase *tc;
@@ -2001,6 +2244,7 @@ static Suite *ref_suite(void) {
   tcase_add_test(tc, test_all_saturated);
   tcase_add_test(tc, test_one_rank_holds_topk);
   tcase_add_test(tc, test_fewer_than_k);
+  tcase_add_test(tc, test_adversarial_brute);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("errors");
