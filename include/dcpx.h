@@ -215,7 +215,10 @@ DCPX_API int dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
 /* One call's inputs, on one rank (dcpx_push and dcpx_merge). */
 typedef struct dcpx_call {
   uint32_t size;              /* sizeof(dcpx_call) */
-  uint32_t rows;              /* rows of this call, <= the shape's rows */
+  uint32_t rows;              /* rows of this call, <= the shape's rows;
+                                 the same on every rank (a rank whose
+                                 rows differ can take a later call's
+                                 lists with no error: PROTOCOL.md 7) */
   uint64_t stride;            /* elements between rows of logits */
   const uint16_t *logits;     /* [rows][stride] bf16 bits */
   const int32_t *row_ends;    /* [rows]: row t is logits[t][0..row_ends[t]),
