@@ -81,6 +81,11 @@ enum gen {
    * of 131,072 (their plane words are sent, the pairs past the list's
    * end are not: docs/PROTOCOL.md 5.4) */
   G_SPARSE = 50,
+  /* not in the mix: values spread over ten binades, rank dom's one binade
+   * up (bench_kernels' skewed rows): rank dom saturates with about 1,000
+   * elements above T1, so its rescue list is a filter of its row, shorter
+   * than K */
+  G_SKEW = 51,
   G_MIX = 100 /* row t of call c uses gen (t + c) % NGEN */
 };
 
@@ -88,7 +93,10 @@ static const char *gen_name(int gen) {
   static const char *n[] = {"random", "fewvals", "alleq", "special",
                             "dominant", "ints", "allnan", "desc",
                             "asc", "tiek", "neg", "window"};
-  return gen == G_MIX ? "mix" : gen == G_SPARSE ? "sparse" : n[gen];
+  return gen == G_MIX      ? "mix"
+         : gen == G_SPARSE ? "sparse"
+         : gen == G_SKEW   ? "skew"
+                           : n[gen];
 }
 
 enum lenmode { LEN_FULL, LEN_MIX };
@@ -133,6 +141,11 @@ static uint16_t gen_value(int gen, uint64_t *s, uint32_t r, uint32_t l,
     return 0x3F80;
   case G_NEG:
     return f2bf((float)(-1.0 - fabs(rnd_normal(s) * 4.0)));
+  case G_SKEW: {
+    const uint32_t b = (uint32_t)dcpx_rnd_below(s, 1u << 16);
+    const uint32_t e = 120u + b % 10u + (r == dom);
+    return (uint16_t)(((b >> 15) << 15) | (e << 7) | (b >> 4 & 0x7Fu));
+  }
   case G_SPARSE:
     if (l < len / 2 || l % 37u)
       return 0x7FC0; /* NaN: no candidate */
@@ -410,6 +423,13 @@ static const tcase cases[] = {
      2, 0, 0, 0, 1, 0},
     {"w8-n512-k2048-dominant", 8, 512, 2048, 16384, 8, 64, 1, G_DOMINANT,
      LEN_FULL, 2, 0, 0, 0, 1, 0},
+    /* skewed rows, as a DCP row that rescues (rescue lists shorter than K) */
+    {"w8-n512-k2048-skew", 8, 512, 2048, 16384, 16, 64, 1, G_SKEW, LEN_FULL,
+     3, 0, 0, 0, 1, 0},
+    {"w8-n512-k2048-skew-lens", 8, 512, 2048, 16384, 24, 16, 2, G_SKEW,
+     LEN_MIX, 2, 5, 3, 4, 1, 0},
+    {"w4-n256-k1024-skew-65536", 4, 256, 1024, 65536, 8, 64, 1, G_SKEW,
+     LEN_MIX, 2, 0, 0, 0, 1, 0},
     {"w8-n512-k2048-tiek", 8, 512, 2048, 16384, 8, 64, 1, G_TIEK, LEN_FULL,
      2, 0, 2, 2, 0, 0},
     {"w8-n512-k2048-special", 8, 512, 2048, 20000, 8, 64, 1, G_SPECIAL,
