@@ -241,7 +241,11 @@ def to_bf16_bits(x: Any) -> Any:
     """float array -> its bf16 bit patterns (numpy uint16), rounded to
     nearest even; NaN stays NaN."""
     import numpy as np
-    f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    try:
+        f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(
+            context=f"to_bf16_bits: numbers expected ({e})") from None
     u = f.view(np.uint32).astype(np.uint64)
     r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(f)

@@ -118,6 +118,11 @@ def test_bf16_bits():
     assert abs(dcpx.from_bf16_bits(b)[6] - 3.14159) < 0.02
     n = dcpx.to_bf16_bits(np.array([np.nan], np.float32))
     assert (int(n[0]) & 0x7FFF) > 0x7F80
+    # not numbers: the package's own error, naming the function
+    for bad in ("abc", [1.0, "x"], object()):
+        with pytest.raises(dcpx.InvalidArgument) as e:
+            dcpx.to_bf16_bits(bad)
+        assert "to_bf16_bits" in str(e.value)
 
 
 def test_ref_local_list(libdcpx):
