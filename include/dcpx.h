@@ -818,7 +818,8 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * Returns 0 when the group runs again, DCPX_E_TIMEDOUT (logged as a
  * warning that names the ranks no live process holds, for which dcpxd
  * waits for a replacement's join, or says that every rank is held and
- * some has not called dcpx_recover), DCPX_E_INTR
+ * some has not called dcpx_recover, or that the member is not attached
+ * to a dcpxd: down or restarting), DCPX_E_INTR
  * (dcpx_member_interrupt), DCPX_E_BUSY (dcpx_poll or dcpx_health runs on
  * the member on another thread; or a restarted dcpxd refused the reattach
  * for want of connections or file descriptors: call it again later), a

@@ -1292,11 +1292,22 @@ static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms);
 /* A recovery that timed out, logged with what the control page says of
  * why: the ranks that no live process holds (dcpxd waits for their
  * replacements), or, when every rank is held, that some rank has not
- * called dcpx_recover (dcpxd's acknowledgements: dcpxctl health). */
+ * called dcpx_recover (dcpxd's acknowledgements: dcpxctl health). Not
+ * attached to a dcpxd (it is down, or a reattach is pending), this
+ * rank's own acknowledgement is with no dcpxd: that is said instead (the
+ * control page's joined words are then as the last dcpxd left them, and
+ * "some have not called dcpx_recover" would blame the others). */
 static int recover_timed_out(const dcpx_member *m, uint32_t timeout_ms) {
   char absent[DCPX_MAX_WORLD * 4 + 1];
   size_t n = 0;
   absent[0] = '\0';
+  if (m->link != DCPX__LINK_UP) {
+    DCPX_WARN("dcpx_recover group %s rank %u: not reset within %u ms: not "
+              "attached to dcpxd (down or restarting; this rank "
+              "acknowledges once it has reattached)",
+              m->group, m->rank, timeout_ms);
+    return DCPX_E_TIMEDOUT;
+  }
   for (uint32_t d = 0; d < m->shape.world; d++)
     if (!__atomic_load_n(&m->health[d].joined, __ATOMIC_RELAXED))
       n += (size_t)snprintf(absent + n, sizeof(absent) - n, "%s%u",

@@ -1698,6 +1698,133 @@ START_TEST(test_recover_timeout_under_signals) {
 }
 END_TEST
 
+/* dcpx_recover(m, ms) with DCPX_DEBUG=WARN and stderr in a file: its
+ * code into *rc, what libdcpx wrote (to free). */
+static char *recover_logged(dcpx_member *m, uint32_t ms, int *rc) {
+  char path[] = "/tmp/dcpx-log.XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_ge(saved, 0);
+  unlink(path);
+  setenv("DCPX_DEBUG", "WARN", 1);
+  dcpx__log_level_v = -1; /* read DCPX_DEBUG again */
+  fflush(stderr);
+  dup2(fd, 2);
+  *rc = dcpx_recover(m, NULL, ms);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  unsetenv("DCPX_DEBUG");
+  dcpx__log_level_v = -1;
+  off_t n = lseek(fd, 0, SEEK_END);
+  char *text = calloc(1, (size_t)n + 1);
+  ck_assert_int_eq(pread(fd, text, (size_t)n, 0), n);
+  close(fd);
+  return text;
+}
+
+/* Rank 1 of a group of sh named `group` in a child process that joins
+ * and then never recovers; its pid. */
+static pid_t peer_rank1(const char *group, const dcpx_shape *sh) {
+  pid_t peer = fork();
+  if (peer == 0) {
+    dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+    dcpx_client *c;
+    dcpx_member *m;
+    o.group = group;
+    o.rank = 1;
+    if (dcpx_connect(g_sock, &c) < 0 || dcpx_join(c, sh, &o, &m) < 0)
+      _exit(1);
+    for (;;)
+      pause();
+  }
+  ck_assert_int_gt(peer, 0);
+  return peer;
+}
+
+/* Rank 0 of `group` (rank 1: peer_rank1), failed by a refused push: it
+ * needs a recovery that rank 1 never acknowledges. */
+static dcpx_member *failed_rank0(const char *group, const dcpx_shape *sh,
+                                 dcpx_client **c) {
+  dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+  dcpx_member *m;
+  uint16_t lg[128] = {0};
+  int32_t ends[2] = {65, 1}; /* 65 > max_local: refused, rank 0 FAILED */
+  dcpx_call in = DCPX_CALL_INIT;
+  o.group = group;
+  o.rank = 0;
+  ck_assert_int_eq(dcpx_connect(g_sock, c), 0);
+  ck_assert_int_eq(dcpx_join(*c, sh, &o, &m), 0);
+  in.rows = 2;
+  in.stride = 64;
+  in.logits = lg;
+  in.row_ends = ends;
+  ck_assert_int_lt(dcpx_push(m, &in, NULL), 0);
+  return m;
+}
+
+/* A recovery that times out says why (DCPX_DEBUG=WARN): rank 1 named once
+ * its process is gone; every rank held (rank 1 lives and never
+ * recovers); and, with dcpxd down, that this member is not attached to a
+ * dcpxd: the control page's joined words are then still the last
+ * dcpxd's, and "every rank is held; some have not called dcpx_recover"
+ * blamed the others for an acknowledgement that no dcpxd could take. */
+START_TEST(test_recover_timeout_says_why) {
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_health_info h = DCPX_HEALTH_INFO_INIT;
+  dcpx_client *c, *c2;
+  int r;
+
+  daemon_start();
+  sh.world = 2;
+  sh.rows = 2;
+  sh.topk = 8;
+  sh.local_topk = 4;
+  sh.max_local = 64;
+
+  /* rank 1's process gone: named */
+  pid_t peer = peer_rank1("why-gone", &sh);
+  dcpx_member *m = failed_rank0("why-gone", &sh, &c);
+  kill(peer, SIGKILL);
+  waitpid(peer, NULL, 0);
+  for (int i = 0; i < 1000; i++) {
+    ck_assert_int_eq(dcpx_health(m, &h), 0);
+    if (!(h.joined_mask & 2u))
+      break;
+    usleep(10000);
+  }
+  ck_assert_uint_eq(h.joined_mask, 1u);
+  char *t = recover_logged(m, 300, &r);
+  ck_assert_int_eq(r, DCPX_E_TIMEDOUT);
+  ck_assert_msg(strstr(t, "no live process holds rank(s) 1 "),
+                "rank 1 gone: '%s'", t);
+  free(t);
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+
+  /* both held, rank 1 never recovers */
+  peer = peer_rank1("why-held", &sh);
+  m = failed_rank0("why-held", &sh, &c2);
+  t = recover_logged(m, 300, &r);
+  ck_assert_int_eq(r, DCPX_E_TIMEDOUT);
+  ck_assert_msg(strstr(t, "every rank is held"), "both held: '%s'", t);
+  free(t);
+
+  /* dcpxd down: not attached, whatever the joined words say */
+  daemon_stop();
+  t = recover_logged(m, 300, &r);
+  ck_assert_int_eq(r, DCPX_E_TIMEDOUT);
+  ck_assert_msg(strstr(t, "not attached to dcpxd") &&
+                    !strstr(t, "every rank is held"),
+                "dcpxd down: '%s'", t);
+  free(t);
+  kill(peer, SIGKILL);
+  waitpid(peer, NULL, 0);
+  dcpx_leave(m);
+  dcpx_disconnect(c2);
+}
+END_TEST
+
 /* dcpx_client_interrupt / dcpx_member_interrupt (include/dcpx.h): a join
  * or a recovery that waits for ranks that never come ends with
  * DCPX_E_INTR within about 50 ms of the flag, not at its timeout; a join
@@ -2062,6 +2189,7 @@ int main(void) {
   tcase_add_test(tc, test_recover_daemon_flapping);
   tcase_add_test(tc, test_socket_activation);
   tcase_add_test(tc, test_recover_timeout_under_signals);
+  tcase_add_test(tc, test_recover_timeout_says_why);
   tcase_add_test(tc, test_interrupt);
   tcase_add_test(tc, test_join_waits_the_daemons_timeout);
   tcase_add_test(tc, test_answers_in_order_while_join_waits);

@@ -834,12 +834,12 @@ class Member:
         this right after its join; CUDA graphs captured before must be
         captured again). Raises TimedOut (its message names the ranks
         that no live process holds, or says that every rank is held and
-        some has not called recover()), or NcclError when no new
-        communicator could be made: the rank is then failed and the group
-        aborts again, so calling recover() again retries with a fresh
-        id. As with join, Ctrl-C stops the wait within about 50 ms
-        (``dcpx_member_interrupt``; calling recover() again goes on with
-        the recovery); not stopped: with NCCL, the new communicator's
+        some has not called recover(), or that no dcpxd is attached), or
+        NcclError when no new communicator could be made: the rank is then
+        failed and the group aborts again, so calling recover() again
+        retries with a fresh id. As with join, Ctrl-C stops the wait
+        within about 50 ms (``dcpx_member_interrupt``; calling recover()
+        again goes on with the recovery); not stopped: with NCCL, the new communicator's
         setup at the end (bounded by the join timeout)."""
         s = None
         if self.backend == Backend.CUDA:
@@ -868,6 +868,9 @@ class Member:
             h = self.health()
         except DcpxError:
             return what
+        if not h.daemon_link:  # the joined words are the last dcpxd's
+            return (f"{what}: not attached to dcpxd (down or restarting; "
+                    "this rank acknowledges once it has reattached)")
         absent = [d for d in range(h.world) if not (h.joined_mask >> d) & 1]
         if absent:
             return (f"{what}: no live process holds rank(s) "

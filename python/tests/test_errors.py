@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import dcpx
+import dcpx.testing
 from _ranks import compare, inputs, run_ranks, small_args, sync, tables
 
 _args = small_args
@@ -338,3 +339,26 @@ def test_recover_timeout_names_the_absent_rank(daemon, group):
         m0.recover(timeout_ms=300)
     assert "rank(s) 1" in str(e.value) and "replacement" in str(e.value)
     m0.leave()
+
+
+def test_recover_timeout_with_dcpxd_down(group, small_shape):
+    """A recovery that times out while no dcpxd is there says so: the
+    control page's joined words are the last dcpxd's (every rank held),
+    and "some have not called recover()" blamed ranks, here none but
+    this one, for an acknowledgement that no dcpxd could take."""
+    if not dcpx.testing.find_dcpxd():
+        pytest.skip("dcpxd not found (set DCPXD)")
+    d = dcpx.testing.PrivateDaemon().start()
+    try:
+        c = dcpx.Client(d.socket)
+        m = c.join(small_shape, rank=0, group=group)
+        with pytest.raises(dcpx.RangeError):  # fails the rank
+            m.push(np.zeros((4, 200), np.uint16), np.full(4, 200, np.int32))
+    finally:
+        assert d.stop() == 0
+    with pytest.raises(dcpx.TimedOut) as e:
+        m.recover(timeout_ms=300)
+    assert "not attached to dcpxd" in str(e.value), str(e.value)
+    assert "every rank is held" not in str(e.value), str(e.value)
+    m.leave()
+    c.close()
