@@ -815,11 +815,11 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * nothing to recover (the group is not aborted and this rank has not
  * failed: e.g. a replacement that joined after the reset). Survives a
  * daemon restart meanwhile (it reattaches and acknowledges again).
- * Returns 0 when the group runs again, DCPX_E_TIMEDOUT (logged as a
- * warning that names the ranks no live process holds, for which dcpxd
- * waits for a replacement's join, or says that every rank is held and
- * some has not called dcpx_recover, or that the member is not attached
- * to a dcpxd: down or restarting), DCPX_E_INTR
+ * Returns 0 when the group runs again, DCPX_E_TIMEDOUT (with a WARN
+ * line under DCPX_DEBUG that names the ranks no live process holds, for
+ * which dcpxd waits for a replacement's join, or says that every rank is
+ * held and some has not called dcpx_recover, or that the member is not
+ * attached to a dcpxd: down or restarting), DCPX_E_INTR
  * (dcpx_member_interrupt), DCPX_E_BUSY (dcpx_poll or dcpx_health runs on
  * the member on another thread; or a restarted dcpxd refused the reattach
  * for want of connections or file descriptors: call it again later), a
