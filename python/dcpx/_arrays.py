@@ -242,7 +242,14 @@ def to_bf16_bits(x: Any) -> Any:
     nearest even; NaN stays NaN."""
     import numpy as np
     try:
-        f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+        a = np.asarray(x)
+        # numpy would read a string as the number it spells, None as NaN
+        # and a complex number as its real part: none is a real number
+        if a.dtype.kind in "cmMSUV" or (a.dtype.kind == "O" and any(
+                v is None or isinstance(v, (str, bytes, complex))
+                for v in a.flat)):
+            raise TypeError(f"got {a.dtype.name} elements")
+        f = np.ascontiguousarray(a, dtype=np.float32)
     except (TypeError, ValueError) as e:
         raise InvalidArgument(
             context=f"to_bf16_bits: numbers expected ({e})") from None

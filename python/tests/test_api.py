@@ -119,7 +119,10 @@ def test_bf16_bits():
     n = dcpx.to_bf16_bits(np.array([np.nan], np.float32))
     assert (int(n[0]) & 0x7FFF) > 0x7F80
     # not numbers: the package's own error, naming the function
-    for bad in ("abc", [1.0, "x"], object()):
+    for bad in ("abc", [1.0, "x"], object(),
+                # numpy reads these as numbers: "1.5" as 1.5, None as NaN
+                "1.5", [1.0, None], None, np.array([1.0, None]),
+                np.array([1 + 2j]), [1.0, 2j]):
         with pytest.raises(dcpx.InvalidArgument) as e:
             dcpx.to_bf16_bits(bad)
         assert "to_bf16_bits" in str(e.value)
