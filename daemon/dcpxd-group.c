@@ -1144,8 +1144,19 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
     join_refuse(c, r, "shape mismatch: %s", msg);
     return -1;
   }
-  if (mb->conn && !mb->conn->closing && conn_hung_up(mb->conn))
-    dcpxd_conn_close(mb->conn, LOG_INFO, "the peer hung up");
+  if (mb->conn && !mb->conn->closing && conn_hung_up(mb->conn)) {
+    if (dcpxd_conn_join_waits(mb->conn)) {
+      /* its Join is refused and what it sent after answered, as when its
+       * hang-up is handled first (docs/PROTOCOL.md 10.3); that may have
+       * destroyed the group */
+      dcpxd_group_join_gone(mb->conn);
+      *g = dcpxd_group_find(c->m, j->group);
+      if (!*g)
+        return 0;
+    } else {
+      dcpxd_conn_close(mb->conn, LOG_INFO, "the peer hung up");
+    }
+  }
   if (mb->conn && mb->conn->closing) {
     /* Its holder hung up and the reaper has not run yet: retire it now,
      * then look again (that may have destroyed the group). */

@@ -92,8 +92,7 @@ static void conn_set_events(dcpxd_conn *c, unsigned events) {
     c->poll_events = events;
 }
 
-/* Whether a Join of c waits for its group (dcpxd_conn_join_wait). */
-static bool conn_join_waits(const dcpxd_conn *c) {
+bool dcpxd_conn_join_waits(const dcpxd_conn *c) {
   return uv_is_active((const uv_handle_t *)&c->join_timer);
 }
 
@@ -104,7 +103,7 @@ static bool conn_join_waits(const dcpxd_conn *c) {
 static void conn_watch(dcpxd_conn *c) {
   unsigned events = UV_DISCONNECT;
 
-  if (!conn_join_waits(c))
+  if (!dcpxd_conn_join_waits(c))
     events |= UV_READABLE;
   if (c->out_head)
     events |= UV_WRITABLE;
@@ -536,7 +535,7 @@ static const char *recv_error_text(int r) {
 /* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
  * peer is gone, c closes or a Join of it waits (conn_watch). */
 static void read_frames(dcpxd_conn *c) {
-  for (int i = 0; i < RECV_BATCH && !c->closing && !conn_join_waits(c);
+  for (int i = 0; i < RECV_BATCH && !c->closing && !dcpxd_conn_join_waits(c);
        i++) {
     Dcpx__Frame *f = NULL;
     int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
@@ -605,9 +604,9 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
     dcpxd_conn_flush(c);
   if (!(events & (UV_READABLE | UV_DISCONNECT)))
     goto out;
-  if (conn_join_waits(c) && (events & UV_DISCONNECT))
+  if (dcpxd_conn_join_waits(c) && (events & UV_DISCONNECT))
     dcpxd_group_join_gone(c); /* then what it sent after, in order */
-  if (!conn_join_waits(c))
+  if (!dcpxd_conn_join_waits(c))
     read_frames(c);
 out:
   dcpxd_manager_update(c->m);

@@ -132,6 +132,8 @@ void dcpxd_conn_join_wait(dcpxd_conn *c, uv_timer_cb on_timeout,
 /* c's Join is answered, or c leaves its group: its requests are read
  * again. */
 void dcpxd_conn_join_done(dcpxd_conn *c);
+/* Whether a Join of c waits for its group (between the two above). */
+bool dcpxd_conn_join_waits(const dcpxd_conn *c);
 /* Watches the peer process (member connections): when it exits, the
  * connection is closed as if it had hung up. 0, or a negative code when
  * the kernel has no pidfd (then only the socket's hang-up tells). */

@@ -2061,6 +2061,48 @@ START_TEST(test_answers_in_order_while_join_waits) {
 }
 END_TEST
 
+/* A client hangs up while its Join waits, and a Join for the same rank
+ * arrives at once: whichever dcpxd handles first, the first client gets
+ * its Join refused (DCPX_E_CONNRESET) and its Query answered before the
+ * end of stream. (When the new Join was read before the hang-up, dcpxd
+ * closed the first connection with neither answer.) The order is the
+ * daemon's loop's, so the case runs many times. */
+START_TEST(test_join_gone_while_replaced) {
+  dcpx_shape sh;
+  spec sp = small("gone", 2);
+  char why[512], group[32];
+  int st;
+  daemon_start();
+  shape_of(&sp, &sh);
+  for (int round = 0; round < 40; round++) {
+    snprintf(group, sizeof(group), "gone%d", round);
+    int a = raw_connect(), b = raw_connect();
+    ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
+    ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
+    raw_join(a, group, 0, &sh, 0);
+    for (int i = 0; i < 500 && !rank_joined(group, 0); i++)
+      usleep(10000);
+    ck_assert_int_eq(rank_joined(group, 0), 1);
+    raw_health_send(a, group);
+    raw_join(b, group, 0, &sh, 0); /* then the hang-up, at once */
+    ck_assert_int_eq(shutdown(a, SHUT_WR), 0);
+    ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                     DCPX__FRAME__MSG_JOIN_REPLY);
+    ck_assert_msg(st == DCPX_E_CONNRESET, "round %d: Join: %d (%s)", round,
+                  st, why);
+    ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                     DCPX__FRAME__MSG_QUERY_REPLY);
+    Dcpx__Frame *eof = NULL;
+    ck_assert_int_eq(dcpx__poll_until(a, POLLIN, dcpx__deadline_ms(5000)), 1);
+    ck_assert_int_eq(dcpx__frame_recv(a, &eof, NULL, 0, NULL),
+                     DCPX_E_CONNRESET);
+    close(a);
+    close(b);
+  }
+  daemon_stop();
+}
+END_TEST
+
 /* A join with join_timeout_ms 0 waits as long as dcpxd's join timeout
  * (its Hello reply says it), not a fixed 30 s: a daemon of 1 s that hangs
  * after the Join leaves the join waiting 1 s + 10 s of slack, where it
@@ -2193,6 +2235,7 @@ int main(void) {
   tcase_add_test(tc, test_interrupt);
   tcase_add_test(tc, test_join_waits_the_daemons_timeout);
   tcase_add_test(tc, test_answers_in_order_while_join_waits);
+  tcase_add_test(tc, test_join_gone_while_replaced);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
