@@ -33,6 +33,7 @@
 #include "log.h"
 #include "member.h"
 #include "rng.h"
+#include "stderr_log.h"
 
 static char g_dir[64], g_sock[128];
 static pid_t g_daemon;
@@ -1701,26 +1702,9 @@ END_TEST
 /* dcpx_recover(m, ms) with DCPX_DEBUG=WARN and stderr in a file: its
  * code into *rc, what libdcpx wrote (to free). */
 static char *recover_logged(dcpx_member *m, uint32_t ms, int *rc) {
-  char path[] = "/tmp/dcpx-log.XXXXXX";
-  int fd = mkstemp(path), saved = dup(2);
-  ck_assert_int_ge(fd, 0);
-  ck_assert_int_ge(saved, 0);
-  unlink(path);
-  setenv("DCPX_DEBUG", "WARN", 1);
-  dcpx__log_level_v = -1; /* read DCPX_DEBUG again */
-  fflush(stderr);
-  dup2(fd, 2);
+  const t_stderr s = t_stderr_begin("WARN");
   *rc = dcpx_recover(m, NULL, ms);
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  unsetenv("DCPX_DEBUG");
-  dcpx__log_level_v = -1;
-  off_t n = lseek(fd, 0, SEEK_END);
-  char *text = calloc(1, (size_t)n + 1);
-  ck_assert_int_eq(pread(fd, text, (size_t)n, 0), n);
-  close(fd);
-  return text;
+  return t_stderr_end(s);
 }
 
 /* Rank 1 of a group of sh named `group` in a child process that joins

@@ -24,6 +24,7 @@
 #include "member.h"
 #include "rng.h"
 #include "brute.h"
+#include "stderr_log.h"
 
 static uint64_t mono_ns(void) {
   struct timespec ts;
@@ -1557,28 +1558,9 @@ END_TEST
 /* What libdcpx wrote on stderr while f(g) ran with DCPX_DEBUG=level
  * (NULL: unset); the level is read again, as by a new process. */
 static char *stderr_of(const char *level, void (*f)(group *), group *g) {
-  char path[] = "/tmp/dcpx-stderr.XXXXXX";
-  int fd = mkstemp(path), saved = dup(2);
-  ck_assert_int_ge(fd, 0);
-  unlink(path);
-  if (level)
-    setenv("DCPX_DEBUG", level, 1);
-  else
-    unsetenv("DCPX_DEBUG");
-  dcpx__log_level_v = -1;
-  fflush(stderr);
-  dup2(fd, 2);
+  const t_stderr s = t_stderr_begin(level);
   f(g);
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  unsetenv("DCPX_DEBUG");
-  dcpx__log_level_v = -1;
-  off_t n = lseek(fd, 0, SEEK_END);
-  char *text = calloc(1, (size_t)n + 1);
-  ck_assert_int_eq(pread(fd, text, (size_t)n, 0), n);
-  close(fd);
-  return text;
+  return t_stderr_end(s);
 }
 
 static void push_old_struct(group *g) {
