@@ -839,8 +839,8 @@ class Member:
         failed and the group aborts again, so calling recover() again
         retries with a fresh id. As with join, Ctrl-C stops the wait
         within about 50 ms (``dcpx_member_interrupt``; calling recover()
-        again goes on with the recovery); not stopped: with NCCL, the new communicator's
-        setup at the end (bounded by the join timeout)."""
+        again goes on with the recovery); not stopped: with NCCL, the new
+        communicator's setup at the end (bounded by the join timeout)."""
         s = None
         if self.backend == Backend.CUDA:
             s = A.stream_handle(stream) if stream is not None else \
