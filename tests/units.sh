@@ -37,6 +37,17 @@ grep -qx 'MemoryDenyWriteExecute=yes' "$svc" &&
 for l in SocketGroup=dcpx SocketMode=0660; do
   grep -qx "$l" "$sock" || fail "dcpxd.socket lacks $l"
 done
+# Every unit names its man page (systemctl help UNIT), one make install
+# puts in place.
+for u in "$svc" "$sock" "$met" "$s/systemd/dcpx-metrics.timer"; do
+  doc=$(sed -n 's/^Documentation=//p' "$u")
+  test -n "$doc" || fail "$(basename "$u") has no Documentation="
+  for m in $doc; do
+    p=$(echo "$m" | sed -n 's/^man:\([a-z.]*\)(\([1-8]\))$/\1.\2/p')
+    test -n "$p" && test -f "$s/man/$p" ||
+      fail "$(basename "$u"): Documentation=$m is no man page of man/"
+  done
+done
 
 d=$(mktemp -d "${TMPDIR:-/tmp}/dcpx-units.XXXXXX")
 trap 'rm -rf "$d"' EXIT
