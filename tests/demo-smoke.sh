@@ -50,6 +50,16 @@ bad --fault-at -1
 bad --stop-at 1e3
 bad --local-len 0x
 
+# -h and --help, like dcpxd's and dcpxctl's: the help, exit 0, and it
+# names them.
+for h in -h --help; do
+  if ! "$demo" $h >"$out" 2>&1 || ! grep -q -e '-h, --help' "$out"; then
+    cat "$out"
+    echo "demo-smoke: FAIL: dcpx-demo $h: no help naming -h, --help" >&2
+    exit 1
+  fi
+done
+
 run --world 4 --rows 4 --local-len 3000 --calls 8
 run --world 3 --rows 4 --local-len 2048 --calls 8 --fault-at 3
 run --world 2 --rows 3 --local-len 2048 --calls 4 --fault-at 3 --fault-rank 0

@@ -914,7 +914,7 @@ static void usage(FILE *f) {
           "                 [--transport auto|ll|nccl]\n"
           "                 [--fault-at CALL | --kill-at CALL | --stop-at "
           "CALL]\n"
-          "                 [--fault-rank R]\n");
+          "                 [--fault-rank R] [-h | --help]\n");
 }
 
 /* --help: the synopsis, then what each option means and its default. */
@@ -958,7 +958,8 @@ static void help(void) {
       "                   peers' waits give up, the group aborts; continued,\n"
       "                   it recovers with them\n"
       "  --fault-rank R   the rank a fault hits (default 1, or 0 when\n"
-      "                   W = 1)\n",
+      "                   W = 1)\n"
+      "  -h, --help       this text\n",
       stdout);
 }
 
@@ -1005,7 +1006,7 @@ static int parse_args(opts *o, int argc, char **argv) {
       {0, 0, 0, 0}};
   int ch, li = -1;
 
-  while ((ch = getopt_long(argc, argv, "", lo, &li)) != -1) {
+  while ((ch = getopt_long(argc, argv, "h", lo, &li)) != -1) {
     uint64_t v = 0;
     /* Every option with a value but these is a number. */
     if (optarg && !strchr("sdgBT", ch) &&
