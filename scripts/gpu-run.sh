@@ -30,6 +30,9 @@
 #            bench_kernels if one is carried at $BASE (default
 #            build-gpu/base/bench_kernels), and a previous build's at $PREV
 #            (default build-gpu/prev/bench_kernels), all in one run
+#   random   test_kernels over random shapes (DCPX_TEST_RANDOM): RANDOM_S
+#            (120) seconds each as shipped, with DCPX_KLIST=1 and with
+#            half-size merge blocks (RVARIANTS), RANDOM_SEED to repeat one
 #   abm      bench_kernels push and merge only (BENCH_QUICK), this build
 #            and the baseline at $BASE alternating, AB_ROUNDS (2) rounds,
 #            at each W:N of ABM_SHAPES (default 8:512)
@@ -144,6 +147,20 @@ step_kernels() { # KVARIANTS: a subset of the variants ("shipped" = none)
     say "test_kernels ${v:-(as shipped)}"
     env $v timeout -k 5 240 "$B/tests/gpu/test_kernels" > "$log" 2>&1 || rc=1
     show "gpu-exact|MISMATCH|FAIL" "$log" 5
+  done
+}
+
+step_random() { # random shapes against the reference (RANDOM_N, RANDOM_S)
+  local v
+  for v in ${RVARIANTS:-shipped DCPX_KLIST=1 DCPX_MERGE_THREADS=256}; do
+    [ "$v" = shipped ] && v=
+    local log="$OUT/test_kernels_random${v:+_${v%%=*}}.log"
+    say "test_kernels, random shapes ${v:-(as shipped)}"
+    env $v DCPX_TEST_RANDOM="${RANDOM_N:-100000}" \
+      DCPX_TEST_RANDOM_S="${RANDOM_S:-120}" ${RANDOM_SEED:+DCPX_TEST_SEED=$RANDOM_SEED} \
+      timeout -k 5 $(( ${RANDOM_S:-120} + 120 )) "$B/tests/gpu/test_kernels" \
+      > "$log" 2>&1 || rc=1
+    show "gpu-random|MISMATCH|FAIL|HUNG|invalid" "$log" 8
   done
 }
 

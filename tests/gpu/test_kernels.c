@@ -26,6 +26,14 @@
  * Prints one line per case and "gpu-exact: P/T cases"; exits 0 only if all
  * are exact. DCPX_TEST_SEED overrides the base seed; DCPX_TEST_ONLY=<substr>
  * runs only cases whose name contains it.
+ *
+ * DCPX_TEST_RANDOM=n runs, instead of the matrix, n cases of random shape
+ * (random_case: W, N, K, local length, rows, B, I, generator, row
+ * lengths, grid cap, misalignment, epoch start, all drawn from the seed
+ * within the shape rules), each checked as above, and prints "gpu-random:
+ * P/T"; DCPX_TEST_RANDOM_S=s stops starting cases after s seconds, and
+ * DCPX_TEST_RANDOM_FIRST=i starts at case i (with the same seed and
+ * DCPX_TEST_RANDOM=1, case i alone).
  */
 #include <math.h>
 #include <pthread.h>
@@ -473,6 +481,7 @@ static const tcase cases[] = {
 };
 
 static const char *g_only;
+static int g_sms = 1; /* the GPU's multiprocessors */
 
 /* After a call: every row whose rescue was a refresh (dcpx_rescue_refresh
  * of its tag sq[t], docs/PROTOCOL.md 5.4) left every pair of every slot
@@ -1494,6 +1503,121 @@ static const tcase list_cases[] = {
      LEN_FULL, 4, 0, 0, 0, 1, 0},
 };
 
+/* ---- random shapes (DCPX_TEST_RANDOM) ------------------------------------------ */
+
+/* Log-uniform in [lo, hi] (lo >= 1). */
+static uint32_t rnd_log(uint64_t *s, uint32_t lo, uint32_t hi) {
+  const double a = log((double)lo), b = log((double)hi + 1.0);
+  const double u = (double)dcpx_rnd_below(s, 1u << 30) / (double)(1u << 30);
+  uint32_t x = (uint32_t)exp(a + (b - a) * u);
+  return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* Case i of the random matrix of seed `seed`: every field drawn within
+ * the shape rules (dcpx_shape_check), the data generators, row lengths,
+ * grid caps, misalignments and epoch starts of the fixed matrix mixed
+ * freely. The same (seed, i) gives the same case. */
+static tcase random_case(uint64_t seed, uint32_t i, char *name, size_t nn) {
+  static const uint32_t Ks[] = {64, 256, 1024, 2048, 4096};
+  static const uint32_t Bs[] = {1, 2, 3, 7, 12, 16, 64, 128, 0x80000001u};
+  uint64_t s = seed ^ ((uint64_t)(i + 1) * 0xD1B54A32D192ED03ull);
+  dcpx_splitmix64(&s);
+  tcase tc;
+  memset(&tc, 0, sizeof(tc));
+  const uint32_t wpick = dcpx_rnd_below(&s, 10);
+  tc.W = wpick < 4 ? 1u << (1 + dcpx_rnd_below(&s, 3)) /* 2, 4, 8 */
+                   : 1 + dcpx_rnd_below(&s, DCPX_MAX_WORLD);
+  tc.K = dcpx_rnd_below(&s, 3) == 0 ? Ks[dcpx_rnd_below(&s, 5)]
+                                     : rnd_log(&s, 2, DCPX_MAX_TOPK);
+  switch (dcpx_rnd_below(&s, 3)) {
+  case 0: /* the library's own choice (local_topk = 0) */
+    tc.N = dcpx_shape_auto_local_topk(tc.W, tc.K);
+    break;
+  case 1:
+    tc.N = rnd_log(&s, 1, tc.K - 1);
+    break;
+  default:
+    tc.N = 1 + dcpx_rnd_below(&s, tc.K - 1);
+    break;
+  }
+  if (!tc.N || tc.N >= tc.K)
+    tc.N = tc.K - 1;
+  tc.max_local = dcpx_rnd_below(&s, 5) == 0
+                     ? 65536 + dcpx_rnd_below(&s, DCPX_MAX_LOCAL - 65536 + 1)
+                     : rnd_log(&s, 1, DCPX_MAX_LOCAL);
+  tc.rows = rnd_log(&s, 1, 40);
+  /* the reference's time: at most about 2^25 logits a call */
+  while (tc.rows > 1 && (uint64_t)tc.rows * tc.W * tc.max_local > (1u << 25))
+    tc.rows /= 2;
+  tc.B = Bs[dcpx_rnd_below(&s, sizeof(Bs) / sizeof(Bs[0]))];
+  tc.I = 1 + dcpx_rnd_below(&s, 4);
+  const uint32_t gp = dcpx_rnd_below(&s, NGEN + 4);
+  tc.gen = gp < NGEN ? (int)gp : gp == NGEN ? G_SKEW : gp == NGEN + 1 ? G_SPARSE
+                                                                      : G_MIX;
+  tc.lenmode = dcpx_rnd_below(&s, 2) ? LEN_MIX : LEN_FULL;
+  tc.calls = 1 + dcpx_rnd_below(&s, 4);
+  if (dcpx_rnd_below(&s, 4) == 0)
+    tc.max_blocks = 1 + dcpx_rnd_below(&s, tc.rows);
+  if (dcpx_rnd_below(&s, 3) == 0)
+    tc.lofs = dcpx_rnd_below(&s, 8);
+  if (dcpx_rnd_below(&s, 3) == 0)
+    tc.spad = dcpx_rnd_below(&s, 10);
+  switch (dcpx_rnd_below(&s, 10)) {
+  case 0: /* epochs through the wrap */
+    tc.epoch0 = 0xFFFFFFFCu;
+    tc.calls = 6;
+    break;
+  case 1: /* seq2 through 65,536: refreshes */
+    tc.epoch0 = 65533u;
+    tc.calls = 5;
+    break;
+  default:
+    break;
+  }
+  snprintf(name, nn, "random-%u", i);
+  tc.name = name;
+  return tc;
+}
+
+/* DCPX_TEST_RANDOM=n: n random cases (or until DCPX_TEST_RANDOM_S
+ * seconds have passed), from DCPX_TEST_RANDOM_FIRST (default 0); each
+ * prints its fields, and DCPX_TEST_RANDOM_FIRST=i DCPX_TEST_RANDOM=1
+ * with the same seed runs case i alone. */
+static void run_random(uint32_t n, uint32_t first, double secs,
+                       uint32_t *pass, uint32_t *total) {
+  const double t0 = gg_now();
+  for (uint32_t i = first; i < first + n; i++) {
+    if (secs > 0 && gg_now() - t0 > secs)
+      break;
+    char name[32];
+    tcase tc = random_case(g_seed, i, name, sizeof(name));
+    dcpx_shape sh = DCPX_SHAPE_INIT;
+    sh.world = tc.W;
+    sh.rows = tc.rows + 3;
+    sh.topk = tc.K;
+    sh.local_topk = tc.N;
+    sh.block_size = tc.B;
+    sh.interleave = tc.I;
+    sh.max_local = tc.max_local;
+    if (dcpx_shape_check(&sh) != 0) {
+      printf("case %s: drew an invalid shape (W=%u N=%u K=%u L=%u I=%u)\n",
+             name, tc.W, tc.N, tc.K, tc.max_local, tc.I);
+      (*total)++;
+      continue;
+    }
+    /* W merge grids on one GPU must be resident together, with room for
+     * the pushes (libdcpx caps a rank's grid so on a shared GPU): a cap
+     * above that deadlocks the test, not the kernels */
+    const uint32_t cap = (uint32_t)g_sms / (tc.W + 1u);
+    tc.max_blocks = tc.max_blocks > cap ? (cap ? cap : 1u) : tc.max_blocks;
+    printf("  %s: mb=%u lofs=%u spad=%u epoch0=0x%x\n", name, tc.max_blocks,
+           tc.lofs, tc.spad, tc.epoch0);
+    uint64_t cs = g_seed ^ ((uint64_t)(i + 1) * 0xA24BAED4963EE407ull);
+    (*total)++;
+    *pass += (uint32_t)run_case(&tc, dcpx_splitmix64(&cs));
+  }
+}
+
 /* ---- bad arguments --------------------------------------------------------------- */
 
 static int run_args(void) {
@@ -1576,12 +1700,25 @@ int main(void) {
   struct cudaDeviceProp prop;
   CK(cudaGetDevice(&dev));
   CK(cudaGetDeviceProperties(&prop, dev));
+  g_sms = prop.multiProcessorCount;
   printf("device %d: %s, %d SMs, cc %d.%d; seed 0x%" PRIx64 "\n", dev,
          prop.name, prop.multiProcessorCount, prop.major, prop.minor, g_seed);
   KCK(dcpx_k_prepare());
 
   uint32_t pass = 0, total = 0;
   const double t0 = gg_now();
+  const char *rn = getenv("DCPX_TEST_RANDOM");
+  if (rn && *rn) {
+    const char *rf = getenv("DCPX_TEST_RANDOM_FIRST");
+    const char *rs = getenv("DCPX_TEST_RANDOM_S");
+    run_random((uint32_t)strtoul(rn, NULL, 0),
+               rf && *rf ? (uint32_t)strtoul(rf, NULL, 0) : 0u,
+               rs && *rs ? strtod(rs, NULL) : 0.0, &pass, &total);
+    printf("gpu-random: %u/%u random shapes exact (seed 0x%" PRIx64
+           ", %.1f s)\n",
+           pass, total, g_seed, gg_now() - t0);
+    return pass == total && total > 0 ? 0 : 1;
+  }
   if (!g_only || strstr("bad-arguments", g_only)) {
     total++;
     pass += (uint32_t)run_args();
