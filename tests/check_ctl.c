@@ -84,6 +84,11 @@ START_TEST(test_help) {
             "%s", g_o.out);
   CTL(2, "records", "--bogus");
   CTL(2, "help", "bogus");
+  /* help is a command too: its --help is the overview, as help's is */
+  CTL(0, "help", "--help");
+  CC_ASSERT(strstr(g_o.out, "Commands:"), "%s", g_o.out);
+  CTL(0, "help", "-h");
+  CC_ASSERT(strstr(g_o.out, "Commands:"), "%s", g_o.out);
   memset(&g_d, 0, sizeof(g_d));
 }
 END_TEST

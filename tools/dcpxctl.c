@@ -1065,7 +1065,9 @@ static const char common_opts_help[] =
 static void help(void);
 
 static int cmd_usage(const char *name) {
-  if (strcmp(name, "help") == 0) {
+  /* help's own help (help help, help --help, help -h): the overview */
+  if (strcmp(name, "help") == 0 || strcmp(name, "--help") == 0 ||
+      strcmp(name, "-h") == 0) {
     help();
     return EXIT_OK;
   }
