@@ -812,8 +812,10 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * dcpx_recover again recovers it anew with a fresh id; with no id from
  * rank 0 for the new generation (a dcpxd or rank 0 that predates them)
  * the member's calls fail with DCPX_E_NCCL until dcpx_leave. Returns 0 at once if there is
- * nothing to recover (the group is not aborted and this rank has not
- * failed: e.g. a replacement that joined after the reset). Survives a
+ * nothing to recover (the group is not aborted and no rank has failed
+ * or raised its alarm: e.g. a replacement that joined after the reset);
+ * a rank whose call completed while a peer's failed acknowledges and
+ * waits with the others, also before dcpxd has aborted the group. Survives a
  * daemon restart meanwhile (it reattaches and acknowledges again).
  * Returns 0 when the group runs again, DCPX_E_TIMEDOUT (with a WARN
  * line under DCPX_DEBUG that names the ranks no live process holds, for

@@ -1289,6 +1289,22 @@ static int recover_done(dcpx_member *m) {
 
 static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms);
 
+/* Something to recover: the group aborted or recovering, this rank
+ * FAILED, or a rank's alarm or FAILED word set whose abort dcpxd has not
+ * stored yet (its next alarm scan). A rank that completed the call a peer
+ * failed then recovers with it (docs/PROTOCOL.md 6.4), instead of
+ * returning at once and meeting the abort at its next call while the
+ * peer waits for its acknowledgement. */
+static int recovery_due(const dcpx_member *m) {
+  if (dcpx__member_needs_recovery(m))
+    return 1;
+  for (uint32_t r = 0; r < m->shape.world; r++)
+    if (__atomic_load_n(&m->health[r].alarm, __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&m->health[r].failed, __ATOMIC_ACQUIRE))
+      return 1;
+  return 0;
+}
+
 /* A recovery that timed out, logged with what the control page says of
  * why: the ranks that no live process holds (dcpxd waits for their
  * replacements), or, when every rank is held, that some rank has not
@@ -1363,7 +1379,7 @@ static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms) {
       return recover_done(m);
     if (dcpx__member_interrupted(m))
       return DCPX_E_INTR; /* as after a timeout: call it again later */
-    if (!acked && !dcpx__member_needs_recovery(m))
+    if (!acked && !recovery_due(m))
       return recover_done(m); /* at once (a replacement whose group
                                  recovered before it asked, too) */
 #ifdef HAVE_CUDA

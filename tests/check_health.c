@@ -1641,6 +1641,68 @@ START_TEST(test_two_ranks_one_process) {
 }
 END_TEST
 
+/* dcpx_recover of rank r (a thread_join's) in a thread: its result. */
+typedef struct thread_recover {
+  dcpx_member *m;
+  int r;
+} thread_recover;
+
+static void *thread_recover_main(void *p) {
+  thread_recover *t = p;
+  t->r = dcpx_recover(t->m, NULL, 10000);
+  return NULL;
+}
+
+/* Rank 0 fails (a call refused for its struct sets its alarm and FAILED
+ * word) while dcpxd has not aborted the group yet (stopped here; else its
+ * next alarm scan, within poll-ms). Rank 1, which completed its part, is
+ * told of the failure by the engine and recovers with it, as
+ * docs/PROTOCOL.md 6.4 has every rank do: its dcpx_recover acknowledges
+ * and waits, and both ranks resume at generation 2. (It returned 0 at
+ * once, as if there were nothing to recover; its next call then met the
+ * abort while rank 0 waited in dcpx_recover for its acknowledgement:
+ * dcpx-demo --fault-at, with a stall that rank 1 outlived, ended with
+ * rank 0's recovery timing out.) */
+START_TEST(test_recover_with_failed_peer) {
+  thread_join t0 = {0, NULL, NULL, 0};
+  thread_recover tr;
+  pthread_t th;
+  start(NULL);
+  HC_ASSERT(pthread_create(&th, NULL, thread_join_main, &t0) == 0, "thread");
+  dcpx_client *c1;
+  dcpx_member *m1 = join_pair("mp", 1, &c1);
+  HC_ASSERT(pthread_join(th, NULL) == 0 && t0.m && m1, "joined");
+  kill(g_d.pid, SIGSTOP);
+  dcpx_call bad = DCPX_CALL_INIT;
+  bad.size = 8;
+  HC_ASSERT(dcpx_push(t0.m, &bad, NULL) == DCPX_E_INVAL, "refused push");
+  int r = dcpx_recover(m1, NULL, 300);
+  kill(g_d.pid, SIGCONT);
+  HC_ASSERT(r == DCPX_E_TIMEDOUT,
+            "rank 1's recover with rank 0 failed and dcpxd stopped: %s "
+            "(expected it to acknowledge and wait)", dcpx_strerror(r));
+  tr.m = t0.m;
+  HC_ASSERT(pthread_create(&th, NULL, thread_recover_main, &tr) == 0,
+            "thread");
+  r = dcpx_recover(m1, NULL, 10000);
+  HC_ASSERT(pthread_join(th, NULL) == 0, "recover thread");
+  HC_ASSERT(r == 0 && tr.r == 0, "recover: rank 0 %s, rank 1 %s",
+            dcpx_strerror(tr.r), dcpx_strerror(r));
+  dcpx_health_info h0 = DCPX_HEALTH_INFO_INIT, h1 = DCPX_HEALTH_INFO_INIT;
+  HC_ASSERT(dcpx_health(t0.m, &h0) == 0 && dcpx_health(m1, &h1) == 0,
+            "health");
+  HC_ASSERT(h0.generation == 2 && h1.generation == 2 && !h0.abort &&
+                !h0.failed_mask,
+            "after the recovery: generation %u / %u, abort %u, failed %#x",
+            h0.generation, h1.generation, h0.abort, h0.failed_mask);
+  dcpx_leave(m1);
+  dcpx_disconnect(c1);
+  dcpx_leave(t0.m);
+  dcpx_disconnect(t0.c);
+  finish();
+}
+END_TEST
+
 /* Rank 1 dies while dcpxd is down and stays a zombie (its parent has not
  * reaped it); rank 0 reattaches, so the group is adopted awaiting rank 1.
  * A replacement for rank 1 then joins: the zombie is dead here too (the
@@ -2183,6 +2245,7 @@ int main(void) {
   ADD(test_retried_join_last_error);
   ADD(test_zombie_rank_is_dead);
   ADD(test_two_ranks_one_process);
+  ADD(test_recover_with_failed_peer);
   ADD(test_zombie_awaited_rank);
   ADD(test_stale_rank_reattach);
   ADD(test_reattach_at_daemon_fd_limit);
