@@ -63,6 +63,10 @@ done
 run --world 4 --rows 4 --local-len 3000 --calls 8
 run --world 3 --rows 4 --local-len 2048 --calls 8 --fault-at 3
 run --world 2 --rows 3 --local-len 2048 --calls 4 --fault-at 3 --fault-rank 0
+# One row, K close to the logits' length: the stalled rank must still
+# hold row 0's top K, or its peers need nothing of it and the stall is
+# not felt (the demo said the fault "did not take" and exited 1).
+run --world 2 --rows 1 --local-len 256 --topk 64 --local-topk 0 --calls 6 --fault-at 4
 run --world 5 --rows 3 --local-len 2048 --calls 8 --kill-at 4 --fault-rank 2
 # A rank process stopped (SIGSTOP) before its push, continued 0.9 s later:
 # its peers' waits give up, the group aborts and recovers.

@@ -212,6 +212,8 @@ static void gen_inputs(const opts *o, uint32_t c, uint32_t r, uint16_t *lg,
         x += 2.5;
       if (unif(&s) < 0.001) /* heavy tail */
         x += 6.0 * unif(&s);
+      if ((int)c == o->fault_at && t == 0 && r != o->fault_rank)
+        x -= 100.0; /* row 0's top K is all the stalled rank's */
       row[l] = to_bf16((float)x);
     }
   }
