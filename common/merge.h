@@ -32,6 +32,17 @@ DCPX__HIDDEN int dcpx__shape_why(const dcpx_shape *s, char *why, size_t n);
 DCPX__HIDDEN const dcpx_shape *dcpx__shape_resolved(const dcpx_shape *in,
                                                    dcpx_shape *buf);
 
+/* Whether rows rows of bf16 logits `stride` elements apart, starting at
+ * p, lie within the address space: the last row's start, p + (rows - 1) *
+ * stride, and its `stride` elements do not run past its end (the host
+ * backend and the reference read row t at p + t * stride, which for a
+ * stride such as 2^62 would wrap around). */
+static inline int dcpx__logits_fit(const uint16_t *p, uint32_t rows,
+                                   uint64_t stride) {
+  const uint64_t room = (UINTPTR_MAX - (uintptr_t)p) / sizeof(uint16_t);
+  return rows < 2 || stride <= room / rows;
+}
+
 /* Global id of local index l on rank r (dcpx_gid, arguments checked by
  * the caller: world, interleave >= 1, r < world). */
 static inline int64_t dcpx__gid(uint32_t l, uint32_t r, uint32_t world,

@@ -52,7 +52,8 @@ static int check_call(const dcpx_shape *sh, const dcpx_ref_in *in,
   if (in->rows > sh->rows)
     return DCPX_E_RANGE;
   for (uint32_t s = 0; s < sh->world; s++) {
-    if (!in->logits[s] || !in->row_ends[s])
+    if (!in->logits[s] || !in->row_ends[s] ||
+        !dcpx__logits_fit(in->logits[s], in->rows, in->stride))
       return DCPX_E_INVAL;
     for (uint32_t t = 0; t < in->rows; t++) {
       int32_t e = in->row_ends[s][t];

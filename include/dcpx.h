@@ -332,7 +332,8 @@ typedef struct dcpx_ref_in {
  * or NULL, is added to, not overwritten.
  *
  * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size, a
- * dcpx_lists whose rows or n is not the call's) / DCPX_E_LIMIT /
+ * dcpx_lists whose rows or n is not the call's, a stride whose rows of
+ * logits would run past the end of the address space) / DCPX_E_LIMIT /
  * DCPX_E_RANGE (a row_end over max_local, a req_id or block outside the
  * table, a given list that breaks a rule of dcpx_lists), DCPX_E_NOMEM.
  * Unlike a backend, which gives only such a row valid_out -1 and
@@ -542,7 +543,9 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *   DCPX_E_FAILED   a wait timed out on this rank (or it was FAILED);
  *   DCPX_E_ABORTED  the group was aborted;
  *   DCPX_E_INVAL / DCPX_E_RANGE before any work: bad arguments (a struct
- *                   of unknown size, NULL outputs, rows > R; with the host
+ *                   of unknown size, NULL outputs, rows > R, a stride
+ *                   whose rows of logits would run past the end of the
+ *                   address space (DCPX_E_INVAL); with the host
  *                   backend also a row_end outside 0..max_local, which
  *                   the CUDA kernels, reading row_ends on the device,
  *                   clamp instead: docs/PROTOCOL.md 1); the rank then marks itself

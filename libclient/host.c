@@ -362,6 +362,12 @@ static int check_rows(struct dcpx_member *m, const char *fn, uint32_t rows,
                 m->group, m->rank, rows, m->shape.rows);
     return DCPX_E_RANGE;
   }
+  if (need_logits && !dcpx__logits_fit(logits, rows, stride)) {
+    DCPX_REFUSE(m, "%s: group %s rank %u: stride %llu: %u rows of logits "
+                "that far apart run past the end of the address space",
+                fn, m->group, m->rank, (unsigned long long)stride, rows);
+    return DCPX_E_INVAL;
+  }
   const uint64_t lim = need_logits && stride < m->shape.max_local
                            ? stride
                            : m->shape.max_local;

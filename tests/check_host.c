@@ -1338,6 +1338,24 @@ START_TEST(test_bad_inputs) {
   ck_assert_int_eq(t_push(g.m[0], 2, NULL, g.stride, g.ends[0], 0, NULL),
                    DCPX_E_INVAL);
   WHY_HAS(g.m[0], "dcpx_push", "logits is NULL");
+  /* A stride whose rows run past the end of the address space (row t at
+   * logits + t * stride would wrap around): refused, nothing read (on a
+   * rank not yet failed, which would otherwise go on to read the rows). */
+  g.ends[0][1] = 1;
+  h[0].alarm = h[0].failed = 0;
+  ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], 1ull << 62, g.ends[0], 0,
+                          NULL),
+                   DCPX_E_INVAL);
+  WHY_HAS(g.m[0], "dcpx_push", "stride 4611686018427387904: 2 rows");
+  ck_assert_uint_eq(h[0].failed, 1);
+  g.valid[0][0] = g.valid[0][1] = 77;
+  ck_assert_int_eq(t_merge(g.m[0], 2, g.logits[0], UINT64_MAX, g.ends[0],
+                           g.req, g.bt, g.bt_rows, g.bt_cols, g.rows_out[0],
+                           g.valid[0], NULL, NULL, 0, NULL),
+                   DCPX_E_INVAL);
+  WHY_HAS(g.m[0], "dcpx_merge", "past the end of the address space");
+  ck_assert_int_eq(g.valid[0][0], -1);
+  ck_assert_int_eq(g.valid[0][1], -1);
   ck_assert_int_eq(t_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0],
                               NULL, g.bt, g.bt_rows, g.bt_cols,
                               g.rows_out[0], g.valid[0], NULL, NULL, 0, NULL),

@@ -1230,6 +1230,12 @@ START_TEST(test_errors) {
   ck_assert_int_eq(CALL(sh, 1, lg, 64, re, 0, rq, bt, 2, 8, ro, valid), 0);
   st = (dcpx_ref_stats){7, 8, 9};
   c.row_end[2][1] = 64;
+  /* A stride whose rows run past the end of the address space (row t at
+   * logits[r] + t * stride would wrap around): refused, nothing read. */
+  ck_assert_int_eq(CALL(sh, 2, lg, 1ull << 62, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
+  ck_assert_int_eq(CALL(sh, 2, lg, UINT64_MAX, re, 0, rq, bt, 2, 8, ro, valid),
+                   DCPX_E_INVAL);
   /* The v1 structs: a size this library does not know (an older or newer
    * dcpx.h, or a struct never initialised) and a reserved word that is
    * not 0 are refused, and nothing is written. */
