@@ -232,6 +232,9 @@ int dcpx_gid(uint32_t l, uint32_t r, uint32_t world, uint32_t interleave,
              int64_t *ret_gid) {
   if (!world || !interleave || r >= world || !ret_gid)
     return DCPX_E_INVAL;
+  if (world > DCPX_MAX_WORLD) /* no group has it, and the product of a
+                                 32-bit l and world overflows an int64 */
+    return DCPX_E_LIMIT;
   *ret_gid = dcpx__gid(l, r, world, interleave);
   return 0;
 }

@@ -198,8 +198,9 @@ DCPX_API int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
 DCPX_API uint32_t dcpx_epoch_next(uint32_t e);
 
 /* Global id (token position) of local index l on rank r, into *ret_gid.
- * Returns 0, or DCPX_E_INVAL (world or interleave 0, r >= world,
- * ret_gid NULL; *ret_gid is then untouched). */
+ * Returns 0, DCPX_E_INVAL (world or interleave 0, r >= world, ret_gid
+ * NULL) or DCPX_E_LIMIT (world > DCPX_MAX_WORLD); *ret_gid is then
+ * untouched. */
 DCPX_API int dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
                       uint32_t interleave, int64_t *ret_gid);
 

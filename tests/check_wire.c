@@ -385,6 +385,15 @@ START_TEST(test_gid) {
   ck_assert_int_eq(gid_of(0, 2, 2, 1), DCPX_E_INVAL);
   ck_assert_int_eq(gid_of(0, 16, 16, 1), DCPX_E_INVAL);
   ck_assert_int_eq(dcpx_gid(0, 0, 1, 1, NULL), DCPX_E_INVAL);
+  /* A world beyond the limit: no group has it, and l * world of 32-bit
+   * values overflowed the int64 (UB, and a negative gid). */
+  ck_assert_int_eq(gid_of(0xFFFFFFFFu, 0, 0xFFFFFFFFu, 1), DCPX_E_LIMIT);
+  ck_assert_int_eq(gid_of(0xFFFFFFFFu, 0xFFFFFFFEu, 0xFFFFFFFFu, 0xFFFFFFFFu),
+                   DCPX_E_LIMIT);
+  ck_assert_int_eq(gid_of(0, 0, DCPX_MAX_WORLD + 1, 1), DCPX_E_LIMIT);
+  /* The largest values within it fit. */
+  ck_assert_int_eq(gid_of(0xFFFFFFFFu, 15, 16, 0xFFFFFFFFu),
+                   (int64_t)0xFFFFFFFFu * 16 + (int64_t)15 * 0xFFFFFFFFu);
 
   /* Formula on random inputs, and a bijection of {r} x [0, M) onto
    * [0, W*M) when I divides M. */
