@@ -7,7 +7,7 @@ has imported torch already.
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from .errors import DeviceError, DtypeError, InvalidArgument
 
@@ -170,6 +170,35 @@ def ptr(x: Any) -> Optional[int]:
         p = data_ptr()
         return p if p or x.numel() else _EMPTY_ADDR
     return x.ctypes.data  # numpy
+
+
+def _extent(x: Any) -> Tuple[int, int]:
+    """[start, end) of a checked (C-contiguous) array's bytes."""
+    data_ptr = getattr(x, "data_ptr", None)  # torch
+    if data_ptr is not None:
+        p = data_ptr()
+        return p, p + x.numel() * x.element_size()
+    p = x.ctypes.data
+    return p, p + x.nbytes
+
+
+def check_no_overlap(outputs: Sequence[Tuple[str, Any]],
+                     inputs: Sequence[Tuple[str, Any]]) -> None:
+    """Refuses (InvalidArgument) output arrays whose bytes overlap one
+    another or an input's: the library writes each output while it reads
+    the inputs and writes the others, so a shared buffer gives a silently
+    wrong result. Arrays are (name, array or None), already checked."""
+    def spans(arrays: Sequence[Tuple[str, Any]]) -> list:
+        s = [(n, _extent(x)) for n, x in arrays if x is not None]
+        return [(n, e) for n, e in s if e[1] > e[0]]  # empty: no bytes
+    outs = spans(outputs)
+    every = outs + spans(inputs)
+    for i, (name, (a0, a1)) in enumerate(outs):
+        for other, (b0, b1) in every[i + 1:]:
+            if a0 < b1 and b0 < a1:
+                raise InvalidArgument(context=f"{name} overlaps {other} "
+                                      "(each output needs memory of its "
+                                      "own)")
 
 
 def empty(like: Any, shape: Tuple[int, ...], kind: str) -> Any:

@@ -681,8 +681,10 @@ class Member:
         :class:`MergeResult` (or tuple) of preallocated outputs
         (rows_out ``[rows][K]`` int32, valid_out ``[rows]`` int32, ids_out
         ``[rows][K]`` int32 or None, sat_word ``[rows]`` uint32/int32 or
-        None); None allocates them like ``logits`` (ids_out if ``ids``,
-        sat_word if ``sat``). Raises :class:`Failed` / :class:`Aborted`
+        None), each in memory of its own (one that overlaps another
+        output or an input is refused: :class:`InvalidArgument`); None
+        allocates them like ``logits`` (ids_out if ``ids``, sat_word if
+        ``sat``). Raises :class:`Failed` / :class:`Aborted`
         (then :meth:`recover`), :class:`RangeError`, ...; with the CUDA
         backend a failed row shows as ``valid_out[t] == -1`` instead.
         When it raises, the outputs it allocated are lost with it; pass
@@ -697,7 +699,8 @@ class Member:
         rows, stride = self._check_rows(logits, row_ends, "merge")
         bt_rows, bt_cols = self._check_table(logits, rows, req_id,
                                              block_table)
-        res = self._outputs(logits, rows, out, ids, sat)
+        res = self._outputs(logits, rows, out, ids, sat,
+                            (row_ends, req_id, block_table))
         ptr = A.ptr
         cin = call_in(rows, ptr(logits), stride, ptr(row_ends), ptr(req_id),
                       ptr(block_table), bt_rows, bt_cols, _tag(call_tag))
@@ -721,7 +724,8 @@ class Member:
         rows, stride = self._check_rows(logits, row_ends, "prepare")
         bt_rows, bt_cols = self._check_table(logits, rows, req_id,
                                              block_table)
-        res = self._outputs(logits, rows, out, ids, sat)
+        res = self._outputs(logits, rows, out, ids, sat,
+                            (row_ends, req_id, block_table))
         return PreparedCall(self, (logits, row_ends, req_id, block_table),
                             res, rows, stride, bt_rows, bt_cols,
                             None if stream is None
@@ -757,7 +761,8 @@ class Member:
         return bt_rows, bt_cols
 
     def _outputs(self, like: Any, rows: int, out: Optional[Sequence[Any]],
-                 ids: bool, sat: bool) -> MergeResult:
+                 ids: bool, sat: bool,
+                 inputs: Tuple[Any, ...] = ()) -> MergeResult:
         K = self.shape.topk
         if out is None:
             return MergeResult(
@@ -782,6 +787,11 @@ class Member:
         if out.sat_word is not None:
             A.check_array(out.sat_word, "out.sat_word", A.U32, 1, where,
                           (rows,), writable=True)
+        A.check_no_overlap(
+            (("out.rows_out", out.rows_out), ("out.valid_out", out.valid_out),
+             ("out.ids_out", out.ids_out), ("out.sat_word", out.sat_word)),
+            tuple(zip(("logits", "row_ends", "req_id", "block_table"),
+                      (like,) + tuple(inputs))))
         return out
 
     # -- health, recovery, lifetime ----------------------------------------

@@ -158,3 +158,41 @@ def test_ref_call_names_what_it_refuses(libdcpx, small_shape):
         with pytest.raises(cls, match=text):
             dcpx.ref_call(a["shape"], [a["lg"]], [a["en"]], a["rank"],
                           a["req"], a["bt"], lists=a["lists"])
+
+
+def test_out_overlap(member, small_shape):
+    """Output arrays that share memory with one another or with an input
+    are refused before any work: merge writes each output while it reads
+    the inputs and writes the others, so with out=(buf, valid, buf) the
+    ids came back silently wrong (rows_out overwrote them)."""
+    lg, en, req, bt = _ref_args(small_shape)
+    R, K = small_shape.rows, small_shape.topk
+    ref = dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, sat=False)
+    two = np.zeros((2, R, K), np.int32)   # two outputs, one buffer
+    valid = np.zeros(R, np.int32)
+    lg_words = lg.reshape(-1).view(np.int32)[:R * K].reshape(R, K)
+    cases = [
+        ((two[0], valid, two[0]), "out.rows_out overlaps out.ids_out"),
+        ((two[0], two[0, 0, :R]), "out.rows_out overlaps out.valid_out"),
+        ((two[0], valid, None, valid.view(np.uint32)),
+         "out.valid_out overlaps out.sat_word"),
+        ((lg_words, valid), "out.rows_out overlaps logits"),
+        ((two[0], en), "out.valid_out overlaps row_ends"),
+        ((two[0], valid, two[1], req.view(np.uint32)),
+         "out.sat_word overlaps req_id"),
+        ((two[0], valid, bt[:R, :K].copy(), bt[0, :R]),
+         "out.sat_word overlaps block_table"),
+    ]
+    member.push(lg, en)
+    for out, text in cases:
+        with pytest.raises(dcpx.InvalidArgument, match=text):
+            member.merge(lg, en, req, bt, out=out)
+        with pytest.raises(dcpx.InvalidArgument, match=text):
+            member.prepare(lg, en, req, bt, out=out)
+    # nothing reached the library: the push's merge is still due, and
+    # outputs side by side in one buffer are fine
+    res = member.merge(lg, en, req, bt, out=(two[0], valid, two[1]))
+    assert member.async_error().state == 0
+    assert np.array_equal(res.rows_out, ref.rows_out)
+    assert np.array_equal(res.valid_out, ref.valid_out)
+    assert np.array_equal(res.ids_out, ref.ids_out)
