@@ -32,7 +32,8 @@
 #            (default build-gpu/prev/bench_kernels), all in one run
 #   random   test_kernels over random shapes (DCPX_TEST_RANDOM): RANDOM_S
 #            (120) seconds each as shipped, with DCPX_KLIST=1 and with
-#            half-size merge blocks (RVARIANTS), RANDOM_SEED to repeat one
+#            half-size merge blocks (RVARIANTS), then test_nccl's random
+#            shapes (both transports) as long; RANDOM_SEED to repeat one
 #   abm      bench_kernels push and merge only (BENCH_QUICK), this build
 #            and the baseline at $BASE alternating, AB_ROUNDS (2) rounds,
 #            at each W:N of ABM_SHAPES (default 8:512)
@@ -162,6 +163,12 @@ step_random() { # random shapes against the reference (RANDOM_N, RANDOM_S)
       > "$log" 2>&1 || rc=1
     show "gpu-random|MISMATCH|FAIL|HUNG|invalid" "$log" 8
   done
+  say "test_nccl, random shapes"
+  env DCPX_TEST_RANDOM="${RANDOM_N:-100000}" DCPX_TEST_RANDOM_S="${RANDOM_S:-120}" \
+    ${RANDOM_SEED:+DCPX_TEST_SEED=$RANDOM_SEED} NCCL_NVLS_ENABLE=0 \
+    timeout -k 5 $(( ${RANDOM_S:-120} + 120 )) "$B/tests/gpu/test_nccl" \
+    > "$OUT/test_nccl_random.log" 2>&1 || rc=1
+  show "nccl-random|MISMATCH|FAIL" "$OUT/test_nccl_random.log" 8
 }
 
 step_nccl() {

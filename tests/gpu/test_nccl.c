@@ -11,6 +11,9 @@
  *                        8), rank r on GPU r, rows in {1, 8, 64, 256},
  *                        N=512, K=2048, local length 16384 (see run_gbench);
  *                        exactness checked on graph-replayed calls
+ *   DCPX_TEST_RANDOM=n test_nccl
+ *                        n cases of random shape instead (see random_main),
+ *                        for at most DCPX_TEST_RANDOM_S seconds
  *   test_nccl --bench-host
  *                        the older host-driven timing (threads + a stream
  *                        sync per run of calls; dominated by the host)
@@ -222,8 +225,11 @@ static void world_init(world_t *w, uint32_t W, const tcase *tc,
   w->h_bt = calloc((size_t)w->bt_rows * w->bt_cols, 4);
   for (uint32_t t = 0; t < tc->rows; t++)
     w->h_req[t] = (int32_t)((t * 5u + 1u) % w->bt_rows);
+  /* block ids whose KV rows (id * B + l % B) fit in int32 for any B */
+  uint32_t vmax = (uint32_t)(INT32_MAX / tc->B);
+  vmax = vmax < 1 ? 1 : vmax > 200003u ? 200003u : vmax;
   for (size_t i = 0; i < (size_t)w->bt_rows * w->bt_cols; i++)
-    w->h_bt[i] = (int32_t)((i * 7919u + 13u) % 200003u);
+    w->h_bt[i] = (int32_t)((i * 7919u + 13u) % vmax);
 
   /* P2P for LL */
   w->ll_ok = 1;
@@ -1236,6 +1242,51 @@ static int run_misaligned(const int *devs) {
   return pass == total;
 }
 
+/* Log-uniform in [lo, hi] (lo >= 1). */
+static uint32_t rnd_log(uint64_t *s, uint32_t lo, uint32_t hi) {
+  const double a = log((double)lo), b = log((double)hi + 1.0);
+  const double u = (double)dcpx_rnd_below(s, 1u << 30) / (double)(1u << 30);
+  const uint32_t x = (uint32_t)exp(a + (b - a) * u);
+  return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* DCPX_TEST_RANDOM=n: n cases of random shape (R, rows, N, K, B, I, local
+ * length, stride drawn from the seed within the shape rules) through
+ * run_exact at every W this machine runs, until DCPX_TEST_RANDOM_S
+ * seconds have passed; "nccl-random: P/T". */
+static int random_main(uint32_t n, double secs, uint32_t wmax,
+                       const int *devs, uint64_t seed) {
+  static const uint32_t Bs[] = {1, 3, 12, 16, 64, 0x80000001u};
+  const double t0 = gg_now();
+  uint32_t pass = 0, total = 0;
+  for (uint32_t i = 0; i < n && (secs <= 0 || gg_now() - t0 < secs); i++) {
+    uint64_t s = seed ^ ((uint64_t)(i + 1) * 0xD1B54A32D192ED03ull);
+    dcpx_splitmix64(&s);
+    tcase tc;
+    char name[24];
+    snprintf(name, sizeof(name), "rnd%u", i);
+    tc.name = name;
+    tc.K = rnd_log(&s, 2, DCPX_MAX_TOPK);
+    tc.N = 1 + dcpx_rnd_below(&s, tc.K - 1);
+    tc.max_local = rnd_log(&s, 1, DCPX_MAX_LOCAL);
+    tc.rows = rnd_log(&s, 1, 48);
+    while (tc.rows > 1 && (uint64_t)tc.rows * tc.max_local > (1u << 23))
+      tc.rows /= 2;
+    tc.R = tc.rows + dcpx_rnd_below(&s, 4);
+    tc.B = Bs[dcpx_rnd_below(&s, sizeof(Bs) / sizeof(Bs[0]))];
+    tc.I = 1 + dcpx_rnd_below(&s, 4);
+    tc.stride = tc.max_local + dcpx_rnd_below(&s, 9);
+    const uint32_t W = 1 + dcpx_rnd_below(&s, wmax);
+    printf("  %s: stride=%llu B=%u I=%u\n", name,
+           (unsigned long long)tc.stride, tc.B, tc.I);
+    total++;
+    pass += (uint32_t)run_exact(&tc, W, devs, dcpx_splitmix64(&s));
+  }
+  printf("nccl-random: %u/%u random shapes exact (seed 0x%llx, %.1f s)\n",
+         pass, total, (unsigned long long)seed, gg_now() - t0);
+  return pass == total && total > 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   int ndev = 0, bench = 0;
   if (argc > 1 && !strcmp(argv[1], "--bench"))
@@ -1275,6 +1326,11 @@ int main(int argc, char **argv) {
       }
     }
     return gbench_main(W, ndev, devs, seed);
+  }
+  if ((e = getenv("DCPX_TEST_RANDOM")) && *e) {
+    const char *es = getenv("DCPX_TEST_RANDOM_S");
+    return random_main((uint32_t)strtoul(e, NULL, 0),
+                       es && *es ? strtod(es, NULL) : 0.0, wmax, devs, seed);
   }
   if (bench == 2) {
     printf("\n| shape    |  W | rows |    N |    K | ll us/call | nccl us/call |\n"
