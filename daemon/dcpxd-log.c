@@ -217,6 +217,19 @@ void dcpxd_log_ratelimit_flush(bool all) {
       rl_end(&rl_slots[i]);
 }
 
+int64_t dcpxd_log_ratelimit_due_ms(void) {
+  uint64_t end = UINT64_MAX, now;
+
+  for (size_t i = 0; i < RL_SLOTS && rl_live; i++)
+    if (rl_slots[i].key && rl_slots[i].dropped &&
+        rl_slots[i].start_ns + interval_ns() < end)
+      end = rl_slots[i].start_ns + interval_ns();
+  if (end == UINT64_MAX)
+    return -1;
+  now = now_ns();
+  return end <= now ? 0 : (int64_t)((end - now + 999999u) / 1000000u);
+}
+
 bool dcpxd_log_suppressing(void) {
   for (size_t i = 0; i < RL_SLOTS && rl_live; i++)
     if (rl_slots[i].key && rl_slots[i].dropped)

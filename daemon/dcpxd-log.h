@@ -71,8 +71,9 @@ extern unsigned dcpxd_log_rate_burst;
 extern uint32_t dcpxd_log_rate_interval_ms;
 
 /* Called when a key starts dropping lines, so that the daemon can arm a
- * timer that calls dcpxd_log_ratelimit_flush(false) after the interval
- * (otherwise the summary waits for the next log line). */
+ * timer that calls dcpxd_log_ratelimit_flush(false) when its window ends
+ * (dcpxd_log_ratelimit_due_ms; otherwise the summary waits for the next
+ * log line). */
 extern void (*dcpxd_log_on_suppress)(void);
 
 /* Writes the summaries of windows that have ended (all of them, ended or
@@ -81,5 +82,10 @@ void dcpxd_log_ratelimit_flush(bool all);
 
 /* True while some key is dropping lines (its summary not yet written). */
 bool dcpxd_log_suppressing(void);
+
+/* Milliseconds (rounded up) until the earliest window that is dropping
+ * lines ends, 0 if one has ended, -1 if none drops: when dcpxd's timer
+ * calls dcpxd_log_ratelimit_flush next. */
+int64_t dcpxd_log_ratelimit_due_ms(void);
 
 #endif /* DCPXD_LOG_H */

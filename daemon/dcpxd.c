@@ -114,20 +114,31 @@ void dcpxd_records_retry_arm(dcpxd_manager *m) {
 }
 
 /* The log rate limiter's summaries: a timer armed when a key starts
- * dropping lines, so that "suppressed N similar lines" comes at the end of
- * its interval even if that line is never logged again. */
+ * dropping lines, for the end of the earliest window that drops, so that
+ * "suppressed N similar lines" comes at the end of its interval even if
+ * that line is never logged again. (It was armed a whole interval after
+ * the first drop and again after each flush, so a second kind's summary
+ * came up to an interval late.) A window that opens later ends later, so
+ * a timer already running is due no later than a new one would be. */
 static uv_timer_t *log_timer;
+
+static void on_log_timer(uv_timer_t *t);
+
+static void log_timer_due(uv_timer_t *t) {
+  const int64_t ms = dcpxd_log_ratelimit_due_ms();
+  if (ms >= 0)
+    uv_timer_start(t, on_log_timer, (uint64_t)ms, 0);
+}
 
 static void on_log_timer(uv_timer_t *t) {
   dcpxd_log_ratelimit_flush(false);
-  if (dcpxd_log_suppressing())
-    uv_timer_start(t, on_log_timer, dcpxd_log_rate_interval_ms, 0);
+  log_timer_due(t); /* early (loop time): again, for what is left */
 }
 
 static void arm_log_timer(void) {
   if (log_timer && !uv_is_active((uv_handle_t *)log_timer) &&
       !uv_is_closing((uv_handle_t *)log_timer))
-    uv_timer_start(log_timer, on_log_timer, dcpxd_log_rate_interval_ms, 0);
+    log_timer_due(log_timer);
 }
 
 /* Begins the orderly shutdown; the loop ends once every handle closed and

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dcpxd-log.h"
@@ -121,6 +122,50 @@ START_TEST(test_window_ends) {
 }
 END_TEST
 
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The summaries' timer is due when the earliest dropping window ends
+ * (its start + the interval), not a whole interval after a flush: kind B,
+ * which began dropping about 300 ms after kind A, is due about 300 ms
+ * after A's summary (it was an interval, so B's summary came up to an
+ * interval late). Bounds from the test's own clock readings (the windows
+ * start between them), so a stall cannot fail it. */
+START_TEST(test_summary_due) {
+  capture();
+  dcpxd_log_rate_burst = 2;
+  dcpxd_log_rate_interval_ms = 1000;
+  ck_assert_int_eq(dcpxd_log_ratelimit_due_ms(), -1); /* nothing drops */
+  log_info("kind A %d", 0);
+  const int64_t a = mono_ms(); /* A's window started by now */
+  for (int i = 1; i < 5; i++)
+    log_info("kind A %d", i);
+  usleep(300000);
+  log_info("kind B %d", 0);
+  const int64_t b = mono_ms();
+  for (int i = 1; i < 5; i++)
+    log_info("kind B %d", i);
+  int64_t now = mono_ms(), due = dcpxd_log_ratelimit_due_ms();
+  ck_assert_msg(due >= 0 && due <= a + 1000 - now + 1, "A due in %lld ms",
+                (long long)due);
+  usleep((useconds_t)due * 1000u + 20000u);
+  dcpxd_log_ratelimit_flush(false); /* as the timer does */
+  ck_assert_int_eq(count("suppressed 3 similar lines"), 1); /* A's */
+  now = mono_ms();
+  due = dcpxd_log_ratelimit_due_ms(); /* B's end, not an interval away */
+  ck_assert_msg(due >= 0 && due <= b + 1000 - now + 1, "B due in %lld ms",
+                (long long)due);
+  usleep((useconds_t)due * 1000u + 20000u);
+  dcpxd_log_ratelimit_flush(false);
+  ck_assert_int_eq(count("suppressed 3 similar lines"), 2);
+  ck_assert_int_eq(dcpxd_log_ratelimit_due_ms(), -1);
+  unlink(g_err);
+}
+END_TEST
+
 START_TEST(test_no_limit) {
   capture();
   dcpxd_log_rate_burst = 0;
@@ -162,6 +207,7 @@ int main(void) {
   tcase_add_test(tc, test_flood_bounded);
   tcase_add_test(tc, test_distinct_kinds);
   tcase_add_test(tc, test_window_ends);
+  tcase_add_test(tc, test_summary_due);
   tcase_add_test(tc, test_no_limit);
   tcase_add_test(tc, test_suppress_hook);
   suite_add_tcase(s, tc);
