@@ -578,7 +578,10 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * DCPX_E_STATE), valid_out[t] = -1 for every row
  * t < min(rows, R) (not when the call was refused for one of its structs,
  * of unknown size or with a reserved word that is not 0, whose pointers
- * are not trusted then, or for a NULL valid_out; with the CUDA backend a refused merge sets
+ * are not trusted then, for a NULL valid_out, or when its outputs overlap
+ * one another or an input (DCPX_E_INVAL naming both: each output needs
+ * memory of its own, and -1s could land on the other array); with the
+ * CUDA backend a refused merge sets
  * them with cudaMemsetAsync on the stream), and the member must
  * dcpx_recover before the next call. With the CUDA
  * backend waits end inside the kernel: the call returns 0 (or a launch

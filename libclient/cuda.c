@@ -873,7 +873,7 @@ int dcpx__cuda_device_ctx(struct dcpx_member *m, dcpx_device *ret) {
 
 static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                       const dcpx_merge_out *out, void *stream) {
-  int r, refuse = 1;
+  int r, refuse = 1, shared = 0;
   /* in->call_tag: records carry the device call sequence (layout.h) */
   m->last_rows = in->rows;
   if (in->rows > m->shape.rows) {
@@ -881,6 +881,9 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                 m->group, m->rank, in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
     nccl_refused(m, "a merge of too many rows");
+  } else if ((r = dcpx__merge_disjoint(m, "dcpx_merge", in, out)) < 0) {
+    nccl_refused(m, "a merge whose outputs overlap");
+    shared = 1; /* valid_out -1 could land on another array */
   } else if ((r = merge_arrays_ok(m, in, out)) < 0) {
     nccl_refused(m, "a merge whose arrays the GPU cannot use");
   }
@@ -917,7 +920,7 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
      * after a launch error the stream may refuse this too) */
     const uint32_t n = in->rows < m->shape.rows ? in->rows : m->shape.rows;
     const call_array vo = {"valid_out", out->valid_out, 4ull * n};
-    if (out->valid_out && n &&
+    if (out->valid_out && n && !shared &&
         arrays_ok(m, "dcpx_merge", &vo, 1, NULL, 0) == 0)
       (void)cudaMemsetAsync(out->valid_out, 0xFF, sizeof(int32_t) * n,
                             (cudaStream_t)stream);

@@ -616,8 +616,13 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
   r = no_args ? DCPX_E_INVAL
               : check_rows(m, "dcpx_merge", rows, in->logits, in->stride,
                            in->row_ends, 1);
+  const int shared = r == 0 && dcpx__merge_disjoint(m, "dcpx_merge", in,
+                                                    out) < 0;
+  if (shared) /* no -1 either: it could land on another array */
+    r = DCPX_E_INVAL;
   if (r < 0) { /* refused: valid_out -1 on the rows it can hold */
-    for (uint32_t t = 0; valid_out && t < rows && t < m->shape.rows; t++)
+    for (uint32_t t = 0; valid_out && !shared && t < rows && t < m->shape.rows;
+         t++)
       valid_out[t] = -1;
     dcpx__member_refuse(m);
     rows_failed(m, rows);

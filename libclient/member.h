@@ -329,6 +329,17 @@ dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
 #define DCPX_REFUSE(m, ...)                                                   \
   dcpx__why_at((m)->why, sizeof((m)->why), __FILE__, __LINE__, __VA_ARGS__)
 
+/* client.c: 0 when a merge's outputs (rows_out, valid_out, ids_out,
+ * sat_word) share no byte with one another or with an array the merge
+ * reads (logits, as far as its rows reach, row_ends, req_id,
+ * block_table); else DCPX_E_INVAL with both arrays named in m->why. The
+ * merge writes each output while it reads the inputs and writes the
+ * others, so a shared buffer gives a silently wrong result. Compares
+ * only: no syscall. */
+__attribute__((visibility("hidden"))) int
+dcpx__merge_disjoint(struct dcpx_member *m, const char *fn,
+                     const dcpx_call *in, const dcpx_merge_out *out);
+
 /* host.c. fail: alarm, then FAILED (a wait that timed out); refuse: the
  * same for a call this rank could not do (bad arguments, a launch that
  * failed), noted for dcpx_member_async_error. */

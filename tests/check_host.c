@@ -1418,6 +1418,56 @@ START_TEST(test_bad_inputs) {
     ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
     WHY_HAS(g.m[1], "dcpx_merge", "dcpx_merge_out.reserved is 1");
     ck_assert_uint_eq(h[1].failed, 1);
+    out.reserved = 0;
+    /* Outputs that share memory with one another or with an input are
+     * refused (the merge would write one over the other: a silently
+     * wrong result), naming both (rank 1 has failed already: a
+     * merge's arguments are checked before that is said). */
+    const uint32_t K = 32;
+    int32_t *buf = calloc(4 * 4 * K + 64, 1);
+    const struct {
+      int32_t *rows_out, *valid_out, *ids_out;
+      uint32_t *sat;
+      const char *why;
+    } bad[] = {
+        {buf, g.valid[0], buf, NULL, "rows_out overlaps ids_out"},
+        {buf, buf + 2 * K - 1, NULL, NULL, "rows_out overlaps valid_out"},
+        {buf, g.valid[0], buf + 2 * K, (uint32_t *)g.valid[0] + 1,
+         "valid_out overlaps sat_word"},
+        {buf, g.req, NULL, NULL, "valid_out overlaps req_id"},
+        {buf, g.ends[0], NULL, NULL, "valid_out overlaps row_ends"},
+        {g.bt, g.valid[0], NULL, NULL, "rows_out overlaps block_table"},
+        {buf, g.valid[0], (int32_t *)(void *)(g.logits[0] + g.stride + 4),
+         NULL, "ids_out overlaps logits"},
+    };
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+      out.rows_out = bad[i].rows_out;
+      out.valid_out = bad[i].valid_out;
+      out.ids_out = bad[i].ids_out;
+      out.sat_word = bad[i].sat;
+      ck_assert_msg(dcpx_merge(g.m[1], &in, &out, NULL) == DCPX_E_INVAL,
+                    "case %u: %s", i, dcpx_member_last_error(g.m[1]));
+      WHY_HAS(g.m[1], "dcpx_merge", bad[i].why);
+    }
+    /* An output in the gap between two rows of logits (stride past
+     * max_local: nothing reads there) is not an overlap: the call goes on
+     * to fail as the rank has failed. */
+    uint16_t *lg = calloc(2 * 120 + 8, 2);
+    memcpy(lg, g.logits[1], 100 * 2);
+    memcpy(lg + 120, g.logits[1] + g.stride, 100 * 2);
+    in.logits = lg;
+    in.stride = 120; /* rows of max_local = 100, then a gap of 20 */
+    out.rows_out = buf;
+    out.valid_out = (int32_t *)(void *)(lg + 104);
+    out.ids_out = (int32_t *)(void *)(lg + 120 + 96); /* row 1's end */
+    out.sat_word = NULL;
+    ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
+    WHY_HAS(g.m[1], "dcpx_merge", "ids_out overlaps logits");
+    out.ids_out = NULL;
+    ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_FAILED);
+    ck_assert_int_eq(out.valid_out[0], -1);
+    free(lg);
+    free(buf);
   }
   group_free(&g);
 
