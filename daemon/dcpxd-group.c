@@ -1274,11 +1274,25 @@ static void join_forming(dcpxd_conn *c, const Dcpx__Join *j, dcpxd_group *g) {
   log_info("group=%s rank=%u joined (pid %d, node '%s', device %d): %u/%u",
            g->name, j->rank, (int)c->pid, g->member[j->rank].node,
            (int)j->device, g->live, W);
-  /* Retire members whose connection is closing but not yet reaped, so
-   * that the group forms only with live processes. */
-  for (uint32_t i = 0; i < W; i++)
-    if (g->member[i].conn && g->member[i].conn->closing)
-      dcpxd_group_member_gone(g->member[i].conn);
+  /* The group forms only with live processes: retire members whose
+   * connection is closing but not yet reaped, and give up the waiting
+   * Joins whose client hung up though this loop has not handled it yet
+   * (a hang-up and the Join that completes the group can land in one
+   * epoll batch, the Join first): each is refused and what its client
+   * sent after answered, as when the hang-up is handled first
+   * (docs/PROTOCOL.md 10.3). This Join's own client last, since giving
+   * it up may destroy the group. */
+  for (uint32_t i = 0; i < W; i++) {
+    dcpxd_conn *o = g->member[i].conn;
+    if (!o || o == c)
+      continue;
+    if (o->closing)
+      dcpxd_group_member_gone(o);
+    else if (dcpxd_conn_join_waits(o) && conn_hung_up(o))
+      dcpxd_group_join_gone(o);
+  }
+  if (conn_hung_up(c))
+    return dcpxd_group_join_gone(c);
   if (g->live == W)
     group_form(g);
 }

@@ -2087,6 +2087,93 @@ START_TEST(test_join_gone_while_replaced) {
 }
 END_TEST
 
+/* A client hangs up while its Join waits, and the Join of another rank,
+ * the last one the group needs, arrives at once: the group must not form
+ * with the client that hung up. Whichever dcpxd handles first, the first
+ * client's Join is refused (DCPX_E_CONNRESET), its Query answered, then
+ * the end of stream; the other Join waits for a new rank 0 (and gets it:
+ * the group forms then, live). (When the other Join was read before the
+ * hang-up, the group formed with the departed client, which got a
+ * JoinReply with the group's fds, and aborted at once: rank 0 "dead".)
+ * The order is the daemon's loop's, so the case runs several times. Then
+ * the same for the completing Join's own client hanging up behind it. */
+START_TEST(test_join_gone_while_group_completes) {
+  dcpx_shape sh;
+  spec sp = small("done", 2);
+  char why[512], group[32];
+  int st;
+  daemon_start();
+  shape_of(&sp, &sh);
+  for (int round = 0; round < 20; round++) {
+    snprintf(group, sizeof(group), "done%d", round);
+    int a = raw_connect(), b = raw_connect();
+    ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
+    ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
+    raw_join(a, group, 0, &sh, 0);
+    for (int i = 0; i < 500 && !rank_joined(group, 0); i++)
+      usleep(10000);
+    ck_assert_int_eq(rank_joined(group, 0), 1);
+    raw_health_send(a, group);
+    /* the Join, then the hang-up, both there when dcpxd looks (it is
+     * stopped meanwhile; else it may form the group before the hang-up,
+     * rightly) */
+    kill(g_daemon, SIGSTOP);
+    ck_assert_int_eq(waitpid(g_daemon, &st, WUNTRACED), g_daemon);
+    ck_assert(WIFSTOPPED(st));
+    raw_join(b, group, 1, &sh, 0);
+    ck_assert_int_eq(shutdown(a, SHUT_WR), 0);
+    kill(g_daemon, SIGCONT);
+    ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                     DCPX__FRAME__MSG_JOIN_REPLY);
+    ck_assert_msg(st == DCPX_E_CONNRESET, "round %d: Join: %d (%s)", round,
+                  st, why);
+    ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                     DCPX__FRAME__MSG_QUERY_REPLY);
+    Dcpx__Frame *eof = NULL;
+    ck_assert_int_eq(dcpx__poll_until(a, POLLIN, dcpx__deadline_ms(5000)), 1);
+    ck_assert_int_eq(dcpx__frame_recv(a, &eof, NULL, 0, NULL),
+                     DCPX_E_CONNRESET);
+    close(a);
+    /* b still waits, unanswered, and a new rank 0 forms the group */
+    ck_assert_int_eq(dcpx__poll_until(b, POLLIN, dcpx__deadline_ms(50)), 0);
+    int c = raw_connect();
+    ck_assert_int_eq(raw_hello(c, DCPX_PROTO_VERSION), 0);
+    ck_assert_int_eq(raw_join(c, group, 0, &sh, 1), 0);
+    ck_assert_int_eq(next_answer(b, &st, why, sizeof(why)),
+                     DCPX__FRAME__MSG_JOIN_REPLY);
+    ck_assert_msg(st == 0, "round %d: rank 1's Join: %d (%s)", round, st, why);
+    close(b);
+    close(c);
+  }
+
+  /* The Join that completes the group comes with its own client's
+   * hang-up behind it (both there when dcpxd looks: it is stopped
+   * meanwhile): that Join is refused, and rank 0 waits on. */
+  int a = raw_connect(), b = raw_connect();
+  ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
+  raw_join(a, "done-self", 0, &sh, 0);
+  for (int i = 0; i < 500 && !rank_joined("done-self", 0); i++)
+    usleep(10000);
+  ck_assert_int_eq(rank_joined("done-self", 0), 1);
+  kill(g_daemon, SIGSTOP);
+  ck_assert_int_eq(waitpid(g_daemon, &st, WUNTRACED), g_daemon);
+  ck_assert(WIFSTOPPED(st));
+  raw_join(b, "done-self", 1, &sh, 0);
+  ck_assert_int_eq(shutdown(b, SHUT_WR), 0);
+  kill(g_daemon, SIGCONT);
+  ck_assert_int_eq(next_answer(b, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == DCPX_E_CONNRESET, "rank 1's Join: %d (%s)", st, why);
+  ck_assert_int_eq(dcpx__poll_until(a, POLLIN, dcpx__deadline_ms(100)), 0);
+  ck_assert_int_eq(rank_joined("done-self", 0), 1);
+  ck_assert_int_eq(rank_joined("done-self", 1), 0);
+  close(a);
+  close(b);
+  daemon_stop();
+}
+END_TEST
+
 /* A join with join_timeout_ms 0 waits as long as dcpxd's join timeout
  * (its Hello reply says it), not a fixed 30 s: a daemon of 1 s that hangs
  * after the Join leaves the join waiting 1 s + 10 s of slack, where it
@@ -2220,6 +2307,7 @@ int main(void) {
   tcase_add_test(tc, test_join_waits_the_daemons_timeout);
   tcase_add_test(tc, test_answers_in_order_while_join_waits);
   tcase_add_test(tc, test_join_gone_while_replaced);
+  tcase_add_test(tc, test_join_gone_while_group_completes);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
