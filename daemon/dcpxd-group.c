@@ -615,6 +615,16 @@ void dcpxd_group_check_awaiting(dcpxd_group *g) {
       awaited_rank_dead(g, r);
 }
 
+void dcpxd_group_release_unheld(dcpxd_manager *m) {
+  dcpxd_group *g, *next;
+
+  for (g = TAILQ_FIRST(&m->groups); g; g = next) {
+    next = TAILQ_NEXT(g, link);
+    if (!g->live)
+      group_destroy(g); /* stopping: its entry stays, as its ranks live */
+  }
+}
+
 bool dcpxd_group_reap_empty(dcpxd_group *g) {
   if (g->state == DCPXD_GROUP_FORMING || g->live || g->awaiting)
     return false;

@@ -166,6 +166,7 @@ static void manager_stop(dcpxd_manager *m, const char *why) {
                  n, n == 1 ? "" : "s");
   }
   m->stopping = true;
+  dcpxd_group_release_unheld(m);
   dcpxd_server_stop(m);
   for (c = TAILQ_FIRST(&m->conns); c; c = next) {
     next = TAILQ_NEXT(c, link);

@@ -287,6 +287,11 @@ void dcpxd_group_check_awaiting(dcpxd_group *g);
  * whose ranks all died); returns whether it did. For the health scan,
  * whose walk allows it. */
 bool dcpxd_group_reap_empty(dcpxd_group *g);
+/* At shutdown (m->stopping): lets go of the groups no connection holds
+ * (an adopted group whose attached ranks left while others are still
+ * awaited), as the others go with their last member (invariant 7 of
+ * dcpxd-group.c). */
+void dcpxd_group_release_unheld(dcpxd_manager *m);
 
 /* Operator commands: 0, or a negative code with a message in err. */
 int dcpxd_group_reset(dcpxd_group *g, char *err, size_t errlen);

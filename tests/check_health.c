@@ -2227,6 +2227,67 @@ START_TEST(test_unattached_reset) {
 }
 END_TEST
 
+/* A restarted dcpxd adopts a group from rank 0's reattach, and rank 0
+ * then leaves while rank 1 lives on without having reattached: the group
+ * stays (aborted, awaiting rank 1) with no connection to it. At shutdown
+ * it is let go like every other group, its entry kept for the next
+ * dcpxd. It was left behind, never freed ("still present at exit": a
+ * leak under LeakSanitizer). */
+START_TEST(test_unheld_group_at_shutdown) {
+  int up[2], dn0[2], dn1[2];
+  char x = 1;
+  HC_ASSERT(pipe(up) == 0 && pipe(dn0) == 0 && pipe(dn1) == 0, "pipe");
+  start(NULL);
+  const pid_t a = fork();
+  HC_ASSERT(a >= 0, "fork");
+  if (a == 0) { /* rank 0: reattaches after the restart, then leaves */
+    dcpx_client *c;
+    int r = -1;
+    dcpx_member *m = join_pair("uh", 0, &c);
+    if (!m || write(up[1], &x, 1) != 1 || read(dn0[0], &x, 1) != 1)
+      _exit(1);
+    for (int i = 0; i < 400 && (r = dcpx_poll(m)) != 0; i++)
+      hh_sleep_ms(10);
+    dcpx_leave(m);
+    dcpx_disconnect(c);
+    _exit(r == 0 ? 0 : 4);
+  }
+  const pid_t b = fork();
+  HC_ASSERT(b >= 0, "fork");
+  if (b == 0) { /* rank 1: lives on, idle */
+    dcpx_client *c;
+    dcpx_member *m = join_pair("uh", 1, &c);
+    if (!m || write(up[1], &x, 1) != 1 || read(dn1[0], &x, 1) != 1)
+      _exit(1);
+    _exit(0);
+  }
+  HC_ASSERT(read(up[0], &x, 1) == 1 && read(up[0], &x, 1) == 1, "joined");
+  stop_clean();
+  start(NULL);
+  HC_ASSERT(write(dn0[1], &x, 1) == 1, "go");
+  int st = 0;
+  HC_ASSERT(waitpid(a, &st, 0) == a && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "rank 0: status 0x%x", st);
+  for (int i = 0; i < 500 && !log_contains("left the group"); i++)
+    hh_sleep_ms(10);
+  HC_ASSERT(log_contains("adopted after a dcpxd restart: rank 0") &&
+                log_contains("left the group"),
+            "rank 0 did not reattach and leave");
+  CTL_JSON(1, "health", "uh", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"state\":\"aborted\"") &&
+                json_u64("awaiting_reattach") == 2 /* rank 1 */,
+            "%s", g_o.out);
+  stop_clean();
+  HC_ASSERT(!log_contains("still present at exit") &&
+                log_contains("group=uh released at shutdown"),
+            "the unheld group was not let go at shutdown");
+  HC_ASSERT(write(dn1[1], &x, 1) == 1, "go");
+  HC_ASSERT(waitpid(b, &st, 0) == b && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "rank 1: status 0x%x", st);
+  finish();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("health");
   TCase *tc = tcase_create("end-to-end");
@@ -2264,6 +2325,7 @@ int main(void) {
   ADD(test_unattached_after_restart);
   ADD(test_left_rank_not_awaited);
   ADD(test_refused_reattach_shown);
+  ADD(test_unheld_group_at_shutdown);
 #undef ADD
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
