@@ -1157,15 +1157,18 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
   if (mb->conn && !mb->conn->closing && conn_hung_up(mb->conn)) {
     if (dcpxd_conn_join_waits(mb->conn)) {
       /* its Join is refused and what it sent after answered, as when its
-       * hang-up is handled first (docs/PROTOCOL.md 10.3); that may have
-       * destroyed the group */
+       * hang-up is handled first (docs/PROTOCOL.md 10.3) */
       dcpxd_group_join_gone(mb->conn);
-      *g = dcpxd_group_find(c->m, j->group);
-      if (!*g)
-        return 0;
     } else {
-      dcpxd_conn_close(mb->conn, LOG_INFO, "the peer hung up");
+      /* what it sent before its hang-up is answered first, a Leave
+       * among it counting as a Leave (docs/PROTOCOL.md 10.3) */
+      dcpxd_conn_hangup(mb->conn);
     }
+    /* Either may have changed the group or destroyed it, and the
+     * holder's requests may have made another of the name: over again
+     * (the holder no longer holds the rank, or is closing). */
+    *g = dcpxd_group_find(c->m, j->group);
+    return *g ? join_existing(c, j, shape, transport, g) : 0;
   }
   if (mb->conn && mb->conn->closing) {
     /* Its holder hung up and the reaper has not run yet: retire it now,

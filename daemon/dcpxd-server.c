@@ -535,6 +535,7 @@ static const char *recv_error_text(int r) {
 /* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
  * peer is gone, c closes or a Join of it waits (conn_watch). */
 static void read_frames(dcpxd_conn *c) {
+  c->reading = true;
   for (int i = 0; i < RECV_BATCH && !c->closing && !dcpxd_conn_join_waits(c);
        i++) {
     Dcpx__Frame *f = NULL;
@@ -570,6 +571,21 @@ static void read_frames(dcpxd_conn *c) {
         close(fds[k]);
     dcpx__frame_free(f);
   }
+  c->reading = false;
+}
+
+void dcpxd_conn_hangup(dcpxd_conn *c) {
+  /* Each pass reads at most RECV_BATCH frames; what a socket can hold is
+   * bounded, and its end of stream closes c. The bound is a guard; so is
+   * `reading`: requests of c being handled led here (they cannot be
+   * answered ahead of the one in hand), and c is only closed. */
+  for (int i = 0; i < 64 && !c->closing && !c->reading; i++) {
+    if (dcpxd_conn_join_waits(c))
+      dcpxd_group_join_gone(c);
+    read_frames(c);
+  }
+  if (!c->closing)
+    dcpxd_conn_close(c, LOG_INFO, "the peer hung up");
 }
 
 static void on_conn_io(uv_poll_t *h, int status, int events) {

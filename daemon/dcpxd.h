@@ -86,6 +86,7 @@ struct dcpxd_conn {
   bool hello;   /* Hello accepted */
   bool admin;   /* root, dcpxd's uid or an admin-gid member (7.1) */
   bool closing; /* dcpxd_conn_close() called; in the reap list */
+  bool reading; /* its requests are being read (read_frames) */
   char agent[64];
   char close_reason[160];
 
@@ -134,6 +135,13 @@ void dcpxd_conn_join_wait(dcpxd_conn *c, uv_timer_cb on_timeout,
 void dcpxd_conn_join_done(dcpxd_conn *c);
 /* Whether a Join of c waits for its group (between the two above). */
 bool dcpxd_conn_join_waits(const dcpxd_conn *c);
+/* c's peer hung up, though the loop has not handled that yet (another
+ * connection's request found it, dcpx-group.c conn_hung_up): handled now
+ * as the loop would, so that what c sent before is answered, in order (a
+ * Leave counts as a Leave), down to its end of stream, which closes c.
+ * That may change or destroy c's group, and any group c's requests name:
+ * the caller looks its group up again. */
+void dcpxd_conn_hangup(dcpxd_conn *c);
 /* Watches the peer process (member connections): when it exits, the
  * connection is closed as if it had hung up. 0, or a negative code when
  * the kernel has no pidfd (then only the socket's hang-up tells). */

@@ -2174,6 +2174,69 @@ START_TEST(test_join_gone_while_group_completes) {
 }
 END_TEST
 
+/* A member of a formed group sends a Query and a Leave and shuts its side
+ * down, and a Join for its rank comes first (dcpxd is stopped meanwhile,
+ * so that it sees both, the Join first). The Join finds the holder hung
+ * up and retires it, but only after answering what it sent: its Query,
+ * its Leave (a Leave, not a death), then the end of stream; the Join
+ * then replaces the rank. (dcpxd closed the holder's connection with
+ * neither answered, its Leave unread.) */
+START_TEST(test_hung_up_holder_answered) {
+  dcpx_shape sh;
+  spec sp = small("held", 2);
+  char why[512];
+  int st;
+  daemon_start();
+  shape_of(&sp, &sh);
+  int a = raw_connect(), b = raw_connect(), c = raw_connect();
+  ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_hello(c, DCPX_PROTO_VERSION), 0);
+  raw_join(a, "held", 0, &sh, 0);
+  ck_assert_int_eq(raw_join(b, "held", 1, &sh, 1), 0);
+  ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == 0, "rank 0's Join: %d (%s)", st, why);
+  kill(g_daemon, SIGSTOP);
+  ck_assert_int_eq(waitpid(g_daemon, &st, WUNTRACED), g_daemon);
+  ck_assert(WIFSTOPPED(st));
+  raw_join(c, "held", 0, &sh, 0);
+  raw_health_send(a, "held");
+  {
+    Dcpx__Frame f = DCPX__FRAME__INIT;
+    Dcpx__Leave lv = DCPX__LEAVE__INIT;
+    f.msg_case = DCPX__FRAME__MSG_LEAVE;
+    f.leave = &lv;
+    ck_assert_int_eq(dcpx__frame_send(a, &f, NULL, 0), 0);
+  }
+  ck_assert_int_eq(shutdown(a, SHUT_WR), 0);
+  kill(g_daemon, SIGCONT);
+  int kind;
+  while ((kind = next_answer(a, &st, why, sizeof(why))) ==
+         DCPX__FRAME__MSG_EVENT)
+    ;
+  ck_assert_msg(kind == DCPX__FRAME__MSG_QUERY_REPLY && st == 0,
+                "the holder's Query: kind %d, %d (%s)", kind, st, why);
+  while ((kind = next_answer(a, &st, why, sizeof(why))) ==
+         DCPX__FRAME__MSG_EVENT)
+    ;
+  ck_assert_msg(kind == DCPX__FRAME__MSG_REPLY && st == 0,
+                "the holder's Leave: kind %d, %d (%s)", kind, st, why);
+  Dcpx__Frame *eof = NULL;
+  ck_assert_int_eq(dcpx__poll_until(a, POLLIN, dcpx__deadline_ms(5000)), 1);
+  ck_assert_int_eq(dcpx__frame_recv(a, &eof, NULL, 0, NULL), DCPX_E_CONNRESET);
+  while ((kind = next_answer(c, &st, why, sizeof(why))) ==
+         DCPX__FRAME__MSG_EVENT)
+    ;
+  ck_assert_msg(kind == DCPX__FRAME__MSG_JOIN_REPLY && st == 0,
+                "the replacement's Join: kind %d, %d (%s)", kind, st, why);
+  close(a);
+  close(b);
+  close(c);
+  daemon_stop();
+}
+END_TEST
+
 /* A join with join_timeout_ms 0 waits as long as dcpxd's join timeout
  * (its Hello reply says it), not a fixed 30 s: a daemon of 1 s that hangs
  * after the Join leaves the join waiting 1 s + 10 s of slack, where it
@@ -2308,6 +2371,7 @@ int main(void) {
   tcase_add_test(tc, test_answers_in_order_while_join_waits);
   tcase_add_test(tc, test_join_gone_while_replaced);
   tcase_add_test(tc, test_join_gone_while_group_completes);
+  tcase_add_test(tc, test_hung_up_holder_answered);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
