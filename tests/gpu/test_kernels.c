@@ -1505,14 +1505,6 @@ static const tcase list_cases[] = {
 
 /* ---- random shapes (DCPX_TEST_RANDOM) ------------------------------------------ */
 
-/* Log-uniform in [lo, hi] (lo >= 1). */
-static uint32_t rnd_log(uint64_t *s, uint32_t lo, uint32_t hi) {
-  const double a = log((double)lo), b = log((double)hi + 1.0);
-  const double u = (double)dcpx_rnd_below(s, 1u << 30) / (double)(1u << 30);
-  uint32_t x = (uint32_t)exp(a + (b - a) * u);
-  return x < lo ? lo : x > hi ? hi : x;
-}
-
 /* Case i of the random matrix of seed `seed`: every field drawn within
  * the shape rules (dcpx_shape_check), the data generators, row lengths,
  * grid caps, misalignments and epoch starts of the fixed matrix mixed
@@ -1528,13 +1520,13 @@ static tcase random_case(uint64_t seed, uint32_t i, char *name, size_t nn) {
   tc.W = wpick < 4 ? 1u << (1 + dcpx_rnd_below(&s, 3)) /* 2, 4, 8 */
                    : 1 + dcpx_rnd_below(&s, DCPX_MAX_WORLD);
   tc.K = dcpx_rnd_below(&s, 3) == 0 ? Ks[dcpx_rnd_below(&s, 5)]
-                                     : rnd_log(&s, 2, DCPX_MAX_TOPK);
+                                     : dcpx_rnd_log(&s, 2, DCPX_MAX_TOPK);
   switch (dcpx_rnd_below(&s, 3)) {
   case 0: /* the library's own choice (local_topk = 0) */
     tc.N = dcpx_shape_auto_local_topk(tc.W, tc.K);
     break;
   case 1:
-    tc.N = rnd_log(&s, 1, tc.K - 1);
+    tc.N = dcpx_rnd_log(&s, 1, tc.K - 1);
     break;
   default:
     tc.N = 1 + dcpx_rnd_below(&s, tc.K - 1);
@@ -1544,8 +1536,8 @@ static tcase random_case(uint64_t seed, uint32_t i, char *name, size_t nn) {
     tc.N = tc.K - 1;
   tc.max_local = dcpx_rnd_below(&s, 5) == 0
                      ? 65536 + dcpx_rnd_below(&s, DCPX_MAX_LOCAL - 65536 + 1)
-                     : rnd_log(&s, 1, DCPX_MAX_LOCAL);
-  tc.rows = rnd_log(&s, 1, 40);
+                     : dcpx_rnd_log(&s, 1, DCPX_MAX_LOCAL);
+  tc.rows = dcpx_rnd_log(&s, 1, 40);
   /* the reference's time: at most about 2^25 logits a call */
   while (tc.rows > 1 && (uint64_t)tc.rows * tc.W * tc.max_local > (1u << 25))
     tc.rows /= 2;

@@ -1242,14 +1242,6 @@ static int run_misaligned(const int *devs) {
   return pass == total;
 }
 
-/* Log-uniform in [lo, hi] (lo >= 1). */
-static uint32_t rnd_log(uint64_t *s, uint32_t lo, uint32_t hi) {
-  const double a = log((double)lo), b = log((double)hi + 1.0);
-  const double u = (double)dcpx_rnd_below(s, 1u << 30) / (double)(1u << 30);
-  const uint32_t x = (uint32_t)exp(a + (b - a) * u);
-  return x < lo ? lo : x > hi ? hi : x;
-}
-
 /* DCPX_TEST_RANDOM=n: n cases of random shape (R, rows, N, K, B, I, local
  * length, stride drawn from the seed within the shape rules) through
  * run_exact at every W this machine runs, until DCPX_TEST_RANDOM_S
@@ -1266,10 +1258,10 @@ static int random_main(uint32_t n, double secs, uint32_t wmax,
     char name[24];
     snprintf(name, sizeof(name), "rnd%u", i);
     tc.name = name;
-    tc.K = rnd_log(&s, 2, DCPX_MAX_TOPK);
+    tc.K = dcpx_rnd_log(&s, 2, DCPX_MAX_TOPK);
     tc.N = 1 + dcpx_rnd_below(&s, tc.K - 1);
-    tc.max_local = rnd_log(&s, 1, DCPX_MAX_LOCAL);
-    tc.rows = rnd_log(&s, 1, 48);
+    tc.max_local = dcpx_rnd_log(&s, 1, DCPX_MAX_LOCAL);
+    tc.rows = dcpx_rnd_log(&s, 1, 48);
     while (tc.rows > 1 && (uint64_t)tc.rows * tc.max_local > (1u << 23))
       tc.rows /= 2;
     tc.R = tc.rows + dcpx_rnd_below(&s, 4);
