@@ -763,6 +763,29 @@ static void wait_rank_gone(const char *group, uint32_t rank) {
   ck_assert_int_eq(rank_joined(group, rank), 0);
 }
 
+static void wait_rank_joined(const char *group, uint32_t rank) {
+  for (int i = 0; i < 500 && !rank_joined(group, rank); i++)
+    usleep(10000);
+  ck_assert_int_eq(rank_joined(group, rank), 1);
+}
+
+/* The end of stream on s, within 5 s (dcpxd closed the connection). */
+static void expect_eof(int s) {
+  Dcpx__Frame *eof = NULL;
+  ck_assert_int_eq(dcpx__poll_until(s, POLLIN, dcpx__deadline_ms(5000)), 1);
+  ck_assert_int_eq(dcpx__frame_recv(s, &eof, NULL, 0, NULL),
+                   DCPX_E_CONNRESET);
+}
+
+/* dcpxd stopped (SIGSTOP, seen stopped): what clients send meanwhile is
+ * all there when it looks again (SIGCONT). */
+static void daemon_pause(void) {
+  int st;
+  kill(g_daemon, SIGSTOP);
+  ck_assert_int_eq(waitpid(g_daemon, &st, WUNTRACED), g_daemon);
+  ck_assert(WIFSTOPPED(st));
+}
+
 /* An NCCL id names its sender's bootstrap root, which dies with it: the
  * id of a rank 0 that went away is not relayed for later communicators.
  * (1) Rank 0 joins a forming group with an id and goes; the rank 0 that
@@ -780,9 +803,7 @@ START_TEST(test_nccl_id_of_departed_rank0) {
   /* (1) */
   int s2 = nccl_join_send("nccl-gone", 3, 2, NULL, 0);
   int s0 = nccl_join_send("nccl-gone", 3, 0, a, sizeof(a));
-  for (int i = 0; i < 500 && !rank_joined("nccl-gone", 0); i++)
-    usleep(10000);
-  ck_assert_int_eq(rank_joined("nccl-gone", 0), 1);
+  wait_rank_joined("nccl-gone", 0);
   close(s0);
   wait_rank_gone("nccl-gone", 0);
   s0 = nccl_join_send("nccl-gone", 3, 0, NULL, 0);
@@ -2024,9 +2045,7 @@ START_TEST(test_answers_in_order_while_join_waits) {
   s0 = raw_connect();
   ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
   raw_join(s0, "order3", 0, &sh, 0);
-  for (int i = 0; i < 500 && !rank_joined("order3", 0); i++)
-    usleep(10000);
-  ck_assert_int_eq(rank_joined("order3", 0), 1);
+  wait_rank_joined("order3", 0);
   raw_health_send(s0, "order3");
   ck_assert_int_eq(shutdown(s0, SHUT_WR), 0);
   ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
@@ -2036,10 +2055,7 @@ START_TEST(test_answers_in_order_while_join_waits) {
   ck_assert_int_eq(next_answer(s0, &st, why, sizeof(why)),
                    DCPX__FRAME__MSG_QUERY_REPLY);
   ck_assert_msg(st == DCPX_E_NOENT, "Query: %d (%s)", st, why);
-  Dcpx__Frame *eof = NULL;
-  ck_assert_int_eq(dcpx__poll_until(s0, POLLIN, dcpx__deadline_ms(5000)), 1);
-  ck_assert_int_eq(dcpx__frame_recv(s0, &eof, NULL, 0, NULL),
-                   DCPX_E_CONNRESET);
+  expect_eof(s0);
   close(s0);
   daemon_stop();
 }
@@ -2064,9 +2080,7 @@ START_TEST(test_join_gone_while_replaced) {
     ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
     ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
     raw_join(a, group, 0, &sh, 0);
-    for (int i = 0; i < 500 && !rank_joined(group, 0); i++)
-      usleep(10000);
-    ck_assert_int_eq(rank_joined(group, 0), 1);
+    wait_rank_joined(group, 0);
     raw_health_send(a, group);
     raw_join(b, group, 0, &sh, 0); /* then the hang-up, at once */
     ck_assert_int_eq(shutdown(a, SHUT_WR), 0);
@@ -2076,10 +2090,7 @@ START_TEST(test_join_gone_while_replaced) {
                   st, why);
     ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
                      DCPX__FRAME__MSG_QUERY_REPLY);
-    Dcpx__Frame *eof = NULL;
-    ck_assert_int_eq(dcpx__poll_until(a, POLLIN, dcpx__deadline_ms(5000)), 1);
-    ck_assert_int_eq(dcpx__frame_recv(a, &eof, NULL, 0, NULL),
-                     DCPX_E_CONNRESET);
+    expect_eof(a);
     close(a);
     close(b);
   }
@@ -2110,16 +2121,12 @@ START_TEST(test_join_gone_while_group_completes) {
     ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
     ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
     raw_join(a, group, 0, &sh, 0);
-    for (int i = 0; i < 500 && !rank_joined(group, 0); i++)
-      usleep(10000);
-    ck_assert_int_eq(rank_joined(group, 0), 1);
+    wait_rank_joined(group, 0);
     raw_health_send(a, group);
     /* the Join, then the hang-up, both there when dcpxd looks (it is
      * stopped meanwhile; else it may form the group before the hang-up,
      * rightly) */
-    kill(g_daemon, SIGSTOP);
-    ck_assert_int_eq(waitpid(g_daemon, &st, WUNTRACED), g_daemon);
-    ck_assert(WIFSTOPPED(st));
+    daemon_pause();
     raw_join(b, group, 1, &sh, 0);
     ck_assert_int_eq(shutdown(a, SHUT_WR), 0);
     kill(g_daemon, SIGCONT);
@@ -2129,10 +2136,7 @@ START_TEST(test_join_gone_while_group_completes) {
                   st, why);
     ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
                      DCPX__FRAME__MSG_QUERY_REPLY);
-    Dcpx__Frame *eof = NULL;
-    ck_assert_int_eq(dcpx__poll_until(a, POLLIN, dcpx__deadline_ms(5000)), 1);
-    ck_assert_int_eq(dcpx__frame_recv(a, &eof, NULL, 0, NULL),
-                     DCPX_E_CONNRESET);
+    expect_eof(a);
     close(a);
     /* b still waits, unanswered, and a new rank 0 forms the group */
     ck_assert_int_eq(dcpx__poll_until(b, POLLIN, dcpx__deadline_ms(50)), 0);
@@ -2153,12 +2157,8 @@ START_TEST(test_join_gone_while_group_completes) {
   ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
   ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
   raw_join(a, "done-self", 0, &sh, 0);
-  for (int i = 0; i < 500 && !rank_joined("done-self", 0); i++)
-    usleep(10000);
-  ck_assert_int_eq(rank_joined("done-self", 0), 1);
-  kill(g_daemon, SIGSTOP);
-  ck_assert_int_eq(waitpid(g_daemon, &st, WUNTRACED), g_daemon);
-  ck_assert(WIFSTOPPED(st));
+  wait_rank_joined("done-self", 0);
+  daemon_pause();
   raw_join(b, "done-self", 1, &sh, 0);
   ck_assert_int_eq(shutdown(b, SHUT_WR), 0);
   kill(g_daemon, SIGCONT);
@@ -2197,9 +2197,7 @@ START_TEST(test_hung_up_holder_answered) {
   ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
                    DCPX__FRAME__MSG_JOIN_REPLY);
   ck_assert_msg(st == 0, "rank 0's Join: %d (%s)", st, why);
-  kill(g_daemon, SIGSTOP);
-  ck_assert_int_eq(waitpid(g_daemon, &st, WUNTRACED), g_daemon);
-  ck_assert(WIFSTOPPED(st));
+  daemon_pause();
   raw_join(c, "held", 0, &sh, 0);
   raw_health_send(a, "held");
   {
@@ -2222,9 +2220,7 @@ START_TEST(test_hung_up_holder_answered) {
     ;
   ck_assert_msg(kind == DCPX__FRAME__MSG_REPLY && st == 0,
                 "the holder's Leave: kind %d, %d (%s)", kind, st, why);
-  Dcpx__Frame *eof = NULL;
-  ck_assert_int_eq(dcpx__poll_until(a, POLLIN, dcpx__deadline_ms(5000)), 1);
-  ck_assert_int_eq(dcpx__frame_recv(a, &eof, NULL, 0, NULL), DCPX_E_CONNRESET);
+  expect_eof(a);
   while ((kind = next_answer(c, &st, why, sizeof(why))) ==
          DCPX__FRAME__MSG_EVENT)
     ;
