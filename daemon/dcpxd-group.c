@@ -1356,6 +1356,10 @@ static bool join_unattached(dcpxd_conn *c, const Dcpx__Join *j);
  * in the refusal table (join_refuse). */
 void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
                       int nfds) {
+  if (c->exited) /* read after its process exited (dcpxd-server.c) */
+    return join_refuse(c, DCPX_E_CONNRESET,
+                       "process %d exited before dcpxd read its Join",
+                       (int)c->pid);
   if (j0->reattach && j0->group && dcpx__group_name_ok(j0->group))
     c->reattach_j = j0;
   group_join(c, j0, fds, nfds);

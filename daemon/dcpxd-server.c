@@ -34,7 +34,9 @@
  *   5. A member's death is seen two ways, whichever comes first: its socket
  *      hangs up (the kernel closes it when the process dies), or its pidfd
  *      turns readable (the process exited, though a child it forked may
- *      still hold the socket open). Both end in dcpxd_conn_close.
+ *      still hold the socket open). Both answer first what it sent that
+ *      the socket holds (a Leave is a Leave), then end in
+ *      dcpxd_conn_close.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -378,13 +380,24 @@ void dcpxd_conn_idle_arm(dcpxd_conn *c) {
 
 /* ---- the peer process ------------------------------------------------------ */
 
+static void conn_drain(dcpxd_conn *c);
+
+/* The peer process exited. What it sent before is answered first, in
+ * order, as far as its socket holds it now (no waiting: a child it forked
+ * may keep the socket open): a Leave among it counts as a Leave, not as a
+ * death (they differ for a group adopted after a restart, dcpxd-group.c),
+ * even when this event comes before the socket's. The rest, its rank if
+ * it still holds one, is its death. */
 static void on_pid_exit(uv_poll_t *h, int status, int events) {
   dcpxd_conn *c = h->data;
 
   uv_poll_stop(h);
   if (c->closing)
     return;
-  dcpxd_conn_close(c, LOG_INFO, "process %d exited", (int)c->pid);
+  c->exited = true;
+  conn_drain(c);
+  if (!c->closing)
+    dcpxd_conn_close(c, LOG_INFO, "process %d exited", (int)c->pid);
   dcpxd_manager_update(c->m);
 }
 
@@ -533,8 +546,11 @@ static const char *recv_error_text(int r) {
 }
 
 /* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
- * peer is gone, c closes or a Join of it waits (conn_watch). */
-static void read_frames(dcpxd_conn *c) {
+ * peer is gone, c closes or a Join of it waits (conn_watch). Returns
+ * whether it found the socket empty (nothing more to read now). */
+static bool read_frames(dcpxd_conn *c) {
+  bool empty = false;
+
   c->reading = true;
   for (int i = 0; i < RECV_BATCH && !c->closing && !dcpxd_conn_join_waits(c);
        i++) {
@@ -542,8 +558,10 @@ static void read_frames(dcpxd_conn *c) {
     int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
     /* Only a reattaching Join carries fds; any others are closed. */
     int r = dcpx__frame_recv(c->fd, &f, fds, DCPX_FRAME_MAX_FDS, &nfds);
-    if (r == -EAGAIN)
+    if (r == -EAGAIN) {
+      empty = true;
       break;
+    }
     if (r == DCPX_E_CONNRESET) {
       dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
                        "connection closed by peer");
@@ -572,18 +590,26 @@ static void read_frames(dcpxd_conn *c) {
     dcpx__frame_free(f);
   }
   c->reading = false;
+  return empty;
 }
 
-void dcpxd_conn_hangup(dcpxd_conn *c) {
-  /* Each pass reads at most RECV_BATCH frames; what a socket can hold is
-   * bounded, and its end of stream closes c. The bound is a guard; so is
-   * `reading`: requests of c being handled led here (they cannot be
-   * answered ahead of the one in hand), and c is only closed. */
+/* What c's peer sent before it went away is answered, in order, as far
+ * as it can be read now (a Leave among it counts as a Leave); a Join of
+ * it that waits is given up first. Each pass reads at most RECV_BATCH
+ * frames; what a socket can hold is bounded, and its end of stream
+ * closes c. The bound is a guard; so is `reading`: requests of c being
+ * handled led here (they cannot be answered ahead of the one in hand). */
+static void conn_drain(dcpxd_conn *c) {
   for (int i = 0; i < 64 && !c->closing && !c->reading; i++) {
     if (dcpxd_conn_join_waits(c))
       dcpxd_group_join_gone(c);
-    read_frames(c);
+    if (read_frames(c))
+      break;
   }
+}
+
+void dcpxd_conn_hangup(dcpxd_conn *c) {
+  conn_drain(c);
   if (!c->closing)
     dcpxd_conn_close(c, LOG_INFO, "the peer hung up");
 }

@@ -87,6 +87,8 @@ struct dcpxd_conn {
   bool admin;   /* root, dcpxd's uid or an admin-gid member (7.1) */
   bool closing; /* dcpxd_conn_close() called; in the reap list */
   bool reading; /* its requests are being read (read_frames) */
+  bool exited;  /* its process exited (pid_poll): what it sent is read, a
+                 * Join refused, and then it closes */
   char agent[64];
   char close_reason[160];
 
@@ -142,9 +144,11 @@ bool dcpxd_conn_join_waits(const dcpxd_conn *c);
  * That may change or destroy c's group, and any group c's requests name:
  * the caller looks its group up again. */
 void dcpxd_conn_hangup(dcpxd_conn *c);
-/* Watches the peer process (member connections): when it exits, the
- * connection is closed as if it had hung up. 0, or a negative code when
- * the kernel has no pidfd (then only the socket's hang-up tells). */
+/* Watches the peer process (member connections): when it exits, what it
+ * sent that the socket holds is answered first (a Leave counts as a
+ * Leave), then the connection is closed as if it had hung up. 0, or a
+ * negative code when the kernel has no pidfd (then only the socket's
+ * hang-up tells). */
 int dcpxd_conn_watch_pid(dcpxd_conn *c);
 
 /* ---- groups (dcpxd-group.c) -------------------------------------------- */

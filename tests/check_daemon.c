@@ -2233,6 +2233,143 @@ START_TEST(test_hung_up_holder_answered) {
 }
 END_TEST
 
+/* Sends a Leave on s; the Reply is not read here. */
+static void raw_leave_send(int s) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Leave lv = DCPX__LEAVE__INIT;
+  f.msg_case = DCPX__FRAME__MSG_LEAVE;
+  f.leave = &lv;
+  ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
+}
+
+/* The detail of the next ABORT event on s (within 5 s; what comes before
+ * it is skipped) into why. */
+static void next_abort(int s, char *why, size_t why_len) {
+  for (;;) {
+    Dcpx__Frame *f = NULL;
+    ck_assert_int_eq(dcpx__poll_until(s, POLLIN, dcpx__deadline_ms(5000)), 1);
+    ck_assert_int_eq(dcpx__frame_recv(s, &f, NULL, 0, NULL), 0);
+    const int abort = f->msg_case == DCPX__FRAME__MSG_EVENT &&
+                      f->event->kind == DCPX__EVENT__KIND__ABORT;
+    if (abort)
+      snprintf(why, why_len, "%s", f->event->detail ? f->event->detail : "");
+    dcpx__frame_free(f);
+    if (abort)
+      return;
+  }
+}
+
+/* More requests than dcpxd reads from a connection in one go (32). */
+#define EXIT_QUERIES 48
+
+/* The answers on s to EXIT_QUERIES queries, a Leave and a Join sent after
+ * the process that connected s exited (events skipped): 0 if each came
+ * in order (the queries', the Leave's Reply 0, the Join's refusal
+ * DCPX_E_CONNRESET), then the end of stream; else the answer's number
+ * + 1. No ck_assert: this is no test process of Check's. */
+static int exit_answers(int s) {
+  for (int k = 0;;) {
+    Dcpx__Frame *f = NULL;
+    if (dcpx__poll_until(s, POLLIN, dcpx__deadline_ms(5000)) != 1)
+      return k + 1;
+    const int r = dcpx__frame_recv(s, &f, NULL, 0, NULL);
+    if (r < 0)
+      return r == DCPX_E_CONNRESET && k == EXIT_QUERIES + 2 ? 0 : k + 1;
+    const int kind = f->msg_case;
+    const Dcpx__Reply *rp = kind == DCPX__FRAME__MSG_REPLY ? f->reply
+                            : kind == DCPX__FRAME__MSG_JOIN_REPLY
+                                ? f->join_reply->reply
+                                : NULL;
+    const int ok =
+        kind == DCPX__FRAME__MSG_EVENT ||
+        (k < EXIT_QUERIES && kind == DCPX__FRAME__MSG_QUERY_REPLY) ||
+        (k == EXIT_QUERIES && rp && rp->status == 0) ||
+        (k == EXIT_QUERIES + 1 && kind == DCPX__FRAME__MSG_JOIN_REPLY && rp &&
+         rp->status == DCPX_E_CONNRESET);
+    k += kind != DCPX__FRAME__MSG_EVENT;
+    dcpx__frame_free(f);
+    if (!ok)
+      return k;
+  }
+}
+
+/* Rank 1 of `group` (shape sh), a process of its own over raw frames:
+ * joins, then, told to (go), sends EXIT_QUERIES health queries, a Leave
+ * and a Join, forks a child that holds its socket open, and exits
+ * unanswered. The child, told to (hold closes), reads the answers and
+ * writes exit_answers' result to res. */
+static void leaver_proc(const char *group, const dcpx_shape *sh, int go,
+                        const int *hold, int res) {
+  char x;
+  int s = raw_connect();
+  if (raw_hello(s, DCPX_PROTO_VERSION) != 0 ||
+      raw_join(s, group, 1, sh, 1) != 0 || read(go, &x, 1) != 1)
+    _exit(1);
+  for (int i = 0; i < EXIT_QUERIES; i++)
+    raw_health_send(s, group);
+  raw_leave_send(s);
+  raw_join(s, group, 1, sh, 0);
+  const pid_t holder = fork();
+  if (holder == 0) { /* the socket stays open: only the pidfd tells */
+    close(hold[1]);
+    (void)read(hold[0], &x, 1);
+    x = (char)exit_answers(s);
+    _exit(write(res, &x, 1) == 1 ? 0 : 1);
+  }
+  _exit(holder > 0 ? 0 : 2);
+}
+
+/* A member sends requests, a Leave and a Join, and exits while a child
+ * it forked holds its socket open: dcpxd learns of the exit from its
+ * pidfd alone. dcpxd is stopped meanwhile, so that it sees the exit with
+ * the Leave still unread (behind more requests than it reads in one go).
+ * What the member sent is answered, in order, and the Leave counts as a
+ * Leave: the other rank's ABORT says the rank left the group; the Join,
+ * read after the exit, is refused (DCPX_E_CONNRESET), and the connection
+ * closes. (dcpxd closed the connection at the exit, the rest unread and
+ * unanswered: a death, "process P exited"; for a group adopted after a
+ * restart a death keeps the group for a replacement where a Leave lets
+ * it go.) */
+START_TEST(test_leave_read_at_exit) {
+  dcpx_shape sh;
+  spec sp = small("exitleave", 2);
+  char why[512], x = 1;
+  int go[2], hold[2], res[2], st;
+  daemon_start();
+  shape_of(&sp, &sh);
+  ck_assert(pipe(go) == 0 && pipe(hold) == 0 && pipe(res) == 0);
+  int a = raw_connect();
+  ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
+  raw_join(a, "exitleave", 0, &sh, 0);
+  const pid_t leaver = fork();
+  ck_assert_int_ge(leaver, 0);
+  if (leaver == 0)
+    leaver_proc("exitleave", &sh, go[0], hold, res[1]);
+  close(hold[0]);
+  close(res[1]);
+  ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == 0, "rank 0's Join: %d (%s)", st, why);
+  daemon_pause();
+  ck_assert_int_eq(write(go[1], &x, 1), 1);
+  ck_assert_int_eq(waitpid(leaver, &st, 0), leaver);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1: 0x%x", st);
+  kill(g_daemon, SIGCONT);
+  next_abort(a, why, sizeof(why));
+  ck_assert_msg(strstr(why, "left the group"),
+                "rank 1's Leave, sent before it exited, was not read: %s",
+                why);
+  close(hold[1]); /* the holder reads the answers */
+  ck_assert_int_eq(read(res[0], &x, 1), 1);
+  ck_assert_msg(x == 0, "rank 1's answer %d was not the one expected", x);
+  close(go[0]);
+  close(go[1]);
+  close(res[0]);
+  close(a);
+  daemon_stop();
+}
+END_TEST
+
 /* A join with join_timeout_ms 0 waits as long as dcpxd's join timeout
  * (its Hello reply says it), not a fixed 30 s: a daemon of 1 s that hangs
  * after the Join leaves the join waiting 1 s + 10 s of slack, where it
@@ -2368,6 +2505,7 @@ int main(void) {
   tcase_add_test(tc, test_join_gone_while_replaced);
   tcase_add_test(tc, test_join_gone_while_group_completes);
   tcase_add_test(tc, test_hung_up_holder_answered);
+  tcase_add_test(tc, test_leave_read_at_exit);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
