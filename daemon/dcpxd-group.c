@@ -1723,6 +1723,20 @@ void dcpxd_group_join_gone(dcpxd_conn *c) {
               rank, name);
 }
 
+void dcpxd_group_join_stopped(dcpxd_conn *c, const char *why) {
+  char name[DCPX_GROUP_NAME_MAX + 1];
+  const uint32_t rank = c->rank, joined = c->group->live;
+  const uint32_t W = c->group->shape.world;
+
+  dcpxd_bprintf(name, "%s", c->group->name);
+  member_leaves(c, false); /* stopping: may destroy the group */
+  join_refuse(c, DCPX_E_CONNRESET,
+              "dcpxd is shutting down (%s): the Join for rank %u of group "
+              "'%s' waited for its group (%u of %u ranks joined), which "
+              "will not form; join again once dcpxd is back",
+              why, rank, name, joined, W);
+}
+
 /* ---- fault hook ---------------------------------------------------------- */
 
 int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,

@@ -21,12 +21,14 @@
  *
  * Startup: settings (exit 2 if bad), the records store (exit 1 if the
  * state dir is unusable; never because of damaged records), the socket,
- * then READY=1. Shutdown: STOPPING=1, every connection closed, the socket
- * unlinked if we made it, the loop drained, everything freed. Groups are
- * not aborted: the ranks keep calling on the memory they mapped, see their
- * connection close, and reattach to the next dcpxd, which adopts the
- * groups from their memory (dcpxd-group.c; docs/ARCHITECTURE.md, "Daemon
- * restart"). A SIGKILLed or crashed daemon is the same to them.
+ * then READY=1. Shutdown: STOPPING=1, every Join that waits for its group
+ * refused (DCPX_E_CONNRESET, with the reason), every connection closed,
+ * the socket unlinked if we made it, the loop drained, everything freed.
+ * Groups are not aborted: the ranks keep calling on the memory they
+ * mapped, see their connection close, and reattach to the next dcpxd,
+ * which adopts the groups from their memory (dcpxd-group.c;
+ * docs/ARCHITECTURE.md, "Daemon restart"). A SIGKILLed or crashed daemon
+ * is the same to them.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -170,6 +172,8 @@ static void manager_stop(dcpxd_manager *m, const char *why) {
   dcpxd_server_stop(m);
   for (c = TAILQ_FIRST(&m->conns); c; c = next) {
     next = TAILQ_NEXT(c, link);
+    if (dcpxd_conn_join_waits(c)) /* answered, not left to an EOF */
+      dcpxd_group_join_stopped(c, why);
     dcpxd_conn_flush(c); /* the ABORT events, best effort */
     dcpxd_conn_close(c, LOG_DEBUG, "dcpxd is shutting down");
   }

@@ -286,6 +286,10 @@ void dcpxd_group_member_gone(dcpxd_conn *c);
 /* c hung up while its Join waited (dcpxd_conn_join_wait): the rank is
  * freed and the Join refused, DCPX_E_CONNRESET (docs/PROTOCOL.md 10.3). */
 void dcpxd_group_join_gone(dcpxd_conn *c);
+/* At shutdown (m->stopping, `why`: the signal): c's Join waits for its
+ * group, which will not form now: the rank is freed and the Join refused,
+ * DCPX_E_CONNRESET, before c closes (docs/PROTOCOL.md 10.3). */
+void dcpxd_group_join_stopped(dcpxd_conn *c, const char *why);
 
 /* Sets the abort word (if 0) to `reason`, stores the group's wait records,
  * and sends Event ABORT to every live member. rank: the rank concerned or

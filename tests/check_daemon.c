@@ -2370,6 +2370,56 @@ START_TEST(test_leave_read_at_exit) {
 }
 END_TEST
 
+static void *stop_join(void *arg) {
+  intr_arg *a = arg;
+  dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+  o.group = "stopped";
+  o.rank = 0;
+  a->r = dcpx_join(a->c, &a->sh, &o, &a->m);
+  return NULL;
+}
+
+/* dcpxd shuts down (SIGTERM) while Joins wait for their groups: each is
+ * answered before its connection closes, with a JoinReply that refuses
+ * it (DCPX_E_CONNRESET) and says why: over raw frames, the JoinReply and
+ * then the end of stream; through libdcpx, dcpx_join returns
+ * DCPX_E_CONNRESET and dcpx_client_last_error gives dcpxd's reason.
+ * (dcpxd closed the connections unanswered: a bare end of stream, which
+ * libdcpx could only guess at.) */
+START_TEST(test_join_answered_at_shutdown) {
+  intr_arg a = {0};
+  pthread_t th;
+  dcpx_shape sh;
+  spec sp = small("stopped", 2);
+  char why[512];
+  int st;
+  daemon_start();
+  shape_of(&sp, &sh);
+  a.sh = sh;
+  ck_assert_int_eq(dcpx_connect(g_sock, &a.c), 0);
+  ck_assert_int_eq(pthread_create(&th, NULL, stop_join, &a), 0);
+  int s = raw_connect();
+  ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
+  raw_join(s, "stopped-raw", 0, &sh, 0);
+  wait_rank_joined("stopped", 0);
+  wait_rank_joined("stopped-raw", 0);
+  daemon_stop();
+  ck_assert_int_eq(next_answer(s, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == DCPX_E_CONNRESET && strstr(why, "shutting down") &&
+                    strstr(why, "rank 0 of group 'stopped-raw'"),
+                "the waiting Join: %d (%s)", st, why);
+  expect_eof(s);
+  close(s);
+  pthread_join(th, NULL);
+  const char *last = dcpx_client_last_error(a.c);
+  ck_assert_msg(a.r == DCPX_E_CONNRESET && last &&
+                    strstr(last, "dcpxd is shutting down (SIGTERM)"),
+                "dcpx_join: %d (%s)", a.r, last ? last : "(none)");
+  dcpx_disconnect(a.c);
+}
+END_TEST
+
 /* A join with join_timeout_ms 0 waits as long as dcpxd's join timeout
  * (its Hello reply says it), not a fixed 30 s: a daemon of 1 s that hangs
  * after the Join leaves the join waiting 1 s + 10 s of slack, where it
@@ -2506,6 +2556,7 @@ int main(void) {
   tcase_add_test(tc, test_join_gone_while_group_completes);
   tcase_add_test(tc, test_hung_up_holder_answered);
   tcase_add_test(tc, test_leave_read_at_exit);
+  tcase_add_test(tc, test_join_answered_at_shutdown);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
