@@ -152,6 +152,13 @@ START_TEST(test_option_errors) {
   USAGE_ERR("--until", "records", "--until", "0");
   USAGE_ERR("--until", "records", "--until", "@0");
   USAGE_ERR("--until", "records", "--until", "1970-01-01T00:00:00Z");
+  /* A date past 2554-07-21 has no uint64 nanosecond count: it wrapped to
+   * a time in the past (--until 2600-...: no records; --since: every
+   * record since 2015), and nothing said so. */
+  USAGE_ERR("--until", "records", "--until", "2600-01-01T00:00:00Z");
+  USAGE_ERR("--since", "records", "--since", "9999-12-31T23:59:59Z");
+  USAGE_ERR("--since", "records", "--since", "2554-07-21T23:34:34Z");
+  CTL(3, "records", "--since", "2554-07-21T23:34:33Z"); /* the last: no dcpxd */
   /* A rank no group can have (W <= 16) matched nothing: "no records",
    * exit 0, for a typo. */
   USAGE_ERR("--rank", "records", "--rank", "16");

@@ -219,7 +219,11 @@ static bool parse_time_ns(const char *s, uint64_t *ret) {
     struct tm back;
     time_t t = timegm(&tm);
     /* timegm normalises: 2025-02-30 would become 2 March */
-    if (t < 0 || !gmtime_r(&t, &back) || back.tm_year != want.tm_year ||
+    /* A time past 2554-07-21 has no uint64 nanosecond count: refused, as
+     * a wrapped one would be a time in the past (records --until
+     * 2600-01-01T00:00:00Z listed nothing). */
+    if (t < 0 || (uint64_t)t > UINT64_MAX / 1000000000ull ||
+        !gmtime_r(&t, &back) || back.tm_year != want.tm_year ||
         back.tm_mon != want.tm_mon || back.tm_mday != want.tm_mday ||
         back.tm_hour != want.tm_hour || back.tm_min != want.tm_min ||
         back.tm_sec != want.tm_sec)
@@ -1316,11 +1320,13 @@ static int cmd_records(int argc, char **argv) {
       break;
     case 's':
       if (!parse_time_ns(optarg, &q.since_ns))
-        return usage_error("--since: cannot parse time '%s'", optarg);
+        return usage_error("--since: cannot parse time '%s' (a time from "
+                           "1970 to 2554)", optarg);
       break;
     case 'u':
       if (!parse_time_ns(optarg, &q.until_ns))
-        return usage_error("--until: cannot parse time '%s'", optarg);
+        return usage_error("--until: cannot parse time '%s' (a time from "
+                           "1970 to 2554)", optarg);
       /* 0 on the wire is no end at all (PROTOCOL.md 10.4): every record
        * would come back for a window that holds none */
       if (q.until_ns == 0)
