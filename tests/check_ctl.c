@@ -1,6 +1,7 @@
 /* check_ctl.c - dcpxctl for operators and monitoring (issue 15): help on
  * every command, its bad options (a usage error like its others), stats
- * --output to a dangling symbolic link, and `dcpxctl check`'s four Nagios
+ * --output to a dangling symbolic link, standard output that cannot be
+ * written (exit 5, check UNKNOWN), and `dcpxctl check`'s four Nagios
  * codes against a private dcpxd ($DCPXD) with rank processes
  * (tests/health_harness.h):
  *
@@ -203,6 +204,95 @@ START_TEST(test_output_link) {
   CTL(5, "stats", outarg);
   CC_ASSERT(strstr(g_o.err, "symbolic link"), "no reason: %s", g_o.err);
   hh_daemon_stop(&g_d, SIGTERM);
+  hh_daemon_cleanup(&g_d);
+  memset(&g_d, 0, sizeof(g_d));
+}
+END_TEST
+
+/* dcpxctl --socket g_d.sock ARGS with standard output on /dev/full (fd:
+ * "full") or closed ("closed"); its stderr into g_o.err. Returns its exit
+ * status, or -1. */
+static int ctl_bad_stdout(const char *how, ...) {
+  const char *bin = getenv("DCPXCTL");
+  const char *argv[16];
+  int pe[2], n = 0, st;
+  va_list ap;
+  pid_t pid;
+
+  argv[n++] = bin ? bin : "./tools/dcpxctl";
+  argv[n++] = "--socket";
+  argv[n++] = g_d.sock;
+  va_start(ap, how);
+  for (const char *a; (a = va_arg(ap, const char *)) && n < 15;)
+    argv[n++] = a;
+  va_end(ap);
+  argv[n] = NULL;
+  if (pipe2(pe, O_CLOEXEC) < 0)
+    return -1;
+  pid = fork();
+  if (pid == 0) {
+    int fd = open("/dev/full", O_WRONLY | O_CLOEXEC);
+    if (strcmp(how, "full") == 0) {
+      if (fd < 0 || dup2(fd, 1) < 0)
+        _exit(126);
+    } else {
+      close(1);
+    }
+    dup2(pe[1], 2);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  close(pe[1]);
+  g_o.n_err = 0;
+  for (ssize_t k; (k = read(pe[0], g_o.err + g_o.n_err,
+                            sizeof(g_o.err) - 1 - g_o.n_err)) > 0;)
+    g_o.n_err += (size_t)k;
+  g_o.err[g_o.n_err] = 0;
+  close(pe[0]);
+  if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+    return -1;
+  return WEXITSTATUS(st);
+}
+
+#define CTL_BAD_STDOUT(want, how, ...)                                       \
+  do {                                                                       \
+    int rc_ = ctl_bad_stdout(how, __VA_ARGS__, (char *)NULL);                \
+    CC_ASSERT(rc_ == (want) &&                                               \
+                  strstr(g_o.err, "cannot write standard output"),           \
+              "dcpxctl %s > %s: exit %d, expected %d, stderr '%s'",         \
+              #__VA_ARGS__, how, rc_, (want), g_o.err);                      \
+  } while (0)
+
+/* An answer that cannot reach standard output (a full disk, a closed
+ * descriptor) is an error: exit status 5 (check: 3, UNKNOWN) and a line
+ * on stderr. It exited 0, and `dcpxctl stats > FILE` on a full disk left
+ * a cut or empty FILE behind a success. An error the command had (a
+ * usage error, no dcpxd) keeps its status. */
+START_TEST(test_stdout_error) {
+  CC_ASSERT(hh_daemon_start(&g_d, NULL) == 0, "dcpxd did not come up");
+  CTL_BAD_STDOUT(5, "full", "groups");
+  CTL_BAD_STDOUT(5, "full", "health");
+  CTL_BAD_STDOUT(5, "full", "stats", "--format=prometheus");
+  CTL_BAD_STDOUT(5, "full", "--json", "records");
+  CTL_BAD_STDOUT(5, "full", "--help");
+  CTL_BAD_STDOUT(5, "full", "--version");
+  CTL_BAD_STDOUT(5, "full", "stats", "--help");
+  CTL_BAD_STDOUT(3, "full", "check");
+  CTL_BAD_STDOUT(5, "closed", "groups");
+  CTL_BAD_STDOUT(3, "closed", "check");
+  /* stats --output FILE writes no standard output: not an error */
+  char outarg[240];
+  snprintf(outarg, sizeof(outarg), "--output=%s/m.prom", g_d.dir);
+  CC_ASSERT(ctl_bad_stdout("full", "stats", "--format=prometheus", outarg,
+                           (char *)NULL) == 0 &&
+                g_o.err[0] == 0,
+            "stats --output with stdout on /dev/full: '%s'", g_o.err);
+  /* the command's own error first */
+  CC_ASSERT(ctl_bad_stdout("full", "bogus", (char *)NULL) == 2, "usage");
+  hh_daemon_stop(&g_d, SIGTERM);
+  strcpy(g_d.sock, "/nonexistent/d.sock");
+  CC_ASSERT(ctl_bad_stdout("full", "--json", "groups", (char *)NULL) == 3,
+            "unreachable: %s", g_o.err);
   hh_daemon_cleanup(&g_d);
   memset(&g_d, 0, sizeof(g_d));
 }
@@ -596,6 +686,7 @@ int main(void) {
   tcase_add_test(tc, test_help);
   tcase_add_test(tc, test_option_errors);
   tcase_add_test(tc, test_output_link);
+  tcase_add_test(tc, test_stdout_error);
   tcase_add_test(tc, test_check_codes);
   tcase_add_test(tc, test_check_records);
   tcase_add_test(tc, test_trimmed_reply);

@@ -1053,7 +1053,7 @@ static const struct {
      "Exit status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (usage error,\n"
      "dcpxd answered with an error, e.g. an unknown GROUP, the caller is no\n"
      "admin, or it may not reach dcpxd: permission denied, a uid not\n"
-     "allowed).\n"},
+     "allowed; or the status line could not be written).\n"},
 };
 
 static const char common_opts_help[] =
@@ -1173,11 +1173,16 @@ static int output_begin(const char *path, char *tmp, size_t n) {
   return 0;
 }
 
+/* Set once output_end closed stdout (the --output FILE): main's check of
+ * standard output is then done. */
+static bool stdout_closed;
+
 static int output_end(const char *path, const char *tmp) {
   /* fsync only what is renamed: a pipe or a terminal cannot sync. */
   bool ok = fflush(stdout) == 0 && !ferror(stdout) &&
             (!tmp[0] || fsync(fileno(stdout)) == 0);
   int err = errno;
+  stdout_closed = true;
   if (fclose(stdout) != 0 && ok) {
     ok = false;
     err = errno;
@@ -1916,13 +1921,41 @@ static void help(void) {
       "  3  cannot reach dcpxd (not running, no permission, version "
       "mismatch,\n     no answer)\n"
       "  4  dcpxd answered with an error (unknown group, refused command)\n"
-      "  5  stats --output FILE could not be written\n"
+      "  5  the output could not be written (stats --output FILE, or\n"
+      "     standard output: a full disk)\n"
       "check exits 0 OK, 1 WARNING, 2 CRITICAL (also: dcpxd unreachable), "
       "3 UNKNOWN.\n",
       DEFAULT_SOCKET);
 }
 
-int main(int argc, char **argv) {
+/* The command run (NULL before it is known): check exits with its own
+ * codes when standard output fails too. */
+static const char *the_cmd;
+
+/* Standard output, written as it went (stdio buffers it), must have
+ * reached its file: a full disk or a closed descriptor would otherwise
+ * leave a cut or empty answer behind an exit status of 0 (dcpxctl stats
+ * > FILE). Says so, and returns EXIT_OUTPUT (check: UNKNOWN) instead of
+ * a success; an error status the command had already stays. */
+static int stdout_check(int r) {
+  if (stdout_closed)
+    return r;
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout))
+    return r;
+  const int err = errno;
+  fprintf(stderr, "dcpxctl: cannot write standard output: %s\n",
+          err ? strerror(err) : "write error");
+  if (the_cmd && strcmp(the_cmd, "check") == 0)
+    return NAGIOS_UNKNOWN;
+  return r >= EXIT_USAGE ? r : EXIT_OUTPUT;
+}
+
+static int run(int argc, char **argv);
+
+int main(int argc, char **argv) { return stdout_check(run(argc, argv)); }
+
+static int run(int argc, char **argv) {
   static const struct option opts[] = {
       GLOBAL_OPTS,
       {"help", no_argument, NULL, 'h'},
@@ -1962,7 +1995,7 @@ int main(int argc, char **argv) {
       (void)global_opt(opt);
     }
   }
-  cmd = optind < argc ? argv[optind] : NULL;
+  cmd = the_cmd = optind < argc ? argv[optind] : NULL;
   if (bad[0]) /* dcpxctl(1): check exits 3 UNKNOWN on any usage error */
     return cmd && strcmp(cmd, "check") == 0
                ? check_line(NAGIOS_UNKNOWN, "%s", bad)
