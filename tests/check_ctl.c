@@ -164,6 +164,21 @@ START_TEST(test_option_errors) {
    * exit 0, for a typo. */
   USAGE_ERR("--rank", "records", "--rank", "16");
   USAGE_ERR("--rank", "records", "--rank", "-2");
+  /* An empty --socket (`--socket "$S"` with S unset) is a usage error: it
+   * asked $DCPX_SOCKET's or the default dcpxd instead, silently. */
+  USAGE_ERR("--socket needs a path", "groups", "--socket", "");
+  USAGE_ERR("--socket needs a path", "--socket=", "health");
+  USAGE_ERR("--socket needs a path", "stats", "--socket=");
+  CTL(3, "check", "--socket", "");
+  one_line("UNKNOWN");
+  CC_ASSERT(strstr(g_o.out, "--socket needs a path"), "%s", g_o.out);
+  CTL(3, "--socket", "", "check");
+  one_line("UNKNOWN");
+  CC_ASSERT(strstr(g_o.out, "--socket needs a path"), "%s", g_o.out);
+  /* check's bad --timeout is its one line too (stderr had a second) */
+  CTL(3, "check", "--timeout", "0");
+  one_line("UNKNOWN");
+  CC_ASSERT(strstr(g_o.out, "1..3600"), "%s", g_o.out);
   /* A socket path over a Unix socket's 107 bytes: check says so on its
    * one UNKNOWN line (it said "query failed", the reason on stderr). */
   memset(g_d.sock, 'x', sizeof(g_d.sock) - 1);

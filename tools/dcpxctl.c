@@ -1092,9 +1092,27 @@ static int cmd_usage(const char *name) {
   {"socket", required_argument, NULL, 'S'}, {"json", no_argument, NULL, 'J'},   \
   {"timeout", required_argument, NULL, 'T'}
 
+/* What is wrong with global option opt's value arg, or NULL. An empty
+ * --socket is refused: libdcpx would take it for no path at all and ask
+ * $DCPX_SOCKET's or the default dcpxd instead, so that `--socket "$S"`
+ * with S unset checked another daemon than the one meant, and said
+ * nothing (dcpxd refuses an empty --socket too). */
+static const char *global_problem(int opt, const char *arg) {
+  uint64_t v;
+  if (opt == 'S' && !arg[0])
+    return "--socket needs a path (leave it out for $DCPX_SOCKET, else "
+           DEFAULT_SOCKET ")";
+  if (opt == 'T' && (!parse_u64(arg, &v) || v == 0 || v > 3600))
+    return "--timeout must be 1..3600 seconds";
+  return NULL;
+}
+
 /* Handles a global option (--socket, --json, --timeout). */
 static int global_opt(int opt) {
+  const char *why = opt == 'J' ? NULL : global_problem(opt, optarg);
   uint64_t v;
+  if (why)
+    return usage_error("%s", why);
   switch (opt) {
   case 'S':
     arg_socket = optarg;
@@ -1103,8 +1121,7 @@ static int global_opt(int opt) {
     arg_json = true;
     return 0;
   case 'T':
-    if (!parse_u64(optarg, &v) || v == 0 || v > 3600)
-      return usage_error("--timeout must be 1..3600 seconds");
+    (void)parse_u64(optarg, &v);
     arg_timeout_ms = (int)v * 1000;
     return 0;
   default:
@@ -1616,6 +1633,7 @@ static int check_parse(int argc, char **argv, check_limits *l) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   char bad[256];
+  const char *why;
   int opt;
 
   opterr = 0; /* a bad option is the status line's UNKNOWN, not stderr */
@@ -1650,13 +1668,14 @@ static int check_parse(int argc, char **argv, check_limits *l) {
         return check_line(NAGIOS_UNKNOWN,
                           "--records-critical must be a count (0: never)");
       break;
-    case 'S':
     case 'J': /* refused after the loop, wherever it was given */
       global_opt(opt);
       break;
+    case 'S':
     case 'T':
-      if (global_opt(opt))
-        return check_line(NAGIOS_UNKNOWN, "bad --timeout");
+      if ((why = global_problem(opt, optarg)))
+        return check_line(NAGIOS_UNKNOWN, "%s", why);
+      global_opt(opt);
       break;
     default: /* '?' or ':' */
       option_problem(bad, sizeof(bad), opt, argc, argv, opts);
@@ -1963,7 +1982,7 @@ static int run(int argc, char **argv) {
       {NULL, 0, NULL, 0}};
   const char *cmd;
   char bad[200] = ""; /* the first bad global option */
-  uint64_t v;
+  const char *why;
   int opt, r;
 
   setlocale(LC_CTYPE, "");
@@ -1980,11 +1999,14 @@ static int run(int argc, char **argv) {
       printf("dcpxctl %s (protocol %u)\n", DCPX_VERSION_STRING,
              DCPX_PROTO_VERSION);
       return EXIT_OK;
+    case 'S':
     case 'T':
-      if (!bad[0] && (!parse_u64(optarg, &v) || v == 0 || v > 3600))
-        snprintf(bad, sizeof(bad), "--timeout must be 1..3600 seconds");
-      else
+      if ((why = global_problem(opt, optarg))) {
+        if (!bad[0])
+          snprintf(bad, sizeof(bad), "%s", why);
+      } else {
         (void)global_opt(opt);
+      }
       break;
     case '?':
     case ':':
