@@ -8,7 +8,8 @@
 # counters (dcpx_health: calls, rows, rescue_rows, failed_calls) equal to
 # its own tally of its calls: dcpx-demo's exit status, and its
 # `exact:` and `counters: ok` lines (so a check that stopped running
-# fails too). First, bad numeric options must be refused; other bad
+# fails too); a run that stopped early reports figures of the calls made
+# only. First, bad numeric options must be refused; other bad
 # arguments too, and a dcpxd that cannot start is reported with its log,
 # leaving no runtime folder behind (nor does a SIGTERM).
 set -eu
@@ -169,6 +170,15 @@ if [ "$st" -ne 1 ] ||
   echo "demo-smoke: FAIL: a missing socket: exit $st" >&2
   exit 1
 fi
+# ... and no figures of calls and joins that never were: it printed
+# "p50 0.0 ... max 0.0" and "join-to-ready: 0 us".
+if ! grep -q "^call latency (push+merge, per rank, us): no call was made$" \
+      "$out" || ! grep -q "^join-to-ready: none (0 of 2 ranks joined)$" "$out"
+then
+  cat "$out"
+  echo "demo-smoke: FAIL: a missing socket: latency or join figures" >&2
+  exit 1
+fi
 
 # An operator reset mid-run ends the demo's ranks (they do not recover
 # from what they did not inject): the exact line counts the calls every
@@ -194,6 +204,14 @@ if [ -z "$reset" ] || [ "$st" -ne 1 ] || [ -z "$n" ] ||
     [ "${n% *}" != "${n#* }" ] || [ "${n% *}" -lt 1 ]; then
   cat "$out"
   echo "demo-smoke: FAIL: an operator reset mid-run: exit $st, '$n'" >&2
+  exit 1
+fi
+# The latencies are those of the calls made, not of the 400,000 asked
+# for (most never made: p50 and p90 were 0.0).
+if ! grep -q "^call latency .*: p50 [0-9.]* .* (of the calls made)$" "$out" ||
+    grep -q "^call latency .*: p50 0\.0 " "$out"; then
+  cat "$out"
+  echo "demo-smoke: FAIL: an operator reset mid-run: latency figures" >&2
   exit 1
 fi
 echo "demo-smoke: ok"

@@ -432,7 +432,7 @@ static int rank_join(rank_ctx *x) {
   }
   x->sh->join_start[x->rank] = now_us();
   r = dcpx_join(x->cl, &x->shape, &x->jo, &x->m);
-  x->sh->join_end[x->rank] = now_us();
+  x->sh->join_end[x->rank] = r == 0 ? now_us() : 0; /* 0: not joined */
   if (r < 0 && dcpx_client_last_error(x->cl))
     fprintf(stderr, "dcpx-demo: rank %u: join refused: %s\n", x->rank,
             dcpx_client_last_error(x->cl));
@@ -1177,6 +1177,9 @@ static shared *shared_map(const opts *o, size_t *ret_bytes) {
     perror("dcpx-demo: mmap");
     return NULL;
   }
+  /* -1: a call this rank never timed (the run stopped before it) */
+  for (size_t i = 0; i < (size_t)o->world * o->calls; i++)
+    sh->lat_us[i] = -1.0;
   sh->bad = (uint8_t *)sh + sizeof(shared) + latbytes;
   sh->faulted = sh->bad + o->calls;
   sh->checked = sh->faulted + o->calls;
@@ -1281,32 +1284,47 @@ static int run_ranks(const opts *o, shared *sh, pid_t *daemon_pid) {
   return failed;
 }
 
-/* Latency percentiles, the rescue rate and join-to-ready. */
+/* Latency percentiles, the rescue rate and join-to-ready: of the calls
+ * and joins that were made. A run that stopped early (a rank failed, no
+ * dcpxd) printed percentiles over its calls never made, as 0 us. */
 static void report_perf(const opts *o, shared *sh, double wall) {
-  size_t n = (size_t)o->world * o->calls;
+  size_t n = (size_t)o->world * o->calls, skip = 0;
   qsort(sh->lat_us, n, sizeof(double), cmp_double);
+  while (skip < n && sh->lat_us[skip] < 0) /* never timed: sorted first */
+    skip++;
+  const double *lat = sh->lat_us + skip;
+  n -= skip;
   printf("dcpx-demo: W=%u rows=%u N=%u K=%u local=%u calls=%u backend=%s "
          "(%.1f s)\n",
          o->world, o->rows, o->local_topk, o->topk, o->local_len, o->calls,
          o->cuda ? "cuda" : "host", wall);
-  printf("call latency (push+merge, per rank, us): p50 %.1f  p90 %.1f  "
-         "p99 %.1f  max %.1f\n",
-         sh->lat_us[n / 2], sh->lat_us[n * 9 / 10], sh->lat_us[n * 99 / 100],
-         sh->lat_us[n - 1]);
+  if (n == 0)
+    printf("call latency (push+merge, per rank, us): no call was made\n");
+  else
+    printf("call latency (push+merge, per rank, us): p50 %.1f  p90 %.1f  "
+           "p99 %.1f  max %.1f%s\n",
+           lat[n / 2], lat[n * 9 / 10], lat[n * 99 / 100], lat[n - 1],
+           skip ? " (of the calls made)" : "");
   printf("rescue rate: %.2f%% of rows (%llu of %llu)\n",
          sh->rows ? 100.0 * (double)sh->rescue_rows / (double)sh->rows : 0.0,
          (unsigned long long)sh->rescue_rows, (unsigned long long)sh->rows);
   /* Join-to-ready: from the last rank's dcpx_join call (the moment the
    * group can form) to the last rank's return (all members mapped). */
   double last_call = 0, last_ret = 0;
+  uint32_t joined = 0;
   for (uint32_t r = 0; r < o->world; r++) {
+    joined += sh->join_end[r] > 0;
     if (sh->join_start[r] > last_call)
       last_call = sh->join_start[r];
     if (sh->join_end[r] > last_ret)
       last_ret = sh->join_end[r];
   }
-  printf("join-to-ready: %.0f us (last join call to last member ready)\n",
-         last_ret - last_call);
+  if (joined < o->world)
+    printf("join-to-ready: none (%u of %u ranks joined)\n", joined,
+           o->world);
+  else
+    printf("join-to-ready: %.0f us (last join call to last member ready)\n",
+           last_ret - last_call);
 }
 
 /* The fault and exact lines; returns the exit status. */
