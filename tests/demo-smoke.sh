@@ -100,6 +100,8 @@ refused "local_topk 64 must be less than topk 64" --topk 64 --local-topk 64
 # A group name dcpxd refuses: said before dcpxd and the ranks start (every
 # join was refused, and the run printed the latencies of no calls).
 refused "--group 'a b'" --group 'a b'
+# An empty --socket: it connected to $DCPX_SOCKET's or the default dcpxd.
+refused "--socket needs a path" --socket ''
 refused "1..63 bytes" --group x123456789x123456789x123456789x123456789x123456789x123456789x123
 
 # No dcpxd: its reason is shown, and no /tmp/dcpx-demo.* folder stays.

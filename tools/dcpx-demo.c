@@ -1130,6 +1130,14 @@ static int check_opts(const opts *o) {
                     "of [A-Za-z0-9._-]\n", o->group, DCPX_GROUP_NAME_MAX);
     return 2;
   }
+  /* An empty --socket (`--socket "$S"` with S unset): libdcpx takes it for
+   * none and connects to $DCPX_SOCKET's or the default dcpxd, not to a
+   * private one either. */
+  if (o->socket && !o->socket[0]) {
+    fprintf(stderr, "dcpx-demo: --socket needs a path (leave it out for a "
+                    "private dcpxd)\n");
+    return 2;
+  }
   /* Request t's KV blocks are ids t * cols .. (t + 1) * cols - 1, so
    * KV rows reach rows * cols * B - 1, which must be an int32. */
   const uint64_t cols = ((uint64_t)o->local_len + o->block_size - 1) /
