@@ -62,6 +62,18 @@ for h in -h --help; do
 done
 
 run --world 4 --rows 4 --local-len 3000 --calls 8
+
+# A report (or help) that cannot be written (a full disk) fails the run
+# and says why: it exited 0 with the report lost.
+for args in "--world 2 --rows 2 --local-len 512 --calls 2" "--help"; do
+  st=0
+  "$demo" $args >/dev/full 2>"$out" || st=$?
+  if [ "$st" -eq 0 ] || ! grep -q "cannot write standard output" "$out"; then
+    cat "$out"
+    echo "demo-smoke: FAIL: dcpx-demo $args >/dev/full: exit $st" >&2
+    exit 1
+  fi
+done
 run --world 3 --rows 4 --local-len 2048 --calls 8 --fault-at 3
 run --world 2 --rows 3 --local-len 2048 --calls 4 --fault-at 3 --fault-rank 0
 # One row, K close to the logits' length: the stalled rank must still

@@ -1459,6 +1459,18 @@ static void stop_daemon(pid_t pid, const char *dir) {
   remove_dir(dir);
 }
 
+/* The report (or the help) must have reached standard output: on a full
+ * disk or a closed descriptor it was lost, and a run that was all exact
+ * exited 0 all the same. Says so, and fails the run. */
+static int stdout_done(int rc) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout))
+    return rc;
+  fprintf(stderr, "dcpx-demo: cannot write standard output: %s\n",
+          errno ? strerror(errno) : "write error");
+  return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
   opts o = {.world = 8, .rows = 64, .calls = 50, .topk = 2048,
             .local_topk = 512, .local_len = 16384, .block_size = 64,
@@ -1472,7 +1484,7 @@ int main(int argc, char **argv) {
 
   find_self_dir(&o);
   if ((rc = parse_args(&o, argc, argv)) >= 0 || (rc = check_opts(&o)) != 0)
-    return rc;
+    return stdout_done(rc);
   if (!o.group) {
     snprintf(group, sizeof(group), "demo-%d", (int)getpid());
     o.group = group;
@@ -1523,5 +1535,5 @@ int main(int argc, char **argv) {
     catch_signals(SIG_DFL);
     raise(g_signal);
   }
-  return rc;
+  return stdout_done(rc);
 }
