@@ -316,7 +316,16 @@ int main(int argc, char **argv) {
   r = dcpxd_conf_load(&conf, argc, argv);
   if (r != DCPXD_CONF_RUN) {
     dcpxd_conf_done(&conf);
-    return r == DCPXD_CONF_EXIT ? EXIT_SUCCESS : 2;
+    if (r != DCPXD_CONF_EXIT)
+      return 2;
+    /* --help, --version: their text must have reached standard output
+     * (a full disk, a closed descriptor: it exited 0 with none). */
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+      return EXIT_SUCCESS;
+    log_error("Cannot write standard output: %s",
+              errno ? strerror(errno) : "write error");
+    return EXIT_FAILURE;
   }
   dcpxd_log_max_level = conf.log_level;
   dcpxd_log_rate_burst = conf.log_rate_burst;

@@ -77,4 +77,13 @@ for mode in journal plain; do
     grep -q '^<[0-7]>' "$f" && fail "a prefix on a plain stderr"
   fi
 done
+# --help and --version whose text cannot be written (standard output on
+# a full disk) fail with an error line: they exited 0 with no text.
+for opt in --help --version; do
+  "$dcpxd" $opt > /dev/full 2> "$d/full.err"
+  rc=$?
+  test $rc -eq 1 || fail "dcpxd $opt > /dev/full exited $rc, not 1"
+  grep -q '^error: Cannot write standard output' "$d/full.err" ||
+    fail "dcpxd $opt > /dev/full: no error line"
+done
 echo "log-stream: prefixes only on the journal stream"
