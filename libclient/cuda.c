@@ -409,10 +409,198 @@ static void nccl_stalled(void *arg, uint32_t which) {
 }
 #endif
 
+/* Every workspace this rank reads or writes (ll: all W; nccl: its own),
+ * the control page mapped into the device, and the peers' addresses in
+ * device memory, into *ret_ctl_dev and cu. */
+static int cuda_map(const struct dcpx_member *m, struct dcpx__cuda *cu,
+                    void **ret_ctl_dev) {
+  const uint32_t W = m->shape.world;
+  int r = 0;
+  for (uint32_t d = 0; d < W && r == 0; d++)
+    if (m->transport == DCPX_TRANSPORT_LL || d == m->rank)
+      r = map_ws(cu, d, m->ws_fd[d], m->L.ws_bytes);
+  if (r < 0)
+    return r;
+  if (!CUDA_OK(cudaHostRegister(m->ctl, m->ctl_bytes,
+                                cudaHostRegisterMapped |
+                                    cudaHostRegisterPortable)))
+    return DCPX_E_CUDA;
+  cu->registered = 1;
+  if (!CUDA_OK(cudaHostGetDevicePointer(ret_ctl_dev, m->ctl, 0)) ||
+      !CUDA_OK(cudaMalloc((void **)&cu->peers, sizeof(char *) * W)) ||
+      !CUDA_OK(cudaMemcpy(cu->peers, cu->va, sizeof(char *) * W,
+                          cudaMemcpyHostToDevice)))
+    return DCPX_E_CUDA;
+  return 0;
+}
+
+/* The kernels' context from the group's shape and the mappings. */
+static void kctx_fill(const struct dcpx_member *m, struct dcpx__cuda *cu,
+                      char *ctl_dev) {
+  dcpx_kctx *k = &cu->k;
+  k->world = m->shape.world;
+  k->rank = m->rank;
+  k->rows_max = m->shape.rows;
+  k->topk = m->shape.topk;
+  k->local_topk = m->shape.local_topk;
+  k->block_size = m->shape.block_size;
+  k->interleave = m->shape.interleave;
+  k->max_local = m->shape.max_local;
+  k->L = m->L;
+  k->peers = cu->peers;
+  k->ws = (char *)(uintptr_t)cu->va[m->rank];
+  k->ctl = (dcpx_ctl_header *)ctl_dev;
+  k->health = (dcpx_rank_health *)(ctl_dev + m->L.off_ranks);
+  k->records = (dcpx_wait_record *)(ctl_dev + m->L.off_records);
+  k->poll_storm = getenv("DCPX_POLL_STORM") != NULL; /* measurement only */
+}
+
+/* The merge's staging buffer (when a row's lists do not fit in shared
+ * memory), the call counters, and the kernels' one-time setup. */
+static int kctx_buffers(struct dcpx__cuda *cu) {
+  dcpx_kctx *k = &cu->k;
+  const size_t stage = dcpx_k_merge_stage_bytes(k);
+  if (stage && !CUDA_OK(cudaMalloc((void **)&cu->stage, stage)))
+    return DCPX_E_NOMEM;
+  k->stage = cu->stage;
+  if (!CUDA_OK(cudaMalloc((void **)&cu->ctr, sizeof(dcpx_k_counters)))) {
+    cu->ctr = NULL;
+    return DCPX_E_NOMEM;
+  }
+  /* zeroed before any kernel of ours can run on the caller's stream (which
+   * may not wait for the legacy stream) */
+  if (!CUDA_OK(cudaMemset(cu->ctr, 0, sizeof(dcpx_k_counters))) ||
+      !CUDA_OK(cudaStreamSynchronize(0)))
+    return DCPX_E_CUDA;
+  k->ctr = cu->ctr;
+  return DCPX_KLOG(dcpx_k_prepare(), "dcpx_k_prepare");
+}
+
+#ifdef HAVE_NCCL
+/* The NCCL transport's communicator, for the generation the group runs
+ * (or 0 while it recovers: made anew when the recovery completes). */
+static int nccl_setup(struct dcpx_member *m, struct dcpx__cuda *cu,
+                      const uint8_t *nccl_id, size_t nccl_id_len, char *why,
+                      size_t why_len) {
+  dcpx_kctx *k = &cu->k;
+  /* No NCCL wait may outlast a dead peer (nccl.c's file comment). */
+  /* A collective NCCL could not enqueue at once is setting up its
+   * connections (seconds, on first use): the larger of the call and
+   * join timeouts, so that a short call timeout cannot abort a healthy
+   * communicator for good. */
+  const uint64_t setup_ns = (uint64_t)join_ms(m) * 1000000u;
+  const dcpx__nccl_bounds b = {
+      join_ms(m), m->timeout_ns > setup_ns ? m->timeout_ns : setup_ns,
+      &m->hdr->abort, &m->health[m->rank].failed,
+      &m->hdr->timeout_ns, nccl_stalled, m};
+  /* A group aborted (a replacement joins it) or recovering: its
+   * communicators are made anew when the recovery completes, in
+   * dcpx_recover (dcpx__cuda_recovered). */
+  /* The generation and the recovery test as one snapshot (the
+   * generation unchanged around the test): a recovery that completed
+   * between two separate reads gave a replacement rank 0 below an
+   * ack_id_gen one past the generation its id was sent for, and its
+   * next acknowledgement sent that used id again. */
+  uint32_t gen_now, gen_after;
+  int recovering;
+  do {
+    gen_now = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+    recovering = dcpx__member_needs_recovery(m);
+    gen_after = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+  } while (gen_now != gen_after);
+  const uint32_t gen = recovering ? 0u : gen_now;
+  /* The group runs (gen != 0): the id every other member uses for gen
+   * is the control page's (written before the generation), not
+   * necessarily the JoinReply's: a replacement's reply carries the id
+   * dcpxd held at its join, and rank 0 may send a fresh one (its
+   * RecoverAck) before the recovery completes, which can happen before
+   * this read. At formation both are the same. */
+  uint8_t hid[DCPX_NCCL_ID_BYTES];
+  const size_t hlen = gen ? ctl_nccl_id(m, gen, hid) : 0;
+  /* A replacement rank 0 of an aborted group: dcpxd holds its Join's id
+   * for the recovery (docs/PROTOCOL.md 6.9 step 5), so its RecoverAck
+   * sends that one again instead of making another (whose bootstrap
+   * root would listen for ranks that never come). */
+  if (!gen && m->rank == 0 && m->join_nccl_id_len) {
+    memcpy(cu->ack_id, m->join_nccl_id, m->join_nccl_id_len);
+    cu->ack_id_len = m->join_nccl_id_len;
+    cu->ack_id_gen = gen_now;
+  }
+  if (hlen) {
+    nccl_id = hid;
+    nccl_id_len = hlen;
+  }
+  int r = dcpx__nccl_init(&m->shape, m->rank, cu->device, k->ws, nccl_id,
+                          nccl_id_len, gen, &b, why, why_len, &cu->nccl);
+  if (r >= 0)
+    dcpx__nccl_counters(cu->nccl, cu->ctr, k->health + m->rank);
+  return r;
+}
+#else
+static int nccl_setup(struct dcpx_member *m, struct dcpx__cuda *cu,
+                      const uint8_t *nccl_id, size_t nccl_id_len, char *why,
+                      size_t why_len) {
+  (void)m, (void)cu, (void)nccl_id, (void)nccl_id_len, (void)why,
+      (void)why_len;
+  return DCPX_E_TRANSPORT; /* unreachable: refused before (no NCCL) */
+}
+#endif
+
+/* The LL transport's launch shapes: half blocks past one wave of rows,
+ * the grid cap of ranks sharing a GPU, PDL, and the saturated rank's
+ * top-K list; then the context's own check. */
+static int ll_setup(const struct dcpx_member *m, struct dcpx__cuda *cu,
+                    const int32_t *gpu) {
+  const uint32_t W = m->shape.world;
+  dcpx_kctx *k = &cu->k;
+  /* A call with more rows than the GPU has SMs pushes with half blocks,
+   * two per SM, in one wave (push.cu dcpx_k_push_threads). */
+  int nsm = 0, split = 0;
+  if (!CUDA_OK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount,
+                                      cu->device)))
+    return DCPX_E_CUDA;
+  k->push_split_rows = (uint32_t)nsm;
+  if (DCPX_KLOG(dcpx_k_merge_split_ok(k, &split), "dcpx_k_merge_split_ok") <
+      0)
+    return DCPX_E_CUDA;
+  k->merge_split_rows = split ? (uint32_t)nsm : 0u;
+  /* Ranks sharing this GPU must all fit at once (see the file comment). */
+  uint32_t share = 0;
+  for (uint32_t d = 0; d < W; d++)
+    share += gpu[d] == gpu[m->rank];
+  if (share > 1) {
+    int bps = 0;
+    if (DCPX_KLOG(dcpx_k_merge_occupancy(k, &bps), "dcpx_k_merge_occupancy") <
+        0)
+      return DCPX_E_CUDA;
+    /* One share per rank, and one more left for the push grids. */
+    uint32_t cap = (uint32_t)(nsm * (bps > 0 ? bps : 1)) / (share + 1);
+    k->max_blocks = cap ? cap : 1;
+  }
+  /* PDL with one rank per GPU (bench/RESULTS.md: 1-2 us per call there;
+   * ranks sharing a GPU lose SMs to merges that start early). */
+  k->pdl = share <= 1 ? !getenv("DCPX_NO_PDL") : getenv("DCPX_PDL") != NULL;
+  /* A saturated rank's top-K list: selected by the merge while it waits
+   * for the lists (PDL, calls that fit the GPU twice), or kept by the push
+   * (dcpx_kernels.h). */
+  k->resc_early = dcpx_k_resc_early_rows(k, nsm);
+  if (dcpx_k_klist_wanted(k) &&
+      !CUDA_OK(cudaMalloc((void **)&cu->klist, dcpx_k_klist_bytes(k))))
+    return DCPX_E_NOMEM;
+  k->klist = cu->klist;
+  cu->kx = *k;
+  cu->kx.klist = NULL;
+  return dcpx_k_ctx_check(k);
+}
+
+/* This rank's GPU side, in order: the transport (auto: agreed by every
+ * rank through the control page), the mappings, the kernels' context and
+ * buffers, then NCCL's communicator or the LL launch shapes. On failure
+ * everything made is undone (dcpx__cuda_fini); the caller's current
+ * context is given back either way. */
 int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
                     const uint8_t *nccl_id, size_t nccl_id_len, char *why,
                     size_t why_len) {
-  const uint32_t W = m->shape.world;
   struct dcpx__cuda *cu;
   CUcontext prev = NULL; /* the caller's, given back (dcpx__cuda_fini) */
   int32_t gpu[DCPX_MAX_WORLD], local[DCPX_MAX_WORLD];
@@ -456,182 +644,20 @@ int dcpx__cuda_init(struct dcpx_member *m, const dcpx__join_gpus *jg,
     const char *e = getenv("DCPX_PTR_CHECK");
     cu->check_ptrs = !(e && e[0] == '0' && !e[1]);
   }
-  if (!CUDA_OK(cudaSetDevice(cu->device)) ||
-      !DRV_OK(D.ctx_get(&cu->ctx)) || !cu->ctx) {
-    r = DCPX_E_CUDA;
-    goto out;
-  }
-  /* ll: every rank's workspace; nccl: only the own one. */
-  for (uint32_t d = 0; d < W && r == 0; d++)
-    if (m->transport == DCPX_TRANSPORT_LL || d == m->rank)
-      r = map_ws(cu, d, m->ws_fd[d], m->L.ws_bytes);
-  if (r < 0)
-    goto out;
-  if (!CUDA_OK(cudaHostRegister(m->ctl, m->ctl_bytes,
-                                cudaHostRegisterMapped |
-                                    cudaHostRegisterPortable))) {
-    r = DCPX_E_CUDA;
-    goto out;
-  }
-  cu->registered = 1;
   void *ctl_dev = NULL;
-  if (!CUDA_OK(cudaHostGetDevicePointer(&ctl_dev, m->ctl, 0)) ||
-      !CUDA_OK(cudaMalloc((void **)&cu->peers, sizeof(char *) * W)) ||
-      !CUDA_OK(cudaMemcpy(cu->peers, cu->va, sizeof(char *) * W,
-                          cudaMemcpyHostToDevice))) {
+  if (!CUDA_OK(cudaSetDevice(cu->device)) ||
+      !DRV_OK(D.ctx_get(&cu->ctx)) || !cu->ctx)
     r = DCPX_E_CUDA;
-    goto out;
+  if (r == 0)
+    r = cuda_map(m, cu, &ctl_dev);
+  if (r == 0) {
+    kctx_fill(m, cu, (char *)ctl_dev);
+    r = kctx_buffers(cu);
   }
-  dcpx_kctx *k = &cu->k;
-  k->world = W;
-  k->rank = m->rank;
-  k->rows_max = m->shape.rows;
-  k->topk = m->shape.topk;
-  k->local_topk = m->shape.local_topk;
-  k->block_size = m->shape.block_size;
-  k->interleave = m->shape.interleave;
-  k->max_local = m->shape.max_local;
-  k->L = m->L;
-  k->peers = cu->peers;
-  k->ws = (char *)(uintptr_t)cu->va[m->rank];
-  k->ctl = (dcpx_ctl_header *)ctl_dev;
-  k->health = (dcpx_rank_health *)((char *)ctl_dev + m->L.off_ranks);
-  k->records = (dcpx_wait_record *)((char *)ctl_dev + m->L.off_records);
-  k->poll_storm = getenv("DCPX_POLL_STORM") != NULL; /* measurement only */
-  size_t stage = dcpx_k_merge_stage_bytes(k);
-  if (stage && !CUDA_OK(cudaMalloc((void **)&cu->stage, stage))) {
-    r = DCPX_E_NOMEM;
-    goto out;
-  }
-  k->stage = cu->stage;
-  if (!CUDA_OK(cudaMalloc((void **)&cu->ctr, sizeof(dcpx_k_counters)))) {
-    cu->ctr = NULL;
-    r = DCPX_E_NOMEM;
-    goto out;
-  }
-  /* zeroed before any kernel of ours can run on the caller's stream (which
-   * may not wait for the legacy stream) */
-  if (!CUDA_OK(cudaMemset(cu->ctr, 0, sizeof(dcpx_k_counters))) ||
-      !CUDA_OK(cudaStreamSynchronize(0))) {
-    r = DCPX_E_CUDA;
-    goto out;
-  }
-  k->ctr = cu->ctr;
-  r = DCPX_KLOG(dcpx_k_prepare(), "dcpx_k_prepare");
-  if (r < 0)
-    goto out;
-#ifdef HAVE_NCCL
-  if (m->transport == DCPX_TRANSPORT_NCCL) {
-    /* No NCCL wait may outlast a dead peer (nccl.c's file comment). */
-    /* A collective NCCL could not enqueue at once is setting up its
-     * connections (seconds, on first use): the larger of the call and
-     * join timeouts, so that a short call timeout cannot abort a healthy
-     * communicator for good. */
-    const uint64_t setup_ns = (uint64_t)join_ms(m) * 1000000u;
-    const dcpx__nccl_bounds b = {
-        join_ms(m), m->timeout_ns > setup_ns ? m->timeout_ns : setup_ns,
-        &m->hdr->abort, &m->health[m->rank].failed,
-        &m->hdr->timeout_ns, nccl_stalled, m};
-    /* A group aborted (a replacement joins it) or recovering: its
-     * communicators are made anew when the recovery completes, in
-     * dcpx_recover (dcpx__cuda_recovered). */
-    /* The generation and the recovery test as one snapshot (the
-     * generation unchanged around the test): a recovery that completed
-     * between two separate reads gave a replacement rank 0 below an
-     * ack_id_gen one past the generation its id was sent for, and its
-     * next acknowledgement sent that used id again. */
-    uint32_t gen_now, gen_after;
-    int recovering;
-    do {
-      gen_now = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
-      recovering = dcpx__member_needs_recovery(m);
-      gen_after = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
-    } while (gen_now != gen_after);
-    const uint32_t gen = recovering ? 0u : gen_now;
-    /* The group runs (gen != 0): the id every other member uses for gen
-     * is the control page's (written before the generation), not
-     * necessarily the JoinReply's: a replacement's reply carries the id
-     * dcpxd held at its join, and rank 0 may send a fresh one (its
-     * RecoverAck) before the recovery completes, which can happen before
-     * this read. At formation both are the same. */
-    uint8_t hid[DCPX_NCCL_ID_BYTES];
-    const size_t hlen = gen ? ctl_nccl_id(m, gen, hid) : 0;
-    /* A replacement rank 0 of an aborted group: dcpxd holds its Join's id
-     * for the recovery (docs/PROTOCOL.md 6.9 step 5), so its RecoverAck
-     * sends that one again instead of making another (whose bootstrap
-     * root would listen for ranks that never come). */
-    if (!gen && m->rank == 0 && m->join_nccl_id_len) {
-      memcpy(cu->ack_id, m->join_nccl_id, m->join_nccl_id_len);
-      cu->ack_id_len = m->join_nccl_id_len;
-      cu->ack_id_gen = gen_now;
-    }
-    if (hlen) {
-      nccl_id = hid;
-      nccl_id_len = hlen;
-    }
-    r = dcpx__nccl_init(&m->shape, m->rank, cu->device, k->ws, nccl_id,
-                        nccl_id_len, gen, &b, why, why_len, &cu->nccl);
-    if (r >= 0)
-      dcpx__nccl_counters(cu->nccl, cu->ctr, k->health + m->rank);
-    goto out;
-  }
-#else
-  (void)nccl_id;
-  (void)nccl_id_len;
-  (void)why;
-  (void)why_len;
-#endif
-
-  /* A call with more rows than the GPU has SMs pushes with half blocks,
-   * two per SM, in one wave (push.cu dcpx_k_push_threads). */
-  int nsm = 0;
-  if (!CUDA_OK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount,
-                                      cu->device))) {
-    r = DCPX_E_CUDA;
-    goto out;
-  }
-  k->push_split_rows = (uint32_t)nsm;
-  int split = 0;
-  if (DCPX_KLOG(dcpx_k_merge_split_ok(k, &split), "dcpx_k_merge_split_ok") <
-      0) {
-    r = DCPX_E_CUDA;
-    goto out;
-  }
-  k->merge_split_rows = split ? (uint32_t)nsm : 0u;
-  /* Ranks sharing this GPU must all fit at once (see the file comment). */
-  uint32_t share = 0;
-  for (uint32_t d = 0; d < W; d++)
-    share += gpu[d] == gpu[m->rank];
-  if (share > 1) {
-    int bps = 0, sms = 0;
-    if (DCPX_KLOG(dcpx_k_merge_occupancy(k, &bps), "dcpx_k_merge_occupancy") <
-            0 ||
-        !CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                                        cu->device))) {
-      r = DCPX_E_CUDA;
-      goto out;
-    }
-    /* One share per rank, and one more left for the push grids. */
-    uint32_t cap = (uint32_t)(sms * (bps > 0 ? bps : 1)) / (share + 1);
-    k->max_blocks = cap ? cap : 1;
-  }
-  /* PDL with one rank per GPU (bench/RESULTS.md: 1-2 us per call there;
-   * ranks sharing a GPU lose SMs to merges that start early). */
-  k->pdl = share <= 1 ? !getenv("DCPX_NO_PDL") : getenv("DCPX_PDL") != NULL;
-  /* A saturated rank's top-K list: selected by the merge while it waits
-   * for the lists (PDL, calls that fit the GPU twice), or kept by the push
-   * (dcpx_kernels.h). */
-  k->resc_early = dcpx_k_resc_early_rows(k, nsm);
-  if (dcpx_k_klist_wanted(k) &&
-      !CUDA_OK(cudaMalloc((void **)&cu->klist, dcpx_k_klist_bytes(k)))) {
-    r = DCPX_E_NOMEM;
-    goto out;
-  }
-  k->klist = cu->klist;
-  cu->kx = *k;
-  cu->kx.klist = NULL;
-  r = dcpx_k_ctx_check(k);
-out:
+  if (r == 0 && m->transport == DCPX_TRANSPORT_NCCL)
+    r = nccl_setup(m, cu, nccl_id, nccl_id_len, why, why_len);
+  else if (r == 0)
+    r = ll_setup(m, cu, gpu);
   if (r < 0)
     dcpx__cuda_fini(m);
   (void)D.ctx_set(prev);
