@@ -3,7 +3,10 @@ machine, no GPU): the bare ctypes calls against a PreparedCall over the
 same buffers, and the eager Member.push + Member.merge (every argument
 checked on every call), W=1, rows 1, K 16 (so the C work is small and the
 Python overhead shows). Prints min / median / max us per push + merge
-over 5 runs of 20,000 calls each (5,000 for the eager calls).
+over 5 runs of 20,000 calls each (5,000 for the eager calls). With torch
+importable, also a PreparedCall over CPU torch tensors (its check that
+no bound array moved reads each tensor's data_ptr, shape and
+contiguity, dearer than a numpy array's shape and strides).
 
 Run from a build tree (make) with the package on PYTHONPATH:
 DCPX_LIBRARY=<build>/libclient/.libs/libdcpx.so.0 DCPXD=<build>/daemon/dcpxd
@@ -63,6 +66,14 @@ def main():
         r = timed(raw)
         q = timed(pc)
         e = timed(eager, n=5000)
+        t = None
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None:  # the same buffers' memory, as tensors
+            tc = m.prepare(*(torch.from_numpy(x) for x in (lg, en, req, bt)))
+            t = timed(tc)
         print(f"package {dcpx.__file__}")
         print("| what | min | median | max |\n|---|---:|---:|---:|")
         print(f"| raw ctypes push + merge | {r[0]:.2f} | {r[1]:.2f} | "
@@ -70,7 +81,12 @@ def main():
         print(f"| PreparedCall() | {q[0]:.2f} | {q[1]:.2f} | {q[2]:.2f} |")
         print(f"| Member.push + Member.merge (numpy) | {e[0]:.2f} | "
               f"{e[1]:.2f} | {e[2]:.2f} |")
-        print(f"PreparedCall over raw (medians): {q[1] - r[1]:.2f} us")
+        if t is not None:
+            print(f"| PreparedCall() over CPU torch tensors | {t[0]:.2f} | "
+                  f"{t[1]:.2f} | {t[2]:.2f} |")
+        print(f"PreparedCall over raw (medians): {q[1] - r[1]:.2f} us"
+              + (f" (torch: {t[1] - r[1]:.2f} us)" if t is not None
+                 else ""))
 
 
 if __name__ == "__main__":

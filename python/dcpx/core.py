@@ -720,7 +720,9 @@ class Member:
         :class:`PreparedCall`'s ``push()`` / ``merge()`` then cost little
         more than the C calls, for an engine that reuses the same
         (persistent) buffers every layer and step. ``stream`` (CUDA): None
-        takes the current torch stream at each call."""
+        takes the current torch stream at each call. Refill the buffers
+        in place: a call over a buffer resized, reshaped or given other
+        storage since raises :class:`InvalidArgument` (prepare again)."""
         rows, stride = self._check_rows(logits, row_ends, "prepare")
         bt_rows, bt_cols = self._check_table(logits, rows, req_id,
                                              block_table)
@@ -944,10 +946,15 @@ class Member:
 class PreparedCall:
     """A push/merge pair over buffers checked once (:meth:`Member.prepare`).
     Refill the bound arrays in place between calls; ``out`` holds the
-    merge's results. It keeps the arrays (and the member) alive."""
+    merge's results. It keeps the arrays (and the member) alive. Every
+    call first checks that each bound array still has the address, shape
+    and layout that prepare saw: one resized (``resize_``, numpy's
+    ``resize``), given other storage (``set_``, ``.data =``) or reshaped
+    in place since is refused with :class:`InvalidArgument` naming it,
+    before any work (prepare again)."""
 
     __slots__ = ("member", "arrays", "out", "_push", "_merge", "_in", "_out",
-                 "_stream", "_cuda")
+                 "_stream", "_cuda", "_wpush", "_wall")
 
     def __init__(self, m: Member, arrays: Tuple[Any, ...], out: MergeResult,
                  rows: int, stride: int, bt_rows: int, bt_cols: int,
@@ -966,6 +973,19 @@ class PreparedCall:
                               p(out.ids_out), p(out.sat_word))
         self._stream = stream
         self._cuda = m._cuda
+        named = tuple(zip(("logits", "row_ends", "req_id", "block_table"),
+                          arrays)) + \
+            tuple(zip(("out.rows_out", "out.valid_out", "out.ids_out",
+                       "out.sat_word"), out))
+        self._wpush = A.watch(named[:2])  # what a push reads
+        self._wall = A.watch(named)
+
+    def _moved(self, name: str) -> None:
+        raise InvalidArgument(
+            context=f"PreparedCall: {name} was resized, reshaped or given "
+                    "other storage since Member.prepare (its address, "
+                    "shape or layout changed): refill the bound arrays in "
+                    "place, or prepare again")
 
     def _s(self) -> Optional[int]:
         if self._stream is not None or not self._cuda:
@@ -974,6 +994,9 @@ class PreparedCall:
 
     def push(self, call_tag: int = 0) -> None:
         """``dcpx_push`` over the bound buffers."""
+        moved = A.moved(self._wpush)
+        if moved is not None:
+            self._moved(moved)
         mb = self.member
         m = mb._begin()
         try:
@@ -986,6 +1009,9 @@ class PreparedCall:
 
     def merge(self, call_tag: int = 0) -> MergeResult:
         """``dcpx_merge`` into ``out``; returns ``out``."""
+        moved = A.moved(self._wall)
+        if moved is not None:
+            self._moved(moved)
         mb = self.member
         m = mb._begin()
         try:
@@ -1000,6 +1026,9 @@ class PreparedCall:
 
     def __call__(self, call_tag: int = 0) -> MergeResult:
         """push, then merge (one in-flight mark for both)."""
+        moved = A.moved(self._wall)
+        if moved is not None:
+            self._moved(moved)
         mb = self.member
         m = mb._begin()
         try:

@@ -3,10 +3,13 @@ them (a new user's audit, session 7): index arrays of the wrong shape
 for ref_call's lists, NUL bytes in names and paths, integers beyond the
 C types, bf16 bit patterns of other integer types."""
 
+import warnings
+
 import numpy as np
 import pytest
 
 import dcpx
+from _ranks import compare
 
 
 def _ref_args(shape):
@@ -196,3 +199,53 @@ def test_out_overlap(member, small_shape):
     assert np.array_equal(res.rows_out, ref.rows_out)
     assert np.array_equal(res.valid_out, ref.valid_out)
     assert np.array_equal(res.ids_out, ref.ids_out)
+
+
+def test_prepared_call_refuses_moved_arrays(member, small_shape):
+    """A numpy array bound by Member.prepare and then resized with
+    refcheck=False (numpy moves its memory), or reshaped or restrided in
+    place, is refused by the PreparedCall's next call with InvalidArgument
+    naming it, before any work: the call used the address and shape
+    prepare saw (freed memory after the resize). A plain resize is
+    refused by numpy itself (the PreparedCall holds the array)."""
+    lg, en, req, bt = _ref_args(small_shape)
+    ref = dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, sat=False)
+
+    def fresh():
+        return ((lg.copy(), en.copy(), req.copy(), bt.copy()),
+                dcpx.MergeResult(np.empty((4, 16), np.int32),
+                                 np.empty(4, np.int32),
+                                 np.empty((4, 16), np.int32)))
+
+    def restride(x):
+        with warnings.catch_warnings():  # deprecated in numpy 2
+            warnings.simplefilter("ignore", DeprecationWarning)
+            x.strides = (4, 16)
+
+    def reshape(x, shape):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            x.shape = shape
+
+    cases = [
+        ("logits", lambda a, o: a[0].resize((64, 1024), refcheck=False)),
+        ("row_ends", lambda a, o: reshape(a[1], (2, 2))),
+        ("block_table", lambda a, o: restride(a[3])),
+        ("out.rows_out", lambda a, o: o.rows_out.resize((1024, 1024),
+                                                        refcheck=False)),
+        ("out.ids_out", lambda a, o: reshape(o.ids_out, (16, 4))),
+    ]
+    for name, change in cases:
+        a, out = fresh()
+        pc = member.prepare(*a, out=out)
+        compare(pc(), ref, 4)
+        with pytest.raises(ValueError, match="refcheck"):
+            a[0].resize((64, 1024))  # numpy's own guard
+        change(a, out)
+        with pytest.raises(dcpx.InvalidArgument,
+                           match=f"PreparedCall: {name} was resized"):
+            pc()
+        assert member.async_error().state == 0  # nothing reached libdcpx
+    a, out = fresh()
+    compare(member.prepare(*a, out=out)(), ref, 4)
+    assert member.health().ok

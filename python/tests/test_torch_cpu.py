@@ -152,3 +152,66 @@ def test_compile_with_a_tag_per_step(daemon, group):
                                      for t in res))
             compare(got, dcpx.ref_call(shape, lg, en, 0, req, bt), 4)
         assert m.health().calls == 6
+
+
+def test_prepared_call_refuses_moved_tensors(member):
+    """A tensor bound by Member.prepare and then resized (resize_), given
+    other storage (set_, .data =, its storage resized) or reshaped in
+    place (as_strided_) is refused by the PreparedCall's next call with
+    InvalidArgument naming it, before any work: the call used the
+    addresses and shapes prepare saw, and read freed memory (a row_end of
+    213833898 after row_ends.set_) or wrote past an output."""
+    shape = member.shape
+    lg, en = inputs(23, 0, 1, 4, 128, "random")
+    req, bt = tables(0, 4, 128, 4)
+    ref = dcpx.ref_call(shape, lg, en, 0, req, bt)
+
+    def fresh():
+        a = (_lg(lg[0]).clone(), torch.from_numpy(en[0]).clone(),
+             torch.from_numpy(req).clone(), torch.from_numpy(bt).clone())
+        out = dcpx.MergeResult(torch.empty((4, 16), dtype=torch.int32),
+                               torch.empty(4, dtype=torch.int32),
+                               torch.empty((4, 16), dtype=torch.int32),
+                               torch.empty(4, dtype=torch.int32))
+        return a, out
+
+    cases = [
+        ("logits", lambda a, o: a[0].resize_(64, 1024)),      # moves
+        ("logits", lambda a, o: a[0].resize_(2, 128)),        # shrinks
+        ("row_ends", lambda a, o: a[1].set_(torch.full((4,), 128,
+                                                       dtype=torch.int32))),
+        ("req_id", lambda a, o: setattr(a[2], "data", a[2].clone())),
+        ("block_table", lambda a, o: a[3].as_strided_((4, 32), (1, 4))),
+        ("block_table", lambda a, o: a[3].untyped_storage().resize_(0)),
+        ("out.rows_out", lambda a, o: o.rows_out.resize_(1024, 1024)),
+        ("out.valid_out", lambda a, o: o.valid_out.resize_(2)),
+        ("out.ids_out", lambda a, o: o.ids_out.set_()),
+        ("out.sat_word", lambda a, o: o.sat_word.resize_(4, 1)),
+    ]
+    def same(res):  # on copies: a numpy view pins a tensor's storage
+        compare(dcpx.MergeResult(*(t.clone() for t in res)), ref, 4)
+
+    for name, change in cases:
+        a, out = fresh()
+        pc = member.prepare(*a, out=out, sat=True)
+        same(pc())
+        a[1].copy_(torch.from_numpy(en[0]))  # refilled in place: fine
+        same(pc())
+        change(a, out)
+        calls = [pc]
+        if name in ("logits", "row_ends"):
+            calls.append(pc.push)  # a push reads only these two
+        else:
+            pc.push()
+            calls.append(pc.merge)
+        for call in calls:
+            with pytest.raises(dcpx.InvalidArgument,
+                               match=f"PreparedCall: {name} was resized"):
+                call()
+        if name not in ("logits", "row_ends"):
+            a2, out2 = fresh()  # the push's merge, over fresh buffers
+            same(member.merge(*a2, out=out2, sat=True))
+        assert member.async_error().state == 0  # nothing reached libdcpx
+    a, out = fresh()
+    same(member.prepare(*a, out=out, sat=True)())
+    assert member.health().ok
