@@ -19,6 +19,12 @@ _NP_OK = {BF16: ("uint16", "int16", "bfloat16"), I32: ("int32",),
           U32: ("uint32", "int32")}
 _TORCH_OK = {BF16: ("bfloat16", "int16", "uint16"), I32: ("int32",),
              U32: ("int32", "uint32")}
+#: The element size of each kind: every array of a call is aligned to it
+#: (include/dcpx.h: "aligned to their element"). The CUDA backend's
+#: launchers refuse a misaligned one, which fails the rank, with a vague
+#: reason ("not enqueued: a NULL or misaligned array ..."); the host
+#: backend reads it through int32 and uint16 pointers unchecked.
+_ALIGN = {BF16: 2, I32: 4, U32: 4}
 _HINT = {BF16: "bf16 bit patterns: a numpy uint16/int16 array "
                "(dcpx.to_bf16_bits(x) converts floats) or a torch "
                "bfloat16/int16 tensor",
@@ -102,6 +108,16 @@ def _check_tensor(x: Any, name: str, kind: str, ndim: int,
     if not x.is_contiguous():
         raise InvalidArgument(context=f"{name} must be C-contiguous (use "
                               ".contiguous())")
+    if x.data_ptr() % _ALIGN[kind] and x.numel():
+        raise InvalidArgument(context=_misaligned(name, kind, x.data_ptr(),
+                                                  ".clone()"))
+
+
+def _misaligned(name: str, kind: str, addr: int, fix: str) -> str:
+    n = _ALIGN[kind]
+    return (f"{name} must be aligned to its {n}-byte element (libdcpx "
+            f"reads it as such), but its data starts at {addr:#x}, "
+            f"{addr % n} byte(s) past: copy it ({fix})")
 
 
 _NP_SEEN: dict = {}
@@ -138,8 +154,10 @@ def check_array(x: Any, name: str, kind: str, ndim: int,
             raise DeviceError(context=f"{name} is a numpy array, but the "
                               f"member uses the CUDA backend on "
                               f"cuda:{where[1]}: pass torch CUDA tensors")
-        contiguous = bool(x.flags.c_contiguous and x.flags.aligned)
-        if writable and not x.flags.writeable:
+        flags = x.flags
+        contiguous = bool(flags.c_contiguous)
+        aligned = bool(flags.aligned) or not x.size
+        if writable and not flags.writeable:
             raise InvalidArgument(context=f"{name} is read-only")
     else:
         raise DtypeError(context=f"{name} must be a numpy array or a torch "
@@ -153,6 +171,9 @@ def check_array(x: Any, name: str, kind: str, ndim: int,
     if not contiguous:
         raise InvalidArgument(context=f"{name} must be C-contiguous (use "
                               ".contiguous() / np.ascontiguousarray)")
+    if not aligned:
+        raise InvalidArgument(context=_misaligned(name, kind, x.ctypes.data,
+                                                  "x.copy()"))
 
 
 #: What an empty torch tensor passes (its data_ptr() is 0, which libdcpx
@@ -301,9 +322,10 @@ def to_numpy_host(x: Any, name: str, kind: str, ndim: int) -> Any:
         if _dtype_name(x) == "bfloat16":
             x = x.view(_torch().int16)
         x = x.contiguous().numpy()
-    x = np.asarray(x)
-    check_array(np.ascontiguousarray(x), name, kind, ndim, ("cpu", -1))
-    x = np.ascontiguousarray(x)
+    # a C-contiguous, aligned copy of what is neither (np.require: a
+    # misaligned array stays misaligned through np.ascontiguousarray)
+    x = np.require(np.asarray(x), requirements="CA")
+    check_array(x, name, kind, ndim, ("cpu", -1))
     if kind == BF16 and x.dtype.name == "bfloat16":
         x = x.view(np.uint16)
     return x

@@ -5,7 +5,8 @@ Arrays: logits are bf16 bit patterns ``[rows][len]`` (numpy ``uint16`` or
 is ``int32``. A member of the host backend takes numpy arrays and CPU torch
 tensors; a member of the CUDA backend takes torch CUDA tensors on its
 device and enqueues on ``torch.cuda.current_stream()`` (or ``stream=``).
-Everything is checked (dtype, device, shape, contiguity) before any work.
+Everything is checked (dtype, device, shape, contiguity, alignment to the
+element) before any work.
 """
 
 from __future__ import annotations

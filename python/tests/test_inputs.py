@@ -249,3 +249,73 @@ def test_prepared_call_refuses_moved_arrays(member, small_shape):
     a, out = fresh()
     compare(member.prepare(*a, out=out)(), ref, 4)
     assert member.health().ok
+
+
+def _misaligned(a, by):
+    """A copy of numpy array a whose data starts `by` bytes past a 16-byte
+    boundary (numpy flags it unaligned when `by` is not a multiple of its
+    element size)."""
+    buf = np.zeros(a.nbytes + 32, np.uint8)
+    off = (-buf.ctypes.data) % 16 + by
+    m = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    m[...] = a
+    return m
+
+
+def test_misaligned_arrays(member, small_shape):
+    """Arrays whose data is not aligned to their element (logits 2 bytes,
+    the int32 arrays 4: include/dcpx.h) are refused with InvalidArgument
+    naming the array and the rule, before any work; they were refused as
+    "must be C-contiguous" (numpy's aligned flag was folded into that
+    check). ref_call copies them (as it copies what is not contiguous)."""
+    lg, en, req, bt = _ref_args(small_shape)
+    R, K, N = small_shape.rows, small_shape.topk, small_shape.local_topk
+    ref = dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, sat=True)
+    names = ("logits", "row_ends", "req_id", "block_table", "out.rows_out",
+             "out.valid_out", "out.ids_out", "out.sat_word")
+    good = [lg, en, req, bt, np.empty((R, K), np.int32),
+            np.empty(R, np.int32), np.empty((R, K), np.int32),
+            np.empty(R, np.uint32)]
+
+    def calls(a):
+        """Each way to pass the arrays a: eager push + merge, and
+        prepare + call; each leaves no push unmerged."""
+        def eager():
+            member.push(a[0], a[1])
+            try:
+                return member.merge(*a[:4], out=a[4:])
+            except dcpx.InvalidArgument:
+                member.merge(lg, en, req, bt)  # the push's merge
+                raise
+        return (eager, lambda: member.prepare(*a[:4], out=a[4:])())
+
+    for k, name in enumerate(names):
+        n = 2 if name == "logits" else 4
+        for by in range(1, n):
+            a = list(good)
+            a[k] = _misaligned(good[k], by)
+            assert not a[k].flags.aligned
+            for call in calls(a):
+                with pytest.raises(dcpx.InvalidArgument,
+                                   match=f"{name} must be aligned to its "
+                                         f"{n}-byte element"):
+                    call()
+        a = list(good)
+        a[k] = _misaligned(good[k], n)  # aligned: taken
+        for call in calls(a):
+            compare(call(), ref, R)
+    vals = np.ascontiguousarray(lg[:, :N])  # push_list's lists too
+    idx = np.tile(np.arange(N, dtype=np.int32), (R, 1))
+    with pytest.raises(dcpx.InvalidArgument,
+                       match="values must be aligned to its 2-byte"):
+        member.push_list(_misaligned(vals, 1), idx, en)
+    with pytest.raises(dcpx.InvalidArgument,
+                       match="indices must be aligned to its 4-byte"):
+        member.push_list(vals, _misaligned(idx, 2), en)
+    assert member.async_error().state == 0  # nothing reached libdcpx
+    assert member.last_error() == ""
+    # the oracle copies them
+    got = dcpx.ref_call(small_shape, [_misaligned(lg, 1)],
+                        [_misaligned(en, 2)], 0, _misaligned(req, 1),
+                        _misaligned(bt, 3), sat=True)
+    compare(got, ref, R)

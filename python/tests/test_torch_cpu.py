@@ -215,3 +215,57 @@ def test_prepared_call_refuses_moved_tensors(member):
     a, out = fresh()
     same(member.prepare(*a, out=out, sat=True)())
     assert member.health().ok
+
+
+def _misaligned(t, by):
+    """A CPU tensor equal to t whose data starts `by` bytes past a 16-byte
+    boundary (torch.frombuffer takes any byte offset)."""
+    buf = bytearray(t.numel() * t.element_size() + 32)
+    base = torch.frombuffer(buf, dtype=torch.uint8).data_ptr()
+    x = torch.frombuffer(buf, dtype=t.dtype, count=t.numel(),
+                         offset=(-base) % 16 + by).view(t.shape)
+    x.copy_(t)
+    return x
+
+
+def test_misaligned_tensors(member):
+    """CPU tensors whose data is not aligned to their element (logits 2
+    bytes, the int32 arrays 4: include/dcpx.h) are refused with
+    InvalidArgument naming the tensor and the rule, before any work, as
+    the CUDA path's checks report theirs (the host backend read them
+    unchecked; the CUDA launchers refuse them and fail the rank)."""
+    shape = member.shape
+    lg, en = inputs(29, 0, 1, 4, 128, "random")
+    req, bt = tables(0, 4, 128, 4)
+    ref = dcpx.ref_call(shape, lg, en, 0, req, bt, sat=True)
+    good = [_lg(lg[0]), torch.from_numpy(en[0]), torch.from_numpy(req),
+            torch.from_numpy(bt), torch.empty((4, 16), dtype=torch.int32),
+            torch.empty(4, dtype=torch.int32),
+            torch.empty((4, 16), dtype=torch.int32),
+            torch.empty(4, dtype=torch.int32)]
+    names = ("logits", "row_ends", "req_id", "block_table", "out.rows_out",
+             "out.valid_out", "out.ids_out", "out.sat_word")
+    for k, name in enumerate(names):
+        n = 2 if name == "logits" else 4
+        for by in range(1, n):
+            a = list(good)
+            a[k] = _misaligned(good[k], by)
+            assert a[k].data_ptr() % n == by
+            with pytest.raises(dcpx.InvalidArgument,
+                               match=f"{name} must be aligned to its "
+                                     f"{n}-byte element.*clone"):
+                member.prepare(*a[:4], out=a[4:])
+            if k < 2:
+                with pytest.raises(dcpx.InvalidArgument, match=name):
+                    member.push(a[0], a[1])
+            else:
+                member.push(a[0], a[1])
+                with pytest.raises(dcpx.InvalidArgument, match=name):
+                    member.merge(*a[:4], out=a[4:])
+                member.merge(*good[:4])  # the push's merge
+        a = list(good)
+        a[k] = _misaligned(good[k], n)  # aligned: taken
+        res = member.prepare(*a[:4], out=a[4:])()
+        compare(dcpx.MergeResult(*(t.clone() for t in res)), ref, 4)
+    assert member.async_error().state == 0  # nothing reached libdcpx
+    assert member.last_error() == ""
