@@ -477,9 +477,10 @@ class Member:
     """
     _ptr: Optional[int]
     client: Client
-    #: the group's shape, with local_topk resolved
+    #: the group's shape, with local_topk resolved (to read: the calls
+    #: check and allocate by the shape joined with, whatever is set here)
     shape: Shape
-    #: the options this member joined with
+    #: the options this member joined with (to read, as ``shape``)
     options: JoinOptions
     #: the member's name for the torch custom ops
     handle: int = field(init=False)
@@ -487,10 +488,20 @@ class Member:
     def __post_init__(self) -> None:
         self.handle = next(_handles)
         self._token: Any = None
-        # The call path reads these (no enum or ctypes objects per call).
+        # The call path reads these (no enum or ctypes objects per call),
+        # never self.shape or self.options, which the caller may change: a
+        # topk set smaller made merge allocate outputs that libdcpx wrote
+        # past, a rows set larger let a call through to a refusal that
+        # failed the rank.
         self._cuda = int(self.options.backend) == int(Backend.CUDA)
         self._where_t: Tuple[str, int] = \
             ("cuda", int(self.options.device)) if self._cuda else ("cpu", -1)
+        self._shape = Shape(**self.shape.__dict__)
+        self._rows, self._topk, self._local_topk = \
+            self._shape.rows, self._shape.topk, self._shape.local_topk
+        self._rank = int(self.options.rank)
+        self._group = self.options.group
+        self._backend = Backend(self.options.backend)
         self._lib = lib()
         # In-flight C calls (leave waits for them), and the lock of the
         # calls that drive the daemon link (poll, health, recover, ...).
@@ -503,15 +514,15 @@ class Member:
     # -- properties -----------------------------------------------------
     @property
     def rank(self) -> int:
-        return self.options.rank
+        return self._rank
 
     @property
     def world(self) -> int:
-        return self.shape.world
+        return self._shape.world
 
     @property
     def backend(self) -> Backend:
-        return Backend(self.options.backend)
+        return self._backend
 
     @property
     def closed(self) -> bool:
@@ -583,8 +594,8 @@ class Member:
         check(r, what)
 
     def __repr__(self) -> str:
-        return (f"Member(group={self.options.group!r}, rank={self.rank}, "
-                f"shape={self.shape}, backend={self.backend.name}"
+        return (f"Member(group={self._group!r}, rank={self.rank}, "
+                f"shape={self._shape}, backend={self.backend.name}"
                 f"{', left' if self.closed else ''})")
 
     # -- the calls --------------------------------------------------------
@@ -648,7 +659,7 @@ class Member:
         if self._ptr is None:
             raise StateError(context="the member has left its group")
         where = self._where_t
-        N = self.shape.local_topk
+        N = self._local_topk
         A.check_array(values, "values", A.BF16, 2, where)
         rows, n = values.shape
         if n != N:
@@ -656,9 +667,9 @@ class Member:
                                   f"columns, the group's local_topk is {N}")
         A.check_array(indices, "indices", A.I32, 2, where, (rows, N))
         A.check_array(row_ends, "row_ends", A.I32, 1, where, (rows,))
-        if rows > self.shape.rows:
+        if rows > self._rows:
             raise RangeError(context=f"push_list: {rows} rows, more than "
-                             f"the group's rows={self.shape.rows}")
+                             f"the group's rows={self._rows}")
         cin = call_in(rows, None, 0, A.ptr(row_ends),
                       call_tag=_tag(call_tag))
         li = DcpxListsC(ctypes.sizeof(DcpxListsC), rows, N,
@@ -746,9 +757,9 @@ class Member:
         A.check_array(logits, "logits", A.BF16, 2, where)
         rows, width = logits.shape
         A.check_array(row_ends, "row_ends", A.I32, 1, where, (rows,))
-        if rows > self.shape.rows:
+        if rows > self._rows:
             raise RangeError(context=f"{what}: {rows} rows, more than the "
-                             f"group's rows={self.shape.rows}")
+                             f"group's rows={self._rows}")
         if width < 1:
             raise InvalidArgument(context=f"{what}: logits has no columns")
         return rows, width
@@ -766,7 +777,7 @@ class Member:
     def _outputs(self, like: Any, rows: int, out: Optional[Sequence[Any]],
                  ids: bool, sat: bool,
                  inputs: Tuple[Any, ...] = ()) -> MergeResult:
-        K = self.shape.topk
+        K = self._topk
         if out is None:
             return MergeResult(
                 A.empty(like, (rows, K), A.I32), A.empty(like, (rows,), A.I32),
@@ -857,7 +868,7 @@ class Member:
         s = None
         if self.backend == Backend.CUDA:
             s = A.stream_handle(stream) if stream is not None else \
-                A.current_stream_of_device(self.options.device)
+                A.current_stream_of_device(self._where_t[1])
         ms = _ranged(timeout_ms, 0, 0xFFFFFFFF, "recover: timeout_ms")
         self._token = None
         L = self._lib

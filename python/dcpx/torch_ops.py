@@ -66,7 +66,7 @@ if REGISTERED:
                     row_ends: torch.Tensor, req_id: torch.Tensor,
                     block_table: torch.Tensor, token: torch.Tensor,
                     want_ids: bool, want_sat: bool, call_tag: int):
-        K = _member_by_handle(handle).shape.topk
+        K = _member_by_handle(handle)._topk
         rows = logits.shape[0]
         i32 = torch.int32
         return (logits.new_empty((rows, K), dtype=i32),
@@ -145,10 +145,10 @@ def _check(t: Any, name: str, dtypes: Tuple[Any, ...], ndim: int,
     if t.dtype not in dtypes:
         raise DtypeError(context=f"{name} has the wrong dtype "
                          f"{t.dtype}; want one of {dtypes}")
-    if m.options.backend == 1:
-        if t.device.type != "cuda" or t.device.index != m.options.device:
+    if m._cuda:
+        if t.device.type != "cuda" or t.device.index != m._where_t[1]:
             raise DeviceError(context=f"{name} is on {t.device}, the member "
-                              f"on cuda:{m.options.device}")
+                              f"on cuda:{m._where_t[1]}")
     elif t.device.type != "cpu":
         raise DeviceError(context=f"{name} is on {t.device}, but the member "
                           "uses the host backend")
@@ -164,9 +164,9 @@ def _check_rows(m: Member, logits: Any, row_ends: Any) -> int:
     _check(logits, "logits", _BF16, 2, m)
     rows = logits.shape[0]
     _check(row_ends, "row_ends", _I32, 1, m, (rows,))
-    if rows > m.shape.rows:
+    if rows > m._rows:
         raise RangeError(context=f"{rows} rows, more than the group's "
-                         f"rows={m.shape.rows}")
+                         f"rows={m._rows}")
     return rows
 
 
@@ -205,7 +205,7 @@ def merge(m: Member, logits: torch.Tensor, row_ends: torch.Tensor,
         token = logits.new_empty((0,), dtype=torch.uint8)
     h = _check_handle(m)
     if out is not None:
-        K = m.shape.topk
+        K = m._topk
         o = MergeResult(*out)
         _check(o.rows_out, "out.rows_out", _I32, 2, m, (rows, K))
         _check(o.valid_out, "out.valid_out", _I32, 1, m, (rows,))

@@ -319,3 +319,39 @@ def test_misaligned_arrays(member, small_shape):
                         [_misaligned(en, 2)], 0, _misaligned(req, 1),
                         _misaligned(bt, 3), sat=True)
     compare(got, ref, R)
+
+
+def test_member_shape_set_by_the_caller(member, small_shape):
+    """Member.shape and Member.options are there to read: fields set on
+    them change nothing that the calls check or allocate. A topk set
+    smaller made merge allocate outputs that libdcpx wrote past (a
+    segfault), a rows set larger let a call of too many rows through to
+    a refusal by libdcpx, which failed the rank."""
+    lg, en, req, bt = _ref_args(small_shape)
+    R, K, N = small_shape.rows, small_shape.topk, small_shape.local_topk
+    ref = dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, sat=True)
+    member.shape.rows, member.shape.topk = 100, 2
+    member.shape.local_topk, member.shape.world = 1, 3
+    member.options.rank, member.options.backend = 2, dcpx.Backend.CUDA
+    member.options.device = 0
+    with pytest.raises(dcpx.RangeError,
+                       match=f"{R + 1} rows, more than the group's "
+                             f"rows={R}"):
+        member.push(np.zeros((R + 1, 128), np.uint16),
+                    np.zeros(R + 1, np.int32))
+    assert member.async_error().state == 0  # refused by the package
+    assert (member.rank, member.world, member.backend) == \
+        (0, 1, dcpx.Backend.HOST)
+    member.push(lg, en)
+    with pytest.raises(dcpx.InvalidArgument,
+                       match=rf"out.rows_out must have shape \({R}, {K}\)"):
+        member.merge(lg, en, req, bt, out=(np.empty((R, 2), np.int32),
+                                           np.empty(R, np.int32)))
+    res = member.merge(lg, en, req, bt, sat=True)
+    assert res.rows_out.shape == (R, K) and res.ids_out.shape == (R, K)
+    compare(res, ref, R)
+    compare(member.prepare(lg, en, req, bt, sat=True)(), ref, R)
+    idx = np.tile(np.arange(N, dtype=np.int32), (R, 1))
+    member.push_list(np.ascontiguousarray(lg[:, :N]), idx, en)
+    member.merge(lg, en, req, bt)
+    assert member.health().ok
