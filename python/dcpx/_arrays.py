@@ -6,6 +6,7 @@ has imported torch already.
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any, Optional, Sequence, Tuple
 
@@ -275,17 +276,30 @@ def empty(like: Any, shape: Tuple[int, ...], kind: str) -> Any:
 
 
 def stream_handle(s: Any) -> Optional[int]:
-    """A cudaStream_t as an int from an int, a torch.cuda.Stream or
-    anything with ``cuda_stream``."""
+    """A cudaStream_t as an int from an int (numpy's too), a
+    torch.cuda.Stream or anything with ``cuda_stream``. A bool, or an
+    int outside 0..2^64-1 (ctypes took 2^64 as 0, the legacy default
+    stream, and -1 as 2^64-1), raises InvalidArgument."""
     if s is None:
         return None
-    if isinstance(s, int):
-        return s
-    h = getattr(s, "cuda_stream", None)
-    if h is None:
+    if type(s) is int:
+        h = s
+    elif isinstance(s, bool):
         raise InvalidArgument(context=f"stream must be an int handle or a "
-                              f"torch.cuda.Stream, got {type(s).__name__}")
-    return int(h)
+                              f"torch.cuda.Stream, got bool {s!r}")
+    elif hasattr(s, "__index__"):
+        h = operator.index(s)
+    else:
+        h = getattr(s, "cuda_stream", None)
+        if isinstance(h, bool) or not hasattr(h, "__index__"):
+            raise InvalidArgument(context=f"stream must be an int handle "
+                                  f"or a torch.cuda.Stream, got "
+                                  f"{type(s).__name__}")
+        h = operator.index(h)
+    if not 0 <= h <= 0xFFFFFFFFFFFFFFFF:
+        raise InvalidArgument(context=f"stream handle {h} is outside "
+                              "0..2^64-1: not a cudaStream_t")
+    return h
 
 
 def current_stream(x: Any) -> Optional[int]:

@@ -355,3 +355,22 @@ def test_member_shape_set_by_the_caller(member, small_shape):
     member.push_list(np.ascontiguousarray(lg[:, :N]), idx, en)
     member.merge(lg, en, req, bt)
     assert member.health().ok
+
+
+def test_stream_handles(member, small_shape):
+    """A stream that is no cudaStream_t (a bool, an int outside
+    0..2^64-1) is refused with InvalidArgument; ctypes passed 2^64 on as
+    0 (the legacy default stream: the calls ordered on another stream
+    than the one named), -1 as 2^64-1 and True as 1. numpy integers are
+    integers."""
+    lg, en, req, bt = _ref_args(small_shape)
+
+    class Handle:
+        cuda_stream = 1 << 64
+
+    for bad in (1 << 64, -1, True, 1.5, "s", Handle()):
+        with pytest.raises(dcpx.InvalidArgument, match="stream"):
+            member.prepare(lg, en, req, bt, stream=bad)
+    for ok in (0, np.uint64(2), (1 << 64) - 1):
+        member.prepare(lg, en, req, bt, stream=ok)()  # the host ignores it
+    assert member.health().ok
