@@ -70,16 +70,39 @@ def shape_of(x: Any) -> Tuple[int, ...]:
 
 
 _TD: Optional[dict] = None
+_STRIDED: Any = None  # torch.strided, once torch is imported
 
 
 def _torch_dtypes() -> dict:
     """{kind: frozenset of torch dtypes}, built once torch is imported."""
-    global _TD
+    global _TD, _STRIDED
     if _TD is None:
         t = _torch()
+        _STRIDED = t.strided
         _TD = {k: frozenset(getattr(t, n) for n in names if hasattr(t, n))
                for k, names in _TORCH_OK.items()}
     return _TD
+
+
+def _not_dense(x: Any, name: str) -> None:
+    """Refuses a tensor that is not dense (sparse, nested, mkldnn): it has
+    no one C-contiguous block of memory (some raised RuntimeError from
+    is_contiguous(), some passed as not contiguous)."""
+    raise InvalidArgument(context=f"{name} must be a dense tensor, got "
+                          f"{'a nested' if x.is_nested else x.layout} "
+                          "tensor (use .to_dense(), or "
+                          ".to_padded_tensor(0) for a nested one)")
+
+
+def _masked(x: Any, name: str) -> None:
+    """Refuses a numpy masked array: libdcpx reads (and writes) every
+    element and never sees the mask, so masked entries took part."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, np.ma.MaskedArray):
+        raise InvalidArgument(context=f"{name} is a numpy masked array: "
+                              "libdcpx reads every element and never sees "
+                              "the mask (pass x.filled(value), or "
+                              "np.asarray(x) for the data as it is)")
 
 
 def _check_tensor(x: Any, name: str, kind: str, ndim: int,
@@ -90,6 +113,8 @@ def _check_tensor(x: Any, name: str, kind: str, ndim: int,
     if x.dtype not in _torch_dtypes()[kind]:
         raise DtypeError(context=f"{name} must be {_HINT[kind]}, got "
                          f"{x.dtype}")
+    if x.layout is not _STRIDED or x.is_nested:
+        _not_dense(x, name)
     dev = x.get_device()  # -1 on the CPU
     if where[0] == "cpu":
         if dev != -1 or not x.is_cpu:
@@ -148,6 +173,8 @@ def check_array(x: Any, name: str, kind: str, ndim: int,
     if t is not None and isinstance(x, t.Tensor):
         return _check_tensor(x, name, kind, ndim, where, shape)
     if is_numpy(x):
+        if type(x) is not sys.modules["numpy"].ndarray:
+            _masked(x, name)  # subclasses: np.matrix, memmap are fine
         if not _np_dtype_ok(x.dtype, kind):
             raise DtypeError(context=f"{name} must be {_HINT[kind]}, got "
                              f"numpy {x.dtype}")
@@ -330,7 +357,11 @@ def current_stream_of_device(device: int) -> Optional[int]:
 def to_numpy_host(x: Any, name: str, kind: str, ndim: int) -> Any:
     """A C-contiguous numpy view (or copy) of a host array of ``kind``."""
     import numpy as np
+    _masked(x, name)  # np.asarray drops the mask
     if is_torch(x):
+        _torch_dtypes()
+        if x.layout is not _STRIDED or x.is_nested:
+            _not_dense(x, name)
         if x.device.type != "cpu":
             x = x.cpu()
         if _dtype_name(x) == "bfloat16":

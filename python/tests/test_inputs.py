@@ -374,3 +374,29 @@ def test_stream_handles(member, small_shape):
     for ok in (0, np.uint64(2), (1 << 64) - 1):
         member.prepare(lg, en, req, bt, stream=ok)()  # the host ignores it
     assert member.health().ok
+
+
+def test_masked_arrays(member, small_shape):
+    """A numpy masked array is refused with InvalidArgument (by ref_call
+    too): libdcpx reads every element and never sees the mask, so masked
+    logits took part in the top-K as if unmasked."""
+    lg, en, req, bt = _ref_args(small_shape)
+    mask = np.zeros(lg.shape, bool)
+    mask[:, :64] = True
+    ma = np.ma.masked_array(lg, mask=mask)
+    with pytest.raises(dcpx.InvalidArgument,
+                       match="logits is a numpy masked array"):
+        member.push(ma, en)
+    with pytest.raises(dcpx.InvalidArgument,
+                       match="req_id is a numpy masked array"):
+        member.prepare(lg, en, np.ma.masked_array(req), bt)
+    with pytest.raises(dcpx.InvalidArgument,
+                       match="logits is a numpy masked array"):
+        dcpx.ref_call(small_shape, [ma], [en], 0, req, bt)
+    assert member.async_error().state == 0  # nothing reached libdcpx
+    class Sub(np.ndarray):  # other subclasses are arrays as they are
+        pass
+
+    member.push(lg.view(Sub), en)
+    compare(member.merge(lg, en, req, bt),
+            dcpx.ref_call(small_shape, [lg], [en], 0, req, bt), 4)

@@ -2,6 +2,8 @@
 dcpx::merge, their fake implementations, and torch.compile(fullgraph=True)
 without graph breaks. Skipped without torch."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -269,3 +271,47 @@ def test_misaligned_tensors(member):
         compare(dcpx.MergeResult(*(t.clone() for t in res)), ref, 4)
     assert member.async_error().state == 0  # nothing reached libdcpx
     assert member.last_error() == ""
+
+
+def test_tensors_not_dense(member):
+    """Sparse and nested tensors are refused with InvalidArgument saying
+    the tensor must be dense, before any work (and by ref_call); a sparse
+    CSR tensor raised torch's own RuntimeError from is_contiguous(), a
+    nested one from .shape, and a sparse COO one was called
+    non-contiguous."""
+    shape = member.shape
+    lg, en = inputs(31, 0, 1, 4, 128, "random")
+    req, bt = tables(0, 4, 128, 4)
+    x, e = _lg(lg[0]), torch.from_numpy(en[0])
+    q, b = torch.from_numpy(req), torch.from_numpy(bt)
+    with warnings.catch_warnings():  # nested, sparse CSR: prototypes
+        warnings.simplefilter("ignore")
+        csr = x.float().to_sparse_csr().to(torch.bfloat16)
+        bad = {"logits": [x.to_sparse(), csr,
+                          torch.nested.nested_tensor(list(x))],
+               "block_table": [b.to_sparse(), b.to_sparse_csr()],
+               "row_ends": [e.to_sparse()]}
+        try:
+            bad["logits"].append(torch.nested.nested_tensor(
+                list(x), layout=torch.jagged))
+        except Exception:  # an older torch: no jagged layout
+            pass
+    for t in bad["logits"]:
+        with pytest.raises(dcpx.InvalidArgument,
+                           match="logits must be a dense tensor"):
+            member.push(t, e)
+        with pytest.raises(dcpx.InvalidArgument,
+                           match="logits must be a dense tensor"):
+            dcpx.ref_call(shape, [t], [e], 0, q, b)
+    for t in bad["row_ends"]:
+        with pytest.raises(dcpx.InvalidArgument,
+                           match="row_ends must be a dense tensor"):
+            member.push(x, t)
+    for t in bad["block_table"]:
+        with pytest.raises(dcpx.InvalidArgument,
+                           match="block_table must be a dense tensor"):
+            member.prepare(x, e, q, t)
+    assert member.async_error().state == 0  # nothing reached libdcpx
+    member.push(x, e)
+    res = member.merge(x, e, q, b)
+    compare(res, dcpx.ref_call(shape, lg, en, 0, req, bt), 4)
