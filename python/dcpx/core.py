@@ -136,6 +136,12 @@ class Shape:
         check(r, "shape check: " + why.value.decode("utf-8", "replace"))
 
 
+#: A block table too big for dcpx_call's uint32 bt_rows and bt_cols
+#: (ctypes cut them to 32 bits: another table's pitch and extent).
+_BT_BIG = ("block_table is {} x {}: each side must be below 2^32 "
+           "(dcpx_call's bt_rows and bt_cols are uint32)")
+
+
 def _tag(call_tag: Any) -> int:
     """A call tag as the C uint64 (any integer, taken modulo 2^64)."""
     if type(call_tag) is int:
@@ -772,6 +778,8 @@ class Member:
         bt_rows, bt_cols = block_table.shape
         if bt_rows < 1 or bt_cols < 1:
             raise InvalidArgument(context="block_table is empty")
+        if bt_rows > 0xFFFFFFFF or bt_cols > 0xFFFFFFFF:
+            raise InvalidArgument(context=_BT_BIG.format(bt_rows, bt_cols))
         return bt_rows, bt_cols
 
     def _outputs(self, like: Any, rows: int, out: Optional[Sequence[Any]],
@@ -1112,6 +1120,9 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
                          f"shape's rows={s.rows}")
     if bt.size == 0:
         raise InvalidArgument(context="ref_call: block_table is empty")
+    if max(bt.shape) > 0xFFFFFFFF:
+        raise InvalidArgument(context="ref_call: " + _BT_BIG.format(
+            *bt.shape))
     lim = min(s.max_local, stride)
     for r, x in enumerate(en):
         bad = np.flatnonzero((x < 0) | (x > lim))

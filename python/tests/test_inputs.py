@@ -400,3 +400,29 @@ def test_masked_arrays(member, small_shape):
     member.push(lg.view(Sub), en)
     compare(member.merge(lg, en, req, bt),
             dcpx.ref_call(small_shape, [lg], [en], 0, req, bt), 4)
+
+
+def test_block_table_beyond_uint32(member, small_shape):
+    """A block table with a side of 2^32 or more (here views that claim
+    it over a small buffer; the library reads only the rows req_id
+    names) is refused with InvalidArgument naming the limit: ctypes cut
+    bt_rows and bt_cols to 32 bits, giving the library another table (a
+    (2^32 + 4) x 32 one went through as 4 x 32, a 4 x (2^32 + 8) one as
+    4 x 8 read with a pitch of 8)."""
+    lg, en, req, bt = _ref_args(small_shape)
+    buf = np.zeros(1 << 16, np.int32)
+    tall = np.lib.stride_tricks.as_strided(buf, ((1 << 32) + 4, 32),
+                                           (128, 4))
+    wide = np.lib.stride_tricks.as_strided(buf, (4, (1 << 32) + 8),
+                                           (4 * ((1 << 32) + 8), 4))
+    for big in (tall, wide):
+        assert big.flags.c_contiguous
+        member.push(lg, en)
+        with pytest.raises(dcpx.InvalidArgument, match="below 2"):
+            member.merge(lg, en, req, big)
+        with pytest.raises(dcpx.InvalidArgument, match="below 2"):
+            member.prepare(lg, en, req, big)
+        member.merge(lg, en, req, bt)
+    assert member.async_error().state == 0  # nothing reached libdcpx
+    with pytest.raises(dcpx.InvalidArgument, match="below 2"):
+        dcpx.ref_call(small_shape, [lg], [en], 0, req, tall)
