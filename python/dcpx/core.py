@@ -1195,10 +1195,17 @@ def _ref_lists(lists: Optional[Sequence[Any]], W: int, rows: int,
 
 def ref_local_list(logits: Any, cap: int) -> List[Tuple[int, int]]:
     """A rank's local top-``cap`` list of one row (``dcpx_ref_local_list``)
-    as ``[(ord16, l), ...]`` in ascending l."""
+    as ``[(ord16, l), ...]`` in ascending l; ``1 <= cap <= MAX_TOPK``,
+    at most ``MAX_LOCAL`` logits."""
     import numpy as np
-    cap = _ranged(cap, 0, 0xFFFFFFFF, "ref_local_list cap")
+    # dcpx_ref_local_list's rules, named here (its refusal is a bare
+    # code; a longer row's length was cut to 32 bits)
+    cap = _ranged(cap, 1, MAX_TOPK, "ref_local_list cap")
     x = A.to_numpy_host(logits, "logits", A.BF16, 1)
+    if x.shape[0] > MAX_LOCAL:
+        raise InvalidArgument(context=f"ref_local_list: logits has "
+                              f"{x.shape[0]} elements, more than "
+                              f"MAX_LOCAL={MAX_LOCAL}")
     words = np.zeros(max(int(lib().dcpx_row_words(cap)), 1), np.uint32)
     n = check(lib().dcpx_ref_local_list(A.ptr(x), x.shape[0], cap,
                                         A.ptr(words)), "dcpx_ref_local_list")

@@ -426,3 +426,21 @@ def test_block_table_beyond_uint32(member, small_shape):
     assert member.async_error().state == 0  # nothing reached libdcpx
     with pytest.raises(dcpx.InvalidArgument, match="below 2"):
         dcpx.ref_call(small_shape, [lg], [en], 0, req, tall)
+
+
+def test_ref_local_list_limits(libdcpx):
+    """ref_local_list's limits (1 <= cap <= MAX_TOPK, at most MAX_LOCAL
+    logits) are named: the library's refusal was a bare "invalid
+    argument"."""
+    x = np.arange(128, dtype=np.uint16)
+    for cap in (0, dcpx.MAX_TOPK + 1, 1 << 20):
+        with pytest.raises(dcpx.InvalidArgument,
+                           match=f"cap: {cap} is not an integer in "
+                                 f"1..{dcpx.MAX_TOPK}"):
+            dcpx.ref_local_list(x, cap)
+    with pytest.raises(dcpx.InvalidArgument,
+                       match=f"more than MAX_LOCAL={dcpx.MAX_LOCAL}"):
+        dcpx.ref_local_list(np.zeros(dcpx.MAX_LOCAL + 1, np.uint16), 4)
+    assert len(dcpx.ref_local_list(x, dcpx.MAX_TOPK)) == 128
+    assert len(dcpx.ref_local_list(np.zeros(dcpx.MAX_LOCAL, np.uint16),
+                                   1)) == 1
