@@ -206,6 +206,9 @@ def merge(m: Member, logits: torch.Tensor, row_ends: torch.Tensor,
     h = _check_handle(m)
     if out is not None:
         K = m._topk
+        if not isinstance(out, (tuple, list)) or not 2 <= len(out) <= 4:
+            raise InvalidArgument(context="out must be (rows_out, valid_out"
+                                  "[, ids_out[, sat_word]]) (as eager)")
         o = MergeResult(*out)
         _check(o.rows_out, "out.rows_out", _I32, 2, m, (rows, K))
         _check(o.valid_out, "out.valid_out", _I32, 1, m, (rows,))

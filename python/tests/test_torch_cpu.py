@@ -315,3 +315,26 @@ def test_tensors_not_dense(member):
     member.push(x, e)
     res = member.merge(x, e, q, b)
     compare(res, dcpx.ref_call(shape, lg, en, 0, req, bt), 4)
+
+
+def test_compile_refuses_bad_out(daemon, group):
+    """Under torch.compile, an out= that is not (rows_out, valid_out[,
+    ids_out[, sat_word]]) is refused with the eager call's InvalidArgument
+    (surfacing in torch's Unsupported, whose text names it), before any
+    work; a 1-tuple raised MergeResult's TypeError ("missing required
+    positional argument")."""
+    torch._dynamo.reset()
+    shape = dcpx.Shape(world=1, rows=2, topk=8, local_topk=2, max_local=16)
+    x = torch.zeros((2, 16), dtype=torch.bfloat16)
+    e = torch.full((2,), 16, dtype=torch.int32)
+    q, b = torch.zeros(2, dtype=torch.int32), torch.zeros((2, 16),
+                                                          dtype=torch.int32)
+    r = torch.empty((2, 8), dtype=torch.int32)
+    with dcpx.Client(daemon.socket).join(shape, group=group) as m:
+        for out in ((r,), (r, e, r, e, r)):
+            f = torch.compile(lambda x, e: m.merge(x, e, q, b, out=out),
+                              fullgraph=True, backend="eager")
+            with pytest.raises(Exception, match=r"out must be \(rows_out"):
+                f(x, e)
+            torch._dynamo.reset()
+        assert m.health().failed_mask == 0 and m.health().calls == 0
