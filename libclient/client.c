@@ -1426,10 +1426,69 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
 }
 
 /* dcpx_recover's work, the link entered. */
+/* One RecoverAck for the generation being recovered, into *ret_gen (rank
+ * 0 of an nccl group adds the next generation's communicator id). 0, or
+ * the send's error: the link is then down. */
+static int recover_ack_send(dcpx_member *m, uint32_t *ret_gen) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
+  const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
+  ack.generation = gen;
+#ifdef HAVE_CUDA
+  uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
+  size_t nccl_id_len = 0;
+  if (m->cuda && dcpx__cuda_nccl_id(m, gen, nccl_id, sizeof(nccl_id),
+                                    &nccl_id_len) == 0) {
+    ack.nccl_id.data = nccl_id;
+    ack.nccl_id.len = nccl_id_len;
+  }
+#endif
+  f.msg_case = DCPX__FRAME__MSG_RECOVER_ACK;
+  f.recover_ack = &ack;
+  const int r = dcpx__frame_send(m->sock, &f, NULL, 0);
+  if (r < 0) {
+    link_down(m, 0);
+    return r;
+  }
+  *ret_gen = gen;
+  return 0;
+}
+
+enum { RECOVER_WAIT, RECOVER_DONE, RECOVER_REACK };
+
+/* What a frame read after acknowledging gen says (it is freed here):
+ * RECOVER_DONE (a RESET_DONE event past gen, or a refusal that came
+ * after the recovery completed), RECOVER_REACK (a refusal that raced
+ * with a generation change: acknowledge again, at most 8 times), dcpxd's
+ * refusal (< 0), or RECOVER_WAIT. */
+static int recover_event(dcpx_member *m, Dcpx__Frame *ev, uint32_t gen,
+                         int *reacks) {
+  int r = RECOVER_WAIT;
+  if (ev->msg_case == DCPX__FRAME__MSG_EVENT && ev->event &&
+      ev->event->kind == DCPX__EVENT__KIND__RESET_DONE &&
+      (int32_t)(ev->event->generation - gen) > 0)
+    r = RECOVER_DONE;
+  else if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply &&
+           ev->reply->status < 0) {
+    r = ev->reply->status;
+    DCPX_WARN("dcpx_recover group %s rank %u: dcpxd refused the "
+              "acknowledgement: %s (%s)",
+              m->group, m->rank,
+              ev->reply->error && ev->reply->error[0] ? ev->reply->error
+                                                      : "-",
+              dcpx_strerror(r));
+    if (recovered_since(m, gen))
+      r = RECOVER_DONE;
+    else if (r == DCPX_E_STATE && (*reacks)++ < 8)
+      r = RECOVER_REACK; /* our ack raced with a generation change */
+  }
+  dcpx__frame_free(ev);
+  return r;
+}
+
 static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const uint64_t end = dcpx__mono_ms() + timeout_ms;
-  Dcpx__Frame f = DCPX__FRAME__INIT, *ev;
-  Dcpx__RecoverAck ack = DCPX__RECOVER_ACK__INIT;
+  Dcpx__Frame *ev;
   uint32_t gen = 0;
   int acked = 0, reacks = 0, r;
 #ifdef HAVE_CUDA
@@ -1464,30 +1523,12 @@ static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms) {
       continue;
     }
 #endif
+    /* Acknowledge for the generation being recovered. A daemon that
+     * restarted since forgot earlier acks, so this runs again after every
+     * reattach. A failed send took the link down: look again. */
     if (!acked && m->link == DCPX__LINK_UP) {
-      /* Acknowledge for the generation being recovered. A daemon that
-       * restarted since forgot earlier acks, so this runs again after
-       * every reattach. */
-      gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
-      ack.generation = gen;
-#ifdef HAVE_CUDA
-      /* rank 0 of an nccl group: the next generation's communicators */
-      uint8_t nccl_id[DCPX_NCCL_ID_BYTES];
-      size_t nccl_id_len = 0;
-      ack.nccl_id.len = 0;
-      if (m->cuda && dcpx__cuda_nccl_id(m, gen, nccl_id, sizeof(nccl_id),
-                                        &nccl_id_len) == 0) {
-        ack.nccl_id.data = nccl_id;
-        ack.nccl_id.len = nccl_id_len;
-      }
-#endif
-      f.msg_case = DCPX__FRAME__MSG_RECOVER_ACK;
-      f.recover_ack = &ack;
-      r = dcpx__frame_send(m->sock, &f, NULL, 0);
-      if (r < 0) {
-        link_down(m, 0);
+      if (recover_ack_send(m, &gen) < 0)
         continue;
-      }
       acked = 1;
     }
     uint64_t now = dcpx__mono_ms();
@@ -1508,31 +1549,16 @@ static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms) {
     }
     if (r == 0)
       continue;
-    if (ev->msg_case == DCPX__FRAME__MSG_EVENT && ev->event && acked &&
-        ev->event->kind == DCPX__EVENT__KIND__RESET_DONE &&
-        (int32_t)(ev->event->generation - gen) > 0) {
+    if (!acked) {
       dcpx__frame_free(ev);
+      continue;
+    }
+    r = recover_event(m, ev, gen, &reacks);
+    if (r == RECOVER_DONE)
       return recover_done(m);
-    }
-    if (ev->msg_case == DCPX__FRAME__MSG_REPLY && ev->reply &&
-        ev->reply->status < 0 && acked) {
-      r = ev->reply->status;
-      DCPX_WARN("dcpx_recover group %s rank %u: dcpxd refused the "
-                "acknowledgement: %s (%s)",
-                m->group, m->rank,
-                ev->reply->error && ev->reply->error[0] ? ev->reply->error
-                                                        : "-",
-                dcpx_strerror(r));
-      dcpx__frame_free(ev);
-      if (recovered_since(m, gen))
-        return recover_done(m);
-      if (r == DCPX_E_STATE && reacks++ < 8) {
-        /* Our ack raced with a generation change: acknowledge again. */
-        acked = 0;
-        continue;
-      }
+    if (r == RECOVER_REACK)
+      acked = 0;
+    else if (r < 0)
       return r;
-    }
-    dcpx__frame_free(ev);
   }
 }
