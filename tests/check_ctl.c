@@ -160,6 +160,18 @@ START_TEST(test_option_errors) {
   USAGE_ERR("--since", "records", "--since", "9999-12-31T23:59:59Z");
   USAGE_ERR("--since", "records", "--since", "2554-07-21T23:34:34Z");
   CTL(3, "records", "--since", "2554-07-21T23:34:33Z"); /* the last: no dcpxd */
+  /* A date and time without the Z was taken as UTC, silently, though an
+   * operator copying it from journalctl or syslog means local time: it is
+   * refused, and the message says what to write. With the Z, a space may
+   * still stand for the T. */
+  USAGE_ERR("--since: '2025-01-31T12:00:00' has no time zone", "records",
+            "--since", "2025-01-31T12:00:00");
+  USAGE_ERR("'2025-01-31 12:00:00Z' if that is UTC", "records", "--since",
+            "2025-01-31 12:00:00");
+  USAGE_ERR("--until: '2025-01-31 12:00:00' has no time zone", "records",
+            "--until", "2025-01-31 12:00:00");
+  CTL(3, "records", "--since", "2025-01-31 12:00:00Z"); /* no dcpxd */
+  CTL(3, "records", "--until", "2025-01-31T12:00:00Z");
   /* A rank no group can have (W <= 16) matched nothing: "no records",
    * exit 0, for a typo. */
   USAGE_ERR("--rank", "records", "--rank", "16");

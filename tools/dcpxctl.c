@@ -195,12 +195,16 @@ static uint64_t now_ns(void) {
 }
 
 /* A point in time: "now", "10m" (that long ago), "@1700000000" (unix
- * seconds), "2025-11-29T15:00:00Z" (UTC), or plain ns since the epoch. */
-static bool parse_time_ns(const char *s, uint64_t *ret) {
+ * seconds), "2025-11-29T15:00:00Z" (UTC; a space may stand for the T), or
+ * plain ns since the epoch. A date and time without the Z is refused with
+ * *no_zone set: it was taken as UTC, silently, though journalctl and
+ * syslog print local time, from which an operator would copy it. */
+static bool parse_time_ns(const char *s, uint64_t *ret, bool *no_zone) {
   uint64_t v;
   struct tm tm;
   const char *end;
 
+  *no_zone = false;
   if (!s || !*s)
     return false;
   if (strcmp(s, "now") == 0) {
@@ -214,7 +218,11 @@ static bool parse_time_ns(const char *s, uint64_t *ret) {
   end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
   if (!end)
     end = strptime(s, "%Y-%m-%d %H:%M:%S", &tm);
-  if (end && (*end == '\0' || strcmp(end, "Z") == 0)) {
+  if (end && *end == '\0') {
+    *no_zone = true;
+    return false;
+  }
+  if (end && strcmp(end, "Z") == 0) {
     const struct tm want = tm;
     struct tm back;
     time_t t = timegm(&tm);
@@ -1007,7 +1015,8 @@ static const struct {
      "  --limit N   only the newest N (N >= 1)\n"
      "\n"
      "Times (T): now, 10m / 2h / 1d (that long ago), @UNIXSECONDS,\n"
-     "2025-01-31T12:00:00Z, or nanoseconds since the epoch.\n"},
+     "2025-01-31T12:00:00Z (UTC; the Z is required, a space may replace\n"
+     "the T), or nanoseconds since the epoch.\n"},
     {"reset", "Usage: dcpxctl reset --group G [OPTIONS]\n"
               "Abort group G (if it is not yet) and recover it: its ranks\n"
               "drain, acknowledge and resume at the next generation. Needs\n"
@@ -1321,6 +1330,7 @@ static int cmd_records(int argc, char **argv) {
   Dcpx__Frame *in = NULL;
   uint64_t v;
   int opt, r;
+  bool no_zone;
 
   q.what = DCPX__QUERY__WHAT__RECORDS;
   q.group = "";
@@ -1341,14 +1351,19 @@ static int cmd_records(int argc, char **argv) {
                            "any)", DCPX_MAX_WORLD - 1);
       break;
     case 's':
-      if (!parse_time_ns(optarg, &q.since_ns))
-        return usage_error("--since: cannot parse time '%s' (a time from "
-                           "1970 to 2554)", optarg);
-      break;
     case 'u':
-      if (!parse_time_ns(optarg, &q.until_ns))
-        return usage_error("--until: cannot parse time '%s' (a time from "
-                           "1970 to 2554)", optarg);
+      if (!parse_time_ns(optarg, opt == 's' ? &q.since_ns : &q.until_ns,
+                         &no_zone))
+        return no_zone
+                   ? usage_error("--%s: '%s' has no time zone: dcpxctl "
+                                 "takes UTC only, written with a Z ('%sZ' "
+                                 "if that is UTC)",
+                                 opt == 's' ? "since" : "until", optarg, optarg)
+                   : usage_error("--%s: cannot parse time '%s' (a time "
+                                 "from 1970 to 2554)",
+                                 opt == 's' ? "since" : "until", optarg);
+      if (opt == 's')
+        break;
       /* 0 on the wire is no end at all (PROTOCOL.md 10.4): every record
        * would come back for a window that holds none */
       if (q.until_ns == 0)
@@ -1927,7 +1942,8 @@ static void help(void) {
       "  -h, --help      this text;  -V, --version  the version\n"
       "\n"
       "Times (T): now, 10m / 2h / 1d (that long ago), @UNIXSECONDS,\n"
-      "2025-01-31T12:00:00Z, or nanoseconds since the epoch.\n"
+      "2025-01-31T12:00:00Z (UTC; the Z is required, a space may replace\n"
+      "the T), or nanoseconds since the epoch.\n"
       "Durations (--ticks): nanoseconds, or a number with ns, us, ms, s, m,\n"
       "h or d.\n"
       "\n"
