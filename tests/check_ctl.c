@@ -172,6 +172,15 @@ START_TEST(test_option_errors) {
             "--until", "2025-01-31 12:00:00");
   CTL(3, "records", "--since", "2025-01-31 12:00:00Z"); /* no dcpxd */
   CTL(3, "records", "--until", "2025-01-31T12:00:00Z");
+  /* --call 2^64-1 is "any call" on the wire: refused as reserved; it was
+   * "must be a call number >= 1", which it is. */
+  USAGE_ERR("--call 18446744073709551615 is reserved: it means any call",
+            "fault", "stall", "--group", "g", "--rank", "0", "--ticks", "1s",
+            "--call", "18446744073709551615");
+  USAGE_ERR("--call must be a call number >= 1", "fault", "stall", "--group",
+            "g", "--rank", "0", "--ticks", "1s", "--call", "0");
+  CTL(3, "fault", "stall", "--group", "g", "--rank", "0", "--ticks", "1s",
+      "--call", "18446744073709551614"); /* the last: no dcpxd */
   /* A rank no group can have (W <= 16) matched nothing: "no records",
    * exit 0, for a typo. */
   USAGE_ERR("--rank", "records", "--rank", "16");

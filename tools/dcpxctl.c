@@ -1031,7 +1031,8 @@ static const struct {
      "  --rank R    the rank that stalls\n"
      "  --epoch E   the call at epoch E (0: any; epochs run 1..4294967294)\n"
      "  --call C    the C-th call since the rank joined or the group last\n"
-     "              recovered (1 = the first; not the engine's call tag)\n"
+     "              recovered (1 = the first, up to 2^64-2; not the\n"
+     "              engine's call tag; left out: any call)\n"
      "  --ticks T   the stall: nanoseconds, or a number with ns, us, ms, s,\n"
      "              m, h or d\n"},
     {"check",
@@ -1506,10 +1507,16 @@ static int cmd_fault(int argc, char **argv) {
       cmd.epoch = (uint32_t)v;
       break;
     case 'c':
-      if (!parse_u64(optarg, &cmd.call_tag) || cmd.call_tag == 0 ||
-          cmd.call_tag == UINT64_MAX)
+      if (!parse_u64(optarg, &cmd.call_tag) || cmd.call_tag == 0)
         return usage_error("--call must be a call number >= 1 (the N-th "
                            "call since the join or the last recovery)");
+      /* the health block's fault_call ~0 is "any call": a stall armed
+       * for it would fire at the next call, not at that one */
+      if (cmd.call_tag == UINT64_MAX)
+        return usage_error("--call %" PRIu64 " is reserved: it means any "
+                           "call (leave --call out for that); calls run "
+                           "1..%" PRIu64,
+                           cmd.call_tag, UINT64_MAX - 1);
       cmd.has_call_tag = true;
       break;
     case 't':
