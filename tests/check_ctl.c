@@ -136,6 +136,13 @@ START_TEST(test_option_errors) {
   USAGE_ERR("'--json'", "records", "--json=1");
   USAGE_ERR("'--bogus'", "reset", "--bogus");
   USAGE_ERR("'--bogus'", "fault", "stall", "--bogus");
+  /* help takes one COMMAND: an extra argument is a usage error, as other
+   * commands' are (help groups extra printed groups' help, exit 0). */
+  USAGE_ERR("unexpected argument 'extra'", "help", "groups", "extra");
+  USAGE_ERR("unexpected argument 'x'", "help", "fault", "stall", "x");
+  USAGE_ERR("unexpected argument 'x'", "help", "fault", "x");
+  CTL(0, "help", "fault", "stall"); /* as fault stall --help */
+  CC_ASSERT(strstr(g_o.out, "Usage: dcpxctl fault stall"), "%s", g_o.out);
   /* The same before the command. */
   USAGE_ERR("'--timeout'", "--timeout");
   USAGE_ERR("'--bogus'", "--bogus", "groups");

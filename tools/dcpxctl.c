@@ -1094,6 +1094,25 @@ static int cmd_usage(const char *name) {
   return usage_error("no help on '%s'", name);
 }
 
+/* help [COMMAND]: one COMMAND at most ("fault stall" names fault), as
+ * other commands refuse an argument they do not take; `help groups extra`
+ * printed groups' help and exited 0. */
+static int cmd_help_command(int argc, char **argv) {
+  int extra = 2;
+
+  if (argc < 2) {
+    help();
+    return EXIT_OK;
+  }
+  if (strcmp(argv[1], "fault") == 0 && argc > 2 &&
+      strcmp(argv[2], "stall") == 0)
+    extra = 3;
+  if (argc > extra)
+    return usage_error("unexpected argument '%s' (help takes one COMMAND)",
+                       argv[extra]);
+  return cmd_usage(argv[1]);
+}
+
 /* ---- commands ------------------------------------------------------------ */
 
 /* The global options, accepted before the command and among its own
@@ -2066,7 +2085,7 @@ static int run(int argc, char **argv) {
   else if (strcmp(cmd, "check") == 0)
     r = cmd_check(argc, argv);
   else if (strcmp(cmd, "help") == 0)
-    r = argc > 1 ? cmd_usage(argv[1]) : (help(), EXIT_OK);
+    r = cmd_help_command(argc, argv);
   else
     r = usage_error("unknown command '%s'", cmd);
   if (sock_fd >= 0)
