@@ -250,6 +250,32 @@ static int parse_size(const char *v, uint64_t *ret) {
   return 0;
 }
 
+/* The error for SIZE value v of key that parse_size refused (r): what is
+ * wrong with it, not the key's range, which a value that is no size at all
+ * does not help with ("4 K" got "must be a size from 4K to 1T"). A blank
+ * inside is named, with the value to write instead. */
+static int size_error(const char *where, const char *key, const char *v,
+                      int r) {
+  char packed[64];
+  size_t n = 0;
+  uint64_t u;
+
+  if (r == -ERANGE)
+    return log_error_errno(-EINVAL, "%s: %s '%s' is not a size: 2^64 bytes "
+                           "or more", where, key, v);
+  for (const char *p = v; *p && n < sizeof(packed) - 1; p++)
+    if (!isblank((unsigned char)*p))
+      packed[n++] = *p;
+  packed[n] = '\0';
+  if (strpbrk(v, " \t") && parse_size(packed, &u) == 0)
+    return log_error_errno(-EINVAL, "%s: %s '%s' is not a size: a size has "
+                           "no blank inside (write '%s')",
+                           where, key, v, packed);
+  return log_error_errno(-EINVAL, "%s: %s '%s' is not a size (bytes, or a "
+                         "number with K, M, G or T, such as 4096 or 4M)",
+                         where, key, v);
+}
+
 /* Appends the ids of a comma/blank separated list of numbers or names. */
 static int parse_id_list(const char *v, bool group, uint32_t **list, size_t *n,
                          const char *where) {
@@ -446,7 +472,9 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
   if (strcmp(key, "idle-timeout-ms") == 0)
     return set_ms(&c->idle_timeout_ms, key, v, 86400000u, where);
   if (strcmp(key, "max-queued-bytes") == 0) {
-    if (parse_size(v, &u) < 0 || u < 4096)
+    if ((r = parse_size(v, &u)) == -EINVAL)
+      return size_error(where, key, v, r);
+    if (r < 0 || u < 4096)
       return log_error_errno(
           -EINVAL, "%s: max-queued-bytes '%s' must be a size of 4K or more",
           where, v);
@@ -462,9 +490,8 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
   }
   if (strcmp(key, "max-workspace-bytes") == 0 ||
       strcmp(key, "max-workspace-bytes-per-uid") == 0) {
-    if (parse_size(v, &u) < 0)
-      return log_error_errno(-EINVAL, "%s: %s '%s' is not a size", where, key,
-                             v);
+    if ((r = parse_size(v, &u)) < 0)
+      return size_error(where, key, v, r);
     if (strcmp(key, "max-workspace-bytes") == 0)
       c->max_ws_bytes = u;
     else
@@ -486,7 +513,9 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
     return 0;
   }
   if (strcmp(key, "records-max-bytes") == 0) {
-    if (parse_size(v, &u) < 0 || u < 4096 || u > (1ull << 40))
+    if ((r = parse_size(v, &u)) == -EINVAL)
+      return size_error(where, key, v, r);
+    if (r < 0 || u < 4096 || u > (1ull << 40))
       return log_error_errno(
           -EINVAL, "%s: records-max-bytes '%s' must be a size from 4K to 1T",
           where, v);

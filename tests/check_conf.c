@@ -219,6 +219,22 @@ START_TEST(test_bad_values) {
                    "records-max-bytes '1K' must be a size from 4K to 1T");
   expect_error_str("records-max-bytes = 2T\n", 1,
                    "records-max-bytes '2T' must be a size from 4K to 1T");
+  /* A value that is no size says so, not the key's range (no SIZE key
+   * takes a blank inside: "4 K" got "must be a size from 4K to 1T"). */
+  expect_error_str("records-max-bytes = 4 K\n", 1,
+                   "records-max-bytes '4 K' is not a size: a size has no "
+                   "blank inside (write '4K')");
+  expect_error_str("max-queued-bytes = 64 MiB\n", 1,
+                   "max-queued-bytes '64 MiB' is not a size: a size has no "
+                   "blank inside (write '64MiB')");
+  expect_error_str("max-workspace-bytes = 1 G\n", 1,
+                   "max-workspace-bytes '1 G' is not a size: a size has no "
+                   "blank inside (write '1G')");
+  expect_error_str("records-max-bytes = 4Q\n", 1,
+                   "records-max-bytes '4Q' is not a size (bytes, or a number "
+                   "with K, M, G or T");
+  expect_error_str("max-queued-bytes = lots\n", 1,
+                   "max-queued-bytes 'lots' is not a size (bytes");
   { /* accepted, with a warning: nobody but root could connect; a
      * relative socket path depends on dcpxd's working directory */
     dcpxd_conf c;
