@@ -7,8 +7,12 @@
  * Who owns what:
  *   - The caller owns every buffer it passes in; libdcpx never keeps a
  *     pointer to one past the call that received it.
- *   - Every function returns an int: >= 0 on success, a negative error code
- *     (negative errno, or one of DCPX_E_* below) on failure. Out-parameters
+ *   - Every function that returns an int returns >= 0 on success (0, or
+ *     the count or 1/0 its comment names), a negative error code (negative
+ *     errno, or one of DCPX_E_* below) on failure. The others return no
+ *     code: dcpx_disconnect is void, and the functions that return text or
+ *     a number (dcpx_strerror, dcpx_struct_size, dcpx_row_words, ...) say
+ *     in their comments what they return for a bad argument. Out-parameters
  *     are named ret_*, come last, and are left untouched on failure.
  *   - Everything takes pointers and integers only (no struct by value), so
  *     Python ctypes can call all of it.
