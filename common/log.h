@@ -4,7 +4,10 @@
  * DCPX_DEBUG is read once, at the first check (dcpx__log_on): unset, empty
  * or unknown means no log at all; WARN logs every error libdcpx returns
  * where it has something to add (the call that failed, the CUDA or NCCL
- * error string, the daemon's reason); INFO adds the membership's life
+ * error string, the daemon's reason), and every refused argument of a
+ * client or member call, a NULL handle or ret_* too (except in
+ * dcpx_client_interrupt and dcpx_member_interrupt, which may run in a
+ * signal handler); INFO adds the membership's life
  * (join, leave, recover, reattach); TRACE adds every push and merge.
  * A line: "dcpx <pid> WARN cuda.c:123 cudaHostRegister: <error string>".
  *

@@ -75,6 +75,18 @@ static void keep_error(char *err, size_t errlen, const Dcpx__Reply *rep) {
 /* Connects and says hello (proto/frame.c's dcpx__ops_connect, as dcpxctl
  * does). err gets one line of why, with the daemon's reason when it
  * refused; *ret_join_ms (NULL: not wanted) the daemon's join timeout. */
+/* A call refused before there is a client or member to keep the reason
+ * (a NULL handle or ret_* argument): a WARN line naming the function and
+ * the argument, as a NULL struct's has (dcpx__struct_check) and the
+ * calls' other refusals (DCPX_DEBUG, log.h). Not in dcpx_client_interrupt
+ * and dcpx_member_interrupt: they may run in a signal handler, where
+ * stdio is not safe. */
+static int refuse_null_at(int line, const char *fn, const char *what) {
+  dcpx__why_at(NULL, 0, __FILE__, line, "%s: %s is NULL", fn, what);
+  return DCPX_E_INVAL;
+}
+#define REFUSE_NULL(fn, what) refuse_null_at(__LINE__, (fn), (what))
+
 static int open_conn(const char *path, int *ret_sock, char *err,
                      size_t errlen, uint32_t *ret_join_ms) {
   const int s = dcpx__ops_connect_join(path, "libdcpx " DCPX_VERSION_STRING,
@@ -91,10 +103,14 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
   int s, r;
 
   if (!ret_client)
-    return DCPX_E_INVAL;
+    return REFUSE_NULL("dcpx_connect", "ret_client");
   path = dcpx__socket_path(path); /* as dcpxctl finds it */
-  if (strlen(path) >= sizeof(c->path))
+  if (strlen(path) >= sizeof(c->path)) {
+    DCPX_WARN("dcpx_connect %s: a path of %zu bytes; a Unix socket's is "
+              "%zu at most (%s)", path, strlen(path), sizeof(c->path) - 1,
+              dcpx_strerror(DCPX_E_RANGE));
     return DCPX_E_RANGE;
+  }
   char why[512] = "";
   r = open_conn(path, &s, why, sizeof(why), NULL); /* fails early if no daemon
                                                 speaks our version */
@@ -609,7 +625,7 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   dcpx_shape auto_shape;
 
   if (!c)
-    return DCPX_E_INVAL;
+    return REFUSE_NULL("dcpx_join", "client");
   c->last_error[0] = '\0';
   if (!o || !ret_member || o->size != sizeof(dcpx_join_opts)) {
     /* NULL, or a size this library does not know */
@@ -619,6 +635,8 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
              : !ret_member ? "ret_member is NULL"
                            : "dcpx_join_opts.size is not this library's "
                              "(a header of another libdcpx version?)");
+    DCPX_WARN("dcpx_join: %s: %s", dcpx_strerror(DCPX_E_INVAL),
+              c->last_error);
     return DCPX_E_INVAL;
   }
   shape = dcpx__shape_resolved(shape, &auto_shape);
@@ -902,7 +920,7 @@ static void call_pushed(dcpx_member *m, int r, uint32_t rows) {
 int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
   int r;
   if (!m)
-    return DCPX_E_INVAL;
+    return REFUSE_NULL("dcpx_push", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_push");
   if ((r = call_check(m, "dcpx_push", in, NULL, 0, stream)) < 0)
@@ -926,7 +944,7 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
                    const dcpx_lists *lists, void *stream) {
   int r;
   if (!m)
-    return DCPX_E_INVAL;
+    return REFUSE_NULL("dcpx_push_list", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_push_list");
   if ((r = call_check(m, "dcpx_push_list", in, NULL, 0, stream)) < 0)
@@ -949,8 +967,10 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
 int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx) {
   int r = dcpx__struct_check("dcpx_device_ctx", "dcpx_device", ret_ctx,
                              sizeof(dcpx_device), 0);
-  if (!m || r < 0)
+  if (r < 0)
     return DCPX_E_INVAL;
+  if (!m)
+    return REFUSE_NULL("dcpx_device_ctx", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_device_ctx");
 #ifdef HAVE_CUDA
@@ -970,7 +990,7 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
                void *stream) {
   int r;
   if (!m)
-    return DCPX_E_INVAL;
+    return REFUSE_NULL("dcpx_merge", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_merge");
   if ((r = call_check(m, "dcpx_merge", in, out, 1, stream)) < 0)
@@ -995,7 +1015,7 @@ int dcpx_member_async_error(const dcpx_member *m, dcpx_async_error *ret) {
   if (r < 0)
     return r;
   if (!m || !m->hdr)
-    return DCPX_E_INVAL;
+    return REFUSE_NULL("dcpx_member_async_error", "member");
   dcpx_async_error e = DCPX_ASYNC_ERROR_INIT;
   const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
   e.abort = __atomic_load_n(&m->hdr->abort, __ATOMIC_ACQUIRE);
@@ -1290,7 +1310,7 @@ static int poll_link(dcpx_member *m) {
 int dcpx_poll(dcpx_member *m) {
   int r;
   if (!m)
-    return DCPX_E_INVAL;
+    return REFUSE_NULL("dcpx_poll", "member");
   if (member_forked(m)) /* the link is the parent's */
     return forked_refuse(m, "dcpx_poll");
   if ((r = link_enter(m)) < 0)
@@ -1304,8 +1324,15 @@ int dcpx_health(dcpx_member *m, dcpx_health_info *ret) {
   dcpx_health_info h;
   size_t n;
   int r;
-  if (!m || !ret || ret->size < offsetof(dcpx_health_info, daemon_link))
+  if (!m || !ret)
+    return REFUSE_NULL("dcpx_health", !m ? "member" : "dcpx_health_info");
+  if (ret->size < offsetof(dcpx_health_info, daemon_link)) {
+    DCPX_WARN("dcpx_health: dcpx_health_info.size is %u, below the %zu of "
+              "the first dcpx_health_info (initialise the struct with "
+              "DCPX_HEALTH_INFO_INIT)", ret->size,
+              offsetof(dcpx_health_info, daemon_link));
     return DCPX_E_INVAL;
+  }
   if (member_forked(m))
     return forked_refuse(m, "dcpx_health");
   if ((r = link_enter(m)) < 0)
@@ -1413,7 +1440,7 @@ static int recover_timed_out(const dcpx_member *m, uint32_t timeout_ms) {
 int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   int r;
   if (!m)
-    return DCPX_E_INVAL;
+    return REFUSE_NULL("dcpx_recover", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_recover");
   if ((r = link_enter(m)) < 0)

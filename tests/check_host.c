@@ -1659,6 +1659,77 @@ START_TEST(test_struct_message) {
 }
 END_TEST
 
+/* Refusals that no client or member can keep the reason of (a NULL
+ * handle or ret_*, a socket path too long for a Unix socket) log a WARN
+ * line under DCPX_DEBUG=WARN, as the calls' other refusals do:
+ * dcpx_connect(NULL, NULL) and a 199-byte path logged nothing. */
+static void refuse_unkept(group *g) {
+  char path[200];
+  dcpx_client c, *cp = NULL;
+  dcpx_member *m = NULL;
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_join_opts o = DCPX_JOIN_OPTS_INIT;
+  dcpx_health_info h = DCPX_HEALTH_INFO_INIT;
+  dcpx_async_error e = DCPX_ASYNC_ERROR_INIT;
+  dcpx_device d = DCPX_DEVICE_INIT;
+  (void)g;
+  memset(&c, 0, sizeof(c));
+  strcpy(c.path, "/nonexistent/dcpx-test.sock");
+  memset(path, 'p', sizeof(path) - 1);
+  path[0] = '/';
+  path[sizeof(path) - 1] = '\0';
+  ck_assert_int_eq(dcpx_connect(NULL, NULL), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_connect(path, &cp), DCPX_E_RANGE);
+  ck_assert_ptr_null(cp);
+  ck_assert_int_eq(dcpx_join(NULL, &sh, &o, &m), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_join(&c, &sh, NULL, &m), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_push(NULL, NULL, NULL), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_push_list(NULL, NULL, NULL, NULL), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_merge(NULL, NULL, NULL, NULL), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_poll(NULL), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_recover(NULL, NULL, 1), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_health(NULL, &h), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_member_async_error(NULL, &e), DCPX_E_INVAL);
+  ck_assert_int_eq(dcpx_device_ctx(NULL, &d), DCPX_E_INVAL);
+  ck_assert_ptr_null(m);
+}
+
+START_TEST(test_unkept_refusals_logged) {
+  static const char *const want[] = {
+      "dcpx_connect: ret_client is NULL",
+      "bytes; a Unix socket's is 107 at most",
+      "dcpx_join: client is NULL",
+      "dcpx_join: invalid argument: no join options",
+      "dcpx_push: member is NULL",
+      "dcpx_push_list: member is NULL",
+      "dcpx_merge: member is NULL",
+      "dcpx_poll: member is NULL",
+      "dcpx_recover: member is NULL",
+      "dcpx_health: member is NULL",
+      "dcpx_member_async_error: member is NULL",
+      "dcpx_device_ctx: member is NULL"};
+  const t_stderr s = t_stderr_begin("WARN");
+  refuse_unkept(NULL);
+  char *t = t_stderr_end(s);
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+    const char *at = strstr(t, want[i]), *bol = at;
+    ck_assert_msg(at, "no WARN line with '%s' in '%s'", want[i], t);
+    while (bol > t && bol[-1] != '\n')
+      bol--;
+    /* "dcpx <pid> WARN client.c:<line> <text>" */
+    const char *tag = strstr(bol, " WARN client.c:");
+    ck_assert_msg(strncmp(bol, "dcpx ", 5) == 0 && tag && tag < at,
+                  "'%s' is not on a WARN line of client.c: '%s'", want[i], t);
+  }
+  free(t);
+  const t_stderr off = t_stderr_begin(NULL);
+  refuse_unkept(NULL);
+  t = t_stderr_end(off);
+  ck_assert_msg(t[0] == 0, "log off, but: '%s'", t);
+  free(t);
+}
+END_TEST
+
 START_TEST(test_join_transport_refused) {
   dcpx_client c;
   dcpx_shape sh = DCPX_SHAPE_INIT;
@@ -1897,6 +1968,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_async_error);
   tcase_add_test(tc, test_struct_message);
+  tcase_add_test(tc, test_unkept_refusals_logged);
   tcase_add_test(tc, test_join_transport_refused);
   tcase_add_test(tc, test_push_list_exact);
   tcase_add_test(tc, test_push_list_given);
