@@ -1764,6 +1764,12 @@ int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
              epoch, UINT32_MAX - 1u);
     return DCPX_E_INVAL;
   }
+  /* Call tags count from 1 (docs/PROTOCOL.md 6.5): a hook armed for call
+   * 0 would never fire either. (~0 is "any call", as has_call unset.) */
+  if (has_call && call == 0) {
+    snprintf(err, errlen, "call 0 never occurs (calls count from 1)");
+    return DCPX_E_INVAL;
+  }
   /* The hook is read by the LL merge only (docs/PROTOCOL.md 6.6): on an
    * nccl group, asked for at join or chosen by auto (the ranks' transport
    * words), nothing would ever fire it. */

@@ -864,8 +864,8 @@ static int join_status(int s, int *fds, int *ret_nfds, char *why,
 
 /* A fault stall of rank 0 of `group` at `epoch` (0: any) over a raw admin
  * connection: the status, the reason into why. */
-static int raw_fault(const char *group, uint32_t epoch, char *why,
-                     size_t why_len) {
+static int raw_fault_call(const char *group, uint32_t epoch, int has_call,
+                          uint64_t call, char *why, size_t why_len) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *rep = NULL;
   Dcpx__Command cmd = DCPX__COMMAND__INIT;
   int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
@@ -875,6 +875,8 @@ static int raw_fault(const char *group, uint32_t epoch, char *why,
   cmd.group = (char *)group;
   cmd.ticks = 1000000;
   cmd.epoch = epoch;
+  cmd.has_call_tag = has_call;
+  cmd.call_tag = call;
   f.msg_case = DCPX__FRAME__MSG_COMMAND;
   f.command = &cmd;
   ck_assert_int_eq(dcpx__frame_send(s, &f, NULL, 0), 0);
@@ -889,14 +891,20 @@ static int raw_fault(const char *group, uint32_t epoch, char *why,
   return r;
 }
 
+static int raw_fault(const char *group, uint32_t epoch, char *why,
+                     size_t why_len) {
+  return raw_fault_call(group, epoch, 0, 0, why, why_len);
+}
+
 /* dcpxd's own checks of a Join's wait timeout and of a fault stall
  * (docs/PROTOCOL.md 6.6, 10.4), which libdcpx cannot stand in for when
  * another implementation speaks to dcpxd: a timeout below 1 ms is refused
  * (1 ms is accepted); the fault hook is armed on a group whose transport
  * is not yet known, and refused (DCPX_E_NOSYS) once a rank's transport
  * word says nccl; an epoch that never occurs (0xFFFFFFFF: dcpx_epoch_next
- * wraps 0xFFFFFFFE to 1) is refused (DCPX_E_INVAL), since such a hook
- * would never fire. (A Join that asks for nccl needs the CUDA backend: not
+ * wraps 0xFFFFFFFE to 1) or a call 0 (tags count from 1) is refused
+ * (DCPX_E_INVAL), since such a hook would never fire. (A Join that asks
+ * for nccl needs the CUDA backend: not
  * here.) */
 START_TEST(test_timeout_floor_and_nccl_fault) {
   uint8_t id[DCPX_NCCL_ID_BYTES];
@@ -936,6 +944,13 @@ START_TEST(test_timeout_floor_and_nccl_fault) {
   ck_assert_int_eq(raw_fault("fa", 0xFFFFFFFFu, why, sizeof(why)),
                    DCPX_E_INVAL);
   ck_assert_msg(strstr(why, "never occurs"), "%s", why);
+  /* call tags count from 1: call 0 never fires; ~0 means any call */
+  ck_assert_int_eq(raw_fault_call("fa", 0, 1, 1, why, sizeof(why)), 0);
+  ck_assert_int_eq(raw_fault_call("fa", 0, 1, ~0ull, why, sizeof(why)),
+                   0);
+  ck_assert_int_eq(raw_fault_call("fa", 0, 1, 0, why, sizeof(why)),
+                   DCPX_E_INVAL);
+  ck_assert_msg(strstr(why, "call 0 never occurs"), "%s", why);
   __atomic_store_n(&h->transport, DCPX_TRANSPORT_NCCL, __ATOMIC_RELEASE);
   ck_assert_int_eq(raw_fault("fa", 0, why, sizeof(why)), DCPX_E_NOSYS);
   ck_assert_msg(strstr(why, "nccl transport"), "%s", why);
