@@ -617,6 +617,36 @@ static int member_start(dcpx_member *m, const Dcpx__JoinReply *jr, int *fds,
   return r;
 }
 
+/* A failed join's reason when dcpxd gave none: the connection's own, by
+ * its code (dcpxd answers a join that does not form with DCPX_E_TIMEDOUT
+ * and why, so a timeout here means it did not answer at all). */
+static void join_fail_why(dcpx_client *c, int r) {
+  const char *why = NULL;
+  if (c->last_error[0])
+    return;
+  if (r == DCPX_E_INTR)
+    why = "dcpx_client_interrupt stopped the join";
+  else if (r == DCPX_E_TIMEDOUT) {
+    snprintf(c->last_error, sizeof(c->last_error),
+             "no answer from dcpxd within the join timeout and %d s more: "
+             "dcpxd hung or is stopped", JOIN_SLACK_MS / 1000);
+    return;
+  } else if (r == DCPX_E_CONNRESET)
+    why = "dcpxd closed the connection during the join (it stopped or "
+          "restarted): join again";
+  else if (r == -EMFILE)
+    why = "the descriptors of dcpxd's reply did not fit: this process is "
+          "at its open-file limit (RLIMIT_NOFILE, ulimit -n)";
+  else if (r == DCPX_E_IO || r == DCPX_E_NOTCONN || r == -EPIPE) {
+    snprintf(c->last_error, sizeof(c->last_error),
+             "the connection to dcpxd failed during the join (%s)",
+             dcpx_strerror(r));
+    return;
+  }
+  if (why)
+    snprintf(c->last_error, sizeof(c->last_error), "%s", why);
+}
+
 int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
               const dcpx_join_opts *o, dcpx_member **ret_member) {
   Dcpx__Frame *rep = NULL;
@@ -681,29 +711,7 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
   return 0;
 
 fail:
-  if (r == DCPX_E_INTR && !c->last_error[0])
-    snprintf(c->last_error, sizeof(c->last_error), "%s",
-             "dcpx_client_interrupt stopped the join");
-  /* No reason from dcpxd: the connection's own (dcpxd answers a join
-   * that does not form with DCPX_E_TIMEDOUT and why, so a timeout here
-   * means it did not answer at all) */
-  if (!c->last_error[0] && r == DCPX_E_TIMEDOUT)
-    snprintf(c->last_error, sizeof(c->last_error),
-             "no answer from dcpxd within the join timeout and %d s more: "
-             "dcpxd hung or is stopped", JOIN_SLACK_MS / 1000);
-  else if (!c->last_error[0] && r == DCPX_E_CONNRESET)
-    snprintf(c->last_error, sizeof(c->last_error), "%s",
-             "dcpxd closed the connection during the join (it stopped or "
-             "restarted): join again");
-  else if (!c->last_error[0] && r == -EMFILE)
-    snprintf(c->last_error, sizeof(c->last_error), "%s",
-             "the descriptors of dcpxd's reply did not fit: this process "
-             "is at its open-file limit (RLIMIT_NOFILE, ulimit -n)");
-  else if (!c->last_error[0] &&
-           (r == DCPX_E_IO || r == DCPX_E_NOTCONN || r == -EPIPE))
-    snprintf(c->last_error, sizeof(c->last_error),
-             "the connection to dcpxd failed during the join (%s)",
-             dcpx_strerror(r));
+  join_fail_why(c, r);
   if (r == DCPX_E_INTR && m && m->sock >= 0)
     join_withdraw(m->sock, WITHDRAW_MS);
   DCPX_WARN("dcpx_join group %s rank %u: %s%s%s", o->group ? o->group : "?",
