@@ -1360,6 +1360,11 @@ void dcpxd_group_join(dcpxd_conn *c, const Dcpx__Join *j0, int *fds,
     return join_refuse(c, DCPX_E_CONNRESET,
                        "process %d exited before dcpxd read its Join",
                        (int)c->pid);
+  if (c->send_err) /* muted: it could not be answered (dcpxd-server.c) */
+    return join_refuse(c, DCPX_E_CONNRESET,
+                       "an answer to this connection could not be sent "
+                       "(%s): its Join takes no rank",
+                       dcpx_strerror(c->send_err));
   if (j0->reattach && j0->group && dcpx__group_name_ok(j0->group))
     c->reattach_j = j0;
   group_join(c, j0, fds, nfds);

@@ -18,7 +18,12 @@
  *      |  answered before the next is read (a Join that waits for its
  *      |  group holds the rest unread in the socket, conn_watch)
  *      |
- *      v (EOF, HUP, error, malformed or unexpected frame, send failure)
+ *      |--(send failure)--> muted: nothing more sent; its requests still
+ *      |                      |  read and handled, in order (a Leave is a
+ *      |                      |  Leave, a Join refused), answers dropped
+ *      |                      v (reaper, next loop turn: what the socket
+ *      |                         holds is read, conn_drain)
+ *      v (EOF, HUP, error, malformed or unexpected frame, output bounds)
  *   closing --(reaper, next loop turn)--> removed from its group, handles
  *                                         closed, fd closed, freed
  *
@@ -29,7 +34,11 @@
  *   2. An error on one connection closes that connection only.
  *   3. Sends never block the loop: a frame that does not fit in the socket
  *      is queued (fds dup'ed) and sent when the socket is writable; a peer
- *      that lets DCPXD_OUT_MAX bytes pile up is cut off.
+ *      that lets DCPXD_OUT_MAX bytes pile up is cut off. A send that fails
+ *      (the peer closed its socket, or shut its reading side down) does
+ *      not end the reading of what the peer sent before: the connection
+ *      is muted (conn_mute), and closed once that is read; a peer that
+ *      keeps sending gets at most one bounded drain (conn_drain) more.
  *   4. Nothing is freed under a running handler (dcpxd.h, re-entrancy).
  *   5. A member's death is seen two ways, whichever comes first: its socket
  *      hangs up (the kernel closes it when the process dies), or its pidfd
@@ -86,6 +95,12 @@ static void outmsg_free(dcpxd_outmsg *o) {
 }
 
 static void on_conn_io(uv_poll_t *h, int status, int events);
+static void on_reap(uv_idle_t *h);
+
+static void reaper_start(dcpxd_manager *m) {
+  if (!uv_is_closing((uv_handle_t *)&m->reaper))
+    uv_idle_start(&m->reaper, on_reap);
+}
 
 static void conn_set_events(dcpxd_conn *c, unsigned events) {
   if (c->closing || c->poll_events == events)
@@ -110,6 +125,49 @@ static void conn_watch(dcpxd_conn *c) {
   if (c->out_head)
     events |= UV_WRITABLE;
   conn_set_events(c, events);
+}
+
+/* Frees c's queued output. */
+static void conn_out_drop(dcpxd_conn *c) {
+  while (c->out_head) {
+    dcpxd_outmsg *o = c->out_head;
+    c->out_head = o->next;
+    outmsg_free(o);
+  }
+  c->m->out_bytes -= c->out_bytes;
+  c->out_bytes = 0;
+  c->out_tail = NULL;
+}
+
+/* A send to c failed (r): c is muted, not closed. Its queued output is
+ * dropped and nothing more is sent to it, but what its peer sent before
+ * is still read and handled, in order, the answers dropped: a client that
+ * sends a Query and a Leave and closes its socket at once, the Query's
+ * answer failing, still leaves (a Leave is a Leave however the connection
+ * ends, docs/PROTOCOL.md 10.3); a Join is refused (dcpxd_group_join).
+ * Reading goes on as before (the rest of the batch in hand, the socket's
+ * events); the reaper, on the next loop turn, reads what the socket
+ * holds then (conn_drain: no waiting, bounded) and closes c, so that a
+ * peer that shut its reading side down and keeps sending does not keep
+ * its connection. */
+static void conn_mute(dcpxd_conn *c, int r) {
+  if (c->closing || c->send_err)
+    return;
+  c->send_err = r < 0 ? r : -EIO;
+  log_debug("conn %" PRIu64 " (pid %d): send failed: %s; reading what it "
+            "sent, then closing",
+            c->id, (int)c->pid, dcpx_strerror(c->send_err));
+  conn_out_drop(c);
+  TAILQ_INSERT_TAIL(&c->m->muted, c, muted_link);
+  c->muted_listed = true;
+  reaper_start(c->m);
+  conn_watch(c);
+}
+
+/* Closes muted c, what its peer sent having been read. */
+static void conn_close_muted(dcpxd_conn *c) {
+  dcpxd_conn_close(c, send_error_level(c->send_err), "send failed: %s",
+                   dcpx_strerror(c->send_err));
 }
 
 void dcpxd_conn_join_wait(dcpxd_conn *c, uv_timer_cb on_timeout,
@@ -161,9 +219,8 @@ void dcpxd_conn_flush(dcpxd_conn *c) {
     if (r == -EAGAIN)
       return;
     if (r < 0) {
-      dcpxd_conn_close(c, send_error_level(r), "send failed: %s",
-                       dcpx_strerror(r));
-      return;
+      conn_mute(c, r); /* drops the queue */
+      break;
     }
     c->out_head = o->next;
     if (!c->out_head)
@@ -231,6 +288,8 @@ int dcpxd_conn_send(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
 
   if (c->closing)
     return DCPX_E_NOTCONN;
+  if (c->send_err) /* muted: dropped */
+    return c->send_err;
   if (dcpx__frame__get_packed_size(f) > DCPX_FRAME_MAX)
     return DCPX_E_MSGSIZE;
   if (!c->out_head) {
@@ -240,8 +299,7 @@ int dcpxd_conn_send(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
     if (r == DCPX_E_MSGSIZE) /* over the socket's send buffer */
       return r;
     if (r != -EAGAIN && r != -ENOBUFS) {
-      dcpxd_conn_close(c, send_error_level(r), "send failed: %s",
-                       dcpx_strerror(r));
+      conn_mute(c, r);
       return r;
     }
   }
@@ -285,25 +343,34 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   free(c);
 }
 
-/* The reaper: runs on the loop turn after connections were marked closing;
- * this is the only place where a connection leaves its group because it
- * went away, and where connections are freed. */
+static void conn_drain(dcpxd_conn *c);
+
+/* The reaper: runs on the loop turn after connections were muted or
+ * marked closing. A muted one has what its socket holds read (conn_drain)
+ * and is closed; a closing one leaves its group (this is the only place
+ * where a connection leaves its group because it went away) and is
+ * freed. Either may mute or close others (a Leave's ABORT event, a
+ * departed member's): they are handled in the same pass. Each connection
+ * is muted at most once, and its drain is bounded. */
 static void on_reap(uv_idle_t *h) {
   dcpxd_manager *m = h->data;
   dcpxd_conn *c;
 
-  while ((c = TAILQ_FIRST(&m->reap))) {
+  for (;;) {
+    if ((c = TAILQ_FIRST(&m->muted))) {
+      TAILQ_REMOVE(&m->muted, c, muted_link);
+      c->muted_listed = false;
+      conn_drain(c);
+      if (!c->closing)
+        conn_close_muted(c);
+      continue;
+    }
+    if (!(c = TAILQ_FIRST(&m->reap)))
+      break;
     TAILQ_REMOVE(&m->reap, c, reap_link);
     if (c->group)
       dcpxd_group_member_gone(c);
-    while (c->out_head) {
-      dcpxd_outmsg *o = c->out_head;
-      c->out_head = o->next;
-      outmsg_free(o);
-    }
-    m->out_bytes -= c->out_bytes;
-    c->out_bytes = 0;
-    c->out_tail = NULL;
+    conn_out_drop(c);
     TAILQ_REMOVE(&m->conns, c, link);
     m->n_conns--;
     uv_close((uv_handle_t *)&c->poll, on_conn_handle_closed);
@@ -324,6 +391,10 @@ void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...) {
   if (c->closing)
     return;
   c->closing = true;
+  if (c->muted_listed) {
+    TAILQ_REMOVE(&c->m->muted, c, muted_link);
+    c->muted_listed = false;
+  }
   va_start(ap, fmt);
   vsnprintf(c->close_reason, sizeof(c->close_reason), fmt, ap);
   va_end(ap);
@@ -337,8 +408,7 @@ void dcpxd_conn_close(dcpxd_conn *c, int level, const char *fmt, ...) {
   if (c->pidfd >= 0)
     uv_poll_stop(&c->pid_poll);
   TAILQ_INSERT_TAIL(&c->m->reap, c, reap_link);
-  if (!uv_is_closing((uv_handle_t *)&c->m->reaper))
-    uv_idle_start(&c->m->reaper, on_reap);
+  reaper_start(c->m);
 }
 
 /* ---- the Hello deadline and the idle timeout ----------------------------- */
@@ -379,8 +449,6 @@ void dcpxd_conn_idle_arm(dcpxd_conn *c) {
 }
 
 /* ---- the peer process ------------------------------------------------------ */
-
-static void conn_drain(dcpxd_conn *c);
 
 /* The peer process exited. What it sent before is answered first, in
  * order, as far as its socket holds it now (no waiting: a child it forked
@@ -563,8 +631,11 @@ static bool read_frames(dcpxd_conn *c) {
       break;
     }
     if (r == DCPX_E_CONNRESET) {
-      dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
-                       "connection closed by peer");
+      if (c->send_err) /* muted: what it sent is read */
+        conn_close_muted(c);
+      else
+        dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
+                         "connection closed by peer");
       break;
     }
     if (r == DCPX_E_MSGSIZE || r == DCPX_E_FDS || r == DCPX_E_PROTO ||
@@ -593,12 +664,13 @@ static bool read_frames(dcpxd_conn *c) {
   return empty;
 }
 
-/* What c's peer sent before it went away is answered, in order, as far
- * as it can be read now (a Leave among it counts as a Leave); a Join of
- * it that waits is given up first. Each pass reads at most RECV_BATCH
- * frames; what a socket can hold is bounded, and its end of stream
- * closes c. The bound is a guard; so is `reading`: requests of c being
- * handled led here (they cannot be answered ahead of the one in hand). */
+/* What c's peer sent before it went away (or before a send to it failed,
+ * conn_mute) is answered, in order, as far as it can be read now (a
+ * Leave among it counts as a Leave); a Join of it that waits is given up
+ * first. Each pass reads at most RECV_BATCH frames; what a socket can
+ * hold is bounded, and its end of stream closes c. The bound is a guard;
+ * so is `reading`: requests of c being handled led here (they cannot be
+ * answered ahead of the one in hand). */
 static void conn_drain(dcpxd_conn *c) {
   for (int i = 0; i < 64 && !c->closing && !c->reading; i++) {
     if (dcpxd_conn_join_waits(c))
@@ -624,15 +696,16 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
      * pending socket error, typically ECONNRESET: the peer closed with
      * frames it had not read (a member that leaves with an abort event
      * unread). What it sent before closing is still queued here: read
-     * it first, so that its Leave counts as a Leave, not as a death
-     * (they differ for a group adopted after a restart, dcpxd-group.c).
-     * Then report the error. */
+     * it first, all of it (conn_drain: a Leave behind more requests than
+     * one batch), so that its Leave counts as a Leave, not as a death
+     * (they differ for a group adopted after a restart, dcpxd-group.c);
+     * its end of stream then closes c. Else report the error. */
     int err = 0;
     socklen_t len = sizeof(err);
     const int sockerr =
         status == UV_EBADF &&
         getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err;
-    read_frames(c);
+    conn_drain(c);
     if (c->closing)
       goto out;
     if (sockerr)

@@ -339,6 +339,7 @@ int main(int argc, char **argv) {
   m->reserve_fd = -1;
   TAILQ_INIT(&m->conns);
   TAILQ_INIT(&m->reap);
+  TAILQ_INIT(&m->muted);
   TAILQ_INIT(&m->groups);
 
   log_info("dcpxd %s starting (protocol %u, config %s, state dir %s, "

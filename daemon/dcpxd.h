@@ -21,11 +21,13 @@
  * points at its members' connections and a member connection back at its
  * group; both links are cut together (dcpxd-group.c), never one alone.
  *
- * Re-entrancy rule: nothing closes a connection synchronously. A failed
- * send, a protocol error or a hang-up only marks the connection closing
- * (dcpxd_conn_close); the "reaper" idle handle then removes it from its
- * group on the next loop turn. So group code may send to all members in a
- * loop without members vanishing under it.
+ * Re-entrancy rule: nothing closes a connection synchronously. A protocol
+ * error or a hang-up only marks the connection closing (dcpxd_conn_close);
+ * a failed send only mutes it (nothing more is sent to it; what its peer
+ * sent is still read); the "reaper" idle handle then, on the next loop
+ * turn, reads what a muted connection's socket holds and closes it, and
+ * removes a closing one from its group. So group code may send to all
+ * members in a loop without members vanishing under it.
  */
 #ifndef DCPXD_H
 #define DCPXD_H
@@ -89,6 +91,12 @@ struct dcpxd_conn {
   bool reading; /* its requests are being read (read_frames) */
   bool exited;  /* its process exited (pid_poll): what it sent is read, a
                  * Join refused, and then it closes */
+  /* A send to it failed (the negative code; 0: none): nothing more is
+   * sent, but what the peer sent is still read and handled, in order (a
+   * Leave counts as a Leave, a Join is refused), until the reaper, on
+   * the next loop turn, has read what the socket holds and closes it. */
+  int send_err;
+  bool muted_listed; /* in manager->muted (send_err, not yet closing) */
   char agent[64];
   char close_reason[160];
 
@@ -104,14 +112,17 @@ struct dcpxd_conn {
 
   TAILQ_ENTRY(dcpxd_conn) link;      /* manager->conns */
   TAILQ_ENTRY(dcpxd_conn) reap_link; /* manager->reap, while closing */
+  TAILQ_ENTRY(dcpxd_conn) muted_link; /* manager->muted */
 };
 
 int dcpxd_server_listen(dcpxd_manager *m);
 void dcpxd_server_stop(dcpxd_manager *m);
 
 /* Sends a frame (and fds, which stay the caller's), queueing it if the
- * socket is full. A broken connection is marked closing. Returns 0 or a
- * negative code; DCPX_E_MSGSIZE leaves the connection open. */
+ * socket is full. A connection whose send fails is muted (send_err: what
+ * it sent is still read; the reaper closes it), one over its output
+ * bounds marked closing. Returns 0 or a negative code; DCPX_E_MSGSIZE
+ * leaves the connection as it was. */
 int dcpxd_conn_send(dcpxd_conn *c, const Dcpx__Frame *f, const int *fds,
                     int nfds);
 /* Sends Reply{status, formatted error}. */
@@ -370,6 +381,8 @@ struct dcpxd_manager {
 
   TAILQ_HEAD(, dcpxd_conn) conns;
   TAILQ_HEAD(, dcpxd_conn) reap;
+  TAILQ_HEAD(, dcpxd_conn) muted; /* a send failed: read, then closed by
+                                   * the reaper */
   TAILQ_HEAD(, dcpxd_group) groups;
   uv_idle_t reaper;
   uint64_t next_conn_id;

@@ -2365,6 +2365,10 @@ START_TEST(test_leave_read_at_exit) {
   ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
                    DCPX__FRAME__MSG_JOIN_REPLY);
   ck_assert_msg(st == 0, "rank 0's Join: %d (%s)", st, why);
+  /* dcpxd answers rank 0's Join before rank 1's: stopped in between, it
+   * would leave rank 1 waiting for its JoinReply (and this test for rank
+   * 1) for good. A HEALTH answer comes after both. */
+  wait_rank_joined("exitleave", 1);
   daemon_pause();
   ck_assert_int_eq(write(go[1], &x, 1), 1);
   ck_assert_int_eq(waitpid(leaver, &st, 0), leaver);
@@ -2381,6 +2385,111 @@ START_TEST(test_leave_read_at_exit) {
   close(go[1]);
   close(res[0]);
   close(a);
+  daemon_stop();
+}
+END_TEST
+
+/* Whether dcpxd closed its end of s (within 5 s): s hangs up, though its
+ * own reading side may be shut down (poll reports POLLIN for that). */
+static int peer_closed(int s) {
+  for (int i = 0; i < 500; i++) {
+    struct pollfd p = {.fd = s, .events = 0};
+    if (poll(&p, 1, 10) == 1 && (p.revents & (POLLHUP | POLLERR)))
+      return 1;
+  }
+  return 0;
+}
+
+/* Rank 1 of a formed group `group` of 2 (raw frames, in this process)
+ * sends EXIT_QUERIES health queries and a Leave, then closes its socket,
+ * while dcpxd is stopped; with `reset`, an answer of dcpxd lies unread in
+ * it then (the close resets the connection: dcpxd sees a socket error,
+ * not only the end of stream). The first answer fails to send (EPIPE),
+ * and the Leave lies behind more requests than dcpxd reads in one go.
+ * Rank 0's ABORT must say that rank 1 left the group. */
+static void leave_behind_failed_send(const char *group, int reset) {
+  dcpx_shape sh;
+  spec sp = small(group, 2);
+  char why[512];
+  int st;
+  shape_of(&sp, &sh);
+  int a = raw_connect(), b = raw_connect();
+  ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
+  raw_join(a, group, 0, &sh, 0);
+  ck_assert_int_eq(raw_join(b, group, 1, &sh, 1), 0);
+  ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == 0, "rank 0's Join: %d (%s)", st, why);
+  if (reset) { /* its answer stays unread */
+    raw_health_send(b, group);
+    ck_assert_int_eq(dcpx__poll_until(b, POLLIN, dcpx__deadline_ms(5000)), 1);
+  }
+  daemon_pause();
+  for (int i = 0; i < EXIT_QUERIES; i++)
+    raw_health_send(b, group);
+  raw_leave_send(b);
+  close(b);
+  kill(g_daemon, SIGCONT);
+  next_abort(a, why, sizeof(why));
+  ck_assert_msg(strstr(why, "left the group"),
+                "rank 1's Leave, queued behind requests whose answers "
+                "could not be sent, was not read%s: %s",
+                reset ? " (connection reset)" : "", why);
+  wait_rank_gone(group, 1);
+  close(a);
+}
+
+/* A client whose answers cannot be delivered is still read. (1) Rank 1
+ * sends requests and a Leave and closes its socket before dcpxd answers
+ * them (leave_behind_failed_send), with nothing unread, and with an
+ * answer unread (a reset). The first answer fails to send; the rest is
+ * read, in order, the answers dropped: the Leave counts as a Leave, then
+ * the end of stream closes the connection. (dcpxd closed the connection
+ * at the failed send, the rest unread: a death, "send failed: Broken
+ * pipe"; for a group adopted after a restart a death keeps the group for
+ * a replacement where a Leave lets it go.) (2) A client that shuts down
+ * its reading side (SHUT_RD) and sends a Query and a Join for the rank a
+ * forming group lacks: the Query's answer fails to send; the Join, read
+ * after that, is refused (a client that cannot be answered takes no
+ * rank: the group does not form with it), and dcpxd closes the
+ * connection once it has read what the socket holds, though the client
+ * keeps it open; the group forms with the next Join for the rank. */
+START_TEST(test_leave_read_after_send_failed) {
+  dcpx_shape sh;
+  spec sp2 = small("mutejoin", 2);
+  char why[512];
+  int st;
+  daemon_start();
+  leave_behind_failed_send("muteleave", 0);
+  leave_behind_failed_send("mutereset", 1);
+
+  shape_of(&sp2, &sh);
+  int a = raw_connect(), b = raw_connect();
+  ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
+  raw_join(a, "mutejoin", 0, &sh, 0);
+  wait_rank_joined("mutejoin", 0);
+  ck_assert_int_eq(shutdown(b, SHUT_RD), 0);
+  raw_health_send(b, "mutejoin");
+  raw_join(b, "mutejoin", 1, &sh, 0);
+  ck_assert_msg(peer_closed(b), "dcpxd kept open a connection it could not "
+                                "answer");
+  {
+    struct pollfd p = {.fd = a, .events = POLLIN};
+    ck_assert_msg(poll(&p, 1, 0) == 0,
+                  "the group formed with a client dcpxd could not answer");
+  }
+  ck_assert_int_eq(rank_joined("mutejoin", 1), 0);
+  int c = raw_connect();
+  ck_assert_int_eq(raw_hello(c, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_join(c, "mutejoin", 1, &sh, 1), 0);
+  ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == 0, "rank 0's Join: %d (%s)", st, why);
+  close(a);
+  close(b);
+  close(c);
   daemon_stop();
 }
 END_TEST
@@ -2571,6 +2680,7 @@ int main(void) {
   tcase_add_test(tc, test_join_gone_while_group_completes);
   tcase_add_test(tc, test_hung_up_holder_answered);
   tcase_add_test(tc, test_leave_read_at_exit);
+  tcase_add_test(tc, test_leave_read_after_send_failed);
   tcase_add_test(tc, test_join_answered_at_shutdown);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
