@@ -305,6 +305,61 @@ static int state_dir_lock(const char *dir) {
   return fd;
 }
 
+/* dcpxd_conf_load's answer other than "run": 2 for a bad command line;
+ * for --help and --version, whose text must have reached standard output
+ * (a full disk, a closed descriptor: it exited 0 with none), 0 or 1. */
+static int conf_exit_status(int r) {
+  if (r != DCPXD_CONF_EXIT)
+    return 2;
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout))
+    return EXIT_SUCCESS;
+  log_error("Cannot write standard output: %s",
+            errno ? strerror(errno) : "write error");
+  return EXIT_FAILURE;
+}
+
+/* The loop's own handles: the reaper, the health, watchdog, records and
+ * log timers, the secrets check (which keeps no loop alive) and the
+ * signals. */
+static void loop_handles_init(dcpxd_manager *m) {
+  uv_idle_init(m->loop, &m->reaper);
+  m->reaper.data = m;
+  uv_timer_init(m->loop, &m->health_timer);
+  m->health_timer.data = m;
+  uv_timer_init(m->loop, &m->watchdog_timer);
+  m->watchdog_timer.data = m;
+  uv_timer_init(m->loop, &m->records_timer);
+  m->records_timer.data = m;
+  uv_check_init(m->loop, &m->secrets_check);
+  m->secrets_check.data = m;
+  uv_check_start(&m->secrets_check, on_secrets_check);
+  uv_unref((uv_handle_t *)&m->secrets_check);
+  uv_timer_init(m->loop, &m->log_timer);
+  log_timer = &m->log_timer;
+  dcpxd_log_on_suppress = arm_log_timer;
+  start_signal(m, &m->sig_term, SIGTERM);
+  start_signal(m, &m->sig_int, SIGINT);
+  start_signal(m, &m->sig_hup, SIGHUP);
+}
+
+/* After the loop has run out: the suppressed-lines summary written, the
+ * groups list emptied (every member left when its connection closed, so
+ * none is left; this only guards against a bug leaking them), the loop
+ * closed. */
+static void loop_done(dcpxd_manager *m) {
+  dcpxd_log_on_suppress = NULL;
+  log_timer = NULL;
+  dcpxd_log_ratelimit_flush(true);
+  while (!TAILQ_EMPTY(&m->groups)) {
+    dcpxd_group *g = TAILQ_FIRST(&m->groups);
+    log_warning("group=%s still present at exit", g->name);
+    TAILQ_REMOVE(&m->groups, g, link);
+  }
+  if (uv_loop_close(m->loop) < 0)
+    log_warning("Event loop still had open handles at exit");
+}
+
 int main(int argc, char **argv) {
   dcpxd_conf conf;
   dcpxd_manager mgr, *m = &mgr;
@@ -316,16 +371,7 @@ int main(int argc, char **argv) {
   r = dcpxd_conf_load(&conf, argc, argv);
   if (r != DCPXD_CONF_RUN) {
     dcpxd_conf_done(&conf);
-    if (r != DCPXD_CONF_EXIT)
-      return 2;
-    /* --help, --version: their text must have reached standard output
-     * (a full disk, a closed descriptor: it exited 0 with none). */
-    errno = 0;
-    if (fflush(stdout) == 0 && !ferror(stdout))
-      return EXIT_SUCCESS;
-    log_error("Cannot write standard output: %s",
-              errno ? strerror(errno) : "write error");
-    return EXIT_FAILURE;
+    return conf_exit_status(r);
   }
   dcpxd_log_max_level = conf.log_level;
   dcpxd_log_rate_burst = conf.log_rate_burst;
@@ -366,24 +412,7 @@ int main(int argc, char **argv) {
     goto out_records;
   }
   m->loop = &loop;
-  uv_idle_init(m->loop, &m->reaper);
-  m->reaper.data = m;
-  uv_timer_init(m->loop, &m->health_timer);
-  m->health_timer.data = m;
-  uv_timer_init(m->loop, &m->watchdog_timer);
-  m->watchdog_timer.data = m;
-  uv_timer_init(m->loop, &m->records_timer);
-  m->records_timer.data = m;
-  uv_check_init(m->loop, &m->secrets_check);
-  m->secrets_check.data = m;
-  uv_check_start(&m->secrets_check, on_secrets_check);
-  uv_unref((uv_handle_t *)&m->secrets_check); /* keeps no loop alive */
-  uv_timer_init(m->loop, &m->log_timer);
-  log_timer = &m->log_timer;
-  dcpxd_log_on_suppress = arm_log_timer;
-  start_signal(m, &m->sig_term, SIGTERM);
-  start_signal(m, &m->sig_int, SIGINT);
-  start_signal(m, &m->sig_hup, SIGHUP);
+  loop_handles_init(m);
 
   r = dcpxd_server_listen(m);
   if (r < 0) {
@@ -408,18 +437,7 @@ int main(int argc, char **argv) {
   log_info("Stopped");
 
 out_loop:
-  dcpxd_log_on_suppress = NULL;
-  log_timer = NULL;
-  dcpxd_log_ratelimit_flush(true);
-  /* Every member left when its connection closed, so no group is left;
-   * this only guards against a bug leaking them. */
-  while (!TAILQ_EMPTY(&m->groups)) {
-    dcpxd_group *g = TAILQ_FIRST(&m->groups);
-    log_warning("group=%s still present at exit", g->name);
-    TAILQ_REMOVE(&m->groups, g, link);
-  }
-  if (uv_loop_close(m->loop) < 0)
-    log_warning("Event loop still had open handles at exit");
+  loop_done(m);
 out_records:
   (void)dcpxd_secrets_flush(m->secrets);
   m->secrets = dcpxd_secrets_free(m->secrets);
