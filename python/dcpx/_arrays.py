@@ -378,7 +378,9 @@ def to_numpy_host(x: Any, name: str, kind: str, ndim: int) -> Any:
 
 def to_bf16_bits(x: Any) -> Any:
     """float array -> its bf16 bit patterns (numpy uint16), rounded to
-    nearest even; NaN stays NaN."""
+    nearest even; NaN stays NaN. Wider floats go through float32 first,
+    as torch's .to(torch.bfloat16) does, and a value beyond float32's
+    range becomes an infinity without numpy's overflow warning."""
     import numpy as np
     try:
         a = np.asarray(x)
@@ -388,7 +390,8 @@ def to_bf16_bits(x: Any) -> Any:
                 v is None or isinstance(v, (str, bytes, complex))
                 for v in a.flat)):
             raise TypeError(f"got {a.dtype.name} elements")
-        f = np.ascontiguousarray(a, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            f = np.ascontiguousarray(a, dtype=np.float32)
     except (TypeError, ValueError) as e:
         raise InvalidArgument(
             context=f"to_bf16_bits: numbers expected ({e})") from None

@@ -128,6 +128,19 @@ def test_bf16_bits():
         assert "to_bf16_bits" in str(e.value)
 
 
+def test_bf16_bits_wide_floats():
+    import warnings
+    # beyond float32's range: an infinity of the sign, and no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = dcpx.to_bf16_bits(np.array([1e39, -1e300, 3e38]))
+    assert b.tolist()[:2] == [0x7F80, 0xFF80]
+    assert b[2] == dcpx.to_bf16_bits(np.array([3e38], np.float32))[0]
+    # float64 goes through float32 (as torch's .to(torch.bfloat16)): 1 +
+    # 2^-8 + 2^-30 is 1 + 2^-8 in float32, a tie that rounds to even (1.0)
+    assert dcpx.to_bf16_bits(np.array([1 + 2**-8 + 2**-30]))[0] == 0x3F80
+
+
 def test_ref_local_list(libdcpx):
     row = np.array([0x3F80, 0x4000, 0x7FC0, 0x4000, 0x3F00], np.uint16)
     lst = dcpx.ref_local_list(row, 2)
