@@ -1728,18 +1728,19 @@ void dcpxd_group_join_gone(dcpxd_conn *c) {
               rank, name);
 }
 
+/* The rank stays attached until the reaper (manager_stop closes c next):
+ * freed here, it was missing from the count of the next waiting Join of
+ * the group that this shutdown answers ("1 of 3 ranks joined" where two
+ * had). */
 void dcpxd_group_join_stopped(dcpxd_conn *c, const char *why) {
-  char name[DCPX_GROUP_NAME_MAX + 1];
-  const uint32_t rank = c->rank, joined = c->group->live;
-  const uint32_t W = c->group->shape.world;
+  const dcpxd_group *g = c->group;
 
-  dcpxd_bprintf(name, "%s", c->group->name);
-  member_leaves(c, false); /* stopping: may destroy the group */
+  dcpxd_conn_join_done(c); /* answered: it waits no more */
   join_refuse(c, DCPX_E_CONNRESET,
               "dcpxd is shutting down (%s): the Join for rank %u of group "
               "'%s' waited for its group (%u of %u ranks joined), which "
               "will not form; join again once dcpxd is back",
-              why, rank, name, joined, W);
+              why, c->rank, g->name, g->live, g->shape.world);
 }
 
 /* ---- fault hook ---------------------------------------------------------- */

@@ -298,8 +298,10 @@ void dcpxd_group_member_gone(dcpxd_conn *c);
  * freed and the Join refused, DCPX_E_CONNRESET (docs/PROTOCOL.md 10.3). */
 void dcpxd_group_join_gone(dcpxd_conn *c);
 /* At shutdown (m->stopping, `why`: the signal): c's Join waits for its
- * group, which will not form now: the rank is freed and the Join refused,
- * DCPX_E_CONNRESET, before c closes (docs/PROTOCOL.md 10.3). */
+ * group, which will not form now: the Join is refused, DCPX_E_CONNRESET,
+ * before c closes (docs/PROTOCOL.md 10.3); its rank is freed when c is
+ * reaped, as every member's at shutdown, so that each waiting Join of the
+ * group counts the ranks that had joined. */
 void dcpxd_group_join_stopped(dcpxd_conn *c, const char *why);
 
 /* Sets the abort word (if 0) to `reason`, stores the group's wait records,

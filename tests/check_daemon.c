@@ -2544,6 +2544,38 @@ START_TEST(test_join_answered_at_shutdown) {
 }
 END_TEST
 
+/* Two Joins wait in one forming group of 3 when dcpxd gets SIGTERM: each
+ * refusal counts the ranks that had joined, 2 of 3, in both answers.
+ * (dcpxd freed each rank as it refused its Join, so the second answer
+ * said "1 of 3 ranks joined" though two had.) */
+START_TEST(test_join_answered_at_shutdown_counts) {
+  dcpx_shape sh;
+  spec sp = small("stopped3", 3);
+  char why[512];
+  int st;
+  daemon_start();
+  shape_of(&sp, &sh);
+  int s0 = raw_connect(), s1 = raw_connect();
+  ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_hello(s1, DCPX_PROTO_VERSION), 0);
+  raw_join(s0, "stopped3", 0, &sh, 0);
+  raw_join(s1, "stopped3", 1, &sh, 0);
+  wait_rank_joined("stopped3", 0);
+  wait_rank_joined("stopped3", 1);
+  daemon_stop();
+  for (int i = 0; i < 2; i++) {
+    const int s = i ? s1 : s0;
+    ck_assert_int_eq(next_answer(s, &st, why, sizeof(why)),
+                     DCPX__FRAME__MSG_JOIN_REPLY);
+    ck_assert_msg(st == DCPX_E_CONNRESET && strstr(why, "shutting down") &&
+                      strstr(why, "(2 of 3 ranks joined)"),
+                  "rank %d's waiting Join: %d (%s)", i, st, why);
+    expect_eof(s);
+    close(s);
+  }
+}
+END_TEST
+
 /* A join with join_timeout_ms 0 waits as long as dcpxd's join timeout
  * (its Hello reply says it), not a fixed 30 s: a daemon of 1 s that hangs
  * after the Join leaves the join waiting 1 s + 10 s of slack, where it
@@ -2682,6 +2714,7 @@ int main(void) {
   tcase_add_test(tc, test_leave_read_at_exit);
   tcase_add_test(tc, test_leave_read_after_send_failed);
   tcase_add_test(tc, test_join_answered_at_shutdown);
+  tcase_add_test(tc, test_join_answered_at_shutdown_counts);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
