@@ -72,9 +72,6 @@ static void keep_error(char *err, size_t errlen, const Dcpx__Reply *rep) {
     snprintf(err, errlen, "%s", rep->error);
 }
 
-/* Connects and says hello (proto/frame.c's dcpx__ops_connect, as dcpxctl
- * does). err gets one line of why, with the daemon's reason when it
- * refused; *ret_join_ms (NULL: not wanted) the daemon's join timeout. */
 /* A call refused before there is a client or member to keep the reason
  * (a NULL handle or ret_* argument): a WARN line naming the function and
  * the argument, as a NULL struct's has (dcpx__struct_check) and the
@@ -87,6 +84,9 @@ static int refuse_null_at(int line, const char *fn, const char *what) {
 }
 #define REFUSE_NULL(fn, what) refuse_null_at(__LINE__, (fn), (what))
 
+/* Connects and says hello (proto/frame.c's dcpx__ops_connect, as dcpxctl
+ * does). err gets one line of why, with the daemon's reason when it
+ * refused; *ret_join_ms (NULL: not wanted) the daemon's join timeout. */
 static int open_conn(const char *path, int *ret_sock, char *err,
                      size_t errlen, uint32_t *ret_join_ms) {
   const int s = dcpx__ops_connect_join(path, "libdcpx " DCPX_VERSION_STRING,
@@ -1460,7 +1460,6 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   return r;
 }
 
-/* dcpx_recover's work, the link entered. */
 /* One RecoverAck for the generation being recovered, into *ret_gen (rank
  * 0 of an nccl group adds the next generation's communicator id). 0, or
  * the send's error: the link is then down. */
@@ -1521,6 +1520,7 @@ static int recover_event(dcpx_member *m, Dcpx__Frame *ev, uint32_t gen,
   return r;
 }
 
+/* dcpx_recover's work, the link entered. */
 static int recover_link(dcpx_member *m, void *stream, uint32_t timeout_ms) {
   const uint64_t end = dcpx__mono_ms() + timeout_ms;
   Dcpx__Frame *ev;
