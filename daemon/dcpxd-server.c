@@ -1066,3 +1066,14 @@ void dcpxd_server_stop(dcpxd_manager *m) {
     m->socket_created = false;
   }
 }
+
+void dcpxd_manager_init(dcpxd_manager *m, dcpxd_conf *conf) {
+  memset(m, 0, sizeof(*m));
+  m->conf = conf;
+  m->listen_fd = -1;
+  m->reserve_fd = -1;
+  TAILQ_INIT(&m->conns);
+  TAILQ_INIT(&m->reap);
+  TAILQ_INIT(&m->muted);
+  TAILQ_INIT(&m->groups);
+}

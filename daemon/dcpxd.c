@@ -379,14 +379,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN); /* sends use MSG_NOSIGNAL; belt and braces */
   raise_nofile();
 
-  memset(m, 0, sizeof(*m));
-  m->conf = &conf;
-  m->listen_fd = -1;
-  m->reserve_fd = -1;
-  TAILQ_INIT(&m->conns);
-  TAILQ_INIT(&m->reap);
-  TAILQ_INIT(&m->muted);
-  TAILQ_INIT(&m->groups);
+  dcpxd_manager_init(m, &conf);
 
   log_info("dcpxd %s starting (protocol %u, config %s, state dir %s, "
            "poll %u ms, fault injection %s)",

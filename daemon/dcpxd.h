@@ -408,6 +408,10 @@ struct dcpxd_manager {
 
 /* Recomputes STATUS= (sent when it changed) and starts or stops the alarm
  * scan with the number of ready groups. Cheap; called after changes. */
+/* m emptied for conf: no listening socket, no connection, group or
+ * muted connection yet (its lists initialised); the loop and its handles
+ * are the caller's. */
+void dcpxd_manager_init(dcpxd_manager *m, dcpxd_conf *conf);
 void dcpxd_manager_update(dcpxd_manager *m);
 /* Records that could not be written wait in memory: retries them every
  * second until they are on disk (dcpxd_records_retry). */

@@ -99,12 +99,7 @@ static void daemon_setup(void) {
     die("dcpxd_conf_load");
   dcpxd_log_max_level = getenv("FUZZ_CONN_LOG") ? LOG_DEBUG : -1;
 
-  M.conf = &C;
-  M.listen_fd = -1;
-  M.reserve_fd = -1;
-  TAILQ_INIT(&M.conns);
-  TAILQ_INIT(&M.reap);
-  TAILQ_INIT(&M.groups);
+  dcpxd_manager_init(&M, &C);
   if (dcpxd_records_open(C.state_dir, C.records_max_bytes, DCPXD_RECORDS_RING,
                          &M.records) < 0 ||
       dcpxd_secrets_open(C.state_dir, &M.secrets) < 0)
