@@ -2076,6 +2076,34 @@ START_TEST(test_answers_in_order_while_join_waits) {
 }
 END_TEST
 
+/* Connects a and b (a Hello each); a joins `group` (of 2) as rank 0,
+ * which waits, and sends a health Query behind its Join. */
+static void join_waiting_pair(const char *group, const dcpx_shape *sh,
+                              int *a, int *b) {
+  *a = raw_connect();
+  *b = raw_connect();
+  ck_assert_int_eq(raw_hello(*a, DCPX_PROTO_VERSION), 0);
+  ck_assert_int_eq(raw_hello(*b, DCPX_PROTO_VERSION), 0);
+  raw_join(*a, group, 0, sh, 0);
+  wait_rank_joined(group, 0);
+  raw_health_send(*a, group);
+}
+
+/* What a, which hung up while its Join waited (join_waiting_pair), is
+ * sent: the Join refused (DCPX_E_CONNRESET), the Query answered, then
+ * the end of stream. */
+static void expect_join_gone(int a, int round) {
+  char why[512];
+  int st;
+  ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_JOIN_REPLY);
+  ck_assert_msg(st == DCPX_E_CONNRESET, "round %d: Join: %d (%s)", round, st,
+                why);
+  ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
+                   DCPX__FRAME__MSG_QUERY_REPLY);
+  expect_eof(a);
+}
+
 /* A client hangs up while its Join waits, and a Join for the same rank
  * arrives at once: whichever dcpxd handles first, the first client gets
  * its Join refused (DCPX_E_CONNRESET) and its Query answered before the
@@ -2085,27 +2113,16 @@ END_TEST
 START_TEST(test_join_gone_while_replaced) {
   dcpx_shape sh;
   spec sp = small("gone", 2);
-  char why[512], group[32];
-  int st;
+  char group[32];
   daemon_start();
   shape_of(&sp, &sh);
   for (int round = 0; round < 40; round++) {
     snprintf(group, sizeof(group), "gone%d", round);
-    int a = raw_connect(), b = raw_connect();
-    ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
-    ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
-    raw_join(a, group, 0, &sh, 0);
-    wait_rank_joined(group, 0);
-    raw_health_send(a, group);
+    int a, b;
+    join_waiting_pair(group, &sh, &a, &b);
     raw_join(b, group, 0, &sh, 0); /* then the hang-up, at once */
     ck_assert_int_eq(shutdown(a, SHUT_WR), 0);
-    ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
-                     DCPX__FRAME__MSG_JOIN_REPLY);
-    ck_assert_msg(st == DCPX_E_CONNRESET, "round %d: Join: %d (%s)", round,
-                  st, why);
-    ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
-                     DCPX__FRAME__MSG_QUERY_REPLY);
-    expect_eof(a);
+    expect_join_gone(a, round);
     close(a);
     close(b);
   }
@@ -2132,12 +2149,8 @@ START_TEST(test_join_gone_while_group_completes) {
   shape_of(&sp, &sh);
   for (int round = 0; round < 20; round++) {
     snprintf(group, sizeof(group), "done%d", round);
-    int a = raw_connect(), b = raw_connect();
-    ck_assert_int_eq(raw_hello(a, DCPX_PROTO_VERSION), 0);
-    ck_assert_int_eq(raw_hello(b, DCPX_PROTO_VERSION), 0);
-    raw_join(a, group, 0, &sh, 0);
-    wait_rank_joined(group, 0);
-    raw_health_send(a, group);
+    int a, b;
+    join_waiting_pair(group, &sh, &a, &b);
     /* the Join, then the hang-up, both there when dcpxd looks (it is
      * stopped meanwhile; else it may form the group before the hang-up,
      * rightly) */
@@ -2145,13 +2158,7 @@ START_TEST(test_join_gone_while_group_completes) {
     raw_join(b, group, 1, &sh, 0);
     ck_assert_int_eq(shutdown(a, SHUT_WR), 0);
     kill(g_daemon, SIGCONT);
-    ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
-                     DCPX__FRAME__MSG_JOIN_REPLY);
-    ck_assert_msg(st == DCPX_E_CONNRESET, "round %d: Join: %d (%s)", round,
-                  st, why);
-    ck_assert_int_eq(next_answer(a, &st, why, sizeof(why)),
-                     DCPX__FRAME__MSG_QUERY_REPLY);
-    expect_eof(a);
+    expect_join_gone(a, round);
     close(a);
     /* b still waits, unanswered, and a new rank 0 forms the group */
     ck_assert_int_eq(dcpx__poll_until(b, POLLIN, dcpx__deadline_ms(50)), 0);
