@@ -109,6 +109,11 @@ typedef struct dcpx_k_counters {
  * the pairs that are sent (docs/PROTOCOL.md 5.4; still a valid exchange:
  * the others are the zeros a receiver assumes): what the trimming saves. */
 #define DCPX_K_DIAG_FULL_RESCUE 32u
+/* The merge leaves epoch[t] as it found it, so that the same lists can be
+ * merged again by the next launch with nothing between them (the merge
+ * bench's back-to-back figure; the protocol's next call would then find
+ * its lists stale). */
+#define DCPX_K_DIAG_KEEP_EPOCH 64u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

@@ -839,7 +839,8 @@ static __global__ void __launch_bounds__(NT, MT / NT)
     __syncthreads();
     if (ok && tid == 0) {
       dcpx_dev_pdl_wait();
-      epoch[t] = e;
+      if (!(c.diag & DCPX_K_DIAG_KEEP_EPOCH))
+        epoch[t] = e;
     }
     merge_prof(&b, t, 9);
   }

@@ -21,6 +21,10 @@
 #            never joins: timeout, abort), and misaligned arrays refused
 #   bench1   bench_kernels: W=8 ranks on one GPU, N=512, local 16384: push,
 #            merge, merge with rescue, whole calls (5 graph replays each)
+#   floorsweep  bench_kernels' launch floor by block size (256, 512, 1024
+#            threads) and dynamic shared memory (16 B to 196 KiB), back to
+#            back, with the merge bench's memset, and after a push-shaped
+#            launch (BENCH_FLOOR_SWEEP)
 #   roofline tests/gpu/roofline (the kernels' registers, spills, shared
 #            memory and blocks per SM; the copy bandwidth of one SM and
 #            of the GPU; each kernel's bytes per row at that bandwidth),
@@ -182,6 +186,13 @@ step_bench1() {
   BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 "$B/tests/gpu/bench_kernels" \
     > "$OUT/bench_kernels.md" 2>&1 || rc=1
   tee -a "$OUT/summary.txt" < "$OUT/bench_kernels.md" | tail -40
+}
+
+step_floorsweep() {
+  say "floorsweep: the launch floor by block shape"
+  BENCH_FLOOR_SWEEP=1 BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 240 \
+    "$B/tests/gpu/bench_kernels" > "$OUT/floorsweep.md" 2>&1 || rc=1
+  tee -a "$OUT/summary.txt" < "$OUT/floorsweep.md"
 }
 
 step_roofline() { # what bounds the kernels (issue 11), beside their figures

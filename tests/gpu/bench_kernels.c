@@ -10,7 +10,10 @@
  *                  beforehand; each merge is followed by a memset that
  *                  resets rank 0's epochs (so the same lists are merged
  *                  again), and a graph of the memsets alone is subtracted.
- *                  Random rows: no rescue.
+ *                  Random rows: no rescue. The notes also give the same
+ *                  merges back to back (DCPX_K_DIAG_KEEP_EPOCH: no memset
+ *                  between them), since the memset's transitions cost
+ *                  0.6-0.8 us per launch that the subtraction leaves in.
  *   merge+rescue   the same with rank 0 dominating every row: rank 0 is
  *                  saturated, recomputes its top-K, pushes it to all 8
  *                  rescue areas, sets the flags and runs round 2.
@@ -28,7 +31,8 @@
  * counts; BENCH_LEN / BENCH_ROWS run only that local length / row count;
  * BENCH_QUICK=1 times push and merge only; BENCH_W (2 .. 8) and BENCH_N
  * set W and N (e.g. W=2, N=1280: two ranks' whole calls on one GPU, where
- * a skewed row rescues with T1 > 0).
+ * a skewed row rescues with T1 > 0). BENCH_FLOOR_SWEEP=1 times only the
+ * launch floor by block size and dynamic shared memory (bench_floor_sweep).
  */
 #include <stdarg.h>
 
@@ -147,7 +151,10 @@ static double bench_push(gg *g) {
 }
 
 /* Rank 0's merge over lists every rank pushed once, epochs reset after
- * each merge. Returns us per merge; *ret_rescued: rows that rescued. */
+ * each merge. Returns us per merge; *ret_rescued: rows that rescued;
+ * g_merge_b2b: us per merge of the same merges back to back. */
+static double g_merge_b2b;
+
 static double bench_merge(gg *g, uint32_t *ret_rescued) {
   cudaStream_t s = g->st[0];
   const size_t eb = 4 * (size_t)g->rows;
@@ -171,6 +178,18 @@ static double bench_merge(gg *g, uint32_t *ret_rescued) {
   cudaGraphExec_t ge0 = end_capture(s);
 
   double us = time_graph(ge, s) - time_graph(ge0, s);
+  /* The same merges back to back, each leaving the epochs as it found
+   * them (DCPX_K_DIAG_KEEP_EPOCH): no memset between launches, whose
+   * transitions the subtraction above does not remove. */
+  const uint32_t diag = g->kc[0].diag;
+  g->kc[0].diag |= DCPX_K_DIAG_KEEP_EPOCH;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (uint32_t i = 0; i < g_iters; i++)
+    gg_merge(g, 0);
+  cudaGraphExec_t ge1 = end_capture(s);
+  g->kc[0].diag = diag;
+  g_merge_b2b = time_graph(ge1, s);
+  CK(cudaGraphExecDestroy(ge1));
   CK(cudaDeviceSynchronize());
   if (g->hdr->abort || g->health[0].failed) {
     fprintf(stderr, "bench: rank 0 failed during the merge bench\n");
@@ -220,6 +239,70 @@ static double bench_floor(gg *g, int push) {
   const double us = time_graph(ge, s) - us0;
   CK(cudaGraphExecDestroy(ge));
   return us;
+}
+
+/* BENCH_FLOOR_SWEEP=1: what a launch costs by block shape and dynamic
+ * shared memory, in three graph patterns: the floor kernel back to back;
+ * each launch followed by a 1 KiB memset (the memsets' own graph
+ * subtracted: bench_merge's pattern); and alternating with a push-shaped
+ * launch (1024 threads, `psmem` bytes; that kernel's back-to-back figure
+ * subtracted: a call's push then merge). Prints a markdown table, us per
+ * launch. */
+static void floor_graph(uint32_t *w, uint32_t rows, uint32_t nt, size_t smem,
+                        int pattern, size_t psmem, cudaStream_t s,
+                        double *ret) {
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (uint32_t i = 0; i < g_iters; i++) {
+    if (pattern == 2)
+      KCK(dcpx_k_floor(w, rows, 1024, psmem, s));
+    KCK(dcpx_k_floor(w, rows, nt, smem, s));
+    if (pattern == 1)
+      CK(cudaMemsetAsync(w + 256, 0, 1024, s));
+  }
+  cudaGraphExec_t ge = end_capture(s);
+  *ret = time_graph(ge, s);
+  CK(cudaGraphExecDestroy(ge));
+}
+
+static void bench_floor_sweep(size_t psmem) {
+  const uint32_t rowsv[] = {1, 64, 132};
+  const uint32_t ntv[] = {256, 512, 1024};
+  const size_t smemv[] = {16, 16384, 49152, 100352, 115712, 200704};
+  uint32_t *w;
+  cudaStream_t s;
+  double ms0, p0;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaMalloc((void **)&w, 4096));
+  CK(cudaMemset(w, 0, 4096));
+  KCK(dcpx_k_floor_prepare(smemv[5]));
+  printf("\n### Launch floor by shape (BENCH_FLOOR_SWEEP; us per launch, "
+         "median of %u replays of %u)\n\n", g_reps, g_iters);
+  printf("| rows | threads | dyn smem | back to back | with memset (memsets "
+         "subtracted) | after a push-shaped launch (that one subtracted) |\n");
+  printf("|---:|---:|---:|---:|---:|---:|\n");
+  for (size_t ri = 0; ri < 3; ri++) {
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (uint32_t i = 0; i < g_iters; i++)
+      CK(cudaMemsetAsync(w + 256, 0, 1024, s));
+    cudaGraphExec_t ge = end_capture(s);
+    ms0 = time_graph(ge, s);
+    CK(cudaGraphExecDestroy(ge));
+    floor_graph(w, rowsv[ri], 1024, psmem, 0, psmem, s, &p0);
+    for (size_t ti = 0; ti < 3; ti++)
+      for (size_t si = 0; si < 6; si++) {
+        double a, b, c;
+        floor_graph(w, rowsv[ri], ntv[ti], smemv[si], 0, psmem, s, &a);
+        floor_graph(w, rowsv[ri], ntv[ti], smemv[si], 1, psmem, s, &b);
+        floor_graph(w, rowsv[ri], ntv[ti], smemv[si], 2, psmem, s, &c);
+        printf("| %u | %u | %zu | %.2f | %.2f | %.2f |\n", rowsv[ri],
+               ntv[ti], smemv[si], a, b - ms0, c - p0);
+        fflush(stdout);
+      }
+  }
+  printf("\nPush-shaped launch alone (1024 threads, %zu bytes): see the "
+         "1024-thread rows' back-to-back column.\n", psmem);
+  CK(cudaFree(w));
+  CK(cudaStreamDestroy(s));
 }
 
 /* One more merge of rank 0 (after bench_merge: the same lists) with the
@@ -470,6 +553,14 @@ int main(void) {
     gg g;
     gg_init(&g, W, RMAX, RMAX, N, K, B, 1, lens[li], lens[li], 0, 0);
     g.hdr->timeout_ns = 2000000000ull;
+    if (getenv("BENCH_FLOOR_SWEEP")) {
+      printf("| (BENCH_FLOOR_SWEEP: the sweep only; merge smem here %zu "
+             "bytes at %u threads) |\n",
+             dcpx_k_merge_smem(&g.kc[0]), dcpx_k_merge_threads(&g.kc[0], 1));
+      bench_floor_sweep(dcpx_k_push_smem(&g.kc[0]));
+      gg_free(&g);
+      return 0;
+    }
     for (size_t ri = 0; ri < sizeof(rowsv) / sizeof(rowsv[0]); ri++) {
       const uint32_t rows = rowsv[ri];
       if (only_rows && rows != only_rows)
@@ -502,6 +593,12 @@ int main(void) {
           }
         }
         tm[mode] = bench_merge(&g, &resc[mode]);
+        note("Merge back to back (no memset between launches), local %u, "
+             "rows %u, %s: %.2f us per launch (the table's, memset "
+             "pattern: %.2f).\n",
+             lens[li], rows,
+             mode == FILL_PLAIN ? "plain" : mode == FILL_SKEW ? "skewed" : "dominant",
+             g_merge_b2b, tm[mode]);
         if (mode == FILL_PLAIN) {
           const double fm = bench_floor(&g, 0), fp = bench_floor(&g, 1);
           note("Launch floor, local %u, rows %u: merge shape %.2f us, push "
