@@ -1,6 +1,7 @@
-/* nccl.cu - the kernels of the NCCL transport (docs/PROTOCOL.md section 7: "an
- * NCCL all-gather of the candidate rows, then the same merge"), for ranks
- * without P2P access to each other. The buffers are common/layout.h's
+/* nccl.cu - the kernels of the NCCL transport (docs/PROTOCOL.md section 7:
+ * all-gathers of the candidate lists and of the saturated ranks' top-K
+ * lists around the merge's two rounds), for ranks without P2P access to
+ * each other. The buffers are common/layout.h's
  * dcpx_nccl_layout; libclient/nccl.c enqueues, on the caller's stream:
  *
  *   push:  lists kernel      row t's local top-N wire words (docs/PROTOCOL.md
