@@ -403,6 +403,18 @@ static dcpx_member *member_new(const dcpx_client *c, const dcpx_shape *shape,
   return m;
 }
 
+/* Join.node: this host's name, as text. Linux takes any bytes as a
+ * hostname (sethostname), and a Join whose string is not valid UTF-8 is
+ * refused as a whole (DCPX_E_TEXT, docs/PROTOCOL.md 7), which no caller
+ * could act on: bytes that are not valid UTF-8 become '?', as in the text
+ * dcpxd sends. */
+static void node_name(char *node, size_t n) {
+  if (gethostname(node, n) < 0)
+    snprintf(node, n, "?");
+  node[n - 1] = 0;
+  dcpx__text_clean(node);
+}
+
 /* Step 3: the Join, on the member's connection. */
 static int join_send(dcpx_client *c, dcpx_member *m,
                      const dcpx_join_opts *o) {
@@ -412,9 +424,7 @@ static int join_send(dcpx_client *c, dcpx_member *m,
   char node[256];
 
   dcpx__shape_to_pb(&m->shape, &sh);
-  if (gethostname(node, sizeof(node)) < 0)
-    strcpy(node, "?");
-  node[sizeof(node) - 1] = 0;
+  node_name(node, sizeof(node));
   j.group = m->group;
   j.shape = &sh;
   j.transport = (Dcpx__Transport)o->transport;
@@ -1120,9 +1130,7 @@ static int link_reattach_start(dcpx_member *m) {
     goto fail;
 
   dcpx__shape_to_pb(&m->shape, &sh);
-  if (gethostname(node, sizeof(node)) < 0)
-    strcpy(node, "?");
-  node[sizeof(node) - 1] = 0;
+  node_name(node, sizeof(node));
   j.group = m->group;
   j.shape = &sh;
   j.transport = (Dcpx__Transport)m->transport_req; /* the group's setting */
