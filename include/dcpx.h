@@ -737,7 +737,9 @@ typedef struct dcpx_async_error {
   uint32_t failed_mask; /* ranks whose FAILED word is set */
   uint32_t generation;  /* the group's generation (bumped by recovery) */
   uint32_t rows;        /* rows of this member's last call (the last
-                           dcpx_push or dcpx_merge) */
+                           dcpx_push or dcpx_merge); 0, and no row in
+                           row_mask, for a call refused for one of its
+                           structs (its rows are not known) */
   uint32_t failed_rows; /* rows set in row_mask */
   uint32_t rows_exact;  /* 1: row_mask is exactly the rows of the last
                            call with valid_out -1 (host backend); 0: the

@@ -802,6 +802,9 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
                               DCPX__RESERVED_OF(out), m->why,
                               sizeof(m->why));
   if (r < 0) {
+    /* its rows are not known (the struct is not trusted): none, rather
+     * than the rows of the call before (dcpx_member_async_error) */
+    dcpx__member_rows_begin(m, 0);
     dcpx__member_refuse(m);
 #ifdef HAVE_CUDA
     if (m->cuda)

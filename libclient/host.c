@@ -144,7 +144,7 @@ void dcpx__member_refuse(struct dcpx_member *m) {
 
 /* A new call (push or merge) of `rows` rows: its failed rows start empty
  * (dcpx_member_async_error). */
-static void rows_begin(struct dcpx_member *m, uint32_t rows) {
+void dcpx__member_rows_begin(struct dcpx_member *m, uint32_t rows) {
   if (m->row_err_set) {
     memset(m->row_err, 0, sizeof(m->row_err));
     m->row_err_set = 0;
@@ -398,7 +398,7 @@ int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
   const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
   int r = check_rows(m, "dcpx_push", rows, logits, stride, row_ends, 1);
-  rows_begin(m, rows);
+  dcpx__member_rows_begin(m, rows);
   if (r < 0) {
     dcpx__member_refuse(m);
     rows_failed(m, rows);
@@ -455,7 +455,7 @@ int dcpx__host_push_list(struct dcpx_member *m, const dcpx_call *in,
                      (li->flags & DCPX_LISTS_CHECK_ORDER));
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
   int r = check_lists(m, in, li, order);
-  rows_begin(m, in->rows);
+  dcpx__member_rows_begin(m, in->rows);
   if (r < 0) {
     dcpx__member_refuse(m);
     rows_failed(m, in->rows);
@@ -607,7 +607,7 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
   uint64_t rescued = 0;
   int r, range = 0;
 
-  rows_begin(m, rows);
+  dcpx__member_rows_begin(m, rows);
   const int no_args = rows && (!in->req_id || !in->block_table ||
                                 !out->rows_out || !valid_out);
   if (no_args)

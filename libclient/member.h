@@ -347,6 +347,11 @@ __attribute__((visibility("hidden"))) void
 dcpx__member_fail(struct dcpx_member *m);
 __attribute__((visibility("hidden"))) void
 dcpx__member_refuse(struct dcpx_member *m);
+/* host.c: a new call of `rows` rows (0: not known, a call refused for
+ * its struct): the last call's rows, none of them failed yet, for
+ * dcpx_member_async_error. */
+__attribute__((visibility("hidden"))) void
+dcpx__member_rows_begin(struct dcpx_member *m, uint32_t rows);
 /* A wait that gave up (docs/PROTOCOL.md 6.3): the record of kind `kind`
  * into this rank's slot of row x->block, if that slot is empty (x's
  * region, index, tags, block and call; the time, generation and rank

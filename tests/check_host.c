@@ -1620,6 +1620,29 @@ START_TEST(test_async_error) {
   e = async_of(&g, 0);
   ck_assert_uint_eq(e.reason, DCPX_REASON_PEER_FAILED);
   group_free(&g);
+
+  /* A call refused for its struct: its rows are not known, so none are
+   * said, not those of the call before (here row 1, outside the block
+   * table: they were reported as this call's, rows_exact 1). */
+  group_init(&g, 2, 3, 32, 8, 1, 1, 100, 100000000ull);
+  g.rows = 3;
+  fill(&g, 4, 0);
+  g.ends[0][1] = 50;
+  g.req[1] = 1000;
+  run_call(&g);
+  ck_assert_int_eq(g.rc[0], DCPX_E_RANGE);
+  ck_assert_uint_eq(async_of(&g, 0).failed_rows, 1);
+  dcpx_call bad = DCPX_CALL_INIT;
+  bad.size = 40; /* a dcpx.h that does not match */
+  bad.rows = 2;
+  ck_assert_int_eq(dcpx_push(g.m[0], &bad, NULL), DCPX_E_INVAL);
+  e = async_of(&g, 0);
+  ck_assert_int_eq(e.state, DCPX_E_FAILED);
+  ck_assert_uint_eq(e.reason, DCPX_REASON_REFUSED);
+  ck_assert_uint_eq(e.rows, 0);
+  ck_assert_uint_eq(e.failed_rows, 0);
+  ck_assert(!row_bit(&e, 1));
+  group_free(&g);
 }
 END_TEST
 
