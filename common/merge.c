@@ -148,6 +148,14 @@ int dcpx__lists_check(const char *fn, const dcpx_lists *li, uint32_t rows,
                  rows, n);
     return DCPX_E_INVAL;
   }
+  if (rows && (!dcpx__aligned(li->values, 2) ||
+               !dcpx__aligned(li->indices, 4))) {
+    dcpx__why_at(why, wn, __FILE__, __LINE__,
+                 "%s: dcpx_lists.%s is not aligned to its element (values "
+                 "2-byte, indices 4-byte)",
+                 fn, !dcpx__aligned(li->values, 2) ? "values" : "indices");
+    return DCPX_E_INVAL;
+  }
   return 0;
 }
 

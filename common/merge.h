@@ -43,6 +43,16 @@ static inline int dcpx__logits_fit(const uint16_t *p, uint32_t rows,
   return rows < 2 || stride <= room / rows;
 }
 
+/* Whether p is aligned to its element of `bytes` (a power of two) bytes,
+ * as dcpx.h asks of every array (bf16 logits and values 2, the int32 and
+ * uint32 arrays 4). The host backend and the reference read them as
+ * such: a misaligned array is undefined behaviour in C, which a
+ * vectorized loop may turn into a crash. NULL counts as aligned (the
+ * callers check it on its own). */
+static inline int dcpx__aligned(const void *p, uintptr_t bytes) {
+  return ((uintptr_t)p & (bytes - 1u)) == 0;
+}
+
 /* Global id of local index l on rank r (dcpx_gid, arguments checked by
  * the caller: world, interleave >= 1, r < world). */
 static inline int64_t dcpx__gid(uint32_t l, uint32_t r, uint32_t world,
@@ -162,7 +172,7 @@ DCPX__HIDDEN int dcpx__given_list(const uint16_t *values,
                                   uint32_t *words, const char **ret_why);
 
 /* A dcpx_lists for a call of `rows` rows of a shape with N = n: its size,
- * pointers, rows, n and flags. 0 or DCPX_E_INVAL, the reason (naming fn)
+ * pointers (set and aligned), rows, n and flags. 0 or DCPX_E_INVAL, the reason (naming fn)
  * into why[wn] when why is not NULL, and logged under DCPX_DEBUG=WARN. */
 DCPX__HIDDEN int dcpx__lists_check(const char *fn, const dcpx_lists *li,
                                    uint32_t rows, uint32_t n, char *why,

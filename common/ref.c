@@ -13,7 +13,8 @@
 
 static int check_list(const uint16_t *logits, uint32_t len, uint32_t cap,
                       const uint32_t *ret_words) {
-  if ((!logits && len) || !ret_words || cap == 0 || cap > DCPX_MAX_TOPK)
+  if ((!logits && len) || !ret_words || cap == 0 || cap > DCPX_MAX_TOPK ||
+      !dcpx__aligned(logits, 2) || !dcpx__aligned(ret_words, 4))
     return DCPX_E_INVAL;
   if (len > DCPX_MAX_LOCAL)
     return DCPX_E_LIMIT;
@@ -49,10 +50,19 @@ static int check_call(const dcpx_shape *sh, const dcpx_ref_in *in,
   if (!in->logits || !in->row_ends || !in->req_id || !in->block_table ||
       !out->rows_out || !out->valid_out || in->rank >= sh->world)
     return DCPX_E_INVAL;
+  /* every array aligned to its element (merge.h dcpx__aligned) */
+  if (!dcpx__aligned(in->logits, sizeof(void *)) ||
+      !dcpx__aligned(in->row_ends, sizeof(void *)) ||
+      !dcpx__aligned(in->lists, sizeof(void *)) ||
+      !dcpx__aligned(in->req_id, 4) || !dcpx__aligned(in->block_table, 4) ||
+      !dcpx__aligned(out->rows_out, 4) || !dcpx__aligned(out->valid_out, 4) ||
+      !dcpx__aligned(out->ids_out, 4) || !dcpx__aligned(out->sat_word, 4))
+    return DCPX_E_INVAL;
   if (in->rows > sh->rows)
     return DCPX_E_RANGE;
   for (uint32_t s = 0; s < sh->world; s++) {
     if (!in->logits[s] || !in->row_ends[s] ||
+        !dcpx__aligned(in->logits[s], 2) || !dcpx__aligned(in->row_ends[s], 4) ||
         !dcpx__logits_fit(in->logits[s], in->rows, in->stride))
       return DCPX_E_INVAL;
     for (uint32_t t = 0; t < in->rows; t++) {

@@ -201,8 +201,8 @@ uint32_t dcpx_row_words(uint32_t c) {
 
 int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j, uint32_t ord16,
                      uint32_t l) {
-  if (!words || j >= c || c > DCPX_MAX_TOPK || ord16 == 0 || ord16 > 0xFFFF ||
-      l >= DCPX_MAX_LOCAL)
+  if (!words || !dcpx__aligned(words, 4) || j >= c || c > DCPX_MAX_TOPK ||
+      ord16 == 0 || ord16 > 0xFFFF || l >= DCPX_MAX_LOCAL)
     return DCPX_E_INVAL;
   words[j] = (ord16 << 16) | (l & 0xFFFFu);
   if (l >> 16)
@@ -214,7 +214,7 @@ int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j, uint32_t ord16,
 
 int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
                      uint32_t *ret_ord16, uint32_t *ret_l) {
-  if (!words || j >= c || c > DCPX_MAX_TOPK)
+  if (!words || !dcpx__aligned(words, 4) || j >= c || c > DCPX_MAX_TOPK)
     return DCPX_E_INVAL;
   uint32_t w = words[j];
   if (w == 0)

@@ -190,7 +190,8 @@ DCPX_API uint32_t dcpx_row_words(uint32_t c);
 /* Entry j of a capacity-c list: store (ord16, l) / read it back. encode
  * sets word j and bit j of the plane; the caller zeroes the list first.
  * decode returns 1 with ret_ord16/ret_l set for a full entry, 0 for an empty
- * one. Both return DCPX_E_INVAL for a NULL words, j >= c or c > 4096;
+ * one. Both return DCPX_E_INVAL for a NULL or misaligned (not 4-byte)
+ * words, j >= c or c > 4096;
  * encode also for ord16 0 (the empty word) or above 0xFFFF, and for
  * l >= 2^17. */
 DCPX_API int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j,
@@ -286,7 +287,8 @@ typedef struct dcpx_lists {
 /* A rank's local top-`cap` list of one row, in wire words: its `cap` best
  * non-NaN elements of logits[0..len) in ascending l, then zeros, with the
  * bit-16 plane. ret_words holds dcpx_row_words(cap) words. Returns the
- * number of entries (<= cap). len <= DCPX_MAX_LOCAL, 1 <= cap <= 4096. */
+ * number of entries (<= cap). len <= DCPX_MAX_LOCAL, 1 <= cap <= 4096,
+ * logits and ret_words aligned to their element (else DCPX_E_INVAL). */
 DCPX_API int dcpx_ref_local_list(const uint16_t *logits, uint32_t len,
                                  uint32_t cap, uint32_t *ret_words);
 
@@ -337,7 +339,8 @@ typedef struct dcpx_ref_in {
  * or NULL, is added to, not overwritten.
  *
  * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size, a
- * dcpx_lists whose rows or n is not the call's, a stride whose rows of
+ * dcpx_lists whose rows or n is not the call's, an array not aligned to
+ * its element, a stride whose rows of
  * logits would run past the end of the address space) / DCPX_E_LIMIT /
  * DCPX_E_RANGE (a row_end over max_local, a req_id or block outside the
  * table, a given list that breaks a rule of dcpx_lists), DCPX_E_NOMEM.
@@ -548,7 +551,9 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *   DCPX_E_FAILED   a wait timed out on this rank (or it was FAILED);
  *   DCPX_E_ABORTED  the group was aborted;
  *   DCPX_E_INVAL / DCPX_E_RANGE before any work: bad arguments (a struct
- *                   of unknown size, NULL outputs, rows > R, a stride
+ *                   of unknown size, NULL outputs, rows > R, an array
+ *                   not aligned to its element (bf16 2 bytes, int32 4:
+ *                   both backends), a stride
  *                   whose rows of logits would run past the end of the
  *                   address space (DCPX_E_INVAL); with the host
  *                   backend also a row_end outside 0..max_local, which
@@ -582,7 +587,8 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * DCPX_E_STATE), valid_out[t] = -1 for every row
  * t < min(rows, R) (not when the call was refused for one of its structs,
  * of unknown size or with a reserved word that is not 0, whose pointers
- * are not trusted then, for a NULL valid_out, or when its outputs overlap
+ * are not trusted then, for a NULL or misaligned valid_out, or when its
+ * outputs overlap
  * one another or an input (DCPX_E_INVAL naming both: each output needs
  * memory of its own, and -1s could land on the other array); with the
  * CUDA backend a refused merge sets
@@ -626,8 +632,8 @@ DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
  * the stride); the logits are not, but the matching dcpx_merge still
  * needs them: a saturated rank's rescue list comes from them;
  * lists (dcpx_lists) holds in->rows rows of n = N entries. Checked before
- * anything is stored: lists->rows == in->rows and n == N, else
- * DCPX_E_INVAL; every index below its row's row_end, no NaN value, empty
+ * anything is stored: lists->rows == in->rows and n == N, values and
+ * indices aligned to their element, else DCPX_E_INVAL; every index below its row's row_end, no NaN value, empty
  * entries last, and with DCPX_LISTS_CHECK_ORDER ascending l, else
  * DCPX_E_RANGE. A refused call marks the rank FAILED, as dcpx_push does.
  * CUDA backend: lists are device memory and are checked by the kernel; a

@@ -346,6 +346,19 @@ static void ll_store_all(struct dcpx_member *m, uint32_t region, uint64_t off,
   }
 }
 
+/* 1, the refusal said, when the array `what` (an empty call's arrays are
+ * never read) is not aligned to its element of `bytes` bytes, as the CUDA
+ * backend refuses it; else 0. */
+static int misaligned(struct dcpx_member *m, const char *fn, uint32_t rows,
+                      const char *what, const void *p, uintptr_t bytes) {
+  if (!rows || dcpx__aligned(p, bytes))
+    return 0;
+  DCPX_REFUSE(m, "%s: group %s rank %u: %s (%p) is not aligned to its "
+              "%u-byte element (bf16 logits 2 bytes, int32 arrays 4)",
+              fn, m->group, m->rank, what, p, (unsigned)bytes);
+  return 1;
+}
+
 /* need_logits: 0 for dcpx_push_list, which reads neither the logits nor
  * their stride. */
 static int check_rows(struct dcpx_member *m, const char *fn, uint32_t rows,
@@ -357,6 +370,9 @@ static int check_rows(struct dcpx_member *m, const char *fn, uint32_t rows,
                 row_ends ? "logits" : "row_ends");
     return DCPX_E_INVAL;
   }
+  if ((need_logits && misaligned(m, fn, rows, "logits", logits, 2)) ||
+      misaligned(m, fn, rows, "row_ends", row_ends, 4))
+    return DCPX_E_INVAL;
   if (rows > m->shape.rows) {
     DCPX_REFUSE(m, "%s: group %s rank %u: rows %u > the shape's %u", fn,
                 m->group, m->rank, rows, m->shape.rows);
@@ -616,12 +632,22 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
   r = no_args ? DCPX_E_INVAL
               : check_rows(m, "dcpx_merge", rows, in->logits, in->stride,
                            in->row_ends, 1);
+  if (r == 0 &&
+      (misaligned(m, "dcpx_merge", rows, "req_id", in->req_id, 4) ||
+       misaligned(m, "dcpx_merge", rows, "block_table", in->block_table, 4) ||
+       misaligned(m, "dcpx_merge", rows, "rows_out", out->rows_out, 4) ||
+       misaligned(m, "dcpx_merge", rows, "valid_out", valid_out, 4) ||
+       misaligned(m, "dcpx_merge", rows, "ids_out", out->ids_out, 4) ||
+       misaligned(m, "dcpx_merge", rows, "sat_word", out->sat_word, 4)))
+    r = DCPX_E_INVAL;
   const int shared = r == 0 && dcpx__merge_disjoint(m, "dcpx_merge", in,
                                                     out) < 0;
   if (shared) /* no -1 either: it could land on another array */
     r = DCPX_E_INVAL;
-  if (r < 0) { /* refused: valid_out -1 on the rows it can hold */
-    for (uint32_t t = 0; valid_out && !shared && t < rows && t < m->shape.rows;
+  if (r < 0) { /* refused: valid_out -1 on the rows it can hold (not a
+                  misaligned one: that store is undefined behaviour) */
+    for (uint32_t t = 0; valid_out && dcpx__aligned(valid_out, 4) &&
+                         !shared && t < rows && t < m->shape.rows;
          t++)
       valid_out[t] = -1;
     dcpx__member_refuse(m);

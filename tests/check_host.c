@@ -667,6 +667,13 @@ START_TEST(test_push_list_bad) {
   BAD_LIST(li.values, NULL, DCPX_E_INVAL, 0);
   BAD_LIST(li.flags, 2, DCPX_E_INVAL, 0);           /* unknown flag */
   BAD_LIST(li.size, 8, DCPX_E_INVAL, 0);
+  /* misaligned (the host backend read them as such: undefined behaviour) */
+  BAD_LIST(li.values,
+           (const uint16_t *)(const void *)((const char *)li.values + 1),
+           DCPX_E_INVAL, 0);
+  BAD_LIST(li.indices,
+           (const int32_t *)(const void *)((const char *)li.indices + 2),
+           DCPX_E_INVAL, 0);
   /* Order: accepted as given without the check, refused with it. */
   BAD_LIST(ix[1], ix[0], 0, 0);                     /* a duplicate */
   BAD_LIST(ix[1], ix[0], DCPX_E_RANGE, O);
@@ -1505,6 +1512,106 @@ START_TEST(test_bad_inputs) {
 }
 END_TEST
 
+/* Arrays not aligned to their element (dcpx.h: bf16 logits 2 bytes, the
+ * int32 arrays 4) are refused with DCPX_E_INVAL naming the array, as the
+ * CUDA backend refuses them, before anything is read; the host backend
+ * and the reference read them as they came (undefined behaviour, UBSan's
+ * "load of misaligned address"; a vectorized loop may crash on it). A
+ * misaligned valid_out gets no -1s. */
+START_TEST(test_misaligned_arrays) {
+  group g;
+  group_init(&g, 2, 2, 32, 8, 1, 1, 100, 1000000000ull);
+  dcpx_rank_health *h = (dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
+  fill(&g, 9, 0);
+  g.rows = 2;
+  char *raw = calloc(1, 4 * 4 * 32 + 64);
+  const uint16_t *odd_lg = (const uint16_t *)(const void *)(raw + 1);
+  int32_t *odd = (int32_t *)(void *)(raw + 2 * 4 * 32 + 2);
+  memcpy(raw + 1, g.logits[0], 2 * 100);
+  ck_assert_int_eq(t_push(g.m[0], 1, odd_lg, 100, g.ends[0], 0, NULL),
+                   DCPX_E_INVAL);
+  WHY_HAS(g.m[0], "dcpx_push", "logits");
+  WHY_HAS(g.m[0], "dcpx_push", "not aligned to its 2-byte element");
+  ck_assert_uint_eq(h[0].failed, 1);
+  h[0].alarm = h[0].failed = 0;
+  memcpy(odd, g.ends[0], 2 * 4);
+  ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, odd, 0, NULL),
+                   DCPX_E_INVAL);
+  WHY_HAS(g.m[0], "dcpx_push", "row_ends");
+  h[0].alarm = h[0].failed = 0;
+  /* an empty call reads nothing: any pointer */
+  ck_assert_int_eq(t_push(g.m[0], 0, odd_lg, 100, odd, 0, NULL), 0);
+  ck_assert_int_eq(t_merge(g.m[0], 0, odd_lg, 100, odd, odd, odd, 1, 1, odd,
+                           odd, odd, (uint32_t *)odd, 0, NULL),
+                   0);
+  /* each of the merge's int32 arrays */
+  static const char *const names[] = {"req_id",  "block_table", "rows_out",
+                                      "valid_out", "ids_out",   "sat_word"};
+  for (unsigned i = 0; i < 6; i++) {
+    dcpx_call in = DCPX_CALL_INIT;
+    dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+    int32_t *ids = calloc(2 * 32, sizeof(int32_t));
+    uint32_t sat[2];
+    in.rows = 2;
+    in.logits = g.logits[0];
+    in.stride = g.stride;
+    in.row_ends = g.ends[0];
+    in.req_id = i == 0 ? odd : g.req;
+    in.block_table = i == 1 ? odd : g.bt;
+    in.bt_rows = 1;
+    in.bt_cols = 2;
+    out.rows_out = i == 2 ? odd : g.rows_out[0];
+    out.valid_out = i == 3 ? odd : g.valid[0];
+    out.ids_out = i == 4 ? odd : ids;
+    out.sat_word = i == 5 ? (uint32_t *)odd : sat;
+    memset(odd, 0x55, 2 * 4);
+    h[0].alarm = h[0].failed = 0;
+    ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
+                            NULL),
+                     0);
+    ck_assert_msg(dcpx_merge(g.m[0], &in, &out, NULL) == DCPX_E_INVAL,
+                  "merge with a misaligned %s: %s", names[i],
+                  dcpx_member_last_error(g.m[0]));
+    WHY_HAS(g.m[0], "dcpx_merge", names[i]);
+    WHY_HAS(g.m[0], "dcpx_merge", "not aligned to its 4-byte element");
+    ck_assert_uint_eq(h[0].failed, 1);
+    if (i == 3) { /* no -1 stored through it */
+      const char *p = (const char *)odd;
+      for (unsigned b = 0; b < 8; b++)
+        ck_assert_int_eq((unsigned char)p[b], 0x55);
+    } else {
+      ck_assert_int_eq(g.valid[0][0], -1);
+      ck_assert_int_eq(g.valid[0][1], -1);
+    }
+    free(ids);
+  }
+  /* The reference and the wire words refuse them too. */
+  {
+    int32_t xr[2 * 32], xv[2];
+    const uint16_t *lg[2] = {odd_lg, g.logits[1]};
+    ck_assert_int_eq(t_ref_call(&g.sh, 1, lg, 100,
+                                (const int32_t *const *)g.ends, 0, g.req,
+                                g.bt, g.bt_rows, g.bt_cols, xr, xv, NULL, NULL,
+                                NULL),
+                     DCPX_E_INVAL);
+    ck_assert_int_eq(t_ref_call(&g.sh, 1, (const uint16_t *const *)g.logits,
+                                g.stride, (const int32_t *const *)g.ends, 0,
+                                g.req, g.bt, g.bt_rows, g.bt_cols, odd, xv,
+                                NULL, NULL, NULL),
+                     DCPX_E_INVAL);
+    uint32_t *w = (uint32_t *)(void *)(raw + 3 * 4 * 32 + 1);
+    ck_assert_int_eq(dcpx_ref_local_list(odd_lg, 10, 4, (uint32_t *)xr),
+                     DCPX_E_INVAL);
+    ck_assert_int_eq(dcpx_ref_local_list(g.logits[0], 10, 4, w),
+                     DCPX_E_INVAL);
+    ck_assert_int_eq(dcpx_word_encode(w, 4, 0, 0x8000, 1), DCPX_E_INVAL);
+    ck_assert_int_eq(dcpx_word_decode(w, 4, 0, NULL, NULL), DCPX_E_INVAL);
+  }
+  free(raw);
+  group_free(&g);
+}
+END_TEST
+
 /* The nccl transport is refused before any daemon is asked: with the host
  * backend always, and in a build without NCCL with any backend
  * (DCPX_E_TRANSPORT). A nonsense transport is DCPX_E_INVAL. */
@@ -1989,6 +2096,7 @@ int main(void) {
   tcase_add_test(tc, test_refresh_unused_slots);
   tcase_add_test(tc, test_stale_rescue_tags);
   tcase_add_test(tc, test_bad_inputs);
+  tcase_add_test(tc, test_misaligned_arrays);
   tcase_add_test(tc, test_async_error);
   tcase_add_test(tc, test_struct_message);
   tcase_add_test(tc, test_unkept_refusals_logged);
