@@ -530,7 +530,10 @@ DCPX_API const char *dcpx_member_warning(const dcpx_member *member);
  * backend it first waits for the device; with the nccl transport it ends
  * the NCCL communicator before that, bounded: ncclCommFinalize within the
  * join timeout, else (or at once, when the group is aborted)
- * ncclCommAbort, so a collective whose peer died cannot hang it. */
+ * ncclCommAbort, so a collective whose peer died cannot hang it.
+ * Returns 0, or the error of sending the Leave (a dcpxd that is gone is
+ * 0); the member is freed either way, and dcpxd sees its connection
+ * close: never call dcpx_leave twice on one member. */
 DCPX_API int dcpx_leave(dcpx_member *member);
 
 /* Push: this rank's local top-N of each of in->rows rows of in->logits
