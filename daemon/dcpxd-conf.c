@@ -19,6 +19,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <getopt.h>
 #include <grp.h>
@@ -681,20 +682,58 @@ static int conf_handler(void *user, const char *section, const char *name,
   return cf->error == 0;
 }
 
+/* Opens the config file for reading. O_NONBLOCK: the open of a FIFO with
+ * no writer would wait for one (dcpxd hung at start, before its first log
+ * line); a FIFO or a socket is refused, a directory too. A regular file or
+ * a character device (/dev/null: no settings) is read, blocking. NULL with
+ * errno (ENOENT for a missing file: not logged here), else logged. */
+static FILE *conf_open(const char *path, bool *logged) {
+  struct stat st;
+  FILE *f;
+  int fd;
+
+  *logged = false;
+  fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0)
+    return NULL;
+  *logged = true;
+  if (fstat(fd, &st) < 0)
+    log_error_errno(-errno, "Cannot read config file %s: %m", path);
+  else if (S_ISDIR(st.st_mode))
+    log_error_errno(-EISDIR, "Cannot read config file %s: %m", path);
+  else if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
+    log_error("Cannot read config file %s: not a regular file (a FIFO, a "
+              "socket or a block device)",
+              path);
+  else
+    *logged = false;
+  if (*logged) {
+    close(fd);
+    return NULL;
+  }
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0 ||
+      !(f = fdopen(fd, "r"))) {
+    *logged = true;
+    log_error_errno(-errno, "Cannot read config file %s: %m", path);
+    close(fd);
+    return NULL;
+  }
+  return f;
+}
+
 static int conf_load_file(dcpxd_conf *c, const char *path, bool must_exist) {
-  _cleanup_fclose_ FILE *f = fopen(path, "re");
+  bool logged;
+  _cleanup_fclose_ FILE *f = conf_open(path, &logged);
   conf_file cf = {.f = f, .path = path, .c = c};
   int r;
 
-  struct stat st;
-
   if (!f) {
+    if (logged)
+      return -EINVAL;
     if (errno == ENOENT && !must_exist)
       return 0;
     return log_error_errno(-errno, "Cannot read config file %s: %m", path);
   }
-  if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode))
-    return log_error_errno(-EISDIR, "Cannot read config file %s: %m", path);
   r = ini_parse_stream(conf_read_line, &cf, conf_handler, &cf);
   if (cf.error)
     return cf.error;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dcpxd-conf.h"
@@ -325,6 +326,36 @@ START_TEST(test_missing_file) {
   close(fd);
   unlink(tmpl);
   ck_assert_msg(strstr(said, "/tmp: Is a directory"), "%s", said);
+  dcpxd_conf_done(&c);
+  /* A FIFO (nothing writes it) is refused at once: its open waited for a
+   * writer, and dcpxd hung at start without a line. */
+  char fifo[] = "/tmp/dcpx-conf-fifo.XXXXXX", farg[64];
+  ck_assert_ptr_nonnull(mkdtemp(fifo));
+  snprintf(farg, sizeof(farg), "--config=%s/f", fifo);
+  char fpath[64];
+  snprintf(fpath, sizeof(fpath), "%s/f", fifo);
+  ck_assert_int_eq(mkfifo(fpath, 0600), 0);
+  char *fa[] = {"dcpxd", farg, NULL};
+  char tmpl2[] = "/tmp/dcpx-conf-err.XXXXXX";
+  fd = mkstemp(tmpl2);
+  saved = dup(STDERR_FILENO);
+  ck_assert_int_ge(fd, 0);
+  fflush(stderr);
+  dup2(fd, STDERR_FILENO);
+  memset(&c, 0, sizeof(c));
+  alarm(10); /* a hang fails here, not at the test's timeout */
+  ck_assert_int_eq(dcpxd_conf_load(&c, 2, fa), -EINVAL);
+  alarm(0);
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  memset(said, 0, sizeof(said));
+  ck_assert_int_ge(pread(fd, said, sizeof(said) - 1, 0), 1);
+  close(fd);
+  unlink(tmpl2);
+  unlink(fpath);
+  rmdir(fifo);
+  ck_assert_msg(strstr(said, "not a regular file"), "%s", said);
   dcpxd_conf_done(&c);
   char *null[] = {"dcpxd", "--config=/dev/null", NULL};
   memset(&c, 0, sizeof(c));
