@@ -30,7 +30,9 @@
  *      size or CRC is skipped and counted; the count is logged and reported
  *      to queries (dcpxd_records_note).
  *   5. Memory is bounded: only the newest `ring` records are kept (a ring
- *      buffer), however many alarms arrive.
+ *      buffer), however many alarms arrive. At start only those are read,
+ *      from the end of records.log and then of records.log.1 (load_tail):
+ *      the start takes no longer with records-max-bytes of a TiB.
  *   6. A record that could not be written (disk full, an I/O error) waits
  *      in a bounded backlog (`ring` records; beyond that the oldest are
  *      counted as lost) and is written, in order and before any newer
@@ -74,6 +76,7 @@ struct dcpxd_records {
   uint64_t lost; /* records the backlog had no room for */
   int write_error; /* the last write's error, while the backlog holds any */
   uint64_t corrupt, truncated, loaded;
+  uint64_t skipped; /* older entries not read at start (load_tail) */
   char note[512];
 };
 
@@ -152,40 +155,109 @@ static void ring_push(dcpxd_records *s, const dcpxd_record *r) {
   }
 }
 
-/* Loads every valid entry of one file into the ring. A partial tail is
- * counted; for the live file (`fix_tail`) it is also cut off. */
-static void load_file(dcpxd_records *s, const char *path, bool fix_tail) {
-  /* O_NONBLOCK: a FIFO there must not hang the start (nor a link to one) */
-  _cleanup_close_ int fd =
-      open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  uint8_t buf[REC_SIZE * 256];
-  uint64_t off = 0, bad = 0, good = 0;
-  size_t have = 0;
-  ssize_t n;
+/* One records file at start: open (O_NONBLOCK: a FIFO there must not
+ * hang the start, nor a link to one), its whole entries and where the
+ * reading starts. */
+typedef struct rec_file {
+  const char *path;
+  int fd;
+  uint64_t whole;   /* bytes of whole entries */
+  uint64_t partial; /* bytes of a partial entry at the end */
+  uint64_t start;   /* the first entry read (load_tail) */
+} rec_file;
+
+static void file_open(rec_file *f, const char *path) {
   struct stat st;
 
-  if (fd < 0) {
+  f->path = path;
+  f->whole = f->partial = f->start = 0;
+  f->fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (f->fd < 0) {
     if (errno != ENOENT)
       log_warning_errno(-errno, "Cannot read records file %s: %m", path);
     return;
   }
   /* a FIFO would block the reads, a device (a link to /dev/zero) never
    * end them */
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(f->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
     log_warning("Records file %s is not a regular file: not read", path);
+    close(f->fd);
+    f->fd = -1;
     return;
   }
-  for (;;) {
-    n = read(fd, buf + have, sizeof(buf) - have);
-    if (n < 0 && errno == EINTR)
+  f->whole = (uint64_t)st.st_size / REC_SIZE * REC_SIZE;
+  f->partial = (uint64_t)st.st_size - f->whole;
+  f->start = f->whole;
+}
+
+/* pread of n bytes at off, all of them; false (logged) on an error. */
+static bool file_read(const rec_file *f, uint8_t *buf, size_t n,
+                      uint64_t off) {
+  size_t have = 0;
+  while (have < n) {
+    const ssize_t k = pread(f->fd, buf + have, n - have, (off_t)(off + have));
+    if (k < 0 && errno == EINTR)
       continue;
-    if (n < 0) {
-      log_warning_errno(-errno, "Error reading records file %s: %m", path);
+    if (k <= 0) {
+      if (k < 0)
+        log_warning_errno(-errno, "Error reading records file %s: %m",
+                          f->path);
+      else
+        log_warning("Error reading records file %s: it shrank", f->path);
+      return false;
+    }
+    have += (size_t)k;
+  }
+  return true;
+}
+
+#define LOAD_CHUNK (REC_SIZE * 256)
+
+/* Finds, from the end of f backwards, where its newest *need valid
+ * entries begin (f->start), and takes them off *need. Only those are
+ * read: the ring keeps the newest records only, and reading a whole file
+ * of records-max-bytes (up to 1T) held dcpxd at start for as long as that
+ * takes (about 10 s a GiB), past a service manager's start timeout. */
+static void load_tail(rec_file *f, size_t *need) {
+  uint8_t buf[LOAD_CHUNK];
+  uint64_t off = f->whole;
+
+  if (f->fd < 0)
+    return;
+  while (off > 0 && *need > 0) {
+    const size_t n = off < LOAD_CHUNK ? (size_t)off : LOAD_CHUNK;
+    if (!file_read(f, buf, n, off - n)) {
+      f->start = f->whole; /* nothing of it: as an unreadable file */
       return;
     }
-    have += (size_t)n;
-    size_t whole = have / REC_SIZE * REC_SIZE;
-    for (size_t i = 0; i < whole; i += REC_SIZE) {
+    for (size_t i = n; i > 0 && *need > 0; i -= REC_SIZE) {
+      dcpxd_record r;
+      if (decode(buf + i - REC_SIZE, &r) == 0) {
+        (*need)--;
+        f->start = off - n + i - REC_SIZE;
+      }
+    }
+    off -= n;
+  }
+  if (*need > 0) /* all of it: its bad entries are counted too */
+    f->start = 0;
+}
+
+/* Loads the valid entries of f from f->start into the ring, counting the
+ * bad ones among them; a partial entry at the end is counted, and for the
+ * live file (`fix_tail`) cut off. Closes f. */
+static void load_file(dcpxd_records *s, rec_file *f, bool fix_tail) {
+  uint8_t buf[LOAD_CHUNK];
+  uint64_t bad = 0, good = 0;
+
+  if (f->fd < 0)
+    return;
+  for (uint64_t off = f->start; off < f->whole;) {
+    const size_t n =
+        f->whole - off < LOAD_CHUNK ? (size_t)(f->whole - off) : LOAD_CHUNK;
+    if (!file_read(f, buf, n, off))
+      break;
+    for (size_t i = 0; i < n; i += REC_SIZE) {
       dcpxd_record r;
       if (decode(buf + i, &r) < 0) {
         bad++;
@@ -194,26 +266,26 @@ static void load_file(dcpxd_records *s, const char *path, bool fix_tail) {
       ring_push(s, &r);
       good++;
     }
-    off += whole;
-    memmove(buf, buf + whole, have - whole);
-    have -= whole;
-    if (n == 0)
-      break;
+    off += n;
   }
   if (bad)
     log_warning("Records file %s: skipped %" PRIu64
                 " corrupted entr%s (bad magic or CRC)",
-                path, bad, bad == 1 ? "y" : "ies");
-  if (have) {
+                f->path, bad, bad == 1 ? "y" : "ies");
+  if (f->partial) {
     s->truncated++;
-    log_warning("Records file %s: skipped a truncated entry of %zu bytes "
-                "at offset %" PRIu64 "%s",
-                path, have, off, fix_tail ? "; cutting it off" : "");
-    if (fix_tail && ftruncate(fd, (off_t)off) < 0)
-      log_warning_errno(-errno, "Cannot truncate %s: %m", path);
+    log_warning("Records file %s: skipped a truncated entry of %" PRIu64
+                " bytes at offset %" PRIu64 "%s",
+                f->path, f->partial, f->whole,
+                fix_tail ? "; cutting it off" : "");
+    if (fix_tail && ftruncate(f->fd, (off_t)f->whole) < 0)
+      log_warning_errno(-errno, "Cannot truncate %s: %m", f->path);
   }
   s->corrupt += bad;
   s->loaded += good;
+  s->skipped += f->start / REC_SIZE;
+  close(f->fd);
+  f->fd = -1;
 }
 
 static char *path_join(const char *dir, const char *name) {
@@ -308,8 +380,17 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
     return log_error_errno(-ENOMEM, "Cannot open records: %m");
   }
 
-  load_file(s, s->path_old, false);
-  load_file(s, s->path, true);
+  {
+    /* the newest `cap` records: the live file's, then the rotated one's */
+    rec_file live, old;
+    size_t need = s->cap;
+    file_open(&live, s->path);
+    file_open(&old, s->path_old);
+    load_tail(&live, &need);
+    load_tail(&old, &need);
+    load_file(s, &old, false);
+    load_file(s, &live, true);
+  }
   /* the live file is appended to: one that is not a file (a FIFO, whose
    * open would wait for a reader, or a link to a device) stops dcpxd */
   if (stat(s->path, &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -325,8 +406,11 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
   }
   (void)fsync_dir(s->dir);
   update_note(s, NULL);
-  log_info("Records: %s, %" PRIu64 " loaded, %zu kept in memory%s%s", s->path,
-           s->loaded, s->count, s->note[0] ? "; " : "", s->note);
+  log_info("Records: %s, %" PRIu64 " loaded, %zu kept in memory%s%s%s",
+           s->path, s->loaded, s->count,
+           s->skipped ? " (older entries not read: only the newest are kept)"
+                      : "",
+           s->note[0] ? "; " : "", s->note);
   *ret = s;
   return 0;
 }

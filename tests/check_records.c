@@ -206,6 +206,55 @@ START_TEST(test_not_regular_files) {
 }
 END_TEST
 
+/* The times of the n records a fresh open of g_dir (ring 8) keeps, from
+ * 1000 + first on, in order. */
+static void kept(uint64_t first, size_t n) {
+  dcpxd_records *s = NULL;
+  alarm(20); /* a start that reads a whole large file fails here */
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 8, &s), 0);
+  alarm(0);
+  ck_assert_uint_eq(dcpxd_records_count(s), n);
+  for (size_t i = 0; i < n; i++)
+    ck_assert_uint_eq(dcpxd_records_get(s, i)->time_ns, 1000u + first + i);
+  dcpxd_records_free(s);
+}
+
+/* At start only the newest records are read (the ring keeps no more):
+ * the live file's from its end, then the rotated one's. Both files were
+ * read whole, at about 10 s a GiB, so that records-max-bytes of some GiB
+ * (up to 1T may be set) held dcpxd at start past systemd's start timeout.
+ * A rotated file of a TiB (sparse) behind a live file that fills the ring
+ * is not read at all. */
+START_TEST(test_start_reads_the_newest) {
+  dcpxd_record r[24];
+  char live[128], old[128];
+  for (int i = 0; i < 24; i++)
+    r[i] = rec((uint64_t)i);
+  dcpxd_records *s = fresh(8);
+  ck_assert_int_eq(dcpxd_records_append(s, r, 10), 0);
+  dcpxd_records_free(s);
+  snprintf(live, sizeof(live), "%s/records.log", g_dir);
+  snprintf(old, sizeof(old), "%s/records.log.1", g_dir);
+  ck_assert_int_eq(rename(live, old), 0);
+  kept(2, 8); /* the newest 8 of the rotated file */
+  s = NULL;
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 8, &s), 0);
+  ck_assert_int_eq(dcpxd_records_append(s, r + 10, 3), 0);
+  dcpxd_records_free(s);
+  kept(5, 8); /* 5 of the rotated file, then the live file's 3 */
+  s = NULL;
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 8, &s), 0);
+  ck_assert_int_eq(dcpxd_records_append(s, r + 13, 11), 0);
+  dcpxd_records_free(s);
+  /* a TiB of zeros after the rotated file's records (64 GiB where the
+   * file system takes no more) */
+  if (truncate(old, (off_t)1 << 40) != 0)
+    ck_assert_int_eq(truncate(old, (off_t)1 << 36), 0);
+  kept(16, 8); /* the live file's newest 8 */
+  remove_dir();
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("records");
   TCase *tc = tcase_create("store");
@@ -213,6 +262,7 @@ int main(void) {
   tcase_add_test(tc, test_backlog_bounded);
   tcase_add_test(tc, test_failed_sync);
   tcase_add_test(tc, test_not_regular_files);
+  tcase_add_test(tc, test_start_reads_the_newest);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
