@@ -187,6 +187,9 @@ static void manager_stop(dcpxd_manager *m, const char *why) {
   uv_close((uv_handle_t *)&m->sig_term, NULL);
   uv_close((uv_handle_t *)&m->sig_int, NULL);
   uv_close((uv_handle_t *)&m->sig_hup, NULL);
+  /* the last close of a signal's handle gave it back its default action,
+   * which for SIGHUP ends dcpxd: it stays ignored while the loop drains */
+  signal(SIGHUP, SIG_IGN);
 }
 
 /* After each turn's I/O: the groups file's changes of that turn (members
@@ -367,6 +370,9 @@ int main(int argc, char **argv) {
   uint64_t wd_usec;
   int r, ret = EXIT_FAILURE, lock_fd;
 
+  /* SIGHUP is ignored (logged once the loop runs): also during the start
+   * (reading the state dir), where its default action ended dcpxd */
+  signal(SIGHUP, SIG_IGN);
   dcpxd_log_setup();
   r = dcpxd_conf_load(&conf, argc, argv);
   if (r != DCPXD_CONF_RUN) {

@@ -20,6 +20,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -994,6 +995,88 @@ static int dcpxd_once(const char *state, char *out, size_t outlen,
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
+/* The text of dcpxd's log at path (at most n - 1 bytes) into out. */
+static void read_log(const char *path, char *out, size_t n) {
+  FILE *f = fopen(path, "r");
+  size_t k = 0;
+  if (f) {
+    k = fread(out, 1, n - 1, f);
+    fclose(f);
+  }
+  out[k] = '\0';
+}
+
+/* SIGHUP is ignored (dcpxd(8)), also while dcpxd starts: its default
+ * action ended dcpxd while it read its state dir (here a records.log.1 of
+ * 4 GiB of zeros, sparse, which it reads through for records), and again
+ * once the shutdown had closed the loop's signal handles. */
+START_TEST(test_sighup_ignored_at_start) {
+  const char *bin = getenv("DCPXD");
+  char state[160], logp[192], recs[192], out[4096];
+  bool early = false;
+  int st = 0;
+  pid_t pid;
+
+  if (!bin)
+    bin = "./daemon/dcpxd";
+  strcpy(g_dir, "/tmp/dcpx-sec.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  snprintf(g_sock, sizeof(g_sock), "%s/d.sock", g_dir);
+  snprintf(state, sizeof(state), "%s/state", g_dir);
+  snprintf(logp, sizeof(logp), "%s/d.log", g_dir);
+  snprintf(recs, sizeof(recs), "%s/records.log.1", state);
+  ck_assert_int_eq(mkdir(state, 0700), 0);
+  ck_assert_int_eq(truncate(recs, 0), -1); /* absent yet */
+  int fd = open(recs, O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(ftruncate(fd, (off_t)4 << 30), 0);
+  close(fd);
+  pid = fork();
+  if (pid == 0) {
+    int lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (lf >= 0)
+      dup2(lf, 2);
+    execl(bin, bin, "--config=", "--socket", g_sock, "--state-dir", state,
+          (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 1000; i++) { /* its first line: main runs */
+    read_log(logp, out, sizeof(out));
+    if (strstr(out, "starting"))
+      break;
+    usleep(10000);
+  }
+  ck_assert_msg(strstr(out, "starting"), "dcpxd said: %s", out);
+  early = !strstr(out, "Ready"); /* the records are still being read */
+  kill(pid, SIGHUP);
+  for (int i = 0; i < 6000; i++) {
+    if (waitpid(pid, &st, WNOHANG) == pid)
+      break;
+    read_log(logp, out, sizeof(out));
+    if (strstr(out, "Ready"))
+      break;
+    usleep(10000);
+  }
+  ck_assert_msg(strstr(out, "Ready"),
+                "dcpxd did not start after a SIGHUP (status 0x%x): %s", st,
+                out);
+  kill(pid, SIGHUP);
+  for (int i = 0; i < 500 && !strstr(out, "SIGHUP ignored"); i++) {
+    usleep(10000);
+    read_log(logp, out, sizeof(out));
+  }
+  ck_assert_msg(strstr(out, "SIGHUP ignored"), "dcpxd said: %s", out);
+  kill(pid, SIGTERM);
+  kill(pid, SIGHUP); /* at shutdown, best effort: it may come too late */
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "dcpxd did not exit cleanly (status 0x%x)", st);
+  if (!early)
+    fprintf(stderr, "note: dcpxd was Ready before the first SIGHUP\n");
+  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+END_TEST
+
 /* Two dcpxd on one state dir would each rewrite its groups file from
  * their own memory (and a restart of either then refuses to adopt the
  * other's groups): the second stops at start, naming the first, and
@@ -1592,6 +1675,7 @@ int main(void) {
   tcase_add_test(tc, test_nofile_raised);
   tcase_add_test(tc, test_emfile_on_accept);
   tcase_add_test(tc, test_state_dir_lock);
+  tcase_add_test(tc, test_sighup_ignored_at_start);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
