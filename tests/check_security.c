@@ -947,20 +947,25 @@ static pid_t rank_process(const char *g) {
 
 /* ---- state directory: one dcpxd each, and writable -------------------- */
 
-/* Runs dcpxd on its own socket in g_dir with the given state dir until it
- * exits (10 s at most); its stderr into out. Returns its exit status, or
- * -1 if it did not exit (killed). */
-static int dcpxd_once(const char *state, char *out, size_t outlen,
-                      int stop_when_ready) {
+/* The text of dcpxd's log at path (at most n - 1 bytes) into out. */
+static void read_log(const char *path, char *out, size_t n) {
+  FILE *f = fopen(path, "r");
+  size_t k = 0;
+  if (f) {
+    k = fread(out, 1, n - 1, f);
+    fclose(f);
+  }
+  out[k] = '\0';
+}
+
+/* Starts dcpxd ($DCPXD, else ./daemon/dcpxd) on socket sock with state
+ * dir state, no config file, its stderr into the file logp. */
+static pid_t dcpxd_spawn(const char *sock, const char *state,
+                         const char *logp) {
   const char *bin = getenv("DCPXD");
-  char sock[192], logp[192];
-  int st = 0;
-  pid_t pid;
   if (!bin)
     bin = "./daemon/dcpxd";
-  snprintf(sock, sizeof(sock), "%s/other.sock", g_dir);
-  snprintf(logp, sizeof(logp), "%s/other.log", g_dir);
-  pid = fork();
+  pid_t pid = fork();
   if (pid == 0) {
     int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0)
@@ -969,14 +974,22 @@ static int dcpxd_once(const char *state, char *out, size_t outlen,
           (char *)NULL);
     _exit(127);
   }
+  ck_assert_int_gt(pid, 0);
+  return pid;
+}
+
+/* Runs dcpxd on its own socket in g_dir with the given state dir until it
+ * exits (10 s at most); its stderr into out. Returns its exit status, or
+ * -1 if it did not exit (killed). */
+static int dcpxd_once(const char *state, char *out, size_t outlen,
+                      int stop_when_ready) {
+  char sock[192], logp[192];
+  int st = 0;
+  snprintf(sock, sizeof(sock), "%s/other.sock", g_dir);
+  snprintf(logp, sizeof(logp), "%s/other.log", g_dir);
+  const pid_t pid = dcpxd_spawn(sock, state, logp);
   for (int i = 0; i < 1000; i++) {
-    FILE *f = fopen(logp, "r");
-    size_t n = 0;
-    if (f) {
-      n = fread(out, 1, outlen - 1, f);
-      fclose(f);
-    }
-    out[n] = '\0';
+    read_log(logp, out, outlen);
     if (waitpid(pid, &st, WNOHANG) == pid)
       break;
     if (stop_when_ready && strstr(out, "Ready")) {
@@ -995,30 +1008,16 @@ static int dcpxd_once(const char *state, char *out, size_t outlen,
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-/* The text of dcpxd's log at path (at most n - 1 bytes) into out. */
-static void read_log(const char *path, char *out, size_t n) {
-  FILE *f = fopen(path, "r");
-  size_t k = 0;
-  if (f) {
-    k = fread(out, 1, n - 1, f);
-    fclose(f);
-  }
-  out[k] = '\0';
-}
-
 /* SIGHUP is ignored (dcpxd(8)), also while dcpxd starts: its default
  * action ended dcpxd while it read its state dir (here a records.log.1 of
  * 4 GiB of zeros, sparse, which it reads through for records), and again
  * once the shutdown had closed the loop's signal handles. */
 START_TEST(test_sighup_ignored_at_start) {
-  const char *bin = getenv("DCPXD");
   char state[160], logp[192], recs[192], out[4096];
   bool early = false;
   int st = 0;
   pid_t pid;
 
-  if (!bin)
-    bin = "./daemon/dcpxd";
   strcpy(g_dir, "/tmp/dcpx-sec.XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(g_dir));
   snprintf(g_sock, sizeof(g_sock), "%s/d.sock", g_dir);
@@ -1031,15 +1030,7 @@ START_TEST(test_sighup_ignored_at_start) {
   ck_assert_int_ge(fd, 0);
   ck_assert_int_eq(ftruncate(fd, (off_t)4 << 30), 0);
   close(fd);
-  pid = fork();
-  if (pid == 0) {
-    int lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (lf >= 0)
-      dup2(lf, 2);
-    execl(bin, bin, "--config=", "--socket", g_sock, "--state-dir", state,
-          (char *)NULL);
-    _exit(127);
-  }
+  pid = dcpxd_spawn(g_sock, state, logp);
   for (int i = 0; i < 1000; i++) { /* its first line: main runs */
     read_log(logp, out, sizeof(out));
     if (strstr(out, "starting"))
