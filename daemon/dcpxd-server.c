@@ -63,6 +63,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -954,9 +955,14 @@ static int use_activated_socket(dcpxd_manager *m, int n) {
 }
 
 /* Removes a socket file nobody listens on any more (a crashed daemon's);
- * refuses to touch anything else. */
+ * refuses to touch anything else. The probe's connect() waits at most
+ * DCPXD_PROBE_MS: one to a listener whose backlog is full (a hung or
+ * stopped dcpxd) blocked for ever. */
+#define DCPXD_PROBE_MS 1000
 static int clear_stale_socket(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct timeval tv = {.tv_sec = DCPXD_PROBE_MS / 1000,
+                       .tv_usec = (DCPXD_PROBE_MS % 1000) * 1000};
   struct stat st;
   _cleanup_close_ int probe = -1;
 
@@ -967,10 +973,19 @@ static int clear_stale_socket(const char *path) {
   probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (probe < 0)
     return -errno;
+  /* For AF_UNIX, SO_SNDTIMEO bounds connect() (EAGAIN when it runs out). */
+  if (setsockopt(probe, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
+    return log_error_errno(-errno, "Cannot probe %s: %m", path);
   strncpy(sa.sun_path, path, sizeof(sa.sun_path) - 1);
   if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0)
     return log_error_errno(-EADDRINUSE,
                            "Another dcpxd is already listening on %s", path);
+  if (errno == EAGAIN || errno == EINPROGRESS)
+    return log_error_errno(-EADDRINUSE,
+                           "Another process listens on %s but accepted no "
+                           "connection in %d ms (a hung or stopped dcpxd?); "
+                           "not starting, and leaving the socket in place",
+                           path, DCPXD_PROBE_MS);
   if (errno != ECONNREFUSED)
     return log_error_errno(-errno, "Cannot probe %s: %m", path);
   log_notice("Removing stale socket %s", path);

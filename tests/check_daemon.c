@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
 #include <sched.h>
@@ -2738,6 +2739,70 @@ START_TEST(test_connect_to_hung_daemon) {
 }
 END_TEST
 
+/* A second dcpxd (its own state dir, the same socket) beside one that is
+ * hung with its listen backlog full: its probe of the socket, a blocking
+ * connect(), waited for as long as the backlog stayed full (for ever).
+ * It must now refuse to start in about a second (exit 1), name the
+ * socket, and leave it in place. */
+START_TEST(test_start_beside_hung_daemon) {
+  const char *bin = getenv("DCPXD");
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  char state[160], errf[160], said[4096] = "";
+  int fds[1024], n = 0, st = 0, fd;
+  pid_t pid, w = 0;
+
+  if (!bin)
+    bin = "./daemon/dcpxd";
+  daemon_start();
+  kill(g_daemon, SIGSTOP);
+  strcpy(sa.sun_path, g_sock);
+  for (; n < 1024; n++) { /* fill its backlog */
+    fds[n] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
+    ck_assert_int_ge(fds[n], 0);
+    if (connect(fds[n], (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+      ck_assert_int_eq(errno, EAGAIN);
+      close(fds[n]);
+      break;
+    }
+  }
+  ck_assert_int_lt(n, 1024);
+  snprintf(state, sizeof(state), "%s/state2", g_dir);
+  snprintf(errf, sizeof(errf), "%s/err", g_dir);
+  pid = fork();
+  if (pid == 0) {
+    fd = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, STDERR_FILENO);
+    execl(bin, bin, "--config=", "--socket", g_sock, "--state-dir", state,
+          (char *)NULL);
+    _exit(127);
+  }
+  const double t0 = mono_s();
+  while (mono_s() - t0 < 10.0 && (w = waitpid(pid, &st, WNOHANG)) == 0)
+    usleep(20000);
+  if (w == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+  }
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+  kill(g_daemon, SIGCONT);
+  fd = open(errf, O_RDONLY);
+  if (fd >= 0) {
+    const ssize_t k = read(fd, said, sizeof(said) - 1);
+    said[k > 0 ? k : 0] = '\0';
+    close(fd);
+  }
+  ck_assert_msg(w == pid, "dcpxd hung at start beside a hung dcpxd: %s",
+                said);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x: %s", st,
+                said);
+  ck_assert_msg(strstr(said, g_sock) && strstr(said, "accepted no connection"),
+                "%s", said);
+  ck_assert_int_eq(access(g_sock, F_OK), 0); /* left to the hung one */
+  daemon_stop();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("daemon");
   TCase *tc = tcase_create("end-to-end");
@@ -2776,6 +2841,10 @@ int main(void) {
   tcase_add_test(tc, test_join_answered_at_shutdown_counts);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   tcase_add_test(tc, test_join_hostname_not_utf8);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("startup");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_start_beside_hung_daemon);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
