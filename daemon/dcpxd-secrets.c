@@ -487,6 +487,19 @@ int dcpxd_secrets_flush(dcpxd_secrets *s) {
   return r;
 }
 
+int dcpxd_secrets_flush_last(dcpxd_secrets *s) {
+  if (!s || !s->dirty)
+    return 0;
+  s->retry_ns = 0; /* however recent the last failed try */
+  const int r = dcpxd_secrets_flush(s);
+  if (r < 0)
+    log_error_errno(r,
+                    "Cannot save %s at shutdown (%m): its latest changes "
+                    "are lost, the next dcpxd reads it as last saved",
+                    s->path);
+  return r;
+}
+
 size_t dcpxd_secrets_count(const dcpxd_secrets *s) { return s ? s->n : 0; }
 
 const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,

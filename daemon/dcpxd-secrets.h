@@ -65,8 +65,12 @@ void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
 bool dcpxd_secrets_remove(dcpxd_secrets *s, const char *name);
 
 /* Saves the changes not saved yet, if any: dcpxd calls it once per turn
- * of its event loop and at exit. 0 or a negative errno (logged). */
+ * of its event loop. After a failed save it tries again only a second
+ * later (0 before then). 0 or a negative errno (logged). */
 int dcpxd_secrets_flush(dcpxd_secrets *s);
+/* The same at exit: tries at once, even within a second of a failed save,
+ * and logs an error if the changes are lost. */
+int dcpxd_secrets_flush_last(dcpxd_secrets *s);
 
 /* The entries, for the queries (dcpxd-query.c: the groups a restart left
  * whose ranks have not reattached): entry i < dcpxd_secrets_count, its

@@ -438,7 +438,7 @@ int main(int argc, char **argv) {
 out_loop:
   loop_done(m);
 out_records:
-  (void)dcpxd_secrets_flush(m->secrets);
+  (void)dcpxd_secrets_flush_last(m->secrets);
   m->secrets = dcpxd_secrets_free(m->secrets);
   m->records = dcpxd_records_free(m->records);
 out_lock:

@@ -228,6 +228,49 @@ START_TEST(test_groups_failed_write) {
 }
 END_TEST
 
+/* A change whose save failed (a full disk) is tried again at exit however
+ * recent the failed save: before, the retry waited a second after it, and
+ * the last flush at shutdown, inside that second, saved nothing and said
+ * nothing (the change was lost). When that last try fails too it is
+ * logged as an error. */
+START_TEST(test_groups_saved_at_exit) {
+  dcpxd_secrets *s = NULL, *t = NULL;
+  char text[4096];
+  uid_t owner = 0;
+  uint32_t n_pids = 0;
+
+  groups_file("gone 1000 " HEX0 " 0\n"
+              "kept 1000 " HEX0 " 0\n",
+              0600);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  ck_assert(dcpxd_secrets_remove(s, "gone"));
+  g_write = WRITE_FAIL;
+  ck_assert_int_eq(dcpxd_secrets_flush(s), -ENOSPC);
+  g_write = WRITE_PLAIN;
+  ck_assert_int_eq(dcpxd_secrets_flush(s), 0); /* within the second: waits */
+  groups_text(text, sizeof(text));
+  ck_assert_ptr_nonnull(strstr(text, "gone "));
+  /* the last try fails too: said as an error */
+  g_log_len = 0;
+  g_log[0] = '\0';
+  g_write = WRITE_FAIL;
+  ck_assert_int_eq(dcpxd_secrets_flush_last(s), -ENOSPC);
+  g_write = WRITE_PLAIN;
+  ck_assert_msg(strstr(g_log, "at shutdown") && strstr(g_log, "lost"),
+                "log: %s", g_log);
+  /* and one that succeeds, at once */
+  ck_assert_int_eq(dcpxd_secrets_flush_last(s), 0);
+  dcpxd_secrets_free(s);
+  groups_text(text, sizeof(text));
+  ck_assert_msg(!strstr(text, "gone "), "groups file: %s", text);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &t), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(t), 1);
+  ck_assert_str_eq(dcpxd_secrets_entry(t, 0, &owner, &n_pids), "kept");
+  dcpxd_secrets_free(t);
+  remove_dir();
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("state");
   TCase *tc = tcase_create("groups");
@@ -235,6 +278,7 @@ int main(void) {
   tcase_add_test(tc, test_groups_read_error);
   tcase_add_test(tc, test_groups_not_trusted);
   tcase_add_test(tc, test_groups_failed_write);
+  tcase_add_test(tc, test_groups_saved_at_exit);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
