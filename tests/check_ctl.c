@@ -365,6 +365,11 @@ START_TEST(test_check_codes) {
   /* UNKNOWN: bad thresholds, bad arguments, an unknown group. */
   CTL(3, "check", "--rescue-warning", "101");
   one_line("UNKNOWN");
+  /* no sign: "-0" was taken, and the performance data said -0 */
+  CTL(3, "check", "--rescue-warning", "-0");
+  one_line("UNKNOWN");
+  CTL(3, "check", "--rescue-critical", "-0%");
+  one_line("UNKNOWN");
   CTL(3, "check", "--records-window", "soon");
   one_line("UNKNOWN");
   CTL(3, "check", "--records-window", "900"); /* no unit: was 900 ns */

@@ -1604,10 +1604,12 @@ static void problem(char *b, size_t n, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* A percentage 0..100, "%" optional. No minus: "-0" passed as -0.0, and
+ * the performance data showed it as -0 (the counts refuse it too). */
 static bool parse_pct(const char *s, double *ret) {
   char *end;
   double v;
-  if (!s || !*s)
+  if (!s || !*s || *s == '-')
     return false;
   errno = 0;
   v = strtod(s, &end);
