@@ -360,7 +360,18 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * keeps); a dcpx_member is one rank's membership of one group (a process
  * may hold several). Both are
  * opaque, and not safe to share between threads without a lock: give each
- * engine thread its own member. fork(): a member belongs to the process
+ * engine thread its own member. The calls that use a member's call state
+ * (dcpx_push, dcpx_push_list, dcpx_merge, dcpx_recover, dcpx_device_ctx)
+ * run one at a time: one made while another thread is inside one of them
+ * on the same member is refused with DCPX_E_BUSY and does nothing else
+ * (the running call goes on, the rank does not fail, no valid_out is
+ * written, and dcpx_member_last_error stays the running call's; the
+ * reason, naming both calls, is a WARN line: DCPX_DEBUG). One atomic
+ * compare-and-swap at a call's start and one store at its end. Calls of
+ * one member made in turn from several threads, each after the other
+ * returned, are fine. dcpx_poll and dcpx_health may run beside them
+ * (dcpx_poll); dcpx_leave must not overlap any call of the member.
+ * fork(): a member belongs to the process
  * that joined it. In a child of fork() every call on an inherited member
  * (push, merge, poll, health, recover, device context) is refused with
  * DCPX_E_STATE and does nothing, and dcpx_leave only releases the child's
@@ -567,6 +578,10 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *   DCPX_E_RANGE after the protocol completed (host backend): some row's
  *                   own element fell outside block_table; that row has
  *                   valid_out -1, the others are exact, nobody failed;
+ *   DCPX_E_BUSY     another thread is inside a call of this member
+ *                   (dcpx_push, dcpx_push_list, dcpx_merge, dcpx_recover,
+ *                   dcpx_device_ctx): nothing is done, nobody fails, the
+ *                   running call goes on (the client section above);
  *   DCPX_E_STATE    out of order, on a rank that has not failed: a merge
  *                   with no dcpx_push / dcpx_push_list before it, a merge
  *                   of other `rows` than that push's, or a push while the
@@ -686,7 +701,8 @@ typedef struct dcpx_device {
  * saturated rank's rescue list from the logits rather than from the
  * push's saved top-K list (the engine's kernel saves none). CUDA backend
  * with the LL transport only: DCPX_E_NOSYS otherwise; DCPX_E_INVAL for a
- * NULL or a size this library does not know. */
+ * NULL or a size this library does not know; DCPX_E_BUSY while another
+ * thread is inside a call of the member (nothing done). */
 DCPX_API int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx);
 
 typedef struct dcpx_health_info {
@@ -845,7 +861,9 @@ DCPX_API int dcpx_poll(dcpx_member *m);
  * held and some has not called dcpx_recover, or that the member is not
  * attached to a dcpxd: down or restarting), DCPX_E_INTR
  * (dcpx_member_interrupt), DCPX_E_BUSY (dcpx_poll or dcpx_health runs on
- * the member on another thread; or a restarted dcpxd refused the reattach
+ * the member on another thread, or one of its calls (dcpx_push,
+ * dcpx_push_list, dcpx_merge, dcpx_device_ctx): nothing done; or a
+ * restarted dcpxd refused the reattach
  * for want of connections or file descriptors: call it again later), a
  * restarted dcpxd's other refusal of the reattach, or an error. */
 DCPX_API int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms);

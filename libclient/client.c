@@ -883,6 +883,56 @@ int dcpx__merge_disjoint(struct dcpx_member *m, const char *fn,
   return 0;
 }
 
+/* The calls of one member run one at a time (include/dcpx.h): dcpx_push,
+ * dcpx_push_list, dcpx_merge, dcpx_recover and dcpx_device_ctx hold the
+ * member's call state (m->call_busy) from their start to their return. A
+ * call that finds another thread's call there is refused with
+ * DCPX_E_BUSY and does nothing else: it writes no word of the member (not
+ * its reason, dcpx_member_last_error, which is the running call's), fails
+ * nobody, and the running call goes on as if it had not come. Its reason
+ * is a WARN line (DCPX_DEBUG) naming both calls. Two threads that called
+ * at once raced on the member's state (its lists, its pending push, its
+ * reason): a wrong result or a torn reason, without an error. One
+ * compare-and-swap at the start and one store at the end: no syscall, no
+ * allocation (tests/hotpath.c). A member inherited across fork() is
+ * refused before (forked_refuse): the parent's thread may have held it
+ * at the fork. */
+static const char *call_name(int which) {
+  switch (which) {
+  case DCPX__CALL_PUSH: return "dcpx_push";
+  case DCPX__CALL_PUSH_LIST: return "dcpx_push_list";
+  case DCPX__CALL_MERGE: return "dcpx_merge";
+  case DCPX__CALL_RECOVER: return "dcpx_recover";
+  case DCPX__CALL_DEVICE_CTX: return "dcpx_device_ctx";
+  default: return "a call";
+  }
+}
+
+__attribute__((noinline, cold)) static int call_busy_refuse(
+    const dcpx_member *m, int which, int running) {
+  dcpx__why_at(NULL, 0, __FILE__, __LINE__,
+               "%s: group %s rank %u: another thread is inside %s of this "
+               "member; the calls of one member run one at a time (%s; "
+               "nothing done, the running call goes on)",
+               call_name(which), m->group, m->rank, call_name(running),
+               dcpx_strerror(DCPX_E_BUSY));
+  return DCPX_E_BUSY;
+}
+
+static inline int call_enter(dcpx_member *m, int which) {
+  int none = 0;
+  if (__builtin_expect(__atomic_compare_exchange_n(&m->call_busy, &none,
+                                                   which, 0, __ATOMIC_ACQUIRE,
+                                                   __ATOMIC_RELAXED),
+                       1))
+    return 0;
+  return call_busy_refuse(m, which, none);
+}
+
+static inline void call_exit(dcpx_member *m) {
+  __atomic_store_n(&m->call_busy, 0, __ATOMIC_RELEASE);
+}
+
 /* The call order: on a rank that has not failed (and a group not
  * aborted), a push while this rank's previous push of the same generation
  * waits for its merge, a merge with no such push before it, or a merge of
@@ -938,12 +988,24 @@ static void call_pushed(dcpx_member *m, int r, uint32_t rows) {
   m->pushed_rows = rows;
 }
 
+static int push_held(dcpx_member *m, const dcpx_call *in, void *stream);
+
 int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
   int r;
   if (!m)
     return REFUSE_NULL("dcpx_push", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_push");
+  if ((r = call_enter(m, DCPX__CALL_PUSH)) < 0)
+    return r;
+  r = push_held(m, in, stream);
+  call_exit(m);
+  return r;
+}
+
+/* dcpx_push's work, the member's call state held. */
+static int push_held(dcpx_member *m, const dcpx_call *in, void *stream) {
+  int r;
   if ((r = call_check(m, "dcpx_push", in, NULL, 0, stream)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_push", 0, in, stream)) < 0)
@@ -961,6 +1023,9 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
   return r;
 }
 
+static int push_list_held(dcpx_member *m, const dcpx_call *in,
+                          const dcpx_lists *lists, void *stream);
+
 int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
                    const dcpx_lists *lists, void *stream) {
   int r;
@@ -968,6 +1033,17 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
     return REFUSE_NULL("dcpx_push_list", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_push_list");
+  if ((r = call_enter(m, DCPX__CALL_PUSH_LIST)) < 0)
+    return r;
+  r = push_list_held(m, in, lists, stream);
+  call_exit(m);
+  return r;
+}
+
+/* dcpx_push_list's work, the member's call state held. */
+static int push_list_held(dcpx_member *m, const dcpx_call *in,
+                          const dcpx_lists *lists, void *stream) {
+  int r;
   if ((r = call_check(m, "dcpx_push_list", in, NULL, 0, stream)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_push_list", 0, in, stream)) < 0)
@@ -996,9 +1072,12 @@ int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx) {
     return forked_refuse(m, "dcpx_device_ctx");
 #ifdef HAVE_CUDA
   if (m->cuda) {
+    if ((r = call_enter(m, DCPX__CALL_DEVICE_CTX)) < 0)
+      return r;
     r = dcpx__cuda_device_ctx(m, ret_ctx);
     if (r == 0)
       m->order_off = 1; /* its kernels push unseen */
+    call_exit(m);
     return r;
   }
 #endif
@@ -1007,6 +1086,9 @@ int dcpx_device_ctx(dcpx_member *m, dcpx_device *ret_ctx) {
   return DCPX_E_NOSYS;
 }
 
+static int merge_held(dcpx_member *m, const dcpx_call *in,
+                      const dcpx_merge_out *out, void *stream);
+
 int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
                void *stream) {
   int r;
@@ -1014,6 +1096,17 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
     return REFUSE_NULL("dcpx_merge", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_merge");
+  if ((r = call_enter(m, DCPX__CALL_MERGE)) < 0)
+    return r;
+  r = merge_held(m, in, out, stream);
+  call_exit(m);
+  return r;
+}
+
+/* dcpx_merge's work, the member's call state held. */
+static int merge_held(dcpx_member *m, const dcpx_call *in,
+                      const dcpx_merge_out *out, void *stream) {
+  int r;
   if ((r = call_check(m, "dcpx_merge", in, out, 1, stream)) < 0)
     return r;
   if ((r = call_order(m, "dcpx_merge", 1, in, stream)) < 0)
@@ -1462,12 +1555,19 @@ int dcpx_recover(dcpx_member *m, void *stream, uint32_t timeout_ms) {
     return REFUSE_NULL("dcpx_recover", "member");
   if (member_forked(m))
     return forked_refuse(m, "dcpx_recover");
-  if ((r = link_enter(m)) < 0)
+  /* It clears the member's reason and (nccl) makes the communicator the
+   * calls use anew: the member's call state, held as a push holds it */
+  if ((r = call_enter(m, DCPX__CALL_RECOVER)) < 0)
     return r;
+  if ((r = link_enter(m)) < 0) {
+    call_exit(m);
+    return r;
+  }
   r = recover_link(m, stream, timeout_ms);
   if (r == 0)
     m->why[0] = '\0'; /* the refusal it recovered from is over */
   link_exit(m);
+  call_exit(m);
   return r;
 }
 

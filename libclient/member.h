@@ -71,6 +71,13 @@ struct dcpx_member {
    * went into a CUDA graph (its replays are not calls of the library). */
   uint32_t pushed_gen;
   uint32_t pushed_rows; /* that push's rows: its merge must take as many */
+  /* The call of this member in progress (client.c call_enter): 0, or the
+   * DCPX__CALL_* of the dcpx_push, dcpx_push_list, dcpx_merge,
+   * dcpx_recover or dcpx_device_ctx that holds the member's call state.
+   * One atomic compare-and-swap at a call's start and one store at its
+   * end: a call that finds another thread's there is refused with
+   * DCPX_E_BUSY and touches nothing else of the member. */
+  int call_busy;
   uint32_t order_off;
   uint32_t row_err_set;
   uint32_t bt_rows_bad;
@@ -142,6 +149,13 @@ static inline int dcpx__member_needs_recovery(const struct dcpx_member *m) {
          __atomic_load_n(&m->hdr->recovering, __ATOMIC_ACQUIRE) ||
          __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_ACQUIRE);
 }
+
+/* The calls that hold call_busy (its values; 0: none). */
+#define DCPX__CALL_PUSH 1
+#define DCPX__CALL_PUSH_LIST 2
+#define DCPX__CALL_MERGE 3
+#define DCPX__CALL_RECOVER 4
+#define DCPX__CALL_DEVICE_CTX 5
 
 /* Link states. NONE: no daemon (dcpx__member_attach). UP: joined or
  * reattached. REATTACHING: Hello + Join{reattach} sent, answers pending.

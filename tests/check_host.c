@@ -2078,12 +2078,240 @@ START_TEST(test_adversarial_brute) {
 }
 END_TEST
 
+/* ---- one call of a member at a time ------------------------------------ */
+
+static void *merge_rank0_main(void *arg) {
+  group *g = arg;
+  g->rc[0] = merge_of(g, 0, g->rows);
+  return NULL;
+}
+
+/* A call of a member made while another thread is inside a call of the
+ * same member (include/dcpx.h) is refused with DCPX_E_BUSY and does
+ * nothing: a deterministic overlap, rank 0's merge waiting inside the
+ * library for rank 1's lists while this thread calls rank 0's member. The
+ * rank does not fail, the running merge's reason stays, and both ranks'
+ * results are exact. Before, the push went through (0) and stored other
+ * lists under the pending call's tag while the merge ran: rank 1 merged
+ * them, a wrong result without an error; the merge and the recover ran
+ * too, writing the member's reason under the running merge. */
+START_TEST(test_overlapping_calls_refused) {
+  const uint64_t timeout = 5000000000ull; /* 5 s */
+  group g;
+  pthread_t th;
+  group_init(&g, 2, 3, 32, 8, 2, 1, 100, timeout);
+  const dcpx_rank_health *h = health_of(&g);
+  g.rows = 3;
+  fill(&g, 31, 0);
+  ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
+                          0, NULL),
+                   0);
+  /* the log level is set before the merge runs and read back after (the
+   * library reads it on other threads) */
+  const t_stderr s = t_stderr_begin("WARN");
+  ck_assert_int_eq(pthread_create(&th, NULL, merge_rank0_main, &g), 0);
+  for (int i = 0; i < 5000 && __atomic_load_n(&g.m[0]->call_busy,
+                                                __ATOMIC_ACQUIRE) !=
+                                  DCPX__CALL_MERGE;
+       i++)
+    usleep(1000);
+  ck_assert_int_eq(__atomic_load_n(&g.m[0]->call_busy, __ATOMIC_ACQUIRE),
+                   DCPX__CALL_MERGE);
+  /* other logits, other lists: stored, they would change rank 1's result */
+  const size_t n = (size_t)g.sh.rows * g.stride;
+  uint16_t *other = malloc(n * sizeof(uint16_t));
+  int32_t *ends = malloc(g.sh.rows * sizeof(int32_t));
+  for (size_t i = 0; i < n; i++)
+    other[i] = (uint16_t)(0x4400u + i % 251u);
+  for (uint32_t t = 0; t < g.sh.rows; t++)
+    ends[t] = (int32_t)g.sh.max_local;
+  dcpx_call in = DCPX_CALL_INIT;
+  in.rows = g.rows;
+  in.logits = other;
+  in.stride = g.stride;
+  in.row_ends = ends;
+  dcpx_lists *li = lists_init(&g, 0);
+  int32_t ro[3 * 32], va[3], ids[3 * 32];
+  uint32_t sat[3];
+  const int rp = dcpx_push(g.m[0], &in, NULL);
+  const int rl = dcpx_push_list(g.m[0], &in, li, NULL);
+  const int rm = t_merge(g.m[0], g.rows, other, g.stride, ends, g.req, g.bt,
+                         g.bt_rows, g.bt_cols, ro, va, ids, sat, 0, NULL);
+  const int rr = dcpx_recover(g.m[0], NULL, 10);
+  ck_assert_msg(rp == DCPX_E_BUSY && rl == DCPX_E_BUSY && rm == DCPX_E_BUSY &&
+                    rr == DCPX_E_BUSY,
+                "during another thread's merge: push %s, push_list %s, "
+                "merge %s, recover %s (all busy expected)",
+                dcpx_strerror(rp), dcpx_strerror(rl), dcpx_strerror(rm),
+                dcpx_strerror(rr));
+  /* nothing done: the running merge holds on, nobody failed */
+  ck_assert_int_eq(__atomic_load_n(&g.m[0]->call_busy, __ATOMIC_ACQUIRE),
+                   DCPX__CALL_MERGE);
+  ck_assert_uint_eq(h[0].failed, 0);
+  ck_assert_uint_eq(h[0].alarm, 0);
+  /* rank 1's call: both ranks exact, for the first push's lists */
+  ck_assert_int_eq(t_push(g.m[1], g.rows, g.logits[1], g.stride, g.ends[1],
+                          0, NULL),
+                   0);
+  g.rc[1] = merge_of(&g, 1, g.rows);
+  pthread_join(th, NULL);
+  char *t = t_stderr_end(s);
+  check_exact(&g, "with calls refused during rank 0's merge");
+  ck_assert_int_eq(g.m[0]->call_busy, 0);
+  /* the merge's reason is its own: "" (it cleared it as it started; the
+   * refused calls wrote none) */
+  ck_assert_str_eq(dcpx_member_last_error(g.m[0]), "");
+  static const char *const want[] = {
+      "dcpx_push: group  rank 0: another thread is inside dcpx_merge of "
+      "this member",
+      "dcpx_push_list: group  rank 0: another thread is inside dcpx_merge",
+      "dcpx_merge: group  rank 0: another thread is inside dcpx_merge",
+      "dcpx_recover: group  rank 0: another thread is inside dcpx_merge"};
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+    ck_assert_msg(strstr(t, want[i]), "no '%s' in the log: '%s'", want[i], t);
+  free(t);
+  /* and the member goes on */
+  fill(&g, 32, 1);
+  run_call(&g);
+  check_exact(&g, "the call after");
+  free(other);
+  free(ends);
+  group_free(&g);
+}
+END_TEST
+
+typedef struct hammer {
+  group *g;
+  pthread_barrier_t *go;
+  const int32_t *ref_rows, *ref_ids;
+  uint64_t ok, busy, state, other, wrong;
+  int other_rc;
+} hammer;
+
+/* Push and merge on member 0 as fast as it goes, until *stop; with
+ * outputs of its own. */
+static volatile int g_hammer_stop;
+
+static void *hammer_main(void *arg) {
+  hammer *hm = arg;
+  group *g = hm->g;
+  const uint32_t R = g->rows, K = g->sh.topk;
+  int32_t *ro = calloc((size_t)R * K, sizeof(int32_t)),
+          *ids = calloc((size_t)R * K, sizeof(int32_t)),
+          *va = calloc(R, sizeof(int32_t));
+  uint32_t *sat = calloc(R, sizeof(uint32_t));
+  pthread_barrier_wait(hm->go);
+  while (!__atomic_load_n(&g_hammer_stop, __ATOMIC_RELAXED)) {
+    for (int merge = 0; merge < 2; merge++) {
+      const int r =
+          merge ? t_merge(g->m[0], R, g->logits[0], g->stride, g->ends[0],
+                          g->req, g->bt, g->bt_rows, g->bt_cols, ro, va, ids,
+                          sat, 0, NULL)
+                : t_push(g->m[0], R, g->logits[0], g->stride, g->ends[0], 0,
+                         NULL);
+      if (r == 0) {
+        hm->ok++;
+        if (merge && (memcmp(ro, hm->ref_rows, sizeof(int32_t) * R * K) ||
+                      memcmp(ids, hm->ref_ids, sizeof(int32_t) * R * K)))
+          hm->wrong++;
+      } else if (r == DCPX_E_BUSY)
+        __atomic_add_fetch(&hm->busy, 1, __ATOMIC_RELAXED);
+      else if (r == DCPX_E_STATE) /* the other thread's push is pending,
+                                     or it merged ours */
+        hm->state++;
+      else {
+        hm->other++;
+        hm->other_rc = r;
+      }
+    }
+  }
+  free(ro);
+  free(ids);
+  free(va);
+  free(sat);
+  return NULL;
+}
+
+/* Two threads hammer one member with push + merge: every call returns 0,
+ * DCPX_E_BUSY (the other thread was inside a call) or DCPX_E_STATE (the
+ * call order across the two), every merge that returns 0 is exact, and
+ * the rank never fails. Runs until both threads have seen a refusal for
+ * business (at most 20 s). Before, nothing was refused: the calls raced
+ * on the member (ThreadSanitizer: data races in client.c and host.c), and
+ * a push stored under a merge gave it other lists. */
+START_TEST(test_two_threads_hammer_one_member) {
+  group g;
+  group_init(&g, 1, 2, 16, 4, 4, 1, 64, 2000000000ull);
+  g.rows = 2;
+  fill(&g, 41, 0);
+  const uint32_t R = g.rows, K = g.sh.topk;
+  int32_t *xr = calloc((size_t)R * K, sizeof(int32_t)),
+          *xi = calloc((size_t)R * K, sizeof(int32_t)),
+          *xv = calloc(R, sizeof(int32_t));
+  uint32_t *xs = calloc(R, sizeof(uint32_t));
+  ck_assert_int_eq(t_ref_call(&g.sh, R, (const uint16_t *const *)g.logits,
+                              g.stride, (const int32_t *const *)g.ends, 0,
+                              g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv, xi,
+                              xs, NULL),
+                   0);
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, 3);
+  hammer hm[2];
+  pthread_t th[2];
+  g_hammer_stop = 0;
+  for (int i = 0; i < 2; i++) {
+    memset(&hm[i], 0, sizeof(hm[i]));
+    hm[i].g = &g;
+    hm[i].go = &go;
+    hm[i].ref_rows = xr;
+    hm[i].ref_ids = xi;
+    ck_assert_int_eq(pthread_create(&th[i], NULL, hammer_main, &hm[i]), 0);
+  }
+  pthread_barrier_wait(&go);
+  const uint64_t t0 = mono_ns();
+  while (mono_ns() - t0 < 20000000000ull &&
+         (mono_ns() - t0 < 300000000ull ||
+          !__atomic_load_n(&hm[0].busy, __ATOMIC_RELAXED) ||
+          !__atomic_load_n(&hm[1].busy, __ATOMIC_RELAXED)))
+    usleep(10000);
+  __atomic_store_n(&g_hammer_stop, 1, __ATOMIC_RELAXED);
+  for (int i = 0; i < 2; i++)
+    pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&go);
+  printf("check_host: two threads on one member: %llu+%llu calls done, "
+         "%llu+%llu busy, %llu+%llu out of order\n",
+         (unsigned long long)hm[0].ok, (unsigned long long)hm[1].ok,
+         (unsigned long long)hm[0].busy, (unsigned long long)hm[1].busy,
+         (unsigned long long)hm[0].state, (unsigned long long)hm[1].state);
+  const dcpx_rank_health *h = health_of(&g);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_msg(!hm[i].other, "thread %d: %llu calls failed (%s)", i,
+                  (unsigned long long)hm[i].other,
+                  dcpx_strerror(hm[i].other_rc));
+    ck_assert_msg(!hm[i].wrong, "thread %d: %llu merges gave a wrong result",
+                  i, (unsigned long long)hm[i].wrong);
+    ck_assert_uint_gt(hm[i].ok, 0);
+    ck_assert_uint_gt(hm[i].busy, 0);
+  }
+  ck_assert_uint_eq(h[0].failed, 0);
+  ck_assert_uint_eq(h[0].alarm, 0);
+  ck_assert_int_eq(g.m[0]->call_busy, 0);
+  free(xr);
+  free(xi);
+  free(xv);
+  free(xs);
+  group_free(&g);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("host");
   TCase *tc = tcase_create("protocol");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_exact_random);
   tcase_add_test(tc, test_call_order);
+  tcase_add_test(tc, test_overlapping_calls_refused);
+  tcase_add_test(tc, test_two_threads_hammer_one_member);
   tcase_add_test(tc, test_empty_call);
   tcase_add_test(tc, test_epoch_wrap);
   tcase_add_test(tc, test_absent_rank_times_out);

@@ -26,8 +26,8 @@ from . import _arrays as A
 from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
                    DcpxListsC, DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
-from .errors import (Aborted, DcpxError, Failed, InvalidArgument, RangeError,
-                     StateError, TextError, TimedOut, check)
+from .errors import (Aborted, Busy, DcpxError, Failed, InvalidArgument,
+                     RangeError, StateError, TextError, TimedOut, check)
 
 __all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
            "MergeResult", "RefStats", "Client", "Member", "PreparedCall",
@@ -472,7 +472,11 @@ class Member:
     :meth:`Client.join`. A context manager that leaves the group.
 
     Not thread-safe (give each engine thread its own member), except that
-    :meth:`poll` may run on another thread while push/merge run. Whatever
+    :meth:`poll` may run on another thread while push/merge run. A push,
+    push_list, merge or recover made while another thread is inside one of
+    them on the same member raises :class:`Busy` and does nothing (the
+    library's refusal, ``DCPX_E_BUSY``): the running call goes on, and the
+    rank does not fail. Whatever
     the threads do, Python never touches a freed member: after
     :meth:`leave` (and :meth:`close`, ``with``, garbage collection) every
     call raises :class:`StateError`, and calls still running on other
@@ -576,6 +580,12 @@ class Member:
         reason when it refused the call (:meth:`last_error`: the argument
         and the rule); for Failed and Aborted with why the rank or group
         stopped."""
+        if r == Busy.code:
+            # another thread is inside a call of this member: the reason
+            # and the state are that call's, not to be read here
+            check(r, f"{what}: another thread is inside a call of this "
+                  "member (push, push_list, merge or recover); the calls of "
+                  "one member run one at a time (nothing done)")
         why = self.last_error()
         if why:
             what = why

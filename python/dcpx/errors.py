@@ -129,8 +129,9 @@ class AccessDenied(DcpxError, PermissionError):
 
 class Busy(DcpxError):
     """Busy: a dcpxd bound was reached, or (libdcpx) a member's poll,
-    health or recover ran while another of them did. (``DCPX_E_BUSY``,
-    -16)"""
+    health or recover ran while another of them did, or its push,
+    push_list, merge or recover while another thread was inside one of
+    them (nothing done). (``DCPX_E_BUSY``, -16)"""
     code = -16
     name = "DCPX_E_BUSY"
 

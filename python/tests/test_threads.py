@@ -66,6 +66,92 @@ def test_leave_under_a_merge_on_another_thread(daemon, group):
     m1.leave()
 
 
+def test_call_while_another_thread_merges_is_busy(daemon, group):
+    """A push, merge or recover on a member while another thread's merge
+    waits inside libdcpx raises Busy and does nothing: the rank does not
+    fail, and the running merge completes exactly once rank 1 comes.
+    (Before, the push went through, storing other lists under the merge.)
+    """
+    m0, m1 = _pair(daemon, group, 5_000_000_000)
+    lg, en, req, bt = _args()
+    other = (lg + 7).astype(np.uint16)  # other lists, were they stored
+    res = {}
+
+    def merge():
+        try:
+            res["r"] = m0.merge(lg, en, req, bt)  # waits for rank 1
+        except dcpx.DcpxError as e:
+            res["e"] = e
+
+    m0.push(lg, en)
+    t = threading.Thread(target=merge)
+    t.start()
+    end = time.monotonic() + 10
+    busy = None
+    while busy is None and time.monotonic() < end:
+        try:
+            m0.push(other, en)
+        except dcpx.Busy as e:  # inside the merge now
+            busy = e
+        except dcpx.StateError:  # not yet: the first push is pending
+            time.sleep(0.001)
+    assert busy is not None, "never refused as busy"
+    assert "another thread is inside a call of this member" in str(busy)
+    with pytest.raises(dcpx.Busy):
+        m0.merge(other, en, req, bt)
+    with pytest.raises(dcpx.Busy):
+        m0.recover(timeout_ms=10)
+    assert t.is_alive()
+    m1.push(lg, en)
+    r1 = m1.merge(lg, en, req, bt)
+    t.join(10)
+    assert "r" in res, res
+    ref = dcpx.ref_call(m0.shape, [lg, lg], [en, en], 0, req, bt)
+    for r in (res["r"], r1):
+        assert (np.asarray(r.rows_out) == np.asarray(ref.rows_out)).all()
+        assert (np.asarray(r.valid_out) == np.asarray(ref.valid_out)).all()
+    assert m0.async_error().state == 0 and m0.last_error() == ""
+    m0.leave()
+    m1.leave()
+
+
+def test_two_threads_hammer_one_member(member):
+    """Two threads push and merge on one member: each call completes or
+    raises Busy (the other thread is inside one) or StateError (the call
+    order across the two); every merge that completes is exact."""
+    lg, en, req, bt = _args()
+    ref = dcpx.ref_call(member.shape, [lg], [en], 0, req, bt)
+    seen = {"ok": 0, "Busy": 0, "StateError": 0}
+    bad = []
+    stop = time.monotonic() + 1.0
+
+    def loop():
+        while time.monotonic() < stop and not bad:
+            for what in ("push", "merge"):
+                try:
+                    if what == "push":
+                        member.push(lg, en)
+                    else:
+                        r = member.merge(lg, en, req, bt)
+                        if not (np.asarray(r.rows_out) ==
+                                np.asarray(ref.rows_out)).all():
+                            bad.append("a wrong result")
+                    seen["ok"] += 1
+                except (dcpx.Busy, dcpx.StateError) as e:
+                    seen[type(e).__name__] += 1
+                except Exception as e:  # noqa: BLE001 - the test's verdict
+                    bad.append(repr(e))
+
+    ts = [threading.Thread(target=loop) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert bad == [], bad[:3]
+    assert seen["ok"] > 0, seen
+    assert member.async_error().state == 0
+
+
 def test_leave_from_a_signal_handler_mid_call(daemon, group, small_shape):
     """A SIGALRM handler that leaves runs on the calling thread right after
     a C call, before the call's bookkeeping: leave must not wait for its
