@@ -339,3 +339,33 @@ int dcpx__outputs(const dcpx__merge_ws *ws, const dcpx_shape *sh, uint32_t d,
   *valid_out = (int32_t)valid;
   return 0;
 }
+
+/* The span's end, saturated. */
+static uint64_t span_end(const dcpx__span *x) {
+  return x->n > UINT64_MAX - x->p ? UINT64_MAX : x->p + x->n;
+}
+
+/* Whether the plain span x shares a byte with span y. */
+static int span_meets(const dcpx__span *x, const dcpx__span *y) {
+  if (!x->n || !y->n || x->p >= span_end(y) || y->p >= span_end(x))
+    return 0;
+  if (!y->step || x->p < y->p) /* x starts before y's first row */
+    return 1;
+  const uint64_t off = x->p - y->p, t = off / y->step;
+  if (off - t * y->step < y->len)
+    return 1; /* x starts inside row t */
+  return (t + 1u) * y->step < span_end(x) - y->p &&
+         (t + 1u) * y->step < y->n; /* row t + 1 starts before x ends */
+}
+
+int dcpx__spans_overlap(const dcpx__span *s, size_t n, size_t nout,
+                        size_t *ret_i, size_t *ret_j) {
+  for (size_t i = 0; i < nout && i < n; i++)
+    for (size_t j = i + 1; j < n; j++)
+      if (s[i].p && s[j].p && span_meets(&s[i], &s[j])) {
+        *ret_i = i;
+        *ret_j = j;
+        return 1;
+      }
+  return 0;
+}

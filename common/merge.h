@@ -187,4 +187,43 @@ DCPX__HIDDEN uint32_t dcpx__rescue_list(const uint16_t *logits, uint32_t len,
                                         uint32_t cap, uint32_t t1,
                                         uint32_t *words);
 
+/* ---- arrays that must not overlap (dcpx_merge, dcpx_ref_call) ----------
+ *
+ * An array of a call as bytes [p, p + n) (n = 0: none, or of unknown
+ * size; p = 0: absent, never compared); of logits, rows of `len` bytes
+ * every `step` bytes (step 0: one plain span). */
+typedef struct dcpx__span {
+  const char *what;
+  uintptr_t p;
+  uint64_t n, step, len;
+} dcpx__span;
+
+/* 4 * a * b bytes (a * b int32 words), saturated (a block table larger
+ * than memory is refused elsewhere). */
+static inline uint64_t dcpx__words4(uint64_t a, uint64_t b) {
+  return b && a > UINT64_MAX / 4u / b ? UINT64_MAX : 4u * a * b;
+}
+
+/* The bytes a call reads of `rows` rows of bf16 logits at p, `stride`
+ * elements apart, each read up to min(stride, max_local) elements (its
+ * row_end at most); a rows' extent that would not fit is saturated (such
+ * a stride is refused by dcpx__logits_fit). */
+static inline dcpx__span dcpx__logits_span(const char *what, const void *p,
+                                           uint64_t rows, uint64_t stride,
+                                           uint64_t max_local) {
+  const uint64_t len = stride < max_local ? stride : max_local;
+  uint64_t n = 0;
+  if (rows && stride && rows - 1u <= (UINT64_MAX / 2u - len) / stride)
+    n = 2u * ((rows - 1u) * stride + len);
+  dcpx__span s = {what, (uintptr_t)p, n, 2u * stride, 2u * len};
+  return s;
+}
+
+/* Whether the first nout spans of s[0..n) (the outputs, plain spans)
+ * share a byte with one another or with a later span; if so, *ret_i and
+ * *ret_j (i < j) name the first such pair. Compares only: no syscall. */
+DCPX__HIDDEN int dcpx__spans_overlap(const dcpx__span *s, size_t n,
+                                     size_t nout, size_t *ret_i,
+                                     size_t *ret_j);
+
 #endif /* DCPX_COMMON_MERGE_H */

@@ -4,6 +4,7 @@
  * This is the oracle every backend and kernel is tested against, bit for
  * bit. It
  * allocates its workspace per call; backends keep theirs. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,6 +79,64 @@ static int check_call(const dcpx_shape *sh, const dcpx_ref_in *in,
   return 0;
 }
 
+/* The outputs share no byte with one another or with anything the call
+ * reads (merge.h dcpx__spans_overlap, as dcpx_merge checks its arrays):
+ * the reference writes each output row while it reads the inputs and
+ * writes the other outputs, so a shared buffer gives a silently wrong
+ * result. Else DCPX_E_INVAL, both arrays named in a WARN line. After
+ * check_call: every pointer set, rows within the shape, lists' rows the
+ * call's. */
+static int check_disjoint(const dcpx_shape *sh, const dcpx_ref_in *in,
+                          const dcpx_merge_out *out) {
+  enum { MAXS = 4 + 5 * DCPX_MAX_WORLD + 8 };
+  dcpx__span s[MAXS];
+  uint32_t who[MAXS]; /* the rank of a per-rank array, else W */
+  size_t n = 0, i, j;
+  const uint64_t rows = in->rows, K = sh->topk, N = sh->local_topk;
+  const uint32_t W = sh->world;
+#define SPAN(name, rank, ptr, bytes)                                          \
+  do {                                                                        \
+    s[n] = (dcpx__span){(name), (uintptr_t)(ptr), (bytes), 0, 0};             \
+    who[n++] = (rank);                                                        \
+  } while (0)
+  /* the outputs first */
+  SPAN("rows_out", W, out->rows_out, dcpx__words4(rows, K));
+  SPAN("valid_out", W, out->valid_out, 4u * rows);
+  SPAN("ids_out", W, out->ids_out, dcpx__words4(rows, K));
+  SPAN("sat_word", W, out->sat_word, 4u * rows);
+  for (uint32_t r = 0; r < W; r++) {
+    s[n] = dcpx__logits_span("logits", in->logits[r], rows, in->stride,
+                             sh->max_local);
+    who[n++] = r;
+    SPAN("row_ends", r, in->row_ends[r], 4u * rows);
+    const dcpx_lists *li = in->lists ? in->lists[r] : NULL;
+    if (li) {
+      SPAN("lists", r, li, sizeof(*li));
+      SPAN("lists values", r, li->values, 2u * rows * N);
+      SPAN("lists indices", r, li->indices, 4u * rows * N);
+    }
+  }
+  SPAN("req_id", W, in->req_id, 4u * rows);
+  SPAN("block_table", W, in->block_table,
+       dcpx__words4(in->bt_rows, in->bt_cols));
+  /* what holds the pointers, read at every row */
+  SPAN("logits[]", W, in->logits, (uint64_t)W * sizeof(*in->logits));
+  SPAN("row_ends[]", W, in->row_ends, (uint64_t)W * sizeof(*in->row_ends));
+  SPAN("lists[]", W, in->lists, (uint64_t)W * sizeof(*in->lists));
+  SPAN("the dcpx_ref_in", W, in, sizeof(*in));
+  SPAN("the dcpx_merge_out", W, out, sizeof(*out));
+  SPAN("the dcpx_shape", W, sh, sizeof(*sh));
+#undef SPAN
+  if (!dcpx__spans_overlap(s, n, 4, &i, &j))
+    return 0;
+  char rj[24] = "";
+  if (who[j] < W)
+    snprintf(rj, sizeof(rj), " of rank %u", who[j]);
+  DCPX_WARN("dcpx_ref_call: %s overlaps %s%s (each output needs memory of "
+            "its own, apart from the inputs)", s[i].what, s[j].what, rj);
+  return DCPX_E_INVAL;
+}
+
 /* Rank s's round-1 list of row t: given, else from its logits. */
 static int round1_list(const dcpx_shape *sh, const dcpx_ref_in *in,
                        uint32_t s, uint32_t t, uint32_t *words) {
@@ -108,6 +167,8 @@ int dcpx_ref_call(const dcpx_shape *sh, const dcpx_ref_in *in,
    * take it */
   sh = dcpx__shape_resolved(sh, &resolved);
   r = check_call(sh, in, out);
+  if (r == 0)
+    r = check_disjoint(sh, in, out);
   if (r < 0)
     return r;
   const uint32_t rows = in->rows, rank = in->rank;

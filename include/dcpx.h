@@ -341,7 +341,11 @@ typedef struct dcpx_ref_in {
  * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size, a
  * dcpx_lists whose rows or n is not the call's, an array not aligned to
  * its element, a stride whose rows of
- * logits would run past the end of the address space) / DCPX_E_LIMIT /
+ * logits would run past the end of the address space, outputs that share
+ * a byte with one another or with anything the call reads: every rank's
+ * logits rows and row_ends, req_id, the block table, given lists, the
+ * structs and pointer arrays themselves; as dcpx_merge refuses them, with
+ * a WARN line naming both arrays) / DCPX_E_LIMIT /
  * DCPX_E_RANGE (a row_end over max_local, a req_id or block outside the
  * table, a given list that breaks a rule of dcpx_lists), DCPX_E_NOMEM.
  * Unlike a backend, which gives only such a row valid_out -1 and

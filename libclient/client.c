@@ -814,73 +814,31 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
   return r;
 }
 
-/* A merge's array as bytes [p, p + n) (n = 0: none, or of unknown
- * size); of logits, rows of `len` bytes every `step` bytes (step 0: one
- * span). */
-typedef struct span {
-  const char *what;
-  uintptr_t p;
-  uint64_t n, step, len;
-} span;
-
-/* 4 * a * b bytes, saturated (a block table larger than memory is
- * refused elsewhere). */
-static uint64_t words4(uint64_t a, uint64_t b) {
-  return b && a > UINT64_MAX / 4u / b ? UINT64_MAX : 4u * a * b;
-}
-
-/* The span's end, saturated. */
-static uint64_t span_end(const span *x) {
-  return x->n > UINT64_MAX - x->p ? UINT64_MAX : x->p + x->n;
-}
-
-/* Whether the plain span x shares a byte with span y. */
-static int span_meets(const span *x, const span *y) {
-  if (!x->n || !y->n || x->p >= span_end(y) || y->p >= span_end(x))
-    return 0;
-  if (!y->step || x->p < y->p) /* x starts before y's first row */
-    return 1;
-  const uint64_t off = x->p - y->p, t = off / y->step;
-  if (off - t * y->step < y->len)
-    return 1; /* x starts inside row t */
-  return (t + 1u) * y->step < span_end(x) - y->p &&
-         (t + 1u) * y->step < y->n; /* row t + 1 starts before x ends */
-}
-
 int dcpx__merge_disjoint(struct dcpx_member *m, const char *fn,
                          const dcpx_call *in, const dcpx_merge_out *out) {
   const uint64_t rows = in->rows, K = m->shape.topk;
+  size_t i, j;
   if (!rows)
     return 0; /* an empty call touches no array */
-  /* logits: rows of up to min(stride, max_local) elements; its extent is
-   * saturated where it would not fit (refused by the stride checks) */
-  const uint64_t st = in->stride,
-                 len = st < m->shape.max_local ? st : m->shape.max_local;
-  uint64_t ln = 0;
-  if (st && rows - 1u <= (UINT64_MAX / 2u - len) / st)
-    ln = 2u * ((rows - 1u) * st + len);
-  const span s[] = {
-      /* the outputs first */
-      {"rows_out", (uintptr_t)out->rows_out, words4(rows, K), 0, 0},
+  const dcpx__span s[] = {
+      /* the outputs first (merge.h dcpx__spans_overlap) */
+      {"rows_out", (uintptr_t)out->rows_out, dcpx__words4(rows, K), 0, 0},
       {"valid_out", (uintptr_t)out->valid_out, 4u * rows, 0, 0},
-      {"ids_out", (uintptr_t)out->ids_out, words4(rows, K), 0, 0},
+      {"ids_out", (uintptr_t)out->ids_out, dcpx__words4(rows, K), 0, 0},
       {"sat_word", (uintptr_t)out->sat_word, 4u * rows, 0, 0},
-      {"logits", (uintptr_t)in->logits, ln, 2u * st, 2u * len},
+      dcpx__logits_span("logits", in->logits, rows, in->stride,
+                        m->shape.max_local),
       {"row_ends", (uintptr_t)in->row_ends, 4u * rows, 0, 0},
       {"req_id", (uintptr_t)in->req_id, 4u * rows, 0, 0},
       {"block_table", (uintptr_t)in->block_table,
-       words4(in->bt_rows, in->bt_cols), 0, 0},
+       dcpx__words4(in->bt_rows, in->bt_cols), 0, 0},
   };
-  const size_t nout = 4, n = sizeof(s) / sizeof(s[0]);
-  for (size_t i = 0; i < nout; i++)
-    for (size_t j = i + 1; j < n; j++)
-      if (s[i].p && s[j].p && span_meets(&s[i], &s[j])) {
-        DCPX_REFUSE(m, "%s: group %s rank %u: %s overlaps %s (each output "
-                    "needs memory of its own, apart from the inputs)",
-                    fn, m->group, m->rank, s[i].what, s[j].what);
-        return DCPX_E_INVAL;
-      }
-  return 0;
+  if (!dcpx__spans_overlap(s, sizeof(s) / sizeof(s[0]), 4, &i, &j))
+    return 0;
+  DCPX_REFUSE(m, "%s: group %s rank %u: %s overlaps %s (each output "
+              "needs memory of its own, apart from the inputs)",
+              fn, m->group, m->rank, s[i].what, s[j].what);
+  return DCPX_E_INVAL;
 }
 
 /* The calls of one member run one at a time (include/dcpx.h): dcpx_push,

@@ -1379,6 +1379,143 @@ static uint32_t oracle_list(const uint16_t *x, uint32_t len, uint32_t cap,
   return m;
 }
 
+/* dcpx_ref_call refuses outputs that share a byte with one another or
+ * with an array it reads (the logits and row ends of every rank, the
+ * arrays of pointers to them, req_id, the block table, given lists):
+ * DCPX_E_INVAL, as dcpx_merge refuses them. It writes each output while
+ * it reads the inputs and writes the others, so a shared buffer gave a
+ * silently wrong result (ids_out == rows_out: 0, with the ids in
+ * rows_out). Arrays that only touch (one ends where the next starts) are
+ * fine, and exact. */
+START_TEST(test_overlapping_outputs) {
+  tcall c;
+  uint64_t s = case_seed(12, 0);
+  tcall_init(&c, 3, 2, 16, 4, 8, 2, 64, 64, 2);
+  tcall_random_tables(&c, &s);
+  for (uint32_t t = 0; t < 2; t++)
+    for (uint32_t r = 0; r < 3; r++) {
+      c.row_end[r][t] = 64;
+      for (uint32_t l = 0; l < 64; l++)
+        row_of(&c, r, t)[l] = random_finite(&s);
+    }
+  /* every array in one arena, where the cases place them */
+  static int32_t arena[1024];
+  int32_t *const lg_words = arena + 512; /* 3 ranks x 2 rows x 64 bf16 */
+  int32_t *const re_at = arena + 704, *const rq_at = arena + 720,
+                 *const bt_at = arena + 736; /* 16 words */
+  const uint16_t *lg[3];
+  const int32_t *re[3];
+  for (uint32_t r = 0; r < 3; r++) {
+    memcpy((uint16_t *)lg_words + r * 128, c.logits[r], 128 * 2);
+    lg[r] = (const uint16_t *)lg_words + r * 128;
+    memcpy(re_at + 4 * r, c.row_end[r], 2 * sizeof(int32_t));
+    re[r] = re_at + 4 * r;
+  }
+  memcpy(rq_at, c.req_id[0], 2 * sizeof(int32_t));
+  memcpy(bt_at, c.bt[0], 16 * sizeof(int32_t));
+  const uint16_t *const *lgp = lg;
+  dcpx_ref_in in = DCPX_REF_IN_INIT;
+  in.rows = 2;
+  in.stride = 64;
+  in.logits = lgp;
+  in.row_ends = re;
+  in.req_id = rq_at;
+  in.block_table = bt_at;
+  in.bt_rows = 2;
+  in.bt_cols = 8;
+  /* the answer, into arrays of their own */
+  int32_t xr[32], xi[32], xv[2];
+  uint32_t xs[2];
+  dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+  out.rows_out = xr;
+  out.valid_out = xv;
+  out.ids_out = xi;
+  out.sat_word = xs;
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, &in, &out, NULL), 0);
+
+  /* outputs that only touch one another and the inputs: exact */
+  int32_t *const o = arena + 64;
+  out.rows_out = o;
+  out.valid_out = o + 32;
+  out.ids_out = o + 34;
+  out.sat_word = (uint32_t *)(o + 66);
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, &in, &out, NULL), 0);
+  ck_assert(!memcmp(o, xr, sizeof(xr)) && !memcmp(o + 32, xv, sizeof(xv)) &&
+            !memcmp(o + 34, xi, sizeof(xi)) && !memcmp(o + 66, xs, sizeof(xs)));
+  out.rows_out = bt_at + 16; /* right after the block table: fine */
+  out.valid_out = rq_at - 2; /* right before req_id */
+  out.ids_out = lg_words - 32; /* right before the logits */
+  out.sat_word = (uint32_t *)(re_at + 12); /* after the row ends */
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, &in, &out, NULL), 0);
+  ck_assert(!memcmp(bt_at + 16, xr, sizeof(xr)) &&
+            !memcmp(lg_words - 32, xi, sizeof(xi)));
+
+  /* overlaps: each refused, before anything is written */
+  struct {
+    const char *what;
+    int32_t *ro, *vo, *io;
+    uint32_t *so;
+  } bad[] = {
+      {"ids_out == rows_out", o, o + 32, o, (uint32_t *)(o + 66)},
+      {"valid_out in rows_out's last word", o, o + 31, o + 34,
+       (uint32_t *)(o + 66)},
+      {"sat_word on valid_out's second word", o, o + 32, o + 34,
+       (uint32_t *)(o + 33)},
+      {"ids_out's end on sat_word", o, o + 32, o + 35, (uint32_t *)(o + 66)},
+      {"rows_out on the block table", bt_at + 15, o + 32, o + 34,
+       (uint32_t *)(o + 66)},
+      {"valid_out on req_id", o, rq_at + 1, o + 34, (uint32_t *)(o + 66)},
+      {"sat_word on rank 1's row ends", o, o + 32, o + 34,
+       (uint32_t *)(re_at + 5)},
+      {"ids_out on rank 2's second logits row", o, o + 32, lg_words + 160,
+       (uint32_t *)(o + 66)},
+      {"valid_out across rank 0's and rank 1's logits", o, lg_words + 63,
+       o + 34, (uint32_t *)(o + 66)},
+      {"valid_out on the logits pointers", o, (int32_t *)(void *)lg, o + 34,
+       (uint32_t *)(o + 66)},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    memset(o, 0x55, 67 * sizeof(int32_t));
+    out.rows_out = bad[i].ro;
+    out.valid_out = bad[i].vo;
+    out.ids_out = bad[i].io;
+    out.sat_word = bad[i].so;
+    const int r = dcpx_ref_call(&c.sh, &in, &out, NULL);
+    ck_assert_msg(r == DCPX_E_INVAL, "%s: %s, not refused", bad[i].what,
+                  dcpx_strerror(r));
+    for (uint32_t w = 0; w < 67; w++)
+      ck_assert_msg(o[w] == 0x55555555, "%s: word %u written", bad[i].what, w);
+  }
+  /* an output on a given list (rank 1's values) */
+  uint16_t vals[2 * 4] = {0};
+  int32_t idx[2 * 4];
+  for (uint32_t i = 0; i < 8; i++)
+    idx[i] = -1;
+  dcpx_lists li = DCPX_LISTS_INIT;
+  li.rows = 2;
+  li.n = 4;
+  li.values = vals;
+  li.indices = idx;
+  const dcpx_lists *lists[3] = {NULL, &li, NULL};
+  in.lists = lists;
+  out.rows_out = o;
+  out.valid_out = o + 32;
+  out.ids_out = o + 34;
+  out.sat_word = (uint32_t *)(o + 66);
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, &in, &out, NULL), 0);
+  out.valid_out = (int32_t *)(void *)(vals + 6);
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, &in, &out, NULL), DCPX_E_INVAL);
+  out.valid_out = idx + 6;
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, &in, &out, NULL), DCPX_E_INVAL);
+  out.valid_out = o + 32;
+  /* ids_out and sat_word may be NULL: not compared */
+  out.ids_out = NULL;
+  out.sat_word = NULL;
+  ck_assert_int_eq(dcpx_ref_call(&c.sh, &in, &out, NULL), 0);
+  tcall_free(&c);
+}
+END_TEST
+
 START_TEST(test_local_list) {
   uint16_t *x = xcalloc(DCPX_MAX_LOCAL, sizeof(uint16_t));
   uint64_t *keys = xcalloc(DCPX_MAX_LOCAL, sizeof(uint64_t));
@@ -2256,6 +2393,7 @@ static Suite *ref_suite(void) {
   tc = tcase_create("errors");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_errors);
+  tcase_add_test(tc, test_overlapping_outputs);
   suite_add_tcase(s, tc);
   return s;
 }
