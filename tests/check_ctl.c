@@ -370,6 +370,8 @@ START_TEST(test_check_codes) {
   one_line("UNKNOWN");
   CTL(3, "check", "--rescue-critical", "-0%");
   one_line("UNKNOWN");
+  CTL(3, "check", "--rescue-warning", " -0"); /* strtod skips the blank */
+  one_line("UNKNOWN");
   CTL(3, "check", "--records-window", "soon");
   one_line("UNKNOWN");
   CTL(3, "check", "--records-window", "900"); /* no unit: was 900 ns */

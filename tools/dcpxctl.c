@@ -33,6 +33,7 @@
 #include <inttypes.h>
 #include <langinfo.h>
 #include <locale.h>
+#include <math.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -1605,16 +1606,17 @@ static void problem(char *b, size_t n, const char *fmt, ...) {
 }
 
 /* A percentage 0..100, "%" optional. No minus: "-0" passed as -0.0, and
- * the performance data showed it as -0 (the counts refuse it too). */
+ * the performance data showed it as -0 (the counts refuse it too); the
+ * sign bit, not the first byte, since strtod skips leading blanks (" -0"). */
 static bool parse_pct(const char *s, double *ret) {
   char *end;
   double v;
-  if (!s || !*s || *s == '-')
+  if (!s || !*s)
     return false;
   errno = 0;
   v = strtod(s, &end);
   if (errno || end == s || (*end && strcmp(end, "%") != 0) || !(v >= 0) ||
-      v > 100)
+      signbit(v) || v > 100)
     return false;
   *ret = v;
   return true;
