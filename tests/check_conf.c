@@ -302,6 +302,26 @@ START_TEST(test_oversized) {
 }
 END_TEST
 
+/* dcpxd_conf_load(c, argv: 2 arguments), its stderr meanwhile into
+ * said[n] (NUL-terminated; at least one byte of it). */
+static int load_said(dcpxd_conf *c, char **argv, char *said, size_t n) {
+  char tmpl[] = "/tmp/dcpx-conf-err.XXXXXX";
+  int fd = mkstemp(tmpl), saved = dup(STDERR_FILENO), r;
+  ck_assert_int_ge(fd, 0);
+  fflush(stderr);
+  dup2(fd, STDERR_FILENO);
+  memset(c, 0, sizeof(*c));
+  r = dcpxd_conf_load(c, 2, argv);
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  memset(said, 0, n);
+  ck_assert_int_ge(pread(fd, said, n - 1, 0), 1);
+  close(fd);
+  unlink(tmpl);
+  return r;
+}
+
 /* A missing --config file is an error; the default file may be absent. */
 START_TEST(test_missing_file) {
   dcpxd_conf c;
@@ -312,47 +332,21 @@ START_TEST(test_missing_file) {
   /* A directory says so (fopen opens it; the read would fail without a
    * reason); /dev/null stays a way to say "no settings". */
   char *dir[] = {"dcpxd", "--config=/tmp", NULL};
-  char tmpl[] = "/tmp/dcpx-conf-err.XXXXXX", said[512] = "";
-  int fd = mkstemp(tmpl), saved = dup(STDERR_FILENO);
-  ck_assert_int_ge(fd, 0);
-  fflush(stderr);
-  dup2(fd, STDERR_FILENO);
-  memset(&c, 0, sizeof(c));
-  ck_assert_int_eq(dcpxd_conf_load(&c, 2, dir), -EINVAL);
-  fflush(stderr);
-  dup2(saved, STDERR_FILENO);
-  close(saved);
-  ck_assert_int_ge(pread(fd, said, sizeof(said) - 1, 0), 1);
-  close(fd);
-  unlink(tmpl);
+  char said[512];
+  ck_assert_int_eq(load_said(&c, dir, said, sizeof(said)), -EINVAL);
   ck_assert_msg(strstr(said, "/tmp: Is a directory"), "%s", said);
   dcpxd_conf_done(&c);
   /* A FIFO (nothing writes it) is refused at once: its open waited for a
    * writer, and dcpxd hung at start without a line. */
-  char fifo[] = "/tmp/dcpx-conf-fifo.XXXXXX", farg[64];
+  char fifo[] = "/tmp/dcpx-conf-fifo.XXXXXX", farg[64], fpath[64];
   ck_assert_ptr_nonnull(mkdtemp(fifo));
   snprintf(farg, sizeof(farg), "--config=%s/f", fifo);
-  char fpath[64];
   snprintf(fpath, sizeof(fpath), "%s/f", fifo);
   ck_assert_int_eq(mkfifo(fpath, 0600), 0);
   char *fa[] = {"dcpxd", farg, NULL};
-  char tmpl2[] = "/tmp/dcpx-conf-err.XXXXXX";
-  fd = mkstemp(tmpl2);
-  saved = dup(STDERR_FILENO);
-  ck_assert_int_ge(fd, 0);
-  fflush(stderr);
-  dup2(fd, STDERR_FILENO);
-  memset(&c, 0, sizeof(c));
   alarm(10); /* a hang fails here, not at the test's timeout */
-  ck_assert_int_eq(dcpxd_conf_load(&c, 2, fa), -EINVAL);
+  ck_assert_int_eq(load_said(&c, fa, said, sizeof(said)), -EINVAL);
   alarm(0);
-  fflush(stderr);
-  dup2(saved, STDERR_FILENO);
-  close(saved);
-  memset(said, 0, sizeof(said));
-  ck_assert_int_ge(pread(fd, said, sizeof(said) - 1, 0), 1);
-  close(fd);
-  unlink(tmpl2);
   unlink(fpath);
   rmdir(fifo);
   ck_assert_msg(strstr(said, "not a regular file"), "%s", said);
