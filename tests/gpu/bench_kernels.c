@@ -13,7 +13,7 @@
  *                  Random rows: no rescue. The notes also give the same
  *                  merges back to back (DCPX_K_DIAG_KEEP_EPOCH: no memset
  *                  between them), since the memset's transitions cost
- *                  0.6-0.8 us per launch that the subtraction leaves in.
+ *                  0.6-0.9 us per launch that the subtraction leaves in.
  *   merge+rescue   the same with rank 0 dominating every row: rank 0 is
  *                  saturated, recomputes its top-K, pushes it to all 8
  *                  rescue areas, sets the flags and runs round 2.
