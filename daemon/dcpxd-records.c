@@ -32,7 +32,9 @@
  *   5. Memory is bounded: only the newest `ring` records are kept (a ring
  *      buffer), however many alarms arrive. At start only those are read,
  *      from the end of records.log and then of records.log.1 (load_tail):
- *      the start takes no longer with records-max-bytes of a TiB.
+ *      with valid newest entries the start takes no longer with
+ *      records-max-bytes of a TiB (a file whose tail is damaged is read
+ *      back until its valid entries, or whole).
  *   6. A record that could not be written (disk full, an I/O error) waits
  *      in a bounded backlog (`ring` records; beyond that the oldest are
  *      counted as lost) and is written, in order and before any newer
