@@ -56,6 +56,11 @@ typedef struct group {
   uint32_t pushed; /* mask of ranks whose push of the call is done: they
                       only merge */
   uint64_t delay_ns[DCPX_MAX_WORLD]; /* sleep before the push */
+  /* Rank d starts (its clock, then its delay) only once this many other
+   * ranks' pushes of the call have returned: a delay counted from the
+   * peers' waits however late the scheduler ran them (0: at once). */
+  uint32_t after_pushes[DCPX_MAX_WORLD];
+  uint32_t pushes_done; /* this call's pushes returned (atomic) */
   uint64_t elapsed_ns[DCPX_MAX_WORLD];
   /* dcpx_push_list: rank d pushes given[d] when it is set (lists_init),
    * and check_exact gives the reference the lists when ref_given is. */
@@ -171,15 +176,23 @@ static const dcpx_wait_record *rec_at(const group *g, uint32_t d,
          (size_t)d * g->L.rows + t;
 }
 
+/* Sleeps ns in all: a signal's EINTR does not cut it short. */
 static void sleep_ns(uint64_t ns) {
-  struct timespec ts = {(time_t)(ns / 1000000000ull),
-                        (long)(ns % 1000000000ull)};
-  nanosleep(&ts, NULL);
+  const uint64_t until = mono_ns() + ns;
+  for (uint64_t now = mono_ns(); now < until; now = mono_ns()) {
+    const uint64_t left = until - now;
+    struct timespec ts = {(time_t)(left / 1000000000ull),
+                          (long)(left % 1000000000ull)};
+    nanosleep(&ts, NULL);
+  }
 }
 
 static void *rank_main(void *arg) {
   group *g = ((void **)arg)[0];
   uint32_t d = (uint32_t)(uintptr_t)((void **)arg)[1];
+  while (__atomic_load_n(&g->pushes_done, __ATOMIC_ACQUIRE) <
+         g->after_pushes[d])
+    sleep_ns(1000000);
   uint64_t t0 = mono_ns();
   int r = 0;
   sleep_ns(g->delay_ns[d]);
@@ -195,12 +208,15 @@ static void *rank_main(void *arg) {
     else
       r = g->given[d] ? dcpx_push_list(g->m[d], &in, g->given[d], NULL)
                       : dcpx_push(g->m[d], &in, NULL);
+    __atomic_add_fetch(&g->pushes_done, 1, __ATOMIC_RELEASE);
     if (r == 0)
       r = t_merge(g->m[d], g->rows, g->logits[d], g->stride, g->ends[d],
                      g->req_of[d] ? g->req_of[d] : g->req,
                      g->bt_of[d] ? g->bt_of[d] : g->bt, g->bt_rows,
                      g->bt_cols, g->rows_out[d],
                      g->valid[d], g->ids[d], g->sat[d], g->tag, NULL);
+  } else { /* an absent rank's push phase is over too */
+    __atomic_add_fetch(&g->pushes_done, 1, __ATOMIC_RELEASE);
   }
   g->rc[d] = r;
   g->elapsed_ns[d] = mono_ns() - t0;
@@ -210,6 +226,7 @@ static void *rank_main(void *arg) {
 static void run_call(group *g) {
   pthread_t th[DCPX_MAX_WORLD];
   void *args[DCPX_MAX_WORLD][2];
+  g->pushes_done = 0;
   for (uint32_t d = 0; d < g->sh.world; d++) {
     args[d][0] = g;
     args[d][1] = (void *)(uintptr_t)d;
@@ -842,7 +859,8 @@ static void fill_full(group *g) {
 }
 
 /* The stall is capped at the timeout and counts in the row's wait phase.
- * Rank 1, late by D, holds every row's best (all ranks are saturated:
+ * Rank 1 starts D after both peers' pushes returned (however late the
+ * scheduler ran them), holds every row's best (all ranks are saturated:
  * W*N < K, full rows) and stalls in row 0 of call_seq 3 after round 1's
  * reads. Its peers' row 0 began waiting D earlier, so they give up on its
  * rescue slot one timeout after their row began, and fail. Rank 1 stalls
@@ -872,6 +890,7 @@ START_TEST(test_fault_hook_stall) {
   fill_full(&g);
   g.tag = 1000;
   g.delay_ns[1] = D;
+  g.after_pushes[1] = 2; /* D after both peers' pushes: they wait */
   uint32_t q[2], seen[3];
   for (uint32_t t = 0; t < 2; t++)
     q[t] = dcpx_epoch_next(((uint32_t *)(g.ws[0] + g.L.off_seq2))[t]);
