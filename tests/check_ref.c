@@ -1145,17 +1145,24 @@ END_TEST
 
 /* ---- error paths -------------------------------------------------------- */
 
+/* W = 3, R = 2, K = 16, N = 4, B = 8, I = 2, local 64: random tables and
+ * rows of 64 random finite logits on every rank (the error-path tests'
+ * call). */
+static void small_call(tcall *c, uint64_t *s) {
+  tcall_init(c, 3, 2, 16, 4, 8, 2, 64, 64, 2);
+  tcall_random_tables(c, s);
+  for (uint32_t t = 0; t < 2; t++)
+    for (uint32_t r = 0; r < 3; r++) {
+      c->row_end[r][t] = 64;
+      for (uint32_t l = 0; l < 64; l++)
+        row_of(c, r, t)[l] = random_finite(s);
+    }
+}
+
 START_TEST(test_errors) {
   tcall c;
   uint64_t s = case_seed(11, 0);
-  tcall_init(&c, 3, 2, 16, 4, 8, 2, 64, 64, 2);
-  tcall_random_tables(&c, &s);
-  for (uint32_t t = 0; t < 2; t++)
-    for (uint32_t r = 0; r < 3; r++) {
-      c.row_end[r][t] = 64;
-      for (uint32_t l = 0; l < 64; l++)
-        row_of(&c, r, t)[l] = random_finite(&s);
-    }
+  small_call(&c, &s);
   const uint16_t *lg[3] = {c.logits[0], c.logits[1], c.logits[2]};
   const int32_t *re[3] = {c.row_end[0], c.row_end[1], c.row_end[2]};
   int32_t ro[32], ids[32], valid[2];
@@ -1390,14 +1397,7 @@ static uint32_t oracle_list(const uint16_t *x, uint32_t len, uint32_t cap,
 START_TEST(test_overlapping_outputs) {
   tcall c;
   uint64_t s = case_seed(12, 0);
-  tcall_init(&c, 3, 2, 16, 4, 8, 2, 64, 64, 2);
-  tcall_random_tables(&c, &s);
-  for (uint32_t t = 0; t < 2; t++)
-    for (uint32_t r = 0; r < 3; r++) {
-      c.row_end[r][t] = 64;
-      for (uint32_t l = 0; l < 64; l++)
-        row_of(&c, r, t)[l] = random_finite(&s);
-    }
+  small_call(&c, &s);
   /* every array in one arena, where the cases place them */
   static int32_t arena[1024];
   int32_t *const lg_words = arena + 512; /* 3 ranks x 2 rows x 64 bf16 */
