@@ -114,6 +114,12 @@ typedef struct dcpx_k_counters {
  * bench's back-to-back figure; the protocol's next call would then find
  * its lists stale). */
 #define DCPX_K_DIAG_KEEP_EPOCH 64u
+/* The merge's round-1 placement covers only the first half of each warp's
+ * keys, and its outputs only the first K / 2 positions, with the rank
+ * bounds made up (s * total / W; no rescue): the outputs are wrong. What
+ * two blocks per row, each placing and writing half of a row it selected
+ * in full, could save at most (the bench's merge timings only). */
+#define DCPX_K_DIAG_HALF_TAIL 128u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

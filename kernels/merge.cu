@@ -342,8 +342,16 @@ DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
     b->bound[0] = 0;
     b->bound[W] = *ret_total;
   }
+  const int half = b->c->diag & DCPX_K_DIAG_HALF_TAIL;
+  if (half) /* each warp places the first half of its keys (a bench) */
+    fend = fbeg + (((fend - fbeg) / 2u + 127u) & ~127u);
   dcpx_dev_flat_place(S, b->k1, b->plan.k1_words, &b->km, fbeg, fend, b->list,
                       b->s1k, fb ? b->bound : NULL);
+  if (half) { /* bounds some warps did not record: made up */
+    if (threadIdx.x <= W)
+      b->bound[threadIdx.x] = (uint32_t)((uint64_t)threadIdx.x * *ret_total / W);
+    __syncthreads();
+  }
   merge_prof(b, t, 11);
   if (!fb)
     dcpx_dev_list_bounds(b->list, *ret_total, W, b->bound);
@@ -819,8 +827,11 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       }
 
       /* ---- 6. outputs and the row's state ---- */
-      dcpx_dev_outputs(&oa, t, req, mask ? b.list2 : b.list, bound[me],
-                       bound[me + 1] - bound[me], total);
+      dcpx_out_args oh = oa;
+      if (c.diag & DCPX_K_DIAG_HALF_TAIL) /* half the outputs (a bench) */
+        oh.K = K / 2u;
+      dcpx_dev_outputs(&oh, t, req, mask ? b.list2 : b.list, bound[me],
+                       min(bound[me + 1] - bound[me], oh.K), min(total, oh.K));
       merge_prof(&b, t, 8);
       if (tid == 0)
         merge_row_state(&c, t, sw, mask, sat_out);

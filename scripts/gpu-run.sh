@@ -43,8 +43,10 @@
 #            at each W:N of ABM_SHAPES (default 8:512)
 #   diagab   bench_kernels push and merge only, this build as shipped
 #            against DCPX_BENCH_DIAG=$DIAG_B (default 16: no overlap of
-#            the sender's rescue stores with its round-2 copy),
-#            alternating, AB_ROUNDS rounds, at each W:N of ABM_SHAPES
+#            the sender's rescue stores with its round-2 copy; 128: round
+#            1's placement and the outputs over half the row, what two
+#            blocks per row could save at most), alternating, AB_ROUNDS
+#            rounds, at each W:N of ABM_SHAPES
 #            (DIAGAB_FULL=1: whole calls of all W ranks too)
 #   sanitize test_kernels under compute-sanitizer with SAN_ENV and only
 #            the cases SAN_ONLY names; then with DCPX_BENCH_DIAG=16
