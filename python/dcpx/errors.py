@@ -12,17 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Type
 
-__all__ = [
-    "DcpxError", "PermError", "NotFound", "Interrupted", "IoError",
-    "TryAgain", "NoMemory",
-    "AccessDenied", "Busy", "Exists", "InvalidArgument", "RangeError",
-    "NotSupported", "ProtocolError", "MessageTooLong", "ConnectionReset",
-    "NotConnected", "TimedOut", "ConnectionRefused", "ShapeError",
-    "DuplicateRank", "BadRank", "LimitError", "VersionError", "Aborted",
-    "Failed", "TransportError", "CudaError", "NcclError", "StateError",
-    "Recovering", "TooManyFds", "TextError", "DtypeError", "DeviceError",
-    "ERRORS", "error_for", "check",
-]
+#: code -> exception class, for every DCPX_E_* of include/dcpx.h (each
+#: class below enters itself: DcpxError.__init_subclass__).
+ERRORS: Dict[int, Type["DcpxError"]] = {}
 
 
 class DcpxError(Exception):
@@ -31,6 +23,20 @@ class DcpxError(Exception):
 
     code: int = -1
     name: str = "DCPX_E_UNKNOWN"
+
+    def __init_subclass__(cls, code: Optional[int] = None,
+                          name: Optional[str] = None, **kw: Any) -> None:
+        """``class X(DcpxError, code=-2, name="DCPX_E_NOENT")``: the class
+        of that code, its docstring ending in both, entered in
+        :data:`ERRORS`. A subclass without them narrows its parent's code
+        (DtypeError)."""
+        super().__init_subclass__(**kw)
+        if code is None:
+            return
+        cls.code, cls.name = code, name
+        if cls.__doc__:  # None under python -OO
+            cls.__doc__ += f" (``{name}``, {code})"
+        ERRORS[code] = cls
 
     def __init__(self, message: Optional[str] = None, *,
                  code: Optional[int] = None,
@@ -77,232 +83,149 @@ def _strerror(code: int) -> str:
         return f"dcpx error {code}"
 
 
-class PermError(DcpxError, PermissionError):
-    """Operation not permitted (e.g. an operator command by a non-admin).
-    (``DCPX_E_PERM``, -1)"""
-    code = -1
-    name = "DCPX_E_PERM"
+class PermError(DcpxError, PermissionError, code=-1, name="DCPX_E_PERM"):
+    """Operation not permitted (e.g. an operator command by a non-admin)."""
 
 
-class NotFound(DcpxError):
-    """No such group, socket or file. (``DCPX_E_NOENT``, -2)"""
-    code = -2
-    name = "DCPX_E_NOENT"
+class NotFound(DcpxError, code=-2, name="DCPX_E_NOENT"):
+    """No such group, socket or file."""
 
 
-class Interrupted(DcpxError):
+class Interrupted(DcpxError, code=-4, name="DCPX_E_INTR"):
     """A join or recovery stopped by ``dcpx_client_interrupt`` /
-    ``dcpx_member_interrupt``. (``DCPX_E_INTR``, -4) The package raises
-    KeyboardInterrupt itself when Ctrl-C stops one; this class is for a
-    code from elsewhere."""
-    code = -4
-    name = "DCPX_E_INTR"
+    ``dcpx_member_interrupt``. The package raises KeyboardInterrupt itself
+    when Ctrl-C stops one; this class is for a code from elsewhere."""
 
 
-class IoError(DcpxError):
-    """Input/output error. (``DCPX_E_IO``, -5)"""
-    code = -5
-    name = "DCPX_E_IO"
+class IoError(DcpxError, code=-5, name="DCPX_E_IO"):
+    """Input/output error."""
 
 
-class TryAgain(DcpxError):
+class TryAgain(DcpxError, code=-11, name="DCPX_E_AGAIN"):
     """Try again: dcpxd asked a join to come back later (the group awaits
     its ranks' reattach after a dcpxd restart). libdcpx retries such a
     join itself until its join timeout; this class is for a code from
-    elsewhere. (``DCPX_E_AGAIN``, -11)"""
-    code = -11
-    name = "DCPX_E_AGAIN"
+    elsewhere."""
 
 
-class NoMemory(DcpxError, MemoryError):
-    """Out of memory (or a dcpxd memory cap). (``DCPX_E_NOMEM``, -12)"""
-    code = -12
-    name = "DCPX_E_NOMEM"
+class NoMemory(DcpxError, MemoryError, code=-12, name="DCPX_E_NOMEM"):
+    """Out of memory (or a dcpxd memory cap)."""
 
 
-class AccessDenied(DcpxError, PermissionError):
-    """Permission denied (the group belongs to another uid).
-    (``DCPX_E_ACCES``, -13)"""
-    code = -13
-    name = "DCPX_E_ACCES"
+class AccessDenied(DcpxError, PermissionError, code=-13, name="DCPX_E_ACCES"):
+    """Permission denied (the group belongs to another uid)."""
 
 
-class Busy(DcpxError):
+class Busy(DcpxError, code=-16, name="DCPX_E_BUSY"):
     """Busy: a dcpxd bound was reached, or (libdcpx) a member's poll,
     health or recover ran while another of them did, or its push,
     push_list, merge or recover while another thread was inside one of
-    them (nothing done). (``DCPX_E_BUSY``, -16)"""
-    code = -16
-    name = "DCPX_E_BUSY"
+    them (nothing done)."""
 
 
-class Exists(DcpxError):
-    """Already exists. (``DCPX_E_EXIST``, -17)"""
-    code = -17
-    name = "DCPX_E_EXIST"
+class Exists(DcpxError, code=-17, name="DCPX_E_EXIST"):
+    """Already exists."""
 
 
-class InvalidArgument(DcpxError, ValueError):
-    """Invalid argument. (``DCPX_E_INVAL``, -22)"""
-    code = -22
-    name = "DCPX_E_INVAL"
+class InvalidArgument(DcpxError, ValueError, code=-22, name="DCPX_E_INVAL"):
+    """Invalid argument."""
 
 
-class RangeError(DcpxError, ValueError):
+class RangeError(DcpxError, ValueError, code=-34, name="DCPX_E_RANGE"):
     """Value out of range (rows > R, a row_end over max_local, a block
-    outside the table). (``DCPX_E_RANGE``, -34)"""
-    code = -34
-    name = "DCPX_E_RANGE"
+    outside the table)."""
 
 
-class NotSupported(DcpxError, NotImplementedError):
-    """Not supported by this build of libdcpx (e.g. CUDA).
-    (``DCPX_E_NOSYS``, -38)"""
-    code = -38
-    name = "DCPX_E_NOSYS"
+class NotSupported(DcpxError, NotImplementedError, code=-38,
+                    name="DCPX_E_NOSYS"):
+    """Not supported by this build of libdcpx (e.g. CUDA)."""
 
 
-class ProtocolError(DcpxError):
-    """Protocol error. (``DCPX_E_PROTO``, -71)"""
-    code = -71
-    name = "DCPX_E_PROTO"
+class ProtocolError(DcpxError, code=-71, name="DCPX_E_PROTO"):
+    """Protocol error."""
 
 
-class MessageTooLong(DcpxError):
-    """Message too long. (``DCPX_E_MSGSIZE``, -90)"""
-    code = -90
-    name = "DCPX_E_MSGSIZE"
+class MessageTooLong(DcpxError, code=-90, name="DCPX_E_MSGSIZE"):
+    """Message too long."""
 
 
-class ConnectionReset(DcpxError, ConnectionError):
-    """Connection to dcpxd reset. (``DCPX_E_CONNRESET``, -104)"""
-    code = -104
-    name = "DCPX_E_CONNRESET"
+class ConnectionReset(DcpxError, ConnectionError, code=-104,
+                       name="DCPX_E_CONNRESET"):
+    """Connection to dcpxd reset."""
 
 
-class NotConnected(DcpxError, ConnectionError):
-    """Not connected to dcpxd (a reattach is under way).
-    (``DCPX_E_NOTCONN``, -107)"""
-    code = -107
-    name = "DCPX_E_NOTCONN"
+class NotConnected(DcpxError, ConnectionError, code=-107,
+                    name="DCPX_E_NOTCONN"):
+    """Not connected to dcpxd (a reattach is under way)."""
 
 
-class TimedOut(DcpxError, TimeoutError):
-    """Timed out (a join or a recovery). (``DCPX_E_TIMEDOUT``, -110)"""
-    code = -110
-    name = "DCPX_E_TIMEDOUT"
+class TimedOut(DcpxError, TimeoutError, code=-110, name="DCPX_E_TIMEDOUT"):
+    """Timed out (a join or a recovery)."""
 
 
-class ConnectionRefused(DcpxError, ConnectionError):
-    """No dcpxd listens on the socket. (``DCPX_E_CONNREFUSED``, -111)"""
-    code = -111
-    name = "DCPX_E_CONNREFUSED"
+class ConnectionRefused(DcpxError, ConnectionError, code=-111,
+                         name="DCPX_E_CONNREFUSED"):
+    """No dcpxd listens on the socket."""
 
 
-class ShapeError(DcpxError):
-    """The group's shape differs from the one this rank joined with.
-    (``DCPX_E_SHAPE``, -1001)"""
-    code = -1001
-    name = "DCPX_E_SHAPE"
+class ShapeError(DcpxError, code=-1001, name="DCPX_E_SHAPE"):
+    """The group's shape differs from the one this rank joined with."""
 
 
-class DuplicateRank(DcpxError):
-    """The rank has already joined the group. (``DCPX_E_DUPRANK``, -1002)"""
-    code = -1002
-    name = "DCPX_E_DUPRANK"
+class DuplicateRank(DcpxError, code=-1002, name="DCPX_E_DUPRANK"):
+    """The rank has already joined the group."""
 
 
-class BadRank(DcpxError):
-    """Rank out of range for the group (rank >= world).
-    (``DCPX_E_BADRANK``, -1003)"""
-    code = -1003
-    name = "DCPX_E_BADRANK"
+class BadRank(DcpxError, code=-1003, name="DCPX_E_BADRANK"):
+    """Rank out of range for the group (rank >= world)."""
 
 
-class LimitError(DcpxError):
-    """The shape exceeds dcpx limits. (``DCPX_E_LIMIT``, -1004)"""
-    code = -1004
-    name = "DCPX_E_LIMIT"
+class LimitError(DcpxError, code=-1004, name="DCPX_E_LIMIT"):
+    """The shape exceeds dcpx limits."""
 
 
-class VersionError(DcpxError):
-    """dcpxd and libdcpx speak different protocol versions.
-    (``DCPX_E_VERSION``, -1005)"""
-    code = -1005
-    name = "DCPX_E_VERSION"
+class VersionError(DcpxError, code=-1005, name="DCPX_E_VERSION"):
+    """dcpxd and libdcpx speak different protocol versions."""
 
 
-class Aborted(DcpxError):
-    """The group was aborted: call Member.recover(). (``DCPX_E_ABORTED``,
-    -1006)"""
-    code = -1006
-    name = "DCPX_E_ABORTED"
+class Aborted(DcpxError, code=-1006, name="DCPX_E_ABORTED"):
+    """The group was aborted: call Member.recover()."""
 
 
-class Failed(DcpxError):
+class Failed(DcpxError, code=-1007, name="DCPX_E_FAILED"):
     """This rank failed (a wait timed out, or it refused a call for its
-    arguments): call Member.recover().
-    (``DCPX_E_FAILED``, -1007)"""
-    code = -1007
-    name = "DCPX_E_FAILED"
+    arguments): call Member.recover()."""
 
 
-class TransportError(DcpxError):
-    """Transport not available (e.g. NCCL with the host backend).
-    (``DCPX_E_TRANSPORT``, -1008)"""
-    code = -1008
-    name = "DCPX_E_TRANSPORT"
+class TransportError(DcpxError, code=-1008, name="DCPX_E_TRANSPORT"):
+    """Transport not available (e.g. NCCL with the host backend)."""
 
 
-class CudaError(DcpxError):
-    """CUDA error. (``DCPX_E_CUDA``, -1009)"""
-    code = -1009
-    name = "DCPX_E_CUDA"
+class CudaError(DcpxError, code=-1009, name="DCPX_E_CUDA"):
+    """CUDA error."""
 
 
-class NcclError(DcpxError):
-    """NCCL error. (``DCPX_E_NCCL``, -1010)"""
-    code = -1010
-    name = "DCPX_E_NCCL"
+class NcclError(DcpxError, code=-1010, name="DCPX_E_NCCL"):
+    """NCCL error."""
 
 
-class StateError(DcpxError):
-    """Operation not valid in the current state. (``DCPX_E_STATE``, -1011)"""
-    code = -1011
-    name = "DCPX_E_STATE"
+class StateError(DcpxError, code=-1011, name="DCPX_E_STATE"):
+    """Operation not valid in the current state."""
 
 
-class Recovering(DcpxError):
+class Recovering(DcpxError, code=-1012, name="DCPX_E_RECOVER"):
     """Reserved (the group is recovering); not raised by this version, where
-    a call during a recovery raises Aborted. (``DCPX_E_RECOVER``,
-    -1012)"""
-    code = -1012
-    name = "DCPX_E_RECOVER"
+    a call during a recovery raises Aborted."""
 
 
-class TooManyFds(DcpxError):
-    """Too many file descriptors in one message. (``DCPX_E_FDS``, -1013)"""
-    code = -1013
-    name = "DCPX_E_FDS"
+class TooManyFds(DcpxError, code=-1013, name="DCPX_E_FDS"):
+    """Too many file descriptors in one message."""
 
 
-class TextError(DcpxError):
-    """A text field is not valid UTF-8 or holds a NUL. (``DCPX_E_TEXT``,
-    -1014)"""
-    code = -1014
-    name = "DCPX_E_TEXT"
+class TextError(DcpxError, code=-1014, name="DCPX_E_TEXT"):
+    """A text field is not valid UTF-8 or holds a NUL."""
 
-#: code -> exception class, for every DCPX_E_* of include/dcpx.h.
-ERRORS: Dict[int, Type[DcpxError]] = {
-    cls.code: cls for cls in (
-        PermError, NotFound, Interrupted, IoError, TryAgain, NoMemory,
-        AccessDenied,
-        Busy, Exists,
-        InvalidArgument, RangeError, NotSupported, ProtocolError,
-        MessageTooLong, ConnectionReset, NotConnected, TimedOut,
-        ConnectionRefused, ShapeError, DuplicateRank, BadRank, LimitError,
-        VersionError, Aborted, Failed, TransportError, CudaError, NcclError,
-        StateError, Recovering, TooManyFds, TextError,)}
+
 #: code -> C name (DCPX_E_*).
 NAMES: Dict[int, str] = {c: cls.name for c, cls in ERRORS.items()}
 
@@ -330,3 +253,7 @@ def check(code: int, context: Optional[str] = None) -> int:
     if code < 0:
         raise error_for(code, context)
     return code
+
+
+__all__ = ["DcpxError", *(cls.__name__ for cls in ERRORS.values()),
+           "DtypeError", "DeviceError", "ERRORS", "error_for", "check"]

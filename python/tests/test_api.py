@@ -67,6 +67,8 @@ def test_every_error_code_has_a_class(libdcpx):
         assert e.code == code and e.message == dcpx.strerror(code)
         assert "doing x" in str(e) and name in str(e)
         assert getattr(dcpx, cls.__name__) is cls
+        assert cls.__name__ in dcpx.errors.__all__
+        assert cls.__doc__.endswith(f"(``{name}``, {code})")
     assert set(dcpx.ERRORS) == set(codes.values())
     # builtin bases an engine may already catch
     assert issubclass(dcpx.InvalidArgument, ValueError)
