@@ -98,13 +98,16 @@ class Shape:
     max_local: int = 1      #: bound on any row_end, 1..2^17
 
     def resolved(self) -> "Shape":
-        """This shape with ``local_topk=0`` replaced by the library's N."""
-        if self.local_topk:
-            return Shape(**self.__dict__)
+        """This shape with ``local_topk=0`` replaced by the library's N;
+        :class:`InvalidArgument` naming a field that is not an integer of
+        its C type."""
+        self._c()  # the field named, not auto_local_topk's argument
         s = Shape(**self.__dict__)
+        if self.local_topk:
+            return s
         s.local_topk = auto_local_topk(self.world, self.topk)
-        if not s.local_topk and (_int_or(self.world) > MAX_WORLD or
-                                 _int_or(self.topk) > MAX_TOPK):
+        if not s.local_topk and (operator.index(self.world) > MAX_WORLD or
+                                 operator.index(self.topk) > MAX_TOPK):
             s.local_topk = 1  # so that the check names the limit (as C)
         return s
 
@@ -159,13 +162,6 @@ def _ranged(x: Any, lo: int, hi: int, what: str) -> int:
             not lo <= operator.index(x) <= hi:
         raise InvalidArgument(context=f"{what}: {x!r} is not an integer in "
                               f"{lo}..{hi}")
-    return operator.index(x)
-
-
-def _int_or(x: Any, default: int = 0) -> int:
-    """x as an int if it is one (numpy ints too), else default."""
-    if isinstance(x, bool) or not hasattr(x, "__index__"):
-        return default
     return operator.index(x)
 
 

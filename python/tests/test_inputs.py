@@ -96,6 +96,24 @@ def test_integer_ranges(libdcpx, small_shape):
                    interleave=1, max_local=128).check()
 
 
+
+def test_shape_field_not_an_integer_is_named(libdcpx, small_shape):
+    """A field that is not an integer is named as the Shape's, whatever
+    the call: with local_topk=0 (the default) check() and ref_call said
+    "auto_local_topk: world 1.0 is not an integer", a function the caller
+    never called."""
+    lg, en, req, bt = _ref_args(small_shape)
+    for field, bad in (("world", 1.0), ("topk", "16")):
+        for n in (4, 0):
+            s = dcpx.Shape(**{**small_shape.__dict__, "local_topk": n,
+                              field: bad})
+            for call in (s.check, s.resolved,
+                         lambda: dcpx.ref_call(s, [lg], [en], 0, req, bt)):
+                with pytest.raises(dcpx.InvalidArgument,
+                                   match=f"Shape.{field} must be an "
+                                         "integer"):
+                    call()
+
 def test_from_bf16_bits_types(libdcpx):
     want = np.array([1.0, 2.0, -0.5], np.float32)
     bits = dcpx.to_bf16_bits(want)
