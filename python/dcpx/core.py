@@ -1099,9 +1099,11 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     s = shape.resolved()
     s.check()  # names the field and the rule (C's refusal names neither)
     W = s.world
-    if len(logits) != W or len(row_ends) != W:
-        raise InvalidArgument(context=f"ref_call needs {W} logits and "
-                              "row_ends arrays")
+    for x in (logits, row_ends):
+        if not hasattr(x, "__len__") or len(x) != W:
+            raise InvalidArgument(context=f"ref_call needs {W} logits and "
+                                  "row_ends arrays (a sequence of one per "
+                                  "rank)")
     lg = [A.to_numpy_host(x, "logits", A.BF16, 2) for x in logits]
     rows, stride = lg[0].shape
     for x in lg:
@@ -1129,14 +1131,7 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     if max(bt.shape) > 0xFFFFFFFF:
         raise InvalidArgument(context="ref_call: " + _BT_BIG.format(
             *bt.shape))
-    lim = min(s.max_local, stride)
-    for r, x in enumerate(en):
-        bad = np.flatnonzero((x < 0) | (x > lim))
-        if bad.size:
-            t = int(bad[0])
-            raise RangeError(context=f"ref_call: row_ends[{r}][{t}] = "
-                             f"{int(x[t])} is outside 0..{lim} (max_local "
-                             f"{s.max_local}, stride {stride})")
+    _ref_rows_in_range(s, stride, en, req, bt)
     K = s.topk
     res = MergeResult(np.empty((rows, K), np.int32),
                       np.empty((rows,), np.int32),
@@ -1155,12 +1150,49 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
                      A.ptr(res.ids_out), A.ptr(res.sat_word))
     r = lib().dcpx_ref_call(ctypes.byref(cs), ctypes.byref(rin),
                             ctypes.byref(cout), ctypes.byref(st))
+    if r == RangeError.code:  # what is left once _ref_rows_in_range passed
+        raise RangeError(context=_REF_RANGE.format(
+            bt.shape[1], s.block_size, "" if lists is None
+            else _REF_RANGE_LISTS))
     check(r, "dcpx_ref_call")
     if stats is not None:
         stats[0] += st.rows
         stats[1] += st.rescue_rows
         stats[2] += st.saturated
     return res
+
+
+def _ref_rows_in_range(s: Shape, stride: int, row_ends: List[Any],
+                       req: Any, bt: Any) -> None:
+    """What dcpx_ref_call refuses as DCPX_E_RANGE with a bare code, named
+    before the call: a row_end over max_local or the stride, a req_id
+    outside the block table's rows."""
+    import numpy as np
+    lim = min(s.max_local, stride)
+    for r, x in enumerate(row_ends):
+        bad = np.flatnonzero((x < 0) | (x > lim))
+        if bad.size:
+            t = int(bad[0])
+            raise RangeError(context=f"ref_call: row_ends[{r}][{t}] = "
+                             f"{int(x[t])} is outside 0..{lim} (max_local "
+                             f"{s.max_local}, stride {stride})")
+    bad = np.flatnonzero((req < 0) | (req >= bt.shape[0]))
+    if bad.size:
+        t = int(bad[0])
+        raise RangeError(context=f"ref_call: req_id[{t}] = {int(req[t])} is "
+                         "outside the block table's rows "
+                         f"0..{bt.shape[0] - 1}")
+
+
+#: dcpx_ref_call's DCPX_E_RANGE after _ref_rows_in_range: the reference
+#: refuses the whole call (its outputs are not defined).
+_REF_RANGE = ("dcpx_ref_call: a selected KV position of some row lies past "
+              "the block table's {} columns of block_size {}, or maps to a "
+              "negative block or a KV row beyond int32{}")
+_REF_RANGE_LISTS = (", or a given list breaks a rule of dcpx_lists (an "
+                    "index at or above its row_end, a NaN value, indices not "
+                    "strictly ascending, a full entry after an empty one; "
+                    "DCPX_DEBUG=warn logs the rank and row of such a list)")
 
 
 def _ref_lists(lists: Optional[Sequence[Any]], W: int, rows: int,

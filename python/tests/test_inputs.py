@@ -148,8 +148,9 @@ def test_call_tag_and_out_types(member):
 def test_ref_call_names_what_it_refuses(libdcpx, small_shape):
     """ref_call's refusals name the argument and the rule, as Member's
     do: dcpx_ref_call itself returns a bare code ('dcpx_ref_call: invalid
-    argument'), and a shape that is not a Shape raised AttributeError
-    from inside the package."""
+    argument', 'value out of range'), a shape that is not a Shape raised
+    AttributeError from inside the package, and logits that are no
+    sequence TypeError."""
     lg, en, req, bt = _ref_args(small_shape)
     R, N = small_shape.rows, small_shape.local_topk
     cases = [
@@ -171,6 +172,16 @@ def test_ref_call_names_what_it_refuses(libdcpx, small_shape):
         (dict(lists=[(np.zeros((R, N), np.uint16),)]),
          dcpx.InvalidArgument, "a \\(values, indices\\) pair"),
         (dict(lists=5), dcpx.InvalidArgument, "needs 1 lists"),
+        # dcpx_ref_call's DCPX_E_RANGE was a bare "value out of range"
+        (dict(req=np.array([0, 4, 0, 0], np.int32)), dcpx.RangeError,
+         r"req_id\[1\] = 4 is outside the block table's rows 0..3"),
+        (dict(bt=np.full((R, 32), -1, np.int32)), dcpx.RangeError,
+         "maps to a negative block"),
+        (dict(bt=np.zeros((R, 1), np.int32)), dcpx.RangeError,
+         "past the block table's 1 columns"),
+        (dict(lists=[(np.ones((R, N), np.uint16),
+                      np.tile(np.arange(N, 0, -1, dtype=np.int32), (R, 1)))]),
+         dcpx.RangeError, "a given list breaks a rule of dcpx_lists"),
     ]
     for kw, cls, text in cases:
         a = dict(shape=small_shape, lg=lg, en=en, rank=0, req=req, bt=bt,
@@ -179,6 +190,9 @@ def test_ref_call_names_what_it_refuses(libdcpx, small_shape):
         with pytest.raises(cls, match=text):
             dcpx.ref_call(a["shape"], [a["lg"]], [a["en"]], a["rank"],
                           a["req"], a["bt"], lists=a["lists"])
+    for lgs in (None, 5):  # raised TypeError from len()
+        with pytest.raises(dcpx.InvalidArgument, match="one per rank"):
+            dcpx.ref_call(small_shape, lgs, [en], 0, req, bt)
 
 
 def test_out_overlap(member, small_shape):
