@@ -213,6 +213,12 @@ class Reason(enum.IntEnum):
     BLOCK_TABLE = 6  #: rows outside the block table (host backend)
 
 
+#: Why a call of a member came back DCPX_E_BUSY (the package runs poll,
+#: health and recover one at a time itself, so only this remains).
+_BUSY = ("another thread is inside a call of this member (push, push_list, "
+         "merge or recover); the calls of one member run one at a time "
+         "(nothing done)")
+
 _REASON_TEXT = {
     Reason.REFUSED: "this rank refused an earlier call: bad arguments or "
                     "a failed launch",
@@ -579,9 +585,7 @@ class Member:
         if r == Busy.code:
             # another thread is inside a call of this member: the reason
             # and the state are that call's, not to be read here
-            check(r, f"{what}: another thread is inside a call of this "
-                  "member (push, push_list, merge or recover); the calls of "
-                  "one member run one at a time (nothing done)")
+            check(r, f"{what}: {_BUSY}")
         why = self.last_error()
         if why:
             what = why
@@ -897,7 +901,8 @@ class Member:
             self._end()
         if r == TimedOut.code:
             raise TimedOut(code=r, context=self._recover_stuck(ms))
-        check(r, "dcpx_recover")
+        check(r, f"dcpx_recover: {_BUSY}" if r == Busy.code
+              else "dcpx_recover")
 
     def _recover_stuck(self, ms: int) -> str:
         """Why a recovery timed out, as far as the control page says."""

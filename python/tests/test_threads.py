@@ -97,9 +97,10 @@ def test_call_while_another_thread_merges_is_busy(daemon, group):
             time.sleep(0.001)
     assert busy is not None, "never refused as busy"
     assert "another thread is inside a call of this member" in str(busy)
-    with pytest.raises(dcpx.Busy):
+    inside = "another thread is inside a call of this member"
+    with pytest.raises(dcpx.Busy, match=inside):
         m0.merge(other, en, req, bt)
-    with pytest.raises(dcpx.Busy):
+    with pytest.raises(dcpx.Busy, match=inside):  # was "dcpx_recover: busy"
         m0.recover(timeout_ms=10)
     assert t.is_alive()
     m1.push(lg, en)
