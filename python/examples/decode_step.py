@@ -137,12 +137,17 @@ def rank_main(a, rank, sock, q, barrier):
         q.put((rank, -1, 0, 0, traceback.format_exc() + repr(e)))
 
 
+def shape_of(a):
+    """The group's shape for the arguments."""
+    return dcpx.Shape(world=a.world, rows=a.rows, topk=a.topk,
+                      local_topk=a.local_topk, block_size=a.block_size,
+                      interleave=a.interleave, max_local=a.local_len)
+
+
 def run_rank(a, rank, sock, barrier):
     W, R, K, B, L = a.world, a.rows, a.topk, a.block_size, a.layers
     cuda = a.backend == "cuda"
-    shape = dcpx.Shape(world=W, rows=R, topk=K, local_topk=a.local_topk,
-                       block_size=B, interleave=a.interleave,
-                       max_local=a.local_len)
+    shape = shape_of(a)
     cols = (a.local_len + B - 1) // B
     rng = np.random.default_rng([4, rank])
     bt = np.stack([rng.permutation(cols) + t * cols
@@ -309,6 +314,10 @@ def main(argv=None):
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.local_topk < 0 or a.ties_every < 0:
         p.error("--local-topk and --ties-every must be >= 0")
+    try:  # here, not as W tracebacks from the ranks' joins
+        shape_of(a).check()
+    except dcpx.DcpxError as e:
+        p.error(e.context)
     if a.backend == "auto":
         a.backend = "cuda" if torch is not None and \
             torch.cuda.is_available() else "host"

@@ -46,3 +46,19 @@ def test_decode_step_without_dcpxd_leaves_nothing(tmp_path):
     assert "cannot start a private dcpxd" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr, out.stderr
     assert os.listdir(env["TMPDIR"]) == []
+
+
+def test_decode_step_shape_beyond_the_limits():
+    """A shape dcpx refuses is one usage error naming the limit, before
+    any rank starts: each rank's join printed its own traceback, and the
+    run ended "exact: 0/0 rows"."""
+    for args, why in ((["--topk", "5000"], "topk 5000 exceeds the limit"),
+                      (["--topk", "64", "--local-topk", "64"],
+                       "local_topk 64 must be less than topk 64")):
+        out = subprocess.run(
+            [sys.executable, EXAMPLE, "--world", "2", "--backend", "host",
+             "--socket", "/nonexistent"] + args,
+            capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert why in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
