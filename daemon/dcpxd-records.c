@@ -34,7 +34,8 @@
  *      from the end of records.log and then of records.log.1 (load_tail):
  *      with valid newest entries the start takes no longer with
  *      records-max-bytes of a TiB (a file whose tail is damaged is read
- *      back until its valid entries, or whole).
+ *      back until its valid entries, or whole, but never past 16 MiB of
+ *      damaged entries: a file of garbage does not hold the start).
  *   6. A record that could not be written (disk full, an I/O error) waits
  *      in a bounded backlog (`ring` records; beyond that the oldest are
  *      counted as lost) and is written, in order and before any newer
@@ -79,6 +80,7 @@ struct dcpxd_records {
   int write_error; /* the last write's error, while the backlog holds any */
   uint64_t corrupt, truncated, loaded;
   uint64_t skipped; /* older entries not read at start (load_tail) */
+  unsigned cut;     /* files whose damage stopped load_tail */
   char note[512];
 };
 
@@ -166,6 +168,7 @@ typedef struct rec_file {
   uint64_t whole;   /* bytes of whole entries */
   uint64_t partial; /* bytes of a partial entry at the end */
   uint64_t start;   /* the first entry read (load_tail) */
+  bool cut;         /* start is where too much damage stopped the search */
 } rec_file;
 
 static void file_open(rec_file *f, const char *path) {
@@ -173,6 +176,7 @@ static void file_open(rec_file *f, const char *path) {
 
   f->path = path;
   f->whole = f->partial = f->start = 0;
+  f->cut = false;
   f->fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (f->fd < 0) {
     if (errno != ENOENT)
@@ -214,35 +218,48 @@ static bool file_read(const rec_file *f, uint8_t *buf, size_t n,
 }
 
 #define LOAD_CHUNK (REC_SIZE * 256)
+/* Damaged bytes read back per file at start before it is given up on:
+ * 16 MiB, about 0.2 s, and 131072 entries to find the ring's 4096 among. */
+#define LOAD_BAD_MAX_MIB 16
+#define LOAD_BAD_MAX ((uint64_t)LOAD_BAD_MAX_MIB << 20)
 
 /* Finds, from the end of f backwards, where its newest *need valid
  * entries begin (f->start), and takes them off *need. Only those are
  * read: the ring keeps the newest records only, and reading a whole file
  * of records-max-bytes (up to 1T) held dcpxd at start for as long as that
- * takes (about 10 s a GiB), past a service manager's start timeout. */
+ * takes (about 10 s a GiB), past a service manager's start timeout. So
+ * does a file of garbage, which has no valid entry to stop at: the search
+ * ends after LOAD_BAD_MAX damaged bytes (f->cut; older entries are not
+ * read). */
 static void load_tail(rec_file *f, size_t *need) {
   uint8_t buf[LOAD_CHUNK];
-  uint64_t off = f->whole;
+  uint64_t off = f->whole, bad = 0;
 
   if (f->fd < 0)
     return;
-  while (off > 0 && *need > 0) {
+  while (off > 0 && *need > 0 && bad < LOAD_BAD_MAX) {
     const size_t n = off < LOAD_CHUNK ? (size_t)off : LOAD_CHUNK;
     if (!file_read(f, buf, n, off - n)) {
       f->start = f->whole; /* nothing of it: as an unreadable file */
       return;
     }
-    for (size_t i = n; i > 0 && *need > 0; i -= REC_SIZE) {
+    for (size_t i = n; i > 0 && *need > 0 && bad < LOAD_BAD_MAX;
+         i -= REC_SIZE) {
       dcpxd_record r;
-      if (decode(buf + i - REC_SIZE, &r) == 0) {
+      if (decode(buf + i - REC_SIZE, &r) == 0)
         (*need)--;
-        f->start = off - n + i - REC_SIZE;
-      }
+      else
+        bad += REC_SIZE;
+      f->start = off - n + i - REC_SIZE;
     }
     off -= n;
   }
-  if (*need > 0) /* all of it: its bad entries are counted too */
-    f->start = 0;
+  f->cut = bad >= LOAD_BAD_MAX && f->start > 0;
+  if (f->cut)
+    log_warning("Records file %s: stopped reading it back at offset %" PRIu64
+                " after %" PRIu64 " MiB of damaged entries; the entries "
+                "before it are not read",
+                f->path, f->start, bad >> 20);
 }
 
 /* Loads the valid entries of f from f->start into the ring, counting the
@@ -286,6 +303,7 @@ static void load_file(dcpxd_records *s, rec_file *f, bool fix_tail) {
   s->corrupt += bad;
   s->loaded += good;
   s->skipped += f->start / REC_SIZE;
+  s->cut += f->cut;
   close(f->fd);
   f->fd = -1;
 }
@@ -349,6 +367,11 @@ static void update_note(dcpxd_records *s, const char *extra) {
                          "at startup skipped %" PRIu64 " corrupted and %" PRIu64
                          " truncated record entries in %s",
                          s->corrupt, s->truncated, s->dir);
+  if (s->cut && n < sizeof(s->note))
+    n += (size_t)snprintf(s->note + n, sizeof(s->note) - n,
+                          "; stopped reading back %u file(s) after %d MiB of "
+                          "damaged entries (older entries there not read)",
+                          s->cut, LOAD_BAD_MAX_MIB);
   if (extra && n < sizeof(s->note))
     snprintf(s->note + n, sizeof(s->note) - n, "%s%s", n ? "; " : "", extra);
 }
