@@ -1,6 +1,7 @@
 /* log.c - libdcpx's log and the versioned-struct check (common/log.h). */
 #define _GNU_SOURCE
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,32 @@ void dcpx__log(int level, const char *file, int line, const char *fmt, ...) {
           names[level & 3], base ? base + 1 : file, line, msg);
 }
 
+#define CUT_MARK "..."
+
+void dcpx__vtextf(char *buf, size_t n, const char *fmt, va_list ap) {
+  const int len = vsnprintf(buf, n, fmt, ap);
+  if (len < 0 || (size_t)len < n)
+    return;
+  /* buf[end] is the first byte dropped; a UTF-8 continuation byte there
+   * (10xxxxxx) means the character it ends began before: drop it whole */
+  const bool mark = n >= sizeof(CUT_MARK);
+  size_t end = mark ? n - sizeof(CUT_MARK) : n - 1;
+  for (int k = 0; k < 3 && end > 0 && ((unsigned char)buf[end] & 0xC0) == 0x80;
+       k++)
+    end--;
+  if (mark)
+    memcpy(buf + end, CUT_MARK, sizeof(CUT_MARK));
+  else
+    buf[end] = '\0';
+}
+
+void dcpx__textf(char *buf, size_t n, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  dcpx__vtextf(buf, n, fmt, ap);
+  va_end(ap);
+}
+
 void dcpx__why_at(char *why, size_t n, const char *file, int line,
                   const char *fmt, ...) {
   char own[320];
@@ -52,7 +79,7 @@ void dcpx__why_at(char *why, size_t n, const char *file, int line,
     n = sizeof(own);
   }
   va_start(ap, fmt);
-  vsnprintf(why, n, fmt, ap);
+  dcpx__vtextf(why, n, fmt, ap);
   va_end(ap);
   if (dcpx__log_on(DCPX__LOG_WARN))
     dcpx__log(DCPX__LOG_WARN, file, line, "%s", why);

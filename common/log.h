@@ -16,6 +16,7 @@
 #ifndef DCPX_COMMON_LOG_H
 #define DCPX_COMMON_LOG_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,9 +47,21 @@ static inline int dcpx__log_on(int level) {
 #define DCPX_INFO(...) DCPX__LOG(DCPX__LOG_INFO, __VA_ARGS__)
 #define DCPX_TRACE(...) DCPX__LOG(DCPX__LOG_TRACE, __VA_ARGS__)
 
+/* Text formatted into buf[n] (n > 0), as vsnprintf does; but a text that
+ * does not fit is cut at a whole UTF-8 character, not inside one, and
+ * ends with "..." (within the n bytes, from n = 4), so that a reader sees
+ * the cut and
+ * a decoder gets valid UTF-8 from valid UTF-8. The texts handed to
+ * callers and sent by dcpxd go through it (dcpx_member_last_error,
+ * dcpx_client_last_error, Reply.error). */
+__attribute__((visibility("hidden"), format(printf, 3, 0))) void
+dcpx__vtextf(char *buf, size_t n, const char *fmt, va_list ap);
+__attribute__((visibility("hidden"), format(printf, 3, 4))) void
+dcpx__textf(char *buf, size_t n, const char *fmt, ...);
+
 /* A refusal's reason, formatted into why[n] (when why is not NULL: e.g. a
  * member's, dcpx_member_last_error) and logged as a WARN line with the
- * caller's file and line. On refusal paths only: a vsnprintf into the
+ * caller's file and line. On refusal paths only: dcpx__vtextf into the
  * buffer, no allocation, no syscall but the log's. */
 __attribute__((visibility("hidden"), format(printf, 5, 6))) void
 dcpx__why_at(char *why, size_t n, const char *file, int line,

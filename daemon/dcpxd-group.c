@@ -201,7 +201,7 @@ static void join_refuse(dcpxd_conn *c, int status, const char *fmt, ...) {
   va_list ap;
 
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
+  dcpx__vtextf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   dcpx__text_clean(msg);
   log_notice( "conn %" PRIu64 " (pid %d): join refused (%s): %s",

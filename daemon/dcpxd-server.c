@@ -323,7 +323,7 @@ int dcpxd_conn_reply(dcpxd_conn *c, int status, const char *fmt, ...) {
   if (fmt) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    dcpx__vtextf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
   }
   dcpx__text_clean(msg);

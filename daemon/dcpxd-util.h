@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
+
 #define _cleanup_(f) __attribute__((cleanup(f)))
 
 static inline void freep(void *p) { free(*(void **)p); }
@@ -112,8 +114,9 @@ static inline int dcpxd_parse_u32(const char *s, int base, uint32_t *ret) {
   return 0;
 }
 
-/* snprintf that always terminates and never reports truncation as an
- * error (the callers format log and error texts). */
-#define dcpxd_bprintf(buf, ...) ((void)snprintf(buf, sizeof(buf), __VA_ARGS__))
+/* snprintf into an array that always terminates and never reports
+ * truncation as an error (the callers format log and error texts); a cut
+ * text ends with "..." at a whole UTF-8 character (dcpx__textf). */
+#define dcpxd_bprintf(buf, ...) dcpx__textf(buf, sizeof(buf), __VA_ARGS__)
 
 #endif /* DCPXD_UTIL_H */

@@ -511,7 +511,8 @@ DCPX_API int dcpx_join(dcpx_client *client, const dcpx_shape *shape,
  * error's, or libdcpx's reason for a join that failed after the group
  * formed (e.g. an NCCL communicator setup that timed out); NULL when the
  * last join succeeded, or nobody gave a reason (dcpx_strerror of the
- * returned code still names the error then).
+ * returned code still names the error then). A text longer than 511
+ * bytes is cut at a whole UTF-8 character and ends with "...".
  * Valid until the next dcpx_join on the client or dcpx_disconnect. Like
  * the client, not safe to share between threads. */
 DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
@@ -799,7 +800,9 @@ typedef struct dcpx_async_error {
  * out, an aborted group: dcpx_member_async_error), NULL for m NULL.
  * Cleared as each call starts and by a dcpx_recover that succeeds (the
  * refusal it recovered from is over); valid until the member's next call
- * or dcpx_leave. Read it on the thread that makes the calls. */
+ * or dcpx_leave. Read it on the thread that makes the calls. A reason
+ * longer than 383 bytes is cut at a whole UTF-8 character and ends with
+ * "..." (the library's reasons fit). */
 DCPX_API const char *dcpx_member_last_error(const dcpx_member *m);
 
 /* This member's sticky state and why, into *ret (ret->size set, e.g. by

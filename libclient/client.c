@@ -69,7 +69,7 @@ static int recv_within(int sock, int ms, Dcpx__Frame **ret, int *fds,
 /* Copies the daemon's reason of a refusal (Reply.error) into err. */
 static void keep_error(char *err, size_t errlen, const Dcpx__Reply *rep) {
   if (err && errlen && rep && rep->error && rep->error[0])
-    snprintf(err, errlen, "%s", rep->error);
+    dcpx__textf(err, errlen, "%s", rep->error);
 }
 
 /* A call refused before there is a client or member to keep the reason
@@ -519,8 +519,8 @@ static int join_retry(dcpx_client *c, dcpx_member *m, Dcpx__Frame **rep,
     *end = now + dcpx__join_ms(m);
   if (now >= *end) { /* dcpxd's reason stays */
     const size_t n = strlen(c->last_error);
-    snprintf(c->last_error + n, sizeof(c->last_error) - n,
-             " (still so after %u ms of retries)", dcpx__join_ms(m));
+    dcpx__textf(c->last_error + n, sizeof(c->last_error) - n,
+                " (still so after %u ms of retries)", dcpx__join_ms(m));
     return DCPX_E_TIMEDOUT;
   }
   c->last_error[0] = '\0'; /* the next attempt's own, if any */

@@ -13,6 +13,7 @@
 
 #include "dcpx.h"
 #include "frame.h"
+#include "log.h"
 
 /* The wire enums are the public constants (common/transport.h's name
  * tables and the client pass one for the other). */
@@ -515,8 +516,9 @@ int dcpx__ops_connect_join(const char *path, const char *agent,
   }
   r = in->reply->status;
   if (r < 0) {
-    snprintf(err, errlen, "dcpxd at %s refused the connection: %s (%s)", path,
-             in->reply->error ? in->reply->error : "", dcpx_strerror(r));
+    dcpx__textf(err, errlen, "dcpxd at %s refused the connection: %s (%s)",
+                path, in->reply->error ? in->reply->error : "",
+                dcpx_strerror(r));
     goto fail;
   }
   if (ret_join_ms)

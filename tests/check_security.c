@@ -324,6 +324,43 @@ static int count_fds(pid_t pid) {
 
 /* ---- 1. input hygiene --------------------------------------------------- */
 
+/* A text cut to fit its buffer (dcpx__textf: dcpx_member_last_error,
+ * dcpx_client_last_error, dcpxd's Reply.error) is valid UTF-8, ends with
+ * "...", and keeps all it can: at every buffer size, for a text of 1- to
+ * 4-byte characters. vsnprintf cut inside a character (which dcpxd's
+ * frame check refuses, and which left a reader no sign of the cut). */
+static void check_cut(const char *text, size_t n) {
+  char buf[64];
+  const size_t len = strlen(text);
+  memset(buf, 'Z', sizeof(buf));
+  dcpx__textf(buf, n, "%s", text);
+  const size_t got = strlen(buf);
+  ck_assert_uint_lt(got, n);
+  ck_assert_msg(dcpx__text_ok(buf, got), "n %zu: '%s'", n, buf);
+  if (len < n) {
+    ck_assert_str_eq(buf, text);
+    return;
+  }
+  if (n < 4) /* no room for the mark */
+    return;
+  ck_assert_msg(got >= 3 && !strcmp(buf + got - 3, "..."), "n %zu: %s", n,
+                buf);
+  ck_assert_int_eq(memcmp(buf, text, got - 3), 0);
+  ck_assert_uint_ge(got, n - 1 - 3); /* at most a 4-byte character's 3 */
+}
+
+START_TEST(test_text_cut) {
+  const char *text = "a \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 z "
+                     "\xf0\x9f\x98\x80\xe2\x82\xac\xc3\xa9 end";
+  char why[16];
+  for (size_t n = 1; n <= strlen(text) + 2; n++)
+    check_cut(text, n);
+  /* a member's reason (dcpx_member_last_error) is cut the same way */
+  dcpx__why_at(why, sizeof(why), __FILE__, __LINE__, "%s", text);
+  ck_assert_str_eq(why, "a \xc3\xa9 \xe2\x82\xac ...");
+}
+END_TEST
+
 START_TEST(test_text_helpers) {
   char a[] = "ok \xc3\xa9 \xff\xfe x\xc3", b[] = "\xe2\x82\xac\xed\xa0\x80";
   ck_assert(dcpx__text_ok("abc", 3));
@@ -1643,6 +1680,7 @@ int main(void) {
   TCase *tc = tcase_create("hygiene");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_text_helpers);
+  tcase_add_test(tc, test_text_cut);
   tcase_add_test(tc, test_group_names);
   tcase_add_test(tc, test_text_to_clients);
   tcase_add_test(tc, test_too_many_fds);
