@@ -957,7 +957,9 @@ static int use_activated_socket(dcpxd_manager *m, int n) {
 /* Removes a socket file nobody listens on any more (a crashed daemon's);
  * refuses to touch anything else. The probe's connect() waits at most
  * DCPXD_PROBE_MS: one to a listener whose backlog is full (a hung or
- * stopped dcpxd) blocked for ever. */
+ * stopped dcpxd) blocked for ever. A signal that comes meanwhile ends the
+ * wait (SO_SNDTIMEO: no SA_RESTART): -EINTR, unlogged, for the caller to
+ * handle the signal (dcpxd.c, server_listen). */
 #define DCPXD_PROBE_MS 1000
 static int clear_stale_socket(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -980,6 +982,8 @@ static int clear_stale_socket(const char *path) {
   if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0)
     return log_error_errno(-EADDRINUSE,
                            "Another dcpxd is already listening on %s", path);
+  if (errno == EINTR)
+    return -EINTR;
   if (errno == EAGAIN || errno == EINPROGRESS)
     return log_error_errno(-EADDRINUSE,
                            "Another process listens on %s but accepted no "

@@ -346,6 +346,35 @@ static void loop_handles_init(dcpxd_manager *m) {
   start_signal(m, &m->sig_hup, SIGHUP);
 }
 
+/* dcpxd_server_listen; when a signal ended its probe of an existing
+ * socket (-EINTR), the signal's handler runs (on_signal, in one turn of
+ * the loop) and the probe starts again, unless it was a stop. Returns 1
+ * when SIGTERM or SIGINT stopped dcpxd there: it used to take the
+ * interrupted probe for a failure ("Cannot probe ...: Interrupted system
+ * call", exit 1), and a SIGHUP too. */
+static int server_listen(dcpxd_manager *m) {
+  int r;
+  while ((r = dcpxd_server_listen(m)) == -EINTR) {
+    uv_run(m->loop, UV_RUN_NOWAIT);
+    if (m->stopping)
+      return 1;
+  }
+  return r;
+}
+
+/* Once listening: the watchdog, and READY=1. */
+static void serve(dcpxd_manager *m) {
+  const uint64_t wd_usec = dcpxd_watchdog_usec();
+  if (wd_usec) {
+    uint64_t ms = wd_usec / 2000 ? wd_usec / 2000 : 1;
+    uv_timer_start(&m->watchdog_timer, on_watchdog, ms, ms);
+    log_info("Watchdog: WATCHDOG=1 every %" PRIu64 " ms", ms);
+  }
+  dcpxd_manager_update(m);
+  (void)dcpxd_notify("READY=1");
+  log_info("Ready");
+}
+
 /* After the loop has run out: the suppressed-lines summary written, the
  * groups list emptied (every member left when its connection closed, so
  * none is left; this only guards against a bug leaking them), the loop
@@ -367,7 +396,6 @@ int main(int argc, char **argv) {
   dcpxd_conf conf;
   dcpxd_manager mgr, *m = &mgr;
   uv_loop_t loop;
-  uint64_t wd_usec;
   int r, ret = EXIT_FAILURE, lock_fd;
 
   /* SIGHUP is ignored (logged once the loop runs): also during the start
@@ -413,23 +441,15 @@ int main(int argc, char **argv) {
   m->loop = &loop;
   loop_handles_init(m);
 
-  r = dcpxd_server_listen(m);
+  r = server_listen(m);
   if (r < 0) {
     dcpxd_server_stop(m); /* unlinks a half-made socket */
     manager_stop(m, "startup failed");
     uv_run(m->loop, UV_RUN_DEFAULT);
     goto out_loop;
   }
-
-  wd_usec = dcpxd_watchdog_usec();
-  if (wd_usec) {
-    uint64_t ms = wd_usec / 2000 ? wd_usec / 2000 : 1;
-    uv_timer_start(&m->watchdog_timer, on_watchdog, ms, ms);
-    log_info("Watchdog: WATCHDOG=1 every %" PRIu64 " ms", ms);
-  }
-  dcpxd_manager_update(m);
-  (void)dcpxd_notify("READY=1");
-  log_info("Ready");
+  if (r == 0)
+    serve(m);
 
   uv_run(m->loop, UV_RUN_DEFAULT);
   ret = EXIT_SUCCESS;

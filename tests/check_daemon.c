@@ -16,6 +16,7 @@
 #include <sched.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -2739,16 +2741,28 @@ START_TEST(test_connect_to_hung_daemon) {
 }
 END_TEST
 
+/* Whether process pid is blocked in a connect() (/proc/PID/syscall). */
+static bool in_connect(pid_t pid) {
+  char path[64], buf[64] = "";
+  snprintf(path, sizeof(path), "/proc/%d/syscall", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return false;
+  const bool got = fgets(buf, sizeof(buf), f) != NULL;
+  fclose(f);
+  return got && atol(buf) == SYS_connect;
+}
+
 /* A second dcpxd (its own state dir, the same socket) beside one that is
- * hung with its listen backlog full: its probe of the socket, a blocking
- * connect(), waited for as long as the backlog stayed full (for ever).
- * It must now refuse to start in about a second (exit 1), name the
- * socket, and leave it in place. */
-START_TEST(test_start_beside_hung_daemon) {
+ * hung with its listen backlog full; sig, when not 0, is sent to it once
+ * it waits in its probe's connect(). Its exit status into *st (or still
+ * running after 10 s: killed, and the assertion says so), its stderr into
+ * said[n]. */
+static void start_beside_hung(int sig, int *st, char *said, size_t n) {
   const char *bin = getenv("DCPXD");
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  char state[160], errf[160], said[4096] = "";
-  int fds[1024], n = 0, st = 0, fd;
+  char state[160], errf[160];
+  int fds[1024], k = 0, fd;
   pid_t pid, w = 0;
 
   if (!bin)
@@ -2756,16 +2770,16 @@ START_TEST(test_start_beside_hung_daemon) {
   daemon_start();
   kill(g_daemon, SIGSTOP);
   strcpy(sa.sun_path, g_sock);
-  for (; n < 1024; n++) { /* fill its backlog */
-    fds[n] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
-    ck_assert_int_ge(fds[n], 0);
-    if (connect(fds[n], (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+  for (; k < 1024; k++) { /* fill its backlog */
+    fds[k] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
+    ck_assert_int_ge(fds[k], 0);
+    if (connect(fds[k], (struct sockaddr *)&sa, sizeof(sa)) < 0) {
       ck_assert_int_eq(errno, EAGAIN);
-      close(fds[n]);
+      close(fds[k]);
       break;
     }
   }
-  ck_assert_int_lt(n, 1024);
+  ck_assert_int_lt(k, 1024);
   snprintf(state, sizeof(state), "%s/state2", g_dir);
   snprintf(errf, sizeof(errf), "%s/err", g_dir);
   pid = fork();
@@ -2777,29 +2791,65 @@ START_TEST(test_start_beside_hung_daemon) {
     _exit(127);
   }
   const double t0 = mono_s();
-  while (mono_s() - t0 < 10.0 && (w = waitpid(pid, &st, WNOHANG)) == 0)
-    usleep(20000);
+  bool sent = !sig;
+  while (mono_s() - t0 < 10.0 && (w = waitpid(pid, st, WNOHANG)) == 0) {
+    if (!sent && in_connect(pid))
+      sent = kill(pid, sig) == 0;
+    usleep(sent ? 20000 : 1000);
+  }
   if (w == 0) {
     kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
+    waitpid(pid, st, 0);
   }
-  for (int i = 0; i < n; i++)
+  for (int i = 0; i < k; i++)
     close(fds[i]);
   kill(g_daemon, SIGCONT);
+  said[0] = '\0';
   fd = open(errf, O_RDONLY);
   if (fd >= 0) {
-    const ssize_t k = read(fd, said, sizeof(said) - 1);
-    said[k > 0 ? k : 0] = '\0';
+    const ssize_t got = read(fd, said, n - 1);
+    said[got > 0 ? got : 0] = '\0';
     close(fd);
   }
+  ck_assert_msg(sent, "dcpxd was never seen in its probe's connect: %s",
+                said);
   ck_assert_msg(w == pid, "dcpxd hung at start beside a hung dcpxd: %s",
                 said);
+  ck_assert_int_eq(access(g_sock, F_OK), 0); /* left to the hung one */
+  daemon_stop();
+}
+
+/* Its probe of the socket, a blocking connect(), waited for as long as
+ * the backlog stayed full (for ever). It must now refuse to start in
+ * about a second (exit 1), name the socket, and leave it in place. */
+START_TEST(test_start_beside_hung_daemon) {
+  char said[4096];
+  int st = 0;
+  start_beside_hung(0, &st, said, sizeof(said));
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x: %s", st,
                 said);
   ck_assert_msg(strstr(said, g_sock) && strstr(said, "accepted no connection"),
                 "%s", said);
-  ck_assert_int_eq(access(g_sock, F_OK), 0); /* left to the hung one */
-  daemon_stop();
+}
+END_TEST
+
+/* A signal during that probe ended its connect() with EINTR, which dcpxd
+ * took for a failed probe: "Cannot probe ...: Interrupted system call",
+ * exit 1, for a SIGTERM (a stop, which exits 0 at any other time) and for
+ * a SIGHUP (ignored at any other time) alike. */
+START_TEST(test_signal_during_probe) {
+  char said[4096];
+  int st = 0;
+  start_beside_hung(SIGTERM, &st, said, sizeof(said));
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x: %s", st,
+                said);
+  ck_assert_msg(strstr(said, "Shutting down (SIGTERM)"), "%s", said);
+  start_beside_hung(SIGHUP, &st, said, sizeof(said));
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x: %s", st,
+                said);
+  ck_assert_msg(strstr(said, "SIGHUP ignored") &&
+                    strstr(said, "accepted no connection"),
+                "%s", said);
 }
 END_TEST
 
@@ -2845,6 +2895,7 @@ int main(void) {
   tc = tcase_create("startup");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_start_beside_hung_daemon);
+  tcase_add_test(tc, test_signal_during_probe);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
