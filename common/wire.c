@@ -226,7 +226,7 @@ int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
   return 1;
 }
 
-uint32_t dcpx_epoch_next(uint32_t e) { return e == 0xFFFFFFFEu ? 1u : e + 1u; }
+uint32_t dcpx_epoch_next(uint32_t e) { return e >= 0xFFFFFFFEu ? 1u : e + 1u; }
 
 int dcpx_gid(uint32_t l, uint32_t r, uint32_t world, uint32_t interleave,
              int64_t *ret_gid) {

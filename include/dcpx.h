@@ -199,7 +199,8 @@ DCPX_API int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j,
 DCPX_API int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
                               uint32_t *ret_ord16, uint32_t *ret_l);
 
-/* The epoch after e: skips 0, wraps 0xFFFFFFFE -> 1. */
+/* The epoch after e: skips 0, wraps 0xFFFFFFFE -> 1. 0xFFFFFFFF is no
+ * epoch (a damaged word): it gives 1 too, never 0 ("never merged"). */
 DCPX_API uint32_t dcpx_epoch_next(uint32_t e);
 
 /* Global id (token position) of local index l on rank r, into *ret_gid.
