@@ -379,18 +379,24 @@ static int daemon_error(int status, const char *msg) {
   return EXIT_DAEMON_ERROR;
 }
 
-static int run_query(Dcpx__Query *q, Dcpx__Frame **ret) {
-  Dcpx__Frame f = DCPX__FRAME__INIT, *in;
+/* Sends f to dcpxd and takes its answer: 0 and *ret, or the exit status. */
+static int exchange(const Dcpx__Frame *f, Dcpx__Frame **ret) {
   int r = connect_daemon();
   if (r)
     return r;
+  if (send_frame(f) < 0)
+    return EXIT_UNREACHABLE;
+  *ret = recv_answer();
+  return *ret ? 0 : EXIT_UNREACHABLE;
+}
+
+static int run_query(Dcpx__Query *q, Dcpx__Frame **ret) {
+  Dcpx__Frame f = DCPX__FRAME__INIT, *in;
+  int r;
   f.msg_case = DCPX__FRAME__MSG_QUERY;
   f.query = q;
-  if (send_frame(&f) < 0)
-    return EXIT_UNREACHABLE;
-  in = recv_answer();
-  if (!in)
-    return EXIT_UNREACHABLE;
+  if ((r = exchange(&f, &in)))
+    return r;
   if (in->msg_case == DCPX__FRAME__MSG_REPLY && in->reply) {
     r = daemon_error(in->reply->status ? in->reply->status : DCPX_E_PROTO,
                      in->reply->error);
@@ -414,16 +420,11 @@ static int run_query(Dcpx__Query *q, Dcpx__Frame **ret) {
 
 static int run_command(Dcpx__Command *cmd) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *in;
-  int r = connect_daemon();
-  if (r)
-    return r;
+  int r;
   f.msg_case = DCPX__FRAME__MSG_COMMAND;
   f.command = cmd;
-  if (send_frame(&f) < 0)
-    return EXIT_UNREACHABLE;
-  in = recv_answer();
-  if (!in)
-    return EXIT_UNREACHABLE;
+  if ((r = exchange(&f, &in)))
+    return r;
   if (in->msg_case != DCPX__FRAME__MSG_REPLY || !in->reply) {
     dcpx__frame_free(in);
     return die_unreachable(DCPX_E_PROTO, "unexpected answer from dcpxd");
@@ -522,6 +523,117 @@ static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
   jw_obj_end(w);
 }
 
+static void json_shape(jw *w, const Dcpx__Shape *s) {
+  jw_obj(w, "shape");
+  jw_u64(w, "world", s->world);
+  jw_u64(w, "rows", s->rows);
+  jw_u64(w, "topk", s->topk);
+  jw_u64(w, "local_topk", s->local_topk);
+  jw_u64(w, "block_size", s->block_size);
+  jw_u64(w, "interleave", s->interleave);
+  jw_u64(w, "max_local", s->max_local);
+  jw_obj_end(w);
+}
+
+/* A group's counts, summed over its ranks. */
+typedef struct json_totals {
+  uint64_t calls, rows, rescue, failed;
+} json_totals;
+
+/* Rank r of group g, added to *t. */
+static void json_rank(jw *w, const Dcpx__GroupInfo *g,
+                      const Dcpx__RankInfo *r, json_totals *t) {
+  char uuid[48];
+  jw_obj(w, NULL);
+  jw_u64(w, "rank", r->rank);
+  jw_str(w, "state", rank_state(g, r, false));
+  jw_bool(w, "joined", r->joined);
+  jw_u64(w, "pid", r->pid);
+  if (r->pid) /* a rank that never joined has neither */
+    jw_i64(w, "device", r->device);
+  else
+    jw_null(w, "device");
+  if (gpu_uuid(r, uuid, sizeof(uuid)))
+    jw_str(w, "device_uuid", uuid);
+  else
+    jw_null(w, "device_uuid");
+  jw_bool(w, "alarm", r->alarm);
+  jw_bool(w, "failed", r->failed);
+  if (recovering(g))
+    jw_bool(w, "acknowledged", r->acknowledged);
+  else
+    jw_null(w, "acknowledged");
+  jw_u64(w, "calls", r->calls);
+  jw_u64(w, "rows", r->rows);
+  jw_u64(w, "rescue_rows", r->rescue_rows);
+  jw_u64(w, "failed_calls", r->failed_calls);
+  jw_u64(w, "timeouts", r->timeouts);
+  json_rate(w, r->rescue_rows, r->rows);
+  jw_obj_end(w);
+  t->rows += r->rows;
+  t->rescue += r->rescue_rows;
+  t->calls += r->calls;
+  t->failed += r->failed_calls;
+}
+
+/* Group g: what dcpxd knows of it, its ranks and their totals. */
+static void json_group(jw *w, const Dcpx__GroupInfo *g, bool ok) {
+  json_totals t = {0};
+  jw_obj(w, NULL);
+  jw_str(w, "name", g->name);
+  jw_str(w, "state", g->state);
+  jw_bool(w, "healthy", ok);
+  jw_u64(w, "generation", g->generation);
+  jw_u64(w, "abort", g->abort);
+  jw_str(w, "abort_reason", dcpx__abort_reason_name(g->abort));
+  jw_u64(w, "joined", g->joined);
+  if (g->shape) {
+    jw_u64(w, "world", g->shape->world);
+    json_shape(w, g->shape);
+  }
+  jw_str(w, "transport", transport_name(g->transport));
+  jw_str(w, "backend", backend_name(g->backend));
+  jw_u64(w, "timeout_ns", g->timeout_ns);
+  jw_u64(w, "aborts", g->aborts);
+  jw_u64(w, "recoveries", g->recoveries);
+  jw_bool(w, "adopted", g->adopted);
+  jw_u64(w, "awaiting_reattach", g->awaiting_reattach);
+  jw_arr(w, "ranks");
+  for (size_t k = 0; k < g->n_ranks; k++)
+    if (g->ranks[k])
+      json_rank(w, g, g->ranks[k], &t);
+  jw_arr_end(w);
+  jw_obj(w, "totals");
+  jw_u64(w, "calls", t.calls);
+  jw_u64(w, "rows", t.rows);
+  jw_u64(w, "rescue_rows", t.rescue);
+  jw_u64(w, "failed_calls", t.failed);
+  json_rate(w, t.rescue, t.rows);
+  jw_obj_end(w);
+  if (g->last_record)
+    json_record(w, "last_record", g->last_record);
+  else
+    jw_null(w, "last_record");
+  jw_obj_end(w);
+}
+
+static void json_refusals(jw *w, const Dcpx__QueryReply *qr) {
+  jw_arr(w, "refused_reattaches");
+  for (size_t i = 0; i < qr->n_refused_reattaches; i++) {
+    const Dcpx__ReattachRefusal *r = qr->refused_reattaches[i];
+    jw_obj(w, NULL);
+    jw_str(w, "group", r->group);
+    jw_u64(w, "rank", r->rank);
+    jw_i64(w, "pid", r->pid);
+    jw_str(w, "status", code_label(r->status));
+    jw_str(w, "reason", r->reason);
+    jw_u64(w, "attempts", r->attempts);
+    jw_u64(w, "last_ns", r->last_ns);
+    jw_obj_end(w);
+  }
+  jw_arr_end(w);
+}
+
 static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   jw w = jw_start(stdout);
   bool all_ok = true;
@@ -529,103 +641,12 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   jw_obj(&w, NULL);
   jw_arr(&w, "groups");
   for (size_t i = 0; i < qr->n_groups; i++) {
-    const Dcpx__GroupInfo *g = qr->groups[i];
-    uint64_t rows = 0, rescue = 0, calls = 0, failed = 0;
-    bool ok = dcpx__group_info_healthy(g);
+    bool ok = dcpx__group_info_healthy(qr->groups[i]);
     all_ok = all_ok && ok;
-    jw_obj(&w, NULL);
-    jw_str(&w, "name", g->name);
-    jw_str(&w, "state", g->state);
-    jw_bool(&w, "healthy", ok);
-    jw_u64(&w, "generation", g->generation);
-    jw_u64(&w, "abort", g->abort);
-    jw_str(&w, "abort_reason", dcpx__abort_reason_name(g->abort));
-    jw_u64(&w, "joined", g->joined);
-    if (g->shape) {
-      jw_u64(&w, "world", g->shape->world);
-      jw_obj(&w, "shape");
-      jw_u64(&w, "world", g->shape->world);
-      jw_u64(&w, "rows", g->shape->rows);
-      jw_u64(&w, "topk", g->shape->topk);
-      jw_u64(&w, "local_topk", g->shape->local_topk);
-      jw_u64(&w, "block_size", g->shape->block_size);
-      jw_u64(&w, "interleave", g->shape->interleave);
-      jw_u64(&w, "max_local", g->shape->max_local);
-      jw_obj_end(&w);
-    }
-    jw_str(&w, "transport", transport_name(g->transport));
-    jw_str(&w, "backend", backend_name(g->backend));
-    jw_u64(&w, "timeout_ns", g->timeout_ns);
-    jw_u64(&w, "aborts", g->aborts);
-    jw_u64(&w, "recoveries", g->recoveries);
-    jw_bool(&w, "adopted", g->adopted);
-    jw_u64(&w, "awaiting_reattach", g->awaiting_reattach);
-    jw_arr(&w, "ranks");
-    for (size_t k = 0; k < g->n_ranks; k++) {
-      const Dcpx__RankInfo *r = g->ranks[k];
-      if (!r)
-        continue;
-      jw_obj(&w, NULL);
-      jw_u64(&w, "rank", r->rank);
-      jw_str(&w, "state", rank_state(g, r, false));
-      jw_bool(&w, "joined", r->joined);
-      jw_u64(&w, "pid", r->pid);
-      if (r->pid) /* a rank that never joined has neither */
-        jw_i64(&w, "device", r->device);
-      else
-        jw_null(&w, "device");
-      char uuid[48];
-      if (gpu_uuid(r, uuid, sizeof(uuid)))
-        jw_str(&w, "device_uuid", uuid);
-      else
-        jw_null(&w, "device_uuid");
-      jw_bool(&w, "alarm", r->alarm);
-      jw_bool(&w, "failed", r->failed);
-      if (recovering(g))
-        jw_bool(&w, "acknowledged", r->acknowledged);
-      else
-        jw_null(&w, "acknowledged");
-      jw_u64(&w, "calls", r->calls);
-      jw_u64(&w, "rows", r->rows);
-      jw_u64(&w, "rescue_rows", r->rescue_rows);
-      jw_u64(&w, "failed_calls", r->failed_calls);
-      jw_u64(&w, "timeouts", r->timeouts);
-      json_rate(&w, r->rescue_rows, r->rows);
-      jw_obj_end(&w);
-      rows += r->rows;
-      rescue += r->rescue_rows;
-      calls += r->calls;
-      failed += r->failed_calls;
-    }
-    jw_arr_end(&w);
-    jw_obj(&w, "totals");
-    jw_u64(&w, "calls", calls);
-    jw_u64(&w, "rows", rows);
-    jw_u64(&w, "rescue_rows", rescue);
-    jw_u64(&w, "failed_calls", failed);
-    json_rate(&w, rescue, rows);
-    jw_obj_end(&w);
-    if (g->last_record)
-      json_record(&w, "last_record", g->last_record);
-    else
-      jw_null(&w, "last_record");
-    jw_obj_end(&w);
+    json_group(&w, qr->groups[i], ok);
   }
   jw_arr_end(&w);
-  jw_arr(&w, "refused_reattaches");
-  for (size_t i = 0; i < qr->n_refused_reattaches; i++) {
-    const Dcpx__ReattachRefusal *r = qr->refused_reattaches[i];
-    jw_obj(&w, NULL);
-    jw_str(&w, "group", r->group);
-    jw_u64(&w, "rank", r->rank);
-    jw_i64(&w, "pid", r->pid);
-    jw_str(&w, "status", code_label(r->status));
-    jw_str(&w, "reason", r->reason);
-    jw_u64(&w, "attempts", r->attempts);
-    jw_u64(&w, "last_ns", r->last_ns);
-    jw_obj_end(&w);
-  }
-  jw_arr_end(&w);
+  json_refusals(&w, qr);
   if (with_health)
     jw_bool(&w, "healthy", all_ok && !qr->n_refused_reattaches);
   jw_u64(&w, "groups_left_out", qr->groups_left_out);
@@ -639,6 +660,12 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
  * are known until one of them reattaches (dcpxd-query.c). */
 static bool unattached(const Dcpx__GroupInfo *g) {
   return g->state && strcmp(g->state, "unattached") == 0;
+}
+
+/* dcpxd's note on its answer (what it left out), for a reader. */
+static void human_note(const Dcpx__QueryReply *qr) {
+  if (qr->records_note && *qr->records_note)
+    fprintf(stderr, "note: %s\n", qr->records_note);
 }
 
 static void print_shape(const Dcpx__GroupInfo *g) {
@@ -668,8 +695,7 @@ static void human_groups(const Dcpx__QueryReply *qr) {
     print_shape(g);
     putchar('\n');
   }
-  if (qr->records_note && *qr->records_note) /* groups left out */
-    fprintf(stderr, "note: %s\n", qr->records_note);
+  human_note(qr); /* groups left out */
 }
 
 /* Ranks that run unwatched: dcpxd refused their reattach (text). */
@@ -775,8 +801,7 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
              rec->expected, rec->seen, rec->block, rec->call_tag, t);
     }
   }
-  if (qr->records_note && *qr->records_note)
-    fprintf(stderr, "note: %s\n", qr->records_note);
+  human_note(qr);
 }
 
 /* ---- metrics: OpenMetrics and Prometheus text ---------------------------- */
@@ -860,6 +885,102 @@ static const char left_out_help[] =
     "Groups this scrape left out for dcpxd's reply size limit (the "
     "healthy ones: the others come first)";
 
+/* A family's HELP and TYPE lines, and UNIT, in the format's order: the
+ * OpenMetrics family is named without its samples' suffix; the Prometheus
+ * text names it as its samples and has no info type (a gauge of 1). */
+static void metric_family(const char *name, const char *suffix,
+                          const char *type, const char *help,
+                          const char *unit, bool om) {
+  if (om) {
+    printf("# TYPE %s %s\n", name, type);
+    printf("# HELP %s %s.\n", name, help);
+    if (unit)
+      printf("# UNIT %s %s\n", name, unit);
+  } else {
+    printf("# HELP %s%s %s.\n", name, suffix, help);
+    printf("# TYPE %s%s %s\n", name, suffix,
+           strcmp(type, "info") == 0 ? "gauge" : type);
+  }
+}
+
+/* A sample's name and its group label, up to the closing quote. */
+static void metric_sample(const char *name, const char *suffix,
+                          const Dcpx__GroupInfo *g) {
+  printf("%s%s{group=\"", name, suffix);
+  metric_label(g->name);
+}
+
+/* Group g's sample of group family id (name, suffix). */
+static void group_metric(const Dcpx__GroupInfo *g, int id, const char *name,
+                         const char *suffix) {
+  /* A group dcpxd knows only from its groups file (restarted, no rank back
+   * yet): its name, world and state; its generation, abort state, counts
+   * and timeout are not known, and a 0 would read as a value */
+  const bool un = unattached(g);
+  if (un && id != M_GROUP_INFO && id != M_WORLD && id != M_JOINED)
+    return;
+  metric_sample(name, suffix, g);
+  if (id == M_GROUP_INFO) {
+    printf("\",state=\"");
+    metric_label(g->state);
+    printf("\",transport=\"%s\",backend=\"%s\"} 1\n",
+           un ? "unknown" : transport_name(g->transport),
+           un ? "unknown" : backend_name(g->backend));
+    return;
+  }
+  printf("\"} ");
+  switch (id) {
+  case M_GENERATION:
+    printf("%u\n", g->generation);
+    break;
+  case M_JOINED:
+    printf("%u\n", g->joined);
+    break;
+  case M_WORLD:
+    printf("%u\n", g->shape ? g->shape->world : 0);
+    break;
+  case M_ABORTED:
+    printf("%d\n", (g->state && strcmp(g->state, "aborted") == 0) ||
+                       g->abort != 0);
+    break;
+  case M_ABORTS:
+    printf("%" PRIu64 "\n", g->aborts);
+    break;
+  case M_RECOVERIES:
+    printf("%" PRIu64 "\n", g->recoveries);
+    break;
+  case M_TIMEOUT_SECONDS:
+    printf("%.9f\n", (double)g->timeout_ns / 1e9);
+    break;
+  default:
+    printf("0\n");
+  }
+}
+
+/* Rank r's value of per-rank family id. */
+static uint64_t rank_metric(const Dcpx__RankInfo *r, int id) {
+  switch (id) {
+  case M_CALLS:
+    return r->calls;
+  case M_ROWS:
+    return r->rows;
+  case M_RESCUE_ROWS:
+    return r->rescue_rows;
+  case M_FAILED_CALLS:
+    return r->failed_calls;
+  case M_TIMEOUTS:
+    return r->timeouts;
+  case M_RANK_JOINED:
+    return r->joined;
+  case M_RANK_ALARM:
+    return r->alarm;
+  case M_RANK_FAILED:
+    return r->failed;
+  default:
+    return 0;
+  }
+}
+
 static void metrics_out(const Dcpx__QueryReply *qr, bool om) {
   for (size_t m = 0; m < sizeof(metric_defs) / sizeof(metric_defs[0]); m++) {
     const char *name = metric_defs[m].name, *type = metric_defs[m].type;
@@ -867,111 +988,26 @@ static void metrics_out(const Dcpx__QueryReply *qr, bool om) {
                          : strcmp(type, "info") == 0  ? "_info"
                                                       : "";
     int id = metric_defs[m].id;
-    if (om) {
-      printf("# TYPE %s %s\n", name, type);
-      printf("# HELP %s %s.\n", name, metric_defs[m].help);
-      if (id == M_TIMEOUT_SECONDS)
-        printf("# UNIT %s seconds\n", name);
-    } else {
-      printf("# HELP %s%s %s.\n", name, suffix, metric_defs[m].help);
-      printf("# TYPE %s%s %s\n", name, suffix,
-             strcmp(type, "info") == 0 ? "gauge" : type);
-    }
+    metric_family(name, suffix, type, metric_defs[m].help,
+                  id == M_TIMEOUT_SECONDS ? "seconds" : NULL, om);
     for (size_t i = 0; i < qr->n_groups; i++) {
       const Dcpx__GroupInfo *g = qr->groups[i];
       if (!metric_defs[m].per_rank) {
-        /* A group dcpxd knows only from its groups file (restarted, no
-         * rank back yet): its name, world and state; its generation,
-         * abort state, counts and timeout are not known, and a 0 would
-         * read as a value */
-        const bool un = unattached(g);
-        if (un && id != M_GROUP_INFO && id != M_WORLD && id != M_JOINED)
-          continue;
-        printf("%s%s{group=\"", name, suffix);
-        metric_label(g->name);
-        if (id == M_GROUP_INFO) {
-          printf("\",state=\"");
-          metric_label(g->state);
-          printf("\",transport=\"%s\",backend=\"%s\"} 1\n",
-                 un ? "unknown" : transport_name(g->transport),
-                 un ? "unknown" : backend_name(g->backend));
-          continue;
-        }
-        printf("\"} ");
-        switch (id) {
-        case M_GENERATION:
-          printf("%u\n", g->generation);
-          break;
-        case M_JOINED:
-          printf("%u\n", g->joined);
-          break;
-        case M_WORLD:
-          printf("%u\n", g->shape ? g->shape->world : 0);
-          break;
-        case M_ABORTED:
-          printf("%d\n", (g->state && strcmp(g->state, "aborted") == 0) ||
-                             g->abort != 0);
-          break;
-        case M_ABORTS:
-          printf("%" PRIu64 "\n", g->aborts);
-          break;
-        case M_RECOVERIES:
-          printf("%" PRIu64 "\n", g->recoveries);
-          break;
-        case M_TIMEOUT_SECONDS:
-          printf("%.9f\n", (double)g->timeout_ns / 1e9);
-          break;
-        default:
-          printf("0\n");
-        }
+        group_metric(g, id, name, suffix);
         continue;
       }
       for (size_t k = 0; k < g->n_ranks; k++) {
         const Dcpx__RankInfo *r = g->ranks[k];
-        uint64_t v = 0;
         if (!r)
           continue;
-        switch (id) {
-        case M_CALLS:
-          v = r->calls;
-          break;
-        case M_ROWS:
-          v = r->rows;
-          break;
-        case M_RESCUE_ROWS:
-          v = r->rescue_rows;
-          break;
-        case M_FAILED_CALLS:
-          v = r->failed_calls;
-          break;
-        case M_TIMEOUTS:
-          v = r->timeouts;
-          break;
-        case M_RANK_JOINED:
-          v = r->joined;
-          break;
-        case M_RANK_ALARM:
-          v = r->alarm;
-          break;
-        case M_RANK_FAILED:
-          v = r->failed;
-          break;
-        }
-        printf("%s%s{group=\"", name, suffix);
-        metric_label(g->name);
-        printf("\",rank=\"%u\"} %" PRIu64 "\n", r->rank, v);
+        metric_sample(name, suffix, g);
+        printf("\",rank=\"%u\"} %" PRIu64 "\n", r->rank, rank_metric(r, id));
       }
     }
   }
   /* Groups the reply had no room for (dcpxd puts the unhealthy first):
    * an alert on it says the scrape is not the whole node. */
-  if (om) {
-    printf("# TYPE dcpx_groups_left_out gauge\n");
-    printf("# HELP dcpx_groups_left_out %s.\n", left_out_help);
-  } else {
-    printf("# HELP dcpx_groups_left_out %s.\n", left_out_help);
-    printf("# TYPE dcpx_groups_left_out gauge\n");
-  }
+  metric_family("dcpx_groups_left_out", "", "gauge", left_out_help, NULL, om);
   printf("dcpx_groups_left_out %u\n", qr->groups_left_out);
   if (om)
     printf("# EOF\n");
@@ -1159,6 +1195,20 @@ static int global_opt(int opt) {
   }
 }
 
+/* The options each command takes besides its own: --help (name's help),
+ * a bad option (the error), the global ones. Returns -1 to go on, or the
+ * exit status. */
+static int other_opt(int opt, int argc, char **argv, const struct option *opts,
+                     const char *name) {
+  int r;
+  if (opt == 'h')
+    return cmd_usage(name);
+  if (opt == '?' || opt == ':')
+    return option_error(opt, argc, argv, opts);
+  r = global_opt(opt);
+  return r ? r : -1;
+}
+
 /* stats --output FILE. A FILE that does not exist or is a regular file is
  * replaced: the output goes to a new FILE.tmp.XXXXXX (mkstemp: never an
  * existing file or link), renamed to FILE once complete, so that a reader
@@ -1263,10 +1313,6 @@ static int cmd_groups_like(int argc, char **argv, int what) {
 
   /* Options may follow the group name ("health GROUP --json"). */
   while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-    if (opt == '?' || opt == ':')
-      return option_error(opt, argc, argv, opts);
-    if (opt == 'h')
-      return cmd_usage(argv[0]);
     if (opt == 'F') {
       if (what != DCPX__QUERY__WHAT__STATS)
         return usage_error("--format is an option of stats");
@@ -1291,7 +1337,7 @@ static int cmd_groups_like(int argc, char **argv, int what) {
       output = optarg;
       continue;
     }
-    if ((r = global_opt(opt)))
+    if ((r = other_opt(opt, argc, argv, opts, argv[0])) >= 0)
       return r;
   }
   if (arg_json && (format != FMT_TEXT || text_given))
@@ -1314,16 +1360,13 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   bool healthy = !qr->n_refused_reattaches;
   for (size_t i = 0; i < qr->n_groups; i++)
     healthy = healthy && dcpx__group_info_healthy(qr->groups[i]);
-  if (format == FMT_OPENMETRICS || format == FMT_PROMETHEUS) {
-    if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
-      dcpx__frame_free(in);
-      return r;
-    }
-    metrics_out(qr, format == FMT_OPENMETRICS);
-  } else if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
+  if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
     dcpx__frame_free(in);
     return r;
-  } else if (arg_json)
+  }
+  if (format == FMT_OPENMETRICS || format == FMT_PROMETHEUS)
+    metrics_out(qr, format == FMT_OPENMETRICS);
+  else if (arg_json)
     json_groups(qr, what == DCPX__QUERY__WHAT__HEALTH);
   else if (what == DCPX__QUERY__WHAT__GROUPS)
     human_groups(qr);
@@ -1335,6 +1378,37 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   if (what == DCPX__QUERY__WHAT__HEALTH && !healthy)
     return EXIT_UNHEALTHY;
   return EXIT_OK;
+}
+
+static void json_records(const Dcpx__QueryReply *qr) {
+  jw w = jw_start(stdout);
+  jw_obj(&w, NULL);
+  jw_arr(&w, "records");
+  for (size_t i = 0; i < qr->n_records; i++)
+    json_record(&w, NULL, qr->records[i]);
+  jw_arr_end(&w);
+  jw_str(&w, "note", qr->records_note);
+  jw_obj_end(&w);
+  jw_end(&w);
+}
+
+static void human_records(const Dcpx__QueryReply *qr) {
+  if (qr->n_records == 0)
+    printf("no records\n");
+  else
+    printf("%-30s %-16s %4s %4s %-8s %-9s %6s %10s %10s %5s %s\n",
+           "TIME (UTC)", "GROUP", "GEN", "RANK", "KIND", "REGION", "INDEX",
+           "EXPECTED", "SEEN", "BLOCK", "CALL");
+  for (size_t i = 0; i < qr->n_records; i++) {
+    const Dcpx__Record *rec = qr->records[i];
+    char t[64];
+    format_time(rec->time_ns, t, sizeof(t));
+    printf("%-30s %-16s %4u %4u %-8s %-9s %6u %10u %10u %5u %" PRIu64 "\n", t,
+           rec->group, rec->generation, rec->rank,
+           dcpx_rec_kind_name(rec->kind), rec->region_name, rec->index,
+           rec->expected, rec->seen, rec->block, rec->call_tag);
+  }
+  human_note(qr);
 }
 
 static int cmd_records(int argc, char **argv) {
@@ -1399,13 +1473,8 @@ static int cmd_records(int argc, char **argv) {
                            (unsigned)UINT32_MAX);
       q.limit = (uint32_t)v;
       break;
-    case 'h':
-      return cmd_usage("records");
-    case '?':
-    case ':':
-      return option_error(opt, argc, argv, opts);
     default:
-      if ((r = global_opt(opt)))
+      if ((r = other_opt(opt, argc, argv, opts, "records")) >= 0)
         return r;
     }
   }
@@ -1417,36 +1486,10 @@ static int cmd_records(int argc, char **argv) {
   r = run_query(&q, &in);
   if (r)
     return r;
-  const Dcpx__QueryReply *qr = in->query_reply;
-  if (arg_json) {
-    jw w = jw_start(stdout);
-    jw_obj(&w, NULL);
-    jw_arr(&w, "records");
-    for (size_t i = 0; i < qr->n_records; i++)
-      json_record(&w, NULL, qr->records[i]);
-    jw_arr_end(&w);
-    jw_str(&w, "note", qr->records_note);
-    jw_obj_end(&w);
-    jw_end(&w);
-  } else if (qr->n_records == 0) {
-    printf("no records\n");
-  } else {
-    printf("%-30s %-16s %4s %4s %-8s %-9s %6s %10s %10s %5s %s\n", "TIME (UTC)",
-           "GROUP", "GEN", "RANK", "KIND", "REGION", "INDEX", "EXPECTED",
-           "SEEN", "BLOCK", "CALL");
-    for (size_t i = 0; i < qr->n_records; i++) {
-      const Dcpx__Record *rec = qr->records[i];
-      char t[64];
-      format_time(rec->time_ns, t, sizeof(t));
-      printf("%-30s %-16s %4u %4u %-8s %-9s %6u %10u %10u %5u %" PRIu64 "\n", t,
-             rec->group, rec->generation, rec->rank,
-             dcpx_rec_kind_name(rec->kind),
-             rec->region_name, rec->index, rec->expected, rec->seen, rec->block,
-             rec->call_tag);
-    }
-  }
-  if (!arg_json && qr->records_note && *qr->records_note)
-    fprintf(stderr, "note: %s\n", qr->records_note);
+  if (arg_json)
+    json_records(in->query_reply);
+  else
+    human_records(in->query_reply);
   dcpx__frame_free(in);
   return EXIT_OK;
 }
@@ -1466,11 +1509,7 @@ static int cmd_reset(int argc, char **argv) {
   while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
     if (opt == 'g')
       cmd.group = optarg;
-    else if (opt == 'h')
-      return cmd_usage("reset");
-    else if (opt == '?' || opt == ':')
-      return option_error(opt, argc, argv, opts);
-    else if ((r = global_opt(opt)))
+    else if ((r = other_opt(opt, argc, argv, opts, "reset")) >= 0)
       return r;
   }
   if (!cmd.group || !*cmd.group)
@@ -1545,11 +1584,8 @@ static int cmd_fault(int argc, char **argv) {
                            "number with ns, us, ms, s, m, h or d)");
       have_ticks = true;
       break;
-    case '?':
-    case ':':
-      return option_error(opt, argc, argv, opts);
     default:
-      if ((r = global_opt(opt)))
+      if ((r = other_opt(opt, argc, argv, opts, "fault")) >= 0)
         return r;
     }
   }
