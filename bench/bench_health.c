@@ -107,9 +107,7 @@ static void bench_detection(int reps, uint64_t timeout_ns) {
 
   sh->recover = 1;
   sh->measure = 1;
-  for (uint32_t r = 0; r < 2; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  if (hh_wait_progress(sh, 2, 5, 20000))
+  if (hh_ranks_run(g_d.sock, &sp, sh, pids, 2, 5, 20000))
     die("ranks did not start: %s", hh_rank_errors(sh, 2));
   for (int k = 0; k < reps; k++) {
     uint64_t G = hh_gate(sh, 2, hh_max_progress(sh, 2) + 3);
@@ -156,9 +154,7 @@ static void bench_kill(int reps, uint32_t W) {
   pid_t pids[DCPX_MAX_WORLD];
 
   sh->recover = 1;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  if (hh_wait_progress(sh, W, 5, 60000))
+  if (hh_ranks_run(g_d.sock, &sp, sh, pids, W, 5, 60000))
     die("ranks did not start: %s", hh_rank_errors(sh, W));
   for (int k = 0; k < reps; k++) {
     uint64_t G = hh_gate(sh, W, hh_max_progress(sh, W) + 3);
@@ -219,9 +215,7 @@ static void bench_reset(int reps, uint32_t W) {
   const uint32_t all = (1u << W) - 1;
 
   sh->recover = 1;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  if (hh_wait_progress(sh, W, 5, 60000))
+  if (hh_ranks_run(g_d.sock, &sp, sh, pids, W, 5, 60000))
     die("ranks did not start: %s", hh_rank_errors(sh, W));
   for (int k = 0; k < reps; k++) {
     sh->resume_at = 1000000ull * (uint64_t)(k + 1);

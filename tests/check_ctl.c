@@ -441,10 +441,8 @@ START_TEST(test_check_codes) {
   sh->recover = 1;
   sh->hold = 0x7;
   sh->resume_at = 1000000;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  CC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "ranks did not run: %s",
-            hh_rank_errors(sh, W));
+  CC_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, W, 20, 20000) == 0,
+            "ranks did not run: %s", hh_rank_errors(sh, W));
 
   /* WARNING: every row rescues, over the default 50%. */
   CTL(1, "check");
@@ -526,10 +524,8 @@ START_TEST(test_check_records) {
   sh->recover = 1;
   sh->hold = 0x7; /* after a failure, wait for the reset (as check_health) */
   sh->resume_at = 1000000;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  CC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "ranks did not run: %s",
-            hh_rank_errors(sh, W));
+  CC_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, W, 20, 20000) == 0,
+            "ranks did not run: %s", hh_rank_errors(sh, W));
   CTL(0, "check", "--rescue-warning", "100");
   one_line("OK");
 

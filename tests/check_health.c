@@ -58,6 +58,14 @@ static const char *states(const hh_shared *sh, uint32_t W);
     }                                                                        \
   } while (0)
 
+/* The ranks' shared block, whose W ranks' states HC_ASSERT shows. */
+static hh_shared *shared(uint32_t W) {
+  hh_shared *sh = hh_shared_new();
+  g_sh = sh;
+  g_W = W;
+  return sh;
+}
+
 static void start(const char *const *extra) {
   HC_ASSERT(hh_daemon_start(&g_d, extra) == 0, "dcpxd did not come up");
 }
@@ -231,9 +239,7 @@ static void arm_felt_stall(hh_shared *sh, const char *group, uint32_t s,
 START_TEST(test_stall_records) {
   const uint64_t timeout = 300000000ull, ticks = 1200000000ull;
   hh_spec sp = spec("stall", 3, timeout); /* W*N < K: every row rescues */
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = 3;
+  hh_shared *sh = shared(3);
   pid_t pids[3];
   char rankbuf[8];
 
@@ -243,10 +249,8 @@ START_TEST(test_stall_records) {
   sh->poll_each = 1;
   sh->measure = 1; /* a rank that timed out waits for the abort and event */
   sh->resume_at = 1000000;
-  for (uint32_t r = 0; r < 3; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  HC_ASSERT(hh_wait_progress(sh, 3, 10, 20000) == 0, "ranks did not run: %s",
-            hh_rank_errors(sh, 3));
+  HC_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, 3, 10, 20000) == 0,
+            "ranks did not run: %s", hh_rank_errors(sh, 3));
 
   /* A call in which the others wait for rank 1's rescue slot of row 0. */
   hh_expect x;
@@ -439,9 +443,7 @@ END_TEST
  * forks a child that keeps its socket open: then only its pid tells. */
 static void kill9(uint32_t W, int hold, int replace) {
   hh_spec sp = spec(hold ? "held" : "kill", W, 10000000000ull);
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
+  hh_shared *sh = shared(W);
   const uint32_t victim = W - 1, peers = (1u << victim) - 1;
   const uint64_t V = 20;
   pid_t pids[DCPX_MAX_WORLD];
@@ -561,18 +563,14 @@ static int has_record(const hh_rec *rs, int n, const hh_rec *x) {
 START_TEST(test_daemon_restart) {
   const uint32_t W = 3;
   hh_spec sp = spec("restart", W, 1000000000ull);
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
+  hh_shared *sh = shared(W);
   pid_t pids[3];
   hh_rec before[32], after[64];
 
   start(k_fault);
   sh->recover = 1;
   sh->poll_each = 1;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+  HC_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, W, 20, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
 
   /* An alarm before the restart: records to keep. */
@@ -657,9 +655,7 @@ END_TEST
 START_TEST(test_restart_during_recovery) {
   const uint32_t W = 3;
   hh_spec sp = spec("midrec", W, 200000000ull);
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
+  hh_shared *sh = shared(W);
   pid_t pids[3];
 
   start(k_fault);
@@ -667,9 +663,7 @@ START_TEST(test_restart_during_recovery) {
   sh->poll_each = 1;
   sh->hold = 0x4; /* rank 2 holds back its acknowledgement */
   sh->resume_at = 50000;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  HC_ASSERT(hh_wait_progress(sh, W, 5, 20000) == 0, "%s",
+  HC_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, W, 5, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
   hh_expect x;
   uint64_t F = pick_call(&sp, 0, hh_gate(sh, W, hh_max_progress(sh, W) + 5), 1,
@@ -730,9 +724,7 @@ static void ranks_done(hh_shared *sh, pid_t *pids, uint32_t W) {
  * in call 30 while dcpxd is down; dcpxd is back when this returns. */
 static hh_shared *victim_away(const hh_spec *sp, uint32_t W,
                               uint32_t victim, pid_t *pids) {
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
+  hh_shared *sh = shared(W);
   start(NULL);
   sh->recover = 1;
   sh->poll_each = 1;
@@ -813,18 +805,14 @@ END_TEST
  * come back only from a recovery. pids[]: the ranks. */
 static hh_shared *adopted_group(const hh_spec *sp, pid_t *pids) {
   const uint32_t W = 3;
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
+  hh_shared *sh = shared(W);
   start(NULL);
   sh->recover = 1;
   sh->poll_each = 1;
   sh->no_poll = 0x6; /* ranks 1 and 2 do not reattach by themselves */
   sh->resume_at = 1000;
   sh->stop_at = 1100;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, sp, sh, r, 0, 0);
-  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+  HC_ASSERT(hh_ranks_run(g_d.sock, sp, sh, pids, W, 20, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
   stop_clean();
   start(NULL);
@@ -893,9 +881,7 @@ END_TEST
 
 START_TEST(test_records_durable) {
   hh_spec sp = spec("dur", 2, 200000000ull);
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = 2;
+  hh_shared *sh = shared(2);
   const char *const fast[] = {"--enable-fault-injection", "--poll-ms", "1",
                               NULL};
   pid_t pids[2];
@@ -903,9 +889,7 @@ START_TEST(test_records_durable) {
   char path[256];
 
   start(fast);
-  for (uint32_t r = 0; r < 2; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  HC_ASSERT(hh_wait_progress(sh, 2, 5, 20000) == 0, "%s",
+  HC_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, 2, 5, 20000) == 0, "%s",
             hh_rank_errors(sh, 2));
   hh_expect x;
   uint64_t G = hh_gate(sh, 2, hh_max_progress(sh, 2) + 5);
@@ -1185,16 +1169,12 @@ START_TEST(test_unseen_pid_after_restart) {
    * dcpxctl calls and a 500 ms wait, even on a loaded machine */
   static const char *const jt[] = {"--join-timeout-ms=3000", NULL};
   hh_spec sp = spec("unseen", W, 1000000000ull);
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
+  hh_shared *sh = shared(W);
   pid_t pids[2];
 
   start(jt);
   sh->poll_each = 1;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+  HC_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, W, 20, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
   /* (1) Rank 1, whose pid dcpxd will not see, stays away from the new
    * dcpxd for a while (it does not poll), then reattaches. */
@@ -1252,9 +1232,7 @@ END_TEST
 START_TEST(test_recovery_acknowledgements) {
   const uint32_t W = 2;
   hh_spec sp = spec("acks", W, 500000000ull);
-  hh_shared *sh = hh_shared_new();
-  g_sh = sh;
-  g_W = W;
+  hh_shared *sh = shared(W);
   pid_t pids[2];
 
   start(NULL);
@@ -1264,9 +1242,7 @@ START_TEST(test_recovery_acknowledgements) {
    * on a call ahead of it */
   sh->resume_at = 1000;
   sh->stop_at = 1100;
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  HC_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "%s",
+  HC_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, W, 20, 20000) == 0, "%s",
             hh_rank_errors(sh, W));
   CTL_JSON(0, "health", "acks", "--json"); /* running: no such field */
   HC_ASSERT(strstr(g_o.out, "\"acknowledged\":null") &&
@@ -1364,8 +1340,7 @@ START_TEST(test_rejoin_after_leave_while_down) {
   dcpx_client *c;
   dcpx_member *m = join_pair("ud", 0, &c);
   HC_ASSERT(m != NULL, "first join");
-  int st = hh_daemon_stop(&g_d, SIGTERM);
-  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  stop_clean();
   HC_ASSERT(write(go[1], "x", 1) == 1, "go");
   dcpx_leave(m); /* its Leave goes nowhere */
   dcpx_disconnect(c);
@@ -1384,6 +1359,7 @@ START_TEST(test_rejoin_after_leave_while_down) {
             "the unattached group was not given up");
   dcpx_leave(m);
   dcpx_disconnect(c);
+  int st;
   HC_ASSERT(waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
                 WEXITSTATUS(st) == 0,
             "rank 1: status 0x%x", st);
@@ -1599,6 +1575,16 @@ static void *thread_join_main(void *p) {
   return NULL;
 }
 
+/* Ranks 0 (t0, in a thread) and 1 (this thread, *ret_c1) of group "mp",
+ * both of this one process; returns rank 1's member. */
+static dcpx_member *join_mp(thread_join *t0, dcpx_client **ret_c1) {
+  pthread_t th;
+  HC_ASSERT(pthread_create(&th, NULL, thread_join_main, t0) == 0, "thread");
+  dcpx_member *m1 = join_pair("mp", 1, ret_c1);
+  HC_ASSERT(pthread_join(th, NULL) == 0 && t0->m && m1, "joined");
+  return m1;
+}
+
 /* One process holds both ranks of a group (a member per GPU). dcpxd
  * restarts; rank 1's member leaves meanwhile (its Leave is lost) and the
  * process joins rank 1 afresh while its rank-0 member, alive, has not
@@ -1611,10 +1597,8 @@ START_TEST(test_two_ranks_one_process) {
   thread_join t0 = {0, NULL, NULL, 0}, t1 = {1, NULL, NULL, 0};
   pthread_t th;
   start(NULL);
-  HC_ASSERT(pthread_create(&th, NULL, thread_join_main, &t0) == 0, "thread");
   dcpx_client *c1;
-  dcpx_member *m1 = join_pair("mp", 1, &c1);
-  HC_ASSERT(pthread_join(th, NULL) == 0 && t0.m && m1, "joined");
+  dcpx_member *m1 = join_mp(&t0, &c1);
   stop_clean();
   dcpx_leave(m1); /* goes nowhere */
   dcpx_disconnect(c1);
@@ -1668,10 +1652,8 @@ START_TEST(test_recover_with_failed_peer) {
   thread_recover tr;
   pthread_t th;
   start(NULL);
-  HC_ASSERT(pthread_create(&th, NULL, thread_join_main, &t0) == 0, "thread");
   dcpx_client *c1;
-  dcpx_member *m1 = join_pair("mp", 1, &c1);
-  HC_ASSERT(pthread_join(th, NULL) == 0 && t0.m && m1, "joined");
+  dcpx_member *m1 = join_mp(&t0, &c1);
   kill(g_d.pid, SIGSTOP);
   dcpx_call bad = DCPX_CALL_INIT;
   bad.size = 8;
@@ -2028,8 +2010,7 @@ START_TEST(test_refused_reattach_shown) {
 
   start(NULL);
   join_alone("rr", &c, &m);
-  int st = hh_daemon_stop(&g_d, SIGTERM);
-  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  stop_clean();
   /* another secret for group rr: the first hex digit of its third field */
   snprintf(path, sizeof(path), "%s/groups", g_d.state);
   FILE *f = fopen(path, "r");
@@ -2154,8 +2135,7 @@ START_TEST(test_unattached_after_restart) {
 
   start(NULL);
   join_alone("ua", &c, &m);
-  int st = hh_daemon_stop(&g_d, SIGTERM);
-  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  stop_clean();
   start(NULL);
   CTL_JSON(1, "health", "--json");
   HC_ASSERT(strstr(g_o.out, "\"name\":\"ua\"") &&
@@ -2206,8 +2186,7 @@ START_TEST(test_unattached_reset) {
 
   start(NULL);
   join_alone("ub", &c, &m);
-  int st = hh_daemon_stop(&g_d, SIGTERM);
-  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dcpxd exit 0x%x", st);
+  stop_clean();
   dcpx_leave(m); /* its Leave goes nowhere */
   dcpx_disconnect(c);
   start(NULL);

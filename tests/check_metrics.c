@@ -85,10 +85,8 @@ START_TEST(test_openmetrics) {
   rc = hh_ctl(&g_d, &g_o, "health", "--format=openmetrics", (char *)NULL);
   CM_ASSERT(rc == 2, "health --format: %d", rc);
 
-  for (uint32_t r = 0; r < W; r++)
-    pids[r] = hh_rank_fork(g_d.sock, &sp, sh, r, 0, 0);
-  CM_ASSERT(hh_wait_progress(sh, W, 20, 20000) == 0, "ranks did not run: %s",
-            hh_rank_errors(sh, W));
+  CM_ASSERT(hh_ranks_run(g_d.sock, &sp, sh, pids, W, 20, 20000) == 0,
+            "ranks did not run: %s", hh_rank_errors(sh, W));
   parse("openmetrics", "prom", W, 0);
   fputs(g_o.out, stderr); /* one sample in the log */
   parse("prometheus", "prom", W, 1);

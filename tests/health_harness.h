@@ -964,6 +964,16 @@ HH_FN int hh_wait_progress(const hh_shared *sh, uint32_t W, uint64_t p,
   return 0;
 }
 
+/* Forks ranks 0..W-1 (pids[r]) and waits until each has made p calls.
+ * Returns 0, or -1 as hh_wait_progress. */
+HH_FN int hh_ranks_run(const char *sock, const hh_spec *sp, hh_shared *sh,
+                       pid_t *pids, uint32_t W, uint64_t p,
+                       unsigned timeout_ms) {
+  for (uint32_t r = 0; r < W; r++)
+    pids[r] = hh_rank_fork(sock, sp, sh, r, 0, 0);
+  return hh_wait_progress(sh, W, p, timeout_ms);
+}
+
 /* Closes a gate at call `at` (a few calls past hh_max_progress; if the
  * ranks are already past it, at their next call), and waits until every
  * rank stands at it. Returns the call they stopped before, or UINT64_MAX if
