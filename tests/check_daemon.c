@@ -37,24 +37,15 @@
 #include "log.h"
 #include "member.h"
 #include "rng.h"
+#include "daemon_proc.h"
 #include "stderr_log.h"
 
 static char g_dir[64], g_sock[128];
 static pid_t g_daemon;
 
-static int rm_entry(const char *p, const struct stat *st, int fl,
-                    struct FTW *f) {
-  (void)st;
-  (void)fl;
-  (void)f;
-  return remove(p);
-}
-
 static void daemon_start_join(const char *join_ms) {
-  const char *bin = getenv("DCPXD");
+  const char *bin = dp_dcpxd();
   char state[160];
-  if (!bin)
-    bin = "./daemon/dcpxd";
   strcpy(g_dir, "/tmp/dcpx-check.XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(g_dir));
   snprintf(g_sock, sizeof(g_sock), "%s/d.sock", g_dir);
@@ -66,15 +57,7 @@ static void daemon_start_join(const char *join_ms) {
           (char *)NULL);
     _exit(127);
   }
-  for (int i = 0; i < 500; i++) {
-    dcpx_client *c;
-    if (dcpx_connect(g_sock, &c) == 0) {
-      dcpx_disconnect(c);
-      return;
-    }
-    usleep(10000);
-  }
-  ck_abort_msg("dcpxd (%s) did not come up", bin);
+  ck_assert_msg(dp_wait_up(g_sock) == 0, "dcpxd (%s) did not come up", bin);
 }
 
 static void daemon_start(void) { daemon_start_join("20000"); }
@@ -87,7 +70,7 @@ static void daemon_stop(void) {
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
                   "dcpxd did not exit cleanly (status 0x%x)", st);
   }
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  dp_rm_tree(g_dir);
   g_daemon = 0;
 }
 
@@ -1630,7 +1613,7 @@ START_TEST(test_recover_daemon_flapping) {
                 (int)(intptr_t)accepted);
   (void)dcpx_leave(m);
   dcpx_disconnect(c);
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  dp_rm_tree(g_dir);
 }
 END_TEST
 
@@ -1703,7 +1686,7 @@ START_TEST(test_socket_activation) {
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
   ck_assert_int_eq(access(sock, F_OK), 0);
   close(ns);
-  nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  dp_rm_tree(dir);
 }
 END_TEST
 

@@ -18,6 +18,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "daemon_proc.h"
 #include "dcpxd-records.h"
 #include "layout.h"
 
@@ -34,14 +35,6 @@ int fdatasync(int fd) {
   return (int)syscall(SYS_fdatasync, fd);
 }
 
-static int rm_entry(const char *p, const struct stat *st, int fl,
-                    struct FTW *f) {
-  (void)st;
-  (void)fl;
-  (void)f;
-  return remove(p);
-}
-
 /* The records of a new, empty state dir (g_dir, a fresh mkdtemp). */
 static dcpxd_records *fresh(size_t ring) {
   dcpxd_records *s = NULL;
@@ -51,9 +44,7 @@ static dcpxd_records *fresh(size_t ring) {
   return s;
 }
 
-static void remove_dir(void) {
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
+static void remove_dir(void) { dp_rm_tree(g_dir); }
 
 static dcpxd_record rec(uint64_t t) {
   dcpxd_record r;

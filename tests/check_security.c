@@ -36,6 +36,7 @@
 #include "dcpx.h"
 #include "frame.h"
 #include "member.h"
+#include "daemon_proc.h"
 
 #define NOBODY 65534u
 #define ADMIN_GID 4242u
@@ -43,23 +44,15 @@
 static char g_dir[64], g_sock[128], g_log[128];
 static pid_t g_daemon;
 
-static int rm_entry(const char *p, const struct stat *st, int fl,
-                    struct FTW *f) {
-  (void)st, (void)fl, (void)f;
-  return remove(p);
-}
-
 /* Starts dcpxd with the common flags plus the NULL-terminated extra ones;
  * nofile > 0 sets RLIMIT_NOFILE (soft and hard) before the exec. */
 static void daemon_start_lim(rlim_t nofile, ...) {
-  const char *bin = getenv("DCPXD");
+  const char *bin = dp_dcpxd();
   const char *argv[32];
   char state[160];
   int n = 0;
   va_list ap;
 
-  if (!bin)
-    bin = "./daemon/dcpxd";
   strcpy(g_dir, "/tmp/dcpx-sec.XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(g_dir));
   chmod(g_dir, 0755); /* so that the second uid reaches the socket */
@@ -93,15 +86,7 @@ static void daemon_start_lim(rlim_t nofile, ...) {
     execv(bin, (char **)argv);
     _exit(127);
   }
-  for (int i = 0; i < 500; i++) {
-    dcpx_client *c;
-    if (dcpx_connect(g_sock, &c) == 0) {
-      dcpx_disconnect(c);
-      return;
-    }
-    usleep(10000);
-  }
-  ck_abort_msg("dcpxd (%s) did not come up", bin);
+  ck_assert_msg(dp_wait_up(g_sock) == 0, "dcpxd (%s) did not come up", bin);
 }
 #define daemon_start(...) daemon_start_lim(0, ##__VA_ARGS__, (char *)NULL)
 
@@ -113,7 +98,7 @@ static void daemon_stop(void) {
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
                   "dcpxd did not exit cleanly (status 0x%x)", st);
   }
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  dp_rm_tree(g_dir);
   g_daemon = 0;
   g_log[0] = '\0';
 }
@@ -123,11 +108,9 @@ static void daemon_stop(void) {
  * state dir, with the common flags only (its log appended to g_log, if
  * set). */
 static void daemon_restart_after(void (*between)(void)) {
-  const char *bin = getenv("DCPXD");
+  const char *bin = dp_dcpxd();
   char state[160];
   int st;
-  if (!bin)
-    bin = "./daemon/dcpxd";
   kill(g_daemon, SIGTERM);
   waitpid(g_daemon, &st, 0);
   if (between)
@@ -144,15 +127,7 @@ static void daemon_restart_after(void (*between)(void)) {
           "--socket-mode=0666", "--allow-uid=65534", (char *)NULL);
     _exit(127);
   }
-  for (int i = 0; i < 500; i++) {
-    dcpx_client *c;
-    if (dcpx_connect(g_sock, &c) == 0) {
-      dcpx_disconnect(c);
-      return;
-    }
-    usleep(10000);
-  }
-  ck_abort_msg("dcpxd did not come back");
+  ck_assert_msg(dp_wait_up(g_sock) == 0, "dcpxd did not come back");
 }
 #define daemon_restart() daemon_restart_after(NULL)
 
@@ -1101,7 +1076,7 @@ START_TEST(test_sighup_ignored_at_start) {
                 "dcpxd did not exit cleanly (status 0x%x)", st);
   if (!early)
     fprintf(stderr, "note: dcpxd was Ready before the first SIGHUP\n");
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  dp_rm_tree(g_dir);
 }
 END_TEST
 
@@ -1178,7 +1153,7 @@ START_TEST(test_state_dir_lock) {
    * process) */
   ck_assert_int_eq(dcpxd_once(state, out, sizeof(out), 1), 0);
   ck_assert_msg(strstr(out, "Ready"), "dcpxd said: %s", out);
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  dp_rm_tree(g_dir);
 }
 END_TEST
 
@@ -1607,10 +1582,8 @@ START_TEST(test_nofile_raised) {
     return;
   }
   /* Soft 64, hard as ours: started through a shell's ulimit -S. */
-  const char *bin = getenv("DCPXD");
+  const char *bin = dp_dcpxd();
   char cmd[512];
-  if (!bin)
-    bin = "./daemon/dcpxd";
   strcpy(g_dir, "/tmp/dcpx-sec.XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(g_dir));
   snprintf(g_sock, sizeof(g_sock), "%s/d.sock", g_dir);
@@ -1622,14 +1595,7 @@ START_TEST(test_nofile_raised) {
     execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
     _exit(127);
   }
-  for (int i = 0; i < 500; i++) {
-    dcpx_client *c;
-    if (dcpx_connect(g_sock, &c) == 0) {
-      dcpx_disconnect(c);
-      break;
-    }
-    usleep(10000);
-  }
+  (void)dp_wait_up(g_sock); /* the assertion below says what went wrong */
   ck_assert_int_eq(proc_limit_nofile(g_daemon), (long)mine.rlim_max);
   daemon_stop();
 }

@@ -15,6 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "daemon_proc.h"
 #include "dcpxd-secrets.h"
 
 static char g_dir[64];
@@ -46,17 +47,7 @@ ssize_t write(int fd, const void *buf, size_t n) {
   return syscall(SYS_write, fd, buf, n);
 }
 
-static int rm_entry(const char *p, const struct stat *st, int fl,
-                    struct FTW *f) {
-  (void)st;
-  (void)fl;
-  (void)f;
-  return remove(p);
-}
-
-static void remove_dir(void) {
-  nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
+static void remove_dir(void) { dp_rm_tree(g_dir); }
 
 /* A fresh state dir (g_dir) whose groups file holds `text`, of `mode`. */
 static void groups_file(const char *text, mode_t mode) {

@@ -46,6 +46,7 @@
 
 #include "dcpx.h"
 #include "call.h"
+#include "daemon_proc.h"
 #include "frame.h"
 #include "layout.h"
 #include "member.h"
@@ -75,23 +76,8 @@ typedef struct hh_daemon {
   pid_t pid;
 } hh_daemon;
 
-HH_FN int hh_rm_entry(const char *p, const struct stat *st, int fl,
-                       struct FTW *f) {
-  (void)st;
-  (void)fl;
-  (void)f;
-  return remove(p);
-}
-
 /* Whether a client can say Hello to the daemon now. */
-HH_FN int hh_daemon_up(const hh_daemon *d) {
-  dcpx_client *c;
-  if (dcpx_connect(d->sock, &c) == 0) {
-    dcpx_disconnect(c);
-    return 1;
-  }
-  return 0;
-}
+HH_FN int hh_daemon_up(const hh_daemon *d) { return dp_daemon_up(d->sock); }
 
 /* The test program's pid, set by its main() before any test forks: every
  * daemon folder is /tmp/dcpx-health.<owner>.XXXXXX, so that the program can
@@ -103,12 +89,10 @@ static pid_t hh_owner __attribute__((unused));
  * arguments (NULL-terminated list), and waits until it answers. The first
  * start makes the folder. Returns 0, or -1 if it did not come up in 5 s. */
 HH_FN int hh_daemon_start(hh_daemon *d, const char *const *extra) {
-  const char *bin = getenv("DCPXD");
+  const char *bin = dp_dcpxd();
   const char *argv[32];
   int n = 0;
 
-  if (!bin)
-    bin = "./daemon/dcpxd";
   if (!d->dir[0]) {
     snprintf(d->dir, sizeof(d->dir), "/tmp/dcpx-health.%ld.XXXXXX",
              (long)(hh_owner ? hh_owner : getpid()));
@@ -169,7 +153,7 @@ HH_FN void hh_daemon_cleanup(hh_daemon *d) {
   if (d->pid > 0)
     hh_daemon_stop(d, SIGKILL);
   if (d->dir[0])
-    nftw(d->dir, hh_rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+    dp_rm_tree(d->dir);
   d->dir[0] = 0;
 }
 
@@ -189,7 +173,7 @@ HH_FN void hh_cleanup_owned(void) {
     if (strncmp(e->d_name, prefix, strlen(prefix)))
       continue;
     snprintf(path, sizeof(path), "/tmp/%s", e->d_name);
-    nftw(path, hh_rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+    dp_rm_tree(path);
   }
   closedir(dir);
 }
