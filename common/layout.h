@@ -302,6 +302,14 @@ DCPX_LAYOUT_FN uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,
   return ((((uint64_t)p * L->world + s) * L->rows + t) * L->pairs + i) * 16u;
 }
 
+/* The source rank of the ll_slots half `index` (a wait record's,
+ * docs/PROTOCOL.md 6.3: 2 * ((((p * W + s) * R + t) * P) + i) + h): the
+ * rank whose list the wait awaited. */
+DCPX_LAYOUT_FN uint32_t dcpx_ll_index_source(const dcpx_layout *L,
+                                            uint32_t index) {
+  return (uint32_t)((index / 2u / L->pairs / L->rows) % L->world);
+}
+
 /* ---- the LL merge's staging area (CUDA kernels) ----------------------------
  *
  * An LL merge block copies every word of a row it reads (the W lists,

@@ -54,6 +54,16 @@ static int cmp_time(const void *a, const void *b) {
   return x->block < y->block ? -1 : x->block > y->block;
 }
 
+/* " awaited_rank=S" for a timeout in round 1 (ll_slots), naming the rank
+ * whose list never came: the one that missed the call, or pushed fewer
+ * rows (docs/PROTOCOL.md 7); "" for the other records (a rescue slot's
+ * sender depends on the row's saturation mask, which the record lacks). */
+static void record_awaited(const dcpxd_group *g, const dcpxd_record *r,
+                           char *buf, size_t n) {
+  buf[0] = '\0';
+  if (r->kind == DCPX_REC_TIMEOUT && r->region == DCPX_REGION_LL_SLOTS)
+    snprintf(buf, n, " awaited_rank=%u", dcpx_ll_index_source(&g->L, r->index));
+}
 
 size_t dcpxd_health_harvest(dcpxd_group *g) {
   const uint32_t W = g->shape.world, R = g->shape.rows;
@@ -111,12 +121,14 @@ done_scan:
   keep = n < HARVEST_KEEP ? n : HARVEST_KEEP;
   for (size_t i = 0; i < keep && i < HARVEST_LOG; i++) {
     const dcpxd_record *r = &recs[i];
+    char awaited[32];
+    record_awaited(g, r, awaited, sizeof(awaited));
     log_warning("wait record group=%s gen=%u rank=%u kind=%s region=%s "
-                "index=%u expected=%u seen=%u block=%u call=%" PRIu64
+                "index=%u expected=%u seen=%u block=%u%s call=%" PRIu64
                 " time=%" PRIu64,
                 r->group, r->generation, r->rank, dcpx_rec_kind_name(r->kind),
                 dcpxd_region_name(r->region), r->index, r->expected, r->seen,
-                r->block, r->call_tag, r->time_ns);
+                r->block, awaited, r->call_tag, r->time_ns);
   }
   if (keep > HARVEST_LOG)
     log_warning("group=%s gen=%u: %zu more wait records stored, not logged",

@@ -228,6 +228,90 @@ static void arm_felt_stall(hh_shared *sh, const char *group, uint32_t s,
   sh->late_ms = late_ms;
 }
 
+/* A rank that calls with fewer rows than its peer (docs/PROTOCOL.md 7):
+ * rank 1 pushes and merges rows 0..1, rank 0 rows 0..3. Rank 0's rows 2
+ * and 3 wait for lists rank 1 never pushes, and row 2 times out; dcpxd's
+ * log of its record names rank 1 as the rank whose list never came (before,
+ * only its encoded index in ll_slots did). */
+#define SHORT_ROWS 4u
+#define SHORT_L 64u
+
+typedef struct short_rank {
+  uint32_t rank, rows;
+  pthread_barrier_t *bar;
+  int join_rc, merge_rc;
+} short_rank;
+
+static void *short_rows_rank(void *arg) {
+  short_rank *a = arg;
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_client *c;
+  dcpx_member *m = NULL;
+  static uint16_t lg[2][SHORT_ROWS * SHORT_L];
+  int32_t ends[SHORT_ROWS], req[SHORT_ROWS], bt[SHORT_ROWS * SHORT_L / 4];
+  int32_t rows_out[SHORT_ROWS * 16], valid[SHORT_ROWS];
+
+  sh.world = 2, sh.rows = SHORT_ROWS, sh.topk = 16, sh.local_topk = 9;
+  sh.block_size = 4, sh.max_local = SHORT_L;
+  jo.group = "short", jo.rank = a->rank, jo.timeout_ns = 200000000ull;
+  for (uint32_t t = 0; t < SHORT_ROWS; t++)
+    ends[t] = SHORT_L, req[t] = (int32_t)t;
+  for (uint32_t k = 0; k < SHORT_ROWS * SHORT_L / 4; k++)
+    bt[k] = (int32_t)k;
+  for (uint32_t k = 0; k < SHORT_ROWS * SHORT_L; k++)
+    lg[a->rank][k] = (uint16_t)(0x3F80 + (k * 7 + a->rank) % 97);
+  a->join_rc = dcpx_connect(g_d.sock, &c);
+  if (a->join_rc == 0) {
+    a->join_rc = dcpx_join(c, &sh, &jo, &m);
+    dcpx_disconnect(c);
+  }
+  if (a->join_rc == 0) {
+    dcpx_call in = DCPX_CALL_INIT;
+    dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+    in.rows = a->rows, in.stride = SHORT_L, in.logits = lg[a->rank];
+    in.row_ends = ends, in.req_id = req, in.block_table = bt;
+    in.bt_rows = SHORT_ROWS, in.bt_cols = SHORT_L / 4;
+    out.rows_out = rows_out, out.valid_out = valid;
+    a->merge_rc = dcpx_push(m, &in, NULL);
+    if (a->merge_rc == 0)
+      a->merge_rc = dcpx_merge(m, &in, &out, NULL);
+  }
+  pthread_barrier_wait(a->bar); /* rank 1 pushes nothing more */
+  dcpx_leave(m);
+  return NULL;
+}
+
+START_TEST(test_rows_mismatch_names_peer) {
+  pthread_barrier_t bar;
+  pthread_t th[2];
+  short_rank a[2] = {{0, SHORT_ROWS, &bar, -1, -1},
+                     {1, 2, &bar, -1, -1}};
+
+  start(NULL);
+  pthread_barrier_init(&bar, NULL, 2);
+  for (int r = 0; r < 2; r++)
+    pthread_create(&th[r], NULL, short_rows_rank, &a[r]);
+  for (int r = 0; r < 2; r++)
+    pthread_join(th[r], NULL);
+  pthread_barrier_destroy(&bar);
+  HC_ASSERT(a[0].join_rc == 0 && a[1].join_rc == 0, "joins: %d %d",
+            a[0].join_rc, a[1].join_rc);
+  HC_ASSERT(a[0].merge_rc == DCPX_E_FAILED && a[1].merge_rc == 0,
+            "rank 0 (4 rows): %d, rank 1 (2 rows): %d", a[0].merge_rc,
+            a[1].merge_rc);
+  for (int i = 0; i < 300 && !log_contains("wait record group=short"); i++)
+    hh_sleep_ms(10);
+  /* row 2 gives up first; row 3 then stops on the rank's FAILED word */
+  HC_ASSERT(log_contains("rank=0 kind=timeout region=ll_slots") &&
+                log_contains("block=2 awaited_rank=1 ") &&
+                !log_contains("awaited_rank=0"),
+            "the records do not name rank 1 as the rank awaited");
+  finish();
+}
+END_TEST
+
+
 /* ---- a stall longer than the timeout --------------------------------------
  *
  * Rank 1 comes late to call F and stalls (fault hook, armed through
@@ -2276,6 +2360,7 @@ int main(void) {
   if (!only || !strcmp(only, #t))                                            \
   tcase_add_test(tc, t)
   ADD(test_stall_records);
+  ADD(test_rows_mismatch_names_peer);
   ADD(test_kill9_replace);
   ADD(test_kill9_socket_held);
   ADD(test_daemon_restart);
