@@ -555,7 +555,9 @@ static void on_join_timeout(uv_timer_t *t) {
   member_detach(g, rank);
   /* A peer refused for its shape, if its rank is still missing. */
   const char *refused =
-      g->refused[0] && !g->member[g->refused_rank].conn ? g->refused : "";
+      g->refused[0] && (g->refused_dup || !g->member[g->refused_rank].conn)
+          ? g->refused
+          : "";
   join_refuse(c, DCPX_E_TIMEDOUT,
               "group '%s' did not form in time: %u of %u ranks joined "
               "(ranks %s)%s",
@@ -1136,6 +1138,27 @@ static bool conn_hung_up(const dcpxd_conn *c) {
   return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR));
 }
 
+/* Notes a Join a forming group refused, for the reason of the joins of
+ * that group that time out later (on_join_timeout). */
+static void forming_refused(dcpxd_group *g, const dcpxd_conn *c,
+                            uint32_t rank, bool dup, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void forming_refused(dcpxd_group *g, const dcpxd_conn *c,
+                            uint32_t rank, bool dup, const char *fmt, ...) {
+  char why[200];
+  va_list ap;
+
+  if (g->state != DCPXD_GROUP_FORMING)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof(why), fmt, ap);
+  va_end(ap);
+  g->refused_rank = rank;
+  g->refused_dup = dup;
+  dcpxd_bprintf(g->refused, "; rank %u (pid %d) was refused: %s", rank,
+                (int)c->pid, why);
+}
+
 static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
                          const dcpx_shape *shape, int transport,
                          dcpxd_group **g) {
@@ -1145,12 +1168,8 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
                         msg, sizeof(msg));
 
   if (r < 0) {
-    if ((*g)->state == DCPXD_GROUP_FORMING && j->rank < (*g)->shape.world) {
-      (*g)->refused_rank = j->rank;
-      snprintf((*g)->refused, sizeof((*g)->refused),
-               "; rank %u (pid %d) was refused: shape mismatch: %.180s",
-               j->rank, (int)c->pid, msg);
-    }
+    if (j->rank < (*g)->shape.world)
+      forming_refused(*g, c, j->rank, false, "shape mismatch: %.180s", msg);
     join_refuse(c, r, "shape mismatch: %s", msg);
     return -1;
   }
@@ -1179,9 +1198,10 @@ static int join_existing(dcpxd_conn *c, const Dcpx__Join *j,
       return 0;
   }
   if (dcpxd_member_live(&(*g)->member[j->rank])) {
-    join_refuse(c, DCPX_E_DUPRANK,
-                "rank %u of group '%s' is already held by pid %d", j->rank,
-                (*g)->name, (int)(*g)->member[j->rank].pid);
+    dcpxd_bprintf(msg, "rank %u of group '%s' is already held by pid %d",
+                  j->rank, (*g)->name, (int)(*g)->member[j->rank].pid);
+    forming_refused(*g, c, j->rank, true, "%s", msg);
+    join_refuse(c, DCPX_E_DUPRANK, "%s", msg);
     return -1;
   }
   if ((*g)->state != DCPXD_GROUP_FORMING && !(*g)->live && (*g)->awaiting) {

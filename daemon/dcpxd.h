@@ -208,9 +208,12 @@ struct dcpxd_group {
   bool nccl_fresh;
   /* While forming: the last join refused for its shape (its rank in
    * refused_rank), told to the ranks whose join then times out while
-   * that rank is still missing ("" when none). */
+   * that rank is still missing ("" when none), or as a duplicate
+   * (refused_dup: told whoever holds its rank, since a second claim of a
+   * rank is why another rank may never come). */
   char refused[240];
   uint32_t refused_rank;
+  bool refused_dup;
 
   /* Memory, from formation on. */
   const dcpxd_mem_ops *mem;

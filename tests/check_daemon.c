@@ -1070,6 +1070,22 @@ START_TEST(test_join_hostname_not_utf8) {
 }
 END_TEST
 
+/* The JoinReply of a raw Join on s: its status, its reason into why. */
+static int join_reply_error(int s, char *why, size_t n) {
+  Dcpx__Frame *rep = NULL;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  ck_assert_int_eq(dcpx__frame_recv(s, &rep, fds, DCPX_FRAME_MAX_FDS, &nfds),
+                   0);
+  ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_JOIN_REPLY);
+  const Dcpx__Reply *rr = rep->join_reply->reply;
+  const int r = rr->status;
+  snprintf(why, n, "%s", rr->error ? rr->error : "");
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  dcpx__frame_free(rep);
+  return r;
+}
+
 /* A join whose reply's descriptors do not fit under the process's
  * open-file limit says so: -EMFILE, the reason naming the limit (it was
  * DCPX_E_FDS, "too many file descriptors in one message", a fault of the
@@ -1239,18 +1255,30 @@ START_TEST(test_client_side_errors) {
     jo.rank = 1;
     jo.join_timeout_ms = 0;
     ck_assert_int_eq(dcpx_join(c, &other, &jo, &m), DCPX_E_SHAPE);
-    Dcpx__Frame *rep = NULL;
-    int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
-    ck_assert_int_eq(dcpx__frame_recv(s0, &rep, fds, DCPX_FRAME_MAX_FDS,
-                                      &nfds),
-                     0);
-    ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_JOIN_REPLY);
-    const Dcpx__Reply *rr = rep->join_reply->reply;
-    ck_assert_int_eq(rr->status, DCPX_E_TIMEDOUT);
-    ck_assert_msg(strstr(rr->error, "rank 1 (pid") &&
-                      strstr(rr->error, "was refused: shape mismatch"),
-                  "%s", rr->error);
-    dcpx__frame_free(rep);
+    char why[512];
+    ck_assert_int_eq(join_reply_error(s0, why, sizeof(why)), DCPX_E_TIMEDOUT);
+    ck_assert_msg(strstr(why, "rank 1 (pid") &&
+                      strstr(why, "was refused: shape mismatch"),
+                  "%s", why);
+    close(s0);
+  }
+  /* So is a second claim of a rank that is held (a launcher that gave
+   * two processes rank 0: the reason rank 1 never comes), though no rank
+   * is missing for it. */
+  {
+    int s0 = raw_connect();
+    ck_assert_int_eq(raw_hello(s0, DCPX_PROTO_VERSION), 0);
+    ck_assert_int_eq(raw_join_ms(s0, "twice", 0, &sh, 0, 1500), 0);
+    jo.group = "twice";
+    jo.rank = 0;
+    jo.timeout_ns = 5000000000ull; /* raw_join's */
+    ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_DUPRANK);
+    char why[512];
+    ck_assert_int_eq(join_reply_error(s0, why, sizeof(why)), DCPX_E_TIMEDOUT);
+    ck_assert_msg(strstr(why, "1 of 2 ranks joined (ranks 0); rank 0 (pid") &&
+                      strstr(why, "was refused: rank 0 of group 'twice' is "
+                                  "already held by pid"),
+                  "%s", why);
     close(s0);
   }
   dcpx_disconnect(c);
