@@ -1706,8 +1706,9 @@ static void member_leaves(dcpxd_conn *c, bool graceful) {
   dcpxd_group_health(g, rank)->joined = 0;
   /* The rank is not held any more: the groups file must not name this
    * process (which may live on after a Leave) as a rank that a restart
-   * leaves to reattach (dcpxd-secrets.h: 0 for a rank not held). */
-  dcpxd_secrets_set_pid(g->m->secrets, g->name, g->shape.world, rank, 0);
+   * leaves to reattach (dcpxd-secrets.h). */
+  dcpxd_secrets_set_pid(g->m->secrets, g->name, g->shape.world, rank,
+                        DCPXD_PID_NONE);
   g->left |= graceful;
   if (g->live == 0 && !g->awaiting) {
     log_info("group=%s: its last member %s", g->name,

@@ -32,6 +32,10 @@ typedef struct entry {
    * ticks since boot; 0: not known): a pid that another process took
    * since is not the rank's */
   uint64_t start[DCPX_MAX_WORLD];
+  /* held by a process whose pid dcpxd cannot see (pid 0: SO_PEERCRED's
+   * for another pid namespace), which may live; a pid 0 without it is a
+   * rank held by none */
+  bool unseen[DCPX_MAX_WORLD];
 } entry;
 
 #define BOOT_ID_LEN 36 /* /proc/sys/kernel/random/boot_id, a UUID */
@@ -43,6 +47,8 @@ struct dcpxd_secrets {
   size_t n;
   bool dirty; /* changes not saved yet (dcpxd_secrets_flush) */
   uint64_t retry_ns; /* after a failed flush: not before this (monotonic) */
+  uint64_t unseen_until_ns; /* an unseen holder counts as live until then
+                               (monotonic; dcpxd_secrets_unseen_until) */
 };
 
 static int hex_digit(char c) {
@@ -79,14 +85,16 @@ static int parse_line(const char *line, entry *e) {
       return -EINVAL;
     e->secret[i] = (uint8_t)(hi << 4 | lo);
   }
-  /* PID[@START],... of ranks 0..W-1 (0: not held), absent in older
-   * files; @START (the process's start time) too. */
+  /* PID[@START],... of ranks 0..W-1 (0: not held; 0@0: held by a pid
+   * not seen), absent in older files; @START (the process's start time)
+   * too. */
   for (const char *p = line + end; *p && *p != '\n';) {
     char *q;
     long pid = strtol(p, &q, 10);
     unsigned long long start = 0;
     if (q == p || pid < 0 || pid > INT32_MAX || e->n_pids == DCPX_MAX_WORLD)
       return -EINVAL;
+    e->unseen[e->n_pids] = pid == 0 && *q == '@';
     if (*q == '@') {
       const char *t = q + 1;
       if (*t < '0' || *t > '9')
@@ -214,7 +222,7 @@ static int save(dcpxd_secrets *s) {
       fprintf(m, "%02x", s->e[i].secret[k]);
     for (uint32_t k = 0; k < s->e[i].n_pids; k++) {
       fprintf(m, "%c%d", k ? ',' : ' ', (int)s->e[i].pid[k]);
-      if (s->e[i].start[k])
+      if (s->e[i].start[k] || s->e[i].unseen[k])
         fprintf(m, "@%llu", (unsigned long long)s->e[i].start[k]);
     }
     fputc('\n', m);
@@ -311,11 +319,16 @@ bool dcpxd_pid_live(pid_t pid, uint64_t start) {
   return p && strtol(p + 9, NULL, 10) > 1;
 }
 
-/* The ranks of e whose process lives (bit r). */
-static uint32_t live_mask(const entry *e) {
+/* The ranks of e whose process lives (bit r). One whose pid dcpxd does
+ * not see cannot be asked: it is taken as live until s->unseen_until_ns,
+ * the time its process has to reattach (as an awaited rank of an adopted
+ * group, dcpxd-group.c awaited_gone). */
+static uint32_t live_mask(const dcpxd_secrets *s, const entry *e) {
+  const bool unseen_live =
+      e && dcpxd_now_ns(CLOCK_MONOTONIC) < s->unseen_until_ns;
   uint32_t mask = 0;
   for (uint32_t r = 0; e && r < e->n_pids && r < 32; r++)
-    if (dcpxd_pid_live(e->pid[r], e->start[r]))
+    if (e->unseen[r] ? unseen_live : dcpxd_pid_live(e->pid[r], e->start[r]))
       mask |= 1u << r;
   return mask;
 }
@@ -325,13 +338,14 @@ static uint32_t live_mask(const entry *e) {
  * entry is dead. A pid reused by a process whose start time was not known
  * when the rank's was recorded (an older file) keeps an entry: then only
  * dcpxctl reset lets a Join of its name form a new group. An entry
- * without pids is kept. */
-static bool entry_dead(const entry *e) {
+ * without pids, or whose ranks are all held by none, is kept; one with a
+ * rank held by a pid dcpxd does not see is kept too (live_mask). */
+static bool entry_dead(const dcpxd_secrets *s, const entry *e) {
   bool held = false;
 
   for (uint32_t k = 0; k < e->n_pids; k++)
-    held |= e->pid[k] > 0;
-  return held && live_mask(e) == 0;
+    held |= e->pid[k] > 0 || e->unseen[k];
+  return held && live_mask(s, e) == 0;
 }
 
 /* At start: forgets the groups whose ranks are all gone, and saves the
@@ -340,7 +354,7 @@ static void prune_dead(dcpxd_secrets *s) {
   size_t pruned = 0;
 
   for (size_t i = 0; i < s->n;) {
-    if (entry_dead(&s->e[i])) {
+    if (entry_dead(s, &s->e[i])) {
       log_info("group=%s: forgotten, no process of its ranks is left to "
                "reattach",
                s->e[i].name);
@@ -377,6 +391,7 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
     return -ENOMEM;
   }
   read_boot_id(s->boot);
+  s->unseen_until_ns = UINT64_MAX;
   r = load(s);
   if (r != 0) {
     if (r < 0)
@@ -415,6 +430,21 @@ static entry *find(const dcpxd_secrets *s, const char *name) {
   return NULL;
 }
 
+/* No rank of e held by any process. */
+static void entry_clear_ranks(entry *e) {
+  memset(e->pid, 0, sizeof(e->pid));
+  memset(e->start, 0, sizeof(e->start));
+  memset(e->unseen, 0, sizeof(e->unseen));
+}
+
+/* Rank r of e held by pid (0: by a process whose pid dcpxd does not see)
+ * or by none (DCPXD_PID_NONE). */
+static void rank_set(entry *e, uint32_t r, pid_t pid) {
+  e->pid[r] = pid > 0 ? pid : 0;
+  e->start[r] = proc_start(pid);
+  e->unseen[r] = pid == 0;
+}
+
 int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
                       uint32_t world, const pid_t *pids,
                       uint8_t secret[DCPX_CTL_SECRET_BYTES]) {
@@ -435,11 +465,9 @@ int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
   }
   e->owner = owner;
   memcpy(e->secret, secret, DCPX_CTL_SECRET_BYTES);
-  memset(e->pid, 0, sizeof(e->pid));
-  memset(e->start, 0, sizeof(e->start));
-  memcpy(e->pid, pids, world * sizeof(*pids));
+  entry_clear_ranks(e);
   for (uint32_t r = 0; r < world; r++)
-    e->start[r] = proc_start(pids[r]);
+    rank_set(e, r, pids[r]);
   e->n_pids = world;
   return save(s);
 }
@@ -451,14 +479,13 @@ void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
   if (!e || world > DCPX_MAX_WORLD || rank >= world)
     return;
   if (e->n_pids != world) {
-    memset(e->pid, 0, sizeof(e->pid));
-    memset(e->start, 0, sizeof(e->start));
+    entry_clear_ranks(e);
     e->n_pids = world;
-  } else if (e->pid[rank] == pid && (pid <= 0 || e->start[rank])) {
+  } else if (pid > 0 ? e->pid[rank] == pid && e->start[rank]
+                     : e->pid[rank] == 0 && e->unseen[rank] == (pid == 0)) {
     return;
   }
-  e->pid[rank] = pid;
-  e->start[rank] = proc_start(pid);
+  rank_set(e, rank, pid);
   s->dirty = true;
 }
 
@@ -512,11 +539,16 @@ const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
 }
 
 uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name) {
-  return live_mask(s ? find(s, name) : NULL);
+  return s ? live_mask(s, find(s, name)) : 0;
 }
 
 uint32_t dcpxd_secrets_live_at(const dcpxd_secrets *s, size_t i) {
-  return s && i < s->n ? live_mask(&s->e[i]) : 0;
+  return s && i < s->n ? live_mask(s, &s->e[i]) : 0;
+}
+
+void dcpxd_secrets_unseen_until(dcpxd_secrets *s, uint64_t until_ns) {
+  if (s)
+    s->unseen_until_ns = until_ns;
 }
 
 bool dcpxd_secrets_rank_live(const dcpxd_secrets *s, const char *name,
@@ -531,8 +563,7 @@ bool dcpxd_secrets_forget_rank(dcpxd_secrets *s, const char *name,
   entry *e = s ? find(s, name) : NULL;
   if (!e || pid <= 0 || rank >= e->n_pids || e->pid[rank] != pid)
     return false;
-  e->pid[rank] = 0;
-  e->start[rank] = 0;
+  rank_set(e, rank, DCPXD_PID_NONE);
   s->dirty = true;
   return true;
 }

@@ -10,11 +10,14 @@
  * is the entry of that very name.
  *
  * The entry also holds the pid of each rank's process, kept as members
- * join, are replaced or reattach (0 once a rank leaves or dies: a
+ * join, are replaced or reattach (none once a rank leaves or dies: a
  * process that left lives on, and must not keep its group unattached
- * across a restart). At start, the entries whose processes are
- * all gone are removed: nobody is left to reattach to them (the memory of a
- * group lives in its ranks' processes), so they are state of dead groups.
+ * across a restart). A process of another pid namespace has no pid that
+ * dcpxd sees (SO_PEERCRED's 0): its rank is held "unseen", and taken as
+ * live, since nothing tells, until dcpxd_secrets_unseen_until. At start,
+ * the entries whose processes are all gone are removed: nobody is left to
+ * reattach to them (the memory of a group lives in its ranks' processes),
+ * so they are state of dead groups.
  *
  * The file is rewritten whole (temporary file, fsync, rename, fsync of
  * the directory): at once when a group is added (its secret must be on
@@ -23,7 +26,8 @@
  * event loop (dcpxd_secrets_flush), so that a client whose exit ends
  * thousands of groups costs one save, not one per group. One line
  * "NAME UID HEX PID[@START],..." per group (pids of ranks 0..W-1, 0 for a
- * rank not held; files of older dcpxd versions have no
+ * rank not held, 0@0 for one held unseen, which versions before it read
+ * as 0; files of older dcpxd versions have no
  * pids, and those entries are kept). Each pid may carry "@START", when its
  * process started (/proc/PID/stat starttime): a live pid of another start
  * time is another process, not the rank's. A first line "#boot ID" names
@@ -49,14 +53,18 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret);
 dcpxd_secrets *dcpxd_secrets_free(dcpxd_secrets *s);
 
 /* Makes a random secret for a new group, records it with its owner and
- * the pids of its W ranks, and saves the file. 0 or a negative errno (then
+ * the pids of its W ranks (0: unseen), and saves the file. 0 or a negative errno (then
  * the group must not form). */
 int dcpxd_secrets_add(dcpxd_secrets *s, const char *name, uid_t owner,
                       uint32_t world, const pid_t *pids,
                       uint8_t secret[DCPX_CTL_SECRET_BYTES]);
 
+/* For dcpxd_secrets_set_pid: a rank held by no process. */
+#define DCPXD_PID_NONE ((pid_t)-1)
+
 /* Records that rank `rank` of the W-rank group `name` is held by pid (0:
- * not held); saved by the next dcpxd_secrets_flush (or add). */
+ * by a process whose pid dcpxd does not see; DCPXD_PID_NONE: by none);
+ * saved by the next dcpxd_secrets_flush (or add). */
 void dcpxd_secrets_set_pid(dcpxd_secrets *s, const char *name, uint32_t world,
                            uint32_t rank, pid_t pid);
 
@@ -81,11 +89,19 @@ size_t dcpxd_secrets_count(const dcpxd_secrets *s);
 const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
                                 uid_t *owner, uint32_t *n_pids);
 
-/* The ranks of entry `name` whose recorded process lives (bit r); 0
- * when there is no such entry. */
+/* The ranks of entry `name` whose recorded process lives (bit r), those
+ * held unseen too until dcpxd_secrets_unseen_until; 0 when there is no
+ * such entry. */
 uint32_t dcpxd_secrets_live(const dcpxd_secrets *s, const char *name);
 /* The same for entry i (< dcpxd_secrets_count), without a lookup. */
 uint32_t dcpxd_secrets_live_at(const dcpxd_secrets *s, size_t i);
+
+/* Until when (CLOCK_MONOTONIC ns) a rank held by a process whose pid
+ * dcpxd does not see counts as live: dcpxd gives such a process its join
+ * timeout from the start to reattach, as it does an awaited rank of an
+ * adopted group. Until it is called, always (the pruning at open keeps
+ * such entries). */
+void dcpxd_secrets_unseen_until(dcpxd_secrets *s, uint64_t until_ns);
 
 /* Forgets that process pid holds rank `rank` of entry `name` (it left
  * it); false if it did not. Only that rank: a process may hold several

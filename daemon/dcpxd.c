@@ -432,6 +432,11 @@ int main(int argc, char **argv) {
   r = dcpxd_secrets_open(conf.state_dir, &m->secrets);
   if (r < 0)
     goto out_records;
+  /* a rank held by a process whose pid dcpxd cannot see may live: it has
+   * the join timeout to reattach (dcpxd-secrets.h) */
+  dcpxd_secrets_unseen_until(m->secrets,
+                             dcpxd_now_ns(CLOCK_MONOTONIC) +
+                                 (uint64_t)conf.join_timeout_ms * 1000000ull);
 
   r = uv_loop_init(&loop);
   if (r < 0) {

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemon_proc.h"
@@ -262,6 +263,92 @@ START_TEST(test_groups_saved_at_exit) {
 }
 END_TEST
 
+/* A pid that no process has: a child's, reaped. */
+static pid_t dead_pid(void) {
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0)
+    _exit(0);
+  ck_assert_int_eq(waitpid(pid, NULL, 0), pid);
+  return pid;
+}
+
+/* A rank held by a process whose pid dcpxd cannot see (SO_PEERCRED's 0:
+ * another pid namespace) may live: its group is kept at start, and counts
+ * the rank as live, even when its other ranks' processes are gone.
+ * Before, such a rank was written as 0, as a rank held by no process: a
+ * group with one dead rank of a pid dcpxd saw and one live rank of a pid
+ * it did not see was forgotten at start, and the live rank's reattach was
+ * then refused ("its control page's secret is not that of a group NAME
+ * this dcpxd created"). A rank that is left is held by none, and an entry
+ * whose ranks are gone or left goes. */
+START_TEST(test_groups_unseen_rank) {
+  dcpxd_secrets *s = NULL;
+  uint8_t secret[32];
+  char text[4096], want[64];
+  const pid_t pids[2] = {dead_pid(), 0};
+
+  groups_file("", 0600);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  ck_assert_int_eq(dcpxd_secrets_add(s, "mixed", 1000, 2, pids, secret), 0);
+  dcpxd_secrets_free(s);
+  groups_text(text, sizeof(text));
+  snprintf(want, sizeof(want), " %d,0@0\n", (int)pids[0]);
+  ck_assert_msg(strstr(text, want), "groups file: %s", text);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(s), 1);
+  ck_assert_uint_eq(dcpxd_secrets_live(s, "mixed"), 0x2);
+  /* past the time it had to reattach (dcpxd's join timeout from its
+   * start), an unseen rank no longer counts as live; its entry stays */
+  dcpxd_secrets_unseen_until(s, 0);
+  ck_assert_uint_eq(dcpxd_secrets_live(s, "mixed"), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(s), 1);
+  dcpxd_secrets_unseen_until(s, UINT64_MAX);
+  /* its rank left: held by none, the entry goes at the next start */
+  dcpxd_secrets_set_pid(s, "mixed", 2, 1, DCPXD_PID_NONE);
+  ck_assert_uint_eq(dcpxd_secrets_live(s, "mixed"), 0);
+  ck_assert_int_eq(dcpxd_secrets_flush(s), 0);
+  dcpxd_secrets_free(s);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(s), 0);
+  dcpxd_secrets_free(s);
+  remove_dir();
+}
+END_TEST
+
+/* A rank that a process dcpxd cannot see takes over (a reattach, a
+ * replacement) is recorded as held too; "0", as older dcpxd versions
+ * wrote every such rank, still reads as a rank held by none, and "0@0"
+ * as one held unseen (older versions read that as 0). */
+START_TEST(test_groups_unseen_set_pid) {
+  dcpxd_secrets *s = NULL;
+  char text[1024];
+  const int dead = (int)dead_pid(), self = (int)getpid();
+
+  snprintf(text, sizeof(text),
+           "old 1000 " HEX0 " %d,0\n"
+           "new 1000 " HEX0 " %d,0@0\n"
+           "later 1000 " HEX0 " %d,%d,%d\n",
+           dead, dead, dead, self, dead);
+  groups_file(text, 0600);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(s), 2);
+  ck_assert_uint_eq(dcpxd_secrets_live(s, "new"), 0x2);
+  ck_assert_uint_eq(dcpxd_secrets_live(s, "later"), 0x2);
+  dcpxd_secrets_set_pid(s, "later", 3, 1, 0); /* an unseen replacement */
+  ck_assert_uint_eq(dcpxd_secrets_live(s, "later"), 0x2);
+  ck_assert_int_eq(dcpxd_secrets_flush(s), 0);
+  dcpxd_secrets_free(s);
+  groups_text(text, sizeof(text));
+  ck_assert_msg(strstr(text, ",0@0,"), "groups file: %s", text);
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
+  ck_assert_uint_eq(dcpxd_secrets_count(s), 2);
+  ck_assert_uint_eq(dcpxd_secrets_live(s, "later"), 0x2);
+  dcpxd_secrets_free(s);
+  remove_dir();
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("state");
   TCase *tc = tcase_create("groups");
@@ -270,6 +357,8 @@ int main(void) {
   tcase_add_test(tc, test_groups_not_trusted);
   tcase_add_test(tc, test_groups_failed_write);
   tcase_add_test(tc, test_groups_saved_at_exit);
+  tcase_add_test(tc, test_groups_unseen_rank);
+  tcase_add_test(tc, test_groups_unseen_set_pid);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
