@@ -224,22 +224,25 @@ def ptr(x: Any) -> Optional[int]:
 #: What PreparedCall compares on every call (see watch): per torch tensor
 #: (its bound data_ptr, that address, the tensor, its shape, its bound
 #: is_contiguous, its name); per numpy array (the array, its shape, its
-#: strides, its name).
+#: strides, whether it is an output, its name).
 Watch = Tuple[Tuple[Tuple[Any, ...], ...], Tuple[Tuple[Any, ...], ...]]
 
 
-def watch(arrays: Sequence[Tuple[str, Any]]) -> Watch:
+def watch(arrays: Sequence[Tuple[str, Any]],
+          outputs: Sequence[Tuple[str, Any]] = ()) -> Watch:
     """What :func:`moved` compares: the address, shape and layout of each
-    (name, checked array or None) as they are now."""
+    (name, checked array or None) as they are now; of each of
+    ``outputs`` also that it is still writable (numpy's writeable flag)."""
     tw, nw = [], []
-    for name, x in arrays:
-        if x is None:
-            continue
-        if is_torch(x):
-            tw.append((x.data_ptr, x.data_ptr(), x, x.shape,
-                       x.is_contiguous, name))
-        else:
-            nw.append((x, x.shape, x.strides, name))
+    for out, named in ((False, arrays), (True, outputs)):
+        for name, x in named:
+            if x is None:
+                continue
+            if is_torch(x):
+                tw.append((x.data_ptr, x.data_ptr(), x, x.shape,
+                           x.is_contiguous, name))
+            else:
+                nw.append((x, x.shape, x.strides, out, name))
     return tuple(tw), tuple(nw)
 
 
@@ -247,8 +250,9 @@ def moved(w: Watch) -> Optional[str]:
     """The name of the first watched array that no longer has the address,
     shape and layout :func:`watch` saw (a torch tensor ``resize_``d,
     ``set_`` to other storage, ``as_strided_``, its storage resized; a
-    numpy array reshaped or ``resize``d in place), else None. The call
-    path: about 0.2 us a torch tensor, 0.1 us a numpy array. A numpy
+    numpy array reshaped or ``resize``d in place), or a numpy output
+    made read-only since (``flags.writeable = False``), else None. The
+    call path: about 0.2 us a torch tensor, 0.1 us a numpy array. A numpy
     array's address is not read (``.ctypes.data`` costs 0.5 us): it moves
     only when ``resize(refcheck=False)`` changes its size, and so its
     shape (numpy refuses a plain ``resize`` of an array that a
@@ -258,10 +262,17 @@ def moved(w: Watch) -> Optional[str]:
     for dp, p, x, s, contiguous, name in w[0]:
         if dp() != p or x.shape != s or not contiguous():
             return name
-    for x, s, st, name in w[1]:
-        if x.shape != s or x.strides != st:
+    for x, s, st, out, name in w[1]:
+        if x.shape != s or x.strides != st or \
+                (out and not x.flags.writeable):
             return name
     return None
+
+
+def read_only(x: Any) -> bool:
+    """True for a numpy array that may not be written (torch tensors have
+    no such flag)."""
+    return is_numpy(x) and not x.flags.writeable
 
 
 def _extent(x: Any) -> Tuple[int, int]:

@@ -750,7 +750,8 @@ class Member:
         (persistent) buffers every layer and step. ``stream`` (CUDA): None
         takes the current torch stream at each call. Refill the buffers
         in place: a call over a buffer resized, reshaped or given other
-        storage since raises :class:`InvalidArgument` (prepare again)."""
+        storage since, or over a numpy output made read-only since, raises
+        :class:`InvalidArgument` (prepare again)."""
         rows, stride = self._check_rows(logits, row_ends, "prepare")
         bt_rows, bt_cols = self._check_table(logits, rows, req_id,
                                              block_table)
@@ -982,7 +983,9 @@ class PreparedCall:
     and layout that prepare saw: one resized (``resize_``, numpy's
     ``resize``), given other storage (``set_``, ``.data =``) or reshaped
     in place since is refused with :class:`InvalidArgument` naming it,
-    before any work (prepare again)."""
+    before any work (prepare again); so is a numpy output made read-only
+    since (``flags.writeable = False``), as :meth:`Member.merge` refuses
+    one ("out.rows_out is read-only")."""
 
     __slots__ = ("member", "arrays", "out", "_push", "_merge", "_in", "_out",
                  "_stream", "_cuda", "_wpush", "_wall")
@@ -1009,9 +1012,15 @@ class PreparedCall:
             tuple(zip(("out.rows_out", "out.valid_out", "out.ids_out",
                        "out.sat_word"), out))
         self._wpush = A.watch(named[:2])  # what a push reads
-        self._wall = A.watch(named)
+        self._wall = A.watch(named[:4], named[4:])  # outputs: writable too
 
     def _moved(self, name: str) -> None:
+        x = dict(zip(("logits", "row_ends", "req_id", "block_table",
+                      "out.rows_out", "out.valid_out", "out.ids_out",
+                      "out.sat_word"), self.arrays + tuple(self.out)))[name]
+        if name.startswith("out.") and A.read_only(x):
+            # as a plain merge refuses it (Member._outputs)
+            raise InvalidArgument(context=f"{name} is read-only")
         raise InvalidArgument(
             context=f"PreparedCall: {name} was resized, reshaped or given "
                     "other storage since Member.prepare (its address, "

@@ -283,6 +283,35 @@ def test_prepared_call_refuses_moved_arrays(member, small_shape):
     assert member.health().ok
 
 
+def test_prepared_call_refuses_output_made_read_only(member, small_shape):
+    """A numpy output made read-only after Member.prepare is refused by
+    the PreparedCall's next merge (and push + merge) as a plain merge
+    refuses one, before any work: the per-call check looked at address,
+    shape and layout only, and libdcpx wrote the read-only array."""
+    lg, en, req, bt = _ref_args(small_shape)
+    for name in ("rows_out", "valid_out", "ids_out", "sat_word"):
+        out = dcpx.MergeResult(np.zeros((4, 16), np.int32),
+                               np.zeros(4, np.int32),
+                               np.zeros((4, 16), np.int32),
+                               np.zeros(4, np.uint32))
+        pc = member.prepare(lg, en, req, bt, out=out)
+        getattr(out, name).flags.writeable = False
+        with pytest.raises(dcpx.InvalidArgument,
+                           match=f"out.{name} is read-only") as plain:
+            member.merge(lg, en, req, bt, out=out)
+        for call in (pc, pc.merge):
+            with pytest.raises(dcpx.InvalidArgument) as e:
+                call()
+            assert str(e.value) == str(plain.value)
+        pc.push()  # a push reads the inputs only
+        assert not getattr(out, name).any()  # never written
+        assert member.async_error().state == 0  # nothing reached libdcpx
+        getattr(out, name).flags.writeable = True
+        pc.merge()
+        pc()
+    assert member.health().ok
+
+
 def _misaligned(a, by):
     """A copy of numpy array a whose data starts `by` bytes past a 16-byte
     boundary (numpy flags it unaligned when `by` is not a multiple of its
