@@ -26,8 +26,9 @@ from . import _arrays as A
 from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
                    DcpxListsC, DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
-from .errors import (Aborted, Busy, DcpxError, Failed, InvalidArgument,
-                     RangeError, StateError, TextError, TimedOut, check)
+from .errors import (Aborted, Busy, DcpxError, DtypeError, Failed,
+                     InvalidArgument, RangeError, StateError, TextError,
+                     TimedOut, check)
 
 __all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
            "MergeResult", "RefStats", "Client", "Member", "PreparedCall",
@@ -1098,16 +1099,16 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     ``[rows][stride]`` bf16 array (numpy, all the same shape),
     ``row_ends[r]`` its ``[rows]`` int32 row ends; req_id and block_table
     are rank ``rank``'s. Returns numpy outputs; ``stats`` (a list of
-    three ints) is added to, as the C function does. ``lists``: None, or
+    three ints, or a 1-D numpy ``uint64`` array: the C counters' type;
+    another dtype raises :class:`DtypeError`) is added to, as the C
+    function does. ``lists``: None, or
     per rank None or a ``(values, indices)`` pair as
     :meth:`Member.push_list` takes them: that rank's round-1 lists are
     those (the result "exact for the lists given", docs/PROTOCOL.md
     5.8)."""
     import numpy as np
-    if stats is not None and (not hasattr(stats, "__setitem__") or
-                              len(stats) < 3):
-        raise InvalidArgument(context="ref_call: stats must be a list of "
-                              "three ints")
+    if stats is not None:
+        _ref_stats_ok(stats)
     if not isinstance(shape, Shape):
         raise InvalidArgument(context="ref_call: shape must be a dcpx.Shape")
     s = shape.resolved()
@@ -1174,6 +1175,31 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
         stats[1] += st.rescue_rows
         stats[2] += st.saturated
     return res
+
+
+def _ref_stats_ok(stats: Any) -> None:
+    """Refuses a ref_call ``stats`` that cannot hold the C counters
+    (dcpx_ref_stats: three uint64): not a mutable sequence of three, or
+    an array of another dtype, whose elements wrapped or were cut
+    silently (uint8 wrapped at 256, a float array lost precision), of
+    another rank than 1, or read-only."""
+    if not hasattr(stats, "__setitem__") or not hasattr(stats, "__len__") \
+            or len(stats) < 3:
+        raise InvalidArgument(context="ref_call: stats must be a list of "
+                              "three ints (or a numpy uint64 array)")
+    dt = getattr(stats, "dtype", None)
+    if dt is None:
+        return
+    name = str(dt).replace("torch.", "")
+    if name != "uint64":
+        raise DtypeError(context=f"ref_call: stats is an array of {name}; "
+                         "the counters are uint64 (dcpx_ref_stats): pass "
+                         "np.zeros(3, np.uint64) or a list")
+    if len(getattr(stats, "shape", ())) != 1:
+        raise InvalidArgument(context="ref_call: stats must be 1-D, got "
+                              f"shape {tuple(stats.shape)}")
+    if A.read_only(stats):
+        raise InvalidArgument(context="ref_call: stats is read-only")
 
 
 def _ref_rows_in_range(s: Shape, stride: int, row_ends: List[Any],

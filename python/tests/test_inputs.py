@@ -195,6 +195,35 @@ def test_ref_call_names_what_it_refuses(libdcpx, small_shape):
             dcpx.ref_call(small_shape, lgs, [en], 0, req, bt)
 
 
+def test_ref_call_stats_types(libdcpx, small_shape):
+    """ref_call's stats must hold the C counters (dcpx_ref_stats: three
+    uint64): a numpy array of another dtype is refused with DtypeError
+    before the call (a uint8 one wrapped at 256 silently), as is one of
+    another rank or read-only; a list and a uint64 array add up."""
+    lg, en, req, bt = _ref_args(small_shape)
+    for bad in (np.zeros(3, np.uint8), np.zeros(3, np.int32),
+                np.zeros(3, np.float64), np.zeros(3, np.int64)):
+        with pytest.raises(dcpx.DtypeError,
+                           match=f"stats is an array of {bad.dtype}; the "
+                                 "counters are uint64"):
+            dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=bad)
+        assert not bad.any()
+    with pytest.raises(dcpx.InvalidArgument, match="stats must be 1-D"):
+        dcpx.ref_call(small_shape, [lg], [en], 0, req, bt,
+                      stats=np.zeros((3, 3), np.uint64))
+    ro = np.zeros(3, np.uint64)
+    ro.flags.writeable = False
+    with pytest.raises(dcpx.InvalidArgument, match="stats is read-only"):
+        dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=ro)
+    with pytest.raises(dcpx.InvalidArgument, match="list of three ints"):
+        dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=[0, 0])
+    a, li = np.zeros(3, np.uint64), [0, 0, 0]
+    for _ in range(70):  # 280 rows: past a uint8's 255
+        dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=a)
+        dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=li)
+    assert a.dtype == np.uint64 and list(a) == li and li[0] == 280
+
+
 def test_out_overlap(member, small_shape):
     """Output arrays that share memory with one another or with an input
     are refused before any work: merge writes each output while it reads
