@@ -10,6 +10,7 @@ or its subclasses :class:`DtypeError` and :class:`DeviceError`.
 
 from __future__ import annotations
 
+import errno
 from typing import Any, Dict, Optional, Type
 
 #: code -> exception class, for every DCPX_E_* of include/dcpx.h (each
@@ -19,7 +20,11 @@ ERRORS: Dict[int, Type["DcpxError"]] = {}
 
 class DcpxError(Exception):
     """A dcpx error: ``code`` is the negative dcpx code, ``message`` its
-    ``dcpx_strerror`` text, ``context`` what the package was doing."""
+    ``dcpx_strerror`` text, ``context`` what the package was doing,
+    ``name`` the code's name (shown in ``str(e)``): its ``DCPX_E_*`` for
+    a dcpx code, whatever class it was built with (``DcpxError(code=-22)``
+    is ``DCPX_E_INVAL``), else the errno's for another negative errno
+    (``EBADF`` for -9), else ``DCPX_E_UNKNOWN``."""
 
     code: int = -1
     name: str = "DCPX_E_UNKNOWN"
@@ -43,6 +48,8 @@ class DcpxError(Exception):
                  context: Optional[str] = None) -> None:
         if code is not None:
             self.code = code
+            if code != type(self).code or self.name == DcpxError.name:
+                self.name = _name_of(code)  # not the class's own code
         if message is None:
             # the bare base class names no code (its -1 is also PERM's)
             message = "unknown dcpx error" if code is None and \
@@ -53,11 +60,25 @@ class DcpxError(Exception):
         super().__init__(f"{text} [{self.name} {self.code}]")
 
     def __reduce__(self):  # picklable across processes
-        return (_rebuild, (type(self), self.message, self.code, self.context))
+        # the code as given (None for a bare DcpxError(): its -1 is the
+        # class's, not DCPX_E_PERM)
+        return (_rebuild, (type(self), self.message,
+                           self.__dict__.get("code"), self.context))
 
 
 def _rebuild(cls, message, code, context):
     return cls(message, code=code, context=context)
+
+
+def _name_of(code: int) -> str:
+    """The name of a code: DCPX_E_* for a dcpx code, the errno's for
+    another negative errno, else DCPX_E_UNKNOWN."""
+    cls = ERRORS.get(code)
+    if cls is not None:
+        return cls.name
+    if isinstance(code, int) and code < 0:
+        return errno.errorcode.get(-code, DcpxError.name)
+    return DcpxError.name
 
 
 #: code -> dcpx_strerror's text, for every code of ERRORS, filled when
@@ -241,7 +262,8 @@ class DeviceError(InvalidArgument):  # type: ignore[misc,valid-type]
 
 def error_for(code: int, context: Optional[str] = None) -> DcpxError:
     """The exception for a negative dcpx code (a plain :class:`DcpxError`
-    for an unknown one, e.g. another negative errno)."""
+    for an unknown one, e.g. another negative errno, named as that errno:
+    ``[EBADF -9]``)."""
     cls = ERRORS.get(code)
     if cls is None:
         return DcpxError(code=code, context=context)

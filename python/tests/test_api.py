@@ -86,6 +86,36 @@ def test_errors_pickle(libdcpx):
     assert type(f) is dcpx.Failed and f.code == -1007 and str(f) == str(e)
 
 
+def test_error_built_by_hand_names_its_code(libdcpx):
+    """A DcpxError built with a known code names it in its text (and
+    name), as the code's class does: it showed "[DCPX_E_UNKNOWN -22]"
+    for DcpxError(code=-22) and for a raw errno. The bare DcpxError()
+    still names no code, and every one pickles to the same text."""
+    import pickle
+    for code, name in ((-22, "DCPX_E_INVAL"), (-1001, "DCPX_E_SHAPE"),
+                       (-1, "DCPX_E_PERM"), (-110, "DCPX_E_TIMEDOUT"),
+                       (-9, "EBADF"), (-9999, "DCPX_E_UNKNOWN")):
+        for e in (dcpx.DcpxError(code=code),
+                  dcpx.DcpxError("why", code=code, context="doing x"),
+                  dcpx.error_for(code)):
+            assert e.code == code and e.name == name, (code, e.name)
+            assert str(e).endswith(f"[{name} {code}]"), str(e)
+            f = pickle.loads(pickle.dumps(e))
+            assert type(f) is type(e) and str(f) == str(e) and \
+                f.name == name
+    assert str(dcpx.DcpxError(code=-22)) == \
+        f"{dcpx.strerror(-22)} [DCPX_E_INVAL -22]"
+    assert str(dcpx.DcpxError(code=-9)).startswith(dcpx.strerror(-9))
+    bare = dcpx.DcpxError()
+    assert str(bare) == "unknown dcpx error [DCPX_E_UNKNOWN -1]"
+    assert str(pickle.loads(pickle.dumps(bare))) == str(bare)
+    # a class's own code keeps its name; another code is named as itself
+    assert dcpx.InvalidArgument(context="x").name == "DCPX_E_INVAL"
+    assert dcpx.DtypeError(context="x").name == "DCPX_E_INVAL"
+    assert dcpx.InvalidArgument(code=-5).name == "DCPX_E_IO"
+    assert dcpx.Failed().name == "DCPX_E_FAILED"
+
+
 def test_shape_defaults_and_auto_n(libdcpx):
     s = dcpx.Shape(world=8, rows=64, topk=2048, max_local=16384)
     assert s.local_topk == 0
