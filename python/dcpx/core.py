@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import enum
 import itertools
@@ -164,6 +165,20 @@ def _ranged(x: Any, lo: int, hi: int, what: str) -> int:
         raise InvalidArgument(context=f"{what}: {x!r} is not an integer in "
                               f"{lo}..{hi}")
     return operator.index(x)
+
+
+def _flag(x: Any, what: str) -> bool:
+    """A boolean option: True or False (numpy.bool_ too), else
+    InvalidArgument naming ``what``. Not an int, 0 and 1 included, nor
+    anything else that Python would take as true or false: ``"no"``
+    counted as true."""
+    if x is True or x is False:
+        return x
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, np.bool_):
+        return bool(x)
+    raise InvalidArgument(context=f"{what} must be a bool (True or False), "
+                          f"got {type(x).__name__} {x!r}")
 
 
 @dataclass
@@ -670,9 +685,13 @@ class Member:
         and NaN; ``check_order`` (or ``DCPX_CHECK_LISTS=1``) also the
         order. Raises :class:`RangeError` for a bad list (the rank is then
         FAILED: :meth:`recover`), :class:`InvalidArgument` for a wrong
-        shape, :class:`NotSupported` on the NCCL transport (nothing done,
-        the rank not failed: :meth:`push` works).
+        shape or a ``check_order`` that is not a bool (True, False or a
+        numpy.bool_; not an int, 0 and 1 included),
+        :class:`NotSupported` on the NCCL transport (nothing done, the
+        rank not failed: :meth:`push` works).
         """
+        if check_order is not True and check_order is not False:
+            check_order = _flag(check_order, "push_list: check_order")
         if self._ptr is None:
             raise StateError(context="the member has left its group")
         where = self._where_t
@@ -713,13 +732,19 @@ class Member:
         None), each in memory of its own (one that overlaps another
         output or an input is refused: :class:`InvalidArgument`); None
         allocates them like ``logits`` (ids_out if ``ids``, sat_word if
-        ``sat``). Raises :class:`Failed` / :class:`Aborted`
-        (then :meth:`recover`), :class:`RangeError`, ...; with the CUDA
+        ``sat``; each a bool, True, False or a numpy.bool_, else
+        :class:`InvalidArgument`: not an int, 0 and 1 included). Raises
+        :class:`Failed` / :class:`Aborted` (then :meth:`recover`),
+        :class:`RangeError`, ...; with the CUDA
         backend a failed row shows as ``valid_out[t] == -1`` instead.
         When it raises, the outputs it allocated are lost with it; pass
         ``out`` to keep the rows that did complete (a :class:`RangeError`
         for one row's ``req_id`` leaves the others exact in ``out``).
         """
+        if ids is not True and ids is not False:
+            ids = _flag(ids, "merge: ids")
+        if sat is not True and sat is not False:
+            sat = _flag(sat, "merge: sat")
         if _is_compiling():
             return _torch_ops.merge(self, logits, row_ends, req_id,
                                    block_table, out, ids, sat, call_tag,
@@ -752,7 +777,10 @@ class Member:
         takes the current torch stream at each call. Refill the buffers
         in place: a call over a buffer resized, reshaped or given other
         storage since, or over a numpy output made read-only since, raises
-        :class:`InvalidArgument` (prepare again)."""
+        :class:`InvalidArgument` (prepare again). ``ids`` and ``sat`` as
+        for :meth:`merge` (bools)."""
+        ids = _flag(ids, "prepare: ids")
+        sat = _flag(sat, "prepare: sat")
         rows, stride = self._check_rows(logits, row_ends, "prepare")
         bt_rows, bt_cols = self._check_table(logits, rows, req_id,
                                              block_table)
@@ -1105,8 +1133,12 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
     per rank None or a ``(values, indices)`` pair as
     :meth:`Member.push_list` takes them: that rank's round-1 lists are
     those (the result "exact for the lists given", docs/PROTOCOL.md
-    5.8)."""
+    5.8). ``ids`` and ``sat`` (whether to return ids_out and sat_word)
+    are bools: True, False or a numpy.bool_, else
+    :class:`InvalidArgument` (not an int, 0 and 1 included)."""
     import numpy as np
+    ids = _flag(ids, "ref_call: ids")
+    sat = _flag(sat, "ref_call: sat")
     if stats is not None:
         _ref_stats_ok(stats)
     if not isinstance(shape, Shape):

@@ -194,10 +194,13 @@ def merge(m: Member, logits: torch.Tensor, row_ends: torch.Tensor,
           out: Optional[Sequence[Any]] = None, ids: bool = True,
           sat: bool = False, call_tag: int = 0,
           token: Optional[torch.Tensor] = None) -> MergeResult:
-    """``torch.ops.dcpx.merge`` (or ``merge_out`` with ``out``)."""
+    """``torch.ops.dcpx.merge`` (or ``merge_out`` with ``out``); ``ids``
+    and ``sat`` are bools (as :meth:`Member.merge`)."""
     if not REGISTERED:
         raise RuntimeError("dcpx torch ops need torch >= 2.4 "
                            "(torch.library.custom_op)")
+    ids = _core._flag(ids, "merge: ids")
+    sat = _core._flag(sat, "merge: sat")
     rows = _check_rows(m, logits, row_ends)
     _check(req_id, "req_id", _I32, 1, m, (rows,))
     _check(block_table, "block_table", _I32, 2, m)

@@ -224,6 +224,43 @@ def test_ref_call_stats_types(libdcpx, small_shape):
     assert a.dtype == np.uint64 and list(a) == li and li[0] == 280
 
 
+def test_boolean_options_must_be_bools(member, small_shape):
+    """merge's, prepare's and ref_call's ids and sat and push_list's
+    check_order take True, False or a numpy.bool_; anything else (an int,
+    0 and 1 included, a str, None) raises InvalidArgument naming the
+    option, before any work: any truthy value was taken, so ids="no"
+    returned ids_out."""
+    lg, en, req, bt = _ref_args(small_shape)
+    bad = ("no", "", 1, 0, None, 1.0, [True])
+    for v in bad:
+        for opt in ("ids", "sat"):
+            m = f"{opt} must be a bool \\(True or False\\), got " \
+                f"{type(v).__name__}"
+            with pytest.raises(dcpx.InvalidArgument, match="merge: " + m):
+                member.merge(lg, en, req, bt, **{opt: v})
+            with pytest.raises(dcpx.InvalidArgument, match="prepare: " + m):
+                member.prepare(lg, en, req, bt, **{opt: v})
+            with pytest.raises(dcpx.InvalidArgument, match="ref_call: " + m):
+                dcpx.ref_call(small_shape, [lg], [en], 0, req, bt,
+                              **{opt: v})
+        with pytest.raises(dcpx.InvalidArgument,
+                           match="push_list: check_order must be a bool"):
+            member.push_list(np.zeros((4, 4), np.uint16),
+                             np.zeros((4, 4), np.int32), en, check_order=v)
+    assert member.async_error().state == 0  # nothing reached libdcpx
+    ref = dcpx.ref_call(small_shape, [lg], [en], 0, req, bt,
+                        ids=np.bool_(False), sat=np.bool_(True))
+    assert ref.ids_out is None and ref.sat_word is not None
+    member.push(lg, en)
+    r = member.merge(lg, en, req, bt, ids=np.bool_(False), sat=np.True_)
+    assert r.ids_out is None and r.sat_word is not None
+    compare(r, ref, 4)
+    pc = member.prepare(lg, en, req, bt, ids=np.False_, sat=False)
+    assert pc.out.ids_out is None and pc.out.sat_word is None
+    pc()
+    assert member.health().ok
+
+
 def test_out_overlap(member, small_shape):
     """Output arrays that share memory with one another or with an input
     are refused before any work: merge writes each output while it reads
