@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""decode_step.py - one DSA-style decode step over L layers, W ranks.
+"""decode_step.py - DSA-style decode steps (--steps) over L layers, W ranks.
 
 Every rank process holds 1/W of the KV cache (DCP, interleave I). Per
 layer: (1) the indexer scores the rank's local KV positions for every
