@@ -94,6 +94,26 @@ static void shape_of(const spec *sp, dcpx_shape *sh) {
   *sh = s;
 }
 
+/* The join of sp's rank processes: its shape into sh; its group and
+ * timeout_ns (0: the default) into jo, the other options left at theirs. */
+static void join_of(const spec *sp, uint64_t timeout_ns, dcpx_shape *sh,
+                    dcpx_join_opts *jo) {
+  const dcpx_join_opts init = DCPX_JOIN_OPTS_INIT;
+  shape_of(sp, sh);
+  *jo = init;
+  jo->group = sp->group;
+  if (timeout_ns)
+    jo->timeout_ns = timeout_ns;
+}
+
+/* Waits for child pid; how it ended, as a shell says it: its exit code,
+ * or 128 + the signal that killed it. */
+static int child_status(pid_t pid) {
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 /* Every rank's inputs of call c, the same in every process. */
 static void inputs(const spec *sp, uint32_t c, uint16_t **lg, int32_t **en) {
   for (uint32_t d = 0; d < sp->W; d++) {
@@ -112,7 +132,7 @@ static void inputs(const spec *sp, uint32_t c, uint16_t **lg, int32_t **en) {
  * exact, else 1 (and a line on stderr). */
 static int rank_proc(const spec *sp, uint32_t rank) {
   dcpx_shape sh;
-  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_join_opts jo;
   dcpx_client *c = NULL;
   dcpx_member *m = NULL;
   uint16_t *lg[DCPX_MAX_WORLD];
@@ -125,10 +145,8 @@ static int rank_proc(const spec *sp, uint32_t rank) {
   uint32_t *so = calloc(R, 4), *xs = calloc(R, 4);
   int r, bad = 0;
 
-  shape_of(sp, &sh);
-  jo.group = sp->group;
+  join_of(sp, 5000000000ull, &sh, &jo);
   jo.rank = rank;
-  jo.timeout_ns = 5000000000ull;
   for (uint32_t d = 0; d < sp->W; d++) {
     lg[d] = calloc((size_t)R * sp->L, 2);
     en[d] = calloc(R, 4);
@@ -237,11 +255,8 @@ static int run_group(spec *sp) {
       _exit(rank_proc(sp, r));
   }
   int failed = 0;
-  for (uint32_t r = 0; r < sp->W; r++) {
-    int st;
-    waitpid(kids[r], &st, 0);
-    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
+  for (uint32_t r = 0; r < sp->W; r++)
+    failed += child_status(kids[r]) != 0;
   munmap(bar, 4096);
   return failed;
 }
@@ -359,11 +374,8 @@ START_TEST(test_concurrent_groups) {
     sp.N = 7;
     _exit(run_group(&sp) != 0);
   }
-  int sa, sb;
-  waitpid(a, &sa, 0);
-  waitpid(b, &sb, 0);
-  ck_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0);
-  ck_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
+  ck_assert_int_eq(child_status(a), 0);
+  ck_assert_int_eq(child_status(b), 0);
   daemon_stop();
 }
 END_TEST
@@ -983,13 +995,11 @@ static int one_call(dcpx_member *m, const spec *sp) {
 START_TEST(test_fork_child) {
   spec sp = small("forked", 1);
   dcpx_shape sh;
-  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_join_opts jo;
   dcpx_client *c = NULL;
   dcpx_member *m = NULL;
   daemon_start();
-  shape_of(&sp, &sh);
-  jo.group = sp.group;
-  jo.timeout_ns = 2000000000ull;
+  join_of(&sp, 2000000000ull, &sh, &jo);
   ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), 0);
   ck_assert_int_eq(one_call(m, &sp), 0);
@@ -1008,9 +1018,8 @@ START_TEST(test_fork_child) {
     dcpx_disconnect(c);
     _exit(bad);
   }
-  int st = 0;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+  const int st = child_status(pid);
+  ck_assert_msg(st == 0,
                 "the forked child's calls were not refused (status %d)", st);
   usleep(200000); /* a Leave from the child would have arrived by now */
   ck_assert_int_eq(rank_joined(sp.group, 0), 1);
@@ -1039,14 +1048,12 @@ START_TEST(test_join_hostname_not_utf8) {
   if (pid == 0) {
     static const char name[] = "node\xff\xfe-1";
     dcpx_shape sh;
-    dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+    dcpx_join_opts jo;
     dcpx_client *c = NULL;
     dcpx_member *m = NULL;
     if (unshare(CLONE_NEWUTS) < 0 || sethostname(name, strlen(name)) < 0)
       _exit(77); /* not root: nothing to test */
-    shape_of(&sp, &sh);
-    jo.group = sp.group;
-    jo.timeout_ns = 2000000000ull;
+    join_of(&sp, 2000000000ull, &sh, &jo);
     if (dcpx_connect(g_sock, &c) < 0)
       _exit(2);
     int r = dcpx_join(c, &sh, &jo, &m);
@@ -1060,12 +1067,10 @@ START_TEST(test_join_hostname_not_utf8) {
     dcpx_disconnect(c);
     _exit(r < 0 ? 3 : 0);
   }
-  int st = 0;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert_msg(WIFEXITED(st) &&
-                    (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 77),
+  const int st = child_status(pid);
+  ck_assert_msg(st == 0 || st == 77,
                 "a join from a host whose name is not UTF-8 failed "
-                "(status 0x%x)", st);
+                "(status %d)", st);
   daemon_stop();
 }
 END_TEST
@@ -1097,11 +1102,10 @@ START_TEST(test_join_at_fd_limit) {
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
     dcpx_shape sh;
-    dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+    dcpx_join_opts jo;
     dcpx_client *c = NULL;
     dcpx_member *m = NULL;
-    shape_of(&sp, &sh);
-    jo.group = sp.group;
+    join_of(&sp, 0, &sh, &jo);
     if (dcpx_connect(g_sock, &c) < 0)
       _exit(2);
     /* the join's socket takes the lowest free fd; the reply's two (the
@@ -1115,10 +1119,8 @@ START_TEST(test_join_at_fd_limit) {
     const char *why = dcpx_client_last_error(c);
     _exit(r == -EMFILE && why && strstr(why, "open-file limit") ? 0 : 1);
   }
-  int st = 0;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                "join at the fd limit: child status 0x%x", st);
+  const int st = child_status(pid);
+  ck_assert_msg(st == 0, "join at the fd limit: child status %d", st);
   daemon_stop();
 }
 END_TEST
@@ -1292,12 +1294,11 @@ START_TEST(test_recover_nothing_no_daemon) {
   dcpx_client *c;
   dcpx_member *m;
   dcpx_shape sh;
-  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_join_opts jo;
   spec sp = small("solo", 1);
-  shape_of(&sp, &sh);
+  join_of(&sp, 0, &sh, &jo);
   daemon_start();
   ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
-  jo.group = "solo";
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), 0);
   struct timespec a, b;
   clock_gettime(CLOCK_MONOTONIC, &a);
@@ -1397,9 +1398,7 @@ START_TEST(test_refused_join_reason) {
   }
   ck_assert_int_eq(dcpx_join(c1, &sh, &jo, &m1), 0);
   ck_assert_ptr_null(dcpx_client_last_error(c1));
-  int st;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ck_assert_int_eq(child_status(pid), 0);
   ck_assert_int_eq(dcpx_leave(m1), 0);
   dcpx_disconnect(c0);
   dcpx_disconnect(c1);
@@ -1437,10 +1436,8 @@ static char *join_logged(const char *level, const dcpx_shape *sh) {
     dcpx_disconnect(c);
     _exit(r == DCPX_E_SHAPE ? 0 : 1);
   }
-  int st;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                "refused join in the child: status 0x%x", st);
+  const int st = child_status(pid);
+  ck_assert_msg(st == 0, "refused join in the child: status %d", st);
   off_t n = lseek(fd, 0, SEEK_END);
   char *text = calloc(1, (size_t)n + 1);
   ck_assert_int_eq(pread(fd, text, (size_t)n, 0), n);
@@ -1588,15 +1585,14 @@ START_TEST(test_recover_daemon_flapping) {
   dcpx_client *c;
   dcpx_member *m;
   dcpx_shape sh;
-  dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+  dcpx_join_opts jo;
   struct sockaddr_un sa;
   pthread_t th;
   void *accepted;
   spec sp = small("flap", 1);
-  shape_of(&sp, &sh);
+  join_of(&sp, 0, &sh, &jo);
   daemon_start();
   ck_assert_int_eq(dcpx_connect(g_sock, &c), 0);
-  jo.group = "flap";
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), 0);
   daemon_stop();
   /* The group is aborted (as the old daemon would have left it). */
@@ -1656,7 +1652,7 @@ START_TEST(test_socket_activation) {
   char buf[512];
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   struct timeval tv = {10, 0};
-  int ls, ns, st, ready = 0, dogs = 0;
+  int ls, ns, ready = 0, dogs = 0;
   pid_t pid;
   dcpx_client *c;
 
@@ -1710,8 +1706,8 @@ START_TEST(test_socket_activation) {
   ck_assert_int_eq(dcpx_connect(sock, &c), 0);
   dcpx_disconnect(c);
   kill(pid, SIGTERM);
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+  const int st = child_status(pid);
+  ck_assert_msg(st == 0, "status %d", st);
   ck_assert_int_eq(access(sock, F_OK), 0);
   close(ns);
   dp_rm_tree(dir);
@@ -2438,8 +2434,8 @@ START_TEST(test_leave_read_at_exit) {
   wait_rank_joined("exitleave", 1);
   daemon_pause();
   ck_assert_int_eq(write(go[1], &x, 1), 1);
-  ck_assert_int_eq(waitpid(leaver, &st, 0), leaver);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1: 0x%x", st);
+  st = child_status(leaver);
+  ck_assert_msg(st == 0, "rank 1: status %d", st);
   kill(g_daemon, SIGCONT);
   next_abort(a, why, sizeof(why));
   ck_assert_msg(strstr(why, "left the group"),
