@@ -19,6 +19,7 @@
 #include <check.h>
 #include <sys/resource.h>
 
+#include "check_main.h"
 #include "health_harness.h"
 
 static hh_daemon g_d;
@@ -727,8 +728,8 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("ctl");
-  TCase *tc = tcase_create("ctl");
-  tcase_set_timeout(tc, 360); /* 1,400 serial joins: 50 s under ASan on a loaded core */
+  /* 1,400 serial joins: 50 s under ASan on a loaded core */
+  TCase *tc = t_tcase(s, "ctl", 360);
   tcase_add_test(tc, test_help);
   tcase_add_test(tc, test_option_errors);
   tcase_add_test(tc, test_output_link);
@@ -736,10 +737,5 @@ int main(void) {
   tcase_add_test(tc, test_check_codes);
   tcase_add_test(tc, test_check_records);
   tcase_add_test(tc, test_trimmed_reply);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(s);
 }

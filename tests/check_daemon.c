@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "dcpx.h"
 #include "call.h"
 #include "frame.h"
@@ -2862,8 +2863,7 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("daemon");
-  TCase *tc = tcase_create("end-to-end");
-  tcase_set_timeout(tc, 180);
+  TCase *tc = t_tcase(s, "end-to-end", 180);
   tcase_add_test(tc, test_auto_local_topk);
   tcase_add_test(tc, test_groups_of_w);
   tcase_add_test(tc, test_concurrent_groups);
@@ -2898,15 +2898,8 @@ int main(void) {
   tcase_add_test(tc, test_join_answered_at_shutdown_counts);
   tcase_add_test(tc, test_connect_to_hung_daemon);
   tcase_add_test(tc, test_join_hostname_not_utf8);
-  suite_add_tcase(s, tc);
-  tc = tcase_create("startup");
-  tcase_set_timeout(tc, 60);
+  tc = t_tcase(s, "startup", 60);
   tcase_add_test(tc, test_start_beside_hung_daemon);
   tcase_add_test(tc, test_signal_during_probe);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(s);
 }

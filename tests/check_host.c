@@ -7,6 +7,7 @@
  * the wrap. */
 #define _GNU_SOURCE
 #ifdef HAVE_CONFIG_H
+#include "check_main.h"
 #include "config.h"
 #endif
 #include <check.h>
@@ -2325,8 +2326,7 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("host");
-  TCase *tc = tcase_create("protocol");
-  tcase_set_timeout(tc, 120);
+  TCase *tc = t_tcase(s, "protocol", 120);
   tcase_add_test(tc, test_exact_random);
   tcase_add_test(tc, test_call_order);
   tcase_add_test(tc, test_overlapping_calls_refused);
@@ -2352,10 +2352,5 @@ int main(void) {
   tcase_add_test(tc, test_push_list_given);
   tcase_add_test(tc, test_push_list_bad);
   tcase_add_test(tc, test_adversarial_brute);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(s);
 }

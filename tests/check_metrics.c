@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <check.h>
 
+#include "check_main.h"
 #include "health_harness.h"
 
 static hh_daemon g_d;
@@ -195,13 +196,7 @@ int main(void) {
     return 77;
   }
   Suite *s = suite_create("metrics");
-  TCase *tc = tcase_create("openmetrics");
-  tcase_set_timeout(tc, 120);
+  TCase *tc = t_tcase(s, "openmetrics", 120);
   tcase_add_test(tc, test_openmetrics);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(s);
 }

@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "dcpx.h"
 #include "frame.h"
 #include "member.h"
@@ -1643,25 +1644,20 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("security");
-  TCase *tc = tcase_create("hygiene");
-  tcase_set_timeout(tc, 120);
+  TCase *tc = t_tcase(s, "hygiene", 120);
   tcase_add_test(tc, test_text_helpers);
   tcase_add_test(tc, test_text_cut);
   tcase_add_test(tc, test_group_names);
   tcase_add_test(tc, test_text_to_clients);
   tcase_add_test(tc, test_too_many_fds);
   tcase_add_test(tc, test_log_rate_limit);
-  suite_add_tcase(s, tc);
-  tc = tcase_create("ownership");
-  tcase_set_timeout(tc, 120);
+  tc = t_tcase(s, "ownership", 120);
   tcase_add_test(tc, test_ownership_matrix);
   tcase_add_test(tc, test_owner_rules);
   tcase_add_test(tc, test_reattach_needs_secret);
   tcase_add_test(tc, test_state_cleanup);
   tcase_add_test(tc, test_state_pid_reuse);
-  suite_add_tcase(s, tc);
-  tc = tcase_create("bounds");
-  tcase_set_timeout(tc, 120);
+  tc = t_tcase(s, "bounds", 120);
   tcase_add_test(tc, test_hello_and_idle_timeouts);
   tcase_add_test(tc, test_conns_per_uid);
   tcase_add_test(tc, test_connect_refusal_reason);
@@ -1671,10 +1667,5 @@ int main(void) {
   tcase_add_test(tc, test_emfile_on_accept);
   tcase_add_test(tc, test_state_dir_lock);
   tcase_add_test(tc, test_sighup_ignored_at_start);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(s);
 }
