@@ -710,6 +710,95 @@ static void human_refusals(const Dcpx__QueryReply *qr) {
   }
 }
 
+/* One rank's line of group g, under branch (a tree's tee or elbow). */
+static void human_rank(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
+                       const char *branch, bool stats) {
+  char dev[16] = "-", uuid[48];
+  if (r->pid)
+    snprintf(dev, sizeof(dev), "%d", (int)r->device);
+  if (r->pid && gpu_uuid(r, uuid, sizeof(uuid)))
+    snprintf(dev + strlen(dev), sizeof(dev) - strlen(dev), " %.12s",
+             uuid); /* "GPU-" and 8 hex digits: enough to tell GPUs apart */
+  printf("  %s rank %-2u %-7s pid %-7u device %-3s calls %-10" PRIu64,
+         branch, r->rank, rank_state(g, r, true), r->pid, dev, r->calls);
+  if (r->rows)
+    printf(" rescue %6.2f%%", 100.0 * rescue_rate(r->rescue_rows, r->rows));
+  else
+    printf(" rescue      -");
+  if (stats)
+    printf("  rows %" PRIu64 " rescued %" PRIu64 " failed_calls %" PRIu64,
+           r->rows, r->rescue_rows, r->failed_calls);
+  else if (r->failed_calls)
+    printf("  failed_calls %" PRIu64, r->failed_calls);
+  if (recovering(g)) /* who holds the recovery up */
+    printf("  %s", r->acknowledged ? "acknowledged" : "NOT ACKNOWLEDGED");
+  putchar('\n');
+}
+
+/* Group g's first line: its name, state, ranks, aborts and recoveries. */
+static void human_group_head(const Dcpx__GroupInfo *g) {
+  printf("%s %s: %s, generation %u, %u/%u ranks",
+         dcpx__group_info_healthy(g) ? "*" : "!", g->name, g->state,
+         g->generation, g->joined, g->shape ? g->shape->world : 0);
+  if (g->abort)
+    printf(", abort=%s", dcpx__abort_reason_name(g->abort));
+  printf(", %" PRIu64 " abort%s, %" PRIu64 " recover%s", g->aborts,
+         g->aborts == 1 ? "" : "s", g->recoveries,
+         g->recoveries == 1 ? "y" : "ies");
+  if (g->adopted)
+    printf(", adopted after a dcpxd restart");
+  if (g->awaiting_reattach) {
+    printf(" (awaiting ranks");
+    for (uint32_t k = 0; k < 32; k++)
+      if ((g->awaiting_reattach >> k) & 1u)
+        printf(" %u", k);
+    printf(")");
+  }
+  putchar('\n');
+}
+
+/* Group g as a tree: its head, its set-up, its ranks and last record. */
+static void human_group(const Dcpx__GroupInfo *g, bool stats, const char *tee,
+                        const char *elbow) {
+  uint64_t rows = 0, rescue = 0, calls = 0, failed = 0;
+
+  human_group_head(g);
+  if (unattached(g)) {
+    printf("  not reattached since dcpxd restarted: its live ranks come "
+           "back at their next dcpx_poll (or recover, or leave)\n");
+    return;
+  }
+  printf("  %s transport, %s backend, wait timeout %.3f ms, ",
+         transport_name(g->transport), backend_name(g->backend),
+         (double)g->timeout_ns / 1e6);
+  print_shape(g);
+  putchar('\n');
+  for (size_t k = 0; k < g->n_ranks; k++)
+    if (g->ranks[k]) {
+      rows += g->ranks[k]->rows;
+      rescue += g->ranks[k]->rescue_rows;
+      calls += g->ranks[k]->calls;
+      failed += g->ranks[k]->failed_calls;
+    }
+  if (stats)
+    printf("  totals: %" PRIu64 " calls, %" PRIu64 " rows, %" PRIu64
+           " rescued (%.2f%%), %" PRIu64 " failed calls\n",
+           calls, rows, rescue, 100.0 * rescue_rate(rescue, rows), failed);
+  for (size_t k = 0; k < g->n_ranks; k++)
+    if (g->ranks[k])
+      human_rank(g, g->ranks[k],
+                 k + 1 == g->n_ranks && !g->last_record ? elbow : tee, stats);
+  if (g->last_record) {
+    const Dcpx__Record *rec = g->last_record;
+    char t[64];
+    format_time(rec->time_ns, t, sizeof(t));
+    printf("  %s last record: gen %u rank %u waited on %s[%u] for tag %u, "
+           "saw %u (block %u, call %" PRIu64 ") at %s\n",
+           elbow, rec->generation, rec->rank, rec->region_name, rec->index,
+           rec->expected, rec->seen, rec->block, rec->call_tag, t);
+  }
+}
+
 static void human_health(const Dcpx__QueryReply *qr, bool stats) {
   const bool utf8 = strcmp(nl_langinfo(CODESET), "UTF-8") == 0;
   const char *tee = utf8 ? "\u251c\u2500" : "|-";
@@ -721,86 +810,8 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
       printf("no groups\n");
     return;
   }
-  for (size_t i = 0; i < qr->n_groups; i++) {
-    const Dcpx__GroupInfo *g = qr->groups[i];
-    uint64_t rows = 0, rescue = 0, calls = 0, failed = 0;
-    bool ok = dcpx__group_info_healthy(g);
-
-    for (size_t k = 0; k < g->n_ranks; k++)
-      if (g->ranks[k]) {
-        rows += g->ranks[k]->rows;
-        rescue += g->ranks[k]->rescue_rows;
-        calls += g->ranks[k]->calls;
-        failed += g->ranks[k]->failed_calls;
-      }
-    printf("%s %s: %s, generation %u, %u/%u ranks", ok ? "*" : "!", g->name,
-           g->state, g->generation, g->joined, g->shape ? g->shape->world : 0);
-    if (g->abort)
-      printf(", abort=%s", dcpx__abort_reason_name(g->abort));
-    printf(", %" PRIu64 " abort%s, %" PRIu64 " recover%s", g->aborts,
-           g->aborts == 1 ? "" : "s", g->recoveries,
-           g->recoveries == 1 ? "y" : "ies");
-    if (g->adopted)
-      printf(", adopted after a dcpxd restart");
-    if (g->awaiting_reattach) {
-      printf(" (awaiting ranks");
-      for (uint32_t k = 0; k < 32; k++)
-        if ((g->awaiting_reattach >> k) & 1u)
-          printf(" %u", k);
-      printf(")");
-    }
-    putchar('\n');
-    if (unattached(g)) {
-      printf("  not reattached since dcpxd restarted: its live ranks come "
-             "back at their next dcpx_poll (or recover, or leave)\n");
-      continue;
-    }
-    printf("  %s transport, %s backend, wait timeout %.3f ms, ",
-           transport_name(g->transport), backend_name(g->backend),
-           (double)g->timeout_ns / 1e6);
-    print_shape(g);
-    putchar('\n');
-    if (stats)
-      printf("  totals: %" PRIu64 " calls, %" PRIu64 " rows, %" PRIu64
-             " rescued (%.2f%%), %" PRIu64 " failed calls\n",
-             calls, rows, rescue, 100.0 * rescue_rate(rescue, rows), failed);
-    for (size_t k = 0; k < g->n_ranks; k++) {
-      const Dcpx__RankInfo *r = g->ranks[k];
-      bool last = k + 1 == g->n_ranks && !g->last_record;
-      if (!r)
-        continue;
-      char dev[16] = "-", uuid[48];
-      if (r->pid)
-        snprintf(dev, sizeof(dev), "%d", (int)r->device);
-      if (r->pid && gpu_uuid(r, uuid, sizeof(uuid)))
-        snprintf(dev + strlen(dev), sizeof(dev) - strlen(dev), " %.12s",
-                 uuid); /* "GPU-" and 8 hex digits: enough to tell GPUs apart */
-      printf("  %s rank %-2u %-7s pid %-7u device %-3s calls %-10" PRIu64,
-             last ? elbow : tee, r->rank, rank_state(g, r, true), r->pid,
-             dev, r->calls);
-      if (r->rows)
-        printf(" rescue %6.2f%%", 100.0 * rescue_rate(r->rescue_rows, r->rows));
-      else
-        printf(" rescue      -");
-      if (stats)
-        printf("  rows %" PRIu64 " rescued %" PRIu64 " failed_calls %" PRIu64,
-               r->rows, r->rescue_rows, r->failed_calls);
-      else if (r->failed_calls)
-        printf("  failed_calls %" PRIu64, r->failed_calls);
-      if (recovering(g)) /* who holds the recovery up */
-        printf("  %s", r->acknowledged ? "acknowledged" : "NOT ACKNOWLEDGED");
-      putchar('\n');
-    }
-    if (g->last_record) {
-      const Dcpx__Record *rec = g->last_record;
-      char t[64];
-      format_time(rec->time_ns, t, sizeof(t));
-      printf("  %s last record: gen %u rank %u waited on %s[%u] for tag %u, "
-             "saw %u (block %u, call %" PRIu64 ") at %s\n",
-             elbow, rec->generation, rec->rank, rec->region_name, rec->index,
-             rec->expected, rec->seen, rec->block, rec->call_tag, t);
-    }
-  }
+  for (size_t i = 0; i < qr->n_groups; i++)
+    human_group(qr->groups[i], stats, tee, elbow);
   human_note(qr);
 }
 
