@@ -990,6 +990,60 @@ static int parse_num(const char *name, const char *s, uint64_t max,
   return 0;
 }
 
+/* Option ch of getopt_long's, with its value arg (v when a number): -1
+ * to go on, or the exit status (0 after --help, 2 on a bad value). */
+static int set_option(opts *o, int ch, const char *arg, uint64_t v) {
+  switch (ch) {
+  case 'w': o->world = (uint32_t)v; break;
+  case 'r': o->rows = (uint32_t)v; break;
+  case 'c': o->calls = (uint32_t)v; break;
+  case 'k': o->topk = (uint32_t)v; break;
+  case 'n': o->local_topk = (uint32_t)v; break;
+  case 'l': o->local_len = (uint32_t)v; break;
+  case 'b': o->block_size = (uint32_t)v; break;
+  case 'i': o->interleave = (uint32_t)v; break;
+  case 's': o->socket = arg; break;
+  case 'd': o->dcpxd = arg; break;
+  case 'S': o->seed = v; break;
+  case 'g': o->group = arg; break;
+  case 'q': o->quiet = 1; break;
+  case 'B':
+    if (!strcmp(arg, "cuda"))
+      o->cuda = 1;
+    else if (!strcmp(arg, "host"))
+      o->cuda = 0;
+    else {
+      fprintf(stderr, "dcpx-demo: --backend host|cuda\n");
+      return 2;
+    }
+    break;
+  case 'D': o->device = (int)v; break;
+  case 'P': o->spread = 1; break;
+  case 'F': o->fault_at = (int)v; break;
+  case 'R':
+    o->fault_rank = (uint32_t)v;
+    o->fault_rank_given = 1;
+    break;
+  case 'K': o->kill_at = (int)v; break;
+  case 'X': o->stop_at = (int)v; break;
+  case 'T':
+    if (!strcmp(arg, "auto"))
+      o->transport = DCPX_TRANSPORT_AUTO;
+    else if (!strcmp(arg, "ll"))
+      o->transport = DCPX_TRANSPORT_LL;
+    else if (!strcmp(arg, "nccl"))
+      o->transport = DCPX_TRANSPORT_NCCL;
+    else {
+      fprintf(stderr, "dcpx-demo: --transport auto|ll|nccl\n");
+      return 2;
+    }
+    break;
+  case 'h': help(); return 0;
+  default: usage(stderr); return 2;
+  }
+  return -1;
+}
+
 /* Returns -1 to run, or the exit status (0 after --help, 2 on bad
  * arguments). */
 static int parse_args(opts *o, int argc, char **argv) {
@@ -1006,7 +1060,7 @@ static int parse_args(opts *o, int argc, char **argv) {
       {"fault-rank", 1, 0, 'R'},  {"kill-at", 1, 0, 'K'},
       {"stop-at", 1, 0, 'X'},    {"transport", 1, 0, 'T'},
       {0, 0, 0, 0}};
-  int ch, li = -1;
+  int ch, rc, li = -1;
 
   while ((ch = getopt_long(argc, argv, "h", lo, &li)) != -1) {
     uint64_t v = 0;
@@ -1019,54 +1073,8 @@ static int parse_args(opts *o, int argc, char **argv) {
                   &v) < 0)
       return 2;
     li = -1;
-    switch (ch) {
-    case 'w': o->world = (uint32_t)v; break;
-    case 'r': o->rows = (uint32_t)v; break;
-    case 'c': o->calls = (uint32_t)v; break;
-    case 'k': o->topk = (uint32_t)v; break;
-    case 'n': o->local_topk = (uint32_t)v; break;
-    case 'l': o->local_len = (uint32_t)v; break;
-    case 'b': o->block_size = (uint32_t)v; break;
-    case 'i': o->interleave = (uint32_t)v; break;
-    case 's': o->socket = optarg; break;
-    case 'd': o->dcpxd = optarg; break;
-    case 'S': o->seed = v; break;
-    case 'g': o->group = optarg; break;
-    case 'q': o->quiet = 1; break;
-    case 'B':
-      if (!strcmp(optarg, "cuda"))
-        o->cuda = 1;
-      else if (!strcmp(optarg, "host"))
-        o->cuda = 0;
-      else {
-        fprintf(stderr, "dcpx-demo: --backend host|cuda\n");
-        return 2;
-      }
-      break;
-    case 'D': o->device = (int)v; break;
-    case 'P': o->spread = 1; break;
-    case 'F': o->fault_at = (int)v; break;
-    case 'R':
-      o->fault_rank = (uint32_t)v;
-      o->fault_rank_given = 1;
-      break;
-    case 'K': o->kill_at = (int)v; break;
-    case 'X': o->stop_at = (int)v; break;
-    case 'T':
-      if (!strcmp(optarg, "auto"))
-        o->transport = DCPX_TRANSPORT_AUTO;
-      else if (!strcmp(optarg, "ll"))
-        o->transport = DCPX_TRANSPORT_LL;
-      else if (!strcmp(optarg, "nccl"))
-        o->transport = DCPX_TRANSPORT_NCCL;
-      else {
-        fprintf(stderr, "dcpx-demo: --transport auto|ll|nccl\n");
-        return 2;
-      }
-      break;
-    case 'h': help(); return 0;
-    default: usage(stderr); return 2;
-    }
+    if ((rc = set_option(o, ch, optarg, v)) >= 0)
+      return rc;
   }
   if (optind < argc) {
     fprintf(stderr, "dcpx-demo: unexpected argument '%s'\n", argv[optind]);
