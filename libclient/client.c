@@ -415,6 +415,28 @@ static void node_name(char *node, size_t n) {
   dcpx__text_clean(node);
 }
 
+/* The Join of member m's settings (those of its dcpx_join; the timeout
+ * the group's, once joined), into j, with sh and node[n] for its shape and
+ * host name: the first Join and a reattach's. */
+static void join_fill(dcpx_member *m, Dcpx__Join *j, Dcpx__Shape *sh,
+                      char *node, size_t n) {
+  dcpx__shape_to_pb(&m->shape, sh);
+  node_name(node, n);
+  j->group = m->group;
+  j->shape = sh;
+  j->transport = (Dcpx__Transport)m->transport_req;
+  j->timeout_ns = m->timeout_ns;
+  j->rank = m->rank;
+  j->device = m->device;
+  /* by UUID too (dcpx_join finds it): dcpxd checks the device, or a
+   * reattach's adopted workspace, is on that GPU by its own ordinal */
+  j->device_uuid.data = m->device_uuid;
+  j->device_uuid.len = m->device_uuid_len;
+  j->node = node;
+  j->backend = (Dcpx__Backend)m->backend;
+  j->join_timeout_ms = m->join_timeout_ms;
+}
+
 /* Step 3: the Join, on the member's connection. */
 static int join_send(dcpx_client *c, dcpx_member *m,
                      const dcpx_join_opts *o) {
@@ -423,17 +445,6 @@ static int join_send(dcpx_client *c, dcpx_member *m,
   Dcpx__Shape sh;
   char node[256];
 
-  dcpx__shape_to_pb(&m->shape, &sh);
-  node_name(node, sizeof(node));
-  j.group = m->group;
-  j.shape = &sh;
-  j.transport = (Dcpx__Transport)o->transport;
-  j.timeout_ns = o->timeout_ns;
-  j.rank = o->rank;
-  j.device = o->device;
-  j.node = node;
-  j.backend = (Dcpx__Backend)o->backend;
-  j.join_timeout_ms = o->join_timeout_ms;
 #ifdef HAVE_CUDA
   /* The GPU by its UUID: dcpxd's ordinals need not be ours (our
    * CUDA_VISIBLE_DEVICES). Without one dcpxd takes the ordinal as its
@@ -442,8 +453,7 @@ static int join_send(dcpx_client *c, dcpx_member *m,
       dcpx__cuda_device_uuid(o->device, m->device_uuid) == 0)
     m->device_uuid_len = sizeof(m->device_uuid);
 #endif
-  j.device_uuid.data = m->device_uuid;
-  j.device_uuid.len = m->device_uuid_len;
+  join_fill(m, &j, &sh, node, sizeof(node));
 #ifdef HAVE_NCCL
   /* Rank 0 of a group that may use NCCL makes the unique id; dcpxd relays
    * it to every rank. With auto, a failure only rules out nccl. */
@@ -1143,21 +1153,13 @@ static void link_down(dcpx_member *m, uint64_t retry_in_ms) {
   m->retry_at_ms = dcpx__mono_ms() + retry_in_ms;
 }
 
-/* Connects without blocking and sends Hello and the reattach Join, with
- * the member's fds; the answers come later (link_frame). */
-static int link_reattach_start(dcpx_member *m) {
+/* A reattach's connection to dcpxd at m->path, without waiting: its
+ * socket, blocking once connected, or DCPX_E_CONNREFUSED where no
+ * daemon takes it now, or -errno. */
+static int reattach_connect(const dcpx_member *m) {
   struct sockaddr_un sa;
-  Dcpx__Frame f = DCPX__FRAME__INIT;
-  Dcpx__Hello hello = DCPX__HELLO__INIT;
-  Dcpx__Join j = DCPX__JOIN__INIT;
-  Dcpx__Shape sh;
-  const uint32_t W = m->shape.world;
-  int fds[DCPX_MAX_WORLD + 1];
-  char node[256];
   int s, r;
 
-  if (m->ctl_fd < 0)
-    return DCPX_E_STATE; /* nothing to hand back */
   memset(&sa, 0, sizeof(sa));
   sa.sun_family = AF_UNIX;
   memcpy(sa.sun_path, m->path, sizeof(m->path));
@@ -1175,6 +1177,26 @@ static int link_reattach_start(dcpx_member *m) {
   /* Connected: two small frames fit the empty socket buffer, and the rest
    * of libdcpx expects a blocking socket. */
   (void)fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK);
+  return s;
+}
+
+/* Connects without blocking and sends Hello and the reattach Join, with
+ * the member's fds; the answers come later (link_frame). */
+static int link_reattach_start(dcpx_member *m) {
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Hello hello = DCPX__HELLO__INIT;
+  Dcpx__Join j = DCPX__JOIN__INIT;
+  Dcpx__Shape sh;
+  const uint32_t W = m->shape.world;
+  int fds[DCPX_MAX_WORLD + 1];
+  char node[256];
+  int s, r;
+
+  if (m->ctl_fd < 0)
+    return DCPX_E_STATE; /* nothing to hand back */
+  s = reattach_connect(m);
+  if (s < 0)
+    return s;
   hello.version = DCPX_PROTO_VERSION;
   hello.agent = (char *)"libdcpx " DCPX_VERSION_STRING;
   f.msg_case = DCPX__FRAME__MSG_HELLO;
@@ -1183,21 +1205,7 @@ static int link_reattach_start(dcpx_member *m) {
   if (r < 0)
     goto fail;
 
-  dcpx__shape_to_pb(&m->shape, &sh);
-  node_name(node, sizeof(node));
-  j.group = m->group;
-  j.shape = &sh;
-  j.transport = (Dcpx__Transport)m->transport_req; /* the group's setting */
-  j.timeout_ns = m->timeout_ns;
-  j.rank = m->rank;
-  j.device = m->device;
-  /* by UUID too: dcpxd checks the adopted workspace is on that GPU, by
-   * its own ordinal (Join.device_uuid) */
-  j.device_uuid.data = m->device_uuid;
-  j.device_uuid.len = m->device_uuid_len;
-  j.node = node;
-  j.backend = (Dcpx__Backend)m->backend;
-  j.join_timeout_ms = m->join_timeout_ms;
+  join_fill(m, &j, &sh, node, sizeof(node));
   j.reattach = 1;
   j.generation = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
   fds[0] = m->ctl_fd;
