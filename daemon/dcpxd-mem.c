@@ -42,10 +42,23 @@
 #include "dcpxd-util.h"
 #include "proto/dcpx.pb-c.h"
 
+/* A host buffer of the memfd *fd (taken: -1 after), bytes long. */
+static int host_buf_new(int *fd, uint64_t bytes, int device,
+                        dcpxd_buf **ret) {
+  dcpxd_buf *b = calloc(1, sizeof(*b));
+  if (!b)
+    return -ENOMEM;
+  b->ops = &dcpxd_mem_host;
+  b->fd = TAKE_FD(*fd);
+  b->bytes = bytes;
+  b->device = device;
+  *ret = b;
+  return 0;
+}
+
 static int host_alloc(int device, uint64_t bytes, const char *label,
                       dcpxd_buf **ret) {
   _cleanup_close_ int fd = -1;
-  dcpxd_buf *b;
 
   if (bytes == 0 || bytes > (uint64_t)INT64_MAX)
     return -EINVAL;
@@ -56,15 +69,7 @@ static int host_alloc(int device, uint64_t bytes, const char *label,
     return -errno;
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
     return -errno;
-  b = calloc(1, sizeof(*b));
-  if (!b)
-    return -ENOMEM;
-  b->ops = &dcpxd_mem_host;
-  b->fd = TAKE_FD(fd);
-  b->bytes = bytes;
-  b->device = device;
-  *ret = b;
-  return 0;
+  return host_buf_new(&fd, bytes, device, ret);
 }
 
 static int host_map(dcpxd_buf *b, void **ret) {
@@ -127,7 +132,6 @@ static int host_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
   _cleanup_close_ int owned = fd;
   const int need = F_SEAL_SHRINK | F_SEAL_GROW;
   struct stat st;
-  dcpxd_buf *b;
   int seals;
 
   if (fstat(fd, &st) < 0)
@@ -137,15 +141,7 @@ static int host_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
   seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & need) != need)
     return DCPX_E_PERM; /* not a sealed memfd: could shrink under us */
-  b = calloc(1, sizeof(*b));
-  if (!b)
-    return -ENOMEM;
-  b->ops = &dcpxd_mem_host;
-  b->fd = TAKE_FD(owned);
-  b->bytes = bytes;
-  b->device = device;
-  *ret = b;
-  return 0;
+  return host_buf_new(&owned, bytes, device, ret);
 }
 
 const dcpxd_mem_ops dcpxd_mem_host = {
