@@ -198,7 +198,7 @@ step_floorsweep() {
 }
 
 step_roofline() { # what bounds the kernels (issue 11), beside their figures
-  say "roofline: resources, copy bandwidth, bytes per row"
+  say "roofline: resources, copy bandwidth, the poll's loads, bytes per row"
   timeout -k 5 120 "$B/tests/gpu/roofline" > "$OUT/roofline.md" 2>&1 || rc=1
   tee -a "$OUT/summary.txt" < "$OUT/roofline.md"
   say "bench_kernels, push and merge (the figures the bounds are set against)"

@@ -186,3 +186,86 @@ int dcpx_k_copy(const void *src, void *dst, size_t n16, uint32_t blocks,
     return DCPX_E_CUDA;
   return 0;
 }
+
+/* ---- the poll's loads alone (tests/gpu/roofline.c) ------------------------
+ *
+ * One block of blockDim.x threads; thread x loads `per` 16-byte words of
+ * src, x + j * blockDim.x (a warp's lanes take consecutive words, as the
+ * merge's poll does), with the load kind `kind`, all issued before any is
+ * used; then, with stage, stores them into shared memory as the poll
+ * stages its pairs. `passes` times over the same words; out[p] = thread
+ * 0's clock64 cycles of pass p, from before its loads to after the barrier
+ * that follows the last thread's (out[passes]: a sum, so that nothing is
+ * optimised away). The kinds: 0 ld.volatile.global.v2.u64 (the poll's), 1
+ * ld.relaxed.gpu.global.v2.u64, 2 ld.global.cg.v4.u32 (L2, weak), 3
+ * ld.global.v4.u32 (through L1, weak). */
+#define DCPX_LOADLAT_PER 8
+__device__ __forceinline__ uint4 dcpx_loadlat_one(const uint4 *p, int kind) {
+  uint4 v;
+  unsigned long long x, y;
+  switch (kind) {
+  case 0:
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(x), "=l"(y) : "l"(p) : "memory");
+    v = make_uint4((uint32_t)x, (uint32_t)(x >> 32), (uint32_t)y,
+                   (uint32_t)(y >> 32));
+    break;
+  case 1:
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(x), "=l"(y) : "l"(p) : "memory");
+    v = make_uint4((uint32_t)x, (uint32_t)(x >> 32), (uint32_t)y,
+                   (uint32_t)(y >> 32));
+    break;
+  case 2:
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    break;
+  default:
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    break;
+  }
+  return v;
+}
+
+__global__ void dcpx_loadlat_kernel(const uint4 *src, uint32_t per, int kind,
+                                    int stage, uint32_t passes,
+                                    unsigned long long *out) {
+  __shared__ uint4 st[2048]; /* 32 KiB: the 33.8 KB of W=8 lists, nearly */
+  uint32_t sum = 0;
+  for (uint32_t pass = 0; pass < passes; pass++) {
+    __syncthreads();
+    const long long t0 = clock64();
+    uint4 v[DCPX_LOADLAT_PER];
+#pragma unroll
+    for (uint32_t j = 0; j < DCPX_LOADLAT_PER; j++)
+      if (j < per)
+        v[j] = dcpx_loadlat_one(src + threadIdx.x + j * blockDim.x, kind);
+#pragma unroll
+    for (uint32_t j = 0; j < DCPX_LOADLAT_PER; j++)
+      if (j < per) {
+        if (stage)
+          st[(threadIdx.x + j * blockDim.x) & 2047u] = v[j];
+        sum += v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+      }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      out[pass] = (unsigned long long)(clock64() - t0);
+  }
+  if (stage)
+    sum += st[(threadIdx.x * 7u) & 2047u].x;
+  atomicAdd(out + passes, (unsigned long long)sum);
+}
+
+int dcpx_k_loadlat(const void *src, uint32_t threads, uint32_t per, int kind,
+                   int stage, uint32_t passes, unsigned long long *out,
+                   cudaStream_t s) {
+  if (!src || !out || !threads || threads > 1024 || !per ||
+      per > DCPX_LOADLAT_PER || kind < 0 || kind > 3 || !passes)
+    return DCPX_E_INVAL;
+  dcpx_loadlat_kernel<<<1, threads, 0, s>>>((const uint4 *)src, per, kind,
+                                            stage, passes, out);
+  if (cudaGetLastError() != cudaSuccess)
+    return DCPX_E_CUDA;
+  return 0;
+}

@@ -52,6 +52,17 @@ int dcpx_k_floor(uint32_t *word, uint32_t rows, uint32_t threads,
 int dcpx_k_copy(const void *src, void *dst, size_t n16, uint32_t blocks,
                 uint32_t threads, cudaStream_t s);
 
+/* The poll's loads alone: one block of `threads` threads, each loading
+ * `per` (<= 8) 16-byte words of src (device memory) with load kind `kind`
+ * (0 ld.volatile, the poll's; 1 ld.relaxed.gpu; 2 ld.global.cg; 3
+ * ld.global through L1), all issued before any is used, then (stage)
+ * stored into shared memory, `passes` times; out (device, passes + 1
+ * words): thread 0's clock64 cycles of each pass. A test tool
+ * (roofline.c). */
+int dcpx_k_loadlat(const void *src, uint32_t threads, uint32_t per, int kind,
+                   int stage, uint32_t passes, unsigned long long *out,
+                   cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

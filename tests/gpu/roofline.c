@@ -2,8 +2,9 @@
  * roofline beside each figure"): each kernel's resources (registers,
  * spills, shared memory, blocks per SM), the copy bandwidth measured on
  * this GPU for one block (a row is one block, on one SM) and for the whole
- * GPU, and each kernel's bytes per row with the time those bytes take at
- * the measured bandwidth. The kernels' own figures come from bench_kernels
+ * GPU, what the merge poll's 16-byte loads cost alone by load kind, and
+ * each kernel's bytes per row with the time those bytes take at the
+ * measured bandwidth. The kernels' own figures come from bench_kernels
  * in the same job (scripts/gpu-run.sh step roofline). Shape: W=8 ranks,
  * N=512, K=2048, B=64, local 16,384 (bench_kernels' first rows), or
  * BENCH_W / BENCH_N / BENCH_LEN. */
@@ -53,10 +54,60 @@ static double copy_us(void *src, void *dst, size_t bytes, uint32_t blocks,
   return 1000.0 * ms[REPS / 2] / ITERS;
 }
 
+static int cmp_d(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 static void res_row(const char *what, const dcpx_k_res *r) {
   printf("| %s | %u | %d | %d | %d | %zu | %d |\n", what, r->threads,
          r->regs, r->local_bytes, r->static_smem, r->dyn_smem,
          r->blocks_per_sm);
+}
+
+/* The merge's round-1 poll moves W lists of `pairs` 16-byte pairs into
+ * shared memory (264 threads, 8 pairs each at W=8, N=512). What those
+ * loads cost alone, by load kind and by how many threads share them:
+ * median over REPS launches of thread 0's cycles from before its loads to
+ * the barrier after everyone's, the first pass (the words in L2) and a
+ * second pass over the same words. */
+static void poll_loads(const void *src, cudaStream_t s) {
+  static const char *kinds[4] = {"ld.volatile (the poll's)",
+                                 "ld.relaxed.gpu", "ld.global.cg",
+                                 "ld.global (L1)"};
+  static const uint32_t shapes[3][2] = {{264, 8}, {512, 4}, {1024, 2}};
+  unsigned long long *out, h[3];
+  int khz = 0;
+  CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  CK(cudaMalloc((void **)&out, sizeof(h)));
+  printf("\nThe poll's loads alone (one block; each thread's words all "
+         "loaded before any is used, then staged into shared memory or "
+         "not; us at %d MHz, median of %u launches: first pass / a second "
+         "pass over the same words):\n\n| load | threads x words | bytes "
+         "| loads only | loads, staged |\n|---|---|---:|---:|---:|\n",
+         khz / 1000, REPS);
+  for (int k = 0; k < 4; k++)
+    for (int sh = 0; sh < 3; sh++) {
+      const uint32_t nt = shapes[sh][0], per = shapes[sh][1];
+      printf("| %s | %u x %u | %u |", kinds[k], nt, per, nt * per * 16u);
+      for (int stage = 0; stage < 2; stage++) {
+        double c0[REPS], c1[REPS];
+        KCK(dcpx_k_loadlat(src, nt, per, k, stage, 2, out, s)); /* warm */
+        for (uint32_t r = 0; r < REPS; r++) {
+          CK(cudaMemsetAsync(out, 0, sizeof(h), s));
+          KCK(dcpx_k_loadlat(src, nt, per, k, stage, 2, out, s));
+          CK(cudaMemcpyAsync(h, out, sizeof(h), cudaMemcpyDeviceToHost, s));
+          CK(cudaStreamSynchronize(s));
+          c0[r] = (double)h[0] * 1000.0 / khz;
+          c1[r] = (double)h[1] * 1000.0 / khz;
+        }
+        qsort(c0, REPS, sizeof(double), cmp_d);
+        qsort(c1, REPS, sizeof(double), cmp_d);
+        printf(" %.2f / %.2f |", c0[REPS / 2], c1[REPS / 2]);
+      }
+      printf("\n");
+    }
+  CK(cudaFree(out));
 }
 
 int main(void) {
@@ -131,6 +182,8 @@ int main(void) {
   printf("| cudaMemcpyAsync, device to device | %zu | %.1f | %.1f |\n", big,
          1000.0 * ms, (double)big / (1000.0 * ms) / 1e3);
   const double gpu_bw = 2.0 * (double)big / tg / 1e3; /* read + written */
+
+  poll_loads(src, s);
 
   /* Bytes per row: what each kernel must read and write at the least. */
   const double P = g.L.pairs, PK = g.L.rpairs;
