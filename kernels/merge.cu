@@ -5,7 +5,8 @@
  * Per row t of rank `me`, with e = next(epoch[t]) and p = e & 1:
  *
  *   1. Poll: the W lists of row t from ll_slots[p][s][t], every 16-byte pair
- *      accepted only when both halves carry tag e (bounded wait). Each word
+ *      accepted only when both halves carry tag e (bounded wait), as one
+ *      flat range over all threads but the last warp (poll_flat). Each word
  *      is copied once into the block's staging area: entries k1[s*N + j]
  *      (the flat (r, l) order), bit-16 planes p1[s][*]. Nothing later reads
  *      the slots again, so a peer's next push cannot change what this row
@@ -216,6 +217,66 @@ DCPX_D void poll_lists(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
         pair_take(m, x, i, C, rescue && r == 1, (uint32_t)pa, (uint32_t)pb,
                   kmn, kmx);
       }
+    }
+  }
+}
+
+/* Round 1's poll: the nsrc lists of `pairs` LL pairs (tag e; no rescue
+ * lists) as one flat range, pair k of it (list k / pairs, pair k % pairs)
+ * taken by thread k % np, eight at a time (one round at W=8, N=512: 4.4
+ * pairs a thread), all loaded before any is looked at: every thread below
+ * np loads (a warp's lanes consecutive
+ * pairs of one list), where poll_lists gives thread i pair i of each list
+ * (264 of 512 threads, eight pairs each, at W=8, N=512). The threads from
+ * np on poll nothing (the block's last thread reads the fault hook's host
+ * word meanwhile). Late pairs wait one by one, as in poll_lists. */
+DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
+                      uint32_t pairs, uint32_t C, uint32_t e, uint32_t region,
+                      const char *region_base, uint32_t np, uint32_t *kmn,
+                      uint32_t *kmx) {
+  const uint32_t total = nsrc * pairs;
+  if (threadIdx.x >= np)
+    return;
+  uint32_t x = threadIdx.x / pairs, i = threadIdx.x - x * pairs;
+#pragma unroll 1
+  for (uint32_t k0 = threadIdx.x; k0 < total && !w->bw->fail; k0 += 8u * np) {
+    uint64_t a[8], b[8];
+    uint32_t xs[8], is[8];
+#pragma unroll
+    for (uint32_t u = 0; u < 8; u++) {
+      xs[u] = x;
+      is[u] = i;
+      if (k0 + u * np < total)
+        dcpx_dev_ll_load(m->src[x] + (uint64_t)i * 16u, &a[u], &b[u]);
+      i += np;
+#pragma unroll 1
+      while (i >= pairs) {
+        i -= pairs;
+        x++;
+      }
+    }
+    uint32_t late = 0;
+#pragma unroll
+    for (uint32_t u = 0; u < 8; u++) {
+      if (k0 + u * np >= total)
+        break;
+      if ((uint32_t)(a[u] >> 32) != e || (uint32_t)(b[u] >> 32) != e) {
+        late |= 1u << u;
+        continue;
+      }
+      pair_take(m, xs[u], is[u], C, 0, (uint32_t)a[u], (uint32_t)b[u], kmn,
+                kmx);
+    }
+    while (late) { /* (list, pair) from k again: xs and is stay registers */
+      const uint32_t k = k0 + (uint32_t)(__ffs(late) - 1) * np;
+      late &= late - 1;
+      const uint32_t lx = k / pairs, li = k - lx * pairs;
+      const char *p = m->src[lx] + (uint64_t)li * 16u;
+      uint64_t pa = 0, pb = 0;
+      if (!pair_wait(w, m, lx, li, p, e, region,
+                     (uint32_t)((p - region_base) / 8u), C, 0, &pa, &pb))
+        return;
+      pair_take(m, lx, li, C, 0, (uint32_t)pa, (uint32_t)pb, kmn, kmx);
     }
   }
 }
@@ -729,8 +790,8 @@ static __global__ void __launch_bounds__(NT, MT / NT)
   dcpx_dev_pdl_trigger();
   /* The fault hook (block 0, its first row, after the round-1 poll): its
    * armed word lives in host memory, so the block's last thread reads it
-   * while the poll runs (that thread polls nothing unless a list has more
-   * pairs than the block has threads), and thread 0 looks at it after the
+   * while the poll runs (the last warp polls nothing: poll_flat), and
+   * thread 0 looks at it after the
    * poll's barrier: no thread on the path waits for the PCIe read. */
   const int hook_on = blockIdx.x == 0 && !(c.diag & DCPX_K_DIAG_NO_HOOK);
   int hook = hook_on && tid == 0;
@@ -765,8 +826,8 @@ static __global__ void __launch_bounds__(NT, MT / NT)
     merge_prof(&b, t, 0);
     do {
       /* ---- 1. poll the W lists ---- */
-      poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
-                 NT, 0, &kmn, &kmx);
+      poll_flat(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
+                NT - 32u, &kmn, &kmx);
       if (hook_on && t == 0 && tid == NT - 1)
         hook_armed = c.health[me].fault_armed;
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
@@ -774,8 +835,8 @@ static __global__ void __launch_bounds__(NT, MT / NT)
         dcpx_dev_async_wait(); /* rowq */
       __syncthreads();
       if (c.diag & DCPX_K_DIAG_POLL_TWICE) {
-        poll_lists(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS,
-                   ws + c.L.off_ll, NT, 0, &kmn, &kmx);
+        poll_flat(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS,
+                  ws + c.L.off_ll, NT - 32u, &kmn, &kmx);
         dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
         __syncthreads();
       }
