@@ -95,8 +95,9 @@ typedef struct dcpx_k_counters {
  * not run, as bench_kernels' one-rank merge). */
 #define DCPX_K_DIAG_NO_HOOK 1u
 #define DCPX_K_DIAG_NO_RESCUE_STORES 2u
-/* The merge runs its rescue poll twice in a row (is its cost the code's
- * first run, e.g. instruction fetch, or the work?). */
+/* The merge runs its round-1 poll and its rescue poll twice in a row each
+ * (is a poll's cost the code's first run, e.g. instruction fetch, or the
+ * work?). */
 #define DCPX_K_DIAG_POLL_TWICE 4u
 /* The merge sleeps 3 us before its rescue poll (is that poll's cost
  * something still draining from the phases before it?). */

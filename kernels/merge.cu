@@ -238,6 +238,9 @@ DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
   if (threadIdx.x >= np)
     return;
   uint32_t x = threadIdx.x / pairs, i = threadIdx.x - x * pairs;
+  /* k += np as (x, i) += (dx, di) and one carry: no loop per step, which
+   * at small N (pairs down to 2) would run np / pairs times */
+  const uint32_t dx = np / pairs, di = np - dx * pairs;
 #pragma unroll 1
   for (uint32_t k0 = threadIdx.x; k0 < total && !w->bw->fail; k0 += 8u * np) {
     uint64_t a[8], b[8];
@@ -248,9 +251,9 @@ DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
       is[u] = i;
       if (k0 + u * np < total)
         dcpx_dev_ll_load(m->src[x] + (uint64_t)i * 16u, &a[u], &b[u]);
-      i += np;
-#pragma unroll 1
-      while (i >= pairs) {
+      i += di;
+      x += dx;
+      if (i >= pairs) {
         i -= pairs;
         x++;
       }
@@ -826,6 +829,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
     merge_prof(&b, t, 0);
     do {
       /* ---- 1. poll the W lists ---- */
+      static_assert(NT >= 64, "the last warp polls nothing: poll_flat");
       poll_flat(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
                 NT - 32u, &kmn, &kmx);
       if (hook_on && t == 0 && tid == NT - 1)
