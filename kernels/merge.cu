@@ -161,7 +161,9 @@ DCPX_D int pair_wait(const dcpx_wctx *w, const poll_map *m, uint32_t x,
   }
 }
 
-/* Polls nsrc lists of `pairs` LL pairs (tag e) into the staging area and
+/* (The rescue poll's since session 26, rescue 1 at both calls; round 1
+ * polls with poll_flat.)
+ * Polls nsrc lists of `pairs` LL pairs (tag e) into the staging area and
  * tracks the range of the non-empty entry keys. region_base: the start of
  * the polled region in this rank's workspace (record indices). The pairs
  * that carry tag e at the first look are staged by the unrolled fast
@@ -224,12 +226,12 @@ DCPX_D void poll_lists(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
 /* Round 1's poll: the nsrc lists of `pairs` LL pairs (tag e; no rescue
  * lists) as one flat range, pair k of it (list k / pairs, pair k % pairs)
  * taken by thread k % np, eight at a time (one round at W=8, N=512: 4.4
- * pairs a thread), all loaded before any is looked at: every thread below
- * np loads (a warp's lanes consecutive
- * pairs of one list), where poll_lists gives thread i pair i of each list
- * (264 of 512 threads, eight pairs each, at W=8, N=512). The threads from
- * np on poll nothing (the block's last thread reads the fault hook's host
- * word meanwhile). Late pairs wait one by one, as in poll_lists. */
+ * pairs a thread), all loaded before any is looked at. Every thread below
+ * np loads (a warp's lanes consecutive pairs of one list), where
+ * poll_lists gives thread i pair i of each list (264 of 512 threads, eight
+ * pairs each, at W=8, N=512). The threads from np on poll nothing (the
+ * block's last thread reads the fault hook's host word meanwhile). Late
+ * pairs wait one by one, as in poll_lists. */
 DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
                       uint32_t pairs, uint32_t C, uint32_t e, uint32_t region,
                       const char *region_base, uint32_t np, uint32_t *kmn,
@@ -794,8 +796,8 @@ static __global__ void __launch_bounds__(NT, MT / NT)
   /* The fault hook (block 0, its first row, after the round-1 poll): its
    * armed word lives in host memory, so the block's last thread reads it
    * while the poll runs (the last warp polls nothing: poll_flat), and
-   * thread 0 looks at it after the
-   * poll's barrier: no thread on the path waits for the PCIe read. */
+   * thread 0 looks at it after the poll's barrier: no thread on the path
+   * waits for the PCIe read. */
   const int hook_on = blockIdx.x == 0 && !(c.diag & DCPX_K_DIAG_NO_HOOK);
   int hook = hook_on && tid == 0;
   const uint32_t *hook_s = hook ? &hook_armed : NULL;
