@@ -161,88 +161,45 @@ DCPX_D int pair_wait(const dcpx_wctx *w, const poll_map *m, uint32_t x,
   }
 }
 
-/* (The rescue poll's since session 26, rescue 1 at both calls; round 1
- * polls with poll_flat.)
- * Polls nsrc lists of `pairs` LL pairs (tag e) into the staging area and
- * tracks the range of the non-empty entry keys. region_base: the start of
- * the polled region in this rank's workspace (record indices). The pairs
- * that carry tag e at the first look are staged by the unrolled fast
- * path; the others wait one by one (pair_wait). rescue (a constant at
- * each call): the lists are rescue lists of capacity C, of which only the
- * pairs that are sent are waited for (m->cs[x] reset to ~0 by the
- * caller); padding pairs are zeros at once. */
-DCPX_D void poll_lists(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
-                       uint32_t pairs, uint32_t C, uint32_t e,
-                       uint32_t region, const char *region_base, uint32_t nt,
-                       int rescue, uint32_t *kmn, uint32_t *kmx) {
-  const uint32_t used = C + (C + 31u) / 32u; /* a rescue list's words sent */
-#pragma unroll 1
-  for (uint32_t i = threadIdx.x; i < pairs && !w->bw->fail; i += nt) {
-    if (rescue && 2u * i >= used) { /* padding: never sent */
-#pragma unroll 1
-      for (uint32_t x = 0; x < nsrc; x++)
-        pair_take(m, x, i, C, 0, 0u, 0u, kmn, kmx);
-      continue;
-    }
-#pragma unroll 1
-    for (uint32_t x0 = 0; x0 < nsrc; x0 += 8) {
-      uint64_t a[8], b[8];
-      uint32_t late = 0;
-#pragma unroll
-      for (uint32_t u = 0; u < 8; u++)
-        if (x0 + u < nsrc)
-          dcpx_dev_ll_load(m->src[x0 + u] + (uint64_t)i * 16u, &a[u], &b[u]);
-#pragma unroll
-      for (uint32_t u = 0; u < 8; u++) {
-        const uint32_t x = x0 + u;
-        if (x >= nsrc)
-          break;
-        if ((uint32_t)(a[u] >> 32) != e || (uint32_t)(b[u] >> 32) != e) {
-          late |= 1u << u;
-          continue;
-        }
-        pair_take(m, x, i, C, rescue, (uint32_t)a[u], (uint32_t)b[u], kmn,
-                  kmx);
-      }
-      while (late) {
-        const uint32_t x = x0 + __ffs(late) - 1;
-        late &= late - 1;
-        const char *p = m->src[x] + (uint64_t)i * 16u;
-        uint64_t pa = 0, pb = 0;
-        const int r = pair_wait(w, m, x, i, p, e, region,
-                                (uint32_t)((p - region_base) / 8u), C, rescue,
-                                &pa, &pb);
-        if (!r)
-          return;
-        if (r == 2)
-          pa = pb = 0;
-        pair_take(m, x, i, C, rescue && r == 1, (uint32_t)pa, (uint32_t)pb,
-                  kmn, kmx);
-      }
-    }
-  }
-}
-
-/* Round 1's poll: the nsrc lists of `pairs` LL pairs (tag e; no rescue
- * lists) as one flat range, pair k of it (list k / pairs, pair k % pairs)
- * taken by thread k % np, eight at a time (one round at W=8, N=512: 4.4
- * pairs a thread), all loaded before any is looked at. Every thread below
- * np loads (a warp's lanes consecutive pairs of one list), where
- * poll_lists gives thread i pair i of each list (264 of 512 threads, eight
- * pairs each, at W=8, N=512). The threads from np on poll nothing (the
- * block's last thread reads the fault hook's host word meanwhile). Late
- * pairs wait one by one, as in poll_lists. */
+/* A poll of nsrc lists of `pairs` LL pairs (tag e) into the staging area,
+ * tracking the range of the non-empty entry keys: the lists taken as one
+ * flat range, pair k of it (list k / pairs, pair k % pairs) by thread
+ * k % np, eight at a time (one round at W=8, N=512: 4.4 pairs a thread),
+ * all loaded before any is looked at, so that a warp's lanes load
+ * consecutive pairs of one list and every thread below np has work.
+ * Threads from np on poll nothing (round 1: the block's last warp, whose
+ * last thread reads the fault hook's host word meanwhile). region_base:
+ * the start of the polled region in this rank's workspace (record
+ * indices). The pairs that carry tag e at the first look are staged at
+ * once; the late ones wait one by one (pair_wait).
+ * rescue (a constant at each call): the lists are rescue lists of
+ * capacity C, of which only the pairs that are sent are waited for
+ * (m->cs[x] reset to ~0 by the caller); their padding pairs, never sent,
+ * are zeros at once. A thread takes its pairs in ascending k and stages
+ * every pair of its first look before it waits for any, and a list's end
+ * mark lies before every pair of it that is not sent: so each wait that
+ * needs an end mark waits on a pair of smaller k, and none waits on
+ * itself. */
 DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
                       uint32_t pairs, uint32_t C, uint32_t e, uint32_t region,
-                      const char *region_base, uint32_t np, uint32_t *kmn,
-                      uint32_t *kmx) {
-  const uint32_t total = nsrc * pairs;
+                      const char *region_base, uint32_t np, int rescue,
+                      uint32_t *kmn, uint32_t *kmx) {
   if (threadIdx.x >= np)
     return;
-  uint32_t x = threadIdx.x / pairs, i = threadIdx.x - x * pairs;
+  uint32_t lp = pairs; /* the pairs looked at: a rescue list's sent ones */
+  if (rescue) {
+    lp = min(pairs, (C + (C + 31u) / 32u + 1u) / 2u);
+#pragma unroll 1
+    for (uint32_t k = threadIdx.x; k < nsrc * (pairs - lp); k += np) {
+      const uint32_t x = k / (pairs - lp); /* padding: rare, never sent */
+      pair_take(m, x, lp + k - x * (pairs - lp), C, 0, 0u, 0u, kmn, kmx);
+    }
+  }
+  const uint32_t total = nsrc * lp;
+  uint32_t x = threadIdx.x / lp, i = threadIdx.x - x * lp;
   /* k += np as (x, i) += (dx, di) and one carry: no loop per step, which
    * at small N (pairs down to 2) would run np / pairs times */
-  const uint32_t dx = np / pairs, di = np - dx * pairs;
+  const uint32_t dx = np / lp, di = np - dx * lp;
 #pragma unroll 1
   for (uint32_t k0 = threadIdx.x; k0 < total && !w->bw->fail; k0 += 8u * np) {
     uint64_t a[8], b[8];
@@ -255,8 +212,8 @@ DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
         dcpx_dev_ll_load(m->src[x] + (uint64_t)i * 16u, &a[u], &b[u]);
       i += di;
       x += dx;
-      if (i >= pairs) {
-        i -= pairs;
+      if (i >= lp) {
+        i -= lp;
         x++;
       }
     }
@@ -269,19 +226,24 @@ DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
         late |= 1u << u;
         continue;
       }
-      pair_take(m, xs[u], is[u], C, 0, (uint32_t)a[u], (uint32_t)b[u], kmn,
-                kmx);
+      pair_take(m, xs[u], is[u], C, rescue, (uint32_t)a[u], (uint32_t)b[u],
+                kmn, kmx);
     }
     while (late) { /* (list, pair) from k again: xs and is stay registers */
       const uint32_t k = k0 + (uint32_t)(__ffs(late) - 1) * np;
       late &= late - 1;
-      const uint32_t lx = k / pairs, li = k - lx * pairs;
+      const uint32_t lx = k / lp, li = k - lx * lp;
       const char *p = m->src[lx] + (uint64_t)li * 16u;
       uint64_t pa = 0, pb = 0;
-      if (!pair_wait(w, m, lx, li, p, e, region,
-                     (uint32_t)((p - region_base) / 8u), C, 0, &pa, &pb))
+      const int r = pair_wait(w, m, lx, li, p, e, region,
+                              (uint32_t)((p - region_base) / 8u), C, rescue,
+                              &pa, &pb);
+      if (!r)
         return;
-      pair_take(m, lx, li, C, 0, (uint32_t)pa, (uint32_t)pb, kmn, kmx);
+      if (r == 2) /* not sent: zeros */
+        pa = pb = 0;
+      pair_take(m, lx, li, C, rescue && r == 1, (uint32_t)pa, (uint32_t)pb,
+                kmn, kmx);
     }
   }
 }
@@ -388,8 +350,8 @@ DCPX_D void merge_prof(const mblk *b, uint32_t t, uint32_t i) {
 }
 
 /* Round 1 of row t over the staged W lists: S1 into list (r << 17 | l) and
- * s1k (its words), the per-rank bounds; returns the saturation mask, with *ret_total
- * the selected keys and *ret_t1 = T1 (0 when fewer than K). */
+ * s1k (its words), the per-rank bounds; returns the saturation mask, with
+ * *ret_total the selected keys and *ret_t1 = T1 (0 when fewer than K). */
 DCPX_D uint32_t merge_round1(mblk *b, uint32_t t, uint32_t *ret_total,
                              uint32_t *ret_t1) {
   const uint32_t W = b->c->world, N = b->c->local_topk, K = b->c->topk;
@@ -637,16 +599,16 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
   }
   merge_prof(b, t, 5);
   merge_prof_by(b, t, 18, b->nt - 32);
-  poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
-             c->ws + c->L.off_rescue, b->nt, 1, &kmn, &kmx);
+  poll_flat(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
+            c->ws + c->L.off_rescue, b->nt, 1, &kmn, &kmx);
   merge_prof(b, t, 16);
   dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
   merge_prof(b, t, 17);
   merge_prof_by(b, t, 19, b->nt - 32);
   __syncthreads();
   if (c->diag & DCPX_K_DIAG_POLL_TWICE) { /* the same code again, at once */
-    poll_lists(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
-               c->ws + c->L.off_rescue, b->nt, 1, &kmn, &kmx);
+    poll_flat(wc, b->pm, __popc(others), PK, K, q2, DCPX_REGION_RESCUE,
+              c->ws + c->L.off_rescue, b->nt, 1, &kmn, &kmx);
     dcpx_dev_range_publish(kmn, kmx, b->kmin_s, b->S);
     __syncthreads();
   }
@@ -833,7 +795,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       /* ---- 1. poll the W lists ---- */
       static_assert(NT >= 64, "the last warp polls nothing: poll_flat");
       poll_flat(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
-                NT - 32u, &kmn, &kmx);
+                NT - 32u, 0, &kmn, &kmx);
       if (hook_on && t == 0 && tid == NT - 1)
         hook_armed = c.health[me].fault_armed;
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
@@ -842,7 +804,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       __syncthreads();
       if (c.diag & DCPX_K_DIAG_POLL_TWICE) {
         poll_flat(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS,
-                  ws + c.L.off_ll, NT - 32u, &kmn, &kmx);
+                  ws + c.L.off_ll, NT - 32u, 0, &kmn, &kmx);
         dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
         __syncthreads();
       }
