@@ -1761,7 +1761,7 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
  * itself (dcpx_dev_resc_top: the same row in the same registers, selected
  * in three more steps), whose entries are then all >= t1.
  * prof (diagnostics, or NULL): thread 0's clock64 after the count, after
- * its warp's placing; with more than cap keys >= t1, prof[8..10] after
+ * its warp's placing, before the count's barrier (prof[11]); with more than cap keys >= t1, prof[8..10] after
  * the top cap's key range, threshold and per-warp bases. Every thread must call it; it ends with a barrier;
  * it leaves the selection's histograms dirty. Returns the list's entries
  * (block-uniform). */
@@ -1787,6 +1787,8 @@ DCPX_D uint32_t dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
     for (uint32_t u = 0; u < DCPX_RESC_U; u++)
       c += __popc(m[u]);
   }
+  if (prof && threadIdx.x == 0) /* point 23: its own count, after its loads */
+    prof[11] = clock64();
   c = __reduce_add_sync(DCPX_FULL, c);
   if (lane == 0)
     S->wcnt[warp] = c;

@@ -55,7 +55,8 @@ extern "C" {
  * round-2 keys copied, rescue polled, round 2 done, outputs done, row end
  * (the rescue points stay 0 on a row without a rescue); then, inside round
  * 1: its threshold found (10), its keys placed (11); inside a rescue list
- * built from the row: counted (12), thread 0's warp placed (13); and the
+ * built from the row: counted (12), thread 0's warp placed (13), thread 0
+ * done with its own count, before the count's barrier (23); and the
  * block's kernel entry (14) and exit (15), slot of its first row; the
  * rescue poll's (16-19); inside a rescue list that selects its top K
  * (more than K elements >= T1): its key range (20), its threshold (21),

@@ -429,6 +429,10 @@ static void profile_merge(gg *g, const char *what) {
          "placing %.2f + the rest %.2f\n",
          (double)(h[12] - h[2]) * 1e3 / khz, (double)(h[13] - h[12]) * 1e3 / khz,
          (double)(h[3] - h[13]) * 1e3 / khz);
+  if (h[12] && h[23] && h[2] < h[23] && h[23] < h[12])
+    note("  start and count = thread 0 to its own count %.2f + the count's "
+         "barrier and sum %.2f\n",
+         (double)(h[23] - h[2]) * 1e3 / khz, (double)(h[12] - h[23]) * 1e3 / khz);
   if (h[3] && h[36] && h[37] && h[38] && h[39] && h[4] && h[36] < h[4])
     note("  stores beside the copy: from the list's end, the stores (first "
          "half) end at %.2f; the copy (second half) starts at %.2f, has its "
