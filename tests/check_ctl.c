@@ -25,24 +25,9 @@
 static hh_daemon g_d;
 static hh_out g_o;
 
-static void dump_log(void) {
-  char line[512];
-  FILE *f = g_d.log[0] ? fopen(g_d.log, "r") : NULL;
-  if (!f)
-    return;
-  fprintf(stderr, "---- %s ----\n", g_d.log);
-  while (fgets(line, sizeof(line), f))
-    fputs(line, stderr);
-  fclose(f);
-}
-
+/* ck_assert_msg that first shows the daemon's log. */
 #define CC_ASSERT(cond, ...)                                                 \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      dump_log();                                                            \
-      ck_abort_msg(__VA_ARGS__);                                             \
-    }                                                                        \
-  } while (0)
+  T_EXPECT_OR(cond, t_dump_file(g_d.log), __VA_ARGS__)
 
 /* dcpxctl ARGS; asserts the exit code. */
 #define CTL(want, ...)                                                       \

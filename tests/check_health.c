@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 
+#include "check_main.h"
 #include "health_harness.h"
 
 /* Slack on top of a timeout or a stall for "ends within the timeout plus a
@@ -31,32 +32,20 @@
 
 static hh_daemon g_d;
 
-static void dump_log(void) {
-  char line[512];
-  FILE *f = g_d.log[0] ? fopen(g_d.log, "r") : NULL;
-  if (!f)
-    return;
-  fprintf(stderr, "---- %s ----\n", g_d.log);
-  while (fgets(line, sizeof(line), f))
-    fputs(line, stderr);
-  fclose(f);
-}
-
 /* The test's ranks, for failure messages. */
 static const hh_shared *g_sh;
 static uint32_t g_W;
 static const char *states(const hh_shared *sh, uint32_t W);
 
+/* What a failed HC_ASSERT shows first: the daemon's log and the ranks. */
+static void show_failure(void) {
+  t_dump_file(g_d.log);
+  if (g_sh)
+    fprintf(stderr, "ranks: %s\n", states(g_sh, g_W));
+}
+
 /* ck_assert_msg that first shows the daemon's log and the ranks. */
-#define HC_ASSERT(cond, ...)                                                 \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      dump_log();                                                            \
-      if (g_sh)                                                              \
-        fprintf(stderr, "ranks: %s\n", states(g_sh, g_W));                   \
-      ck_abort_msg(__VA_ARGS__);                                             \
-    }                                                                        \
-  } while (0)
+#define HC_ASSERT(cond, ...) T_EXPECT_OR(cond, show_failure(), __VA_ARGS__)
 
 /* The ranks' shared block, whose W ranks' states HC_ASSERT shows. */
 static hh_shared *shared(uint32_t W) {
@@ -80,7 +69,7 @@ static void finish(void) {
   if (g_d.pid > 0)
     stop_clean();
   if (getenv("HEALTH_DUMP")) /* show the daemon's log of a passing test */
-    dump_log();
+    t_dump_file(g_d.log);
   hh_daemon_cleanup(&g_d);
   memset(&g_d, 0, sizeof(g_d));
 }

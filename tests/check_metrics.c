@@ -13,24 +13,9 @@ static hh_daemon g_d;
 static hh_out g_o;
 static char g_script[512], g_python[256];
 
-static void dump_log(void) {
-  char line[512];
-  FILE *f = g_d.log[0] ? fopen(g_d.log, "r") : NULL;
-  if (!f)
-    return;
-  fprintf(stderr, "---- %s ----\n", g_d.log);
-  while (fgets(line, sizeof(line), f))
-    fputs(line, stderr);
-  fclose(f);
-}
-
+/* ck_assert_msg that first shows the daemon's log. */
 #define CM_ASSERT(cond, ...)                                                 \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      dump_log();                                                            \
-      ck_abort_msg(__VA_ARGS__);                                             \
-    }                                                                        \
-  } while (0)
+  T_EXPECT_OR(cond, t_dump_file(g_d.log), __VA_ARGS__)
 
 /* Writes dcpxctl stats --format=FMT to a file (through the shell, or with
  * --output) and runs the parser on it. */
