@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_main.h"
 #include "dcpx.h"
 #include "call.h"
 #include "merge.h"
@@ -43,11 +44,7 @@ static uint64_t g_replay; /* 0: none */
 
 /* ck_assert_msg records a checkpoint (a write to Check's pipe) on every
  * passing assertion; in hot loops we only call into Check on failure. */
-#define EXPECT(cond, ...)                                                      \
-  do {                                                                         \
-    if (!(cond))                                                               \
-      ck_abort_msg(__VA_ARGS__);                                               \
-  } while (0)
+#define EXPECT T_EXPECT
 
 /* ---- PRNG --------------------------------------------------------------- */
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_main.h"
 #include "dcpx.h"
 #include "merge.h"
 #include "rng.h"
@@ -25,11 +26,7 @@ static uint64_t g_seed = 0xD0C9A11CE5EEDull;
 
 /* ck_assert_msg records a checkpoint (a write to Check's pipe) on every
  * passing assertion; in hot loops we only call into Check on failure. */
-#define EXPECT(cond, ...)                                                      \
-  do {                                                                         \
-    if (!(cond))                                                               \
-      ck_abort_msg(__VA_ARGS__);                                               \
-  } while (0)
+#define EXPECT T_EXPECT
 
 /* The float value of bf16 bits: the high half of a float32. */
 static float bf16_to_float(uint32_t b) {
