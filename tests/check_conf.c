@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "dcpxd-conf.h"
 #include "dcpxd-log.h"
 
@@ -360,8 +361,7 @@ END_TEST
 
 static Suite *conf_suite(void) {
   Suite *s = suite_create("conf");
-  TCase *tc = tcase_create("file");
-  tcase_set_timeout(tc, 30);
+  TCase *tc = t_tcase(s, "file", 30);
   tcase_add_test(tc, test_good_file);
   tcase_add_test(tc, test_quotes_and_hash);
   tcase_add_test(tc, test_flags_override_and_example);
@@ -370,16 +370,10 @@ static Suite *conf_suite(void) {
   tcase_add_test(tc, test_bad_values);
   tcase_add_test(tc, test_oversized);
   tcase_add_test(tc, test_missing_file);
-  suite_add_tcase(s, tc);
   return s;
 }
 
 int main(void) {
-  SRunner *sr = srunner_create(conf_suite());
-  int failed;
   dcpxd_log_max_level = LOG_INFO;
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(conf_suite());
 }

@@ -2342,9 +2342,8 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("health");
-  TCase *tc = tcase_create("end-to-end");
+  TCase *tc = t_tcase(s, "end-to-end", 90);
   const char *only = getenv("HEALTH_ONLY"); /* run one test, by name */
-  tcase_set_timeout(tc, 90);
 #define ADD(t)                                                               \
   if (!only || !strcmp(only, #t))                                            \
   tcase_add_test(tc, t)
@@ -2380,12 +2379,8 @@ int main(void) {
   ADD(test_refused_reattach_shown);
   ADD(test_unheld_group_at_shutdown);
 #undef ADD
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
   hh_owner = getpid();
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  const int rc = t_suite_run(s);
   hh_cleanup_owned(); /* what a failed test left in /tmp */
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return rc;
 }

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "dcpxctl-json.h"
 
 static int have_python(void) {
@@ -143,22 +144,13 @@ START_TEST(test_dcpxctl_json) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("json");
-  TCase *tc = tcase_create("writer");
-  SRunner *sr;
-  int failed;
-
   if (!have_python()) {
     printf("SKIP: no python3\n");
     return 77;
   }
-  tcase_set_timeout(tc, 30);
+  Suite *s = suite_create("json");
+  TCase *tc = t_tcase(s, "writer", 30);
   tcase_add_test(tc, test_utf8_round_trip);
   tcase_add_test(tc, test_dcpxctl_json);
-  suite_add_tcase(s, tc);
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(s);
 }

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "dcpxd-log.h"
 
 static char g_err[64];
@@ -199,21 +200,12 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("log");
-  TCase *tc = tcase_create("ratelimit");
-  SRunner *sr;
-  int failed;
-
-  tcase_set_timeout(tc, 30);
+  TCase *tc = t_tcase(s, "ratelimit", 30);
   tcase_add_test(tc, test_flood_bounded);
   tcase_add_test(tc, test_distinct_kinds);
   tcase_add_test(tc, test_window_ends);
   tcase_add_test(tc, test_summary_due);
   tcase_add_test(tc, test_no_limit);
   tcase_add_test(tc, test_suppress_hook);
-  suite_add_tcase(s, tc);
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(s);
 }

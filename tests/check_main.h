@@ -13,23 +13,34 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* t_tcase's timeout_s for Check's own default (4 s, or
+ * $CK_DEFAULT_TIMEOUT). */
+#define T_TIMEOUT_DEFAULT (-1.0)
+
 /* A new test case of suite s, named name, each test of which may run
- * timeout_s seconds. */
+ * timeout_s seconds (T_TIMEOUT_DEFAULT: Check's default). */
 static inline TCase *t_tcase(Suite *s, const char *name, double timeout_s) {
   TCase *tc = tcase_create(name);
-  tcase_set_timeout(tc, timeout_s);
+  if (timeout_s >= 0)
+    tcase_set_timeout(tc, timeout_s);
   suite_add_tcase(s, tc);
   return tc;
 }
 
-/* Runs suite s (the runner frees it): EXIT_SUCCESS when no test failed,
+/* Runs suite s (the runner frees it) with Check's output mode (CK_NORMAL,
+ * or CK_ENV: $CK_VERBOSITY decides): EXIT_SUCCESS when no test failed,
  * else EXIT_FAILURE. */
-static inline int t_suite_run(Suite *s) {
+static inline int t_suite_run_mode(Suite *s, enum print_output mode) {
   SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
+  srunner_run_all(sr, mode);
   const int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* t_suite_run_mode with CK_NORMAL. */
+static inline int t_suite_run(Suite *s) {
+  return t_suite_run_mode(s, CK_NORMAL);
 }
 
 /* ck_assert_msg records a checkpoint (a write to Check's pipe) on every

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "dcpxd-mem.h"
 
 #define MB (1024u * 1024u)
@@ -75,12 +76,7 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("mem");
-  TCase *tc = tcase_create("host");
+  TCase *tc = t_tcase(s, "host", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_zero_touched_only);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  const int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(s);
 }

@@ -18,6 +18,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "daemon_proc.h"
 #include "dcpxd-records.h"
 #include "layout.h"
@@ -298,17 +299,12 @@ END_TEST
 
 int main(void) {
   Suite *su = suite_create("records");
-  TCase *tc = tcase_create("store");
+  TCase *tc = t_tcase(su, "store", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_unstored_records_are_retried);
   tcase_add_test(tc, test_backlog_bounded);
   tcase_add_test(tc, test_failed_sync);
   tcase_add_test(tc, test_not_regular_files);
   tcase_add_test(tc, test_start_reads_the_newest);
   tcase_add_test(tc, test_start_stops_at_garbage);
-  suite_add_tcase(su, tc);
-  SRunner *sr = srunner_create(su);
-  srunner_run_all(sr, CK_NORMAL);
-  const int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(su);
 }

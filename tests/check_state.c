@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "daemon_proc.h"
 #include "dcpxd-secrets.h"
 
@@ -351,7 +352,7 @@ END_TEST
 
 int main(void) {
   Suite *su = suite_create("state");
-  TCase *tc = tcase_create("groups");
+  TCase *tc = t_tcase(su, "groups", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_groups_bad_lines);
   tcase_add_test(tc, test_groups_read_error);
   tcase_add_test(tc, test_groups_not_trusted);
@@ -359,10 +360,5 @@ int main(void) {
   tcase_add_test(tc, test_groups_saved_at_exit);
   tcase_add_test(tc, test_groups_unseen_rank);
   tcase_add_test(tc, test_groups_unseen_set_pid);
-  suite_add_tcase(su, tc);
-  SRunner *sr = srunner_create(su);
-  srunner_run_all(sr, CK_NORMAL);
-  const int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return t_suite_run(su);
 }
