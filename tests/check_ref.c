@@ -2355,8 +2355,7 @@ static Suite *ref_suite(void) {
   Suite *s = suite_create("ref");
   TCase *tc;
 
-  tc = tcase_create("core");
-  tcase_set_timeout(tc, 60);
+  tc = t_tcase(s, "core", 60);
   tcase_add_test(tc, test_oracle_order);
   tcase_add_test(tc, test_select);
   tcase_add_test(tc, test_round1);
@@ -2365,18 +2364,14 @@ static Suite *ref_suite(void) {
   tcase_add_test(tc, test_auto_local_topk);
   tcase_add_test(tc, test_given_lists);
   tcase_add_test(tc, test_given_lists_rules);
-  suite_add_tcase(s, tc);
 
-  tc = tcase_create("random");
-  tcase_set_timeout(tc, 120);
+  tc = t_tcase(s, "random", 120);
   tcase_add_test(tc, test_random_small);
   tcase_add_test(tc, test_ref_call_auto_n);
   tcase_add_test(tc, test_random_large);
   tcase_add_test(tc, test_blocks_interleave);
-  suite_add_tcase(s, tc);
 
-  tc = tcase_create("adversarial");
-  tcase_set_timeout(tc, 60);
+  tc = t_tcase(s, "adversarial", 60);
   tcase_add_test(tc, test_all_equal);
   tcase_add_test(tc, test_ties_at_kth);
   tcase_add_test(tc, test_special_values);
@@ -2385,13 +2380,10 @@ static Suite *ref_suite(void) {
   tcase_add_test(tc, test_one_rank_holds_topk);
   tcase_add_test(tc, test_fewer_than_k);
   tcase_add_test(tc, test_adversarial_brute);
-  suite_add_tcase(s, tc);
 
-  tc = tcase_create("errors");
-  tcase_set_timeout(tc, 30);
+  tc = t_tcase(s, "errors", 30);
   tcase_add_test(tc, test_errors);
   tcase_add_test(tc, test_overlapping_outputs);
-  suite_add_tcase(s, tc);
   return s;
 }
 
@@ -2410,9 +2402,6 @@ int main(void) {
          "DCPX_TEST_SCALE)\n",
          g_seed, g_scale);
   fflush(stdout);
-  SRunner *sr = srunner_create(ref_suite());
-  srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  /* CK_VERBOSITY=verbose lists every test */
+  return t_suite_run_mode(ref_suite(), CK_ENV);
 }

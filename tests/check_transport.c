@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "check_main.h"
 #include "dcpx.h"
 #include "devptr.h"
 #include "layout.h"
@@ -385,7 +386,7 @@ END_TEST
 
 static Suite *transport_suite(void) {
   Suite *s = suite_create("transport");
-  TCase *tc = tcase_create("rule");
+  TCase *tc = t_tcase(s, "rule", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_explicit_wins);
   tcase_add_test(tc, test_auto_same_gpu);
   tcase_add_test(tc, test_auto_p2p);
@@ -393,25 +394,18 @@ static Suite *transport_suite(void) {
   tcase_add_test(tc, test_invalid);
   tcase_add_test(tc, test_gpu_map_uuids);
   tcase_add_test(tc, test_gpu_map_shared);
-  suite_add_tcase(s, tc);
-  tc = tcase_create("layout");
+  tc = t_tcase(s, "layout", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_nccl_layout);
   tcase_add_test(tc, test_health_block);
-  suite_add_tcase(s, tc);
-  tc = tcase_create("devptr");
+  tc = t_tcase(s, "devptr", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_devptr_kinds);
   tcase_add_test(tc, test_devptr_extent);
   tcase_add_test(tc, test_devptr_cache);
   tcase_add_test(tc, test_devptr_evict);
   tcase_add_test(tc, test_devptr_pageable);
-  suite_add_tcase(s, tc);
   return s;
 }
 
 int main(void) {
-  SRunner *sr = srunner_create(transport_suite());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return t_suite_run_mode(transport_suite(), CK_ENV);
 }

@@ -711,28 +711,22 @@ static Suite *wire_suite(void) {
   Suite *s = suite_create("wire");
   TCase *tc;
 
-  tc = tcase_create("order");
-  tcase_set_timeout(tc, 30);
+  tc = t_tcase(s, "order", 30);
   tcase_add_test(tc, test_ord16_bijection_and_nan);
   tcase_add_test(tc, test_ord16_monotonic);
   tcase_add_test(tc, test_ord16_pairs);
-  suite_add_tcase(s, tc);
 
-  tc = tcase_create("words");
-  tcase_set_timeout(tc, 30);
+  tc = t_tcase(s, "words", 30);
   tcase_add_test(tc, test_row_words);
   tcase_add_test(tc, test_word_roundtrip);
   tcase_add_test(tc, test_word_decode_empty);
   tcase_add_test(tc, test_word_bad_args);
-  suite_add_tcase(s, tc);
 
-  tc = tcase_create("misc");
-  tcase_set_timeout(tc, 30);
+  tc = t_tcase(s, "misc", 30);
   tcase_add_test(tc, test_epoch_next);
   tcase_add_test(tc, test_gid);
   tcase_add_test(tc, test_shape_check);
   tcase_add_test(tc, test_strerror);
-  suite_add_tcase(s, tc);
   return s;
 }
 
@@ -743,9 +737,6 @@ int main(void) {
   printf("check_wire: seed 0x%" PRIx64 " (set DCPX_TEST_SEED to change)\n",
          g_seed);
   fflush(stdout);
-  SRunner *sr = srunner_create(wire_suite());
-  srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  /* CK_VERBOSITY=verbose lists every test */
+  return t_suite_run_mode(wire_suite(), CK_ENV);
 }
