@@ -30,12 +30,7 @@ static hh_out g_o;
   T_EXPECT_OR(cond, t_dump_file(g_d.log), __VA_ARGS__)
 
 /* dcpxctl ARGS; asserts the exit code. */
-#define CTL(want, ...)                                                       \
-  do {                                                                       \
-    int rc_ = hh_ctl(&g_d, &g_o, __VA_ARGS__, (char *)NULL);                 \
-    CC_ASSERT(rc_ == (want), "dcpxctl %s: exit %d, expected %d\n%s%s",      \
-              #__VA_ARGS__, rc_, (want), g_o.out, g_o.err);                  \
-  } while (0)
+#define CTL(want, ...) HH_CTL(CC_ASSERT, &g_d, &g_o, want, __VA_ARGS__)
 
 /* `check` prints exactly one line, beginning with "DCPX STATE - ". */
 static void one_line(const char *state) {

@@ -109,12 +109,7 @@ static hh_spec spec(const char *group, uint32_t W, uint64_t timeout_ns) {
 
 /* dcpxctl ARGS; asserts the exit code and, with --json, valid JSON. */
 static hh_out g_o;
-#define CTL(want, ...)                                                       \
-  do {                                                                       \
-    int rc_ = hh_ctl(&g_d, &g_o, __VA_ARGS__, (char *)NULL);                 \
-    HC_ASSERT(rc_ == (want), "dcpxctl %s: exit %d, expected %d\n%s%s",      \
-              #__VA_ARGS__, rc_, (want), g_o.out, g_o.err);                  \
-  } while (0)
+#define CTL(want, ...) HH_CTL(HC_ASSERT, &g_d, &g_o, want, __VA_ARGS__)
 #define CTL_JSON(want, ...)                                                  \
   do {                                                                       \
     CTL(want, __VA_ARGS__);                                                  \

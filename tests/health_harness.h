@@ -268,6 +268,16 @@ HH_FN int hh_ctl(const hh_daemon *d, hh_out *o, ...) {
   return WEXITSTATUS(st);
 }
 
+/* dcpxctl ARGS... (hh_ctl on d, its output in *o), asserted to exit with
+ * want by the caller's ASSERT(cond, format, ...): the message names the
+ * arguments and shows what dcpxctl wrote. The tests' CTL macros. */
+#define HH_CTL(ASSERT, d, o, want, ...)                                      \
+  do {                                                                       \
+    int rc_ = hh_ctl(d, o, __VA_ARGS__, (char *)NULL);                       \
+    ASSERT(rc_ == (want), "dcpxctl %s: exit %d, expected %d\n%s%s",          \
+           #__VA_ARGS__, rc_, (want), (o)->out, (o)->err);                   \
+  } while (0)
+
 /* ---- a small JSON checker ------------------------------------------------- */
 
 /* Recursive descent over RFC 8259 values; returns the end, or NULL. */
