@@ -64,13 +64,8 @@ static void daemon_start_join(const char *join_ms) {
 static void daemon_start(void) { daemon_start_join("20000"); }
 
 static void daemon_stop(void) {
-  int st;
-  if (g_daemon > 0) {
-    kill(g_daemon, SIGTERM);
-    waitpid(g_daemon, &st, 0);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                  "dcpxd did not exit cleanly (status 0x%x)", st);
-  }
+  if (g_daemon > 0)
+    DP_ASSERT_CLEAN_EXIT(ck_assert_msg, dp_stop(g_daemon, SIGTERM));
   dp_rm_tree(g_dir);
   g_daemon = 0;
 }

@@ -60,9 +60,7 @@ static void start(const char *const *extra) {
 }
 
 static void stop_clean(void) {
-  int st = hh_daemon_stop(&g_d, SIGTERM);
-  HC_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-            "dcpxd did not exit cleanly (status 0x%x)", st);
+  DP_ASSERT_CLEAN_EXIT(HC_ASSERT, hh_daemon_stop(&g_d, SIGTERM));
 }
 
 static void finish(void) {

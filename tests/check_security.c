@@ -92,13 +92,8 @@ static void daemon_start_lim(rlim_t nofile, ...) {
 #define daemon_start(...) daemon_start_lim(0, ##__VA_ARGS__, (char *)NULL)
 
 static void daemon_stop(void) {
-  int st;
-  if (g_daemon > 0) {
-    kill(g_daemon, SIGTERM);
-    waitpid(g_daemon, &st, 0);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                  "dcpxd did not exit cleanly (status 0x%x)", st);
-  }
+  if (g_daemon > 0)
+    DP_ASSERT_CLEAN_EXIT(ck_assert_msg, dp_stop(g_daemon, SIGTERM));
   dp_rm_tree(g_dir);
   g_daemon = 0;
   g_log[0] = '\0';
@@ -1073,8 +1068,7 @@ START_TEST(test_sighup_ignored_at_start) {
   kill(pid, SIGTERM);
   kill(pid, SIGHUP); /* at shutdown, best effort: it may come too late */
   ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                "dcpxd did not exit cleanly (status 0x%x)", st);
+  DP_ASSERT_CLEAN_EXIT(ck_assert_msg, st);
   if (!early)
     fprintf(stderr, "note: dcpxd was Ready before the first SIGHUP\n");
   dp_rm_tree(g_dir);

@@ -1,16 +1,20 @@
 /* daemon_proc.h - what the tests that run a private dcpxd each wrote: the
  * binary to run ($DCPXD, else the build tree's), waiting until it answers,
- * and removing a test's folder.
+ * stopping it and asserting that it exited cleanly, and removing a test's
+ * folder.
  *
- * Header-only (static functions), free of Check: the caller asserts.
+ * Header-only (static functions), free of Check: the caller asserts (with
+ * its own assert, which DP_ASSERT_CLEAN_EXIT takes).
  */
 #ifndef DCPX_TESTS_DAEMON_PROC_H
 #define DCPX_TESTS_DAEMON_PROC_H
 
 #include <ftw.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dcpx.h"
@@ -53,5 +57,22 @@ DP_FN int dp_wait_up(const char *sock) {
   }
   return -1;
 }
+
+/* Sends the daemon pid signal sig and reaps it: its wait status, or -1. */
+DP_FN int dp_stop(pid_t pid, int sig) {
+  int st = -1;
+  kill(pid, sig);
+  waitpid(pid, &st, 0);
+  return st;
+}
+
+/* Asserts with the caller's ASSERT(cond, format, ...) that wait status st
+ * (evaluated once) is dcpxd's clean exit (status 0). */
+#define DP_ASSERT_CLEAN_EXIT(ASSERT, st)                                     \
+  do {                                                                       \
+    const int st_ = (st);                                                    \
+    ASSERT(WIFEXITED(st_) && WEXITSTATUS(st_) == 0,                          \
+           "dcpxd did not exit cleanly (status 0x%x)", st_);                 \
+  } while (0)
 
 #endif

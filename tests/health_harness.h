@@ -140,11 +140,7 @@ HH_FN int hh_daemon_start(hh_daemon *d, const char *const *extra) {
 
 /* Stops it with sig and reaps it. Returns the wait status, or -1. */
 HH_FN int hh_daemon_stop(hh_daemon *d, int sig) {
-  int st = -1;
-  if (d->pid > 0) {
-    kill(d->pid, sig);
-    waitpid(d->pid, &st, 0);
-  }
+  const int st = d->pid > 0 ? dp_stop(d->pid, sig) : -1;
   d->pid = 0;
   return st;
 }
