@@ -322,17 +322,9 @@ START_TEST(test_stdout_error) {
 }
 END_TEST
 
+/* W*N < K: every row rescues */
 static hh_spec spec(const char *group, uint32_t W) {
-  hh_spec sp;
-  memset(&sp, 0, sizeof(sp));
-  snprintf(sp.group, sizeof(sp.group), "%s", group);
-  sp.W = W;
-  sp.R = 2;
-  sp.K = 64;
-  sp.N = 16; /* W*N < K: every row rescues */
-  sp.L = 256;
-  sp.timeout_ns = 2000000000ull;
-  return sp;
+  return hh_spec_small(group, W, 2000000000ull);
 }
 
 START_TEST(test_check_codes) {

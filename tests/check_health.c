@@ -92,19 +92,6 @@ static int log_contains(const char *needle) { return log_count(needle) > 0; }
 
 static const char *const k_fault[] = {"--enable-fault-injection", NULL};
 
-static hh_spec spec(const char *group, uint32_t W, uint64_t timeout_ns) {
-  hh_spec sp;
-  memset(&sp, 0, sizeof(sp));
-  snprintf(sp.group, sizeof(sp.group), "%s", group);
-  sp.W = W;
-  sp.R = 2;
-  sp.K = 64;
-  sp.N = 16;
-  sp.L = 256;
-  sp.timeout_ns = timeout_ns;
-  return sp;
-}
-
 /* dcpxctl ARGS; asserts the exit code and, with --json, valid JSON. */
 static hh_out g_o;
 #define CTL(want, ...) HH_CTL(HC_ASSERT, &g_d, &g_o, want, __VA_ARGS__)
@@ -304,7 +291,8 @@ END_TEST
  * ends at the abort, and it fails at once instead of waiting. */
 START_TEST(test_stall_records) {
   const uint64_t timeout = 300000000ull, ticks = 1200000000ull;
-  hh_spec sp = spec("stall", 3, timeout); /* W*N < K: every row rescues */
+  /* W*N < K: every row rescues */
+  hh_spec sp = hh_spec_small("stall", 3, timeout);
   hh_shared *sh = shared(3);
   pid_t pids[3];
   char rankbuf[8];
@@ -508,7 +496,7 @@ END_TEST
  * so only dcpxd's abort can end their wait. With `hold`, the victim first
  * forks a child that keeps its socket open: then only its pid tells. */
 static void kill9(uint32_t W, int hold, int replace) {
-  hh_spec sp = spec(hold ? "held" : "kill", W, 10000000000ull);
+  hh_spec sp = hh_spec_small(hold ? "held" : "kill", W, 10000000000ull);
   hh_shared *sh = shared(W);
   const uint32_t victim = W - 1, peers = (1u << victim) - 1;
   const uint64_t V = 20;
@@ -628,7 +616,7 @@ static int has_record(const hh_rec *rs, int n, const hh_rec *x) {
 
 START_TEST(test_daemon_restart) {
   const uint32_t W = 3;
-  hh_spec sp = spec("restart", W, 1000000000ull);
+  hh_spec sp = hh_spec_small("restart", W, 1000000000ull);
   hh_shared *sh = shared(W);
   pid_t pids[3];
   hh_rec before[32], after[64];
@@ -720,7 +708,7 @@ END_TEST
  * daemon adopts the group as recovering and completes the recovery. */
 START_TEST(test_restart_during_recovery) {
   const uint32_t W = 3;
-  hh_spec sp = spec("midrec", W, 200000000ull);
+  hh_spec sp = hh_spec_small("midrec", W, 200000000ull);
   hh_shared *sh = shared(W);
   pid_t pids[3];
 
@@ -812,7 +800,7 @@ static hh_shared *victim_away(const hh_spec *sp, uint32_t W,
 
 START_TEST(test_rank_dies_while_daemon_away) {
   const uint32_t W = 3, victim = 2;
-  hh_spec sp = spec("away", W, 1000000000ull);
+  hh_spec sp = hh_spec_small("away", W, 1000000000ull);
   pid_t pids[3];
   hh_shared *sh = victim_away(&sp, W, victim, pids);
   wait_fails(sh, 0x3, 1, 10000);
@@ -848,7 +836,7 @@ END_TEST
  * name, which the survivors' reattach then met as "another instance". */
 START_TEST(test_replacement_before_reattach) {
   const uint32_t W = 2, victim = 1;
-  hh_spec sp = spec("early", W, 3000000000ull);
+  hh_spec sp = hh_spec_small("early", W, 3000000000ull);
   pid_t pids[2];
   hh_shared *sh = victim_away(&sp, W, victim, pids);
   pids[victim] = hh_rank_fork(g_d.sock, &sp, sh, victim, 0, 1);
@@ -891,7 +879,7 @@ static hh_shared *adopted_group(const hh_spec *sp, pid_t *pids) {
 }
 
 START_TEST(test_adopter_dies_before_the_others_return) {
-  hh_spec sp = spec("adopter", 3, 1000000000ull);
+  hh_spec sp = hh_spec_small("adopter", 3, 1000000000ull);
   pid_t pids[3];
   hh_shared *sh = adopted_group(&sp, pids);
   /* The ranks not back yet are not "live": check warns, health says so. */
@@ -923,7 +911,7 @@ END_TEST
  * group goes") and start a new one, and the live ranks were refused for
  * good ("forming anew"). */
 START_TEST(test_replacement_before_the_others_return) {
-  hh_spec sp = spec("adopter2", 3, 1000000000ull);
+  hh_spec sp = hh_spec_small("adopter2", 3, 1000000000ull);
   pid_t pids[3];
   hh_shared *sh = adopted_group(&sp, pids);
   sh->hold = 0x6; /* after their failure, ranks 1 and 2 wait: not back */
@@ -946,7 +934,7 @@ END_TEST
 /* ---- durable records, damaged files, refusals and exit codes -------------- */
 
 START_TEST(test_records_durable) {
-  hh_spec sp = spec("dur", 2, 200000000ull);
+  hh_spec sp = hh_spec_small("dur", 2, 200000000ull);
   hh_shared *sh = shared(2);
   const char *const fast[] = {"--enable-fault-injection", "--poll-ms", "1",
                               NULL};
@@ -1234,7 +1222,7 @@ START_TEST(test_unseen_pid_after_restart) {
   /* 3 s: part (1) must see the unseen rank still awaited after its
    * dcpxctl calls and a 500 ms wait, even on a loaded machine */
   static const char *const jt[] = {"--join-timeout-ms=3000", NULL};
-  hh_spec sp = spec("unseen", W, 1000000000ull);
+  hh_spec sp = hh_spec_small("unseen", W, 1000000000ull);
   hh_shared *sh = shared(W);
   pid_t pids[2];
 
@@ -1297,7 +1285,7 @@ END_TEST
  * rank. */
 START_TEST(test_recovery_acknowledgements) {
   const uint32_t W = 2;
-  hh_spec sp = spec("acks", W, 500000000ull);
+  hh_spec sp = hh_spec_small("acks", W, 500000000ull);
   hh_shared *sh = shared(W);
   pid_t pids[2];
 
@@ -1351,7 +1339,7 @@ static void join_args(const hh_spec *sp, dcpx_shape *shape,
 /* A one-rank group `name` on this test's dcpxd, joined from this process
  * (host backend, a 2 s wait limit). */
 static void join_alone(const char *name, dcpx_client **c, dcpx_member **m) {
-  hh_spec sp = spec(name, 1, 2000000000ull);
+  hh_spec sp = hh_spec_small(name, 1, 2000000000ull);
   dcpx_shape shape;
   dcpx_join_opts jo;
   join_args(&sp, &shape, &jo);
@@ -1363,7 +1351,7 @@ static void join_alone(const char *name, dcpx_client **c, dcpx_member **m) {
 /* Rank r of W=2 group `name` joined from this process (the shape of
  * join_alone's, world 2): the member, or NULL. */
 static dcpx_member *join_pair(const char *name, uint32_t r, dcpx_client **c) {
-  hh_spec sp = spec(name, 2, 2000000000ull);
+  hh_spec sp = hh_spec_small(name, 2, 2000000000ull);
   dcpx_shape shape;
   dcpx_join_opts jo;
   dcpx_member *m = NULL;
@@ -1975,7 +1963,7 @@ END_TEST
  * aborted group of a reused name). dcpxd now reads what the member sent
  * first. */
 START_TEST(test_leave_with_event_unread) {
-  hh_spec sp = spec("lv", 2, 2000000000ull);
+  hh_spec sp = hh_spec_small("lv", 2, 2000000000ull);
   dcpx_shape shape;
   dcpx_join_opts jo;
   dcpx_client *c;

@@ -47,18 +47,10 @@ static void parse(const char *fmt, const char *group, uint32_t W,
 
 START_TEST(test_openmetrics) {
   const uint32_t W = 3;
-  hh_spec sp;
+  const hh_spec sp = hh_spec_small("prom", W, 2000000000ull);
   hh_shared *sh = hh_shared_new();
   pid_t pids[3];
 
-  memset(&sp, 0, sizeof(sp));
-  snprintf(sp.group, sizeof(sp.group), "prom");
-  sp.W = W;
-  sp.R = 2;
-  sp.K = 64;
-  sp.N = 16;
-  sp.L = 256;
-  sp.timeout_ns = 2000000000ull;
   CM_ASSERT(sh && hh_daemon_start(&g_d, NULL) == 0, "dcpxd did not come up");
 
   /* No groups: headers only, still valid. */

@@ -464,6 +464,22 @@ typedef struct hh_spec {
   uint64_t timeout_ns;
 } hh_spec;
 
+/* The group the tests run: W ranks of R = 2 rows, K = 64, N = 16 (every
+ * row rescues while W*N < K), L = 256, named group, with timeout_ns. */
+HH_FN hh_spec hh_spec_small(const char *group, uint32_t W,
+                            uint64_t timeout_ns) {
+  hh_spec sp;
+  memset(&sp, 0, sizeof(sp));
+  snprintf(sp.group, sizeof(sp.group), "%s", group);
+  sp.W = W;
+  sp.R = 2;
+  sp.K = 64;
+  sp.N = 16;
+  sp.L = 256;
+  sp.timeout_ns = timeout_ns;
+  return sp;
+}
+
 #define HH_MAX_FAILS 64
 
 /* One failed call as a rank saw it. */
