@@ -310,6 +310,26 @@ DCPX_LAYOUT_FN uint32_t dcpx_ll_index_source(const dcpx_layout *L,
   return (uint32_t)((index / 2u / L->pairs / L->rows) % L->world);
 }
 
+/* The sender of the rescue half `index` (2 * (((t * S + x) * PK) + i) + h)
+ * that a wait of rank d awaited, when the layout alone tells it; else -1.
+ * Slot x belongs to the saturated rank with x saturated ranks below it
+ * (docs/PROTOCOL.md 5.4): some rank s >= x, and never d itself (a rank
+ * stores its own list before it waits, or does not poll it: the CUDA
+ * merge). Which one is the row's mask, and no record holds it: sat_word
+ * is stored after the row's result, and a row whose wait gave up leaves
+ * it alone (5.7). So the sender is known only when x..W-1 less d is one
+ * rank: always at W = 2, else only for the last slots. */
+static inline int32_t dcpx_rescue_index_source(const dcpx_layout *L,
+                                               uint32_t d, uint32_t index) {
+  uint32_t x;
+  if (!L->rescue_slots || !L->rpairs || d >= L->world)
+    return -1;
+  x = index / 2u / L->rpairs % L->rescue_slots;
+  if (L->world - x - (d >= x) != 1)
+    return -1;
+  return (int32_t)(d < x ? x : d == x ? x + 1 : x);
+}
+
 /* ---- the LL merge's staging area (CUDA kernels) ----------------------------
  *
  * An LL merge block copies every word of a row it reads (the W lists,

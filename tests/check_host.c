@@ -909,6 +909,10 @@ START_TEST(test_fault_hook_stall) {
   const dcpx_wait_record *r1 = rec_at(&g, 1, 1);
   ck_assert_uint_eq(r1->region, DCPX_REGION_RESCUE);
   ck_assert_uint_eq(r1->index, rescue_index(&g, 1, 0)); /* rank 0's slot */
+  /* The rank dcpxd names as awaited: none here (slot 0 could be rank 2's
+   * too), nor for rank 0's wait on slot 1 below (rank 2's, under mask
+   * 0b101); rank 2's wait on it leaves only rank 1. */
+  ck_assert_int_eq(dcpx_rescue_index_source(&g.L, 1, r1->index), -1);
   ck_assert_uint_eq(r1->expected, q[1]);
   ck_assert_uint_eq(r1->call_tag, 3);
   for (uint32_t d = 0; d < 3; d += 2) {
@@ -919,6 +923,8 @@ START_TEST(test_fault_hook_stall) {
     ck_assert_uint_eq(r0->kind, DCPX_REC_TIMEOUT);
     ck_assert_uint_eq(r0->region, DCPX_REGION_RESCUE);
     ck_assert_uint_eq(r0->index, rescue_index(&g, 0, 1));
+    ck_assert_int_eq(dcpx_rescue_index_source(&g.L, d, r0->index),
+                     d == 2 ? 1 : -1);
     ck_assert_uint_eq(r0->expected, q[0]);
     ck_assert_uint_eq(r0->seen, seen[d]);
     ck_assert_uint_ne(r0->seen, q[0]);

@@ -1,7 +1,9 @@
 /* check_transport.c - unit tests of the transport rule
  * (common/transport.c), of the NCCL transport's buffer layout
- * (common/layout.h, dcpx_nccl_layout_compute), and of the rules for a
- * call's arrays (common/devptr.c), against a made-up address space.
+ * (common/layout.h, dcpx_nccl_layout_compute), of the rank a wait
+ * record's index names (dcpx_ll_index_source, dcpx_rescue_index_source),
+ * and of the rules for a call's arrays (common/devptr.c), against a
+ * made-up address space.
  *
  * The expected sizes are worked out here from the layout's documented
  * formula (region sizes, 256-byte alignment), not by calling the code under
@@ -226,6 +228,88 @@ START_TEST(test_nccl_layout) {
 }
 END_TEST
 
+/* A wait record's index names the rank it awaited (docs/PROTOCOL.md 6.3):
+ * in ll_slots always (the source); in rescue only where the slot leaves
+ * one rank. Every mask of at most S saturated ranks, every holder s of a
+ * slot and every waiter d but s: the rank named is s or none, and it is
+ * named exactly when every such mask gives the waiter's slot one holder. */
+static void expect_sources(uint32_t W, uint32_t R, uint32_t K, uint32_t N) {
+  dcpx_layout L;
+  uint32_t holders[16][16]; /* [d][x]: bit s, for some mask */
+  dcpx_layout_compute(&L, W, R, K, N);
+  memset(holders, 0, sizeof(holders));
+  for (uint32_t p = 0; p < 2; p++)
+    for (uint32_t s = 0; s < W; s++)
+      for (uint32_t t = 0; t < R; t++) {
+        const uint32_t at = (uint32_t)(dcpx_ll_offset(&L, p, s, t, 0) / 8);
+        for (uint32_t h = 0; h < 2 * L.pairs; h++)
+          ck_assert_uint_eq(dcpx_ll_index_source(&L, at + h), s);
+      }
+  for (uint32_t mask = 1; mask < 1u << W; mask++) {
+    if ((uint32_t)__builtin_popcount(mask) > L.rescue_slots)
+      continue;
+    for (uint32_t s = 0; s < W; s++) {
+      if (!((mask >> s) & 1u))
+        continue;
+      const uint32_t x = dcpx_rescue_slot(mask, s);
+      for (uint32_t d = 0; d < W; d++) {
+        if (d == s) /* its own slot never makes a rank wait */
+          continue;
+        holders[d][x] |= 1u << s;
+        for (uint32_t t = 0; t < R; t += R - 1 ? R - 1 : 1)
+          for (uint32_t h = 0; h < 2 * L.rpairs; h += 2 * L.rpairs - 1) {
+            const uint32_t index =
+                (uint32_t)(dcpx_rescue_offset(&L, t, x, 0) / 8) + h;
+            const int32_t got = dcpx_rescue_index_source(&L, d, index);
+            ck_assert_msg(got == -1 || got == (int32_t)s,
+                          "W=%u mask 0x%x: rank %u's wait on slot %u named "
+                          "rank %d, not %u",
+                          W, mask, d, x, got, s);
+          }
+      }
+    }
+  }
+  for (uint32_t d = 0; d < W; d++)
+    for (uint32_t x = 0; x < L.rescue_slots; x++) {
+      const int one = __builtin_popcount(holders[d][x]) == 1;
+      const int32_t got = dcpx_rescue_index_source(
+          &L, d, (uint32_t)(dcpx_rescue_offset(&L, R - 1, x, 1) / 8));
+      ck_assert_msg(one ? got == __builtin_ctz(holders[d][x]) : got == -1,
+                    "W=%u S=%u: rank %u, slot %u (holders 0x%x): %d", W,
+                    L.rescue_slots, d, x, holders[d][x], got);
+    }
+  /* a waiter that is no rank of the group: none named */
+  ck_assert_int_eq(dcpx_rescue_index_source(&L, W, 0), -1);
+}
+
+START_TEST(test_wait_sources) {
+  expect_sources(1, 2, 4, 2);      /* S = 1: no peer to wait for */
+  expect_sources(2, 3, 64, 16);    /* S = 2: every rescue wait named */
+  expect_sources(2, 2, 16, 9);     /* S = 1 (check_health's "short") */
+  expect_sources(3, 2, 64, 16);    /* S = 3 */
+  expect_sources(4, 2, 100, 40);   /* S = 2 < W */
+  expect_sources(5, 3, 2048, 512); /* S = 4 < W */
+  expect_sources(6, 2, 64, 8);     /* S = 6 */
+  {
+    /* W = 2: the other rank, whichever the slot (x = 0: mask 0b01 or 0b10;
+     * x = 1: 0b11, rank 1) */
+    dcpx_layout L;
+    dcpx_layout_compute(&L, 2, 3, 64, 16);
+    const uint32_t x0 = (uint32_t)(dcpx_rescue_offset(&L, 2, 0, 3) / 8);
+    const uint32_t x1 = (uint32_t)(dcpx_rescue_offset(&L, 2, 1, 3) / 8);
+    ck_assert_int_eq(dcpx_rescue_index_source(&L, 0, x0), 1);
+    ck_assert_int_eq(dcpx_rescue_index_source(&L, 1, x0), 0);
+    ck_assert_int_eq(dcpx_rescue_index_source(&L, 0, x1 + 1), 1);
+    /* W = 3, all saturated: slot 1 is rank 1; rank 2's wait names it,
+     * rank 0's cannot (rank 2 could hold slot 1 under mask 0b101) */
+    dcpx_layout_compute(&L, 3, 2, 64, 16);
+    const uint32_t s1 = (uint32_t)(dcpx_rescue_offset(&L, 0, 1, 0) / 8);
+    ck_assert_int_eq(dcpx_rescue_index_source(&L, 2, s1), 1);
+    ck_assert_int_eq(dcpx_rescue_index_source(&L, 0, s1), -1);
+  }
+}
+END_TEST
+
 START_TEST(test_health_block) {
   /* the transport word took a pad word: the block stays 128 bytes */
   ck_assert_uint_eq(sizeof(dcpx_rank_health), 128);
@@ -396,6 +480,7 @@ static Suite *transport_suite(void) {
   tcase_add_test(tc, test_gpu_map_shared);
   tc = t_tcase(s, "layout", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_nccl_layout);
+  tcase_add_test(tc, test_wait_sources);
   tcase_add_test(tc, test_health_block);
   tc = t_tcase(s, "devptr", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_devptr_kinds);
