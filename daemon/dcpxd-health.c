@@ -54,15 +54,21 @@ static int cmp_time(const void *a, const void *b) {
   return x->block < y->block ? -1 : x->block > y->block;
 }
 
-/* " awaited_rank=S" for a timeout in round 1 (ll_slots), naming the rank
- * whose list never came: the one that missed the call, or pushed fewer
- * rows (docs/PROTOCOL.md 7); "" for the other records (a rescue slot's
- * sender depends on the row's saturation mask, which the record lacks). */
-static void record_awaited(const dcpxd_group *g, const dcpxd_record *r,
-                           char *buf, size_t n) {
-  buf[0] = '\0';
+/* The rank a timed-out wait awaited, as far as g's layout tells
+ * (docs/PROTOCOL.md 6.3): in round 1 (ll_slots) the source of the list
+ * that never came, the rank that missed the call or pushed fewer rows
+ * (docs/PROTOCOL.md 7); in a rescue only where the slot leaves one rank
+ * (dcpx_rescue_index_source: the row's mask is in no record). Worked out
+ * here, while g's layout is surely the record's: by query time the group
+ * may be gone, or another of the same name and another shape. */
+static void record_awaited(const dcpxd_group *g, dcpxd_record *r) {
+  int32_t s = -1;
   if (r->kind == DCPX_REC_TIMEOUT && r->region == DCPX_REGION_LL_SLOTS)
-    snprintf(buf, n, " awaited_rank=%u", dcpx_ll_index_source(&g->L, r->index));
+    s = (int32_t)dcpx_ll_index_source(&g->L, r->index);
+  else if (r->kind == DCPX_REC_TIMEOUT && r->region == DCPX_REGION_RESCUE)
+    s = dcpx_rescue_index_source(&g->L, r->rank, r->index);
+  r->has_awaited_rank = s >= 0;
+  r->awaited_rank = s >= 0 ? (uint32_t)s : 0;
 }
 
 size_t dcpxd_health_harvest(dcpxd_group *g) {
@@ -111,6 +117,7 @@ size_t dcpxd_health_harvest(dcpxd_group *g) {
       r->block = w->block;
       r->time_ns = w->time_ns;
       r->call_tag = w->call_tag;
+      record_awaited(g, r);
     }
 done_scan:
   if (n == 0) {
@@ -121,8 +128,9 @@ done_scan:
   keep = n < HARVEST_KEEP ? n : HARVEST_KEEP;
   for (size_t i = 0; i < keep && i < HARVEST_LOG; i++) {
     const dcpxd_record *r = &recs[i];
-    char awaited[32];
-    record_awaited(g, r, awaited, sizeof(awaited));
+    char awaited[32] = "";
+    if (r->has_awaited_rank)
+      dcpxd_bprintf(awaited, " awaited_rank=%u", r->awaited_rank);
     log_warning("wait record group=%s gen=%u rank=%u kind=%s region=%s "
                 "index=%u expected=%u seen=%u block=%u%s call=%" PRIu64
                 " time=%" PRIu64,

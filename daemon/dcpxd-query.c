@@ -52,6 +52,8 @@ static void fill_record(Dcpx__Record *out, const dcpxd_record *r) {
   out->block = r->block;
   out->time_ns = r->time_ns;
   out->call_tag = r->call_tag;
+  out->has_awaited_rank = r->has_awaited_rank;
+  out->awaited_rank = r->awaited_rank;
 }
 
 static void fill_group(ginfo *x, dcpxd_group *g) {

@@ -15,6 +15,9 @@
  *     120     4  reserved (0)
  *     124     4  CRC-32 (zlib) of bytes 0..123
  *
+ * A record's awaited rank (dcpxd-records.h) is not written: it is known
+ * at the harvest only, and a record read back has none.
+ *
  * Invariants:
  *   1. Every append is written and fdatasync'd before it returns, so a
  *      record the daemon logged as stored survives a crash.

@@ -4,6 +4,7 @@
 #ifndef DCPXD_RECORDS_H
 #define DCPXD_RECORDS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,12 @@ typedef struct dcpxd_record {
   char group[DCPXD_GROUP_NAME_MAX + 1];
   uint32_t generation, rank, kind, region, index, expected, seen, block;
   uint64_t time_ns, call_tag;
+  /* The rank the wait awaited, when has_awaited_rank: set at the harvest,
+   * from the group's layout (dcpxd-health.c). In memory only: the file
+   * format has no field for it, so a record read back after a restart
+   * has none (and a later group of the name may have another layout). */
+  uint32_t awaited_rank;
+  bool has_awaited_rank;
 } dcpxd_record;
 
 typedef struct dcpxd_records dcpxd_records;

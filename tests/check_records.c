@@ -297,6 +297,44 @@ START_TEST(test_start_stops_at_garbage) {
 }
 END_TEST
 
+/* The awaited rank (dcpxd_record.awaited_rank) is kept in memory for
+ * queries but not written: the file's entries stay the 128 bytes of
+ * format version 1, their reserved word 0, and a record read back after a
+ * restart has none (unknown, not rank 0). */
+START_TEST(test_awaited_rank_in_memory_only) {
+  dcpxd_record r[2] = {rec(0), rec(1)};
+  uint8_t e[2 * 128];
+  char live[128];
+  r[0].region = DCPX_REGION_LL_SLOTS;
+  r[0].awaited_rank = 3;
+  r[0].has_awaited_rank = true;
+  dcpxd_records *s = fresh(8);
+  ck_assert_int_eq(dcpxd_records_append(s, r, 2), 0);
+  ck_assert(dcpxd_records_get(s, 0)->has_awaited_rank);
+  ck_assert_uint_eq(dcpxd_records_get(s, 0)->awaited_rank, 3);
+  ck_assert(!dcpxd_records_get(s, 1)->has_awaited_rank);
+  dcpxd_records_free(s);
+  snprintf(live, sizeof(live), "%s/records.log", g_dir);
+  FILE *f = fopen(live, "rb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fread(e, 1, sizeof(e), f), sizeof(e));
+  ck_assert_int_eq(fgetc(f), EOF);
+  fclose(f);
+  for (size_t k = 0; k < 2; k++) {
+    ck_assert_uint_eq(e[128 * k + 4] | e[128 * k + 5] << 8, 1);
+    for (size_t b = 120; b < 124; b++)
+      ck_assert_uint_eq(e[128 * k + b], 0);
+  }
+  s = NULL;
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 8, &s), 0);
+  ck_assert_uint_eq(dcpxd_records_count(s), 2);
+  for (size_t i = 0; i < 2; i++)
+    ck_assert(!dcpxd_records_get(s, i)->has_awaited_rank);
+  dcpxd_records_free(s);
+  remove_dir();
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("records");
   TCase *tc = t_tcase(su, "store", T_TIMEOUT_DEFAULT);
@@ -306,5 +344,6 @@ int main(void) {
   tcase_add_test(tc, test_not_regular_files);
   tcase_add_test(tc, test_start_reads_the_newest);
   tcase_add_test(tc, test_start_stops_at_garbage);
+  tcase_add_test(tc, test_awaited_rank_in_memory_only);
   return t_suite_run(su);
 }
