@@ -551,6 +551,25 @@ START_TEST(test_check_records) {
   CTL(0, "records", "--rank", "01");
   CTL(2, "records", "--rank", "0x");
   CTL(2, "records", "--rank", "0x-1");
+  /* Each record names rank 1, the stopped one, as the rank its wait
+   * awaited, or none where dcpxd cannot tell (rank 0's wait on rank 1's
+   * rescue slot, slot 1, which under another mask is rank 2's): never a
+   * rank that ran on (a peer waits for rank 1's list or slot before any
+   * later rank's, and rank 1 stores to rank 0 first). */
+  {
+    hh_rec recs[16];
+    CTL(0, "records", "--group", "rec", "--json");
+    const int n = hh_parse_records(g_o.out, recs, 16);
+    CC_ASSERT(n >= 1, "records --json: %d: %s", n, g_o.out);
+    for (int i = 0; i < n; i++)
+      CC_ASSERT(recs[i].awaited_rank == 1 || recs[i].awaited_rank == -1,
+                "record %d of rank %llu awaited rank %lld: %s", i,
+                (unsigned long long)recs[i].rank,
+                (long long)recs[i].awaited_rank, g_o.out);
+    CTL(0, "records", "--group", "rec");
+    CC_ASSERT(strstr(g_o.out, " CALL   AWAITED_RANK\n"), "records: %s",
+              g_o.out);
+  }
   sh->release = 0x7;
   CC_ASSERT(hh_wait_progress(sh, W, sh->resume_at + 20, 20000) == 0,
             "no calls after the reset: %s", hh_rank_errors(sh, W));

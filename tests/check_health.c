@@ -276,6 +276,30 @@ START_TEST(test_rows_mismatch_names_peer) {
                 log_contains("block=2 awaited_rank=1 ") &&
                 !log_contains("awaited_rank=0"),
             "the records do not name rank 1 as the rank awaited");
+  /* dcpxctl records names it too (it was in dcpxd's log only), though
+   * the group is gone: dcpxd worked it out at the harvest. */
+  hh_rec rec[4];
+  CTL_JSON(0, "records", "--group", "short", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, rec, 4) == 1 && rec[0].rank == 0 &&
+                rec[0].block == 2 && rec[0].region == DCPX_REGION_LL_SLOTS &&
+                rec[0].awaited_rank == 1,
+            "records --json: %s", g_o.out);
+  CTL(0, "records", "--group", "short");
+  HC_ASSERT(strstr(g_o.out, " CALL   AWAITED_RANK\n") &&
+                strstr(g_o.out, " 1      1\n"),
+            "records: %s", g_o.out);
+  /* After a restart the record comes back from the records file, which
+   * does not hold the awaited rank: unknown (null, "-"), never rank 0. */
+  stop_clean();
+  start(NULL);
+  CTL_JSON(0, "records", "--group", "short", "--json");
+  HC_ASSERT(hh_parse_records(g_o.out, rec, 4) == 1 && rec[0].block == 2 &&
+                rec[0].awaited_rank == -1 &&
+                strstr(g_o.out, "\"awaited_rank\":null}"),
+            "records --json after a restart: %s", g_o.out);
+  CTL(0, "records", "--group", "short");
+  HC_ASSERT(strstr(g_o.out, " 1      -\n"), "records after a restart: %s",
+            g_o.out);
   finish();
 }
 END_TEST
@@ -422,6 +446,13 @@ START_TEST(test_stall_records) {
               (unsigned long long)x.index, (unsigned long long)x.expected,
               (unsigned long long)x.seen, (unsigned long long)x.block,
               (unsigned long long)x.call_seq);
+    /* Every row rescues with all three ranks saturated, so rank 1 holds
+     * slot 1: rank 2's wait names it; rank 0's cannot (under mask 0b101
+     * slot 1 would be rank 2's), and the record says so with null. */
+    HC_ASSERT(r->awaited_rank == (r->rank == 2 ? 1 : -1),
+              "record %d: rank %llu awaited %lld: %s", i,
+              (unsigned long long)r->rank, (long long)r->awaited_rank,
+              g_o.out);
   }
   /* Each rank's timeouts counter (stats) counts its records. */
   {
@@ -958,6 +989,9 @@ START_TEST(test_records_durable) {
   HC_ASSERT(n == 1 && before[0].rank == 0 && before[0].call_tag == x.call_seq &&
                 before[0].index == x.index && before[0].seen == x.seen,
             "%s", g_o.out);
+  /* W = 2: a rescue slot that rank 0 waits for is rank 1's, whatever the
+   * mask (dcpx_rescue_index_source) */
+  HC_ASSERT(before[0].awaited_rank == 1, "%s", g_o.out);
 
   /* Restart without fault injection: the records are still there. */
   stop_clean();
@@ -967,6 +1001,8 @@ START_TEST(test_records_durable) {
                 after[0].time_ns == before[0].time_ns &&
                 strstr(g_o.out, "\"note\":\"\""),
             "%s", g_o.out);
+  /* the records file does not hold the awaited rank: unknown now */
+  HC_ASSERT(after[0].awaited_rank == -1, "%s", g_o.out);
 
   /* Fault injection is off: a clear refusal (exit 4). */
   CTL(4, "fault", "stall", "--group", "dur", "--rank", "0", "--ticks", "1ms");
@@ -2033,7 +2069,8 @@ START_TEST(test_nccl_record) {
   HC_ASSERT(hh_parse_records(g_o.out, recs, 4) == 1, "%s", g_o.out);
   HC_ASSERT(!strcmp(recs[0].kind, "nccl_timeout") &&
                 !strcmp(recs[0].region_name, "-") && recs[0].region == 0 &&
-                recs[0].index == 1 && recs[0].rank == 0,
+                recs[0].index == 1 && recs[0].rank == 0 &&
+                recs[0].awaited_rank == -1, /* an all-gather names none */
             "%s", g_o.out);
   CTL(0, "records", "--group", "nr");
   HC_ASSERT(strstr(g_o.out, "nccl_timeout"), "%s", g_o.out);

@@ -421,7 +421,25 @@ typedef struct hh_rec {
   char group[64], region_name[32], kind[16];
   uint64_t generation, rank, region, index, expected, seen, block, call_tag,
       time_ns;
+  int64_t awaited_rank; /* -1: null (dcpxd cannot tell) */
 } hh_rec;
+
+/* "key": a number (*v) or null (*v = -1), before `end`; 0, or -1. */
+HH_FN int hh_json_rank_or_null(const char *p, const char *end,
+                               const char *key, int64_t *v) {
+  char pat[64];
+  uint64_t u;
+  snprintf(pat, sizeof(pat), "\"%s\":null", key);
+  const char *q = strstr(p, pat);
+  if (q && q < end) {
+    *v = -1;
+    return 0;
+  }
+  if (hh_json_u64(p, end, key, &u))
+    return -1;
+  *v = (int64_t)u;
+  return 0;
+}
 
 /* Parses the records of `dcpxctl records --json` output; returns how many
  * (at most max), or -1 if a record lacks a field. */
@@ -448,7 +466,8 @@ HH_FN int hh_parse_records(const char *json, hh_rec *recs, int max) {
         hh_json_u64(p, e, "seen", &r->seen) ||
         hh_json_u64(p, e, "block", &r->block) ||
         hh_json_u64(p, e, "call_tag", &r->call_tag) ||
-        hh_json_u64(p, e, "time_ns", &r->time_ns))
+        hh_json_u64(p, e, "time_ns", &r->time_ns) ||
+        hh_json_rank_or_null(p, e, "awaited_rank", &r->awaited_rank))
       return -1;
     n++;
     p = e;

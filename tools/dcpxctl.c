@@ -520,6 +520,10 @@ static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
   jw_u64(w, "call_tag", r->call_tag);
   jw_u64(w, "time_ns", r->time_ns);
   jw_str(w, "time", t);
+  if (r->has_awaited_rank)
+    jw_u64(w, "awaited_rank", r->awaited_rank);
+  else
+    jw_null(w, "awaited_rank"); /* unknown (dcpx.proto), never rank 0 */
   jw_obj_end(w);
 }
 
@@ -790,12 +794,14 @@ static void human_group(const Dcpx__GroupInfo *g, bool stats, const char *tee,
                  k + 1 == g->n_ranks && !g->last_record ? elbow : tee, stats);
   if (g->last_record) {
     const Dcpx__Record *rec = g->last_record;
-    char t[64];
+    char t[64], from[32] = "";
     format_time(rec->time_ns, t, sizeof(t));
-    printf("  %s last record: gen %u rank %u waited on %s[%u] for tag %u, "
+    if (rec->has_awaited_rank)
+      snprintf(from, sizeof(from), " from rank %u", rec->awaited_rank);
+    printf("  %s last record: gen %u rank %u waited on %s[%u]%s for tag %u, "
            "saw %u (block %u, call %" PRIu64 ") at %s\n",
            elbow, rec->generation, rec->rank, rec->region_name, rec->index,
-           rec->expected, rec->seen, rec->block, rec->call_tag, t);
+           from, rec->expected, rec->seen, rec->block, rec->call_tag, t);
   }
 }
 
@@ -1054,7 +1060,8 @@ static const struct {
     {"records",
      "Usage: dcpxctl records [--group G] [--rank R] [--since T] [--until T]\n"
      "                       [--limit N] [OPTIONS]\n"
-     "Timeout records, oldest first.\n"
+     "Timeout records, oldest first. AWAITED_RANK: the rank whose list\n"
+     "the wait never got, or - when dcpxd cannot tell.\n"
      "\n"
      "  --group G   only group G\n"
      "  --rank R    only rank R, 0..15 (-1: any)\n"
@@ -1407,17 +1414,20 @@ static void human_records(const Dcpx__QueryReply *qr) {
   if (qr->n_records == 0)
     printf("no records\n");
   else
-    printf("%-30s %-16s %4s %4s %-8s %-9s %6s %10s %10s %5s %s\n",
+    printf("%-30s %-16s %4s %4s %-8s %-9s %6s %10s %10s %5s %-6s %s\n",
            "TIME (UTC)", "GROUP", "GEN", "RANK", "KIND", "REGION", "INDEX",
-           "EXPECTED", "SEEN", "BLOCK", "CALL");
+           "EXPECTED", "SEEN", "BLOCK", "CALL", "AWAITED_RANK");
   for (size_t i = 0; i < qr->n_records; i++) {
     const Dcpx__Record *rec = qr->records[i];
-    char t[64];
+    char t[64], awaited[16] = "-"; /* "-": dcpxd cannot tell */
     format_time(rec->time_ns, t, sizeof(t));
-    printf("%-30s %-16s %4u %4u %-8s %-9s %6u %10u %10u %5u %" PRIu64 "\n", t,
-           rec->group, rec->generation, rec->rank,
+    if (rec->has_awaited_rank)
+      snprintf(awaited, sizeof(awaited), "%u", rec->awaited_rank);
+    printf("%-30s %-16s %4u %4u %-8s %-9s %6u %10u %10u %5u %-6" PRIu64
+           " %s\n",
+           t, rec->group, rec->generation, rec->rank,
            dcpx_rec_kind_name(rec->kind), rec->region_name, rec->index,
-           rec->expected, rec->seen, rec->block, rec->call_tag);
+           rec->expected, rec->seen, rec->block, rec->call_tag, awaited);
   }
   human_note(qr);
 }
