@@ -175,11 +175,12 @@ DCPX_D int pair_wait(const dcpx_wctx *w, const poll_map *m, uint32_t x,
  * rescue (a constant at each call): the lists are rescue lists of
  * capacity C, of which only the pairs that are sent are waited for
  * (m->cs[x] reset to ~0 by the caller); their padding pairs, never sent,
- * are zeros at once. A thread takes its pairs in ascending k and stages
- * every pair of its first look before it waits for any, and a list's end
- * mark lies before every pair of it that is not sent: so each wait that
- * needs an end mark waits on a pair of smaller k, and none waits on
- * itself. */
+ * are zeros at once. A thread waits for its late pairs in ascending k
+ * (its batches in order, a batch's late pairs in order), and a list's end
+ * mark is a sent pair at a smaller k than any pair of it that is not
+ * sent: so a wait that needs an end mark depends only on pairs of
+ * smaller k, and by induction on k every wait ends (an outside review
+ * checked the mapping and this over every K <= 4096, session 27). */
 DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
                       uint32_t pairs, uint32_t C, uint32_t e, uint32_t region,
                       const char *region_base, uint32_t np, int rescue,
