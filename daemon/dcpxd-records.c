@@ -12,11 +12,31 @@
  *                block
  *     104     8  time_ns
  *     112     8  call_tag
- *     120     4  reserved (0)
+ *     120     4  awaited rank + 1 (0: unknown)
  *     124     4  CRC-32 (zlib) of bytes 0..123
  *
- * A record's awaited rank (dcpxd-records.h) is not written: it is known
- * at the harvest only, and a record read back has none.
+ * The awaited rank (dcpxd_record.awaited_rank, worked out at the harvest
+ * from the group's layout) is stored as rank + 1 in the word at 120, which
+ * was "reserved (0)" until dcpxd stored it there: every older dcpxd wrote
+ * 0 there, which reads as unknown. A value above DCPX_MAX_WORLD (no rank
+ * of any group: a damaged or forged entry whose CRC still holds, or a
+ * later format's use of the word) reads as unknown too, never as a rank.
+ * The format version stays 1, on purpose:
+ *   - an older dcpxd (format version 1 without the field) checks the
+ *     magic, version, size and CRC of an entry, never the reserved word
+ *     (the CRC covers it as written: checked at 9b5b5f5 and every
+ *     version of this file since 7dcff36), so it reads a newer dcpxd's
+ *     entries whole and ignores the word: after a downgrade the records
+ *     are all there, their awaited rank unknown, and no entry is skipped
+ *     or counted as corrupted. (A format version 2 would have made an
+ *     older dcpxd skip every newer entry as corrupted.) It never rewrites
+ *     an entry (appends; rotation renames the file), so the awaited rank
+ *     is still in the entries a newer dcpxd wrote when it is upgraded
+ *     again.
+ *   - a newer dcpxd reads an older one's entries (0 there) as records
+ *     whose awaited rank is unknown, as they were before.
+ *   Both files, records.log and records.log.1, may mix entries of both;
+ *   each entry is read on its own.
  *
  * Invariants:
  *   1. Every append is written and fdatasync'd before it returns, so a
@@ -69,6 +89,7 @@
 #define REC_MAGIC 0x52504344u /* "DCPR" */
 #define REC_VERSION 1u
 #define REC_SIZE 128u
+#define REC_AWAITED_OFF 120u
 #define REC_CRC_OFF 124u
 
 struct dcpxd_records {
@@ -110,6 +131,25 @@ static uint32_t crc_of(const uint8_t *e) {
   return (uint32_t)crc32(crc32(0L, Z_NULL, 0), e, REC_CRC_OFF);
 }
 
+/* The word at REC_AWAITED_OFF: the awaited rank + 1, 0 for unknown (and
+ * for a rank no group can have, which would not read back as written). */
+static uint32_t awaited_encode(const dcpxd_record *r) {
+  return r->has_awaited_rank && r->awaited_rank < DCPX_MAX_WORLD
+             ? r->awaited_rank + 1
+             : 0;
+}
+
+/* ... and back: 1..DCPX_MAX_WORLD is rank 0..DCPX_MAX_WORLD-1, anything
+ * else unknown (0 from an older dcpxd; a larger value from damage that
+ * the CRC does not catch, a forged file or a later format), so that a
+ * record read back never holds a rank no group can have. (The record
+ * does not hold its group's world, so a rank at or above it is not
+ * caught; nothing indexes by it: it goes out in Record.awaited_rank.) */
+static void awaited_decode(uint32_t v, dcpxd_record *r) {
+  r->has_awaited_rank = v >= 1 && v <= DCPX_MAX_WORLD;
+  r->awaited_rank = r->has_awaited_rank ? v - 1 : 0;
+}
+
 static void encode(uint8_t e[REC_SIZE], const dcpxd_record *r) {
   memset(e, 0, REC_SIZE);
   put32(e + 0, REC_MAGIC);
@@ -128,6 +168,7 @@ static void encode(uint8_t e[REC_SIZE], const dcpxd_record *r) {
   put32(e + 100, r->block);
   put64(e + 104, r->time_ns);
   put64(e + 112, r->call_tag);
+  put32(e + REC_AWAITED_OFF, awaited_encode(r));
   put32(e + REC_CRC_OFF, crc_of(e));
 }
 
@@ -149,6 +190,7 @@ static int decode(const uint8_t e[REC_SIZE], dcpxd_record *r) {
   r->block = get32(e + 100);
   r->time_ns = get64(e + 104);
   r->call_tag = get64(e + 112);
+  awaited_decode(get32(e + REC_AWAITED_OFF), r);
   return 0;
 }
 

@@ -22,9 +22,11 @@ typedef struct dcpxd_record {
   uint32_t generation, rank, kind, region, index, expected, seen, block;
   uint64_t time_ns, call_tag;
   /* The rank the wait awaited, when has_awaited_rank: set at the harvest,
-   * from the group's layout (dcpxd-health.c). In memory only: the file
-   * format has no field for it, so a record read back after a restart
-   * has none (and a later group of the name may have another layout). */
+   * from the group's layout (dcpxd-health.c), and stored in the records
+   * file (the word at 120 of an entry, rank + 1; dcpxd-records.c), so a
+   * record read back after a restart has it too. Unknown for an entry an
+   * older dcpxd wrote, and for a stored value that is no rank (above
+   * DCPX_MAX_WORLD). */
   uint32_t awaited_rank;
   bool has_awaited_rank;
 } dcpxd_record;

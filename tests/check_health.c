@@ -289,16 +289,17 @@ START_TEST(test_rows_mismatch_names_peer) {
                 strstr(g_o.out, " 1      1\n"),
             "records: %s", g_o.out);
   /* After a restart the record comes back from the records file, which
-   * does not hold the awaited rank: unknown (null, "-"), never rank 0. */
+   * holds the awaited rank (it did not: unknown, null and "-", after a
+   * restart). */
   stop_clean();
   start(NULL);
   CTL_JSON(0, "records", "--group", "short", "--json");
   HC_ASSERT(hh_parse_records(g_o.out, rec, 4) == 1 && rec[0].block == 2 &&
-                rec[0].awaited_rank == -1 &&
-                strstr(g_o.out, "\"awaited_rank\":null}"),
+                rec[0].awaited_rank == 1 &&
+                strstr(g_o.out, "\"awaited_rank\":1}"),
             "records --json after a restart: %s", g_o.out);
   CTL(0, "records", "--group", "short");
-  HC_ASSERT(strstr(g_o.out, " 1      -\n"), "records after a restart: %s",
+  HC_ASSERT(strstr(g_o.out, " 1      1\n"), "records after a restart: %s",
             g_o.out);
   finish();
 }
@@ -1001,8 +1002,8 @@ START_TEST(test_records_durable) {
                 after[0].time_ns == before[0].time_ns &&
                 strstr(g_o.out, "\"note\":\"\""),
             "%s", g_o.out);
-  /* the records file does not hold the awaited rank: unknown now */
-  HC_ASSERT(after[0].awaited_rank == -1, "%s", g_o.out);
+  /* the records file holds the awaited rank too */
+  HC_ASSERT(after[0].awaited_rank == 1, "%s", g_o.out);
 
   /* Fault injection is off: a clear refusal (exit 4). */
   CTL(4, "fault", "stall", "--group", "dur", "--rank", "0", "--ticks", "1ms");
@@ -1042,6 +1043,9 @@ START_TEST(test_records_durable) {
   HC_ASSERT(hh_parse_records(g_o.out, after, 16) == 2 &&
                 strstr(g_o.out, "1 corrupted and 1 truncated"),
             "%s", g_o.out);
+  /* the good copies, the awaited rank with them */
+  HC_ASSERT(after[0].awaited_rank == 1 && after[1].awaited_rank == 1, "%s",
+            g_o.out);
   CTL(0, "records");
   HC_ASSERT(strstr(g_o.err, "corrupted"), "no note on stderr: %s", g_o.err);
   stop_clean();

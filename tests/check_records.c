@@ -3,7 +3,9 @@
  * here a file size limit, RLIMIT_FSIZE, fails the write as a full disk
  * does) waits in memory and is written, before any newer one, by the next
  * append or retry, so that it survives a restart once the disk has room.
- * It used to stay in memory only, and a restart lost it. */
+ * It used to stay in memory only, and a restart lost it. Also the
+ * awaited rank each entry stores (bytes 120..123), and what a reader makes
+ * of that word when it holds no rank. */
 #include "config.h"
 
 #include <check.h>
@@ -17,11 +19,13 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "check_main.h"
 #include "daemon_proc.h"
 #include "dcpxd-records.h"
 #include "layout.h"
+#include "rng.h"
 
 static char g_dir[64];
 
@@ -297,41 +301,217 @@ START_TEST(test_start_stops_at_garbage) {
 }
 END_TEST
 
-/* The awaited rank (dcpxd_record.awaited_rank) is kept in memory for
- * queries but not written: the file's entries stay the 128 bytes of
- * format version 1, their reserved word 0, and a record read back after a
- * restart has none (unknown, not rank 0). */
-START_TEST(test_awaited_rank_in_memory_only) {
-  dcpxd_record r[2] = {rec(0), rec(1)};
-  uint8_t e[2 * 128];
-  char live[128];
-  r[0].region = DCPX_REGION_LL_SLOTS;
-  r[0].awaited_rank = 3;
-  r[0].has_awaited_rank = true;
-  dcpxd_records *s = fresh(8);
-  ck_assert_int_eq(dcpxd_records_append(s, r, 2), 0);
-  ck_assert(dcpxd_records_get(s, 0)->has_awaited_rank);
-  ck_assert_uint_eq(dcpxd_records_get(s, 0)->awaited_rank, 3);
-  ck_assert(!dcpxd_records_get(s, 1)->has_awaited_rank);
-  dcpxd_records_free(s);
-  snprintf(live, sizeof(live), "%s/records.log", g_dir);
-  FILE *f = fopen(live, "rb");
+/* The records file's entries as raw bytes: read whole (n of them), and
+ * written back whole. */
+static void entries_read(const char *path, uint8_t *e, size_t n) {
+  FILE *f = fopen(path, "rb");
   ck_assert_ptr_nonnull(f);
-  ck_assert_uint_eq(fread(e, 1, sizeof(e), f), sizeof(e));
+  ck_assert_uint_eq(fread(e, 1, n * 128, f), n * 128);
   ck_assert_int_eq(fgetc(f), EOF);
   fclose(f);
-  for (size_t k = 0; k < 2; k++) {
-    ck_assert_uint_eq(e[128 * k + 4] | e[128 * k + 5] << 8, 1);
-    for (size_t b = 120; b < 124; b++)
-      ck_assert_uint_eq(e[128 * k + b], 0);
+}
+
+static void entries_write(const char *path, const uint8_t *e, size_t n) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(e, 1, n * 128, f), n * 128);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+static uint32_t le32_at(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+         (uint32_t)p[3] << 24;
+}
+
+static void le32_put(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t entry_crc(const uint8_t *e) {
+  return (uint32_t)crc32(crc32(0L, Z_NULL, 0), e, 124);
+}
+
+/* The word at 120 of an entry set to v, its CRC made good again: an
+ * entry a reader must take, whatever v is. */
+static void entry_set_awaited(uint8_t *e, uint32_t v) {
+  le32_put(e + 120, v);
+  le32_put(e + 124, entry_crc(e));
+}
+
+/* The awaited rank (dcpxd_record.awaited_rank) is stored in the word at
+ * 120 of an entry (reserved, always 0, before), as rank + 1 (0 unknown),
+ * and a record read back after a restart has it. The entries stay what
+ * an older dcpxd reads whole: format version 1, 128 bytes, a CRC over
+ * bytes 0..123 that holds (an older reader checks those and nothing
+ * else). It was kept in memory only: a restart lost it. */
+START_TEST(test_awaited_rank_stored) {
+  dcpxd_record r[4] = {rec(0), rec(1), rec(2), rec(3)};
+  const bool has[4] = {true, false, true, true};
+  const uint32_t rank[4] = {3, 0, 0, DCPX_MAX_WORLD - 1};
+  uint8_t e[4 * 128];
+  char live[128];
+  for (size_t i = 0; i < 4; i++) {
+    r[i].region = DCPX_REGION_LL_SLOTS;
+    r[i].has_awaited_rank = has[i];
+    r[i].awaited_rank = rank[i];
+  }
+  dcpxd_records *s = fresh(8);
+  ck_assert_int_eq(dcpxd_records_append(s, r, 4), 0);
+  for (size_t i = 0; i < 4; i++) {
+    ck_assert(dcpxd_records_get(s, i)->has_awaited_rank == has[i]);
+    ck_assert_uint_eq(dcpxd_records_get(s, i)->awaited_rank, rank[i]);
+  }
+  dcpxd_records_free(s);
+  snprintf(live, sizeof(live), "%s/records.log", g_dir);
+  entries_read(live, e, 4);
+  for (size_t k = 0; k < 4; k++) {
+    const uint8_t *x = e + 128 * k;
+    ck_assert_uint_eq(le32_at(x), 0x52504344u);
+    ck_assert_uint_eq(x[4] | x[5] << 8, 1);   /* format version 1 */
+    ck_assert_uint_eq(x[6] | x[7] << 8, 128); /* entry size */
+    ck_assert_uint_eq(le32_at(x + 124), entry_crc(x));
+    ck_assert_uint_eq(le32_at(x + 120), has[k] ? rank[k] + 1 : 0);
   }
   s = NULL;
   ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 8, &s), 0);
-  ck_assert_uint_eq(dcpxd_records_count(s), 2);
-  for (size_t i = 0; i < 2; i++)
-    ck_assert(!dcpxd_records_get(s, i)->has_awaited_rank);
+  ck_assert_uint_eq(dcpxd_records_count(s), 4);
+  for (size_t i = 0; i < 4; i++) {
+    const dcpxd_record *x = dcpxd_records_get(s, i);
+    ck_assert_uint_eq(x->time_ns, 1000u + i);
+    ck_assert_msg(x->has_awaited_rank == has[i] &&
+                      x->awaited_rank == rank[i],
+                  "record %zu read back: has %d rank %u, want %d %u", i,
+                  x->has_awaited_rank, x->awaited_rank, has[i], rank[i]);
+  }
+  ck_assert_str_eq(dcpxd_records_note(s), "");
   dcpxd_records_free(s);
   remove_dir();
+}
+END_TEST
+
+/* The stored word is checked when read: 0 (what every older dcpxd wrote)
+ * is unknown, 1..DCPX_MAX_WORLD rank 0..DCPX_MAX_WORLD-1, and anything
+ * above (no group has such a rank: damage the CRC did not catch, a forged
+ * file) unknown as well, never a rank; the entry itself is read, not
+ * counted as corrupted. */
+START_TEST(test_awaited_rank_validated) {
+  static const uint32_t word[] = {0,
+                                  1,
+                                  DCPX_MAX_WORLD,
+                                  DCPX_MAX_WORLD + 1,
+                                  DCPX_MAX_WORLD + 2,
+                                  0x10000u,
+                                  0x80000000u,
+                                  0xFFFFFFFEu,
+                                  0xFFFFFFFFu};
+  enum { N = sizeof(word) / sizeof(word[0]) };
+  dcpxd_record r[N];
+  uint8_t e[N * 128];
+  char live[128];
+  for (size_t i = 0; i < N; i++) {
+    r[i] = rec(i);
+    r[i].region = DCPX_REGION_LL_SLOTS;
+    r[i].has_awaited_rank = true;
+    r[i].awaited_rank = 5;
+  }
+  dcpxd_records *s = fresh(16);
+  ck_assert_int_eq(dcpxd_records_append(s, r, N), 0);
+  dcpxd_records_free(s);
+  snprintf(live, sizeof(live), "%s/records.log", g_dir);
+  entries_read(live, e, N);
+  for (size_t k = 0; k < N; k++)
+    entry_set_awaited(e + 128 * k, word[k]);
+  entries_write(live, e, N);
+  s = NULL;
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+  ck_assert_uint_eq(dcpxd_records_count(s), N);
+  ck_assert_str_eq(dcpxd_records_note(s), "");
+  for (size_t i = 0; i < N; i++) {
+    const dcpxd_record *x = dcpxd_records_get(s, i);
+    const bool want = word[i] >= 1 && word[i] <= DCPX_MAX_WORLD;
+    ck_assert_uint_eq(x->time_ns, 1000u + i);
+    ck_assert_msg(x->has_awaited_rank == want &&
+                      x->awaited_rank == (want ? word[i] - 1 : 0),
+                  "stored %#x read back as has %d rank %u", word[i],
+                  x->has_awaited_rank, x->awaited_rank);
+  }
+  dcpxd_records_free(s);
+  remove_dir();
+}
+END_TEST
+
+/* Fuzz-style: records files of random entries, some pure noise, most
+ * with a good magic, version, size and CRC around random contents (what
+ * the reader takes), their word at 120 random or near the limit. The
+ * start reads exactly the good ones, and none of them holds an awaited
+ * rank past the limit. (Seeded: a failure names its seed.) */
+START_TEST(test_awaited_rank_random_entries) {
+  enum { N = 512 };
+  static uint8_t e[N * 128];
+  char live[128];
+  for (uint64_t seed = 1; seed <= 8; seed++) {
+    uint64_t rs = seed, good = 0;
+    uint32_t want[N];
+    bool valid[N];
+    dcpxd_records *s = fresh(N);
+    dcpxd_records_free(s);
+    snprintf(live, sizeof(live), "%s/records.log", g_dir);
+    for (size_t k = 0; k < N; k++) {
+      uint8_t *x = e + 128 * k;
+      uint32_t w;
+      for (size_t b = 0; b < 128; b += 8) {
+        const uint64_t v = dcpx_splitmix64(&rs);
+        memcpy(x + b, &v, 8);
+      }
+      valid[k] = dcpx_rnd_below(&rs, 8) != 0;
+      if (!valid[k])
+        continue;
+      le32_put(x, 0x52504344u);
+      x[4] = 1, x[5] = 0, x[6] = 128, x[7] = 0;
+      switch (dcpx_rnd_below(&rs, 4)) {
+      case 0:
+        w = dcpx_rnd_below(&rs, DCPX_MAX_WORLD + 3); /* 0..max + 2 */
+        break;
+      case 1:
+        w = UINT32_MAX - dcpx_rnd_below(&rs, 3);
+        break;
+      default:
+        w = (uint32_t)dcpx_splitmix64(&rs);
+      }
+      want[k] = w;
+      entry_set_awaited(x, w);
+    }
+    entries_write(live, e, N);
+    s = NULL;
+    ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, N, &s), 0);
+    for (size_t k = 0, i = 0; k < N; k++) {
+      if (!valid[k])
+        continue;
+      const dcpxd_record *x = dcpxd_records_get(s, i++);
+      const bool has = want[k] >= 1 && want[k] <= DCPX_MAX_WORLD;
+      ck_assert_ptr_nonnull(x);
+      ck_assert_msg(x->has_awaited_rank == has &&
+                        x->awaited_rank == (has ? want[k] - 1 : 0) &&
+                        x->awaited_rank < DCPX_MAX_WORLD,
+                    "seed %llu entry %zu: stored %#x read back as has %d "
+                    "rank %u",
+                    (unsigned long long)seed, k, want[k], x->has_awaited_rank,
+                    x->awaited_rank);
+      ck_assert_uint_eq(x->group[DCPXD_GROUP_NAME_MAX], 0);
+      good++;
+    }
+    ck_assert_uint_eq(dcpxd_records_count(s), good);
+    {
+      char bad[64];
+      snprintf(bad, sizeof(bad), "skipped %llu corrupted",
+               (unsigned long long)(N - good));
+      ck_assert_msg(strstr(dcpxd_records_note(s), bad), "note: %s",
+                    dcpxd_records_note(s));
+    }
+    dcpxd_records_free(s);
+    remove_dir();
+  }
 }
 END_TEST
 
@@ -344,6 +524,8 @@ int main(void) {
   tcase_add_test(tc, test_not_regular_files);
   tcase_add_test(tc, test_start_reads_the_newest);
   tcase_add_test(tc, test_start_stops_at_garbage);
-  tcase_add_test(tc, test_awaited_rank_in_memory_only);
+  tcase_add_test(tc, test_awaited_rank_stored);
+  tcase_add_test(tc, test_awaited_rank_validated);
+  tcase_add_test(tc, test_awaited_rank_random_entries);
   return t_suite_run(su);
 }
