@@ -21,7 +21,7 @@
  * 0 there, which reads as unknown. A value above DCPX_MAX_WORLD (no rank
  * of any group: a damaged or forged entry whose CRC still holds, or a
  * later format's use of the word) reads as unknown too, never as a rank.
- * The format version stays 1, on purpose:
+ * The format version stays 1, on purpose (docs/PROTOCOL.md 6.3):
  *   - an older dcpxd (format version 1 without the field) checks the
  *     magic, version, size and CRC of an entry, never the reserved word
  *     (the CRC covers it as written: checked at 9b5b5f5 and every
