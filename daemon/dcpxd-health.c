@@ -71,6 +71,36 @@ static void record_awaited(const dcpxd_group *g, dcpxd_record *r) {
   r->awaited_rank = s >= 0 ? (uint32_t)s : 0;
 }
 
+/* *r: the record in g's slot of rank d, w, whose kind was loaded first. */
+static void record_read(const dcpxd_group *g, uint32_t d,
+                        const dcpx_wait_record *w, uint32_t kind,
+                        dcpxd_record *r) {
+  memset(r, 0, sizeof(*r));
+  memcpy(r->group, g->name, sizeof(r->group));
+  r->generation = g->generation;
+  r->rank = d; /* the slot says whose record it is */
+  r->kind = kind;
+  r->region = w->region;
+  r->index = w->index;
+  r->expected = w->expected;
+  r->seen = w->seen;
+  r->block = w->block;
+  r->time_ns = w->time_ns;
+  r->call_tag = w->call_tag;
+  record_awaited(g, r);
+}
+
+/* A record that names the rank its wait awaited counts against that rank
+ * (RankInfo.awaited_timeouts), so that an alert can name the straggler or
+ * the dead peer, not only the ranks that waited for it. A rank past the
+ * group's world is no rank of it: not counted (record_awaited gives none,
+ * but a layout bug must not write past member[]). */
+static void count_awaited(dcpxd_group *g, const dcpxd_record *r) {
+  if (r->has_awaited_rank && r->awaited_rank < g->shape.world &&
+      r->awaited_rank < DCPX_MAX_WORLD)
+    g->member[r->awaited_rank].awaited_timeouts++;
+}
+
 size_t dcpxd_health_harvest(dcpxd_group *g) {
   const uint32_t W = g->shape.world, R = g->shape.rows;
   dcpxd_record *recs = NULL;
@@ -82,6 +112,7 @@ size_t dcpxd_health_harvest(dcpxd_group *g) {
     for (uint32_t t = 0; t < R; t++) {
       size_t bit = (size_t)d * R + t;
       dcpx_wait_record *w;
+      dcpxd_record rec;
       uint32_t kind;
 
       if (g->harvested[bit / 8] & (1u << (bit % 8)))
@@ -91,7 +122,10 @@ size_t dcpxd_health_harvest(dcpxd_group *g) {
       if (kind == DCPX_REC_EMPTY)
         continue;
       g->harvested[bit / 8] |= (uint8_t)(1u << (bit % 8));
-      g->member[d].timeouts++; /* counted even if not stored below */
+      record_read(g, d, w, kind, &rec);
+      /* counted even if not stored below */
+      g->member[d].timeouts++;
+      count_awaited(g, &rec);
       if (n == cap) {
         size_t ncap = cap ? 2 * cap : 64;
         dcpxd_record *nr = realloc(recs, ncap * sizeof(*recs));
@@ -104,20 +138,7 @@ size_t dcpxd_health_harvest(dcpxd_group *g) {
         recs = nr;
         cap = ncap;
       }
-      dcpxd_record *r = &recs[n++];
-      memset(r, 0, sizeof(*r));
-      memcpy(r->group, g->name, sizeof(r->group));
-      r->generation = g->generation;
-      r->rank = d; /* the slot says whose record it is */
-      r->kind = kind;
-      r->region = w->region;
-      r->index = w->index;
-      r->expected = w->expected;
-      r->seen = w->seen;
-      r->block = w->block;
-      r->time_ns = w->time_ns;
-      r->call_tag = w->call_tag;
-      record_awaited(g, r);
+      recs[n++] = rec;
     }
 done_scan:
   if (n == 0) {

@@ -91,6 +91,7 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
     ri->device_uuid.len = g->member[r].uuid_len;
     ri->device_uuid.data = (uint8_t *)g->member[r].uuid;
     ri->timeouts = g->member[r].timeouts;
+    ri->awaited_timeouts = g->member[r].awaited_timeouts;
     ri->acknowledged =
         g->state == DCPXD_GROUP_RECOVERING && g->member[r].acked;
     if (g->hdr) {

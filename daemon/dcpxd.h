@@ -181,6 +181,11 @@ typedef struct dcpxd_member {
   bool acked; /* drained, for the recovery in progress */
   char node[64];
   uint64_t timeouts; /* its wait records harvested (kept or not) */
+  /* Timeout records of other ranks harvested that name this rank as the
+   * one they awaited (has_awaited_rank): it is the straggler or the dead
+   * peer. Like timeouts: kept across recoveries and replacements, from 0
+   * for a group this dcpxd creates or adopts after a restart. */
+  uint64_t awaited_timeouts;
 } dcpxd_member;
 
 struct dcpxd_group {
