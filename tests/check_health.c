@@ -109,6 +109,29 @@ static uint64_t json_u64(const char *key) {
   return v;
 }
 
+/* Rank r's number "key" in the dcpxctl health or stats --json in g_o (a
+ * rank's object is flat: it ends at its first '}'). */
+static uint64_t rank_u64(uint32_t r, const char *key) {
+  char pat[32];
+  uint64_t v = UINT64_MAX;
+  snprintf(pat, sizeof(pat), "{\"rank\":%u,", r);
+  const char *p = strstr(g_o.out, pat);
+  HC_ASSERT(p && hh_json_u64(p, strchr(p, '}'), key, &v) == 0,
+            "rank %u has no \"%s\" in %s", r, key, g_o.out);
+  return v;
+}
+
+/* The value of per-rank counter family `family` for group/rank in the
+ * dcpxctl stats --format=openmetrics in g_o; UINT64_MAX if absent. */
+static uint64_t metric_u64(const char *family, const char *group,
+                           uint32_t r) {
+  char pat[160];
+  snprintf(pat, sizeof(pat), "\n%s_total{group=\"%s\",rank=\"%u\"} ",
+           family, group, r);
+  const char *p = strstr(g_o.out, pat);
+  return p ? strtoull(p + strlen(pat), NULL, 10) : UINT64_MAX;
+}
+
 /* Waits until dcpxctl health GROUP --json shows every rank attached. */
 static void wait_attached(const char *group, uint32_t W) {
   char w[16];
@@ -258,9 +281,29 @@ START_TEST(test_rows_mismatch_names_peer) {
                      {1, 2, &bar, -1, -1}};
 
   start(NULL);
-  pthread_barrier_init(&bar, NULL, 2);
+  pthread_barrier_init(&bar, NULL, 3); /* the ranks wait for the checks */
   for (int r = 0; r < 2; r++)
     pthread_create(&th[r], NULL, short_rows_rank, &a[r]);
+  for (int i = 0; i < 300 && !log_contains("wait record group=short"); i++)
+    hh_sleep_ms(10);
+  /* While the group lives: rank 1 is the rank awaited, counted as such
+   * (dcpx_awaited_timeouts), though rank 0 is the one that timed out. */
+  CTL_JSON(1, "health", "short", "--json");
+  HC_ASSERT(rank_u64(0, "timeouts") == 1 && rank_u64(1, "timeouts") == 0 &&
+                rank_u64(0, "awaited_timeouts") == 0 &&
+                rank_u64(1, "awaited_timeouts") == 1,
+            "health --json: %s", g_o.out);
+  CTL(1, "health", "short");
+  HC_ASSERT(strstr(g_o.out, "awaited_timeouts 1") &&
+                !strstr(g_o.out, "awaited_timeouts 0"),
+            "health: %s", g_o.out);
+  CTL(0, "stats", "short", "--format=openmetrics");
+  HC_ASSERT(strstr(g_o.out, "# TYPE dcpx_awaited_timeouts counter\n") &&
+                metric_u64("dcpx_awaited_timeouts", "short", 0) == 0 &&
+                metric_u64("dcpx_awaited_timeouts", "short", 1) == 1 &&
+                metric_u64("dcpx_timeouts", "short", 0) == 1,
+            "stats --format=openmetrics: %s", g_o.out);
+  pthread_barrier_wait(&bar);
   for (int r = 0; r < 2; r++)
     pthread_join(th[r], NULL);
   pthread_barrier_destroy(&bar);
@@ -474,6 +517,21 @@ START_TEST(test_stall_records) {
       HC_ASSERT(t && end && t < end, "rank %u: wanted %s in %s", r, want,
                 g_o.out);
     }
+    /* ... and each rank's awaited_timeouts the records that name it as
+     * the rank awaited (rank 2's names rank 1). */
+    uint64_t awaited[3] = {0, 0, 0};
+    for (int i = 0; i < n; i++)
+      if (recs[i].awaited_rank >= 0 && recs[i].awaited_rank < 3)
+        awaited[recs[i].awaited_rank]++;
+    for (uint32_t r = 0; r < 3; r++)
+      HC_ASSERT(rank_u64(r, "awaited_timeouts") == awaited[r],
+                "rank %u: awaited_timeouts, wanted %llu: %s", r,
+                (unsigned long long)awaited[r], g_o.out);
+    CTL(0, "stats", "stall", "--format=openmetrics");
+    for (uint32_t r = 0; r < 3; r++)
+      HC_ASSERT(metric_u64("dcpx_awaited_timeouts", "stall", r) == awaited[r],
+                "rank %u: dcpx_awaited_timeouts, wanted %llu: %s", r,
+                (unsigned long long)awaited[r], g_o.out);
   }
   /* Filters: by rank, by time. */
   snprintf(rankbuf, sizeof(rankbuf), "%llu", (unsigned long long)recs[0].rank);

@@ -26,7 +26,8 @@ def fail(msg):
 
 per_rank = {"dcpx_calls": "counter", "dcpx_rows": "counter",
             "dcpx_rescue_rows": "counter", "dcpx_failed_calls": "counter",
-            "dcpx_timeouts": "counter", "dcpx_rank_joined": "gauge",
+            "dcpx_timeouts": "counter", "dcpx_awaited_timeouts": "counter",
+            "dcpx_rank_joined": "gauge",
             "dcpx_rank_alarm": "gauge", "dcpx_rank_failed": "gauge"}
 per_group = {"dcpx_group_generation": "gauge",
              "dcpx_group_joined_ranks": "gauge",

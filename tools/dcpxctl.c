@@ -572,6 +572,7 @@ static void json_rank(jw *w, const Dcpx__GroupInfo *g,
   jw_u64(w, "rescue_rows", r->rescue_rows);
   jw_u64(w, "failed_calls", r->failed_calls);
   jw_u64(w, "timeouts", r->timeouts);
+  jw_u64(w, "awaited_timeouts", r->awaited_timeouts);
   json_rate(w, r->rescue_rows, r->rows);
   jw_obj_end(w);
   t->rows += r->rows;
@@ -734,6 +735,8 @@ static void human_rank(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
            r->rows, r->rescue_rows, r->failed_calls);
   else if (r->failed_calls)
     printf("  failed_calls %" PRIu64, r->failed_calls);
+  if (r->awaited_timeouts) /* the others timed out waiting for this one */
+    printf("  awaited_timeouts %" PRIu64, r->awaited_timeouts);
   if (recovering(g)) /* who holds the recovery up */
     printf("  %s", r->acknowledged ? "acknowledged" : "NOT ACKNOWLEDGED");
   putchar('\n');
@@ -843,6 +846,7 @@ enum {
   M_RESCUE_ROWS,
   M_FAILED_CALLS,
   M_TIMEOUTS,
+  M_AWAITED_TIMEOUTS,
   M_RANK_JOINED,
   M_RANK_ALARM,
   M_RANK_FAILED,
@@ -872,6 +876,9 @@ static const struct {
      "Calls that failed (timeout, abort)"},
     {M_TIMEOUTS, "dcpx_timeouts", "counter", true,
      "Wait timeouts of the rank seen by dcpxd (from 0 at its start)"},
+    {M_AWAITED_TIMEOUTS, "dcpx_awaited_timeouts", "counter", true,
+     "Timeouts other ranks recorded while waiting for this rank, where the "
+     "layout names it (from 0 at dcpxd's start)"},
     {M_RANK_JOINED, "dcpx_rank_joined", "gauge", true,
      "1 when the rank is attached to the group"},
     {M_RANK_ALARM, "dcpx_rank_alarm", "gauge", true,
@@ -987,6 +994,8 @@ static uint64_t rank_metric(const Dcpx__RankInfo *r, int id) {
     return r->failed_calls;
   case M_TIMEOUTS:
     return r->timeouts;
+  case M_AWAITED_TIMEOUTS:
+    return r->awaited_timeouts;
   case M_RANK_JOINED:
     return r->joined;
   case M_RANK_ALARM:
