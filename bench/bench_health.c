@@ -62,19 +62,6 @@ static void die(const char *fmt, ...) {
   exit(1);
 }
 
-static hh_spec spec(const char *group, uint32_t W, uint64_t timeout_ns) {
-  hh_spec sp;
-  memset(&sp, 0, sizeof(sp));
-  snprintf(sp.group, sizeof(sp.group), "%s", group);
-  sp.W = W;
-  sp.R = 2;
-  sp.K = 64;
-  sp.N = 16;
-  sp.L = 256;
-  sp.timeout_ns = timeout_ns;
-  return sp;
-}
-
 static void wait_nfails(const hh_shared *sh, uint32_t mask, uint32_t n) {
   uint64_t end = hh_mono() + 30000000000ull;
   for (;;) {
@@ -99,7 +86,7 @@ static void stop_all(hh_shared *sh, pid_t *pids, uint32_t W) {
 /* ---- detection -------------------------------------------------------- */
 
 static void bench_detection(int reps, uint64_t timeout_ns) {
-  hh_spec sp = spec("detect", 2, timeout_ns);
+  hh_spec sp = hh_spec_small("detect", 2, timeout_ns);
   hh_shared *sh = hh_shared_new();
   uint64_t *to_abort = calloc((size_t)reps, 8), *to_event = calloc((size_t)reps, 8);
   pid_t pids[2];
@@ -147,7 +134,7 @@ static void bench_detection(int reps, uint64_t timeout_ns) {
 /* ---- kill -9 and recovery with a replacement --------------------------- */
 
 static void bench_kill(int reps, uint32_t W) {
-  hh_spec sp = spec("kill", W, 10000000000ull);
+  hh_spec sp = hh_spec_small("kill", W, 10000000000ull);
   hh_shared *sh = hh_shared_new();
   const uint32_t victim = W - 1, peers = (1u << victim) - 1;
   uint64_t *prop = calloc((size_t)reps, 8), *rec = calloc((size_t)reps, 8);
@@ -208,7 +195,7 @@ static void bench_kill(int reps, uint32_t W) {
 /* ---- reset: recovery of a group whose ranks all live ------------------- */
 
 static void bench_reset(int reps, uint32_t W) {
-  hh_spec sp = spec("reset", W, 10000000000ull);
+  hh_spec sp = hh_spec_small("reset", W, 10000000000ull);
   hh_shared *sh = hh_shared_new();
   uint64_t *rec = calloc((size_t)reps, 8), *fail = calloc((size_t)reps, 8);
   pid_t pids[DCPX_MAX_WORLD];
