@@ -1883,6 +1883,10 @@ typedef struct dcpx_out_args {
   uint32_t K, W, me, B, I, bt_rows, bt_cols;
   uint32_t sh_b, sh_i; /* log2 of B and of I when a power of two, else 32 */
   float rcp_b, rcp_i;
+  /* The request's first nbs block-table entries in shared memory (the
+   * LL merge stages them at the row's start), or nbs = 0. */
+  const int32_t *bts;
+  uint32_t nbs;
 } dcpx_out_args;
 
 /* log2(d) for a power of two d, else 32 (dcpx_dev_div_sh divides). */
@@ -1921,6 +1925,8 @@ DCPX_D void dcpx_dev_out_args_init(dcpx_out_args *oa, const int32_t *bt,
   oa->rcp_i = rcp_i;
   oa->sh_b = dcpx_dev_log2_or32(B);
   oa->sh_i = dcpx_dev_log2_or32(I);
+  oa->bts = NULL;
+  oa->nbs = 0;
 }
 
 /* Round 2's key offsets (docs/PROTOCOL.md 5.5, rank-major): rank s
@@ -1971,7 +1977,7 @@ DCPX_D void dcpx_dev_outputs(const dcpx_out_args *o, uint32_t t, int32_t req,
       const uint32_t l = list[base + p] & 0x1FFFFu;
       const uint32_t col = dcpx_dev_div_sh(l, B, o->rcp_b, o->sh_b);
       if (req_ok && col < o->bt_cols) {
-        const int32_t blk = __ldg(bt + col);
+        const int32_t blk = col < o->nbs ? o->bts[col] : __ldg(bt + col);
         const int64_t kv = (int64_t)blk * B + (l - col * B);
         if (blk < 0 || kv > INT32_MAX)
           bad = 1;

@@ -49,6 +49,10 @@ extern "C" {
 /* Threads per block (compile-time in the kernels). */
 #define DCPX_K_PUSH_THREADS 1024
 #define DCPX_K_MERGE_THREADS 512
+/* Block-table entries of a merge row's request staged in shared memory
+ * (4 KB: every column of a local length up to 65,536 at B = 64; half as
+ * many in the half-size blocks). Columns past them are read through L1. */
+#define DCPX_K_BT_STAGE 1024u
 
 /* Phase points of the merge's diagnostic timestamps (kctx.prof): row
  * start, poll done, round 1 done, rescue list built, rescue stored,
@@ -122,6 +126,10 @@ typedef struct dcpx_k_counters {
  * two blocks per row, each placing and writing half of a row it selected
  * in full, could save at most (the bench's merge timings only). */
 #define DCPX_K_DIAG_HALF_TAIL 128u
+/* The merge reads the block table from global memory (L1), not from its
+ * shared copy of the request's first DCPX_K_BT_STAGE entries (what the
+ * copy saves the outputs). */
+#define DCPX_K_DIAG_NO_BT_STAGE 256u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

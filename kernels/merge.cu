@@ -718,6 +718,11 @@ static __global__ void __launch_bounds__(NT, MT / NT)
    * follows one that ended early fails every row, even where its slots
    * hold complete lists of an earlier call (docs/PROTOCOL.md 6.4). */
   __shared__ __align__(16) uint32_t st4[4];
+  /* The request's first block-table entries (DCPX_K_BT_STAGE; half as
+   * many in half-size blocks, two of which share an SM), copied
+   * asynchronously once req is known: the outputs' lookups then wait
+   * for shared memory, not for L1 or L2. */
+  __shared__ int32_t bts[NT == MT ? DCPX_K_BT_STAGE : DCPX_K_BT_STAGE / 2u];
   extern __shared__ uint4 dyn[];
 
   const uint32_t tid = threadIdx.x;
@@ -831,12 +836,21 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       dcpx_dev_pdl_wait();
       const int32_t req = req_id[t];
       const int32_t row_end = row_ends[t]; /* for a rescue, after round 1 */
-      /* The request's block-table row, read at the end: into L1 now. */
-      if (req >= 0 && (uint32_t)req < bt_rows)
+      /* The request's block-table row, read at the end: its first
+       * DCPX_K_BT_STAGE entries into shared memory (bts), the rest into
+       * L1, now. */
+      uint32_t nbs = 0;
+      if (req >= 0 && (uint32_t)req < bt_rows) {
+        const int32_t *btr = block_table + (uint64_t)req * bt_cols;
+        if (!(c.diag & DCPX_K_DIAG_NO_BT_STAGE))
+          nbs = min(bt_cols, (uint32_t)(sizeof bts / sizeof bts[0]));
 #pragma unroll 1
-        for (uint32_t x = tid * 32u; x < bt_cols; x += NT * 32u)
-          asm volatile("prefetch.global.L1 [%0];" ::"l"(
-              block_table + (uint64_t)req * bt_cols + x));
+        for (uint32_t x = tid; x < nbs; x += NT)
+          dcpx_dev_async4(bts + x, btr + x); /* cp.async.wait_all: no group */
+#pragma unroll 1
+        for (uint32_t x = nbs + tid * 32u; x < bt_cols; x += NT * 32u)
+          asm volatile("prefetch.global.L1 [%0];" ::"l"(btr + x));
+      }
 
       /* ---- 2. round 1; 3.-5. rescue and round 2 when a rank saturated ---- */
       mask = merge_round1(&b, t, &total, &T1);
@@ -860,6 +874,12 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       dcpx_out_args oh = oa;
       if (c.diag & DCPX_K_DIAG_HALF_TAIL) /* half the outputs (a bench) */
         oh.K = K / 2u;
+      if (nbs) { /* every thread's copies of bts, long landed */
+        dcpx_dev_async_wait();
+        __syncthreads();
+        oh.bts = bts;
+        oh.nbs = nbs;
+      }
       dcpx_dev_outputs(&oh, t, req, mask ? b.list2 : b.list, bound[me],
                        min(bound[me + 1] - bound[me], oh.K), min(total, oh.K));
       merge_prof(&b, t, 8);
@@ -875,6 +895,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       publish = 0;
       dcpx_dev_count_publish(c.ctr, snap, c.health + me);
     }
+    dcpx_dev_async_wait(); /* bts of a row that failed after its copy */
     /* Every thread is done with row t, and the own push grid has completed
      * (PDL wait): the next call's epoch. */
     __syncthreads();

@@ -45,7 +45,8 @@
 #            against DCPX_BENCH_DIAG=$DIAG_B (default 16: no overlap of
 #            the sender's rescue stores with its round-2 copy; 128: round
 #            1's placement and the outputs over half the row, what two
-#            blocks per row could save at most), alternating, AB_ROUNDS
+#            blocks per row could save at most; 256: the block table read
+#            through L1, not from its copy in shared memory), alternating, AB_ROUNDS
 #            rounds, at each W:N of ABM_SHAPES
 #            (DIAGAB_FULL=1: whole calls of all W ranks too)
 #   sanitize test_kernels under compute-sanitizer with SAN_ENV and only
