@@ -8,8 +8,9 @@
 #   On the GPU machine, from the repo root, with those folders carried:
 #                                bash scripts/gpu-run.sh [STEP...]
 #
-# Steps (default: all but prof), each bounded, each logging to $OUT
-# (default /tmp/dcpx-gpu-out):
+# Steps (default: kernels nccl bench1 torch bench2 pingpong faults2 mps
+# devapi python; the others only when named), each bounded, each logging
+# to $OUT (default /tmp/dcpx-gpu-out):
 #   kernels  test_kernels: every kernel case against the CPU reference and
 #            the unsafe corners (staged copy under overwrite, push under
 #            abort and FAILED, a stale CUDA error, call tags under graph

@@ -225,7 +225,7 @@ class Reason(enum.IntEnum):
     TIMEOUT = 2      #: a wait of this rank timed out
     PEER_FAILED = 3  #: another rank failed
     DEAD_RANK = 4    #: a rank's process died or left
-    OPERATOR = 5     #: an operator reset the group, or dcpxd shut down
+    OPERATOR = 5     #: an operator reset the group (dcpxctl reset)
     BLOCK_TABLE = 6  #: rows outside the block table (host backend)
 
 
@@ -241,7 +241,7 @@ _REASON_TEXT = {
     Reason.TIMEOUT: "a wait of this rank timed out",
     Reason.PEER_FAILED: "another rank of the group failed",
     Reason.DEAD_RANK: "a rank's process died or left",
-    Reason.OPERATOR: "an operator reset the group, or dcpxd shut down",
+    Reason.OPERATOR: "an operator reset the group (dcpxctl reset)",
 }
 
 
