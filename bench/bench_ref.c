@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_args.h"
 #include "dcpx.h"
 #include "rng.h"
 
@@ -42,13 +43,27 @@ static int cmp(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: bench_ref [W [N [K [LOCAL [ROWS [REPS]]]]]]  (default "
+             "8 512 2048 16384 64 15; REPS 1..10000; the shape as "
+             "dcpx_shape_check takes it)\n");
+}
+
 int main(int argc, char **argv) {
-  uint32_t W = argc > 1 ? (uint32_t)atoi(argv[1]) : 8;
-  uint32_t N = argc > 2 ? (uint32_t)atoi(argv[2]) : 512;
-  uint32_t K = argc > 3 ? (uint32_t)atoi(argv[3]) : 2048;
-  uint32_t L = argc > 4 ? (uint32_t)atoi(argv[4]) : 16384;
-  uint32_t R = argc > 5 ? (uint32_t)atoi(argv[5]) : 64;
-  int reps = argc > 6 ? atoi(argv[6]) : 15;
+  uint32_t W, N, K, L, R, reps;
+  if (bench_wants_help(argc, argv)) {
+    usage(stdout);
+    return 0;
+  }
+  if (argc > 7 || bench_arg_u32(argc, argv, 1, 8, 0, UINT32_MAX, "W", &W) < 0 ||
+      bench_arg_u32(argc, argv, 2, 512, 0, UINT32_MAX, "N", &N) < 0 ||
+      bench_arg_u32(argc, argv, 3, 2048, 0, UINT32_MAX, "K", &K) < 0 ||
+      bench_arg_u32(argc, argv, 4, 16384, 0, UINT32_MAX, "LOCAL", &L) < 0 ||
+      bench_arg_u32(argc, argv, 5, 64, 0, UINT32_MAX, "ROWS", &R) < 0 ||
+      bench_arg_u32(argc, argv, 6, 15, 1, 10000, "REPS", &reps) < 0) {
+    usage(stderr);
+    return 2;
+  }
   dcpx_shape sh = DCPX_SHAPE_INIT;
   uint64_t s = 42;
 
@@ -60,7 +75,7 @@ int main(int argc, char **argv) {
   sh.interleave = 1;
   sh.max_local = L;
   int r = dcpx_shape_check(&sh);
-  if (r < 0 || reps < 1) {
+  if (r < 0) {
     fprintf(stderr, "bench_ref: bad shape: %s\n", dcpx_strerror(r));
     return 2;
   }
@@ -107,7 +122,7 @@ int main(int argc, char **argv) {
   out.valid_out = valid;
   out.ids_out = ids;
   out.sat_word = sat;
-  for (int i = 0; i < reps + 1; i++) {
+  for (uint32_t i = 0; i < reps + 1; i++) {
     double t0 = now_s();
     r = dcpx_ref_call(&sh, &in, &out, i ? &st : NULL);
     double dt = now_s() - t0;
@@ -120,7 +135,7 @@ int main(int argc, char **argv) {
   }
   qsort(times, (size_t)reps, sizeof(double), cmp);
   double med = times[reps / 2];
-  printf("bench_ref: W=%u N=%u K=%u local=%u rows=%u reps=%d\n", W, N, K, L,
+  printf("bench_ref: W=%u N=%u K=%u local=%u rows=%u reps=%u\n", W, N, K, L,
          R, reps);
   printf("call median %.2f ms (min %.2f, max %.2f); %.0f rows/s; "
          "%.1f us/row; rescue rows %.1f%%\n",

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_args.h"
+
 #include "dcpx.h"
 #include "rng.h"
 
@@ -94,9 +96,24 @@ static double rescue_rate(uint32_t W, uint32_t N, uint32_t K, uint32_t L,
   return (double)st.rescue_rows / (double)st.rows;
 }
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: bench_rescue [ROWS [LOCAL]]  (default 400 4096; ROWS "
+             "1..1000000, LOCAL 1..%u)\n",
+          DCPX_MAX_LOCAL);
+}
+
 int main(int argc, char **argv) {
-  const uint32_t rows = argc > 1 ? (uint32_t)atoi(argv[1]) : 400;
-  const uint32_t L = argc > 2 ? (uint32_t)atoi(argv[2]) : 4096;
+  uint32_t rows, L;
+  if (bench_wants_help(argc, argv)) {
+    usage(stdout);
+    return 0;
+  }
+  if (argc > 3 ||
+      bench_arg_u32(argc, argv, 1, 400, 1, 1000000, "ROWS", &rows) < 0 ||
+      bench_arg_u32(argc, argv, 2, 4096, 1, DCPX_MAX_LOCAL, "LOCAL", &L) < 0) {
+    usage(stderr);
+    return 2;
+  }
   static const uint32_t Ws[] = {2, 4, 8, 16}, Ks[] = {1024, 2048, 4096};
   printf("rows %u per point, local %u, balanced i.i.d. normal logits; "
          "'hot': one rank shifted +1 sd\n\n",
