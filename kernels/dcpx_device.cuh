@@ -913,6 +913,7 @@ DCPX_D uint32_t dcpx_dev_row_len(int32_t re, uint32_t max_len) {
 typedef struct dcpx_rowgeo {
   const uint16_t *base; /* 16-byte aligned, = row - a */
   uint32_t a, len, G, gbeg, gend;
+  uint32_t raw_ok; /* the rescue list may test raw bf16 (dcpx_dev_resc_load) */
 } dcpx_rowgeo;
 
 DCPX_D dcpx_rowgeo dcpx_dev_rowgeo(const uint16_t *row, uint32_t len) {
@@ -925,6 +926,7 @@ DCPX_D dcpx_rowgeo dcpx_dev_rowgeo(const uint16_t *row, uint32_t len) {
   const uint32_t gpw = (r.G + nw - 1) >> (__ffs(nw) - 1); /* nw: 2^k */
   r.gbeg = min(r.G, warp * gpw);
   r.gend = min(r.G, r.gbeg + gpw);
+  r.raw_ok = 1;
   return r;
 }
 
@@ -1039,6 +1041,38 @@ DCPX_COLD void dcpx_dev_local_exact(dcpx_sel_smem *S, const dcpx_rowgeo Rv,
   __syncthreads();
 }
 
+/* A positive threshold (tau in [0x8000, 0xFF80]) tested on raw bf16: a
+ * half b has ord16 >= tau and is not NaN <=> b in [tau - 0x8000, 0x7F80],
+ * one subtract and compare per half (th, tw: that range, in the high half;
+ * dcpx_dev_raw_range). The group's mask, bit e for element e, and its
+ * candidates' keys are b | 0x8000 (the other halves' are garbage). */
+typedef struct dcpx_raw_range {
+  uint32_t th, tw;
+} dcpx_raw_range;
+
+DCPX_D dcpx_raw_range dcpx_dev_raw_range(uint32_t tau) {
+  dcpx_raw_range r;
+  r.th = (tau - 0x8000u) << 16;
+  r.tw = (0x7F81u - (tau - 0x8000u)) << 16;
+  return r;
+}
+
+DCPX_D uint32_t dcpx_dev_raw_mask(uint4 k, dcpx_raw_range r) {
+  return (uint32_t)((k.x << 16) - r.th < r.tw) |
+         ((uint32_t)(k.x - r.th < r.tw) << 1) |
+         ((uint32_t)((k.y << 16) - r.th < r.tw) << 2) |
+         ((uint32_t)(k.y - r.th < r.tw) << 3) |
+         ((uint32_t)((k.z << 16) - r.th < r.tw) << 4) |
+         ((uint32_t)(k.z - r.th < r.tw) << 5) |
+         ((uint32_t)((k.w << 16) - r.th < r.tw) << 6) |
+         ((uint32_t)(k.w - r.th < r.tw) << 7);
+}
+
+DCPX_D uint4 dcpx_dev_raw_keys(uint4 k) {
+  return make_uint4(k.x | 0x80008000u, k.y | 0x80008000u, k.z | 0x80008000u,
+                    k.w | 0x80008000u);
+}
+
 /* The fast path's row pass: every key of the warp's range >= tau (raw
  * ord16 in [tau, 0xFF80], which also rejects NaN), in order, appended to
  * wk/wl, at most cw of them. Returns how many there were, those past cw
@@ -1050,12 +1084,9 @@ DCPX_D uint32_t dcpx_dev_fast_pass(const dcpx_rowgeo *R, uint32_t tau,
   const uint32_t a = R->a, len = R->len, gend = R->gend;
   const uint32_t span = 0xFF80u - tau;
   /* With tau >= 0x8000 (a positive threshold) the test runs on raw bf16
-   * halves: ord16 >= tau and not NaN <=> b in [tau - 0x8000, 0x7F80], one
-   * subtract and compare per half (th, tw: that range in the high half),
-   * and a candidate's key is b | 0x8000. */
+   * halves (dcpx_dev_raw_mask). */
   const int quick = tau >= 0x8000u;
-  const uint32_t th = (tau - 0x8000u) << 16;
-  const uint32_t tw = (0x7F81u - (tau - 0x8000u)) << 16;
+  const dcpx_raw_range rr = dcpx_dev_raw_range(tau);
   uint32_t wc = 0, km = *kmax;
 #pragma unroll 1
   for (uint32_t g0 = R->gbeg; g0 < gend; g0 += 128) {
@@ -1068,18 +1099,8 @@ DCPX_D uint32_t dcpx_dev_fast_pass(const dcpx_rowgeo *R, uint32_t tau,
       uint32_t m = 0;
       if (g < gend) {
         if (quick && dcpx_dev_group_full(a, len, g)) {
-          m = (uint32_t)((k.x << 16) - th < tw) |
-              ((uint32_t)(k.x - th < tw) << 1) |
-              ((uint32_t)((k.y << 16) - th < tw) << 2) |
-              ((uint32_t)(k.y - th < tw) << 3) |
-              ((uint32_t)((k.z << 16) - th < tw) << 4) |
-              ((uint32_t)(k.z - th < tw) << 5) |
-              ((uint32_t)((k.w << 16) - th < tw) << 6) |
-              ((uint32_t)(k.w - th < tw) << 7);
-          k.x |= 0x80008000u; /* ord16 of the candidates (positive) */
-          k.y |= 0x80008000u;
-          k.z |= 0x80008000u;
-          k.w |= 0x80008000u;
+          m = dcpx_dev_raw_mask(k, rr);
+          k = dcpx_dev_raw_keys(k); /* ord16 of the candidates */
         } else {
           if (dcpx_dev_group_full(a, len, g))
             k = make_uint4(dcpx_dev_ord2(k.x), dcpx_dev_ord2(k.y),
@@ -1559,28 +1580,35 @@ DCPX_D uint32_t dcpx_dev_ge_mask(uint4 k, uint32_t t1) {
 
 /* The keys and the qualifying masks (key != 0, key >= t1) of lane `lane`'s
  * DCPX_RESC_U groups of the step at g0; every load is issued before any
- * is used. */
+ * is used. With a positive t1 (the usual rescue) a whole group is tested
+ * on its raw bf16 (dcpx_dev_raw_mask), and only its qualifying keys are
+ * keys (the callers read no other). */
 DCPX_D void dcpx_dev_resc_load(const dcpx_rowgeo *R, uint32_t g0, uint32_t t1,
                                uint4 *k, uint32_t *m) {
   const uint32_t gl = g0 + (threadIdx.x & 31u) * DCPX_RESC_U;
-  uint4 raw[DCPX_RESC_U];
+  const int quick = t1 >= 0x8000u && t1 <= 0xFF80u && R->raw_ok;
+  const dcpx_raw_range rr = dcpx_dev_raw_range(t1);
 #pragma unroll
-  for (uint32_t u = 0; u < DCPX_RESC_U; u++) {
+  for (uint32_t u = 0; u < DCPX_RESC_U; u++) { /* raw, then keys in place */
     const uint32_t g = gl + u;
-    raw[u] = g < R->gend && dcpx_dev_group_full(R->a, R->len, g)
-                 ? dcpx_dev_group_raw(R, g)
-                 : make_uint4(0, 0, 0, 0);
+    k[u] = g < R->gend && dcpx_dev_group_full(R->a, R->len, g)
+               ? dcpx_dev_group_raw(R, g)
+               : make_uint4(0, 0, 0, 0);
   }
 #pragma unroll
   for (uint32_t u = 0; u < DCPX_RESC_U; u++) {
     const uint32_t g = gl + u;
-    if (g >= R->gend)
-      k[u] = make_uint4(0, 0, 0, 0);
-    else if (dcpx_dev_group_full(R->a, R->len, g))
-      k[u] = dcpx_dev_key8(raw[u]);
-    else
-      k[u] = dcpx_dev_group_load(R->base, R->a, R->len, g);
-    m[u] = dcpx_dev_ge_mask(k[u], t1);
+    if (g >= R->gend) {
+      m[u] = 0;
+    } else if (quick && dcpx_dev_group_full(R->a, R->len, g)) {
+      m[u] = dcpx_dev_raw_mask(k[u], rr);
+      k[u] = dcpx_dev_raw_keys(k[u]);
+    } else {
+      k[u] = dcpx_dev_group_full(R->a, R->len, g)
+                 ? dcpx_dev_key8(k[u])
+                 : dcpx_dev_group_load(R->base, R->a, R->len, g);
+      m[u] = dcpx_dev_ge_mask(k[u], t1);
+    }
   }
 }
 
@@ -1762,15 +1790,19 @@ DCPX_D void dcpx_dev_resc_top(dcpx_sel_smem *S, const dcpx_rowgeo *R, int one,
  * in three more steps), whose entries are then all >= t1.
  * prof (diagnostics, or NULL): thread 0's clock64 after the count, after
  * its warp's placing, before the count's barrier (prof[11]); with more than cap keys >= t1, prof[8..10] after
- * the top cap's key range, threshold and per-warp bases. Every thread must call it; it ends with a barrier;
+ * the top cap's key range, threshold and per-warp bases. raw_ok: a
+ * positive t1 may be tested on the raw bf16 of whole groups (0: every
+ * key's ord16, a bench's A/B). Every thread must call it; it ends with a barrier;
  * it leaves the selection's histograms dirty. Returns the list's entries
  * (block-uniform). */
 DCPX_D uint32_t dcpx_dev_rescue_list(dcpx_sel_smem *S, const uint16_t *row,
                                  uint32_t len, uint32_t cap, uint32_t t1,
-                                 uint32_t *words, unsigned long long *prof) {
+                                 uint32_t *words, unsigned long long *prof,
+                                 int raw_ok) {
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t nw = blockDim.x >> 5, step = 32u * DCPX_RESC_U;
-  const dcpx_rowgeo R = dcpx_dev_rowgeo(row, len);
+  dcpx_rowgeo R = dcpx_dev_rowgeo(row, len);
+  R.raw_ok = (uint32_t)raw_ok;
   const uint32_t rw = dcpx_dev_row_words(cap);
   const int one = R.gend - R.gbeg <= step; /* warp-uniform */
   uint4 k[DCPX_RESC_U];

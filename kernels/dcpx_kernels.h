@@ -130,6 +130,10 @@ typedef struct dcpx_k_counters {
  * shared copy of the request's first DCPX_K_BT_STAGE entries (what the
  * copy saves the outputs). */
 #define DCPX_K_DIAG_NO_BT_STAGE 256u
+/* A rescue list from the row tests every element's ord16 against T1, as
+ * for T1 < 0x8000, not the raw bf16 of a whole group (what the raw test
+ * saves a positive T1). */
+#define DCPX_K_DIAG_RESC_ORD 512u
 
 /* A wait whose control page says timeout_ns == 0 uses this bound. */
 #define DCPX_K_DEFAULT_TIMEOUT_NS 5000000000ull

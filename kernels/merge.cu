@@ -409,7 +409,8 @@ DCPX_D uint32_t merge_rescue_list(mblk *b, uint32_t t, uint32_t T1,
               : ecount;
   return dcpx_dev_rescue_list(
       b->S, row, len, K, T1, b->list2,
-      b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12 : NULL);
+      b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12 : NULL,
+      !(c->diag & DCPX_K_DIAG_RESC_ORD));
 }
 
 /* That list (list2, cnt entries) stored as LL pairs tagged q2 into me's
@@ -472,7 +473,8 @@ DCPX_D uint32_t merge_rescue_early(mblk *b, uint32_t t,
   return dcpx_dev_rescue_list(b->S, logits + (uint64_t)t * stride, len,
                        b->c->topk, 0u, b->list2,
                        b->prof ? b->prof + (uint64_t)t * DCPX_K_PROF_POINTS + 12
-                               : NULL);
+                               : NULL,
+                       1);
 }
 
 /* A saturated me's own rescue list, from list2 (shared) straight into its

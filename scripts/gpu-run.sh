@@ -47,7 +47,9 @@
 #            the sender's rescue stores with its round-2 copy; 128: round
 #            1's placement and the outputs over half the row, what two
 #            blocks per row could save at most; 256: the block table read
-#            through L1, not from its copy in shared memory), alternating, AB_ROUNDS
+#            through L1, not from its copy in shared memory; 512: the
+#            rescue list's ord16 test for every T1, not the raw bf16
+#            one), alternating, AB_ROUNDS
 #            rounds, at each W:N of ABM_SHAPES
 #            (DIAGAB_FULL=1: whole calls of all W ranks too)
 #   sanitize test_kernels under compute-sanitizer with SAN_ENV and only
