@@ -1916,7 +1916,7 @@ typedef struct dcpx_out_args {
   uint32_t sh_b, sh_i; /* log2 of B and of I when a power of two, else 32 */
   float rcp_b, rcp_i;
   /* The request's first nbs block-table entries in shared memory (the
-   * LL merge stages them at the row's start), or nbs = 0. */
+   * LL merge copies them after its round-1 poll), or nbs = 0. */
   const int32_t *bts;
   uint32_t nbs;
 } dcpx_out_args;
