@@ -102,9 +102,13 @@
 #            whole calls LL against NCCL (N=512, auto N), the main job
 #            (rows 64 and 1), a stall and a kill -9 through dcpxd
 #   faults2  two GPUs, through dcpxd: a stall, a kill -9 and a SIGSTOP (LL),
-#            a kill -9 and a SIGSTOP (NCCL)
+#            a kill -9 and a SIGSTOP (NCCL), dcpxd restarted then a SIGSTOP
 #   mps      W=8 rank processes on one GPU under MPS, through dcpxd: the
-#            main job, a stall, a kill -9, a SIGSTOP
+#            main job, a stall, a kill -9, a SIGSTOP, and the restart cases
+#   restart  dcpxd restarted (SIGKILL; SIGTERM) under a running CUDA group,
+#            W=8 under MPS: every rank reattaches, the new dcpxd adopts the
+#            group (its VMM workspaces) and then handles a stall and a
+#            kill -9; two GPUs: the same at W=2 with a SIGSTOP
 #   uuid     ranks name their GPU by UUID: a dcpxd that sees no GPU
 #            refuses a CUDA join naming it; ranks that see their GPU only
 #            as CUDA_VISIBLE_DEVICES=GPU-... run exact calls
@@ -514,7 +518,7 @@ demo() { # name, args...
   local name=$1; shift
   DCPXD="$B/daemon/dcpxd" timeout -k 5 120 "$B/tools/dcpx-demo" --backend cuda \
     "$@" > "$OUT/$name.txt" 2>&1 || rc=1
-  say "$name: $*"; show "latency|fault:|exact:" "$OUT/$name.txt"
+  say "$name: $*"; show "latency|fault:|exact:|restart:" "$OUT/$name.txt"
 }
 
 step_pingpong() {
@@ -536,6 +540,9 @@ step_faults2() {
     --kill-at 7 --fault-rank 0
   demo stop2nccl --spread --world 2 --transport nccl --rows 64 --calls 30 \
     --stop-at 12 --fault-rank 1
+  # dcpxd restarted under the running group, then a stall it must see
+  demo restart2gpu --spread --world 2 --rows 64 --calls 30 --restart-at 5 \
+    --stop-at 15 --fault-rank 1
 }
 
 step_dcp() { # issue 17: W = 4 and 8 one rank per GPU, when the machine has
@@ -563,16 +570,46 @@ step_dcp() { # issue 17: W = 4 and 8 one rank per GPU, when the machine has
   done
 }
 
-step_mps() {
+mps_on() { # W rank processes share one GPU through MPS
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
   mkdir -p /tmp/mps /tmp/mpslog
   nvidia-cuda-mps-control -d
+}
+
+mps_off() {
+  echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+# dcpxd restarted (SIGKILL, SIGTERM) under a running CUDA group: the
+# calls go on without it, every rank reattaches and the new dcpxd adopts
+# the group from the VMM workspace fds the ranks hand back; it must then
+# see a stall (the recovery zeroes the adopted workspaces) and a rank
+# killed and replaced. Inside MPS (step_mps, step_restart).
+restart_cases() {
+  demo restart_stall --world 8 --rows 8 --calls 30 --restart-at 6 \
+    --fault-at 18 --fault-rank 5
+  demo restart_kill --world 8 --rows 64 --calls 30 --restart-at 6 \
+    --restart-signal term --kill-at 18 --fault-rank 2
+}
+
+step_mps() {
+  mps_on
   demo main --world 8 --rows 64 --calls 30
   demo stall --world 8 --rows 8 --calls 30 --fault-at 10 --fault-rank 5
   demo kill --world 8 --rows 8 --calls 30 --kill-at 12 --fault-rank 2
   demo stop --world 8 --rows 8 --calls 30 --stop-at 14 --fault-rank 3
-  echo quit | nvidia-cuda-mps-control
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  restart_cases
+  mps_off
+}
+
+step_restart() { # the restart cases alone (one GPU under MPS; two: spread)
+  mps_on
+  restart_cases
+  mps_off
+  [ "$ngpu" -ge 2 ] || return
+  demo restart2gpu --spread --world 2 --rows 64 --calls 30 --restart-at 5 \
+    --stop-at 15 --fault-rank 1
 }
 
 step_uuid() { # ranks name their GPU by UUID (Join.device_uuid)
@@ -669,12 +706,9 @@ devapi() { # name, args...
 }
 
 step_devapi() {
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-  mkdir -p /tmp/mps /tmp/mpslog
-  nvidia-cuda-mps-control -d
+  mps_on
   devapi devapi_w8 --world 8 --rows 64 --calls ${DEVAPI_CALLS:-16} ${DEVAPI_BENCH---bench}
-  echo quit | nvidia-cuda-mps-control
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  mps_off
   [ "$ngpu" -ge 2 ] || { say "devapi W=2: needs two GPUs, skipped"; return; }
   devapi devapi_w2 --world 2 --rows 64 --calls 16 --spread --bench
 }

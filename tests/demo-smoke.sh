@@ -3,7 +3,9 @@
 # processes through a private dcpxd, every call checked against the
 # reference; then the same with a stalled rank (fault injection through
 # dcpxctl), with a stall in the last call (the recovery is the last thing
-# the counters see), and with a rank killed mid-call and replaced. Each
+# the counters see), with a rank killed mid-call and replaced, and with
+# dcpxd restarted mid-run (then a stall, or a kill, that the new dcpxd
+# must handle). Each
 # run must end with every checked call exact and every rank's call
 # counters (dcpx_health: calls, rows, rescue_rows, failed_calls) equal to
 # its own tally of its calls: dcpx-demo's exit status, and its
@@ -50,6 +52,7 @@ bad --calls 4294967296
 bad --fault-at -1
 bad --stop-at 1e3
 bad --local-len 0x
+bad --restart-at x
 
 # -h and --help, like dcpxd's and dcpxctl's: the help, exit 0, and it
 # names them.
@@ -85,6 +88,21 @@ run --world 5 --rows 3 --local-len 2048 --calls 8 --kill-at 4 --fault-rank 2
 # its peers' waits give up, the group aborts and recovers.
 run --world 3 --rows 4 --local-len 2048 --calls 6 --stop-at 2
 
+# dcpxd restarted mid-run (SIGTERM, then SIGKILL) while the calls go on:
+# every rank reattaches (the new dcpxd adopts the group), and that dcpxd
+# then sees a stall, and a rank killed and replaced, and recovers them.
+restarted() { # args...
+  run "$@"
+  if ! grep -q "^restart: dcpxd stopped .* 3/3 ranks reattached" "$out"; then
+    echo "demo-smoke: FAIL: dcpx-demo $*: no '3/3 ranks reattached'" >&2
+    exit 1
+  fi
+}
+restarted --world 3 --rows 4 --local-len 2048 --calls 16 --restart-at 3 \
+  --restart-signal term --fault-at 10
+restarted --world 3 --rows 3 --local-len 2048 --calls 12 --restart-at 2 \
+  --kill-at 8 --fault-rank 2
+
 # Rows shorter than N, where local lengths are shorter than N themselves.
 run --world 2 --rows 4 --local-len 8 --local-topk 16 --topk 32 --calls 4
 run --world 1 --rows 3 --local-len 2048 --calls 4 --kill-at 1
@@ -107,6 +125,11 @@ refused "need --world >= 2" --world 1 --fault-at 1
 refused "need --world >= 2" --world 1 --stop-at 1
 refused "only one of them" --world 2 --stop-at 1 --kill-at 1
 refused "needs --backend cuda" --transport nccl
+refused "restart-at needs" --restart-at 5 --calls 5
+refused "restart-at needs" --world 2 --restart-at 3 --fault-at 3
+refused "restart-at needs" --restart-at 1 --socket /tmp/x.sock
+refused "restart-signal needs --restart-at" --restart-signal term
+refused "kill|term" --restart-at 1 --restart-signal hup
 refused "auto|ll|nccl" --transport xy
 refused "local_topk 64 must be less than topk 64" --topk 64 --local-topk 64
 # A group name dcpxd refuses: said before dcpxd and the ranks start (every

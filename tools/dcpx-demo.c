@@ -6,6 +6,7 @@
  *             [--socket PATH] [--dcpxd PATH] [--seed S] [--group NAME]
  *             [--quiet] [--backend host|cuda] [--device N] [--spread]
  *             [--fault-at CALL | --kill-at CALL] [--fault-rank R]
+ *             [--restart-at CALL [--restart-signal kill|term]]
  *
  * Without --socket it starts a private dcpxd in a fresh runtime folder
  * (found next to this program as ../daemon/dcpxd, or $DCPXD) and stops it
@@ -21,6 +22,15 @@
  * calls (tally_call); the parent prints `counters: ok ...` or a
  * `counters:` line per rank that disagrees. The exit status is 0 only if
  * every call was exact and every rank's counters agreed.
+ *
+ * --restart-at stops the private dcpxd after call CALL (SIGKILL, or
+ * SIGTERM) and starts it again on the same socket and state folder while
+ * the ranks go on calling: the calls need no daemon, and each rank's
+ * dcpx_poll (once per call) reattaches, so that the new dcpxd adopts the
+ * group from the memory the ranks hand back (docs/ARCHITECTURE.md,
+ * "Daemon restart"). Every rank must be attached to the new dcpxd before
+ * a fault injected after the restart (which that dcpxd must then see and
+ * recover from) and at the end, within DEMO_REATTACH_MS.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -70,6 +80,9 @@ typedef struct opts {
   int stop_at;  /* call index before whose push fault_rank stops (SIGSTOP)
                    until the parent continues it, DEMO_STOP_LIMITS wait
                    limits later; or -1 */
+  int restart_at;     /* call index after which dcpxd restarts, or -1 */
+  int restart_sig;    /* SIGKILL or SIGTERM */
+  int restart_sig_given;
   uint32_t transport; /* DCPX_TRANSPORT_* of the join */
   uint32_t fault_rank;   /* default: 1, or 0 when W = 1 */
   int fault_rank_given;
@@ -119,6 +132,14 @@ typedef struct shared {
   uint8_t *faulted;                    /* [calls]: failed as injected */
   uint8_t *checked;                    /* [calls]: ranks that checked it */
   double recover_ms[DCPX_MAX_WORLD];   /* dcpx_recover time, last fault */
+  /* --restart-at: rank 0 asks (restart_req = 1) after call restart_at;
+   * the parent stops dcpxd, starts it again and sets restarted (1, or -1
+   * if the new one did not start) and restarted_us (when it accepted
+   * connections); each rank's first dcpx_poll of 0 after that, in us
+   * from restarted_us (-1: not attached). */
+  atomic_int restart_req, restarted;
+  double restarted_us;
+  double reattach_ms[DCPX_MAX_WORLD];
   ctr_check ctr[DCPX_MAX_WORLD];       /* written by the rank's last process */
   double lat_us[];                     /* [world][calls] */
 } shared;
@@ -724,6 +745,44 @@ static int check_call(rank_ctx *x, uint32_t c) {
   return 0;
 }
 
+/* How long a rank waits for its member to be attached to the restarted
+ * dcpxd (--restart-at), from the restart. */
+#define DEMO_REATTACH_MS 20000u
+
+/* --restart-at: notes when this rank's member was first seen attached
+ * (dcpx_poll returned 0) after the restart. */
+static void note_attached(rank_ctx *x) {
+  shared *sh = x->sh;
+  if (atomic_load(&sh->restarted) > 0 && sh->reattach_ms[x->rank] < 0)
+    sh->reattach_ms[x->rank] = (now_us() - sh->restarted_us) / 1e3;
+}
+
+/* --restart-at: waits until the parent has restarted dcpxd, then until
+ * this rank's member is attached to the new one (dcpx_poll returns 0: it
+ * reattached, and the new dcpxd adopted the group). Before a fault
+ * injected after the restart, so that the new dcpxd watches every rank
+ * when it hits, and before the counters at the end. Returns 0, or an
+ * error after saying why. */
+static int await_attach(rank_ctx *x) {
+  shared *sh = x->sh;
+  const double t0 = now_us();
+  int r = DCPX_E_TIMEDOUT, st = 0;
+  while (now_us() - t0 < DEMO_REATTACH_MS * 1e3) {
+    st = atomic_load(&sh->restarted);
+    if (st < 0)
+      break; /* the new dcpxd did not start (the parent says so) */
+    if (st > 0 && (r = dcpx_poll(x->m)) == 0) {
+      note_attached(x);
+      return 0;
+    }
+    usleep(5000);
+  }
+  fprintf(stderr, "dcpx-demo: rank %u: not attached to the restarted dcpxd "
+                  "%s (dcpx_poll: %s)\n", x->rank,
+          st < 0 ? "(it did not start)" : "within 20 s", dcpx_strerror(r));
+  return r < 0 ? r : DCPX_E_TIMEDOUT;
+}
+
 /* One call, all of it. Returns 0 to go on, or the error that ends the
  * rank. */
 static int rank_call(rank_ctx *x, uint32_t c) {
@@ -741,7 +800,8 @@ static int rank_call(rank_ctx *x, uint32_t c) {
   /* Once per call, off the timed path, as an engine does once per step:
    * events, and the reattach after a dcpxd restart (until then dcpxctl
    * lists the group as unattached). Its result is not the call's. */
-  (void)dcpx_poll(x->m);
+  if (dcpx_poll(x->m) == 0 && o->restart_at >= 0)
+    note_attached(x);
   if (injected_call(o) >= 0) {
     int recovered = 0;
     r = settle_fault(x, c, r, &recovered);
@@ -807,8 +867,17 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
   int r = rank_setup(&x);
   if (r == 0)
     r = rank_join(&x);
-  for (uint32_t c = first_call; c < o->calls && r == 0; c++)
-    r = rank_call(&x, c);
+  for (uint32_t c = first_call; c < o->calls && r == 0; c++) {
+    /* a fault after a restart: the new dcpxd must watch every rank */
+    if (o->restart_at >= 0 && (int)c == injected_call(o))
+      r = await_attach(&x);
+    if (r == 0)
+      r = rank_call(&x, c);
+    if (r == 0 && (int)c == o->restart_at && rank == 0)
+      atomic_store(&sh->restart_req, 1); /* the parent restarts dcpxd */
+  }
+  if (r == 0 && o->restart_at >= 0)
+    r = await_attach(&x);
   if (r == 0)
     r = check_counters(&x);
   /* Every rank has finished its calls before any leaves: a Leave aborts a
@@ -828,8 +897,10 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
   return r < 0 ? 1 : 0;
 }
 
-/* Starts a private dcpxd; returns its pid, with the socket path in sock. */
-static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n) {
+/* Starts a private dcpxd; returns its pid, with the socket path in sock.
+ * again: a restart (--restart-at), whose log follows the first one's. */
+static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n,
+                          int again) {
   char state[700], exe[600], self[512];
   const char *bin = o->dcpxd ? o->dcpxd : getenv("DCPXD");
   pid_t pid;
@@ -861,7 +932,7 @@ static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n) {
     /* The daemon's log goes to the runtime folder, not the report. */
     char log[700];
     snprintf(log, sizeof(log), "%s/dcpxd.log", dir);
-    if (!freopen(log, "w", stderr))
+    if (!freopen(log, again ? "a" : "w", stderr))
       _exit(126);
     execlp(bin, bin, "--socket", sock, "--state-dir", state, "--config=",
            o->fault_at >= 0 ? "--enable-fault-injection" : "--log-level=info",
@@ -916,7 +987,9 @@ static void usage(FILE *f) {
           "                 [--transport auto|ll|nccl]\n"
           "                 [--fault-at CALL | --kill-at CALL | --stop-at "
           "CALL]\n"
-          "                 [--fault-rank R] [-h | --help]\n");
+          "                 [--fault-rank R]\n"
+          "                 [--restart-at CALL [--restart-signal kill|term]]\n"
+          "                 [-h | --help]\n");
 }
 
 /* --help: the synopsis, then what each option means and its default. */
@@ -961,6 +1034,11 @@ static void help(void) {
       "                   it recovers with them\n"
       "  --fault-rank R   the rank a fault hits (default 1, or 0 when\n"
       "                   W = 1)\n"
+      "  --restart-at CALL  stop the private dcpxd after call CALL and\n"
+      "                   start it again while the calls go on; every rank\n"
+      "                   must reattach (the new dcpxd adopts the group)\n"
+      "                   before a fault injected after it, and by the end\n"
+      "  --restart-signal S  kill (SIGKILL, default) or term (SIGTERM)\n"
       "  -h, --help       this text\n",
       stdout);
 }
@@ -1026,6 +1104,18 @@ static int set_option(opts *o, int ch, const char *arg, uint64_t v) {
     break;
   case 'K': o->kill_at = (int)v; break;
   case 'X': o->stop_at = (int)v; break;
+  case 'A': o->restart_at = (int)v; break;
+  case 'G':
+    if (!strcmp(arg, "kill"))
+      o->restart_sig = SIGKILL;
+    else if (!strcmp(arg, "term"))
+      o->restart_sig = SIGTERM;
+    else {
+      fprintf(stderr, "dcpx-demo: --restart-signal kill|term\n");
+      return 2;
+    }
+    o->restart_sig_given = 1;
+    break;
   case 'T':
     if (!strcmp(arg, "auto"))
       o->transport = DCPX_TRANSPORT_AUTO;
@@ -1059,16 +1149,17 @@ static int parse_args(opts *o, int argc, char **argv) {
       {"spread", 0, 0, 'P'},     {"fault-at", 1, 0, 'F'},
       {"fault-rank", 1, 0, 'R'},  {"kill-at", 1, 0, 'K'},
       {"stop-at", 1, 0, 'X'},    {"transport", 1, 0, 'T'},
+      {"restart-at", 1, 0, 'A'}, {"restart-signal", 1, 0, 'G'},
       {0, 0, 0, 0}};
   int ch, rc, li = -1;
 
   while ((ch = getopt_long(argc, argv, "h", lo, &li)) != -1) {
     uint64_t v = 0;
     /* Every option with a value but these is a number. */
-    if (optarg && !strchr("sdgBT", ch) &&
+    if (optarg && !strchr("sdgBTG", ch) &&
         parse_num(li >= 0 ? lo[li].name : "?", optarg,
                   ch == 'S' ? UINT64_MAX
-                            : strchr("DFKX", ch) ? (uint64_t)INT_MAX
+                            : strchr("DFKXA", ch) ? (uint64_t)INT_MAX
                                                  : (uint64_t)UINT32_MAX,
                   &v) < 0)
       return 2;
@@ -1170,6 +1261,18 @@ static int check_opts(const opts *o) {
                     "them\n");
     return 2;
   }
+  if (o->restart_sig_given && o->restart_at < 0) {
+    fprintf(stderr, "dcpx-demo: --restart-signal needs --restart-at\n");
+    return 2;
+  }
+  if (o->restart_at >= 0 &&
+      (o->socket || (uint32_t)o->restart_at >= o->calls ||
+       (faults && injected_call(o) <= o->restart_at))) {
+    fprintf(stderr, "dcpx-demo: --restart-at needs the demo's own dcpxd (no "
+                    "--socket), a call < calls, and a fault injected after "
+                    "it, if any\n");
+    return 2;
+  }
   if (o->transport == DCPX_TRANSPORT_NCCL && !o->cuda) {
     fprintf(stderr, "dcpx-demo: --transport nccl needs --backend cuda\n");
     return 2;
@@ -1200,6 +1303,8 @@ static shared *shared_map(const opts *o, size_t *ret_bytes) {
   sh->faulted = sh->bad + o->calls;
   sh->checked = sh->faulted + o->calls;
   rb_init(&sh->barrier, o->world);
+  for (uint32_t r = 0; r < DCPX_MAX_WORLD; r++)
+    sh->reattach_ms[r] = -1.0;
   *ret_bytes = shbytes;
   return sh;
 }
@@ -1234,20 +1339,58 @@ static pid_t fork_rank(const opts *o, uint32_t r, shared *sh, uint32_t first,
   return pid;
 }
 
+static void show_daemon_log(const char *dir);
+
+/* --restart-at, in the parent: stops dcpxd (o->restart_sig), waits for it,
+ * and starts it again on the same socket and state folder (the groups
+ * file), while the ranks go on calling. A dcpxd that does not start
+ * again is reported; *daemon_pid is then 0, which fails the run. */
+static void restart_daemon(const opts *o, shared *sh, pid_t *daemon_pid,
+                           char *dir, char *sock, size_t n) {
+  int st;
+  if (*daemon_pid > 0) {
+    kill(*daemon_pid, o->restart_sig);
+    while (waitpid(*daemon_pid, &st, 0) < 0 && errno == EINTR)
+      ;
+    *daemon_pid = start_daemon(o, dir, sock, n, 1);
+  }
+  if (*daemon_pid <= 0) {
+    fprintf(stderr, "dcpx-demo: dcpxd did not start again after the "
+                    "restart; its log:\n");
+    show_daemon_log(dir);
+    *daemon_pid = 0;
+    atomic_store(&sh->restarted, -1);
+    return;
+  }
+  sh->restarted_us = now_us();
+  atomic_store(&sh->restarted, 1);
+}
+
 /* Forks the ranks and waits for them; with --kill-at, a new process
  * replaces the killed rank. Returns how many ranks failed; after a
  * signal, every rank is killed and reaped. *daemon_pid (the private
  * dcpxd, or 0) is a child too: if it exits during the run it is reported
  * and set to 0 (reaped), not counted as a rank. */
-static int run_ranks(const opts *o, shared *sh, pid_t *daemon_pid) {
+static int run_ranks(const opts *o, shared *sh, pid_t *daemon_pid,
+                     char *dir, char *sock, size_t n) {
   pid_t kids[DCPX_MAX_WORLD];
   for (uint32_t r = 0; r < o->world; r++)
     kids[r] = fork_rank(o, r, sh, 0, 0);
-  int failed = 0, replaced = 0;
+  int failed = 0, replaced = 0, restart = o->restart_at >= 0;
   for (uint32_t left = o->world; left > 0;) {
     int st;
-    pid_t p = g_signal ? -1
-                       : waitpid(-1, &st, o->stop_at >= 0 ? WUNTRACED : 0);
+    if (restart && atomic_load(&sh->restart_req)) {
+      restart = 0;
+      restart_daemon(o, sh, daemon_pid, dir, sock, n);
+    }
+    /* until the restart, rank 0's request is looked for every 2 ms */
+    const int flags =
+        (o->stop_at >= 0 ? WUNTRACED : 0) | (restart ? WNOHANG : 0);
+    pid_t p = g_signal ? -1 : waitpid(-1, &st, flags);
+    if (p == 0) {
+      usleep(2000);
+      continue;
+    }
     if (p < 0 && errno == EINTR && !g_signal)
       continue;
     if (p < 0) { /* a signal (or no children left) */
@@ -1389,6 +1532,30 @@ static int report_calls(const opts *o, const shared *sh, int failed) {
              : 1;
 }
 
+/* --restart-at: one `restart:` line; returns 1 if dcpxd did not restart
+ * or a rank was not seen attached to the new one. */
+static int report_restart(const opts *o, const shared *sh) {
+  uint32_t n = 0;
+  double worst = 0;
+  if (o->restart_at < 0)
+    return 0;
+  if (atomic_load(&sh->restarted) <= 0) {
+    printf("restart: dcpxd was not restarted after call %d\n", o->restart_at);
+    return 1;
+  }
+  for (uint32_t r = 0; r < o->world; r++)
+    if (sh->reattach_ms[r] >= 0) {
+      n++;
+      worst = sh->reattach_ms[r] > worst ? sh->reattach_ms[r] : worst;
+    }
+  printf("restart: dcpxd stopped (%s) after call %d and started again; "
+         "%u/%u ranks reattached (the last %.1f ms after the restart, "
+         "polling once per call)\n",
+         o->restart_sig == SIGKILL ? "SIGKILL" : "SIGTERM", o->restart_at, n,
+         o->world, worst);
+  return n < o->world;
+}
+
 static int tally_eq(const tally *a, const tally *b) {
   return a->calls == b->calls && a->rows == b->rows &&
          a->rescue_rows == b->rescue_rows && a->failed_calls == b->failed_calls;
@@ -1483,7 +1650,7 @@ int main(int argc, char **argv) {
   opts o = {.world = 8, .rows = 64, .calls = 50, .topk = 2048,
             .local_topk = 512, .local_len = 16384, .block_size = 64,
             .interleave = 1, .seed = 1, .fault_at = -1, .kill_at = -1,
-            .stop_at = -1,
+            .stop_at = -1, .restart_at = -1, .restart_sig = SIGKILL,
             .fault_rank = 1, .self_dir = "."};
   char dir[128], sock[600], group[64];
   pid_t daemon_pid = 0;
@@ -1508,7 +1675,7 @@ int main(int argc, char **argv) {
       perror("dcpx-demo: mkdtemp");
       return 1;
     }
-    daemon_pid = start_daemon(&o, dir, sock, sizeof(sock));
+    daemon_pid = start_daemon(&o, dir, sock, sizeof(sock), 0);
     if (daemon_pid < 0) {
       fprintf(stderr, "dcpx-demo: could not start dcpxd; its log:\n");
       show_daemon_log(dir);
@@ -1523,10 +1690,12 @@ int main(int argc, char **argv) {
   shared *sh = shared_map(&o, &shbytes);
   if (sh) {
     double t_start = now_us();
-    int failed = run_ranks(&o, sh, &daemon_pid);
+    int failed = run_ranks(&o, sh, &daemon_pid, dir, sock, sizeof(sock));
     if (!g_signal) {
       report_perf(&o, sh, (now_us() - t_start) / 1e6);
       rc = report_calls(&o, sh, failed);
+      if (report_restart(&o, sh))
+        rc = 1;
       if (report_counters(&o, sh, failed))
         rc = 1;
       if (own_daemon && daemon_pid == 0) /* it died: not a good run */
