@@ -853,6 +853,48 @@ static void adopt_state(dcpxd_group *g, const Dcpx__Join *j, char *awaited,
   }
 }
 
+/* An adopted group's devices made ready for its first recovery's zeroing
+ * (dcpxd_mem_ops.warm: the CUDA context, which a restarted dcpxd has not
+ * made yet), one worker-thread job per device. A job holds the device
+ * only, so the group may go meanwhile; best effort. */
+typedef struct warm_job {
+  uv_work_t req;
+  void (*warm)(int device);
+  int device;
+} warm_job;
+
+static void warm_work(uv_work_t *req) {
+  const warm_job *w = req->data;
+  w->warm(w->device);
+}
+
+static void warm_done(uv_work_t *req, int status) {
+  (void)status;
+  free(req->data);
+}
+
+static void group_warm(const dcpxd_group *g) {
+  uint64_t queued = 0; /* bit d: device d's job */
+  if (!g->mem->warm)
+    return;
+  for (uint32_t i = 0; i < g->shape.world; i++) {
+    const int d = g->ws[i]->device;
+    if (d < 0 || d >= 64 || ((queued >> d) & 1u))
+      continue;
+    warm_job *w = calloc(1, sizeof(*w));
+    if (!w)
+      return;
+    w->req.data = w;
+    w->warm = g->mem->warm;
+    w->device = d;
+    if (uv_queue_work(g->m->loop, &w->req, warm_work, warm_done) < 0) {
+      free(w);
+      return;
+    }
+    queued |= 1ull << d;
+  }
+}
+
 /* Recreates a group from the memory of its first reattaching member. Takes
  * every fd. */
 static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
@@ -883,6 +925,8 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   g->adopted_ns = dcpxd_now_ns(CLOCK_MONOTONIC);
   if (adopt_memory(c, g, j, fds) < 0)
     return;
+  const double import_ms =
+      (double)(dcpxd_now_ns(CLOCK_MONOTONIC) - g->adopted_ns) / 1e6;
   /* read once: the page is writable by the members */
   const pid_t holder = (pid_t)__atomic_load_n(&dcpxd_group_health(g, rank)->pid,
                                               __ATOMIC_RELAXED);
@@ -897,10 +941,11 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   member_attach(g, rank, c, j);
   dcpxd_group_health(g, rank)->pid = (uint32_t)c->pid;
   dcpxd_group_health(g, rank)->joined = 1;
+  group_warm(g);
   log_notice("group=%s adopted after a dcpxd restart: rank %u (pid %d) "
-             "brought back its memory; generation %u, %s, abort=%s; "
-             "awaiting ranks %s",
-             g->name, rank, (int)c->pid, g->generation,
+             "brought back its memory (taken in %.1f ms); generation %u, "
+             "%s, abort=%s; awaiting ranks %s",
+             g->name, rank, (int)c->pid, import_ms, g->generation,
              dcpxd_group_state_name(g), dcpx__abort_reason_name(g->hdr->abort),
              awaited[0] ? awaited : "none");
   if (j->generation && j->generation != g->generation)
@@ -1589,6 +1634,9 @@ static void zero_done(uv_work_t *req, int status) {
       g->member[r].acked = false;
     broadcast_event(g, DCPX__EVENT__KIND__ABORT, g->hdr->abort, -1, detail);
   } else if (group_all_acked(g)) {
+    log_info("group=%s: %u workspaces zeroed in %.1f ms", g->name,
+             g->shape.world,
+             (double)(dcpxd_now_ns(CLOCK_MONOTONIC) - g->zero_start_ns) / 1e6);
     group_recovered(g);
   } else {
     /* A member went away meanwhile: wait for its replacement; the zeroing
@@ -1609,6 +1657,7 @@ static void group_recover_maybe(dcpxd_group *g) {
            "%" PRIu64 " bytes",
            g->name, g->generation, g->shape.world, g->L.ws_bytes);
   g->zeroing = true;
+  g->zero_start_ns = dcpxd_now_ns(CLOCK_MONOTONIC);
   g->zero_work.data = g;
   r = uv_queue_work(g->m->loop, &g->zero_work, zero_work, zero_done);
   if (r < 0) {

@@ -106,37 +106,12 @@ static CUmemAllocationHandleType handle_types(int device) {
 
 static int cuda_zero(dcpxd_buf *b);
 
-static int cuda_alloc(int device, uint64_t bytes, const char *label,
-                      dcpxd_buf **ret) {
-  CUmemAllocationProp p;
-  CUmemGenericAllocationHandle h;
-  cuda_priv *pv;
-  dcpxd_buf *b;
-  size_t g = 0;
-  int fd = -1, r;
-  (void)label;
-
-  r = drv_get();
-  if (r < 0)
-    return r;
-  if (device < 0 || bytes == 0)
-    return DCPX_E_INVAL;
-  /* The driver needs a context on this thread for some of the calls. */
-  if (cudaSetDevice(device) != cudaSuccess || cudaFree(NULL) != cudaSuccess)
-    return DCPX_E_CUDA;
-  prop_init(&p, device, handle_types(device));
-  if (D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
-    return DCPX_E_CUDA;
-  size_t size = round_up((size_t)bytes, g);
-  if (D.mem_create(&h, size, &p, 0) != CUDA_SUCCESS)
-    return DCPX_E_NOMEM;
-  if (D.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
-      CUDA_SUCCESS) {
-    D.release(h);
-    return DCPX_E_CUDA;
-  }
-  pv = calloc(1, sizeof(*pv));
-  b = calloc(1, sizeof(*b));
+/* The buffer of allocation h (size bytes, rounded; `bytes` as asked) on
+ * `device`, exported as fd; on failure h is released and fd closed. */
+static int cuda_wrap(CUmemGenericAllocationHandle h, size_t size, int fd,
+                     uint64_t bytes, int device, dcpxd_buf **ret) {
+  cuda_priv *pv = calloc(1, sizeof(*pv));
+  dcpxd_buf *b = calloc(1, sizeof(*b));
   if (!pv || !b) {
     free(pv);
     free(b);
@@ -151,6 +126,49 @@ static int cuda_alloc(int device, uint64_t bytes, const char *label,
   b->bytes = bytes;
   b->device = device;
   b->priv = pv;
+  *ret = b;
+  return 0;
+}
+
+/* The device's primary context made current on this thread (created on
+ * its first use in the process: about 0.1 s on an H200). */
+static int cuda_current(int device) {
+  return cudaSetDevice(device) == cudaSuccess && cudaFree(NULL) == cudaSuccess
+             ? 0
+             : DCPX_E_CUDA;
+}
+
+static int cuda_alloc(int device, uint64_t bytes, const char *label,
+                      dcpxd_buf **ret) {
+  CUmemAllocationProp p;
+  CUmemGenericAllocationHandle h;
+  dcpxd_buf *b;
+  size_t g = 0;
+  int fd = -1, r;
+  (void)label;
+
+  r = drv_get();
+  if (r < 0)
+    return r;
+  if (device < 0 || bytes == 0)
+    return DCPX_E_INVAL;
+  /* The driver needs a context on this thread for some of the calls. */
+  if (cuda_current(device) < 0)
+    return DCPX_E_CUDA;
+  prop_init(&p, device, handle_types(device));
+  if (D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+    return DCPX_E_CUDA;
+  size_t size = round_up((size_t)bytes, g);
+  if (D.mem_create(&h, size, &p, 0) != CUDA_SUCCESS)
+    return DCPX_E_NOMEM;
+  if (D.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+      CUDA_SUCCESS) {
+    D.release(h);
+    return DCPX_E_CUDA;
+  }
+  r = cuda_wrap(h, size, fd, bytes, device, &b);
+  if (r < 0)
+    return r;
   /* cuMemCreate does not promise zeroed memory; the protocol needs it. */
   r = cuda_zero(b);
   if (r < 0) {
@@ -167,7 +185,7 @@ static int cuda_zero(dcpxd_buf *b) {
   CUmemAccessDesc acc;
   int r = 0;
 
-  if (cudaSetDevice(b->device) != cudaSuccess || cudaFree(NULL) != cudaSuccess)
+  if (cuda_current(b->device) < 0)
     return DCPX_E_CUDA;
   if (D.reserve(&va, pv->size, 0, 0, 0) != CUDA_SUCCESS)
     return DCPX_E_CUDA;
@@ -203,8 +221,6 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
   CUmemGenericAllocationHandle h;
   CUmemAllocationProp p;
   size_t g = 0;
-  cuda_priv *pv;
-  dcpxd_buf *b;
   int r = drv_get();
 
   if (r < 0) {
@@ -225,24 +241,15 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
     close(fd);
     return DCPX_E_SHAPE;
   }
-  pv = calloc(1, sizeof(*pv));
-  b = calloc(1, sizeof(*b));
-  if (!pv || !b) {
-    free(pv);
-    free(b);
-    D.release(h);
-    close(fd);
-    return -ENOMEM;
-  }
-  pv->h = h;
-  pv->size = round_up((size_t)bytes, g);
-  b->ops = &dcpxd_mem_cuda;
-  b->fd = fd;
-  b->bytes = bytes;
-  b->device = p.location.id;
-  b->priv = pv;
-  *ret = b;
-  return 0;
+  return cuda_wrap(h, round_up((size_t)bytes, g), fd, bytes, p.location.id,
+                   ret);
+}
+
+/* An adopted group's device, before its first recovery: its context. */
+static void cuda_warm(int device) {
+  if (drv_get() == 0 && cuda_current(device) < 0)
+    log_warning("device %d: cannot make its CUDA context (a recovery will "
+                "try again)", device);
 }
 
 /* This daemon's ordinal of the GPU with that UUID: the ranks' ordinals
@@ -274,4 +281,5 @@ const dcpxd_mem_ops dcpxd_mem_cuda = {
     .free = cuda_free,
     .adopt = cuda_adopt,
     .device_of_uuid = cuda_device_of_uuid,
+    .warm = cuda_warm,
 };

@@ -22,7 +22,11 @@
  *          hands back after a daemon restart (its fd, passed by
  *          SCM_RIGHTS): check that it is one this backend could have made,
  *          of exactly `bytes`, and wrap it. The fd becomes the buffer's,
- *          also on failure.
+ *          also on failure;
+ *   warm   (may be NULL: nothing to do) make `device` ready for zero(), so
+ *          that the first recovery after an adoption does not pay for it
+ *          (CUDA: the device's primary context, about 0.1 s); may block,
+ *          so it runs on a libuv worker thread; best effort.
  */
 #ifndef DCPXD_MEM_H
 #define DCPXD_MEM_H
@@ -39,6 +43,7 @@ typedef struct dcpxd_mem_ops {
   void (*free)(dcpxd_buf *b);
   int (*adopt)(int fd, uint64_t bytes, int device, dcpxd_buf **ret);
   int (*device_of_uuid)(const uint8_t *uuid, int *ret_device);
+  void (*warm)(int device);
 } dcpxd_mem_ops;
 
 struct dcpxd_buf {

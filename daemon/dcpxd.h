@@ -232,6 +232,7 @@ struct dcpxd_group {
   bool zeroing;
   bool doomed; /* destroyed while zeroing: freed when the work returns */
   int zero_status;
+  uint64_t zero_start_ns; /* CLOCK_MONOTONIC, for the log */
 
   /* Adopted: recreated from a reattaching member's memory after a daemon
    * restart (dcpxd-group.c, "reattach"). `awaiting`: ranks that held the

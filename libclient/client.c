@@ -1369,6 +1369,8 @@ static int poll_link(dcpx_member *m) {
     return 0;
   for (int i = 0; i < POLL_BATCH; i++) {
     Dcpx__Frame *f = NULL;
+    const int link0 = m->link;
+    const uint32_t step0 = m->reattach_step;
     r = link_step(m, 0, &f);
     /* Events need no action here: the control page already says what
      * they say, and dcpx_recover looks at it. */
@@ -1377,6 +1379,13 @@ static int poll_link(dcpx_member *m) {
       break; /* drained */
     if (r == DCPX_E_CONNRESET)
       continue; /* went down just now: one attempt to reattach */
+    /* A reattach that moved (sent just now, or its Hello answered): its
+     * next answer may be in already, so look again rather than leave it
+     * to the next poll (an engine polls once per step: a reattach took
+     * four of them). */
+    if (r == DCPX_E_NOTCONN && m->link == DCPX__LINK_REATTACHING &&
+        (link0 != DCPX__LINK_REATTACHING || m->reattach_step != step0))
+      continue;
     if (r < 0)
       break;
   }

@@ -588,9 +588,12 @@ mps_off() {
 # killed and replaced. Inside MPS (step_mps, step_restart).
 restart_cases() {
   demo restart_stall --world 8 --rows 8 --calls 30 --restart-at 6 \
-    --fault-at 18 --fault-rank 5
+    --fault-at 18 --fault-rank 5 --daemon-log "$OUT/restart_stall_dcpxd.log"
   demo restart_kill --world 8 --rows 64 --calls 30 --restart-at 6 \
-    --restart-signal term --kill-at 18 --fault-rank 2
+    --restart-signal term --kill-at 18 --fault-rank 2 \
+    --daemon-log "$OUT/restart_kill_dcpxd.log"
+  grep -h "adopted after\|zeroed in" "$OUT"/restart_*_dcpxd.log |
+    tee -a "$OUT/summary.txt"
 }
 
 step_mps() {

@@ -1460,6 +1460,35 @@ static dcpx_member *join_pair(const char *name, uint32_t r, dcpx_client **c) {
   return m;
 }
 
+/* Once a restarted dcpxd's answers to a reattach are in, one dcpx_poll
+ * completes the reattach. An engine polls once per step; dcpx_poll took
+ * one answer per call, so a reattach took four of its polls (EOF and the
+ * new connection, the Hello's answer, the JoinReply), seconds for an
+ * engine with slow steps (the GPU demo's rows-64 run: 1.8 s). */
+START_TEST(test_reattach_in_one_poll) {
+  dcpx_client *c;
+  dcpx_member *m;
+  start(NULL);
+  join_alone("onepoll", &c, &m);
+  HC_ASSERT(dcpx_poll(m) == 0, "attached before the restart");
+  DP_ASSERT_CLEAN_EXIT(HC_ASSERT, hh_daemon_stop(&g_d, SIGTERM));
+  start(NULL);
+  /* The EOF, the new connection, the Hello and the reattach Join sent;
+   * the answers may be in at once */
+  int r1 = dcpx_poll(m);
+  HC_ASSERT(r1 == 0 || r1 == DCPX_E_NOTCONN, "first poll: %s",
+            dcpx_strerror(r1));
+  hh_sleep_ms(300); /* both answers are in */
+  int r2 = dcpx_poll(m);
+  HC_ASSERT(r2 == 0, "the poll after the answers came: %s (first: %s)",
+            dcpx_strerror(r2), dcpx_strerror(r1));
+  wait_attached("onepoll", 1);
+  HC_ASSERT(dcpx_leave(m) == 0, "leave");
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 /* Every rank of a group leaves while dcpxd is down (their Leaves are
  * lost), then the same processes join the name afresh at once: the group
  * forms again right away. The unattached group's live ranks are its own
@@ -2432,6 +2461,7 @@ int main(void) {
   ADD(test_kill9_replace);
   ADD(test_kill9_socket_held);
   ADD(test_daemon_restart);
+  ADD(test_reattach_in_one_poll);
   ADD(test_replacement_before_reattach);
   ADD(test_unattached_reset);
   ADD(test_rejoin_after_leave_while_down);

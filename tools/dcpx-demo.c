@@ -70,6 +70,7 @@ typedef struct opts {
       interleave;
   uint64_t seed;
   const char *socket, *dcpxd, *group;
+  const char *daemon_log; /* the private dcpxd's log, or NULL: its folder's */
   int quiet;
   int cuda;   /* 1: CUDA backend on `device` (one GPU for all ranks) */
   int device;
@@ -897,6 +898,16 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
   return r < 0 ? 1 : 0;
 }
 
+/* Where the private dcpxd's log goes: --daemon-log, else its runtime
+ * folder (removed at the end). */
+static void daemon_log_path(const opts *o, const char *dir, char *buf,
+                            size_t n) {
+  if (o && o->daemon_log)
+    snprintf(buf, n, "%s", o->daemon_log);
+  else
+    snprintf(buf, n, "%s/dcpxd.log", dir);
+}
+
 /* Starts a private dcpxd; returns its pid, with the socket path in sock.
  * again: a restart (--restart-at), whose log follows the first one's. */
 static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n,
@@ -931,11 +942,12 @@ static pid_t start_daemon(const opts *o, char *dir, char *sock, size_t n,
       _exit(1);
     /* The daemon's log goes to the runtime folder, not the report. */
     char log[700];
-    snprintf(log, sizeof(log), "%s/dcpxd.log", dir);
-    if (!freopen(log, again ? "a" : "w", stderr))
+    daemon_log_path(o, dir, log, sizeof(log));
+    if (!freopen(log, again || o->daemon_log ? "a" : "w", stderr))
       _exit(126);
     execlp(bin, bin, "--socket", sock, "--state-dir", state, "--config=",
-           o->fault_at >= 0 ? "--enable-fault-injection" : "--log-level=info",
+           "--log-level=info",
+           o->fault_at >= 0 ? "--enable-fault-injection" : (char *)NULL,
            (char *)NULL);
     fprintf(stderr, "dcpx-demo: cannot run %s: %s\n", bin, strerror(errno));
     fflush(stderr); /* freopen made it buffered; _exit flushes nothing */
@@ -989,6 +1001,7 @@ static void usage(FILE *f) {
           "CALL]\n"
           "                 [--fault-rank R]\n"
           "                 [--restart-at CALL [--restart-signal kill|term]]\n"
+          "                 [--daemon-log PATH]\n"
           "                 [-h | --help]\n");
 }
 
@@ -1039,6 +1052,8 @@ static void help(void) {
       "                   must reattach (the new dcpxd adopts the group)\n"
       "                   before a fault injected after it, and by the end\n"
       "  --restart-signal S  kill (SIGKILL, default) or term (SIGTERM)\n"
+      "  --daemon-log PATH  the private dcpxd's log (appended to, and kept;\n"
+      "                   default: its runtime folder's, removed at the end)\n"
       "  -h, --help       this text\n",
       stdout);
 }
@@ -1105,6 +1120,7 @@ static int set_option(opts *o, int ch, const char *arg, uint64_t v) {
   case 'K': o->kill_at = (int)v; break;
   case 'X': o->stop_at = (int)v; break;
   case 'A': o->restart_at = (int)v; break;
+  case 'L': o->daemon_log = arg; break;
   case 'G':
     if (!strcmp(arg, "kill"))
       o->restart_sig = SIGKILL;
@@ -1150,13 +1166,14 @@ static int parse_args(opts *o, int argc, char **argv) {
       {"fault-rank", 1, 0, 'R'},  {"kill-at", 1, 0, 'K'},
       {"stop-at", 1, 0, 'X'},    {"transport", 1, 0, 'T'},
       {"restart-at", 1, 0, 'A'}, {"restart-signal", 1, 0, 'G'},
+      {"daemon-log", 1, 0, 'L'},
       {0, 0, 0, 0}};
   int ch, rc, li = -1;
 
   while ((ch = getopt_long(argc, argv, "h", lo, &li)) != -1) {
     uint64_t v = 0;
     /* Every option with a value but these is a number. */
-    if (optarg && !strchr("sdgBTG", ch) &&
+    if (optarg && !strchr("sdgBTGL", ch) &&
         parse_num(li >= 0 ? lo[li].name : "?", optarg,
                   ch == 'S' ? UINT64_MAX
                             : strchr("DFKXA", ch) ? (uint64_t)INT_MAX
@@ -1261,6 +1278,11 @@ static int check_opts(const opts *o) {
                     "them\n");
     return 2;
   }
+  if (o->daemon_log && (o->socket || !o->daemon_log[0])) {
+    fprintf(stderr, "dcpx-demo: --daemon-log needs a path, and the demo's "
+                    "own dcpxd (no --socket)\n");
+    return 2;
+  }
   if (o->restart_sig_given && o->restart_at < 0) {
     fprintf(stderr, "dcpx-demo: --restart-signal needs --restart-at\n");
     return 2;
@@ -1312,6 +1334,7 @@ static shared *shared_map(const opts *o, size_t *ret_bytes) {
 /* SIGINT or SIGTERM to the parent: it stops the ranks and its dcpxd,
  * removes its runtime folder, then dies of that signal. */
 static volatile sig_atomic_t g_signal;
+static const opts *g_opts; /* main's, for show_daemon_log */
 
 static void on_signal(int sig) { g_signal = sig; }
 
@@ -1613,7 +1636,7 @@ static void remove_dir(const char *dir) {
 /* The private dcpxd's log (its last 4 KiB), to stderr. */
 static void show_daemon_log(const char *dir) {
   char path[600], buf[4096];
-  snprintf(path, sizeof(path), "%s/dcpxd.log", dir);
+  daemon_log_path(g_opts, dir, path, sizeof(path));
   FILE *f = fopen(path, "r");
   if (!f)
     return;
@@ -1658,6 +1681,7 @@ int main(int argc, char **argv) {
   int rc;
 
   find_self_dir(&o);
+  g_opts = &o;
   if ((rc = parse_args(&o, argc, argv)) >= 0 || (rc = check_opts(&o)) != 0)
     return stdout_done(rc);
   if (!o.group) {
