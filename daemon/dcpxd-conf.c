@@ -149,7 +149,7 @@ static void help(void) {
          "                               (default %u)\n"
          "      --max-workspace-bytes=SIZE\n"
          "                               memory all groups may commit (K, "
-         "M, G;\n"
+         "M, G, T;\n"
          "                               default 0: no cap)\n"
          "      --max-workspace-bytes-per-uid=SIZE\n"
          "                               memory one uid's groups may commit, "

@@ -103,6 +103,7 @@
 #            (rows 64 and 1), a stall and a kill -9 through dcpxd
 #   faults2  two GPUs, through dcpxd: a stall, a kill -9 and a SIGSTOP (LL),
 #            a kill -9 and a SIGSTOP (NCCL), dcpxd restarted then a SIGSTOP
+#            (LL) and a kill -9 (NCCL)
 #   mps      W=8 rank processes on one GPU under MPS, through dcpxd: the
 #            main job, a stall, a kill -9, a SIGSTOP, and the restart cases
 #   restart  dcpxd restarted (SIGKILL; SIGTERM) under a running CUDA group,
@@ -540,9 +541,12 @@ step_faults2() {
     --kill-at 7 --fault-rank 0
   demo stop2nccl --spread --world 2 --transport nccl --rows 64 --calls 30 \
     --stop-at 12 --fault-rank 1
-  # dcpxd restarted under the running group, then a stall it must see
+  # dcpxd restarted under the running group, then a stall it must see;
+  # and under an NCCL-transport group, then a kill -9
   demo restart2gpu --spread --world 2 --rows 64 --calls 30 --restart-at 5 \
     --stop-at 15 --fault-rank 1
+  demo restart2nccl --spread --world 2 --transport nccl --rows 64 \
+    --calls 30 --restart-at 5 --kill-at 15 --fault-rank 0
 }
 
 step_dcp() { # issue 17: W = 4 and 8 one rank per GPU, when the machine has
