@@ -1090,9 +1090,31 @@ static int parse_num(const char *name, const char *s, uint64_t max,
   return 0;
 }
 
+/* A word option's value: vals[i] for arg == words[i] (n of them), or
+ * -1 after naming the words --opt takes. */
+static int pick_word(const char *opt, const char *arg,
+                     const char *const *words, const int *vals, int n) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(arg, words[i]))
+      return vals[i];
+  fprintf(stderr, "dcpx-demo: --%s", opt);
+  for (int i = 0; i < n; i++)
+    fprintf(stderr, "%c%s", i ? '|' : ' ', words[i]);
+  fputc('\n', stderr);
+  return -1;
+}
+
 /* Option ch of getopt_long's, with its value arg (v when a number): -1
  * to go on, or the exit status (0 after --help, 2 on a bad value). */
 static int set_option(opts *o, int ch, const char *arg, uint64_t v) {
+  static const char *const backends[] = {"host", "cuda"};
+  static const int backend_v[] = {0, 1};
+  static const char *const transports[] = {"auto", "ll", "nccl"};
+  static const int transport_v[] = {DCPX_TRANSPORT_AUTO, DCPX_TRANSPORT_LL,
+                                    DCPX_TRANSPORT_NCCL};
+  static const char *const signals[] = {"kill", "term"};
+  static const int signal_v[] = {SIGKILL, SIGTERM};
+  int w;
   switch (ch) {
   case 'w': o->world = (uint32_t)v; break;
   case 'r': o->rows = (uint32_t)v; break;
@@ -1108,14 +1130,9 @@ static int set_option(opts *o, int ch, const char *arg, uint64_t v) {
   case 'g': o->group = arg; break;
   case 'q': o->quiet = 1; break;
   case 'B':
-    if (!strcmp(arg, "cuda"))
-      o->cuda = 1;
-    else if (!strcmp(arg, "host"))
-      o->cuda = 0;
-    else {
-      fprintf(stderr, "dcpx-demo: --backend host|cuda\n");
+    if ((w = pick_word("backend", arg, backends, backend_v, 2)) < 0)
       return 2;
-    }
+    o->cuda = w;
     break;
   case 'D': o->device = (int)v; break;
   case 'P': o->spread = 1; break;
@@ -1129,27 +1146,15 @@ static int set_option(opts *o, int ch, const char *arg, uint64_t v) {
   case 'A': o->restart_at = (int)v; break;
   case 'L': o->daemon_log = arg; break;
   case 'G':
-    if (!strcmp(arg, "kill"))
-      o->restart_sig = SIGKILL;
-    else if (!strcmp(arg, "term"))
-      o->restart_sig = SIGTERM;
-    else {
-      fprintf(stderr, "dcpx-demo: --restart-signal kill|term\n");
+    if ((w = pick_word("restart-signal", arg, signals, signal_v, 2)) < 0)
       return 2;
-    }
+    o->restart_sig = w;
     o->restart_sig_given = 1;
     break;
   case 'T':
-    if (!strcmp(arg, "auto"))
-      o->transport = DCPX_TRANSPORT_AUTO;
-    else if (!strcmp(arg, "ll"))
-      o->transport = DCPX_TRANSPORT_LL;
-    else if (!strcmp(arg, "nccl"))
-      o->transport = DCPX_TRANSPORT_NCCL;
-    else {
-      fprintf(stderr, "dcpx-demo: --transport auto|ll|nccl\n");
+    if ((w = pick_word("transport", arg, transports, transport_v, 3)) < 0)
       return 2;
-    }
+    o->transport = (uint32_t)w;
     break;
   case 'h': help(); return 0;
   default: usage(stderr); return 2;
