@@ -859,18 +859,26 @@ static void adopt_state(dcpxd_group *g, const Dcpx__Join *j, char *awaited,
  * only, so the group may go meanwhile; best effort. */
 typedef struct warm_job {
   uv_work_t req;
-  void (*warm)(int device);
+  int (*warm)(int device);
   int device;
+  int status; /* warm's: set on the worker thread, read in warm_done */
 } warm_job;
 
+/* On a worker thread: nothing here may log (dcpxd-log.c takes no lock;
+ * a line dropped by its rate limiter arms a loop timer). */
 static void warm_work(uv_work_t *req) {
-  const warm_job *w = req->data;
-  w->warm(w->device);
+  warm_job *w = req->data;
+  w->status = w->warm(w->device);
 }
 
+/* Back on the loop thread: a failure is logged here. */
 static void warm_done(uv_work_t *req, int status) {
-  (void)status;
-  free(req->data);
+  warm_job *w = req->data;
+  if (status == 0 && w->status < 0)
+    log_warning("device %d: not made ready ahead of a recovery (%s); "
+                "the recovery will try again",
+                w->device, dcpx_strerror(w->status));
+  free(w);
 }
 
 static void group_warm(const dcpxd_group *g) {

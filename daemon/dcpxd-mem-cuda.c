@@ -245,11 +245,10 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
                    ret);
 }
 
-/* An adopted group's device, before its first recovery: its context. */
-static void cuda_warm(int device) {
-  if (drv_get() == 0 && cuda_current(device) < 0)
-    log_warning("device %d: cannot make its CUDA context (a recovery will "
-                "try again)", device);
+/* An adopted group's device, before its first recovery: its context. On
+ * a worker thread, so it does not log (dcpxd-mem.h): the caller does. */
+static int cuda_warm(int device) {
+  return drv_get() == 0 ? cuda_current(device) : 0;
 }
 
 /* This daemon's ordinal of the GPU with that UUID: the ranks' ordinals

@@ -26,7 +26,10 @@
  *   warm   (may be NULL: nothing to do) make `device` ready for zero(), so
  *          that the first recovery after an adoption does not pay for it
  *          (CUDA: the device's primary context, about 0.1 s); may block,
- *          so it runs on a libuv worker thread; best effort.
+ *          so it runs on a libuv worker thread, where it must not log
+ *          (dcpxd-log.c is the loop thread's: its rate limiter and timer
+ *          take no lock); best effort: 0, or a code that the caller logs
+ *          back on the loop thread.
  */
 #ifndef DCPXD_MEM_H
 #define DCPXD_MEM_H
@@ -43,7 +46,7 @@ typedef struct dcpxd_mem_ops {
   void (*free)(dcpxd_buf *b);
   int (*adopt)(int fd, uint64_t bytes, int device, dcpxd_buf **ret);
   int (*device_of_uuid)(const uint8_t *uuid, int *ret_device);
-  void (*warm)(int device);
+  int (*warm)(int device);
 } dcpxd_mem_ops;
 
 struct dcpxd_buf {
