@@ -5,8 +5,11 @@
  *             [--local-len L] [--block-size B] [--interleave I]
  *             [--socket PATH] [--dcpxd PATH] [--seed S] [--group NAME]
  *             [--quiet] [--backend host|cuda] [--device N] [--spread]
- *             [--fault-at CALL | --kill-at CALL] [--fault-rank R]
+ *             [--transport auto|ll|nccl]
+ *             [--fault-at CALL | --kill-at CALL | --stop-at CALL]
+ *             [--fault-rank R]
  *             [--restart-at CALL [--restart-signal kill|term]]
+ *             [--daemon-log PATH]
  *
  * Without --socket it starts a private dcpxd in a fresh runtime folder
  * (found next to this program as ../daemon/dcpxd, or $DCPXD) and stops it
