@@ -789,9 +789,13 @@ static int await_attach(rank_ctx *x) {
       return 0;
     usleep(5000);
   }
-  fprintf(stderr, "dcpx-demo: rank %u: not attached to the restarted dcpxd "
-                  "%s (dcpx_poll: %s)\n", x->rank,
-          st < 0 ? "(it did not start)" : "within 20 s", dcpx_strerror(r));
+  if (st < 0)
+    fprintf(stderr, "dcpx-demo: rank %u: no restarted dcpxd to attach to "
+                    "(it did not start)\n", x->rank);
+  else
+    fprintf(stderr, "dcpx-demo: rank %u: not attached to the restarted "
+                    "dcpxd within %u ms (dcpx_poll: %s)\n",
+            x->rank, DEMO_REATTACH_MS, dcpx_strerror(r));
   return r < 0 ? r : DCPX_E_TIMEDOUT;
 }
 
