@@ -916,7 +916,7 @@ static int run_rank(const opts *o, uint32_t rank, shared *sh,
  * folder (removed at the end). */
 static void daemon_log_path(const opts *o, const char *dir, char *buf,
                             size_t n) {
-  if (o && o->daemon_log)
+  if (o->daemon_log)
     snprintf(buf, n, "%s", o->daemon_log);
   else
     snprintf(buf, n, "%s/dcpxd.log", dir);
@@ -1353,7 +1353,6 @@ static shared *shared_map(const opts *o, size_t *ret_bytes) {
 /* SIGINT or SIGTERM to the parent: it stops the ranks and its dcpxd,
  * removes its runtime folder, then dies of that signal. */
 static volatile sig_atomic_t g_signal;
-static const opts *g_opts; /* main's, for show_daemon_log */
 
 static void on_signal(int sig) { g_signal = sig; }
 
@@ -1381,7 +1380,7 @@ static pid_t fork_rank(const opts *o, uint32_t r, shared *sh, uint32_t first,
   return pid;
 }
 
-static void show_daemon_log(const char *dir);
+static void show_daemon_log(const opts *o, const char *dir);
 
 /* --restart-at, in the parent: stops dcpxd (o->restart_sig), waits for it,
  * and starts it again on the same socket and state folder (the groups
@@ -1399,7 +1398,7 @@ static void restart_daemon(const opts *o, shared *sh, pid_t *daemon_pid,
   if (*daemon_pid <= 0) {
     fprintf(stderr, "dcpx-demo: dcpxd did not start again after the "
                     "restart; its log:\n");
-    show_daemon_log(dir);
+    show_daemon_log(o, dir);
     *daemon_pid = 0;
     atomic_store(&sh->restarted, -1);
     return;
@@ -1654,9 +1653,9 @@ static void remove_dir(const char *dir) {
 }
 
 /* The private dcpxd's log (its last 4 KiB), to stderr. */
-static void show_daemon_log(const char *dir) {
+static void show_daemon_log(const opts *o, const char *dir) {
   char path[600], buf[4096];
-  daemon_log_path(g_opts, dir, path, sizeof(path));
+  daemon_log_path(o, dir, path, sizeof(path));
   FILE *f = fopen(path, "r");
   if (!f)
     return;
@@ -1701,7 +1700,6 @@ int main(int argc, char **argv) {
   int rc;
 
   find_self_dir(&o);
-  g_opts = &o;
   if ((rc = parse_args(&o, argc, argv)) >= 0 || (rc = check_opts(&o)) != 0)
     return stdout_done(rc);
   if (!o.group) {
@@ -1722,7 +1720,7 @@ int main(int argc, char **argv) {
     daemon_pid = start_daemon(&o, dir, sock, sizeof(sock), 0);
     if (daemon_pid < 0) {
       fprintf(stderr, "dcpx-demo: could not start dcpxd; its log:\n");
-      show_daemon_log(dir);
+      show_daemon_log(&o, dir);
       remove_dir(dir);
       return 1;
     }
