@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define DCPX_CTL_MAGIC 0x44435058u /* "DCPX" */
-#define DCPX_CTL_VERSION 2u
+#define DCPX_CTL_VERSION 3u
 #define DCPX_CTL_SECRET_BYTES 32
 #define DCPX_ALIGN 256u
 

@@ -228,6 +228,13 @@ int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
 
 uint32_t dcpx_epoch_next(uint32_t e) { return e >= 0xFFFFFFFEu ? 1u : e + 1u; }
 
+uint32_t dcpx_epoch_tag(uint32_t w) {
+  const uint32_t row = w & 0xFFFFu;
+  return ((w + 0x10000u) & 0xFFFF0000u) | (row >= 0xFFFEu ? 1u : row + 1u);
+}
+
+uint32_t dcpx_epoch_pass(uint32_t w) { return w + 0x10000u; }
+
 int dcpx_gid(uint32_t l, uint32_t r, uint32_t world, uint32_t interleave,
              int64_t *ret_gid) {
   if (!world || !interleave || r >= world || !ret_gid)

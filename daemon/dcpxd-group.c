@@ -1841,11 +1841,12 @@ int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
     snprintf(err, errlen, "ticks must be > 0");
     return DCPX_E_INVAL;
   }
-  /* dcpx_epoch_next runs 1..0xFFFFFFFE: a hook armed for 0xFFFFFFFF
-   * would never fire, and nothing would say so. */
-  if (epoch == UINT32_MAX) {
+  /* The hook matches the row half of row 0's tag (docs/PROTOCOL.md 4.3,
+   * 6.6), which runs 1..0xFFFE: a hook armed for more would never fire,
+   * and nothing would say so. */
+  if (epoch > DCPX_EPOCH_ROW_MAX) {
     snprintf(err, errlen, "epoch %u never occurs (epochs run 1..%u; 0: any)",
-             epoch, UINT32_MAX - 1u);
+             epoch, DCPX_EPOCH_ROW_MAX);
     return DCPX_E_INVAL;
   }
   /* Call tags count from 1 (docs/PROTOCOL.md 6.5): a hook armed for call

@@ -71,6 +71,15 @@ static void record_awaited(const dcpxd_group *g, dcpxd_record *r) {
   r->awaited_rank = s >= 0 ? (uint32_t)s : 0;
 }
 
+/* A round-1 timeout whose slot held the awaited tag's row half with
+ * another call half: the awaited rank stored that row in another call
+ * (docs/PROTOCOL.md 4.3), as when the ranks called with different rows. */
+static bool other_call(const dcpxd_record *r) {
+  return r->kind == DCPX_REC_TIMEOUT && r->region == DCPX_REGION_LL_SLOTS &&
+         r->seen != 0 && (r->seen & 0xFFFFu) == (r->expected & 0xFFFFu) &&
+         r->seen != r->expected;
+}
+
 /* *r: the record in g's slot of rank d, w, whose kind was loaded first. */
 static void record_read(const dcpxd_group *g, uint32_t d,
                         const dcpx_wait_record *w, uint32_t kind,
@@ -153,11 +162,15 @@ done_scan:
     if (r->has_awaited_rank)
       dcpxd_bprintf(awaited, " awaited_rank=%u", r->awaited_rank);
     log_warning("wait record group=%s gen=%u rank=%u kind=%s region=%s "
-                "index=%u expected=%u seen=%u block=%u%s call=%" PRIu64
-                " time=%" PRIu64,
+                "index=%u expected=0x%08x seen=0x%08x block=%u%s call=%" PRIu64
+                " time=%" PRIu64 "%s",
                 r->group, r->generation, r->rank, dcpx_rec_kind_name(r->kind),
                 dcpxd_region_name(r->region), r->index, r->expected, r->seen,
-                r->block, awaited, r->call_tag, r->time_ns);
+                r->block, awaited, r->call_tag, r->time_ns,
+                other_call(r) ? ": the slot holds that rank's list of another "
+                                "call (the ranks' calls disagree, e.g. in "
+                                "rows)"
+                              : "");
   }
   if (keep > HARVEST_LOG)
     log_warning("group=%s gen=%u: %zu more wait records stored, not logged",

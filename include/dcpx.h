@@ -199,9 +199,27 @@ DCPX_API int dcpx_word_encode(uint32_t *words, uint32_t c, uint32_t j,
 DCPX_API int dcpx_word_decode(const uint32_t *words, uint32_t c, uint32_t j,
                               uint32_t *ret_ord16, uint32_t *ret_l);
 
-/* The epoch after e: skips 0, wraps 0xFFFFFFFE -> 1. 0xFFFFFFFF is no
- * epoch (a damaged word): it gives 1 too, never 0 ("never merged"). */
+/* The 32-bit step: skips 0, wraps 0xFFFFFFFE -> 1. 0xFFFFFFFF (a
+ * damaged word) gives 1 too, never 0 ("never used"). The rescue tag of a
+ * row is dcpx_epoch_next(seq2[t]) (docs/PROTOCOL.md 5.4). */
 DCPX_API uint32_t dcpx_epoch_next(uint32_t e);
+
+/* Epoch words and tags (docs/PROTOCOL.md 4.3). A rank's epoch word of
+ * row t has two halves: bits 16-31 count the calls the rank merged (mod
+ * 2^16, every row alike), bits 0-15 the merges of row t (1..0xFFFE,
+ * wrapping 0xFFFE -> 1; 0 before the first). The row's tag in the next
+ * call is dcpx_epoch_tag(w): both halves one step on. The call half gives
+ * a list of another call another tag even where the ranks disagree on a
+ * call's rows; the row half keeps a slot's stale list (two uses of the
+ * row back) from ever carrying the current tag. Never 0 and never
+ * 0xFFFFFFFF; its parity (bit 0) alternates on every use of the row. A
+ * row half of 0xFFFF (a damaged word) steps to 1, as 0 does. */
+DCPX_API uint32_t dcpx_epoch_tag(uint32_t w);
+/* The largest row half: row halves run 1..DCPX_EPOCH_ROW_MAX. */
+#define DCPX_EPOCH_ROW_MAX 0xFFFEu
+/* The epoch word, after a call, of a row t >= rows that the call did not
+ * hold: the call half one step on (mod 2^16), the row half as it was. */
+DCPX_API uint32_t dcpx_epoch_pass(uint32_t w);
 
 /* Global id (token position) of local index l on rank r, into *ret_gid.
  * Returns 0, DCPX_E_INVAL (world or interleave 0, r >= world, ret_gid
@@ -599,8 +617,9 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *                   would overwrite lists the peers may be reading; a
  *                   merge without one, or of more rows, would wait out
  *                   the timeout; a merge of fewer rows would leave the
- *                   other rows' epochs behind and could make the next
- *                   call's result wrong). The order is checked before
+ *                   other rows' epochs behind, and the next call's push
+ *                   of them would overwrite slots a peer may still read:
+ *                   that peer's wait times out). The order is checked before
  *                   the call's arguments: a merge of more rows than R
  *                   after a push is DCPX_E_STATE, not a refusal. Not
  *                   checked once the library cannot see every call: after

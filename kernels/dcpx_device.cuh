@@ -144,6 +144,13 @@ DCPX_D uint32_t dcpx_dev_epoch_next(uint32_t e) {
   return dcpx_device_epoch_next(e);
 }
 
+DCPX_D uint32_t dcpx_dev_epoch_tag(uint32_t w) {
+  return dcpx_device_epoch_tag(w);
+}
+
+/* dcpx_epoch_pass: the call half one step on. */
+DCPX_D uint32_t dcpx_dev_epoch_pass(uint32_t w) { return w + 0x10000u; }
+
 DCPX_D uint32_t dcpx_dev_row_words(uint32_t c) { return DCPX_ROW_WORDS(c); }
 
 /* x / d for x < 2^22 with rcp = 1.0f / d: the float quotient is off by at
@@ -1481,7 +1488,8 @@ DCPX_D int dcpx_dev_wait_ll(const dcpx_wctx *w, const void *p, uint32_t e,
 }
 
 /* The fault hook (tests; armed by dcpxd): stalls fault_ticks ns once, in
- * the call whose epoch (0 = any) and call sequence (~0 = any) match, by
+ * the call whose epoch (the row half of row 0's tag; 0 = any) and call
+ * sequence (~0 = any) match, by
  * thread 0 of block 0 right after its first row's round-1 poll. The stall
  * is capped at the group's timeout and ends early when the group is
  * aborted or the rank FAILED (read every 20 us). */
@@ -1491,7 +1499,8 @@ DCPX_D void dcpx_dev_fault_hook(const dcpx_wctx *w, uint32_t e) {
     return;
   const uint32_t fe = h->fault_epoch;
   const uint64_t fc = h->fault_call;
-  if ((fe != 0 && fe != e) || (fc != ~0ull && fc != dcpx_dev_call_tag(w)))
+  if ((fe != 0 && fe != (e & 0xFFFFu)) ||
+      (fc != ~0ull && fc != dcpx_dev_call_tag(w)))
     return;
   h->fault_fired = 1;
   __threadfence_system();

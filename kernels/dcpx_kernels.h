@@ -353,7 +353,7 @@ int dcpx_k_merge_res(const dcpx_kctx *c, uint32_t nt, dcpx_k_res *ret);
 
 /* Push (docs/PROTOCOL.md sections 3-4): for each row t < rows, this rank's
  * local top-N of logits[t * stride + 0 .. row_ends[t]) in wire words,
- * stored with epoch next(epoch[t]) into every rank's LL slots. row_ends[t]
+ * stored with tag dcpx_epoch_tag(epoch[t]) into every rank's LL slots. row_ends[t]
  * is clamped to [0, min(max_local, stride)]. Block 0 advances the call sequence
  * (layout.h call_seq, the call tag of wait records: it lives in device
  * memory, so a CUDA graph replay counts too). The push reads the `stop`
@@ -404,7 +404,7 @@ static inline void dcpx_k_device(const dcpx_kctx *c, dcpx_device *ret) {
 /* Push of lists the caller computed (dcpx_push_list): row t's list is
  * values/indices[t * N .. t * N + N) (device), checked and encoded by
  * dcpx_device_list_words (check_order: also ascending order), stored with
- * epoch next(epoch[t]) into every rank's LL slots; a bad row is stored
+ * tag dcpx_epoch_tag(epoch[t]) into every rank's LL slots; a bad row is stored
  * nowhere and refuses the call (dcpx_device_refuse: alarm, then FAILED).
  * row_ends[t] is clamped to [0, max_local]. Block 0 advances the call
  * sequence. The merge of such a call must not use the klist (the push

@@ -2,7 +2,8 @@
  * per row (a block walks rows t = blockIdx.x, t += gridDim.x when the grid
  * is capped).
  *
- * Per row t of rank `me`, with e = next(epoch[t]) and p = e & 1:
+ * Per row t of rank `me`, with e = tag(epoch[t]) (dcpx_epoch_tag) and
+ * p = e & 1:
  *
  *   1. Poll: the W lists of row t from ll_slots[p][s][t], every 16-byte pair
  *      accepted only when both halves carry tag e (bounded wait), as one
@@ -40,10 +41,13 @@
  *   6. Outputs from `list` (or `list2` after a rescue); sat_word, stats;
  *      then, after a barrier (every
  *      thread is done with the row), epoch[t] = e.
+ *   After its rows, every block gives its share of the rows u >= rows
+ *   that the call did not hold the call's call half (merge_pass_rows).
  *
  * A row whose wait gave up (timeout, own rank FAILED, group aborted)
  * writes valid_out[t] = -1 and -1 everywhere in rows_out/ids_out, and
  * leaves epoch, seq2 and stats alone: the group is recovered by zeroing.
+ * A merge that found its rank stopped passes no row either.
  *
  * Shared memory: the selection state (static, ~19 KB), then, dynamic,
  * list [row_words(K)] | list2 [row_words(K)] | s1k [row_words(K)] | the
@@ -673,6 +677,21 @@ DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
 }
 
 /* The waits' view of row t (its record slot, the rank's words). */
+/* After the block's rows: the rows u >= rows that the call does not hold
+ * take the call's call half (dcpx_epoch_pass; docs/PROTOCOL.md 4.3),
+ * spread over the grid's threads. No push of this call reads them, and
+ * the next kernel waits for this grid before it reads any (PDL). */
+DCPX_D void merge_pass_rows(const dcpx_kctx *c, uint32_t rows,
+                            uint32_t *epoch) {
+  if (c->diag & DCPX_K_DIAG_KEEP_EPOCH)
+    return;
+  const uint32_t step = gridDim.x * blockDim.x;
+#pragma unroll 1
+  for (uint32_t u = rows + blockIdx.x * blockDim.x + threadIdx.x;
+       u < c->L.rows; u += step)
+    epoch[u] = dcpx_dev_epoch_pass(epoch[u]);
+}
+
 DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t,
                             const uint32_t *hook_s, dcpx_blkwait *bw) {
   dcpx_wctx wc;
@@ -774,7 +793,7 @@ static __global__ void __launch_bounds__(NT, MT / NT)
 
 #pragma unroll 1
   for (uint32_t t = blockIdx.x; t < rows; t += gridDim.x) {
-    const uint32_t e = dcpx_dev_epoch_next(epoch[t]);
+    const uint32_t e = dcpx_dev_epoch_tag(epoch[t]);
     const dcpx_wctx wc = merge_wctx(&c, t, hook_s, &bw);
     uint32_t sw = 0, mask = 0, kmn = 0xFFFFu, kmx = 0, total = 0, T1 = 0;
     int ok = 0;
@@ -908,6 +927,8 @@ static __global__ void __launch_bounds__(NT, MT / NT)
     }
     merge_prof(&b, t, 9);
   }
+  if (!st4[2]) /* a stopped merge leaves every epoch word alone */
+    merge_pass_rows(&c, rows, epoch);
   if (c.prof && tid == 0 && blockIdx.x < rows) /* kernel exit */
     c.prof[(uint64_t)blockIdx.x * DCPX_K_PROF_POINTS + 15] = clock64();
 }

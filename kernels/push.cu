@@ -1,6 +1,6 @@
 /* push.cu - the push of docs/PROTOCOL.md sections 3-4, one block per row.
  *
- * Per row t of rank `me`: e = next(epoch[t]) from the own workspace (the
+ * Per row t of rank `me`: e = tag(epoch[t]) from the own workspace (the
  * merge of the previous call wrote it; stream order makes it visible);
  * the local top-N list of logits[t][0 .. row_end) in wire words (ascending
  * l, zeros, bit-16 plane), built in shared memory by dcpx_dev_local_list
@@ -149,7 +149,7 @@ static __global__ void __launch_bounds__(PT)
      * the merge fails the call. */
     if (st4[2])
       break;
-    const uint32_t e = dcpx_dev_epoch_next(ep4[t & 3u]);
+    const uint32_t e = dcpx_dev_epoch_tag(ep4[t & 3u]);
     const uint64_t slot =
         c.L.off_ll + dcpx_ll_offset(&c.L, e & 1u, me, t, 0);
 

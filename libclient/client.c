@@ -910,9 +910,10 @@ static inline void call_exit(dcpx_member *m) {
  * the lists its peers may still be reading; a merge without one would wait
  * out the group timeout for lists that never come, and abort the group; a
  * merge of fewer rows would leave the others' epochs behind, so that the
- * next call's push of them reuses a tag whose slots still hold this
- * call's lists (a peer would take them: a wrong result), and a merge of
- * more rows would wait out the timeout for rows nobody pushed. On
+ * next call's push of them overwrites slots a peer may still be reading
+ * (under another call half: the peer's wait times out, docs/PROTOCOL.md
+ * 4.3), and a merge of more rows would wait out the timeout for rows
+ * nobody pushed. On
  * a failed rank every call fails as dcpx_merge says, in any order, until
  * dcpx_recover; a recovery (a new generation) ends a pending push. Not
  * checked once the library cannot see every call (m->order_off): a device

@@ -5,7 +5,7 @@
  * It is the CUDA kernels' protocol, step for step, with CPU memory
  * ordering:
  *
- *   push   call_seq += 1; for each row t: e = next(epoch[t]); the local
+ *   push   call_seq += 1; for each row t: e = tag(epoch[t]); the local
  *          top-N list in wire words; for every rank d (itself included)
  *          and pair i, the LL pair (w[2i], e, w[2i+1], e) as two 8-byte
  *          atomic stores at ws[d].ll_slots[e & 1][rank][t][i]. A reader
@@ -17,7 +17,9 @@
  *          rescue slot popcount(mask & ((1 << s) - 1)) of every rank; every
  *          rank waits until every half of every saturated rank's slot
  *          carries q, copying the words out as it accepts them; round 2;
- *          seq2[t] = q; then the outputs, and last epoch[t] = e.
+ *          seq2[t] = q; then the outputs, and last epoch[t] = e. Once
+ *          every row is merged, the rows t >= rows that the call did not
+ *          hold take the call half of e (dcpx_epoch_pass).
  *
  * Invariants:
  *  1. Synchronous calls give the ordering docs/PROTOCOL.md section 4 needs for
@@ -209,8 +211,8 @@ static void stall(const struct dcpx_member *m, uint64_t ns) {
   }
 }
 
-/* The fault hook: row 0 stalls once, in the call whose epoch and call_seq
- * match, for fault_ticks but at most the group's timeout. It is checked
+/* The fault hook: row 0 stalls once, in the call whose epoch (the row
+ * half of row 0's tag) and call_seq match, for fault_ticks but at most the group's timeout. It is checked
  * where the GPU's block 0 checks it: at the row's first unsatisfied wait,
  * or after round 1's reads if none was unsatisfied. */
 static void fault_hook(struct dcpx_member *m, row_wait *w) {
@@ -218,7 +220,7 @@ static void fault_hook(struct dcpx_member *m, row_wait *w) {
   w->hook = 0;
   if (!__atomic_load_n(&h->fault_armed, __ATOMIC_ACQUIRE) || h->fault_fired)
     return;
-  if ((h->fault_epoch && h->fault_epoch != w->e) ||
+  if ((h->fault_epoch && h->fault_epoch != (w->e & 0xFFFFu)) ||
       (h->fault_call != ~0ull && h->fault_call != w->call))
     return;
   h->fault_fired = 1;
@@ -428,7 +430,7 @@ int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
   }
 
   for (uint32_t t = 0; t < rows; t++) {
-    uint32_t e = dcpx_epoch_next(epoch[t]);
+    uint32_t e = dcpx_epoch_tag(epoch[t]);
     dcpx__local_list(logits + t * stride, (uint32_t)row_ends[t],
                      L->local_topk, w);
     /* rw_n is a multiple of 4, so the list is exactly `pairs` pairs. */
@@ -485,7 +487,7 @@ int dcpx__host_push_list(struct dcpx_member *m, const dcpx_call *in,
   }
 
   for (uint32_t t = 0; t < in->rows; t++) {
-    uint32_t e = dcpx_epoch_next(epoch[t]);
+    uint32_t e = dcpx_epoch_tag(epoch[t]);
     dcpx__given_list(li->values + (uint64_t)t * N,
                      li->indices + (uint64_t)t * N, N,
                      (uint32_t)in->row_ends[t], 0, w, NULL);
@@ -583,7 +585,7 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const merge_args *a,
   const dcpx_layout *L = &m->L;
   uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   uint32_t *seq2 = ws_u32(m, m->rank, L->off_seq2);
-  row_wait w = {t, dcpx_epoch_next(epoch[t]), call, 0, t == 0};
+  row_wait w = {t, dcpx_epoch_tag(epoch[t]), call, 0, t == 0};
   const uint32_t *klists[DCPX_MAX_WORLD];
   uint32_t sw, q = dcpx_epoch_next(seq2[t]);
   dcpx__sel s1;
@@ -608,6 +610,16 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const merge_args *a,
   /* Last: every word of the row has been read. */
   __atomic_store_n(&epoch[t], w.e, __ATOMIC_RELEASE);
   return r;
+}
+
+/* After a merge of rows 0..rows-1: the rows the call did not hold take
+ * its call half, so that every epoch word counts the same calls and a
+ * peer that called with other rows, pushing row t in a later call with
+ * the row half awaited here, carries another tag (docs/PROTOCOL.md 4.3). */
+static void pass_rows(struct dcpx_member *m, uint32_t rows) {
+  uint32_t *epoch = ws_u32(m, m->rank, m->L.off_epoch);
+  for (uint32_t t = rows; t < m->L.rows; t++)
+    epoch[t] = dcpx_epoch_pass(epoch[t]);
 }
 
 int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
@@ -688,6 +700,7 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
     h->failed_calls++;
     return r;
   }
+  pass_rows(m, rows);
   m->bt_rows_bad = range != 0;
   h->calls++;
   h->rows += rows;

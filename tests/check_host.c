@@ -413,7 +413,8 @@ START_TEST(test_call_order) {
    * pending, and its merge with the push's rows is exact; so is the next
    * call of all rows. Without the check a merge of fewer rows left the
    * others' epochs behind, and the next call's push of them reused a tag
-   * whose slots still held this call's lists (a wrong result, rc 0). */
+   * whose slots still held this call's lists (a wrong result, rc 0; since
+   * the epoch words' call half, a peer's wait that times out). */
   g.rows = 2;
   fill(&g, 24, 2);
   ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
@@ -742,19 +743,25 @@ START_TEST(test_epoch_wrap) {
     uint32_t *ep = (uint32_t *)(g.ws[d] + g.L.off_epoch);
     uint32_t *sq = (uint32_t *)(g.ws[d] + g.L.off_seq2);
     for (uint32_t t = 0; t < 3; t++) {
-      ep[t] = 0xFFFFFFF0u + t; /* rows cross the wrap at different calls */
+      /* both halves cross their wrap, the rows' at different calls */
+      ep[t] = 0xFFF00000u + 0xFFF0u + t;
       sq[t] = 0xFFFFFFFAu;
     }
   }
   for (int c = 0; c < 40; c++) {
-    g.rows = 3;
+    g.rows = 1 + (uint32_t)c % 3; /* rows 1 and 2 sit calls out */
     fill(&g, dcpx_splitmix64(&s), c % 2); /* every other call rescues */
     run_call(&g);
     rescues += check_exact(&g, "epoch wrap");
   }
   uint32_t *ep = (uint32_t *)(g.ws[0] + g.L.off_epoch);
-  ck_assert_uint_lt(ep[0], 100); /* it wrapped */
-  ck_assert_uint_ne(ep[0], 0);
+  /* 40 calls: call halves 0xFFF0 + 40 = 0x18 (mod 2^16) on every row,
+   * held or not; row 0 merged 40 times (0xFFF1..0xFFFE, then 1..26), row
+   * 2 13 times (0xFFF3..0xFFFE, then 1). */
+  for (uint32_t t = 0; t < 3; t++)
+    ck_assert_uint_eq(ep[t] >> 16, 0x18u);
+  ck_assert_uint_eq(ep[0] & 0xFFFFu, 26u);
+  ck_assert_uint_eq(ep[2] & 0xFFFFu, 1u);
   ck_assert_uint_gt(rescues, 10);
   group_free(&g);
 }
@@ -784,7 +791,7 @@ START_TEST(test_absent_rank_times_out) {
     const dcpx_wait_record *r0 = &rec[d * g.L.rows + 0];
     ck_assert_uint_eq(r0->kind, DCPX_REC_TIMEOUT);
     ck_assert_uint_eq(r0->region, DCPX_REGION_LL_SLOTS);
-    ck_assert_uint_eq(r0->expected, 1); /* first epoch */
+    ck_assert_uint_eq(r0->expected, 0x00010001u); /* the first call's tag */
     ck_assert_uint_eq(r0->seen, 0);
     ck_assert_uint_eq(r0->call_tag, 1); /* call_seq, not the tag 77 */
     ck_assert_uint_eq(h[d].last_call_tag, 77);
@@ -803,6 +810,77 @@ START_TEST(test_absent_rank_times_out) {
   ck_assert_int_eq(g.rc[0], DCPX_E_FAILED);
   ck_assert_uint_lt(g.elapsed_ns[0], timeout / 10);
   ck_assert_int_eq(g.rc[2], DCPX_E_FAILED);
+  group_free(&g);
+}
+END_TEST
+
+/* fill's random rows, all max_local long: every list is full. */
+static void fill_long(group *g, uint64_t seed) {
+  fill(g, seed, 0);
+  for (uint32_t d = 0; d < g->sh.world; d++)
+    for (uint32_t t = 0; t < g->rows; t++)
+      g->ends[d][t] = (int32_t)g->sh.max_local;
+}
+
+typedef struct rows_rank {
+  group *g;
+  uint32_t d, calls, rows[2];
+  int rc[2];
+} rows_rank;
+
+/* Rank d's calls, each of its own rows, until one fails. */
+static void *rows_rank_main(void *arg) {
+  rows_rank *x = arg;
+  group *g = x->g;
+  for (uint32_t c = 0; c < x->calls; c++) {
+    x->rc[c] = t_push(g->m[x->d], x->rows[c], g->logits[x->d], g->stride,
+                      g->ends[x->d], c, NULL);
+    if (x->rc[c] == 0)
+      x->rc[c] = merge_of(g, x->d, x->rows[c]);
+    if (x->rc[c] < 0)
+      break;
+  }
+  return NULL;
+}
+
+/* Ranks that disagree on a call's rows (docs/PROTOCOL.md 4.3): rank 0
+ * calls with 4 rows, rank 1 with 2 and then makes its next call with 4.
+ * Rank 0's rows 2 and 3 must not take rank 1's lists of that next call:
+ * the call fails after the timeout, with a record of the row-2 or row-3
+ * wait whose slot holds the awaited row half under another call half.
+ * When every epoch word counted only its own row's merges, the next
+ * call's lists carried the very tags awaited, and rank 0's call returned
+ * 0 with rows of two calls mixed. */
+START_TEST(test_rows_mismatch_fails) {
+  const uint64_t timeout = 300000000ull; /* 300 ms */
+  group g;
+  pthread_t th[2];
+  /* W * N = 32 > K = 24: a rescue is rare (the lists alone decide) */
+  group_init(&g, 2, 4, 24, 16, 1, 1, 100, timeout);
+  g.rows = 4;
+  fill_long(&g, 31);
+  run_call(&g); /* one call in step first */
+  check_exact(&g, "the call before");
+  fill_long(&g, 32);
+  rows_rank x[2] = {{&g, 0, 1, {4, 0}, {1, 1}}, {&g, 1, 2, {2, 4}, {1, 1}}};
+  for (int d = 0; d < 2; d++)
+    ck_assert_int_eq(pthread_create(&th[d], NULL, rows_rank_main, &x[d]), 0);
+  for (int d = 0; d < 2; d++)
+    pthread_join(th[d], NULL);
+  ck_assert_int_eq(x[0].rc[0], DCPX_E_FAILED);
+  for (uint32_t t = 0; t < 4; t++)
+    ck_assert_int_eq(g.valid[0][t], -1);
+  ck_assert_int_eq(x[1].rc[0], 0); /* rows 0 and 1 were both ranks' */
+  ck_assert_int_eq(x[1].rc[1], DCPX_E_FAILED); /* rank 0 never pushed */
+  const dcpx_wait_record *r = NULL;
+  for (uint32_t t = 2; t < 4 && !r; t++)
+    if (rec_at(&g, 0, t)->kind == DCPX_REC_TIMEOUT)
+      r = rec_at(&g, 0, t);
+  ck_assert_msg(r != NULL, "no timeout record for row 2 or 3");
+  ck_assert_uint_eq(r->region, DCPX_REGION_LL_SLOTS);
+  ck_assert_uint_eq(dcpx_ll_index_source(&g.L, r->index), 1);
+  ck_assert_uint_eq(r->expected, 0x00020002u); /* call 2, the row's 2nd */
+  ck_assert_uint_eq(r->seen, 0x00030002u); /* rank 1's call 3 */
   group_free(&g);
 }
 END_TEST
@@ -1043,7 +1121,7 @@ static void *trickle_main(void *arg) {
       sleep_ns(due - t < 1000000 ? due - t : 1000000);
     }
     if (!tr->stop)
-      peer_pairs(tr->g, 1, 0, 0, 1, i, i + 1);
+      peer_pairs(tr->g, 1, 0, 0, dcpx_epoch_tag(0), i, i + 1);
   }
   return NULL;
 }
@@ -1293,7 +1371,7 @@ static void stale_case(int deliver) {
       }
   }
   rescue_pairs(&g, bad, tbad);
-  peer_pairs(&g, 1, 0, 0, 1, 0, g.L.pairs);
+  peer_pairs(&g, 1, 0, 0, dcpx_epoch_tag(0), 0, g.L.pairs);
   g.absent = 1u << 1;
   stale_peer p = {&g, good, tq};
   if (deliver)
@@ -2339,6 +2417,7 @@ int main(void) {
   tcase_add_test(tc, test_two_threads_hammer_one_member);
   tcase_add_test(tc, test_empty_call);
   tcase_add_test(tc, test_epoch_wrap);
+  tcase_add_test(tc, test_rows_mismatch_fails);
   tcase_add_test(tc, test_absent_rank_times_out);
   tcase_add_test(tc, test_abort_stops_waits);
   tcase_add_test(tc, test_fault_hook_stall);

@@ -353,6 +353,83 @@ START_TEST(test_epoch_next) {
 }
 END_TEST
 
+/* The tag of the epoch word (docs/PROTOCOL.md 4.3): fixed points, then
+ * the protocol simulated on two ranks over random calls of random rows
+ * (both halves started near their wraps, rows that sit calls out). What
+ * must hold: the ranks agree on every row's tag; a tag is never 0 or
+ * 0xFFFFFFFF; its parity flips on every use of the row; the slot a push
+ * is about to overwrite never already holds the tag awaited (a stale
+ * list is never taken); and once the ranks disagree on one call's rows,
+ * no list the lagging rank pushes in its next calls carries a tag that
+ * the other rank awaits for a row the lagging one left out (a wrong
+ * pairing is a wait that times out, never a result). */
+START_TEST(test_epoch_tag) {
+  ck_assert_uint_eq(dcpx_epoch_tag(0), 0x00010001u);
+  ck_assert_uint_eq(dcpx_epoch_tag(0x00010001u), 0x00020002u);
+  ck_assert_uint_eq(dcpx_epoch_tag(0xFFFFFFFEu), 0x00000001u);
+  ck_assert_uint_eq(dcpx_epoch_tag(0xFFFFFFFFu), 0x00000001u);
+  ck_assert_uint_eq(dcpx_epoch_tag(0x1234FFFDu), 0x1235FFFEu);
+  ck_assert_uint_eq(dcpx_epoch_pass(0xFFFF0007u), 0x00000007u);
+  ck_assert_uint_eq(dcpx_epoch_pass(0x00020003u), 0x00030003u);
+  ck_assert_uint_eq(DCPX_EPOCH_ROW_MAX, 0xFFFEu);
+
+  enum { R = 6, CALLS = 3000 };
+  uint64_t s = g_seed ^ 0x7A6;
+  for (int run = 0; run < 40; run++) {
+    uint32_t w[2][R], slot[2][R], last[R];
+    const uint32_t hi = 0xFFF0u + (uint32_t)dcpx_rnd_below(&s, 16);
+    for (uint32_t t = 0; t < R; t++) {
+      uint32_t lo = run % 4 == 0 ? 0 : 0xFFF0u + (uint32_t)dcpx_rnd_below(&s, 16);
+      w[0][t] = w[1][t] = (hi << 16) | lo;
+      slot[0][t] = slot[1][t] = 0;
+      last[t] = 0;
+    }
+    for (int c = 0; c < CALLS; c++) {
+      const uint32_t rows = 1 + (uint32_t)dcpx_rnd_below(&s, R);
+      for (uint32_t t = 0; t < rows; t++) {
+        const uint32_t e = dcpx_epoch_tag(w[0][t]);
+        EXPECT(e == dcpx_epoch_tag(w[1][t]), "run %d call %d row %u: the "
+               "ranks' tags differ", run, c, t);
+        EXPECT(e != 0 && e != 0xFFFFFFFFu, "run %d: tag 0x%08x", run, e);
+        EXPECT(!last[t] || (e & 1u) != (last[t] & 1u),
+               "run %d row %u: parity kept 0x%08x -> 0x%08x", run, t,
+               last[t], e);
+        EXPECT(slot[e & 1u][t] != e, "run %d call %d row %u: the slot "
+               "already holds tag 0x%08x", run, c, t, e);
+        slot[e & 1u][t] = e;
+        last[t] = e;
+        w[0][t] = w[1][t] = e;
+      }
+      for (uint32_t t = rows; t < R; t++)
+        w[0][t] = w[1][t] = dcpx_epoch_pass(w[0][t]);
+    }
+    /* Now rank 0 calls with `more` rows and rank 1 with `less`: rank 0
+     * awaits rank 1's rows less..more-1 with these tags. */
+    const uint32_t less = 1 + (uint32_t)dcpx_rnd_below(&s, R - 1);
+    const uint32_t more = less + 1 + (uint32_t)dcpx_rnd_below(&s, R - less);
+    uint32_t awaited[R];
+    for (uint32_t t = 0; t < more; t++)
+      awaited[t] = dcpx_epoch_tag(w[0][t]);
+    for (uint32_t t = 0; t < less; t++)
+      w[1][t] = dcpx_epoch_tag(w[1][t]);
+    for (uint32_t t = less; t < R; t++)
+      w[1][t] = dcpx_epoch_pass(w[1][t]);
+    for (int c = 0; c < 200; c++) { /* rank 1 goes on alone */
+      const uint32_t rows = 1 + (uint32_t)dcpx_rnd_below(&s, R);
+      for (uint32_t t = 0; t < rows; t++) {
+        const uint32_t e = dcpx_epoch_tag(w[1][t]);
+        EXPECT(t < less || t >= more || e != awaited[t],
+               "run %d: rank 1's call %d pushes row %u with 0x%08x, the "
+               "tag rank 0 awaits", run, c, t, e);
+        w[1][t] = e;
+      }
+      for (uint32_t t = rows; t < R; t++)
+        w[1][t] = dcpx_epoch_pass(w[1][t]);
+    }
+  }
+}
+END_TEST
+
 /* ---- global ids (section 2) --------------------------------------------- */
 
 /* dcpx_gid's value, or a code: the tests' one-expression form. */
@@ -724,6 +801,7 @@ static Suite *wire_suite(void) {
 
   tc = t_tcase(s, "misc", 30);
   tcase_add_test(tc, test_epoch_next);
+  tcase_add_test(tc, test_epoch_tag);
   tcase_add_test(tc, test_gid);
   tcase_add_test(tc, test_shape_check);
   tcase_add_test(tc, test_strerror);

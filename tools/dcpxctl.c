@@ -1093,7 +1093,9 @@ static const struct {
      "\n"
      "  --group G   the group\n"
      "  --rank R    the rank that stalls\n"
-     "  --epoch E   the call at epoch E (0: any; epochs run 1..4294967294)\n"
+     "  --epoch E   the call in which row 0's epoch (the row half of its\n"
+     "              tag) is E: the E-th call since the rank joined or the\n"
+     "              group last recovered, modulo 65534 (0: any; 1..65534)\n"
      "  --call C    the C-th call since the rank joined or the group last\n"
      "              recovered (1 = the first, up to 2^64-2; not the\n"
      "              engine's call tag; left out: any call)\n"
@@ -1591,8 +1593,9 @@ static int cmd_fault(int argc, char **argv) {
       have_rank = true;
       break;
     case 'e':
-      if (!parse_u64(optarg, &v) || v > UINT32_MAX)
-        return usage_error("--epoch must be a 32-bit number (0: any)");
+      if (!parse_u64(optarg, &v) || v > DCPX_EPOCH_ROW_MAX)
+        return usage_error("--epoch must be 0 (any) or 1..%u",
+                           DCPX_EPOCH_ROW_MAX);
       cmd.epoch = (uint32_t)v;
       break;
     case 'c':

@@ -80,6 +80,14 @@ DCPX_DEVICE_FN uint32_t dcpx_device_epoch_next(uint32_t e) {
   return e >= 0xFFFFFFFEu ? 1u : e + 1u;
 }
 
+/* The tag of a row in the next call from its epoch word w, as
+ * dcpx_epoch_tag (dcpx.h): the call half (bits 16-31) and the row half
+ * (bits 0-15, 1..0xFFFE) each one step on. */
+DCPX_DEVICE_FN uint32_t dcpx_device_epoch_tag(uint32_t w) {
+  const uint32_t row = w & 0xFFFFu;
+  return ((w + 0x10000u) & 0xFFFF0000u) | (row >= 0xFFFEu ? 1u : row + 1u);
+}
+
 /* The entry word of candidate (bf16, l): (ord16 << 16) | (l & 0xFFFF);
  * bit 16 of l goes into the plane (dcpx_device_put_entry). 0 for NaN. */
 DCPX_DEVICE_FN uint32_t dcpx_device_word(uint32_t bf16, uint32_t l) {
@@ -180,10 +188,10 @@ DCPX_DEVICE_FN int dcpx_device_stopped(const dcpx_device *dev) {
   return *(const volatile uint32_t *)dev->stop != 0;
 }
 
-/* The epoch of row t in this call: next(epoch[t]). */
+/* The tag of row t in this call: dcpx_device_epoch_tag(epoch[t]). */
 DCPX_DEVICE_FN uint32_t dcpx_device_row_epoch(const dcpx_device *dev,
                                               uint32_t t) {
-  return dcpx_device_epoch_next(
+  return dcpx_device_epoch_tag(
       *(const volatile uint32_t *)(dev->epoch + t));
 }
 
@@ -212,7 +220,7 @@ DCPX_DEVICE_FN void dcpx_device_store_pair(const dcpx_device *dev,
  * so a kernel can read them at its start, where their latency hides
  * behind its own work, instead of on the epilogue's path. */
 typedef struct dcpx_device_row {
-  uint32_t e;       /* next(epoch[t]) */
+  uint32_t e;       /* dcpx_device_epoch_tag(epoch[t]) */
   uint32_t stopped; /* dcpx_device_stopped */
 } dcpx_device_row;
 

@@ -560,8 +560,10 @@ static int run_case(const tcase *tc, uint64_t seed) {
     total_rows += last_rows = rs.job[0].st.rows;
     for (uint32_t r = 0; r < g.W; r++)
       bad += compare_rank(&g, &rs.job[r], r, tc->name, call, NULL, NULL);
+    for (uint32_t t = g.rows; t < R; t++) /* the rows not held */
+      ep[t] = dcpx_epoch_pass(ep[t]);
     for (uint32_t t = 0; t < g.rows; t++) {
-      ep[t] = dcpx_epoch_next(ep[t]);
+      ep[t] = dcpx_epoch_tag(ep[t]);
       calls_t[t]++;
       if (rs.job[0].sat[t] >> 16) {
         sq[t] = dcpx_epoch_next(sq[t]);
@@ -1110,6 +1112,89 @@ static int run_merge_after_stop(uint64_t seed) {
   return bad == 0;
 }
 
+/* Ranks that disagree on a call's rows (docs/PROTOCOL.md 4.3). After a
+ * call in step, rank 0 calls with 4 rows while rank 1 calls with 2 and
+ * then makes its next call with 4. Rank 0's rows 2 and 3 must not take
+ * rank 1's lists of that next call: they fail (valid_out -1) with a
+ * timeout record whose slot held the awaited row half under the next
+ * call half, and the rank is FAILED; after a recovery a call is exact.
+ * When an epoch word counted only its row's merges, those lists carried
+ * the very tags awaited and rank 0 returned rows of two calls mixed. */
+static int run_rows_mismatch(uint64_t seed) {
+  /* W * N well over K: no row rescues (a rescue would wait as well) */
+  static const tcase tc = {"rows-mismatch", 2, 200, 256, 4096, 4, 16, 1,
+                           G_RANDOM, LEN_FULL, 1, 0, 0, 0, -1, 0};
+  gg g;
+  refset rs;
+  uint32_t bad = 0;
+  gg_init(&g, tc.W, 4, 4, tc.N, tc.K, tc.B, tc.I, tc.max_local, tc.max_local,
+          0, 0);
+  ref_alloc(&rs, &g);
+  corner_inputs(&g, &tc, seed);
+  gg_recover(&g);
+  g.hdr->timeout_ns = 5000000000ull;
+  __sync_synchronize();
+  gg_call(&g);
+  for (uint32_t r = 0; r < g.W; r++)
+    CK(cudaStreamSynchronize(g.st[r]));
+  bad += corner_compare(&g, &rs, "rows-mismatch-before");
+  g.hdr->timeout_ns = 300000000ull; /* 300 ms */
+  __sync_synchronize();
+  gg_poison(&g);
+  gg_push(&g, 0);
+  gg_merge(&g, 0);
+  g.rows = 2;
+  gg_push(&g, 1);
+  gg_merge(&g, 1);
+  g.rows = 4;
+  gg_push(&g, 1); /* rank 1's next call, which rank 0 never makes */
+  gg_merge(&g, 1);
+  const double t0 = gg_now();
+  if (gg_wait(&g, 30.0, t0, NULL) < 0) {
+    printf("  rows-mismatch: the merges did not end by themselves\n");
+    bad++;
+  }
+  const double ms = (gg_now() - t0) * 1e3;
+  gg_download(&g);
+  const dcpx_wait_record *rec = NULL;
+  for (uint32_t t = 2; t < 4; t++) {
+    if (g.g_valid[0][t] != -1) {
+      printf("  rows-mismatch: rank 0 row %u: valid_out %d, not a failed "
+             "row\n", t, g.g_valid[0][t]);
+      bad++;
+    }
+    if (!rec && g.rec[t].kind == DCPX_REC_TIMEOUT)
+      rec = &g.rec[t];
+  }
+  if (!g.health[0].failed) {
+    printf("  rows-mismatch: rank 0 is not FAILED\n");
+    bad++;
+  }
+  if (!rec || rec->region != DCPX_REGION_LL_SLOTS ||
+      dcpx_ll_index_source(&g.L, rec->index) != 1 ||
+      rec->expected != 0x00020002u || rec->seen != 0x00030002u) {
+    printf("  rows-mismatch: rank 0's record of row 2 or 3: %s region %u "
+           "expected 0x%08x seen 0x%08x (want ll_slots of rank 1, "
+           "0x00020002, 0x00030002)\n",
+           rec ? "" : "none", rec ? rec->region : 0, rec ? rec->expected : 0,
+           rec ? rec->seen : 0);
+    bad++;
+  }
+  gg_recover(&g);
+  g.hdr->timeout_ns = 5000000000ull;
+  __sync_synchronize();
+  gg_poison(&g);
+  gg_call(&g);
+  for (uint32_t r = 0; r < g.W; r++)
+    CK(cudaStreamSynchronize(g.st[r]));
+  bad += corner_compare(&g, &rs, "rows-mismatch-recovered");
+  printf("case %-30s %s (the mismatched call failed in %.1f ms)\n",
+         "rows-mismatch", bad ? "FAIL" : "exact", ms);
+  ref_free(&rs, g.W);
+  gg_free(&g);
+  return bad == 0;
+}
+
 /* An earlier, unrelated CUDA error of the caller's thread is neither taken
  * for a launch failure nor cleared. */
 static int run_stale_error(uint64_t seed) {
@@ -1353,6 +1438,7 @@ static int run_corners(void) {
   int ok = 1;
   ok &= run_push_abort(g_seed ^ 0xAB);
   ok &= run_merge_after_stop(g_seed ^ 0x5709);
+  ok &= run_rows_mismatch(g_seed ^ 0x5A0E);
   ok &= run_stale_error(g_seed ^ 0x57A1);
   ok &= run_trickle();
   ok &= run_staged_overwrite(g_seed ^ 0x57A6);
