@@ -233,7 +233,9 @@ uint32_t dcpx_epoch_tag(uint32_t w) {
   return ((w + 0x10000u) & 0xFFFF0000u) | (row >= 0xFFFEu ? 1u : row + 1u);
 }
 
-uint32_t dcpx_epoch_pass(uint32_t w) { return w + 0x10000u; }
+uint32_t dcpx_epoch_pass(uint32_t w, uint32_t e) {
+  return (e & 0xFFFF0000u) | (w & 0xFFFFu);
+}
 
 int dcpx_gid(uint32_t l, uint32_t r, uint32_t world, uint32_t interleave,
              int64_t *ret_gid) {

@@ -217,9 +217,10 @@ DCPX_API uint32_t dcpx_epoch_next(uint32_t e);
 DCPX_API uint32_t dcpx_epoch_tag(uint32_t w);
 /* The largest row half: row halves run 1..DCPX_EPOCH_ROW_MAX. */
 #define DCPX_EPOCH_ROW_MAX 0xFFFEu
-/* The epoch word, after a call, of a row t >= rows that the call did not
- * hold: the call half one step on (mod 2^16), the row half as it was. */
-DCPX_API uint32_t dcpx_epoch_pass(uint32_t w);
+/* The epoch word w, after a call, of a row t >= rows that the call did
+ * not hold: the call half of e, the tag of any row the call held (all of
+ * a rank's epoch words have one call half), the row half of w. */
+DCPX_API uint32_t dcpx_epoch_pass(uint32_t w, uint32_t e);
 
 /* Global id (token position) of local index l on rank r, into *ret_gid.
  * Returns 0, DCPX_E_INVAL (world or interleave 0, r >= world, ret_gid

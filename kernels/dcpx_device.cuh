@@ -148,9 +148,6 @@ DCPX_D uint32_t dcpx_dev_epoch_tag(uint32_t w) {
   return dcpx_device_epoch_tag(w);
 }
 
-/* dcpx_epoch_pass: the call half one step on. */
-DCPX_D uint32_t dcpx_dev_epoch_pass(uint32_t w) { return w + 0x10000u; }
-
 DCPX_D uint32_t dcpx_dev_row_words(uint32_t c) { return DCPX_ROW_WORDS(c); }
 
 /* x / d for x < 2^22 with rcp = 1.0f / d: the float quotient is off by at

@@ -41,13 +41,13 @@
  *   6. Outputs from `list` (or `list2` after a rescue); sat_word, stats;
  *      then, after a barrier (every
  *      thread is done with the row), epoch[t] = e.
- *   After its rows, every block gives its share of the rows u >= rows
- *   that the call did not hold the call's call half (merge_pass_rows).
+ *   During its first row's poll, the last warp of every block gives its
+ *   share of the rows u >= rows that the call does not hold the call's
+ *   call half (merge_pass_rows).
  *
  * A row whose wait gave up (timeout, own rank FAILED, group aborted)
  * writes valid_out[t] = -1 and -1 everywhere in rows_out/ids_out, and
  * leaves epoch, seq2 and stats alone: the group is recovered by zeroing.
- * A merge that found its rank stopped passes no row either.
  *
  * Shared memory: the selection state (static, ~19 KB), then, dynamic,
  * list [row_words(K)] | list2 [row_words(K)] | s1k [row_words(K)] | the
@@ -677,19 +677,21 @@ DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
 }
 
 /* The waits' view of row t (its record slot, the rank's words). */
-/* After the block's rows: the rows u >= rows that the call does not hold
- * take the call's call half (dcpx_epoch_pass; docs/PROTOCOL.md 4.3),
- * spread over the grid's threads. No push of this call reads them, and
- * the next kernel waits for this grid before it reads any (PDL). */
+/* The rows u >= rows that the call does not hold take the call half `hi`
+ * of its tags (dcpx_epoch_pass; docs/PROTOCOL.md 4.3): a 16-bit store
+ * into each word's upper half, no load, by the last warp of every block
+ * while the others poll its first row (lane, u spread over the grid). No
+ * push of this call reads these words, so they need not wait for it, and
+ * the next kernel waits for this grid before it reads any (PDL). At the
+ * kernel's end, with a load, the same cost a launch 0.2-0.3 us. */
 DCPX_D void merge_pass_rows(const dcpx_kctx *c, uint32_t rows,
-                            uint32_t *epoch) {
+                            uint32_t *epoch, uint32_t hi, uint32_t lane) {
   if (c->diag & DCPX_K_DIAG_KEEP_EPOCH)
     return;
-  const uint32_t step = gridDim.x * blockDim.x;
+  const uint32_t step = gridDim.x * 32u;
 #pragma unroll 1
-  for (uint32_t u = rows + blockIdx.x * blockDim.x + threadIdx.x;
-       u < c->L.rows; u += step)
-    epoch[u] = dcpx_dev_epoch_pass(epoch[u]);
+  for (uint32_t u = rows + blockIdx.x * 32u + lane; u < c->L.rows; u += step)
+    ((uint16_t *)(epoch + u))[1] = (uint16_t)hi;
 }
 
 DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t,
@@ -823,8 +825,15 @@ static __global__ void __launch_bounds__(NT, MT / NT)
       static_assert(NT >= 64, "the last warp polls nothing: poll_flat");
       poll_flat(&wc, &pm, W, P, N, e, DCPX_REGION_LL_SLOTS, ws + c.L.off_ll,
                 NT - 32u, 0, &kmn, &kmx);
+      /* The hook's host word is loaded first: the passes' stores go out
+       * while it is in flight (it was on the path at W=2). */
+      uint32_t armed = 0;
       if (hook_on && t == 0 && tid == NT - 1)
-        hook_armed = c.health[me].fault_armed;
+        armed = c.health[me].fault_armed;
+      if (t == blockIdx.x && tid >= NT - 32u) /* the call half: every row's */
+        merge_pass_rows(&c, rows, epoch, e >> 16, tid - (NT - 32u));
+      if (hook_on && t == 0 && tid == NT - 1)
+        hook_armed = armed;
       dcpx_dev_range_publish(kmn, kmx, &kmin_s, &S);
       if (tid == 0)
         dcpx_dev_async_wait(); /* rowq */
@@ -927,8 +936,6 @@ static __global__ void __launch_bounds__(NT, MT / NT)
     }
     merge_prof(&b, t, 9);
   }
-  if (!st4[2]) /* a stopped merge leaves every epoch word alone */
-    merge_pass_rows(&c, rows, epoch);
   if (c.prof && tid == 0 && blockIdx.x < rows) /* kernel exit */
     c.prof[(uint64_t)blockIdx.x * DCPX_K_PROF_POINTS + 15] = clock64();
 }

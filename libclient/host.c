@@ -618,8 +618,9 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const merge_args *a,
  * the row half awaited here, carries another tag (docs/PROTOCOL.md 4.3). */
 static void pass_rows(struct dcpx_member *m, uint32_t rows) {
   uint32_t *epoch = ws_u32(m, m->rank, m->L.off_epoch);
+  const uint32_t e = epoch[0]; /* row 0's tag: it is in every call */
   for (uint32_t t = rows; t < m->L.rows; t++)
-    epoch[t] = dcpx_epoch_pass(epoch[t]);
+    epoch[t] = dcpx_epoch_pass(epoch[t], e);
 }
 
 int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,

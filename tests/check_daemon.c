@@ -179,8 +179,9 @@ static int rank_proc(const spec *sp, uint32_t rank) {
   if (sp->epoch_start) {
     uint32_t *ep = (uint32_t *)(m->ws[rank] + m->L.off_epoch);
     uint32_t *sq = (uint32_t *)(m->ws[rank] + m->L.off_seq2);
-    for (uint32_t t = 0; t < R; t++) {
-      ep[t] = sp->epoch_start + t;
+    for (uint32_t t = 0; t < R; t++) { /* one call half, as a rank has */
+      ep[t] = (sp->epoch_start & 0xFFFF0000u) |
+              ((sp->epoch_start + t) & 0xFFFFu);
       sq[t] = sp->epoch_start;
     }
     /* All set up before any pushes. Bounded: a rank whose join failed

@@ -369,8 +369,8 @@ START_TEST(test_epoch_tag) {
   ck_assert_uint_eq(dcpx_epoch_tag(0xFFFFFFFEu), 0x00000001u);
   ck_assert_uint_eq(dcpx_epoch_tag(0xFFFFFFFFu), 0x00000001u);
   ck_assert_uint_eq(dcpx_epoch_tag(0x1234FFFDu), 0x1235FFFEu);
-  ck_assert_uint_eq(dcpx_epoch_pass(0xFFFF0007u), 0x00000007u);
-  ck_assert_uint_eq(dcpx_epoch_pass(0x00020003u), 0x00030003u);
+  ck_assert_uint_eq(dcpx_epoch_pass(0xFFFF0007u, 0x00000009u), 0x00000007u);
+  ck_assert_uint_eq(dcpx_epoch_pass(0x00020003u, 0x00030001u), 0x00030003u);
   ck_assert_uint_eq(DCPX_EPOCH_ROW_MAX, 0xFFFEu);
 
   enum { R = 6, CALLS = 3000 };
@@ -401,7 +401,7 @@ START_TEST(test_epoch_tag) {
         w[0][t] = w[1][t] = e;
       }
       for (uint32_t t = rows; t < R; t++)
-        w[0][t] = w[1][t] = dcpx_epoch_pass(w[0][t]);
+        w[0][t] = w[1][t] = dcpx_epoch_pass(w[0][t], w[0][0]);
     }
     /* Now rank 0 calls with `more` rows and rank 1 with `less`: rank 0
      * awaits rank 1's rows less..more-1 with these tags. */
@@ -413,7 +413,7 @@ START_TEST(test_epoch_tag) {
     for (uint32_t t = 0; t < less; t++)
       w[1][t] = dcpx_epoch_tag(w[1][t]);
     for (uint32_t t = less; t < R; t++)
-      w[1][t] = dcpx_epoch_pass(w[1][t]);
+      w[1][t] = dcpx_epoch_pass(w[1][t], w[1][0]);
     for (int c = 0; c < 200; c++) { /* rank 1 goes on alone */
       const uint32_t rows = 1 + (uint32_t)dcpx_rnd_below(&s, R);
       for (uint32_t t = 0; t < rows; t++) {
@@ -424,7 +424,7 @@ START_TEST(test_epoch_tag) {
         w[1][t] = e;
       }
       for (uint32_t t = rows; t < R; t++)
-        w[1][t] = dcpx_epoch_pass(w[1][t]);
+        w[1][t] = dcpx_epoch_pass(w[1][t], w[1][0]);
     }
   }
 }

@@ -166,7 +166,7 @@ _PROTOS = {
                                  POINTER(c_uint32)]),
     "dcpx_epoch_next": (c_uint32, [c_uint32]),
     "dcpx_epoch_tag": (c_uint32, [c_uint32]),
-    "dcpx_epoch_pass": (c_uint32, [c_uint32]),
+    "dcpx_epoch_pass": (c_uint32, [c_uint32, c_uint32]),
     "dcpx_gid": (c_int, [c_uint32, c_uint32, c_uint32, c_uint32,
                          POINTER(c_int64)]),
     "dcpx_ref_local_list": (c_int, [_P, c_uint32, c_uint32, _P]),

@@ -560,8 +560,6 @@ static int run_case(const tcase *tc, uint64_t seed) {
     total_rows += last_rows = rs.job[0].st.rows;
     for (uint32_t r = 0; r < g.W; r++)
       bad += compare_rank(&g, &rs.job[r], r, tc->name, call, NULL, NULL);
-    for (uint32_t t = g.rows; t < R; t++) /* the rows not held */
-      ep[t] = dcpx_epoch_pass(ep[t]);
     for (uint32_t t = 0; t < g.rows; t++) {
       ep[t] = dcpx_epoch_tag(ep[t]);
       calls_t[t]++;
@@ -570,6 +568,8 @@ static int run_case(const tcase *tc, uint64_t seed) {
         resc_t[t]++;
       }
     }
+    for (uint32_t t = g.rows; t < R; t++) /* the rows not held */
+      ep[t] = dcpx_epoch_pass(ep[t], ep[0]);
     bad += check_refresh(&g, tc->name, call, rs.job[0].sat, sq);
     for (uint32_t r = 0; r < g.W; r++) {
       if (g.health[r].alarm || g.health[r].failed) {
