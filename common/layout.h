@@ -23,9 +23,10 @@
  *
  * Writers: ll_slots and rescue are written by every rank's push or merge
  * (remote LL stores); epoch, seq2, sat_word and stats only by rank d's own
- * merge, one writer per row; call_seq only by rank d's own push. Zeroed
- * memory is the initial state: epoch 0 and tag 0 never match
- * (dcpx_epoch_next skips 0).
+ * merge (one writer per row, but a merge block also gives the rows the
+ * call does not hold their call half: docs/PROTOCOL.md 4.3); call_seq only
+ * by rank d's own push. Zeroed memory is the initial state: epoch 0 and
+ * tag 0 never match (dcpx_epoch_tag and dcpx_epoch_next never give 0).
  *
  * Region ids name the regions in the join reply and in wait records; id 2
  * (the rescue flags of layout version 1) is retired.
@@ -106,7 +107,8 @@ typedef struct dcpx_rank_health {
   /* Fault hook, written by dcpxd only when fault injection is enabled:
    * block 0 of this rank stalls fault_ticks ns once (at most the group's
    * wait timeout, less if the group aborts or the rank fails meanwhile),
-   * in the call whose epoch (0 = any) and call_seq (~0 = any) match.
+   * in the call whose epoch (the row half of row 0's tag, 1..0xFFFE; 0 =
+   * any) and call_seq (~0 = any) match.
    * fault_fired is written by the stalling block. */
   volatile uint32_t fault_armed;
   volatile uint32_t fault_epoch;

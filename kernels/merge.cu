@@ -676,7 +676,6 @@ DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
     atomicAdd(stats + 2u * t + 1, 1ull);
 }
 
-/* The waits' view of row t (its record slot, the rank's words). */
 /* The rows u >= rows that the call does not hold take the call half `hi`
  * of its tags (dcpx_epoch_pass; docs/PROTOCOL.md 4.3): a 16-bit store
  * into each word's upper half, no load, by the last warp of every block
@@ -694,6 +693,7 @@ DCPX_D void merge_pass_rows(const dcpx_kctx *c, uint32_t rows,
     ((uint16_t *)(epoch + u))[1] = (uint16_t)hi;
 }
 
+/* The waits' view of row t (its record slot, the rank's words). */
 DCPX_D dcpx_wctx merge_wctx(const dcpx_kctx *c, uint32_t t,
                             const uint32_t *hook_s, dcpx_blkwait *bw) {
   dcpx_wctx wc;

@@ -232,6 +232,8 @@ typedef struct short_rank {
   uint32_t rank, rows;
   pthread_barrier_t *bar;
   int join_rc, merge_rc;
+  uint32_t next_rows; /* then one more call of these rows (0: none) */
+  int next_rc;
 } short_rank;
 
 static void *short_rows_rank(void *arg) {
@@ -268,6 +270,12 @@ static void *short_rows_rank(void *arg) {
     a->merge_rc = dcpx_push(m, &in, NULL);
     if (a->merge_rc == 0)
       a->merge_rc = dcpx_merge(m, &in, &out, NULL);
+    if (a->merge_rc == 0 && a->next_rows) {
+      in.rows = a->next_rows;
+      a->next_rc = dcpx_push(m, &in, NULL);
+      if (a->next_rc == 0)
+        a->next_rc = dcpx_merge(m, &in, &out, NULL);
+    }
   }
   pthread_barrier_wait(a->bar); /* rank 1 pushes nothing more */
   dcpx_leave(m);
@@ -277,8 +285,8 @@ static void *short_rows_rank(void *arg) {
 START_TEST(test_rows_mismatch_names_peer) {
   pthread_barrier_t bar;
   pthread_t th[2];
-  short_rank a[2] = {{0, SHORT_ROWS, &bar, -1, -1},
-                     {1, 2, &bar, -1, -1}};
+  short_rank a[2] = {{0, SHORT_ROWS, &bar, -1, -1, 0, -1},
+                     {1, 2, &bar, -1, -1, 0, -1}};
 
   start(NULL);
   pthread_barrier_init(&bar, NULL, 3); /* the ranks wait for the checks */
@@ -344,6 +352,44 @@ START_TEST(test_rows_mismatch_names_peer) {
   CTL(0, "records", "--group", "short");
   HC_ASSERT(strstr(g_o.out, " 1      1\n"), "records after a restart: %s",
             g_o.out);
+  finish();
+}
+END_TEST
+
+/* The same mismatch, but rank 1 makes its next call, of 4 rows, at once
+ * (docs/PROTOCOL.md 4.3): its lists of rows 2 and 3 carry the row half
+ * rank 0 awaits under the next call half, which rank 0 does not take.
+ * Rank 0's call fails (it returned 0 with the two calls' lists mixed
+ * when the epoch word had no call half), and dcpxd's log line of its
+ * record says that the slot held rank 1's list of another call. */
+START_TEST(test_rows_mismatch_other_call) {
+  pthread_barrier_t bar;
+  pthread_t th[2];
+  short_rank a[2] = {{0, SHORT_ROWS, &bar, -1, -1, 0, -1},
+                     {1, 2, &bar, -1, -1, SHORT_ROWS, -1}};
+
+  start(NULL);
+  pthread_barrier_init(&bar, NULL, 3);
+  for (int r = 0; r < 2; r++)
+    pthread_create(&th[r], NULL, short_rows_rank, &a[r]);
+  for (int i = 0; i < 300 && !log_contains("list of another call"); i++)
+    hh_sleep_ms(10);
+  pthread_barrier_wait(&bar);
+  for (int r = 0; r < 2; r++)
+    pthread_join(th[r], NULL);
+  pthread_barrier_destroy(&bar);
+  HC_ASSERT(a[0].join_rc == 0 && a[1].join_rc == 0, "joins: %d %d",
+            a[0].join_rc, a[1].join_rc);
+  HC_ASSERT(a[0].merge_rc == DCPX_E_FAILED && a[1].merge_rc == 0,
+            "rank 0 (4 rows): %d, rank 1 (2 rows): %d", a[0].merge_rc,
+            a[1].merge_rc);
+  HC_ASSERT(a[1].next_rc < 0, "rank 1's next call: %d", a[1].next_rc);
+  HC_ASSERT(log_contains("rank=0 kind=timeout region=ll_slots") &&
+                log_contains("expected=0x00010001 seen=0x00020001") &&
+                log_contains("awaited_rank=1 ") &&
+                log_contains("the slot holds that rank's list of another "
+                             "call"),
+            "dcpxd's log does not name the other call");
   finish();
 }
 END_TEST
@@ -2459,6 +2505,7 @@ int main(void) {
   tcase_add_test(tc, t)
   ADD(test_stall_records);
   ADD(test_rows_mismatch_names_peer);
+  ADD(test_rows_mismatch_other_call);
   ADD(test_kill9_replace);
   ADD(test_kill9_socket_held);
   ADD(test_daemon_restart);

@@ -74,8 +74,8 @@ DCPX_DEVICE_FN uint32_t dcpx_device_ord16(uint32_t bf16) {
   return (b & 0x8000u) ? (~b & 0xFFFFu) : (b | 0x8000u);
 }
 
-/* The epoch after e: skips 0, wraps 0xFFFFFFFE -> 1; 0xFFFFFFFF (no
- * epoch) -> 1 too, as dcpx_epoch_next. */
+/* The 32-bit step of dcpx_epoch_next (the rescue tags): skips 0, wraps
+ * 0xFFFFFFFE -> 1; 0xFFFFFFFF (a damaged word) -> 1 too. */
 DCPX_DEVICE_FN uint32_t dcpx_device_epoch_next(uint32_t e) {
   return e >= 0xFFFFFFFEu ? 1u : e + 1u;
 }

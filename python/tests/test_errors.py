@@ -79,7 +79,7 @@ def test_call_order(member):
     with pytest.raises(dcpx.StateError):
         member.push(lg, en)
     # a merge of other rows than the push's (it would leave the other
-    # rows' epochs behind: a wrong result on the next call)
+    # rows' epochs behind: a peer's wait on the next call times out)
     with pytest.raises(dcpx.StateError):
         member.merge(lg[:2], en[:2], req[:2], bt)
     res = member.merge(lg, en, req, bt, sat=True)

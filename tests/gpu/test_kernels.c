@@ -177,6 +177,8 @@ typedef struct tcase {
   uint32_t spad;       /* stride = max_local + spad */
   int rescue;          /* 1: must rescue, 0: don't care, -1: must not */
   uint32_t epoch0;     /* start epochs and seq2 here (0: fresh) */
+  uint32_t vary;       /* 1: call c holds 1 + c % rows rows, the others
+                          sit it out (their epoch words passed) */
 } tcase;
 
 /* Fills every rank's rows for call `call`. */
@@ -476,6 +478,10 @@ static const tcase cases[] = {
     /* epochs and seq2 through the wrap: 0xFFFFFFF0 + 40 calls */
     {"wrap-w4-n64-k256", 4, 64, 256, 4096, 6, 16, 1, G_MIX, LEN_MIX, 40, 0, 0,
      0, 1, 0xFFFFFFF0u},
+    /* the same with 1..6 rows per call: rows that sit calls out are
+     * passed (docs/PROTOCOL.md 4.3), then held again */
+    {"wrap-vary-w4-n64-k256", 4, 64, 256, 4096, 6, 16, 1, G_MIX, LEN_MIX, 40,
+     0, 0, 0, 1, 0xFFFFFFF0u, 1},
     {"wrap-w8-n512-k2048", 8, 512, 2048, 8192, 4, 64, 1, G_DOMINANT,
      LEN_FULL, 40, 2, 0, 0, 1, 0xFFFFFFF0u},
 };
@@ -542,6 +548,8 @@ static int run_case(const tcase *tc, uint64_t seed) {
   uint32_t bad = 0;
   int hung = 0;
   for (uint32_t call = 0; call < tc->calls && !bad && !hung; call++) {
+    if (tc->vary)
+      g.rows = 1 + call % tc->rows;
     gen_call(&g, tc, seed, call);
     gg_upload(&g);
     gg_poison(&g);
@@ -959,7 +967,7 @@ static int run_staged_overwrite(uint64_t seed) {
   uint32_t *junk = (uint32_t *)malloc(n * 4);
   for (size_t i = 0; i < n; i += 4) {
     junk[i] = junk[i + 2] = 0xFFFF0000u | (uint32_t)(i & 0xFFFF);
-    junk[i + 1] = junk[i + 3] = 3; /* e + 2 */
+    junk[i + 1] = junk[i + 3] = 3; /* not e (0x00010001) */
   }
   /* parity 1, row 0: sources s at (s * R + 0) * P pairs; R = 1 */
   gg_ws_write(&g, 1, g.L.off_ll + dcpx_ll_offset(&g.L, 1, 0, 0, 0), junk,
@@ -1327,7 +1335,7 @@ static int run_trickle(void) {
   const size_t n = (size_t)g.L.pairs * 4;
   uint32_t *pairs = (uint32_t *)calloc(n, 4);
   for (size_t i = 1; i < n; i += 2)
-    pairs[i] = 1; /* empty lists, tag e = 1 */
+    pairs[i] = dcpx_epoch_tag(0); /* empty lists, the first call's tag */
   for (uint32_t s = 1; s < g.W; s++) {
     usleep(60000);
     gg_ws_write(&g, 0, g.L.off_ll + dcpx_ll_offset(&g.L, 1, s, 0, 0), pairs,
@@ -1640,6 +1648,8 @@ static tcase random_case(uint64_t seed, uint32_t i, char *name, size_t nn) {
     tc.lofs = dcpx_rnd_below(&s, 8);
   if (dcpx_rnd_below(&s, 3) == 0)
     tc.spad = dcpx_rnd_below(&s, 10);
+  if (dcpx_rnd_below(&s, 3) == 0)
+    tc.vary = 1; /* rows that sit calls out */
   switch (dcpx_rnd_below(&s, 10)) {
   case 0: /* epochs through the wrap */
     tc.epoch0 = 0xFFFFFFFCu;
@@ -1688,8 +1698,8 @@ static void run_random(uint32_t n, uint32_t first, double secs,
      * above that deadlocks the test, not the kernels */
     const uint32_t cap = (uint32_t)g_sms / (tc.W + 1u);
     tc.max_blocks = tc.max_blocks > cap ? (cap ? cap : 1u) : tc.max_blocks;
-    printf("  %s: mb=%u lofs=%u spad=%u epoch0=0x%x\n", name, tc.max_blocks,
-           tc.lofs, tc.spad, tc.epoch0);
+    printf("  %s: mb=%u lofs=%u spad=%u epoch0=0x%x vary=%u\n", name,
+           tc.max_blocks, tc.lofs, tc.spad, tc.epoch0, tc.vary);
     uint64_t cs = g_seed ^ ((uint64_t)(i + 1) * 0xA24BAED4963EE407ull);
     (*total)++;
     *pass += (uint32_t)run_case(&tc, dcpx_splitmix64(&cs));

@@ -869,8 +869,8 @@ static void run_bench_host(const tcase *tc, uint32_t W, const int *devs) {
  * store opens for all ranks, each graph bracketed by CUDA events on its
  * stream after the gate; the rank's time per call is its span / ITERS. Per rank: the median over
  * REPS; per transport: the max over ranks of those medians. Every rank
- * replays the same number of calls, so the LL epochs (device memory, next()
- * per call) stay in step. Outputs are checked against dcpx_ref_call after
+ * replays the same number of calls, so the LL epochs (device memory, one
+ * step per call) stay in step. Outputs are checked against dcpx_ref_call after
  * the eager call, after the first graph launch and after the timed reps. */
 static int g_gb_iters = 50, g_gb_reps = 5;
 static uint32_t g_gb_n = 512; /* DCPX_BENCH_N */
