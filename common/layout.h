@@ -297,6 +297,17 @@ DCPX_LAYOUT_FN int dcpx_rescue_refresh(uint32_t q2) {
   return (q2 & 0xFFFFu) == 0;
 }
 
+/* A round-1 half that carries tag `seen` where `e` is awaited holds the
+ * awaited row half under another call half (docs/PROTOCOL.md 4.3): its
+ * source stored that row in another call, which only ranks that disagree
+ * on the calls (their rows) do, and the awaited list never comes. A wait
+ * gives up at once on it; dcpxd's log line of the record says so. */
+DCPX_LAYOUT_FN int dcpx_tag_other_call(uint32_t region, uint32_t e,
+                                      uint32_t seen) {
+  return region == DCPX_REGION_LL_SLOTS && seen != e &&
+         ((seen ^ e) & 0xFFFFu) == 0;
+}
+
 /* Byte offset, within ll_slots, of the pair i (words 2i, 2i+1) of source s,
  * row t, parity p. */
 DCPX_LAYOUT_FN uint64_t dcpx_ll_offset(const dcpx_layout *L, uint32_t p,

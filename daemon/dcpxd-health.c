@@ -71,13 +71,12 @@ static void record_awaited(const dcpxd_group *g, dcpxd_record *r) {
   r->awaited_rank = s >= 0 ? (uint32_t)s : 0;
 }
 
-/* A round-1 timeout whose slot held the awaited tag's row half with
- * another call half: the awaited rank stored that row in another call
- * (docs/PROTOCOL.md 4.3), as when the ranks called with different rows. */
+/* A round-1 wait that gave up on the awaited tag's row half under
+ * another call half (dcpx_tag_other_call): the awaited rank stored that
+ * row in another call, as when the ranks call with different rows. */
 static bool other_call(const dcpxd_record *r) {
-  return r->kind == DCPX_REC_TIMEOUT && r->region == DCPX_REGION_LL_SLOTS &&
-         r->seen != 0 && (r->seen & 0xFFFFu) == (r->expected & 0xFFFFu) &&
-         r->seen != r->expected;
+  return r->kind == DCPX_REC_TIMEOUT &&
+         dcpx_tag_other_call(r->region, r->expected, r->seen);
 }
 
 /* *r: the record in g's slot of rank d, w, whose kind was loaded first. */

@@ -1459,7 +1459,8 @@ DCPX_D int dcpx_dev_wait_step(const dcpx_wctx *w, uint64_t *mine,
       return 0;
   }
   const uint64_t lim = bw->limit;
-  if (lim && now - bw->t0 > lim) {
+  if ((lim && now - bw->t0 > lim) ||
+      dcpx_tag_other_call(region, expected, seen)) { /* never comes */
     dcpx_dev_timeout(w, region, index, expected, seen);
     return 0;
   }

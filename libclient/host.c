@@ -248,6 +248,10 @@ static int wait_half(struct dcpx_member *m, row_wait *w, uint32_t region,
     int r = stop_reason(m);
     if (r)
       return r;
+    if (dcpx_tag_other_call(region, expected, seen)) { /* never comes */
+      give_up(m, w, region, index, expected, seen);
+      return DCPX_E_FAILED;
+    }
     if (it < SPIN_ITERS) {
       cpu_relax();
       continue;

@@ -826,6 +826,7 @@ typedef struct rows_rank {
   group *g;
   uint32_t d, calls, rows[2];
   int rc[2];
+  uint64_t ns[2]; /* each call's push + merge */
 } rows_rank;
 
 /* Rank d's calls, each of its own rows, until one fails. */
@@ -833,10 +834,12 @@ static void *rows_rank_main(void *arg) {
   rows_rank *x = arg;
   group *g = x->g;
   for (uint32_t c = 0; c < x->calls; c++) {
+    const uint64_t t0 = mono_ns();
     x->rc[c] = t_push(g->m[x->d], x->rows[c], g->logits[x->d], g->stride,
                       g->ends[x->d], c, NULL);
     if (x->rc[c] == 0)
       x->rc[c] = merge_of(g, x->d, x->rows[c]);
+    x->ns[c] = mono_ns() - t0;
     if (x->rc[c] < 0)
       break;
   }
@@ -846,13 +849,13 @@ static void *rows_rank_main(void *arg) {
 /* Ranks that disagree on a call's rows (docs/PROTOCOL.md 4.3): rank 0
  * calls with 4 rows, rank 1 with 2 and then makes its next call with 4.
  * Rank 0's rows 2 and 3 must not take rank 1's lists of that next call:
- * the call fails after the timeout, with a record of the row-2 or row-3
- * wait whose slot holds the awaited row half under another call half.
- * When every epoch word counted only its own row's merges, the next
- * call's lists carried the very tags awaited, and rank 0's call returned
- * 0 with rows of two calls mixed. */
+ * the call fails as soon as rank 0 loads one (well before the timeout),
+ * with a record of the row-2 or row-3 wait whose slot holds the awaited
+ * row half under another call half. When every epoch word counted only
+ * its own row's merges, the next call's lists carried the very tags
+ * awaited, and rank 0's call returned 0 with rows of two calls mixed. */
 START_TEST(test_rows_mismatch_fails) {
-  const uint64_t timeout = 300000000ull; /* 300 ms */
+  const uint64_t timeout = 2000000000ull; /* 2 s */
   group g;
   pthread_t th[2];
   /* W * N = 32 > K = 24: a rescue is rare (the lists alone decide) */
@@ -868,6 +871,9 @@ START_TEST(test_rows_mismatch_fails) {
   for (int d = 0; d < 2; d++)
     pthread_join(th[d], NULL);
   ck_assert_int_eq(x[0].rc[0], DCPX_E_FAILED);
+  /* it gave up on the other call's list, not at the timeout */
+  ck_assert_msg(x[0].ns[0] < timeout / 2, "rank 0's call took %.3f s",
+                x[0].ns[0] / 1e9);
   for (uint32_t t = 0; t < 4; t++)
     ck_assert_int_eq(g.valid[0][t], -1);
   ck_assert_int_eq(x[1].rc[0], 0); /* rows 0 and 1 were both ranks' */
