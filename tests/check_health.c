@@ -390,6 +390,11 @@ START_TEST(test_rows_mismatch_other_call) {
                 log_contains("the slot holds that rank's list of another "
                              "call"),
             "dcpxd's log does not name the other call");
+  /* dcpxctl records too: the tags in hex, and the other call */
+  CTL(0, "records", "--group", "short", "--rank", "0");
+  HC_ASSERT(strstr(g_o.out, " 0x00010001 0x00020001 ") &&
+                strstr(g_o.out, " 1 (another call)\n"),
+            "records: %s", g_o.out);
   finish();
 }
 END_TEST

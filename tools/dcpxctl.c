@@ -715,6 +715,14 @@ static void human_refusals(const Dcpx__QueryReply *qr) {
   }
 }
 
+/* A timeout whose slot held the awaited row half under another call half
+ * (dcpx_tag_other_call, docs/PROTOCOL.md 4.3 and 6.2): the awaited rank
+ * stored that row in another call. */
+static bool other_call(const Dcpx__Record *rec) {
+  return rec->kind == DCPX_REC_TIMEOUT &&
+         dcpx_tag_other_call(rec->region, rec->expected, rec->seen);
+}
+
 /* One rank's line of group g, under branch (a tree's tee or elbow). */
 static void human_rank(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
                        const char *branch, bool stats) {
@@ -801,10 +809,13 @@ static void human_group(const Dcpx__GroupInfo *g, bool stats, const char *tee,
     format_time(rec->time_ns, t, sizeof(t));
     if (rec->has_awaited_rank)
       snprintf(from, sizeof(from), " from rank %u", rec->awaited_rank);
-    printf("  %s last record: gen %u rank %u waited on %s[%u]%s for tag %u, "
-           "saw %u (block %u, call %" PRIu64 ") at %s\n",
+    printf("  %s last record: gen %u rank %u waited on %s[%u]%s for tag "
+           "0x%08x, saw 0x%08x (block %u, call %" PRIu64 ") at %s%s\n",
            elbow, rec->generation, rec->rank, rec->region_name, rec->index,
-           from, rec->expected, rec->seen, rec->block, rec->call_tag, t);
+           from, rec->expected, rec->seen, rec->block, rec->call_tag, t,
+           other_call(rec) ? "; the slot held that rank's list of another "
+                             "call (the ranks' calls disagree)"
+                           : "");
   }
 }
 
@@ -1434,11 +1445,12 @@ static void human_records(const Dcpx__QueryReply *qr) {
     format_time(rec->time_ns, t, sizeof(t));
     if (rec->has_awaited_rank)
       snprintf(awaited, sizeof(awaited), "%u", rec->awaited_rank);
-    printf("%-30s %-16s %4u %4u %-8s %-9s %6u %10u %10u %5u %-6" PRIu64
-           " %s\n",
+    printf("%-30s %-16s %4u %4u %-8s %-9s %6u 0x%08x 0x%08x %5u %-6" PRIu64
+           " %s%s\n",
            t, rec->group, rec->generation, rec->rank,
            dcpx_rec_kind_name(rec->kind), rec->region_name, rec->index,
-           rec->expected, rec->seen, rec->block, rec->call_tag, awaited);
+           rec->expected, rec->seen, rec->block, rec->call_tag, awaited,
+           other_call(rec) ? " (another call)" : "");
   }
   human_note(qr);
 }
