@@ -177,9 +177,13 @@ typedef struct tcase {
   uint32_t spad;       /* stride = max_local + spad */
   int rescue;          /* 1: must rescue, 0: don't care, -1: must not */
   uint32_t epoch0;     /* start epochs and seq2 here (0: fresh) */
-  uint32_t vary;       /* 1: call c holds 1 + c % rows rows, the others
-                          sit it out (their epoch words passed) */
 } tcase;
+
+/* A case whose name holds "-vary": call c holds 1 + c % rows rows, and
+ * the others sit it out (their epoch words passed, docs/PROTOCOL.md 4.3). */
+static int tcase_varies(const tcase *tc) {
+  return strstr(tc->name, "-vary") != NULL;
+}
 
 /* Fills every rank's rows for call `call`. */
 static void gen_call(gg *g, const tcase *tc, uint64_t seed, uint32_t call) {
@@ -481,7 +485,7 @@ static const tcase cases[] = {
     /* the same with 1..6 rows per call: rows that sit calls out are
      * passed (docs/PROTOCOL.md 4.3), then held again */
     {"wrap-vary-w4-n64-k256", 4, 64, 256, 4096, 6, 16, 1, G_MIX, LEN_MIX, 40,
-     0, 0, 0, 1, 0xFFFFFFF0u, 1},
+     0, 0, 0, 1, 0xFFFFFFF0u},
     {"wrap-w8-n512-k2048", 8, 512, 2048, 8192, 4, 64, 1, G_DOMINANT,
      LEN_FULL, 40, 2, 0, 0, 1, 0xFFFFFFF0u},
 };
@@ -548,7 +552,7 @@ static int run_case(const tcase *tc, uint64_t seed) {
   uint32_t bad = 0;
   int hung = 0;
   for (uint32_t call = 0; call < tc->calls && !bad && !hung; call++) {
-    if (tc->vary)
+    if (tcase_varies(tc))
       g.rows = 1 + call % tc->rows;
     gen_call(&g, tc, seed, call);
     gg_upload(&g);
@@ -925,6 +929,19 @@ static uint32_t corner_compare(gg *g, refset *rs, const char *what) {
   return bad;
 }
 
+/* After a recovery (the workspaces zeroed, a 5 s wait limit): one call
+ * on every rank, checked against the reference. */
+static uint32_t recovered_call(gg *g, refset *rs, const char *what) {
+  gg_recover(g);
+  g->hdr->timeout_ns = 5000000000ull;
+  __sync_synchronize();
+  gg_poison(g);
+  gg_call(g);
+  for (uint32_t r = 0; r < g->W; r++)
+    CK(cudaStreamSynchronize(g->st[r]));
+  return corner_compare(g, rs, what);
+}
+
 static void corner_arm(gg *g, uint32_t r, uint64_t call, uint64_t ticks) {
   g->health[r].fault_epoch = 0;
   g->health[r].fault_call = call;
@@ -1105,14 +1122,7 @@ static int run_merge_after_stop(uint64_t seed) {
     }
   bad += compare_rank(&g, &rs.job[1], 1, "merge-stop", 0, NULL, NULL);
   const double ms = (gg_now() - t0) * 1e3;
-  gg_recover(&g);
-  g.hdr->timeout_ns = 5000000000ull;
-  __sync_synchronize();
-  gg_poison(&g);
-  gg_call(&g);
-  for (uint32_t r = 0; r < g.W; r++)
-    CK(cudaStreamSynchronize(g.st[r]));
-  bad += corner_compare(&g, &rs, "merge-stop-recovered");
+  bad += recovered_call(&g, &rs, "merge-stop-recovered");
   printf("case %-30s %s (the failed merge took %.1f ms)\n",
          "merge-after-stop", bad ? "FAIL" : "exact", ms);
   ref_free(&rs, g.W);
@@ -1139,13 +1149,7 @@ static int run_rows_mismatch(uint64_t seed) {
           0, 0);
   ref_alloc(&rs, &g);
   corner_inputs(&g, &tc, seed);
-  gg_recover(&g);
-  g.hdr->timeout_ns = 5000000000ull;
-  __sync_synchronize();
-  gg_call(&g);
-  for (uint32_t r = 0; r < g.W; r++)
-    CK(cudaStreamSynchronize(g.st[r]));
-  bad += corner_compare(&g, &rs, "rows-mismatch-before");
+  bad += recovered_call(&g, &rs, "rows-mismatch-before");
   g.hdr->timeout_ns = 300000000ull; /* 300 ms */
   __sync_synchronize();
   gg_poison(&g);
@@ -1196,14 +1200,7 @@ static int run_rows_mismatch(uint64_t seed) {
            rec ? rec->seen : 0);
     bad++;
   }
-  gg_recover(&g);
-  g.hdr->timeout_ns = 5000000000ull;
-  __sync_synchronize();
-  gg_poison(&g);
-  gg_call(&g);
-  for (uint32_t r = 0; r < g.W; r++)
-    CK(cudaStreamSynchronize(g.st[r]));
-  bad += corner_compare(&g, &rs, "rows-mismatch-recovered");
+  bad += recovered_call(&g, &rs, "rows-mismatch-recovered");
   printf("case %-30s %s (rank 0's mismatched call failed in %.2f ms)\n",
          "rows-mismatch", bad ? "FAIL" : "exact", ms);
   ref_free(&rs, g.W);
@@ -1656,8 +1653,7 @@ static tcase random_case(uint64_t seed, uint32_t i, char *name, size_t nn) {
     tc.lofs = dcpx_rnd_below(&s, 8);
   if (dcpx_rnd_below(&s, 3) == 0)
     tc.spad = dcpx_rnd_below(&s, 10);
-  if (dcpx_rnd_below(&s, 3) == 0)
-    tc.vary = 1; /* rows that sit calls out */
+  const int vary = dcpx_rnd_below(&s, 3) == 0; /* rows sit calls out */
   switch (dcpx_rnd_below(&s, 10)) {
   case 0: /* epochs through the wrap */
     tc.epoch0 = 0xFFFFFFFCu;
@@ -1670,7 +1666,7 @@ static tcase random_case(uint64_t seed, uint32_t i, char *name, size_t nn) {
   default:
     break;
   }
-  snprintf(name, nn, "random-%u", i);
+  snprintf(name, nn, "random-%u%s", i, vary ? "-vary" : "");
   tc.name = name;
   return tc;
 }
@@ -1706,8 +1702,8 @@ static void run_random(uint32_t n, uint32_t first, double secs,
      * above that deadlocks the test, not the kernels */
     const uint32_t cap = (uint32_t)g_sms / (tc.W + 1u);
     tc.max_blocks = tc.max_blocks > cap ? (cap ? cap : 1u) : tc.max_blocks;
-    printf("  %s: mb=%u lofs=%u spad=%u epoch0=0x%x vary=%u\n", name,
-           tc.max_blocks, tc.lofs, tc.spad, tc.epoch0, tc.vary);
+    printf("  %s: mb=%u lofs=%u spad=%u epoch0=0x%x\n", name, tc.max_blocks,
+           tc.lofs, tc.spad, tc.epoch0);
     uint64_t cs = g_seed ^ ((uint64_t)(i + 1) * 0xA24BAED4963EE407ull);
     (*total)++;
     *pass += (uint32_t)run_case(&tc, dcpx_splitmix64(&cs));
