@@ -353,8 +353,8 @@ int dcpx_k_merge_res(const dcpx_kctx *c, uint32_t nt, dcpx_k_res *ret);
 
 /* Push (docs/PROTOCOL.md sections 3-4): for each row t < rows, this rank's
  * local top-N of logits[t * stride + 0 .. row_ends[t]) in wire words,
- * stored with tag dcpx_epoch_tag(epoch[t]) into every rank's LL slots. row_ends[t]
- * is clamped to [0, min(max_local, stride)]. Block 0 advances the call sequence
+ * stored with tag dcpx_epoch_tag(epoch[t]) into every rank's LL slots.
+ * row_ends[t] is clamped to [0, min(max_local, stride)]. Block 0 advances the call sequence
  * (layout.h call_seq, the call tag of wait records: it lives in device
  * memory, so a CUDA graph replay counts too). The push reads the `stop`
  * word of the rank's state block in device memory once (set when the

@@ -681,8 +681,9 @@ DCPX_D void merge_row_state(const dcpx_kctx *c, uint32_t t, uint32_t sw,
  * into each word's upper half, no load, by the last warp of every block
  * while the others poll its first row (lane, u spread over the grid). No
  * push of this call reads these words, so they need not wait for it, and
- * the next kernel waits for this grid before it reads any (PDL). At the
- * kernel's end, with a load, the same cost a launch 0.2-0.3 us. */
+ * the next kernel waits for this grid before it reads any (PDL). Done at
+ * the kernel's end, with a load, the same work cost a launch 0.2-0.3 us
+ * (bench/RESULTS.md, session 30). */
 DCPX_D void merge_pass_rows(const dcpx_kctx *c, uint32_t rows,
                             uint32_t *epoch, uint32_t hi, uint32_t lane) {
   if (c->diag & DCPX_K_DIAG_KEEP_EPOCH)

@@ -212,7 +212,8 @@ static void stall(const struct dcpx_member *m, uint64_t ns) {
 }
 
 /* The fault hook: row 0 stalls once, in the call whose epoch (the row
- * half of row 0's tag) and call_seq match, for fault_ticks but at most the group's timeout. It is checked
+ * half of row 0's tag) and call_seq match, for fault_ticks but at most
+ * the group's timeout. It is checked
  * where the GPU's block 0 checks it: at the row's first unsatisfied wait,
  * or after round 1's reads if none was unsatisfied. */
 static void fault_hook(struct dcpx_member *m, row_wait *w) {

@@ -379,7 +379,8 @@ START_TEST(test_epoch_tag) {
     uint32_t w[2][R], slot[2][R], last[R];
     const uint32_t hi = 0xFFF0u + (uint32_t)dcpx_rnd_below(&s, 16);
     for (uint32_t t = 0; t < R; t++) {
-      uint32_t lo = run % 4 == 0 ? 0 : 0xFFF0u + (uint32_t)dcpx_rnd_below(&s, 16);
+      const uint32_t lo =
+          run % 4 == 0 ? 0 : 0xFFF0u + (uint32_t)dcpx_rnd_below(&s, 16);
       w[0][t] = w[1][t] = (hi << 16) | lo;
       slot[0][t] = slot[1][t] = 0;
       last[t] = 0;

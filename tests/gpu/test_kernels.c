@@ -1134,8 +1134,9 @@ static int run_merge_after_stop(uint64_t seed) {
  * call in step, rank 0 calls with 4 rows while rank 1 calls with 2 and
  * then makes its next call with 4. Rank 0's rows 2 and 3 must not take
  * rank 1's lists of that next call: they fail (valid_out -1) as soon as
- * the merge loads one, with a record whose slot held the awaited row half under the next
- * call half, and the rank is FAILED; after a recovery a call is exact.
+ * the merge loads one, with a record whose slot held the awaited row
+ * half under the next call half, and the rank is FAILED; after a
+ * recovery a call is exact.
  * When an epoch word counted only its row's merges, those lists carried
  * the very tags awaited and rank 0 returned rows of two calls mixed. */
 static int run_rows_mismatch(uint64_t seed) {
