@@ -282,6 +282,21 @@ static void *short_rows_rank(void *arg) {
   return NULL;
 }
 
+/* The end of a short-rows case: the ranks leave together, both joined,
+ * and rank 0's call (4 rows) failed where rank 1's (2 rows) completed. */
+static void short_rows_end(pthread_barrier_t *bar, pthread_t *th,
+                           const short_rank *a) {
+  pthread_barrier_wait(bar);
+  for (int r = 0; r < 2; r++)
+    pthread_join(th[r], NULL);
+  pthread_barrier_destroy(bar);
+  HC_ASSERT(a[0].join_rc == 0 && a[1].join_rc == 0, "joins: %d %d",
+            a[0].join_rc, a[1].join_rc);
+  HC_ASSERT(a[0].merge_rc == DCPX_E_FAILED && a[1].merge_rc == 0,
+            "rank 0 (4 rows): %d, rank 1 (2 rows): %d", a[0].merge_rc,
+            a[1].merge_rc);
+}
+
 START_TEST(test_rows_mismatch_names_peer) {
   pthread_barrier_t bar;
   pthread_t th[2];
@@ -311,15 +326,7 @@ START_TEST(test_rows_mismatch_names_peer) {
                 metric_u64("dcpx_awaited_timeouts", "short", 1) == 1 &&
                 metric_u64("dcpx_timeouts", "short", 0) == 1,
             "stats --format=openmetrics: %s", g_o.out);
-  pthread_barrier_wait(&bar);
-  for (int r = 0; r < 2; r++)
-    pthread_join(th[r], NULL);
-  pthread_barrier_destroy(&bar);
-  HC_ASSERT(a[0].join_rc == 0 && a[1].join_rc == 0, "joins: %d %d",
-            a[0].join_rc, a[1].join_rc);
-  HC_ASSERT(a[0].merge_rc == DCPX_E_FAILED && a[1].merge_rc == 0,
-            "rank 0 (4 rows): %d, rank 1 (2 rows): %d", a[0].merge_rc,
-            a[1].merge_rc);
+  short_rows_end(&bar, th, a);
   for (int i = 0; i < 300 && !log_contains("wait record group=short"); i++)
     hh_sleep_ms(10);
   /* row 2 gives up first; row 3 then stops on the rank's FAILED word */
@@ -374,15 +381,7 @@ START_TEST(test_rows_mismatch_other_call) {
     pthread_create(&th[r], NULL, short_rows_rank, &a[r]);
   for (int i = 0; i < 300 && !log_contains("list of another call"); i++)
     hh_sleep_ms(10);
-  pthread_barrier_wait(&bar);
-  for (int r = 0; r < 2; r++)
-    pthread_join(th[r], NULL);
-  pthread_barrier_destroy(&bar);
-  HC_ASSERT(a[0].join_rc == 0 && a[1].join_rc == 0, "joins: %d %d",
-            a[0].join_rc, a[1].join_rc);
-  HC_ASSERT(a[0].merge_rc == DCPX_E_FAILED && a[1].merge_rc == 0,
-            "rank 0 (4 rows): %d, rank 1 (2 rows): %d", a[0].merge_rc,
-            a[1].merge_rc);
+  short_rows_end(&bar, th, a);
   HC_ASSERT(a[1].next_rc < 0, "rank 1's next call: %d", a[1].next_rc);
   HC_ASSERT(log_contains("rank=0 kind=timeout region=ll_slots") &&
                 log_contains("expected=0x00010001 seen=0x00020001") &&
