@@ -354,7 +354,7 @@ START_TEST(test_rows_mismatch_names_peer) {
   CTL_JSON(0, "records", "--group", "short", "--json");
   HC_ASSERT(hh_parse_records(g_o.out, rec, 4) == 1 && rec[0].block == 2 &&
                 rec[0].awaited_rank == 1 &&
-                strstr(g_o.out, "\"awaited_rank\":1}"),
+                strstr(g_o.out, "\"awaited_rank\":1,\"other_call\":false}"),
             "records --json after a restart: %s", g_o.out);
   CTL(0, "records", "--group", "short");
   HC_ASSERT(strstr(g_o.out, " 1      1\n"), "records after a restart: %s",
@@ -394,6 +394,13 @@ START_TEST(test_rows_mismatch_other_call) {
   HC_ASSERT(strstr(g_o.out, " 0x00010001 0x00020001 ") &&
                 strstr(g_o.out, " 1 (another call)\n"),
             "records: %s", g_o.out);
+  {
+    hh_rec rec;
+    CTL(0, "records", "--group", "short", "--rank", "0", "--json");
+    HC_ASSERT(hh_parse_records(g_o.out, &rec, 1) == 1 && rec.other_call &&
+                  rec.expected == 0x00010001 && rec.seen == 0x00020001,
+              "records --json: %s", g_o.out);
+  }
   finish();
 }
 END_TEST

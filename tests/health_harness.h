@@ -422,7 +422,23 @@ typedef struct hh_rec {
   uint64_t generation, rank, region, index, expected, seen, block, call_tag,
       time_ns;
   int64_t awaited_rank; /* -1: null (dcpxd cannot tell) */
+  int other_call;       /* the slot held the row of another call */
 } hh_rec;
+
+/* "key": true (*v = 1) or false (*v = 0), before `end`; 0, or -1. */
+HH_FN int hh_json_bool(const char *p, const char *end, const char *key,
+                       int *v) {
+  char pat[64];
+  for (int b = 0; b < 2; b++) {
+    snprintf(pat, sizeof(pat), "\"%s\":%s", key, b ? "true" : "false");
+    const char *q = strstr(p, pat);
+    if (q && q < end) {
+      *v = b;
+      return 0;
+    }
+  }
+  return -1;
+}
 
 /* "key": a number (*v) or null (*v = -1), before `end`; 0, or -1. */
 HH_FN int hh_json_rank_or_null(const char *p, const char *end,
@@ -467,7 +483,8 @@ HH_FN int hh_parse_records(const char *json, hh_rec *recs, int max) {
         hh_json_u64(p, e, "block", &r->block) ||
         hh_json_u64(p, e, "call_tag", &r->call_tag) ||
         hh_json_u64(p, e, "time_ns", &r->time_ns) ||
-        hh_json_rank_or_null(p, e, "awaited_rank", &r->awaited_rank))
+        hh_json_rank_or_null(p, e, "awaited_rank", &r->awaited_rank) ||
+        hh_json_bool(p, e, "other_call", &r->other_call))
       return -1;
     n++;
     p = e;

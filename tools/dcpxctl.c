@@ -503,6 +503,14 @@ static void json_rate(jw *w, uint64_t rescue, uint64_t rows) {
     jw_null(w, "rescue_rate");
 }
 
+/* A timeout whose slot held the awaited row half under another call half
+ * (dcpx_tag_other_call, docs/PROTOCOL.md 4.3 and 6.2): the awaited rank
+ * stored that row in another call. */
+static bool other_call(const Dcpx__Record *rec) {
+  return rec->kind == DCPX_REC_TIMEOUT &&
+         dcpx_tag_other_call(rec->region, rec->expected, rec->seen);
+}
+
 static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
   char t[64];
   format_time(r->time_ns, t, sizeof(t));
@@ -524,6 +532,7 @@ static void json_record(jw *w, const char *key, const Dcpx__Record *r) {
     jw_u64(w, "awaited_rank", r->awaited_rank);
   else
     jw_null(w, "awaited_rank"); /* unknown (dcpx.proto), never rank 0 */
+  jw_bool(w, "other_call", other_call(r));
   jw_obj_end(w);
 }
 
@@ -715,13 +724,6 @@ static void human_refusals(const Dcpx__QueryReply *qr) {
   }
 }
 
-/* A timeout whose slot held the awaited row half under another call half
- * (dcpx_tag_other_call, docs/PROTOCOL.md 4.3 and 6.2): the awaited rank
- * stored that row in another call. */
-static bool other_call(const Dcpx__Record *rec) {
-  return rec->kind == DCPX_REC_TIMEOUT &&
-         dcpx_tag_other_call(rec->region, rec->expected, rec->seen);
-}
 
 /* One rank's line of group g, under branch (a tree's tee or elbow). */
 static void human_rank(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
