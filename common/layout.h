@@ -12,7 +12,8 @@
  *   rescue    [R][S][PK] pairs       S = min(W, floor(K/N)) slots per row,
  *                                     PK = row_words(K)/2 LL pairs tagged
  *                                     with the row's round-2 epoch q2
- *   epoch     uint32 [R]             last epoch merged for row t
+ *   epoch     uint32 [R]             row t's epoch word (4.3: call half,
+ *                                     row half of the last merge)
  *   seq2      uint32 [R]             last round-2 epoch of row t
  *   sat_word  uint32 [R]             (mask << 16) | ord16 of S1's K-th key
  *   stats     uint64 [R][2]          per row: calls merged, rescues run
@@ -291,8 +292,9 @@ DCPX_LAYOUT_FN int dcpx_rescue_pair_sent(uint32_t K, uint32_t c, uint32_t i) {
  * row (docs/PROTOCOL.md 5.4): each saturated rank stores every pair of
  * its slot, sent or not, into every region, its own included, and every
  * rank zeros the slots no rank holds in its own region. Once every 65,536
- * rescues of a row, so that no pair keeps a tag for the 2^32 - 2 rescues
- * after which the row's tags repeat. */
+ * rescues of a row (131,070 apart where next() skips 0 and 0xFFFFFFFF),
+ * so that no pair keeps a tag for the 2^32 - 2 rescues after which the
+ * row's tags repeat. */
 DCPX_LAYOUT_FN int dcpx_rescue_refresh(uint32_t q2) {
   return (q2 & 0xFFFFu) == 0;
 }

@@ -621,7 +621,8 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  *                   the timeout; a merge of fewer rows would leave the
  *                   other rows' epochs behind, and the next call's push
  *                   of them would overwrite slots a peer may still read:
- *                   that peer's wait times out). The order is checked before
+ *                   that peer's wait gives up, at once or at the
+ *                   timeout). The order is checked before
  *                   the call's arguments: a merge of more rows than R
  *                   after a push is DCPX_E_STATE, not a refusal. Not
  *                   checked once the library cannot see every call: after

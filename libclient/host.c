@@ -329,8 +329,8 @@ static void ll_store_rescue(struct dcpx_member *m, uint64_t off,
 /* A refresh (dcpx_rescue_refresh(tag), docs/PROTOCOL.md 5.4): the slots
  * of row t that no rank holds in this rescue (slot nsat and up), every
  * pair of them in this rank's own rescue region, zeros tagged `tag`, so
- * that every copy of every slot is rewritten once per 65,536 rescues of
- * the row. Nobody reads or writes them in this rescue. */
+ * that every copy of every slot is rewritten at least once per 131,070
+ * rescues of the row. Nobody reads or writes them in this rescue. */
 static void ll_refresh_unused(struct dcpx_member *m, uint32_t t,
                               uint32_t nsat, uint32_t tag) {
   const dcpx_layout *L = &m->L;

@@ -44,13 +44,18 @@
  *      l); any other list gives the result exact for the lists given
  *      (section 5.8). dcpx_merge needs the call's logits either way.
  *
- * Breaking 1 to 3 (a row not stored, stored with the wrong epoch, a
- * peer's slot overwritten while it is read) shows as failed rows: the
- * merges' tag checks wait for the missing words and give up (valid_out
- * -1, the rank FAILED, dcpx_recover), never as a wrong answer. Rule 4 is
- * past what tags can see: dcpx_device_list_words checks it for a list
- * given as (values, indices), and a kernel refuses a bad row with
- * dcpx_device_refuse, as dcpx_push_list does.
+ * Breaking 3 (a row not stored, or stored with the wrong epoch) shows as
+ * failed rows: the merges' tag checks wait for the missing words and
+ * give up (valid_out -1, the rank FAILED, dcpx_recover), never as a
+ * wrong answer. Breaking 1 can give a wrong answer without an error: a
+ * kernel that stores call n + 1 before the rank's merge of call n has
+ * completed reads epochs that merge has not advanced, so it stores under
+ * call n's tags, into slots its peers may still be reading for call n
+ * (docs/PROTOCOL.md 4.6). Rule 4 is past what tags can see too:
+ * dcpx_device_list_words checks it for a list given as (values,
+ * indices), and a kernel refuses a bad row with dcpx_device_refuse, as
+ * dcpx_push_list does. Breaking 2 leaves the records and the fault hook
+ * with wrong call numbers.
  *
  * Compile with nvcc, sm_70 or later (griddepcontrol needs sm_90: below it
  * the PDL functions are empty).
