@@ -222,16 +222,23 @@ static void file_open(rec_file *f, const char *path) {
   f->path = path;
   f->whole = f->partial = f->start = 0;
   f->cut = false;
-  f->fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  /* Never through a link: a damaged live file is cut (load_file), and a
+   * link would have dcpxd cut and append to whatever file it names. */
+  f->fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW);
   if (f->fd < 0) {
-    if (errno != ENOENT)
+    if (errno == ELOOP)
+      log_warning("Records file %s is a symbolic link: not read", path);
+    else if (errno != ENOENT)
       log_warning_errno(-errno, "Cannot read records file %s: %m", path);
     return;
   }
-  /* a FIFO would block the reads, a device (a link to /dev/zero) never
-   * end them */
-  if (fstat(f->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-    log_warning("Records file %s is not a regular file: not read", path);
+  /* a FIFO would block the reads, a device never end them; a file of
+   * another uid (a hard link) is not dcpxd's to cut */
+  if (fstat(f->fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+      st.st_uid != geteuid()) {
+    log_warning("Records file %s is not a regular file of dcpxd's uid: not "
+                "read",
+                path);
     close(f->fd);
     f->fd = -1;
     return;
@@ -370,8 +377,9 @@ static int fsync_dir(const char *dir) {
 
 static int open_live(dcpxd_records *s) {
   struct stat st;
-  int fd =
-      open(s->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+  int fd = open(s->path,
+                O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW,
+                0640);
   if (fd < 0)
     return -errno;
   if (fstat(fd, &st) < 0) {
@@ -462,9 +470,14 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
     load_file(s, &live, true);
   }
   /* the live file is appended to: one that is not a file (a FIFO, whose
-   * open would wait for a reader, or a link to a device) stops dcpxd */
-  if (stat(s->path, &st) == 0 && !S_ISREG(st.st_mode)) {
-    log_error("Records file %s is in the way (not a regular file)", s->path);
+   * open would wait for a reader, a device), a symbolic link (dcpxd would
+   * append to the file it names) or a file of another uid stops dcpxd */
+  if (lstat(s->path, &st) == 0 &&
+      (!S_ISREG(st.st_mode) || st.st_uid != geteuid())) {
+    log_error("Records file %s is in the way (%s)", s->path,
+              S_ISLNK(st.st_mode)   ? "a symbolic link"
+              : !S_ISREG(st.st_mode) ? "not a regular file"
+                                     : "not dcpxd's uid's");
     dcpxd_records_free(s);
     return -EINVAL;
   }

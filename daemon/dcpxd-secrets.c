@@ -132,21 +132,40 @@ static int boot_line(const dcpxd_secrets *s, const char *line,
  * negative errno (the file could not be read), or 1: a file it may not
  * trust (logged here). */
 static int load(dcpxd_secrets *s) {
-  _cleanup_fclose_ FILE *f = fopen(s->path, "re");
+  _cleanup_fclose_ FILE *f = NULL;
   _cleanup_free_ char *line = NULL;
   size_t cap = 0;
   unsigned lineno = 0;
   bool other_boot = false;
   struct stat st;
 
-  if (!f)
+  /* not through a link, and without waiting for a FIFO's writer */
+  const int fd = open(s->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK |
+                                   O_NOFOLLOW);
+  if (fd < 0 && errno == ELOOP) {
+    log_error("%s is not trusted: a symbolic link (the groups file must be "
+              "a regular file of dcpxd's); check the file it names, then "
+              "put it in place of the link, or remove the link",
+              s->path);
+    return 1;
+  }
+  if (fd < 0)
     return errno == ENOENT ? 0 : -errno;
+  if (!(f = fdopen(fd, "r"))) {
+    const int r = -errno;
+    close(fd);
+    return r;
+  }
   /* Its secrets and owners decide who may adopt which group: a file that
    * another uid made (renamed into a state dir others may write), or that
    * others may write, may be forged. One that others may read (written by
    * an older dcpxd under a looser umask) is rewritten 0600 (prune_dead). */
   if (fstat(fileno(f), &st) < 0)
     return -errno;
+  if (!S_ISREG(st.st_mode)) {
+    log_error("%s is not trusted: not a regular file; remove it", s->path);
+    return 1;
+  }
   if (st.st_uid != geteuid() || (st.st_mode & 022)) {
     log_error("%s is not trusted: owner uid %u, mode %04o (it must be "
               "dcpxd's, uid %u, and writable by it alone); check its lines, "

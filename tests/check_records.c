@@ -202,6 +202,60 @@ START_TEST(test_not_regular_files) {
 }
 END_TEST
 
+/* The bytes of file `path` (at most n - 1, NUL-terminated); their count. */
+static size_t file_text(const char *path, char *buf, size_t n) {
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  const size_t k = fread(buf, 1, n - 1, f);
+  buf[k] = '\0';
+  fclose(f);
+  return k;
+}
+
+/* A records file that is a symbolic link is neither read, cut nor
+ * appended to: the live one stops the open, a rotated one is skipped.
+ * dcpxd opened both through the link, cut the file it named to its last
+ * whole 128-byte entry (here: to nothing) and appended records to it. A
+ * live file of another uid (a hard link to it, say) stops the open too. */
+START_TEST(test_linked_files) {
+  static const char text[] = "lines of a file that is not dcpxd's\n";
+  dcpxd_records *s = NULL;
+  char path[128], victim[128], buf[256];
+  snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/dcpx-rec.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  snprintf(victim, sizeof(victim), "%s/victim", g_dir);
+  FILE *f = fopen(victim, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+  snprintf(path, sizeof(path), "%s/records.log", g_dir);
+  ck_assert_int_eq(symlink(victim, path), 0);
+  ck_assert_int_lt(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+  ck_assert_uint_eq(file_text(victim, buf, sizeof(buf)), strlen(text));
+  ck_assert_str_eq(buf, text);
+  ck_assert_int_eq(unlink(path), 0);
+  snprintf(path, sizeof(path), "%s/records.log.1", g_dir);
+  ck_assert_int_eq(symlink(victim, path), 0);
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+  ck_assert_uint_eq(dcpxd_records_count(s), 0);
+  const dcpxd_record r = rec(1);
+  ck_assert_int_eq(dcpxd_records_append(s, &r, 1), 0);
+  dcpxd_records_free(s);
+  ck_assert_str_eq((file_text(victim, buf, sizeof(buf)), buf), text);
+  if (geteuid() == 0) { /* a live file of another uid */
+    ck_assert_int_eq(unlink(path), 0);
+    snprintf(path, sizeof(path), "%s/records.log", g_dir);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(link(victim, path), 0);
+    ck_assert_int_eq(chown(victim, 65534, 65534), 0);
+    s = NULL;
+    ck_assert_int_lt(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+    ck_assert_str_eq((file_text(victim, buf, sizeof(buf)), buf), text);
+  }
+  remove_dir();
+}
+END_TEST
+
 /* The times of the n records a fresh open of g_dir (ring 8) keeps, from
  * 1000 + first on, in order; and that it found no bad entry (its note
  * counts every corrupted entry it read). */
@@ -522,6 +576,7 @@ int main(void) {
   tcase_add_test(tc, test_backlog_bounded);
   tcase_add_test(tc, test_failed_sync);
   tcase_add_test(tc, test_not_regular_files);
+  tcase_add_test(tc, test_linked_files);
   tcase_add_test(tc, test_start_reads_the_newest);
   tcase_add_test(tc, test_start_stops_at_garbage);
   tcase_add_test(tc, test_awaited_rank_stored);

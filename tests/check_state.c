@@ -112,11 +112,12 @@ START_TEST(test_groups_bad_lines) {
 }
 END_TEST
 
-/* A groups file that cannot be read to its end (an I/O error; here a
- * directory, which fopen opens and every read fails with EISDIR) stops
- * dcpxd: before, the read error counted as the end of the file, dcpxd
- * started without the entries after it and its next save dropped them
- * from the file for good (their groups could never reattach). */
+/* A groups file that cannot be read to its end stops dcpxd: before, a
+ * read error counted as the end of the file, dcpxd started without the
+ * entries after it and its next save dropped them from the file for good
+ * (their groups could never reattach). The case was a directory, which
+ * opens and fails every read with EISDIR; a groups file that is no
+ * regular file is now refused before any read, which stops dcpxd too. */
 START_TEST(test_groups_read_error) {
   dcpxd_secrets *s = NULL;
   char path[128];
@@ -124,8 +125,11 @@ START_TEST(test_groups_read_error) {
   ck_assert_ptr_nonnull(mkdtemp(g_dir));
   snprintf(path, sizeof(path), "%s/groups", g_dir);
   ck_assert_int_eq(mkdir(path, 0700), 0);
-  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EISDIR);
+  g_log_len = 0;
+  g_log[0] = '\0';
+  ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EPERM);
   ck_assert_ptr_null(s);
+  ck_assert_msg(strstr(g_log, "not a regular file"), "log: %s", g_log);
   remove_dir();
 }
 END_TEST
@@ -157,6 +161,23 @@ START_TEST(test_groups_not_trusted) {
     groups_file("forged 1000 " HEX0 " 0\n", 0600);
     snprintf(path, sizeof(path), "%s/groups", g_dir);
     ck_assert_int_eq(chown(path, 65534, 65534), 0);
+    ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EPERM);
+    remove_dir();
+  }
+  /* a link to a file that would pass (dcpxd's, 0600), and a FIFO, whose
+   * open waited for a writer */
+  groups_file("linked 1000 " HEX0 " 0\n", 0600);
+  {
+    char target[128];
+    snprintf(path, sizeof(path), "%s/groups", g_dir);
+    snprintf(target, sizeof(target), "%s/elsewhere", g_dir);
+    ck_assert_int_eq(rename(path, target), 0);
+    ck_assert_int_eq(symlink(target, path), 0);
+    g_log_len = 0;
+    ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EPERM);
+    ck_assert_msg(strstr(g_log, "a symbolic link"), "log: %s", g_log);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
     ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), -EPERM);
     remove_dir();
   }
