@@ -1774,9 +1774,18 @@ static void member_leaves(dcpxd_conn *c, bool graceful) {
     return;
   }
   /* (With ranks awaited since a restart the group lives on, aborted, for
-   * them to come back and for a replacement of this one.) */
+   * them to come back and for a replacement of this one.) A rank that
+   * raised its alarm before (a wait that timed out, which the next scan
+   * would have seen) is the cause: a rank whose call failed may well
+   * leave before that scan, and the abort then named it "dead". */
   dcpxd_bprintf(detail, "rank %u (pid %d) %s", rank, (int)c->pid,
                 graceful ? "left the group" : c->close_reason);
+  if (g->hdr && !g->hdr->abort) {
+    char also[240];
+    dcpxd_bprintf(also, "; then %s", detail);
+    if (dcpxd_health_alarm_abort(g, also))
+      return;
+  }
   dcpxd_group_abort(g, DCPX_ABORT_DEAD, (int32_t)rank, detail);
 }
 

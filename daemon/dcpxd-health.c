@@ -263,16 +263,21 @@ void dcpxd_health_scan(dcpxd_manager *m) {
   }
 
   TAILQ_FOREACH(g, &m->groups, link) {
-    if (g->state != DCPXD_GROUP_READY || !g->hdr || g->hdr->abort)
-      continue;
-    for (uint32_t r = 0; r < g->shape.world; r++) {
-      dcpx_rank_health *h = dcpxd_group_health(g, r);
-      if (h->alarm) {
-        char detail[96];
-        dcpxd_bprintf(detail, "rank %u raised its alarm (a wait timed out)", r);
-        dcpxd_group_abort(g, DCPX_ABORT_ALARM, (int32_t)r, detail);
-        break;
-      }
+    if (g->state == DCPXD_GROUP_READY && g->hdr && !g->hdr->abort)
+      (void)dcpxd_health_alarm_abort(g, "");
+  }
+}
+
+bool dcpxd_health_alarm_abort(dcpxd_group *g, const char *also) {
+  for (uint32_t r = 0; r < g->shape.world; r++) {
+    if (dcpxd_group_health(g, r)->alarm) {
+      char detail[320];
+      dcpxd_bprintf(detail, "rank %u raised its alarm (a wait timed out, or "
+                            "a call was refused)%s",
+                    r, also);
+      dcpxd_group_abort(g, DCPX_ABORT_ALARM, (int32_t)r, detail);
+      return true;
     }
   }
+  return false;
 }

@@ -344,6 +344,9 @@ int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
 
 /* Called every poll-ms while some group is ready or awaits a reattach. */
 void dcpxd_health_scan(dcpxd_manager *m);
+/* If a rank of g has raised its alarm, aborts g for it (DCPX_ABORT_ALARM,
+ * the first such rank, `also` appended to the detail) and returns true. */
+bool dcpxd_health_alarm_abort(dcpxd_group *g, const char *also);
 /* After adopting a group's control page: marks the record slots whose
  * records the store already holds (from before the restart) as harvested,
  * so that they are not stored twice. */

@@ -1924,6 +1924,54 @@ START_TEST(test_recover_with_failed_peer) {
 }
 END_TEST
 
+static void *thread_leave_main(void *p) {
+  thread_recover *t = p;
+  t->r = dcpx_leave(t->m);
+  return NULL;
+}
+
+/* Rank 0 fails (its alarm raised: a refused call, as a wait that timed
+ * out does) and leaves before dcpxd's next alarm scan (dcpxd stopped for
+ * about 1 ms of its 5 ms poll-ms, so that it reads the Leave before the
+ * scan; a demo's ranks whose calls timed out exit that fast). The abort names the alarm and rank 0, not rank 0's leaving:
+ * it said "reason=dead", and dcpxctl check "aborted (dead)", for a group
+ * whose trouble was a timeout. */
+START_TEST(test_alarm_then_leave) {
+  static const char *const scan5[] = {"--poll-ms", "5", NULL};
+  thread_join t0 = {0, NULL, NULL, 0};
+  thread_recover tl;
+  pthread_t th;
+  start(scan5);
+  dcpx_client *c1;
+  dcpx_member *m1 = join_mp(&t0, &c1);
+  kill(g_d.pid, SIGSTOP);
+  dcpx_call bad = DCPX_CALL_INIT;
+  bad.size = 8;
+  HC_ASSERT(dcpx_push(t0.m, &bad, NULL) == DCPX_E_INVAL, "refused push");
+  tl.m = t0.m;
+  HC_ASSERT(pthread_create(&th, NULL, thread_leave_main, &tl) == 0, "thread");
+  hh_sleep_ms(1); /* the Leave in dcpxd's socket before it runs again */
+  kill(g_d.pid, SIGCONT);
+  HC_ASSERT(pthread_join(th, NULL) == 0 && tl.r == 0, "rank 0's leave: %d",
+            tl.r);
+  dcpx_disconnect(t0.c);
+  for (int i = 0; i < 300 && !log_contains("aborted: reason="); i++)
+    hh_sleep_ms(10);
+  /* (The Leave first, as it mostly is here, failed this before the fix,
+   * and adds "; then rank 0 (pid ...) left the group" to the line; the
+   * scan first passed either way.) */
+  HC_ASSERT(log_contains("aborted: reason=alarm rank=0: rank 0 raised its "
+                         "alarm") &&
+                !log_contains("aborted: reason=dead"),
+            "the abort does not name rank 0's alarm");
+  CTL(2, "check", "mp");
+  HC_ASSERT(strstr(g_o.out, "aborted (alarm)"), "check: %s", g_o.out);
+  dcpx_leave(m1);
+  dcpx_disconnect(c1);
+  finish();
+}
+END_TEST
+
 /* Rank 1 dies while dcpxd is down and stays a zombie (its parent has not
  * reaped it); rank 0 reattaches, so the group is adopted awaiting rank 1.
  * A replacement for rank 1 then joins: the zombie is dead here too (the
@@ -2528,6 +2576,7 @@ int main(void) {
   ADD(test_zombie_rank_is_dead);
   ADD(test_two_ranks_one_process);
   ADD(test_recover_with_failed_peer);
+  ADD(test_alarm_then_leave);
   ADD(test_zombie_awaited_rank);
   ADD(test_stale_rank_reattach);
   ADD(test_reattach_at_daemon_fd_limit);
