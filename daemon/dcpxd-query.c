@@ -507,7 +507,18 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
     log_notice("group=%s: unattached group dropped by a reset (pid %d uid "
                "%u); a reattach of its ranks will be refused",
                cmd->group, (int)c->pid, (unsigned)c->uid);
-    dcpxd_conn_reply(c, 0, "%s", "");
+    dcpxd_conn_reply(c, 0,
+                     "group '%.*s' was unattached (dcpxd restarted and none "
+                     "of its ranks reattached): dropped; its name is free, "
+                     "and a later reattach of its ranks is refused",
+                     DCPXD_GROUP_NAME_MAX, cmd->group);
+    return;
+  }
+  if (!g && dcpxd_secrets_live(c->m->secrets, cmd->group)) {
+    dcpxd_conn_reply(c, DCPX_E_STATE,
+                     "group '%.*s' is unattached: dcpxd restarted and none "
+                     "of its ranks has reattached yet",
+                     DCPXD_GROUP_NAME_MAX, cmd->group);
     return;
   }
   if (!g) {

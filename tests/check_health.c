@@ -2430,6 +2430,14 @@ START_TEST(test_unattached_after_restart) {
                 strstr(g_o.out, "\"state\":\"unattached\"") &&
                 json_u64("awaiting_reattach") == 1 && json_u64("world") == 1,
             "%s", g_o.out);
+  /* what it does not know is null, not a 0 or a default (it said
+   * "transport":"auto","backend":"host","generation":0) */
+  HC_ASSERT(strstr(g_o.out, "\"generation\":null,\"abort\":null,"
+                            "\"abort_reason\":null,") &&
+                strstr(g_o.out, "\"shape\":null,\"transport\":null,"
+                                "\"backend\":null,\"timeout_ns\":null,"
+                                "\"aborts\":null,\"recoveries\":null,"),
+            "%s", g_o.out);
   CTL_JSON(1, "health", "ua", "--json"); /* by name too */
   CTL(1, "health");
   HC_ASSERT(strstr(g_o.out, "not reattached since dcpxd restarted"), "%s",
@@ -2467,7 +2475,10 @@ END_TEST
 /* A group whose ranks left while dcpxd was down stays unattached (its
  * processes live on, so dcpxd cannot tell they left); an operator's reset
  * drops it: health and check are clean again, and the name is free. It
- * used to answer "no group" while groups listed it. */
+ * used to answer "no group" while groups listed it. The reset says that
+ * it dropped the group (it said "its ranks drain, acknowledge, and
+ * resume"), and a fault stall says that the group is unattached (it said
+ * "no group"). */
 START_TEST(test_unattached_reset) {
   dcpx_client *c;
   dcpx_member *m;
@@ -2477,11 +2488,18 @@ START_TEST(test_unattached_reset) {
   stop_clean();
   dcpx_leave(m); /* its Leave goes nowhere */
   dcpx_disconnect(c);
-  start(NULL);
+  start(k_fault);
   CTL(1, "health", "ub");
   HC_ASSERT(strstr(g_o.out, "unattached"), "%s", g_o.out);
   CTL(1, "check");
+  CTL(4, "fault", "stall", "--group", "ub", "--rank", "0", "--ticks", "1ms");
+  HC_ASSERT(strstr(g_o.err, "group 'ub' is unattached") &&
+                strstr(g_o.err, "DCPX_E_STATE"),
+            "fault stall: %s", g_o.err);
   CTL(0, "reset", "--group", "ub");
+  HC_ASSERT(strstr(g_o.out, "group 'ub' was unattached") &&
+                strstr(g_o.out, "dropped") && !strstr(g_o.out, "drain"),
+            "reset: %s", g_o.out);
   CTL(0, "health");
   HC_ASSERT(!strstr(g_o.out, "ub"), "%s", g_o.out);
   CTL(0, "check");

@@ -418,9 +418,13 @@ static int run_query(Dcpx__Query *q, Dcpx__Frame **ret) {
   return 0;
 }
 
-static int run_command(Dcpx__Command *cmd) {
+/* Sends cmd; on success the note of dcpxd's answer (its text with status
+ * 0, e.g. a reset that dropped an unattached group) into note (n bytes),
+ * "" without one. */
+static int run_command(Dcpx__Command *cmd, char *note, size_t n) {
   Dcpx__Frame f = DCPX__FRAME__INIT, *in;
   int r;
+  note[0] = '\0';
   f.msg_case = DCPX__FRAME__MSG_COMMAND;
   f.command = cmd;
   if ((r = exchange(&f, &in)))
@@ -434,11 +438,15 @@ static int run_command(Dcpx__Command *cmd) {
     dcpx__frame_free(in);
     return r;
   }
+  if (in->reply->error)
+    snprintf(note, n, "%s", in->reply->error);
   dcpx__frame_free(in);
   if (arg_json) {
     jw w = jw_start(stdout);
     jw_obj(&w, NULL);
     jw_i64(&w, "status", 0);
+    if (*note)
+      jw_str(&w, "note", note);
     jw_end(&w);
   }
   return EXIT_OK;
@@ -590,26 +598,54 @@ static void json_rank(jw *w, const Dcpx__GroupInfo *g,
   t->failed += r->failed_calls;
 }
 
-/* Group g: what dcpxd knows of it, its ranks and their totals. */
+/* A group dcpxd restarted without: only its name, world and live ranks
+ * are known until one of them reattaches (dcpxd-query.c). */
+static bool unattached(const Dcpx__GroupInfo *g) {
+  return g->state && strcmp(g->state, "unattached") == 0;
+}
+
+/* Key `key` as n, or null where the group is unattached (not known). */
+static void json_known_u64(jw *w, const char *key, uint64_t n, bool un) {
+  if (un)
+    jw_null(w, key);
+  else
+    jw_u64(w, key, n);
+}
+
+static void json_known_str(jw *w, const char *key, const char *s, bool un) {
+  if (un)
+    jw_null(w, key);
+  else
+    jw_str(w, key, s);
+}
+
+/* Group g: what dcpxd knows of it, its ranks and their totals. Of an
+ * unattached group (dcpxd restarted, no rank back yet) it knows the name,
+ * state, world and the live ranks awaited: the rest is null, as its
+ * metrics leave it out, not a 0 or a default that reads as a value. */
 static void json_group(jw *w, const Dcpx__GroupInfo *g, bool ok) {
   json_totals t = {0};
+  const bool un = unattached(g);
   jw_obj(w, NULL);
   jw_str(w, "name", g->name);
   jw_str(w, "state", g->state);
   jw_bool(w, "healthy", ok);
-  jw_u64(w, "generation", g->generation);
-  jw_u64(w, "abort", g->abort);
-  jw_str(w, "abort_reason", dcpx__abort_reason_name(g->abort));
+  json_known_u64(w, "generation", g->generation, un);
+  json_known_u64(w, "abort", g->abort, un);
+  json_known_str(w, "abort_reason", dcpx__abort_reason_name(g->abort), un);
   jw_u64(w, "joined", g->joined);
   if (g->shape) {
     jw_u64(w, "world", g->shape->world);
-    json_shape(w, g->shape);
+    if (un)
+      jw_null(w, "shape");
+    else
+      json_shape(w, g->shape);
   }
-  jw_str(w, "transport", transport_name(g->transport));
-  jw_str(w, "backend", backend_name(g->backend));
-  jw_u64(w, "timeout_ns", g->timeout_ns);
-  jw_u64(w, "aborts", g->aborts);
-  jw_u64(w, "recoveries", g->recoveries);
+  json_known_str(w, "transport", transport_name(g->transport), un);
+  json_known_str(w, "backend", backend_name(g->backend), un);
+  json_known_u64(w, "timeout_ns", g->timeout_ns, un);
+  json_known_u64(w, "aborts", g->aborts, un);
+  json_known_u64(w, "recoveries", g->recoveries, un);
   jw_bool(w, "adopted", g->adopted);
   jw_u64(w, "awaiting_reattach", g->awaiting_reattach);
   jw_arr(w, "ranks");
@@ -670,11 +706,6 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   jw_end(&w);
 }
 
-/* A group dcpxd restarted without: only its name, world and live ranks
- * are known until one of them reattaches (dcpxd-query.c). */
-static bool unattached(const Dcpx__GroupInfo *g) {
-  return g->state && strcmp(g->state, "unattached") == 0;
-}
 
 /* dcpxd's note on its answer (what it left out), for a reader. */
 static void human_note(const Dcpx__QueryReply *qr) {
@@ -1562,8 +1593,11 @@ static int cmd_reset(int argc, char **argv) {
     return usage_error("reset needs --group GROUP");
   if (optind < argc)
     return usage_error("unexpected argument '%s'", argv[optind]);
-  r = run_command(&cmd);
-  if (r == EXIT_OK && !arg_json)
+  char note[512];
+  r = run_command(&cmd, note, sizeof(note));
+  if (r == EXIT_OK && !arg_json && *note)
+    printf("%s\n", note);
+  else if (r == EXIT_OK && !arg_json)
     printf("reset of group %s requested: its ranks drain, acknowledge, and "
            "resume at the next generation\n",
            cmd.group);
@@ -1640,7 +1674,8 @@ static int cmd_fault(int argc, char **argv) {
     return usage_error("fault stall needs --group, --rank and --ticks");
   if (optind < argc)
     return usage_error("unexpected argument '%s'", argv[optind]);
-  r = run_command(&cmd);
+  char note[512];
+  r = run_command(&cmd, note, sizeof(note));
   if (r == EXIT_OK && !arg_json) {
     char call[24] = "any";
     if (cmd.has_call_tag)
