@@ -1966,6 +1966,12 @@ START_TEST(test_alarm_then_leave) {
             "the abort does not name rank 0's alarm");
   CTL(2, "check", "mp");
   HC_ASSERT(strstr(g_o.out, "aborted (alarm)"), "check: %s", g_o.out);
+  /* rank 0 failed and left: the text says it is gone (as --json's
+   * "joined": false), not only FAILED with a pid that is no more */
+  CTL(1, "health", "mp");
+  HC_ASSERT(strstr(g_o.out, "rank 0  FAILED") &&
+                strstr(g_o.out, "gone (left or died)\n"),
+            "health: %s", g_o.out);
   dcpx_leave(m1);
   dcpx_disconnect(c1);
   finish();

@@ -780,6 +780,10 @@ static void human_rank(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
     printf("  awaited_timeouts %" PRIu64, r->awaited_timeouts);
   if (recovering(g)) /* who holds the recovery up */
     printf("  %s", r->acknowledged ? "acknowledged" : "NOT ACKNOWLEDGED");
+  /* A rank that failed, then left or died: its state says FAILED (or
+   * ALARM), what it last was; its pid is gone (JSON: "joined": false). */
+  if (!r->joined && r->pid && (r->failed || r->alarm))
+    printf("  gone (left or died)");
   putchar('\n');
 }
 
