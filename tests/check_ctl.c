@@ -57,7 +57,15 @@ START_TEST(test_help) {
     CC_ASSERT(strstr(g_o.out, want), "%s -h: %s", cmds[i], g_o.out);
     CTL(0, "help", cmds[i]);
     CC_ASSERT(strstr(g_o.out, want), "help %s: %s", cmds[i], g_o.out);
+    /* -V / --version among a command's options too, as dcpxctl(1) says
+     * (they were refused there: "unknown option", check UNKNOWN) */
+    CTL(0, cmds[i], strcmp(cmds[i], "fault") ? "--version" : "-V");
+    CC_ASSERT(strncmp(g_o.out, "dcpxctl ", 8) == 0 &&
+                  strstr(g_o.out, "(protocol "),
+              "%s --version: %s", cmds[i], g_o.out);
   }
+  CTL(0, "fault", "stall", "-V");
+  CC_ASSERT(strncmp(g_o.out, "dcpxctl ", 8) == 0, "%s", g_o.out);
   CTL(0, "fault", "stall", "--help");
   CC_ASSERT(strstr(g_o.out, "--ticks"), "%s", g_o.out);
   CTL(0, "--help");

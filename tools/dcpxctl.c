@@ -1233,7 +1233,8 @@ static int cmd_help_command(int argc, char **argv) {
  * options (each command's table includes them; global_opt handles them). */
 #define GLOBAL_OPTS                                                            \
   {"socket", required_argument, NULL, 'S'}, {"json", no_argument, NULL, 'J'},   \
-  {"timeout", required_argument, NULL, 'T'}
+      {"timeout", required_argument, NULL, 'T'},                               \
+      {"version", no_argument, NULL, 'V'}
 
 /* What is wrong with global option opt's value arg, or NULL. An empty
  * --socket is refused: libdcpx would take it for no path at all and ask
@@ -1272,6 +1273,12 @@ static int global_opt(int opt) {
   }
 }
 
+static int print_version(void) {
+  printf("dcpxctl %s (protocol %u)\n", DCPX_VERSION_STRING,
+         DCPX_PROTO_VERSION);
+  return EXIT_OK;
+}
+
 /* The options each command takes besides its own: --help (name's help),
  * a bad option (the error), the global ones. Returns -1 to go on, or the
  * exit status. */
@@ -1280,6 +1287,8 @@ static int other_opt(int opt, int argc, char **argv, const struct option *opts,
   int r;
   if (opt == 'h')
     return cmd_usage(name);
+  if (opt == 'V') /* dcpxctl(1): before the command or among its options */
+    return print_version();
   if (opt == '?' || opt == ':')
     return option_error(opt, argc, argv, opts);
   r = global_opt(opt);
@@ -1389,7 +1398,7 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   char tmp[4096];
 
   /* Options may follow the group name ("health GROUP --json"). */
-  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":hV", opts, NULL)) != -1) {
     if (opt == 'F') {
       if (what != DCPX__QUERY__WHAT__STATS)
         return usage_error("--format is an option of stats");
@@ -1511,7 +1520,7 @@ static int cmd_records(int argc, char **argv) {
   q.what = DCPX__QUERY__WHAT__RECORDS;
   q.group = "";
   q.rank = -1;
-  while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+:hV", opts, NULL)) != -1) {
     switch (opt) {
     case 'g':
       if (!*optarg) /* "" is no name, not "every group" */
@@ -1587,7 +1596,7 @@ static int cmd_reset(int argc, char **argv) {
   cmd.kind = DCPX__COMMAND__KIND__RESET;
   cmd.group = NULL;
   cmd.rank = -1;
-  while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+:hV", opts, NULL)) != -1) {
     if (opt == 'g')
       cmd.group = optarg;
     else if ((r = other_opt(opt, argc, argv, opts, "reset")) >= 0)
@@ -1626,6 +1635,8 @@ static int cmd_fault(int argc, char **argv) {
   for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
       return cmd_usage("fault");
+    else if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0)
+      return print_version();
   if (argc < 2 || strcmp(argv[1], "stall") != 0)
     return usage_error("usage: fault stall --group G --rank R [--epoch E] "
                        "[--call C] --ticks T");
@@ -1634,7 +1645,7 @@ static int cmd_fault(int argc, char **argv) {
   cmd.kind = DCPX__COMMAND__KIND__FAULT_STALL;
   cmd.group = NULL;
   cmd.call_tag = UINT64_MAX;
-  while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+:hV", opts, NULL)) != -1) {
     switch (opt) {
     case 'g':
       cmd.group = optarg;
@@ -1804,10 +1815,12 @@ static int check_parse(int argc, char **argv, check_limits *l) {
   int opt;
 
   opterr = 0; /* a bad option is the status line's UNKNOWN, not stderr */
-  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":hV", opts, NULL)) != -1) {
     switch (opt) {
     case 'h':
       return cmd_usage("check");
+    case 'V':
+      return print_version();
     case 'w':
       if (!parse_pct(optarg, &l->rescue_warn))
         return check_line(NAGIOS_UNKNOWN,
@@ -2146,7 +2159,6 @@ static int run(int argc, char **argv) {
   static const struct option opts[] = {
       GLOBAL_OPTS,
       {"help", no_argument, NULL, 'h'},
-      {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   const char *cmd;
   char bad[200] = ""; /* the first bad global option */
@@ -2164,9 +2176,7 @@ static int run(int argc, char **argv) {
       help();
       return EXIT_OK;
     case 'V':
-      printf("dcpxctl %s (protocol %u)\n", DCPX_VERSION_STRING,
-             DCPX_PROTO_VERSION);
-      return EXIT_OK;
+      return print_version();
     case 'S':
     case 'T':
       if ((why = global_problem(opt, optarg))) {
