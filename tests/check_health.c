@@ -2346,6 +2346,10 @@ START_TEST(test_refused_reattach_shown) {
                 strstr(g_o.out, "rr rank 0 (pid") &&
                 strstr(g_o.out, "refused its reattach"),
             "%s", g_o.out);
+  CTL(0, "groups"); /* it said "no groups" alone */
+  HC_ASSERT(strstr(g_o.out, "rr rank 0 (pid") &&
+                strstr(g_o.out, "runs unwatched by dcpxd"),
+            "groups: %s", g_o.out);
   CTL_JSON(1, "health", "rr", "--json"); /* by name: no NOENT */
   HC_ASSERT(strstr(g_o.out, "\"refused_reattaches\":[{\"group\":\"rr\"") &&
                 strstr(g_o.out, "\"status\":\"DCPX_E_ACCES\""),

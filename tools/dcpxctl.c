@@ -722,7 +722,20 @@ static void print_shape(const Dcpx__GroupInfo *g) {
          g->shape->block_size, g->shape->interleave, g->shape->max_local);
 }
 
+/* Ranks that run unwatched: dcpxd refused their reattach (text). */
+static void human_refusals(const Dcpx__QueryReply *qr) {
+  for (size_t i = 0; i < qr->n_refused_reattaches; i++) {
+    const Dcpx__ReattachRefusal *r = qr->refused_reattaches[i];
+    printf("! %s rank %u (pid %d): reattach refused %" PRIu64 " time%s, "
+           "runs unwatched by dcpxd: %s (%s)\n",
+           r->group, r->rank, (int)r->pid, r->attempts,
+           r->attempts == 1 ? "" : "s", r->reason,
+           code_label(r->status));
+  }
+}
+
 static void human_groups(const Dcpx__QueryReply *qr) {
+  human_refusals(qr); /* ranks that run, unwatched: not "no groups" alone */
   if (qr->n_groups == 0) {
     printf("no groups\n");
     return;
@@ -743,17 +756,6 @@ static void human_groups(const Dcpx__QueryReply *qr) {
   human_note(qr); /* groups left out */
 }
 
-/* Ranks that run unwatched: dcpxd refused their reattach (text). */
-static void human_refusals(const Dcpx__QueryReply *qr) {
-  for (size_t i = 0; i < qr->n_refused_reattaches; i++) {
-    const Dcpx__ReattachRefusal *r = qr->refused_reattaches[i];
-    printf("! %s rank %u (pid %d): reattach refused %" PRIu64 " time%s, "
-           "runs unwatched by dcpxd: %s (%s)\n",
-           r->group, r->rank, (int)r->pid, r->attempts,
-           r->attempts == 1 ? "" : "s", r->reason,
-           code_label(r->status));
-  }
-}
 
 
 /* One rank's line of group g, under branch (a tree's tee or elbow). */
