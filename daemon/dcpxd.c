@@ -279,8 +279,11 @@ static int state_dir_lock(const char *dir) {
       log_error_errno(-locked, "Cannot lock %s: %m", lock);
     return -1;
   }
-  if (ftruncate(fd, 0) == 0)
-    dprintf(fd, "%d\n", (int)getpid());
+  if (ftruncate(fd, 0) != 0 || dprintf(fd, "%d\n", (int)getpid()) < 0)
+    log_warning_errno(-errno, "Cannot write this dcpxd's pid into %s (%m): "
+                              "a second dcpxd on %s will not be told whose "
+                              "it is",
+                      lock, dir); /* a full disk; the lock still holds */
   /* A groups.tmp that is not a file would make every save fail (one left
    * by a crash is dcpxd_secrets_open's to remove), and so would a groups
    * file that is not one (a save renames groups.tmp over it); then a
