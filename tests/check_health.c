@@ -1886,17 +1886,27 @@ static void *thread_recover_main(void *p) {
  * abort while rank 0 waited in dcpx_recover for its acknowledgement:
  * dcpx-demo --fault-at, with a stall that rank 1 outlived, ended with
  * rank 0's recovery timing out.) */
+/* dcpxd started (with `extra`), group "mp" joined (rank 0 in *t0, rank 1
+ * returned, its client in *c1), dcpxd stopped (SIGSTOP), and rank 0's
+ * call refused for its struct: rank 0 has its alarm and FAILED word set,
+ * which dcpxd has not seen. */
+static dcpx_member *rank0_failed_unseen(const char *const *extra,
+                                        thread_join *t0, dcpx_client **c1) {
+  start(extra);
+  dcpx_member *m1 = join_mp(t0, c1);
+  kill(g_d.pid, SIGSTOP);
+  dcpx_call bad = DCPX_CALL_INIT;
+  bad.size = 8;
+  HC_ASSERT(dcpx_push(t0->m, &bad, NULL) == DCPX_E_INVAL, "refused push");
+  return m1;
+}
+
 START_TEST(test_recover_with_failed_peer) {
   thread_join t0 = {0, NULL, NULL, 0};
   thread_recover tr;
   pthread_t th;
-  start(NULL);
   dcpx_client *c1;
-  dcpx_member *m1 = join_mp(&t0, &c1);
-  kill(g_d.pid, SIGSTOP);
-  dcpx_call bad = DCPX_CALL_INIT;
-  bad.size = 8;
-  HC_ASSERT(dcpx_push(t0.m, &bad, NULL) == DCPX_E_INVAL, "refused push");
+  dcpx_member *m1 = rank0_failed_unseen(NULL, &t0, &c1);
   int r = dcpx_recover(m1, NULL, 300);
   kill(g_d.pid, SIGCONT);
   HC_ASSERT(r == DCPX_E_TIMEDOUT,
@@ -1933,21 +1943,17 @@ static void *thread_leave_main(void *p) {
 /* Rank 0 fails (its alarm raised: a refused call, as a wait that timed
  * out does) and leaves before dcpxd's next alarm scan (dcpxd stopped for
  * about 1 ms of its 5 ms poll-ms, so that it reads the Leave before the
- * scan; a demo's ranks whose calls timed out exit that fast). The abort names the alarm and rank 0, not rank 0's leaving:
- * it said "reason=dead", and dcpxctl check "aborted (dead)", for a group
- * whose trouble was a timeout. */
+ * scan; a demo's ranks whose calls timed out exit that fast). The
+ * abort names the alarm and rank 0, not rank 0's leaving: it said
+ * "reason=dead", and dcpxctl check "aborted (dead)", for a group whose
+ * trouble was a timeout. */
 START_TEST(test_alarm_then_leave) {
   static const char *const scan5[] = {"--poll-ms", "5", NULL};
   thread_join t0 = {0, NULL, NULL, 0};
   thread_recover tl;
   pthread_t th;
-  start(scan5);
   dcpx_client *c1;
-  dcpx_member *m1 = join_mp(&t0, &c1);
-  kill(g_d.pid, SIGSTOP);
-  dcpx_call bad = DCPX_CALL_INIT;
-  bad.size = 8;
-  HC_ASSERT(dcpx_push(t0.m, &bad, NULL) == DCPX_E_INVAL, "refused push");
+  dcpx_member *m1 = rank0_failed_unseen(scan5, &t0, &c1);
   tl.m = t0.m;
   HC_ASSERT(pthread_create(&th, NULL, thread_leave_main, &tl) == 0, "thread");
   hh_sleep_ms(1); /* the Leave in dcpxd's socket before it runs again */
