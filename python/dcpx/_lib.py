@@ -158,6 +158,8 @@ _PROTOS = {
     "dcpx_shape_check": (c_int, [POINTER(DcpxShapeC)]),
     "dcpx_shape_explain": (c_int, [POINTER(DcpxShapeC), c_char_p, c_size_t]),
     "dcpx_shape_auto_local_topk": (c_uint32, [c_uint32, c_uint32]),
+    "dcpx_shape_warning": (c_char_p, [POINTER(DcpxShapeC)]),
+    "dcpx_member_warning": (c_char_p, [c_void_p]),
     "dcpx_bf16_isnan": (c_int, [c_uint32]),
     "dcpx_ord16": (c_uint32, [c_uint32]),
     "dcpx_row_words": (c_uint32, [c_uint32]),

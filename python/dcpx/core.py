@@ -15,6 +15,7 @@ import ctypes
 import os
 import sys
 import threading
+import warnings
 import enum
 import itertools
 import operator
@@ -28,8 +29,8 @@ from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
                    DcpxListsC, DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
 from .errors import (Aborted, Busy, DcpxError, DtypeError, Failed,
-                     InvalidArgument, RangeError, StateError, TextError,
-                     TimedOut, check)
+                     Interrupted, InvalidArgument, NotSupported, RangeError,
+                     StateError, TextError, TimedOut, check)
 
 __all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
            "MergeResult", "RefStats", "Client", "Member", "PreparedCall",
@@ -140,6 +141,16 @@ class Shape:
         r = lib().dcpx_shape_explain(ctypes.byref(c), why, len(why))
         check(r, "shape check: " + why.value.decode("utf-8", "replace"))
 
+    def warning(self) -> Optional[str]:
+        """A warning about a valid shape, or None (``dcpx_shape_warning``):
+        with ``world >= 2`` and ``world * local_topk <= topk`` every full
+        row rescues, always (slow, still exact). :meth:`Client.join` warns
+        of it too (a :class:`RuntimeWarning`, from dcpxd's join reply)."""
+        self.check()
+        c = self.resolved()._c()
+        w = lib().dcpx_shape_warning(ctypes.byref(c))
+        return w.decode("utf-8", "replace") if w else None
+
 
 #: A block table too big for dcpx_call's uint32 bt_rows and bt_cols
 #: (ctypes cut them to 32 bits: another table's pitch and extent).
@@ -155,6 +166,16 @@ def _tag(call_tag: Any) -> int:
         raise InvalidArgument(context=f"call_tag must be an integer, got "
                               f"{type(call_tag).__name__} {call_tag!r}")
     return operator.index(call_tag) & _U64
+
+
+def _no_stream_compiled(stream: Any, what: str) -> None:
+    """Under torch.compile the dcpx ops run on torch's current stream: a
+    ``stream=`` argument cannot go through the op, and was dropped (the
+    call then ran on another stream than the one asked for)."""
+    if stream is not None:
+        raise NotSupported(context=f"{what}(stream=...) under torch.compile: "
+                           "the dcpx op runs on torch's current stream; "
+                           "use `with torch.cuda.stream(s):` instead")
 
 
 def _ranged(x: Any, lo: int, hi: int, what: str) -> int:
@@ -354,16 +375,27 @@ def _member_by_handle(handle: int) -> "Member":
     return m
 
 
-@dataclass
+@dataclass(eq=False)
 class Client:
     """A connection to the node's dcpxd (``dcpx_connect``).
 
     ``socket=None`` uses ``$DCPX_SOCKET``, else ``/run/dcpx/dcpxd.sock``.
     A context manager; :meth:`close` disconnects (members already joined
     keep their own link).
+
+    One join at a time: the C client is one thread's (its interrupt flag
+    and error text are the whole client's), so a :meth:`join` while
+    another thread's join on this Client runs raises :class:`Busy`
+    (connect a Client per thread that joins). :meth:`close` from another
+    thread during a join stops that join (it raises :class:`StateError`)
+    and waits for it to end before it disconnects. Compared by identity.
     """
     socket: Optional[str] = None
     _ptr: Optional[int] = field(default=None, init=False, repr=False)
+    # held by the join in flight, and by close() while it disconnects
+    _use: threading.Lock = field(default_factory=threading.Lock,
+                                 init=False, repr=False)
+    _closing: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         p = ctypes.c_void_p()
@@ -404,6 +436,17 @@ class Client:
         setup once the group formed (CUDA; bounded by the join timeout);
         should the join complete anyway, the member leaves before the
         exception goes on."""
+        if not self._use.acquire(blocking=False):
+            raise Busy(context="this Client is in a join on another thread "
+                       "(or closing): a Client joins one rank at a time; "
+                       "connect a Client per thread that joins")
+        try:
+            return self._join(shape, options, kw)
+        finally:
+            self._use.release()
+
+    def _join(self, shape: Shape, options: Optional[JoinOptions],
+              kw: Dict[str, Any]) -> "Member":
         if self._ptr is None:
             raise StateError(context="Client is closed")
         if options is not None and not isinstance(options, JoinOptions):
@@ -444,19 +487,41 @@ class Client:
                                 ctypes.byref(p)),
             lambda on: L.dcpx_client_interrupt(cp, on),
             lambda code: L.dcpx_leave(p) if code >= 0 else None)
+        if r < 0 and self._closing and r == Interrupted.code:
+            raise StateError(context=f"joining group {opts.group!r} as rank "
+                             f"{opts.rank}: the Client was closed by another "
+                             "thread")
         if r < 0:
             context = f"joining group {opts.group!r} as rank {opts.rank}"
             why = lib().dcpx_client_last_error(ctypes.c_void_p(self._ptr))
             if why:  # libdcpx or dcpxd refused it and said why
                 context += f" ({why.decode('utf-8', 'replace')})"
             check(r, context)
-        return Member(p.value, self, shape.resolved(), opts)
+        m = Member(p.value, self, shape.resolved(), opts)
+        w = lib().dcpx_member_warning(ctypes.c_void_p(p.value))
+        m._warning = w.decode("utf-8", "replace") if w else None
+        if m._warning:  # dcpxd's (and the C library's) word on the shape
+            warnings.warn(f"dcpx group {opts.group!r}: {m._warning}",
+                          RuntimeWarning, stacklevel=3)
+        return m
 
     def close(self) -> None:
-        """Disconnects (``dcpx_disconnect``); idempotent."""
-        if self._ptr is not None:
-            lib().dcpx_disconnect(ctypes.c_void_p(self._ptr))
-            self._ptr = None
+        """Disconnects (``dcpx_disconnect``); idempotent. A join another
+        thread runs on this Client is stopped first, and waited for (it
+        freed the client under that join before)."""
+        if self._ptr is None:
+            return
+        if not self._use.acquire(blocking=False):
+            self._closing = True
+            lib().dcpx_client_interrupt(ctypes.c_void_p(self._ptr), 1)
+            self._use.acquire()
+        try:
+            if self._ptr is not None:
+                lib().dcpx_disconnect(ctypes.c_void_p(self._ptr))
+                self._ptr = None
+        finally:
+            self._closing = False
+            self._use.release()
 
     def __enter__(self) -> "Client":
         return self
@@ -536,6 +601,7 @@ class Member:
         self._lock = threading.Lock()
         self._busy = 0
         self._left: Optional[int] = None  # left while calls ran: theirs to free
+        self._warning: Optional[str] = None  # set by Client.join
         self._link = threading.Lock()
         _members[self.handle] = weakref.ref(self)
 
@@ -555,6 +621,12 @@ class Member:
     @property
     def closed(self) -> bool:
         return self._ptr is None
+
+    @property
+    def warning(self) -> Optional[str]:
+        """dcpxd's warning about the group's shape from the join reply
+        (``dcpx_member_warning``; see :meth:`Shape.warning`), or None."""
+        return self._warning
 
     def _begin(self) -> int:
         """The member's pointer for one C call (end it with :meth:`_end`);
@@ -646,9 +718,12 @@ class Member:
         ``[rows]`` int32 (row t is valid up to ``row_ends[t]``), on the
         member's device. ``rows`` may be below ``shape.rows``.
         Under ``torch.compile`` this is the ``dcpx::push`` op and returns a
-        token that :meth:`merge` orders itself after; otherwise None.
+        token that :meth:`merge` orders itself after; otherwise None. The
+        op runs on torch's current stream: ``stream=`` is refused there
+        (:class:`NotSupported`; use ``with torch.cuda.stream(s):``).
         """
         if _is_compiling():
+            _no_stream_compiled(stream, "push")
             tok = _torch_ops.push(self, logits, row_ends, call_tag)
             self._token = tok
             return tok
@@ -746,6 +821,7 @@ class Member:
         if sat is not True and sat is not False:
             sat = _flag(sat, "merge: sat")
         if _is_compiling():
+            _no_stream_compiled(stream, "merge")
             return _torch_ops.merge(self, logits, row_ends, req_id,
                                    block_table, out, ids, sat, call_tag,
                                    token if token is not None

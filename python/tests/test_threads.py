@@ -5,6 +5,7 @@ calls (poll, health, ...) run one at a time. And a zero-row call with
 empty torch tensors (data_ptr() 0) is a call, not a refused one."""
 
 import threading
+import warnings
 import time
 
 import numpy as np
@@ -233,6 +234,45 @@ def test_zero_rows_torch(member):
     assert (np.asarray(res.rows_out) == np.asarray(ref.rows_out)).all()
 
 
+def test_one_client_two_joins_and_close_under_a_join(daemon, group):
+    """A Client joins one rank at a time: a second thread's join while one
+    waits raises Busy (the C client's interrupt flag and error text are
+    the whole client's: Ctrl-C on one join stopped the other). close()
+    from another thread stops the join in flight, waits for it, then
+    disconnects: it freed the C client under the join (use after free;
+    the join then read a reused flag and failed at random)."""
+    shape = dcpx.Shape(world=2, rows=4, topk=16, local_topk=4, block_size=4,
+                       max_local=128)
+    c = dcpx.Client(daemon.socket)
+    got = {}
+
+    def join0():
+        try:  # rank 1 never comes: this waits until close() stops it
+            got["m"] = c.join(shape, rank=0, group=group,
+                              join_timeout_ms=20_000)
+        except dcpx.DcpxError as e:
+            got["e"] = e
+
+    t = threading.Thread(target=join0)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not c._use.locked() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.1)  # inside dcpx_join
+    with pytest.raises(dcpx.Busy) as e:
+        c.join(shape, rank=1, group=group)
+    assert "one rank at a time" in str(e.value)
+    t0 = time.monotonic()
+    c.close()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 5
+    assert isinstance(got.get("e"), dcpx.StateError), got
+    assert "closed by another thread" in str(got["e"])
+    with pytest.raises(dcpx.StateError):
+        c.join(shape, rank=0, group=group)
+    assert len({c, dcpx.Client(daemon.socket)}) == 2  # hashable, by identity
+
+
 @pytest.mark.parametrize("kw", [{"binary": "/bin/false"},
                                 {"extra_args": ["--bogus"]},
                                 {"binary": "/nonexistent/dcpxd"}])
@@ -246,3 +286,37 @@ def test_private_daemon_start_failure_leaves_nothing(libdcpx, kw):
     with pytest.raises(RuntimeError):
         d.start(timeout_s=5)
     assert not os.path.exists(d.dir)
+
+
+def test_shape_warning_reaches_python(daemon, group):
+    """A shape whose every full row rescues (world * local_topk <= topk)
+    is valid, and slow: Shape.warning() says so, and the join warns
+    (RuntimeWarning, dcpxd's word from the join reply; Member.warning).
+    libdcpx had it (dcpx_shape_warning, dcpx_member_warning) and the
+    package dropped it."""
+    bad = dcpx.Shape(world=8, rows=4, topk=2048, local_topk=256,
+                     block_size=4, max_local=4096)
+    assert "every full row rescues" in bad.warning()
+    ok = dcpx.Shape(world=2, rows=4, topk=16, local_topk=12, block_size=4,
+                    max_local=128)
+    assert ok.warning() is None
+    shape = dcpx.Shape(world=2, rows=4, topk=16, local_topk=4, block_size=4,
+                       max_local=128)
+    got = {}
+
+    def join(r):
+        got[r] = dcpx.Client(daemon.socket).join(shape, rank=r, group=group)
+
+    # (warnings' filters are the process's: recorded here, for both threads)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ts = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+    assert sum(issubclass(x.category, RuntimeWarning) and
+               "every full row rescues" in str(x.message) for x in w) == 2, w
+    for r in (0, 1):
+        assert got[r].warning and "every full row rescues" in got[r].warning
+        got[r].leave()

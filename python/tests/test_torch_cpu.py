@@ -129,6 +129,22 @@ def test_compile_refuses_bad_dtype(daemon, group):
         assert m.health().failed_mask == 0  # refused before any work
 
 
+def test_compile_refuses_a_stream(daemon, group):
+    """Under torch.compile the ops run on torch's current stream: a
+    stream= argument is refused with the reason (it was dropped, and the
+    call ran on another stream than the one asked for)."""
+    shape = dcpx.Shape(world=1, rows=2, topk=8, local_topk=2, max_local=16)
+    with dcpx.Client(daemon.socket).join(shape, group=group) as m:
+        f = torch.compile(lambda x, e: m.push(x, e, stream=7),
+                          fullgraph=True, backend="eager")
+        with pytest.raises(Exception) as ei:
+            f(torch.zeros((2, 16), dtype=torch.int16),
+              torch.full((2,), 16, dtype=torch.int32))
+        assert "current stream" in str(ei.value), str(ei.value)
+        assert m.health().calls == 0 and m.health().failed_mask == 0
+    torch._dynamo.reset()
+
+
 def test_compile_with_a_tag_per_step(daemon, group):
     """A call tag that changes every step, passed into the compiled
     function (the README's advice), compiles (fullgraph) and runs every
