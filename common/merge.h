@@ -43,6 +43,17 @@ static inline int dcpx__logits_fit(const uint16_t *p, uint32_t rows,
   return rows < 2 || stride <= room / rows;
 }
 
+/* Whether a block table of rows x cols int32 at p lies within the address
+ * space (4 rows cols bytes from p). One that does not (bt_rows = bt_cols
+ * = 2^32 - 1 claims 2^66 bytes) was taken to run to the end of memory: a
+ * lookup past the real table crashed the host backend and the reference,
+ * or an overlap with an output refused it, as the memory lay. */
+static inline int dcpx__table_fits(const int32_t *p, uint32_t rows,
+                                   uint32_t cols) {
+  const uint64_t words = (uint64_t)rows * cols; /* < 2^64 */
+  return words <= (UINTPTR_MAX - (uintptr_t)p) / sizeof(int32_t);
+}
+
 /* Whether p is aligned to its element of `bytes` (a power of two) bytes,
  * as dcpx.h asks of every array (bf16 logits and values 2, the int32 and
  * uint32 arrays 4). The host backend and the reference read them as

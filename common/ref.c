@@ -61,6 +61,8 @@ static int check_call(const dcpx_shape *sh, const dcpx_ref_in *in,
     return DCPX_E_INVAL;
   if (in->rows > sh->rows)
     return DCPX_E_RANGE;
+  if (!dcpx__table_fits(in->block_table, in->bt_rows, in->bt_cols))
+    return DCPX_E_INVAL;
   for (uint32_t s = 0; s < sh->world; s++) {
     if (!in->logits[s] || !in->row_ends[s] ||
         !dcpx__aligned(in->logits[s], 2) || !dcpx__aligned(in->row_ends[s], 4) ||

@@ -830,6 +830,12 @@ int dcpx__merge_disjoint(struct dcpx_member *m, const char *fn,
   size_t i, j;
   if (!rows)
     return 0; /* an empty call touches no array */
+  if (!dcpx__table_fits(in->block_table, in->bt_rows, in->bt_cols)) {
+    DCPX_REFUSE(m, "%s: group %s rank %u: block_table of %u x %u int32 "
+                "entries runs past the end of the address space", fn,
+                m->group, m->rank, in->bt_rows, in->bt_cols);
+    return DCPX_E_INVAL;
+  }
   const dcpx__span s[] = {
       /* the outputs first (merge.h dcpx__spans_overlap) */
       {"rows_out", (uintptr_t)out->rows_out, dcpx__words4(rows, K), 0, 0},

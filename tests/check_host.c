@@ -865,7 +865,8 @@ START_TEST(test_rows_mismatch_fails) {
   run_call(&g); /* one call in step first */
   check_exact(&g, "the call before");
   fill_long(&g, 32);
-  rows_rank x[2] = {{&g, 0, 1, {4, 0}, {1, 1}}, {&g, 1, 2, {2, 4}, {1, 1}}};
+  rows_rank x[2] = {{&g, 0, 1, {4, 0}, {1, 1}, {0, 0}},
+                    {&g, 1, 2, {2, 4}, {1, 1}, {0, 0}}};
   for (int d = 0; d < 2; d++)
     ck_assert_int_eq(pthread_create(&th[d], NULL, rows_rank_main, &x[d]), 0);
   for (int d = 0; d < 2; d++)
@@ -1722,6 +1723,46 @@ START_TEST(test_misaligned_arrays) {
 }
 END_TEST
 
+/* A block table that claims more than the address space (bt_rows = bt_cols
+ * = 2^32 - 1: 2^66 bytes) is refused, DCPX_E_INVAL naming it, by the host
+ * merge and the reference, as the CUDA backend refuses it. Both took it
+ * to run to the end of memory: the lookup of a req_id past the real table
+ * crashed them (or an output "overlapped" it, as the memory lay). */
+START_TEST(test_block_table_past_address_space) {
+  group g;
+  group_init(&g, 2, 2, 32, 8, 1, 1, 100, 1000000000ull);
+  dcpx_rank_health *h = (dcpx_rank_health *)((char *)g.ctl + g.L.off_ranks);
+  fill(&g, 10, 0);
+  g.rows = 2;
+  int32_t req[2] = {0, 1}, ids[2 * 32];
+  uint32_t sat[2];
+  ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
+                          NULL),
+                   0);
+  ck_assert_int_eq(t_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0], req,
+                           g.bt, 0xFFFFFFFFu, 0xFFFFFFFFu, g.rows_out[0],
+                           g.valid[0], ids, sat, 0, NULL),
+                   DCPX_E_INVAL);
+  WHY_HAS(g.m[0], "dcpx_merge", "block_table of 4294967295 x 4294967295");
+  WHY_HAS(g.m[0], "dcpx_merge", "past the end of the address space");
+  ck_assert_uint_eq(h[0].failed, 1);
+  int32_t xr[2 * 32], xv[2];
+  ck_assert_int_eq(t_ref_call(&g.sh, 2, (const uint16_t *const *)g.logits,
+                              g.stride, (const int32_t *const *)g.ends, 0,
+                              req, g.bt, 0xFFFFFFFFu, 0xFFFFFFFFu, xr, xv,
+                              NULL, NULL, NULL),
+                   DCPX_E_INVAL);
+  /* the largest table that fits is not refused for its size: it is the
+   * caller's to be real, as any array's extent is */
+  ck_assert_int_eq(t_ref_call(&g.sh, 2, (const uint16_t *const *)g.logits,
+                              g.stride, (const int32_t *const *)g.ends, 0,
+                              g.req, g.bt, g.bt_rows, g.bt_cols, xr, xv, NULL,
+                              NULL, NULL),
+                   0);
+  group_free(&g);
+}
+END_TEST
+
 /* The nccl transport is refused before any daemon is asked: with the host
  * backend always, and in a build without NCCL with any backend
  * (DCPX_E_TRANSPORT). A nonsense transport is DCPX_E_INVAL. */
@@ -2435,6 +2476,7 @@ int main(void) {
   tcase_add_test(tc, test_stale_rescue_tags);
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_misaligned_arrays);
+  tcase_add_test(tc, test_block_table_past_address_space);
   tcase_add_test(tc, test_async_error);
   tcase_add_test(tc, test_struct_message);
   tcase_add_test(tc, test_unkept_refusals_logged);
