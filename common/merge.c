@@ -137,15 +137,21 @@ int dcpx__lists_check(const char *fn, const dcpx_lists *li, uint32_t rows,
                                 sizeof(dcpx_lists), 0, why, wn);
   if (r < 0)
     return r;
-  if ((rows && (!li->values || !li->indices)) || li->rows != rows ||
-      li->n != n ||
-      (li->flags & ~DCPX_LISTS_CHECK_ORDER)) {
+  if (li->flags & ~DCPX_LISTS_CHECK_ORDER) {
     dcpx__why_at(why, wn, __FILE__, __LINE__,
-                 "%s: dcpx_lists of %u rows of %u entries (flags 0x%x, "
-                 "values %s, indices %s); the call has %u rows of N = %u",
-                 fn, li->rows, li->n, li->flags,
-                 li->values ? "set" : "NULL", li->indices ? "set" : "NULL",
-                 rows, n);
+                 "%s: dcpx_lists.flags 0x%x has bits dcpx does not know "
+                 "(0x%x; the one flag is DCPX_LISTS_CHECK_ORDER, 0x%x)",
+                 fn, li->flags, li->flags & ~DCPX_LISTS_CHECK_ORDER,
+                 DCPX_LISTS_CHECK_ORDER);
+    return DCPX_E_INVAL;
+  }
+  if ((rows && (!li->values || !li->indices)) || li->rows != rows ||
+      li->n != n) {
+    dcpx__why_at(why, wn, __FILE__, __LINE__,
+                 "%s: dcpx_lists of %u rows of %u entries (values %s, "
+                 "indices %s); the call has %u rows of N = %u",
+                 fn, li->rows, li->n, li->values ? "set" : "NULL",
+                 li->indices ? "set" : "NULL", rows, n);
     return DCPX_E_INVAL;
   }
   if (rows && (!dcpx__aligned(li->values, 2) ||

@@ -243,9 +243,10 @@ DCPX_API int dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
 typedef struct dcpx_call {
   uint32_t size;              /* sizeof(dcpx_call) */
   uint32_t rows;              /* rows of this call, <= the shape's rows;
-                                 the same on every rank (a rank whose
-                                 rows differ can take a later call's
-                                 lists with no error: PROTOCOL.md 7) */
+                                 the same on every rank (ranks whose
+                                 rows differ fail the call: PROTOCOL.md
+                                 4.3; a rank that skips a call can take
+                                 a later call's lists with no error) */
   uint64_t stride;            /* elements between rows of logits */
   const uint16_t *logits;     /* [rows][stride] bf16 bits */
   const int32_t *row_ends;    /* [rows]: row t is logits[t][0..row_ends[t]),
@@ -308,8 +309,9 @@ typedef struct dcpx_lists {
 /* A rank's local top-`cap` list of one row, in wire words: its `cap` best
  * non-NaN elements of logits[0..len) in ascending l, then zeros, with the
  * bit-16 plane. ret_words holds dcpx_row_words(cap) words. Returns the
- * number of entries (<= cap). len <= DCPX_MAX_LOCAL, 1 <= cap <= 4096,
- * logits and ret_words aligned to their element (else DCPX_E_INVAL). */
+ * number of entries (<= cap). 1 <= cap <= 4096, logits (unless len is
+ * 0) and ret_words non-NULL and aligned to their element (else
+ * DCPX_E_INVAL); len <= DCPX_MAX_LOCAL (else DCPX_E_LIMIT). */
 DCPX_API int dcpx_ref_local_list(const uint16_t *logits, uint32_t len,
                                  uint32_t cap, uint32_t *ret_words);
 
@@ -359,8 +361,11 @@ typedef struct dcpx_ref_in {
  * outputs (dcpx_merge_out; rows_out and valid_out required). ret_stats,
  * or NULL, is added to, not overwritten.
  *
- * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size, a
- * dcpx_lists whose rows or n is not the call's, an array not aligned to
+ * Returns 0, or DCPX_E_INVAL (a NULL or a struct of unknown size, the
+ * arrays included when rows is 0: unlike dcpx_push and dcpx_merge, whose
+ * empty call may pass NULL pointers, the reference wants them all; a
+ * block table whose 4 bt_rows bt_cols bytes run past the end of the
+ * address space; a dcpx_lists whose rows or n is not the call's, an array not aligned to
  * its element, a stride whose rows of
  * logits would run past the end of the address space, outputs that share
  * a byte with one another or with anything the call reads: every rank's
@@ -679,7 +684,8 @@ DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
  * needs them: a saturated rank's rescue list comes from them;
  * lists (dcpx_lists) holds in->rows rows of n = N entries. Checked before
  * anything is stored: lists->rows == in->rows and n == N, values and
- * indices aligned to their element, else DCPX_E_INVAL; every index below its row's row_end, no NaN value, empty
+ * indices aligned to their element, no flag bit but
+ * DCPX_LISTS_CHECK_ORDER, else DCPX_E_INVAL; every index below its row's row_end, no NaN value, empty
  * entries last, and with DCPX_LISTS_CHECK_ORDER ascending l, else
  * DCPX_E_RANGE. A refused call marks the rank FAILED, as dcpx_push does.
  * CUDA backend: lists are device memory and are checked by the kernel; a

@@ -712,6 +712,21 @@ START_TEST(test_push_list_bad) {
     group_free(&g);
   }
   {
+    /* An unknown flag bit: the reason names it (it named the rows and n,
+     * which matched, as if they were wrong). */
+    group g;
+    group_init(&g, 2, 4, 32, 8, 1, 1, 100, 1000000000ull);
+    g.rows = 2;
+    fill(&g, 5, 0);
+    lists_from_ref(&g, 0);
+    dcpx_lists li = g.lists[0];
+    li.flags = 6u | DCPX_LISTS_CHECK_ORDER;
+    ck_assert_int_eq(push_list_once(&g, &li), DCPX_E_INVAL);
+    WHY_HAS(g.m[0], "dcpx_push_list",
+            "dcpx_lists.flags 0x7 has bits dcpx does not know (0x6;");
+    group_free(&g);
+  }
+  {
     /* A row end beyond max_local: the reason names max_local alone (a
      * push_list has no stride), not "max_local 1000". */
     group g;
