@@ -210,8 +210,8 @@ DCPX_API uint32_t dcpx_epoch_next(uint32_t e);
  * wrapping 0xFFFE -> 1; 0 before the first). The row's tag in the next
  * call is dcpx_epoch_tag(w): both halves one step on. The call half gives
  * a list of another call another tag even where the ranks disagree on a
- * call's rows (not where a rank skips a call, or calls with 0 rows, which
- * advances nothing); the row half keeps a slot's stale list (two uses of the
+ * call's rows, 0 rows included (not where a rank skips a call); the row
+ * half keeps a slot's stale list (two uses of the
  * row back) from ever carrying the current tag. Never 0 and never
  * 0xFFFFFFFF; its parity (bit 0) alternates on every use of the row. A
  * row half of 0xFFFF (a damaged word) steps to 1, as 0 does. */

@@ -957,6 +957,26 @@ merge_fn dcpx_k__merge_half(int early) {
 }
 #else
 
+/* A merge of 0 rows (docs/PROTOCOL.md 4.3): a call all the same, so every
+ * row takes the call's call half, that of tag(epoch[0]), as the rows a
+ * merge does not hold do (merge_pass_rows). A rank that calls with 0 rows
+ * while its peers call with rows then pushes its next call under another
+ * call half than theirs, and their waits give up on it (6.2 rule 4),
+ * instead of its next call taking their lists of this one. One block,
+ * launched without PDL: it starts once the kernels before it on the
+ * stream have completed (the last merge wrote these words). */
+static __global__ void dcpx_merge_pass_kernel(const __grid_constant__
+                                              dcpx_kctx c) {
+  uint32_t *epoch = (uint32_t *)(c.ws + c.L.off_epoch);
+  const uint32_t hi = dcpx_dev_epoch_tag(epoch[0]) >> 16;
+  __syncthreads(); /* every thread has read epoch[0] */
+  if (c.diag & DCPX_K_DIAG_KEEP_EPOCH)
+    return;
+#pragma unroll 1
+  for (uint32_t t = threadIdx.x; t < c.L.rows; t += blockDim.x)
+    ((uint16_t *)(epoch + t))[1] = (uint16_t)hi;
+}
+
 size_t dcpx_k_merge_smem(const dcpx_kctx *c) {
   const merge_plan p = plan_of(c);
   return 4u * (3u * (size_t)p.list_words +
@@ -1056,8 +1076,12 @@ int dcpx_k_merge(const dcpx_kctx *c, uint32_t rows, const uint16_t *logits,
     return r;
   if (rows > c->rows_max)
     return DCPX_E_INVAL;
-  if (rows == 0) /* nothing to read or write: NULL pointers are fine */
-    return 0;
+  if (rows == 0) { /* no row to read or write: NULL pointers are fine */
+    const cudaLaunchConfig_t cfg = dcpx_launch_cfg(1, 256, 0, s);
+    return cudaLaunchKernelEx(&cfg, dcpx_merge_pass_kernel, *c) == cudaSuccess
+               ? 0
+               : DCPX_E_CUDA;
+  }
   if ((r = dcpx_k_merge_args(logits, stride, row_ends, req_id, block_table,
                               bt_rows, bt_cols, rows_out, valid_out, ids_out,
                               sat_out)) < 0)

@@ -620,10 +620,14 @@ static int merge_row(struct dcpx_member *m, uint32_t t, const merge_args *a,
 /* After a merge of rows 0..rows-1: the rows the call did not hold take
  * its call half, so that every epoch word counts the same calls and a
  * peer that called with other rows, pushing row t in a later call with
- * the row half awaited here, carries another tag (docs/PROTOCOL.md 4.3). */
+ * the row half awaited here, carries another tag (docs/PROTOCOL.md 4.3).
+ * A merge of 0 rows is a call too: every row takes the call half of
+ * tag(epoch[0]), so that a rank that calls with 0 rows while its peers
+ * call with rows is seen as any other rows mismatch. */
 static void pass_rows(struct dcpx_member *m, uint32_t rows) {
   uint32_t *epoch = ws_u32(m, m->rank, m->L.off_epoch);
-  const uint32_t e = epoch[0]; /* row 0's tag: it is in every call */
+  /* row 0's tag, which a call of rows >= 1 holds and has just written */
+  const uint32_t e = rows ? epoch[0] : dcpx_epoch_tag(epoch[0]);
   for (uint32_t t = rows; t < m->L.rows; t++)
     epoch[t] = dcpx_epoch_pass(epoch[t], e);
 }
@@ -673,8 +677,11 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
     return r;
   }
   r = stop_reason(m); /* looked at at the start (docs/PROTOCOL.md 6.4) */
-  if (!rows) /* nothing to wait for, write or count; a failed rank or an */
-    return r; /* aborted group still says so, as the empty push does */
+  if (!rows) { /* nothing to wait for, no output, not counted; a failed */
+    if (r == 0) /* rank or an aborted group still says so (the push too) */
+      pass_rows(m, 0);
+    return r;
+  }
   uint32_t range_row = 0;
   for (uint32_t t = 0; t < rows && r == 0; t++) {
     int resc = 0;

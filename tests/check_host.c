@@ -868,8 +868,11 @@ static void *rows_rank_main(void *arg) {
  * with a record of the row-2 or row-3 wait whose slot holds the awaited
  * row half under another call half. When every epoch word counted only
  * its own row's merges, the next call's lists carried the very tags
- * awaited, and rank 0's call returned 0 with rows of two calls mixed. */
-START_TEST(test_rows_mismatch_fails) {
+ * awaited, and rank 0's call returned 0 with rows of two calls mixed.
+ * The same with rank 1's first call of 0 rows (`less`): a merge of 0
+ * rows advanced nothing, so rank 1's next call took rank 0's lists of
+ * this one, rank 0 took rank 1's of the next, and both returned 0. */
+static void rows_mismatch(uint32_t less) {
   const uint64_t timeout = 2000000000ull; /* 2 s */
   group g;
   pthread_t th[2];
@@ -881,7 +884,7 @@ START_TEST(test_rows_mismatch_fails) {
   check_exact(&g, "the call before");
   fill_long(&g, 32);
   rows_rank x[2] = {{&g, 0, 1, {4, 0}, {1, 1}, {0, 0}},
-                    {&g, 1, 2, {2, 4}, {1, 1}, {0, 0}}};
+                    {&g, 1, 2, {less, 4}, {1, 1}, {0, 0}}};
   for (int d = 0; d < 2; d++)
     ck_assert_int_eq(pthread_create(&th[d], NULL, rows_rank_main, &x[d]), 0);
   for (int d = 0; d < 2; d++)
@@ -892,19 +895,24 @@ START_TEST(test_rows_mismatch_fails) {
                 x[0].ns[0] / 1e9);
   for (uint32_t t = 0; t < 4; t++)
     ck_assert_int_eq(g.valid[0][t], -1);
-  ck_assert_int_eq(x[1].rc[0], 0); /* rows 0 and 1 were both ranks' */
+  ck_assert_int_eq(x[1].rc[0], 0); /* rows 0..less-1 were both ranks' */
   ck_assert_int_eq(x[1].rc[1], DCPX_E_FAILED); /* rank 0 never pushed */
   const dcpx_wait_record *r = NULL;
-  for (uint32_t t = 2; t < 4 && !r; t++)
+  for (uint32_t t = less; t < 4 && !r; t++)
     if (rec_at(&g, 0, t)->kind == DCPX_REC_TIMEOUT)
       r = rec_at(&g, 0, t);
-  ck_assert_msg(r != NULL, "no timeout record for row 2 or 3");
+  ck_assert_msg(r != NULL, "no timeout record for rows %u..3", less);
   ck_assert_uint_eq(r->region, DCPX_REGION_LL_SLOTS);
   ck_assert_uint_eq(dcpx_ll_index_source(&g.L, r->index), 1);
   ck_assert_uint_eq(r->expected, 0x00020002u); /* call 2, the row's 2nd */
   ck_assert_uint_eq(r->seen, 0x00030002u); /* rank 1's call 3 */
   group_free(&g);
 }
+
+START_TEST(test_rows_mismatch_fails) { rows_mismatch(2); }
+END_TEST
+
+START_TEST(test_zero_rows_mismatch_fails) { rows_mismatch(0); }
 END_TEST
 
 static void *abort_later(void *arg) {
@@ -2480,6 +2488,7 @@ int main(void) {
   tcase_add_test(tc, test_empty_call);
   tcase_add_test(tc, test_epoch_wrap);
   tcase_add_test(tc, test_rows_mismatch_fails);
+  tcase_add_test(tc, test_zero_rows_mismatch_fails);
   tcase_add_test(tc, test_absent_rank_times_out);
   tcase_add_test(tc, test_abort_stops_waits);
   tcase_add_test(tc, test_fault_hook_stall);

@@ -362,7 +362,21 @@ END_TEST
  * list is never taken); and once the ranks disagree on one call's rows,
  * no list the lagging rank pushes in its next calls carries a tag that
  * the other rank awaits for a row the lagging one left out (a wrong
- * pairing is a wait that times out, never a result). */
+ * pairing is a wait that times out, never a result). Calls of 0 rows
+ * among them, and as the lagging rank's call: a merge of 0 rows passes
+ * every row (it advanced nothing, and its next call took the peer's
+ * lists of the call it made with 0 rows, silently). */
+
+/* One call of `rows` rows on epoch words w[0..R): the rows held step to
+ * their tags, the others take the call's call half. */
+static void sim_call(uint32_t *w, uint32_t R, uint32_t rows) {
+  const uint32_t e = dcpx_epoch_tag(w[0]); /* row 0's tag in this call */
+  for (uint32_t t = 0; t < rows; t++)
+    w[t] = dcpx_epoch_tag(w[t]);
+  for (uint32_t t = rows; t < R; t++)
+    w[t] = dcpx_epoch_pass(w[t], e);
+}
+
 START_TEST(test_epoch_tag) {
   ck_assert_uint_eq(dcpx_epoch_tag(0), 0x00010001u);
   ck_assert_uint_eq(dcpx_epoch_tag(0x00010001u), 0x00020002u);
@@ -386,7 +400,7 @@ START_TEST(test_epoch_tag) {
       last[t] = 0;
     }
     for (int c = 0; c < CALLS; c++) {
-      const uint32_t rows = 1 + (uint32_t)dcpx_rnd_below(&s, R);
+      const uint32_t rows = (uint32_t)dcpx_rnd_below(&s, R + 1); /* 0..R */
       for (uint32_t t = 0; t < rows; t++) {
         const uint32_t e = dcpx_epoch_tag(w[0][t]);
         EXPECT(e == dcpx_epoch_tag(w[1][t]), "run %d call %d row %u: the "
@@ -399,33 +413,32 @@ START_TEST(test_epoch_tag) {
                "already holds tag 0x%08x", run, c, t, e);
         slot[e & 1u][t] = e;
         last[t] = e;
-        w[0][t] = w[1][t] = e;
       }
-      for (uint32_t t = rows; t < R; t++)
-        w[0][t] = w[1][t] = dcpx_epoch_pass(w[0][t], w[0][0]);
+      sim_call(w[0], R, rows);
+      sim_call(w[1], R, rows);
+      for (uint32_t t = 0; t < rows; t++)
+        EXPECT(w[0][t] == slot[w[0][t] & 1u][t], "run %d call %d row %u: "
+               "the model's word 0x%08x", run, c, t, w[0][t]);
     }
-    /* Now rank 0 calls with `more` rows and rank 1 with `less`: rank 0
-     * awaits rank 1's rows less..more-1 with these tags. */
-    const uint32_t less = 1 + (uint32_t)dcpx_rnd_below(&s, R - 1);
+    /* Now rank 0 calls with `more` rows and rank 1 with `less` (0 in a
+     * third of the runs): rank 0 awaits rank 1's rows less..more-1 with
+     * these tags. */
+    const uint32_t less =
+        run % 3 == 0 ? 0 : 1 + (uint32_t)dcpx_rnd_below(&s, R - 1);
     const uint32_t more = less + 1 + (uint32_t)dcpx_rnd_below(&s, R - less);
     uint32_t awaited[R];
     for (uint32_t t = 0; t < more; t++)
       awaited[t] = dcpx_epoch_tag(w[0][t]);
-    for (uint32_t t = 0; t < less; t++)
-      w[1][t] = dcpx_epoch_tag(w[1][t]);
-    for (uint32_t t = less; t < R; t++)
-      w[1][t] = dcpx_epoch_pass(w[1][t], w[1][0]);
+    sim_call(w[1], R, less);
     for (int c = 0; c < 200; c++) { /* rank 1 goes on alone */
-      const uint32_t rows = 1 + (uint32_t)dcpx_rnd_below(&s, R);
+      const uint32_t rows = (uint32_t)dcpx_rnd_below(&s, R + 1);
       for (uint32_t t = 0; t < rows; t++) {
         const uint32_t e = dcpx_epoch_tag(w[1][t]);
         EXPECT(t < less || t >= more || e != awaited[t],
                "run %d: rank 1's call %d pushes row %u with 0x%08x, the "
                "tag rank 0 awaits", run, c, t, e);
-        w[1][t] = e;
       }
-      for (uint32_t t = rows; t < R; t++)
-        w[1][t] = dcpx_epoch_pass(w[1][t], w[1][0]);
+      sim_call(w[1], R, rows);
     }
   }
 }

@@ -1138,11 +1138,16 @@ static int run_merge_after_stop(uint64_t seed) {
  * half under the next call half, and the rank is FAILED; after a
  * recovery a call is exact.
  * When an epoch word counted only its row's merges, those lists carried
- * the very tags awaited and rank 0 returned rows of two calls mixed. */
-static int run_rows_mismatch(uint64_t seed) {
+ * the very tags awaited and rank 0 returned rows of two calls mixed.
+ * With less = 0 rank 1's first call has 0 rows: a merge of 0 rows
+ * launched nothing and advanced nothing, so rank 1's next call carried
+ * every tag rank 0 awaited; it now passes every row (merge.cu,
+ * dcpx_merge_pass_kernel), and rank 0's rows 0..3 fail. */
+static int run_rows_mismatch(uint64_t seed, uint32_t less) {
   /* W * N well over K: no row rescues (a rescue would wait as well) */
   static const tcase tc = {"rows-mismatch", 2, 200, 256, 4096, 4, 16, 1,
                            G_RANDOM, LEN_FULL, 1, 0, 0, 0, -1, 0};
+  const char *name = less ? "rows-mismatch" : "rows-mismatch-zero";
   gg g;
   refset rs;
   uint32_t bad = 0;
@@ -1156,7 +1161,7 @@ static int run_rows_mismatch(uint64_t seed) {
   gg_poison(&g);
   gg_push(&g, 0);
   gg_merge(&g, 0);
-  g.rows = 2;
+  g.rows = less;
   gg_push(&g, 1);
   gg_merge(&g, 1);
   g.rows = 4;
@@ -1165,45 +1170,45 @@ static int run_rows_mismatch(uint64_t seed) {
   const double t0 = gg_now();
   double done[DCPX_MAX_WORLD] = {0};
   if (gg_wait(&g, 30.0, t0, done) < 0) {
-    printf("  rows-mismatch: the merges did not end by themselves\n");
+    printf("  %s: the merges did not end by themselves\n", name);
     bad++;
   }
   /* rank 0 gives up on rank 1's next-call list, not at the timeout; rank
    * 1's next call, which rank 0 never makes, times out */
   const double ms = done[0] * 1e3;
   if (ms >= 150.0) {
-    printf("  rows-mismatch: rank 0's call ended after %.1f ms, not at "
-           "once\n", ms);
+    printf("  %s: rank 0's call ended after %.1f ms, not at "
+           "once\n", name, ms);
     bad++;
   }
   gg_download(&g);
   const dcpx_wait_record *rec = NULL;
-  for (uint32_t t = 2; t < 4; t++) {
+  for (uint32_t t = less; t < 4; t++) {
     if (g.g_valid[0][t] != -1) {
-      printf("  rows-mismatch: rank 0 row %u: valid_out %d, not a failed "
-             "row\n", t, g.g_valid[0][t]);
+      printf("  %s: rank 0 row %u: valid_out %d, not a failed "
+             "row\n", name, t, g.g_valid[0][t]);
       bad++;
     }
     if (!rec && g.rec[t].kind == DCPX_REC_TIMEOUT)
       rec = &g.rec[t];
   }
   if (!g.health[0].failed) {
-    printf("  rows-mismatch: rank 0 is not FAILED\n");
+    printf("  %s: rank 0 is not FAILED\n", name);
     bad++;
   }
   if (!rec || rec->region != DCPX_REGION_LL_SLOTS ||
       dcpx_ll_index_source(&g.L, rec->index) != 1 ||
       rec->expected != 0x00020002u || rec->seen != 0x00030002u) {
-    printf("  rows-mismatch: rank 0's record of row 2 or 3: %s region %u "
+    printf("  %s: rank 0's record of rows %u..3: %s region %u "
            "expected 0x%08x seen 0x%08x (want ll_slots of rank 1, "
            "0x00020002, 0x00030002)\n",
-           rec ? "" : "none", rec ? rec->region : 0, rec ? rec->expected : 0,
-           rec ? rec->seen : 0);
+           name, less, rec ? "" : "none", rec ? rec->region : 0,
+           rec ? rec->expected : 0, rec ? rec->seen : 0);
     bad++;
   }
   bad += recovered_call(&g, &rs, "rows-mismatch-recovered");
   printf("case %-30s %s (rank 0's mismatched call failed in %.2f ms)\n",
-         "rows-mismatch", bad ? "FAIL" : "exact", ms);
+         name, bad ? "FAIL" : "exact", ms);
   ref_free(&rs, g.W);
   gg_free(&g);
   return bad == 0;
@@ -1452,7 +1457,8 @@ static int run_corners(void) {
   int ok = 1;
   ok &= run_push_abort(g_seed ^ 0xAB);
   ok &= run_merge_after_stop(g_seed ^ 0x5709);
-  ok &= run_rows_mismatch(g_seed ^ 0x5A0E);
+  ok &= run_rows_mismatch(g_seed ^ 0x5A0E, 2);
+  ok &= run_rows_mismatch(g_seed ^ 0x5A0F, 0);
   ok &= run_stale_error(g_seed ^ 0x57A1);
   ok &= run_trickle();
   ok &= run_staged_overwrite(g_seed ^ 0x57A6);
