@@ -29,8 +29,8 @@ from ._lib import (DcpxAsyncErrorC, DcpxHealthInfoC, DcpxJoinOptsC,
                    DcpxListsC, DcpxRefInC,
                    DcpxRefStatsC, DcpxShapeC, call_in, lib, merge_out)
 from .errors import (Aborted, Busy, DcpxError, DtypeError, Failed,
-                     Interrupted, InvalidArgument, NotSupported, RangeError,
-                     StateError, TextError, TimedOut, check)
+                     Interrupted, InvalidArgument, RangeError, StateError,
+                     TextError, TimedOut, check)
 
 __all__ = ["Backend", "Transport", "Shape", "JoinOptions", "Health",
            "MergeResult", "RefStats", "Client", "Member", "PreparedCall",
@@ -171,11 +171,15 @@ def _tag(call_tag: Any) -> int:
 def _no_stream_compiled(stream: Any, what: str) -> None:
     """Under torch.compile the dcpx ops run on torch's current stream: a
     ``stream=`` argument cannot go through the op, and was dropped (the
-    call then ran on another stream than the one asked for)."""
+    call then ran on another stream than the one asked for). A builtin
+    NotImplementedError (NotSupported's base): Dynamo cannot trace the
+    construction of dcpx's error classes, whose text would be lost (it
+    keeps a builtin's: torch 2.11 on the H200, scripts/dynamo-raise-probe.py)."""
     if stream is not None:
-        raise NotSupported(context=f"{what}(stream=...) under torch.compile: "
-                           "the dcpx op runs on torch's current stream; "
-                           "use `with torch.cuda.stream(s):` instead")
+        raise NotImplementedError(
+            f"{what}(stream=...) under torch.compile: the dcpx op runs on "
+            "torch's current stream; use `with torch.cuda.stream(s):` "
+            "instead [DCPX_E_NOSYS]")
 
 
 def _ranged(x: Any, lo: int, hi: int, what: str) -> int:
