@@ -385,8 +385,11 @@ static int gpu_setup(rank_ctx *x) {
   gpu_bufs *g = &x->g;
   if (o->cuda && o->spread) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1)
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+      fprintf(stderr, "dcpx-demo: rank %u: --spread: no CUDA device (%s)\n",
+              x->rank, cudaGetErrorString(cudaGetLastError()));
       return DCPX_E_CUDA;
+    }
     device = (int)(x->rank % (uint32_t)n);
   }
 #endif
@@ -412,8 +415,13 @@ static int gpu_setup(rank_ctx *x) {
       cudaMemcpy(g->req, x->req, sizeof(int32_t) * R,
                  cudaMemcpyHostToDevice) != cudaSuccess ||
       cudaMemcpy(g->bt, x->bt, sizeof(int32_t) * (size_t)R * x->bt_cols,
-                 cudaMemcpyHostToDevice) != cudaSuccess)
+                 cudaMemcpyHostToDevice) != cudaSuccess) {
+    /* (it said only "CUDA error (-1009)", e.g. on a machine without a GPU) */
+    fprintf(stderr, "dcpx-demo: rank %u: CUDA device %d: setting up the "
+            "rank's buffers failed: %s\n", x->rank, device,
+            cudaGetErrorString(cudaGetLastError()));
     return DCPX_E_CUDA;
+  }
 #endif
   return 0;
 }
@@ -1495,16 +1503,23 @@ static void report_perf(const opts *o, shared *sh, double wall) {
   const double *lat = sh->lat_us + skip;
   n -= skip;
   printf("dcpx-demo: W=%u rows=%u N=%u K=%u local=%u calls=%u backend=%s "
-         "(%.1f s)\n",
+         "(%.1f s wall, the ranks' start to their end)\n",
          o->world, o->rows, o->local_topk, o->topk, o->local_len, o->calls,
          o->cuda ? "cuda" : "host", wall);
   if (n == 0)
     printf("call latency (push+merge, per rank, us): no call was made\n");
   else
     printf("call latency (push+merge, per rank, us): p50 %.1f  p90 %.1f  "
-           "p99 %.1f  max %.1f%s\n",
+           "p99 %.1f  max %.1f%s\n"
+           "  (each rank's push + merge from the call's start barrier to the "
+           "merge's return%s: waits for the slowest peer, includes injected "
+           "faults; %s)\n",
            lat[n / 2], lat[n * 9 / 10], lat[n * 99 / 100], lat[n - 1],
-           skip ? " (of the calls made)" : "");
+           skip ? " (of the calls made)" : "",
+           o->cuda ? " and its stream's sync" : "",
+           o->cuda ? "kernel figures: bench/RESULTS.md"
+                   : "host backend: CPU-bound, W processes on this machine's "
+                     "cores, not comparable with GPU figures");
   printf("rescue rate: %.2f%% of rows (%llu of %llu)\n",
          sh->rows ? 100.0 * (double)sh->rescue_rows / (double)sh->rows : 0.0,
          (unsigned long long)sh->rescue_rows, (unsigned long long)sh->rows);
