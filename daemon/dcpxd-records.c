@@ -232,11 +232,10 @@ static void file_open(rec_file *f, const char *path) {
       log_warning_errno(-errno, "Cannot read records file %s: %m", path);
     return;
   }
-  /* a FIFO would block the reads, a device never end them; a file of
-   * another uid (a hard link) is not dcpxd's to cut */
-  if (fstat(f->fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-      st.st_uid != geteuid()) {
-    log_warning("Records file %s is not a regular file of dcpxd's uid: not "
+  /* a FIFO would block the reads, a device never end them; a file with
+   * another hard link (one to a file dcpxd must not cut) is not read */
+  if (fstat(f->fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    log_warning("Records file %s is not a regular file of one link: not "
                 "read",
                 path);
     close(f->fd);
@@ -471,13 +470,14 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
   }
   /* the live file is appended to: one that is not a file (a FIFO, whose
    * open would wait for a reader, a device), a symbolic link (dcpxd would
-   * append to the file it names) or a file of another uid stops dcpxd */
+   * append to the file it names) or a file with another hard link stops
+   * dcpxd (a file an older dcpxd of another uid wrote is taken) */
   if (lstat(s->path, &st) == 0 &&
-      (!S_ISREG(st.st_mode) || st.st_uid != geteuid())) {
+      (!S_ISREG(st.st_mode) || st.st_nlink != 1)) {
     log_error("Records file %s is in the way (%s)", s->path,
               S_ISLNK(st.st_mode)   ? "a symbolic link"
               : !S_ISREG(st.st_mode) ? "not a regular file"
-                                     : "not dcpxd's uid's");
+                                     : "a file with other hard links");
     dcpxd_records_free(s);
     return -EINVAL;
   }

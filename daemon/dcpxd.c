@@ -290,8 +290,9 @@ static int state_dir_lock(const char *dir) {
    * test that a new file can be made there, as each save makes
    * groups.tmp. */
   const char *const in_way[2] = {tmp, groups};
-  for (int i = 0; i < 2; i++) /* groups: what a link to it names (a FIFO
-                                 would hang the load) */
+  for (int i = 0; i < 2; i++) /* groups: what a link to it names (the
+                                 load, which runs before, refuses a link
+                                 and a FIFO itself) */
     if ((i == 0 ? lstat(in_way[i], &st) : stat(in_way[i], &st)) == 0 &&
         !S_ISREG(st.st_mode)) {
       log_error("Cannot write the groups file: %s is in the way (not a "

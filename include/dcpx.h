@@ -243,10 +243,11 @@ DCPX_API int dcpx_gid(uint32_t l, uint32_t r, uint32_t world,
 typedef struct dcpx_call {
   uint32_t size;              /* sizeof(dcpx_call) */
   uint32_t rows;              /* rows of this call, <= the shape's rows;
-                                 the same on every rank (ranks whose
-                                 rows differ fail the call: PROTOCOL.md
-                                 4.3; a rank that skips a call can take
-                                 a later call's lists with no error) */
+                                 the same on every rank (on the ll
+                                 transport ranks whose rows differ fail
+                                 the call: PROTOCOL.md 4.3; a rank that
+                                 skips a call can take a later call's
+                                 lists with no error; on nccl see 6) */
   uint64_t stride;            /* elements between rows of logits */
   const uint16_t *logits;     /* [rows][stride] bf16 bits */
   const int32_t *row_ends;    /* [rows]: row t is logits[t][0..row_ends[t]),
@@ -773,7 +774,12 @@ DCPX_API int dcpx_health(dcpx_member *m, dcpx_health_info *ret);
                                       and marked itself FAILED */
 #define DCPX_REASON_TIMEOUT 2u     /* a wait of this rank timed out */
 #define DCPX_REASON_PEER_FAILED 3u /* another rank failed (its alarm
-                                      aborted the group) */
+                                      aborted the group); it may have
+                                      left or died since (dcpxd names the
+                                      alarm, not the leaving, since
+                                      session 31): dcpx_health's joined
+                                      words tell, and a recovery then
+                                      waits for a replacement */
 #define DCPX_REASON_DEAD_RANK 4u   /* a rank's process died or left */
 #define DCPX_REASON_OPERATOR 5u    /* an operator reset the group
                                       (dcpxctl reset; a dcpxd that shuts

@@ -215,12 +215,13 @@ static size_t file_text(const char *path, char *buf, size_t n) {
 /* A records file that is a symbolic link is neither read, cut nor
  * appended to: the live one stops the open, a rotated one is skipped.
  * dcpxd opened both through the link, cut the file it named to its last
- * whole 128-byte entry (here: to nothing) and appended records to it. A
- * live file of another uid (a hard link to it, say) stops the open too. */
+ * whole 128-byte entry (here: to nothing) and appended records to it, and
+ * read a linked records.log.1's entries. A live file with another hard
+ * link stops the open too. */
 START_TEST(test_linked_files) {
   static const char text[] = "lines of a file that is not dcpxd's\n";
   dcpxd_records *s = NULL;
-  char path[128], victim[128], buf[256];
+  char path[128], victim[128], other[64], buf[256];
   snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/dcpx-rec.XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(g_dir));
   snprintf(victim, sizeof(victim), "%s/victim", g_dir);
@@ -234,24 +235,31 @@ START_TEST(test_linked_files) {
   ck_assert_uint_eq(file_text(victim, buf, sizeof(buf)), strlen(text));
   ck_assert_str_eq(buf, text);
   ck_assert_int_eq(unlink(path), 0);
-  snprintf(path, sizeof(path), "%s/records.log.1", g_dir);
-  ck_assert_int_eq(symlink(victim, path), 0);
-  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
-  ck_assert_uint_eq(dcpxd_records_count(s), 0);
+  /* a real records file elsewhere, one entry, linked as records.log.1 */
+  snprintf(other, sizeof(other), "%s", "/tmp/dcpx-rec-other.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(other));
+  ck_assert_int_eq(dcpxd_records_open(other, 1u << 20, 16, &s), 0);
   const dcpxd_record r = rec(1);
   ck_assert_int_eq(dcpxd_records_append(s, &r, 1), 0);
   dcpxd_records_free(s);
+  char target[128];
+  snprintf(target, sizeof(target), "%s/records.log", other);
+  snprintf(path, sizeof(path), "%s/records.log.1", g_dir);
+  ck_assert_int_eq(symlink(target, path), 0);
+  ck_assert_int_eq(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+  ck_assert_uint_eq(dcpxd_records_count(s), 0); /* not read through it */
+  ck_assert_int_eq(dcpxd_records_append(s, &r, 1), 0);
+  dcpxd_records_free(s);
   ck_assert_str_eq((file_text(victim, buf, sizeof(buf)), buf), text);
-  if (geteuid() == 0) { /* a live file of another uid */
-    ck_assert_int_eq(unlink(path), 0);
-    snprintf(path, sizeof(path), "%s/records.log", g_dir);
-    ck_assert_int_eq(unlink(path), 0);
-    ck_assert_int_eq(link(victim, path), 0);
-    ck_assert_int_eq(chown(victim, 65534, 65534), 0);
-    s = NULL;
-    ck_assert_int_lt(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
-    ck_assert_str_eq((file_text(victim, buf, sizeof(buf)), buf), text);
-  }
+  /* a live file with another hard link (to the victim) */
+  ck_assert_int_eq(unlink(path), 0);
+  snprintf(path, sizeof(path), "%s/records.log", g_dir);
+  ck_assert_int_eq(unlink(path), 0);
+  ck_assert_int_eq(link(victim, path), 0);
+  s = NULL;
+  ck_assert_int_lt(dcpxd_records_open(g_dir, 1u << 20, 16, &s), 0);
+  ck_assert_str_eq((file_text(victim, buf, sizeof(buf)), buf), text);
+  dp_rm_tree(other);
   remove_dir();
 }
 END_TEST

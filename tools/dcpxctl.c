@@ -784,8 +784,10 @@ static void human_rank(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
     printf("  %s", r->acknowledged ? "acknowledged" : "NOT ACKNOWLEDGED");
   /* A rank that failed, then left or died: its state says FAILED (or
    * ALARM), what it last was; its pid is gone (JSON: "joined": false). */
-  if (!r->joined && r->pid && (r->failed || r->alarm))
-    printf("  gone (left or died)");
+  const bool awaited =
+      r->rank < 32 && ((g->awaiting_reattach >> r->rank) & 1u);
+  if (!r->joined && r->pid && (r->failed || r->alarm) && !awaited)
+    printf("  gone (left or died)"); /* an awaited rank lives on */
   putchar('\n');
 }
 

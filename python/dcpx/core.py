@@ -390,15 +390,19 @@ class Client:
     One join at a time: the C client is one thread's (its interrupt flag
     and error text are the whole client's), so a :meth:`join` while
     another thread's join on this Client runs raises :class:`Busy`
-    (connect a Client per thread that joins). :meth:`close` from another
-    thread during a join stops that join (it raises :class:`StateError`)
-    and waits for it to end before it disconnects. Compared by identity.
+    (connect a Client per thread that joins). :meth:`close` during a
+    join stops that join (it raises :class:`StateError`); from another
+    thread it waits for the join to end, and from the joining thread
+    itself (a signal handler) it returns at once, the join disconnecting
+    as it ends. Compared by identity.
     """
     socket: Optional[str] = None
     _ptr: Optional[int] = field(default=None, init=False, repr=False)
-    # held by the join in flight, and by close() while it disconnects
-    _use: threading.Lock = field(default_factory=threading.Lock,
-                                 init=False, repr=False)
+    # _joiner (the thread in a join), _closing (a close waits for that
+    # join, which disconnects as it ends) and _ptr change under _state
+    _state: threading.Condition = field(default_factory=threading.Condition,
+                                        init=False, repr=False)
+    _joiner: Optional[int] = field(default=None, init=False, repr=False)
     _closing: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -440,14 +444,23 @@ class Client:
         setup once the group formed (CUDA; bounded by the join timeout);
         should the join complete anyway, the member leaves before the
         exception goes on."""
-        if not self._use.acquire(blocking=False):
-            raise Busy(context="this Client is in a join on another thread "
-                       "(or closing): a Client joins one rank at a time; "
-                       "connect a Client per thread that joins")
+        with self._state:
+            if self._joiner is not None:
+                raise Busy(context="this Client is in a join on another "
+                           "thread: a Client joins one rank at a time; "
+                           "connect a Client per thread that joins")
+            if self._ptr is None or self._closing:
+                raise StateError(context="Client is closed")
+            self._joiner = threading.get_ident()
         try:
             return self._join(shape, options, kw)
         finally:
-            self._use.release()
+            with self._state:
+                self._joiner = None
+                if self._closing:  # a close() came during the join
+                    self._closing = False
+                    self._disconnect()
+                self._state.notify_all()
 
     def _join(self, shape: Shape, options: Optional[JoinOptions],
               kw: Dict[str, Any]) -> "Member":
@@ -484,6 +497,15 @@ class Client:
                      "JoinOptions.transport (a dcpx.Transport)")
         co = DcpxJoinOptsC(ctypes.sizeof(DcpxJoinOptsC), rank, group, dev,
                            be, tr, jt, tns)
+        # The library's word on the shape, before the join (the one in the
+        # join reply, Member.warning, says the same): a warning made an
+        # error (-W error) then stops a join that has not happened, rather
+        # than one whose member would leave the group it just formed.
+        sw = lib().dcpx_shape_warning(ctypes.byref(cs))
+        if sw:
+            warnings.warn(f"dcpx group {opts.group!r}: "
+                          f"{sw.decode('utf-8', 'replace')}",
+                          RuntimeWarning, stacklevel=3)
         p = ctypes.c_void_p()
         L, cp = lib(), ctypes.c_void_p(self._ptr)
         r = _interruptible(
@@ -504,28 +526,34 @@ class Client:
         m = Member(p.value, self, shape.resolved(), opts)
         w = lib().dcpx_member_warning(ctypes.c_void_p(p.value))
         m._warning = w.decode("utf-8", "replace") if w else None
-        if m._warning:  # dcpxd's (and the C library's) word on the shape
-            warnings.warn(f"dcpx group {opts.group!r}: {m._warning}",
-                          RuntimeWarning, stacklevel=3)
         return m
 
     def close(self) -> None:
-        """Disconnects (``dcpx_disconnect``); idempotent. A join another
-        thread runs on this Client is stopped first, and waited for (it
-        freed the client under that join before)."""
-        if self._ptr is None:
-            return
-        if not self._use.acquire(blocking=False):
-            self._closing = True
-            lib().dcpx_client_interrupt(ctypes.c_void_p(self._ptr), 1)
-            self._use.acquire()
-        try:
-            if self._ptr is not None:
-                lib().dcpx_disconnect(ctypes.c_void_p(self._ptr))
-                self._ptr = None
-        finally:
-            self._closing = False
-            self._use.release()
+        """Disconnects (``dcpx_disconnect``); idempotent. A join on this
+        Client is stopped first (it freed the client under that join
+        before): from another thread, close waits for it to end; from the
+        joining thread (a signal handler) it returns, and the join
+        disconnects as it ends."""
+        with self._state:
+            if self._ptr is None:
+                return
+            if self._joiner is None:
+                self._disconnect()
+                return
+            if not self._closing:  # the join holds the client: still valid
+                self._closing = True
+                lib().dcpx_client_interrupt(ctypes.c_void_p(self._ptr), 1)
+            if self._joiner == threading.get_ident():
+                return
+            # (interrupted here, the join still disconnects as it ends)
+            while self._joiner is not None:
+                self._state.wait()
+
+    def _disconnect(self) -> None:
+        """dcpx_disconnect, _ptr cleared first; with _state held."""
+        p, self._ptr = self._ptr, None
+        if p is not None:
+            lib().dcpx_disconnect(ctypes.c_void_p(p))
 
     def __enter__(self) -> "Client":
         return self
@@ -724,7 +752,10 @@ class Member:
         Under ``torch.compile`` this is the ``dcpx::push`` op and returns a
         token that :meth:`merge` orders itself after; otherwise None. The
         op runs on torch's current stream: ``stream=`` is refused there
-        (:class:`NotSupported`; use ``with torch.cuda.stream(s):``).
+        (a builtin ``NotImplementedError``, :class:`NotSupported`'s base,
+        which Dynamo can raise; under ``fullgraph=True`` torch's
+        ``Unsupported`` carries its text; use ``with
+        torch.cuda.stream(s):``).
         """
         if _is_compiling():
             _no_stream_compiled(stream, "push")

@@ -256,7 +256,7 @@ def test_one_client_two_joins_and_close_under_a_join(daemon, group):
     t = threading.Thread(target=join0)
     t.start()
     deadline = time.monotonic() + 10
-    while not c._use.locked() and time.monotonic() < deadline:
+    while c._joiner is None and time.monotonic() < deadline:
         time.sleep(0.005)
     time.sleep(0.1)  # inside dcpx_join
     with pytest.raises(dcpx.Busy) as e:
@@ -286,6 +286,33 @@ def test_private_daemon_start_failure_leaves_nothing(libdcpx, kw):
     with pytest.raises(RuntimeError):
         d.start(timeout_s=5)
     assert not os.path.exists(d.dir)
+
+
+def test_close_from_a_signal_handler_during_join(daemon, group):
+    """close() in a signal handler on the joining thread stops the join
+    (StateError) and returns: the join disconnects as it ends. It waited
+    for the join to end, which its own thread could not do: a hang. Two
+    close() calls after it are no-ops."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals go to the main thread")
+    shape = dcpx.Shape(world=2, rows=4, topk=16, local_topk=12, block_size=4,
+                       max_local=128)
+    c = dcpx.Client(daemon.socket)
+    old = signal.signal(signal.SIGALRM, lambda *a: c.close())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.monotonic()
+        with pytest.raises(dcpx.StateError) as e:  # rank 1 never comes
+            c.join(shape, rank=0, group=group, join_timeout_ms=20_000)
+        assert time.monotonic() - t0 < 5
+        assert "closed" in str(e.value)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert c._ptr is None
+    c.close()
+    c.close()
 
 
 def test_shape_warning_reaches_python(daemon, group):
