@@ -174,7 +174,8 @@ def _no_stream_compiled(stream: Any, what: str) -> None:
     call then ran on another stream than the one asked for). A builtin
     NotImplementedError (NotSupported's base): Dynamo cannot trace the
     construction of dcpx's error classes, whose text would be lost (it
-    keeps a builtin's: torch 2.11 on the H200, scripts/dynamo-raise-probe.py)."""
+    keeps a builtin's: torch 2.11 on the H200,
+    scripts/dynamo-raise-probe.py)."""
     if stream is not None:
         raise NotImplementedError(
             f"{what}(stream=...) under torch.compile: the dcpx op runs on "
@@ -515,8 +516,8 @@ class Client:
             lambda code: L.dcpx_leave(p) if code >= 0 else None)
         if r < 0 and self._closing and r == Interrupted.code:
             raise StateError(context=f"joining group {opts.group!r} as rank "
-                             f"{opts.rank}: the Client was closed by another "
-                             "thread")
+                             f"{opts.rank}: the Client was closed during the "
+                             "join")
         if r < 0:
             context = f"joining group {opts.group!r} as rank {opts.rank}"
             why = lib().dcpx_client_last_error(ctypes.c_void_p(self._ptr))
