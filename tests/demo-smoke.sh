@@ -142,6 +142,15 @@ refused "--group 'a b'" --group 'a b'
 # An empty --socket: it connected to $DCPX_SOCKET's or the default dcpxd.
 refused "--socket needs a path" --socket ''
 refused "1..63 bytes" --group x123456789x123456789x123456789x123456789x123456789x123456789x123
+# A shape within dcpx's limits whose run needs more host memory than the
+# machine has (about 260-271 GiB): refused before anything starts,
+# instead of ranks that the OOM killer takes. Skipped on a machine with
+# that much available.
+avail=$(awk '/^MemAvailable:/ { print int($2 / 1048576) }' /proc/meminfo)
+if [ -n "$avail" ] && [ "$avail" -lt 270 ]; then
+  refused "GiB of host memory" --world 16 --rows 4096 \
+    --local-len 131072
+fi
 
 # No dcpxd: its reason is shown, and no /tmp/dcpx-demo.* folder stays.
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/demo-smoke-t.XXXXXX")

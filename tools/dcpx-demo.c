@@ -66,6 +66,7 @@
 
 #include "dcpx.h"
 #include "dcpxd-util.h"
+#include "layout.h"
 #include "rng.h"
 
 typedef struct opts {
@@ -1244,8 +1245,52 @@ static int group_name_ok(const char *s) {
   return 1;
 }
 
+/* The host memory this machine has for new work: MemAvailable, or the
+ * free pages where /proc/meminfo lacks it; 0 if neither is known. */
+static uint64_t mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[128];
+  unsigned long long kib;
+  if (f) {
+    while (fgets(line, sizeof(line), f))
+      if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+        fclose(f);
+        return (uint64_t)kib * 1024u;
+      }
+    fclose(f);
+  }
+  long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+/* The host memory a run takes: each rank process holds every rank's
+ * logits and row ends (the reference needs them all), its block table and
+ * four rows x K output arrays (its own and the reference's); the host
+ * backend's workspaces (dcpxd's memfds, shared by the ranks) add
+ * W x ws_bytes and the control page. A shape within dcpx's limits can
+ * need far more than the machine has (W 16, rows 4096, local 131072:
+ * about 256 GiB), and the ranks' allocations would succeed (overcommit)
+ * until the OOM killer took a rank or dcpxd. Exact to within the ranks'
+ * small fixed buffers. */
+static uint64_t run_bytes(const opts *o, uint64_t *ws) {
+  const uint64_t W = o->world, R = o->rows, K = o->topk;
+  const uint64_t cols = ((uint64_t)o->local_len + o->block_size - 1) /
+                        o->block_size;
+  uint64_t rank = 2 * W * R * o->local_len + 4 * W * R + 4 * R * cols +
+                  4 * 4 * R * K + 16 * R;
+  *ws = 0;
+  if (!o->cuda) {
+    dcpx_layout L;
+    uint32_t n = o->local_topk ? o->local_topk
+                               : dcpx_shape_auto_local_topk(o->world, o->topk);
+    dcpx_layout_compute(&L, o->world, o->rows, o->topk, n);
+    *ws = W * L.ws_bytes + L.ctl_bytes;
+  }
+  return W * rank + *ws;
+}
+
 /* Returns 0, or 2 (and says why) if the shape, the group name or the
- * fault is bad. */
+ * fault is bad, or the run needs more host memory than is available. */
 static int check_opts(const opts *o) {
   dcpx_shape probe = DCPX_SHAPE_INIT;
   probe.world = o->world;
@@ -1330,6 +1375,18 @@ static int check_opts(const opts *o) {
     fprintf(stderr, "dcpx-demo: --fault-at needs the ll transport (the nccl "
                     "transport has no fault hook: use --kill-at or "
                     "--stop-at)\n");
+    return 2;
+  }
+  uint64_t ws;
+  const uint64_t need = run_bytes(o, &ws), avail = mem_available();
+  if (avail && need > avail) {
+    fprintf(stderr, "dcpx-demo: this run needs about %.1f GiB of host "
+                    "memory (each of the %u ranks holds every rank's logits "
+                    "for the reference check; the host backend's workspaces "
+                    "take %.1f GiB of it), and %.1f GiB is available: lower "
+                    "--world, --rows or --local-len\n",
+            need / 1073741824.0, o->world, ws / 1073741824.0,
+            avail / 1073741824.0);
     return 2;
   }
   return 0;
