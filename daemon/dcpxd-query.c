@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -304,6 +305,14 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   Dcpx__ReattachRefusal *refusal_ptrs[DCPXD_REFUSALS_MAX];
   qr.n_refused_reattaches = refusals_of(c, q, refusals, refusal_ptrs);
   qr.refused_reattaches = refusal_ptrs;
+  char state_error[PATH_MAX + 160];
+  const int save_error = dcpxd_secrets_save_error(m->secrets);
+  if (save_error) {
+    dcpxd_bprintf(state_error, "cannot save %s: %s: new groups cannot form "
+                  "until it can (retried every second)",
+                  dcpxd_secrets_path(m->secrets), strerror(-save_error));
+    qr.state_error = state_error;
+  }
   if (q->group && *q->group) {
     g = dcpxd_group_find(m, q->group);
     bool unattached = false;

@@ -47,6 +47,7 @@ struct dcpxd_secrets {
   size_t n;
   bool dirty; /* changes not saved yet (dcpxd_secrets_flush) */
   uint64_t retry_ns; /* after a failed flush: not before this (monotonic) */
+  int save_error;    /* the last save's error (-errno), 0 once one works */
   uint64_t unseen_until_ns; /* an unseen holder counts as live until then
                                (monotonic; dcpxd_secrets_unseen_until) */
 };
@@ -225,7 +226,7 @@ static int load(dcpxd_secrets *s) {
  * write error that a later one did not repeat (a disk full for a moment)
  * left a file with a hole in its middle, which the rename then put in
  * place of the good one. */
-static int save(dcpxd_secrets *s) {
+static int save_once(dcpxd_secrets *s) {
   _cleanup_free_ char *text = NULL;
   size_t len = 0;
   FILE *m = open_memstream(&text, &len);
@@ -276,6 +277,22 @@ static int save(dcpxd_secrets *s) {
   else
     s->dirty = false;
   return r;
+}
+
+/* A save, whose outcome dcpxd_secrets_save_error keeps until the next:
+ * while saves fail, no group can form (dcpxd_secrets_add fails), and the
+ * operator's queries say so. */
+static int save(dcpxd_secrets *s) {
+  s->save_error = save_once(s);
+  return s->save_error;
+}
+
+int dcpxd_secrets_save_error(const dcpxd_secrets *s) {
+  return s ? s->save_error : 0;
+}
+
+const char *dcpxd_secrets_path(const dcpxd_secrets *s) {
+  return s ? s->path : "";
 }
 
 /* /proc/PID/stat of pid, from the field after the command's closing

@@ -415,6 +415,9 @@ int main(int argc, char **argv) {
   dcpxd_log_rate_burst = conf.log_rate_burst;
   dcpxd_log_rate_interval_ms = conf.log_rate_interval_ms;
   signal(SIGPIPE, SIG_IGN); /* sends use MSG_NOSIGNAL; belt and braces */
+  /* A file size limit (LimitFSIZE=, ulimit -f) fails a write with EFBIG,
+   * handled as a full disk, instead of killing dcpxd with a core. */
+  signal(SIGXFSZ, SIG_IGN);
   raise_nofile();
 
   dcpxd_manager_init(m, &conf);

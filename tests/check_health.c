@@ -2199,6 +2199,63 @@ START_TEST(test_reattach_at_daemon_fd_limit) {
 }
 END_TEST
 
+/* A dcpxd that cannot save its groups file (here a folder in the way of
+ * groups.tmp, which the save writes and renames; a full disk fails the
+ * same write with ENOSPC) forms no group: the join is refused with the
+ * reason. The operator's queries said nothing of it: `dcpxctl check` was
+ * OK while every new group failed. Now check is CRITICAL and names the
+ * file, health is unhealthy with "state_error", the metrics have
+ * dcpx_state_save_failing 1, and once the folder is gone the retried
+ * save clears it and a group forms. */
+START_TEST(test_groups_file_unsaved) {
+  dcpx_client *c;
+  dcpx_member *m = NULL;
+  hh_spec sp = hh_spec_small("sf", 1, 2000000000ull);
+  dcpx_shape shape;
+  dcpx_join_opts jo;
+  char tmp[160];
+
+  start(NULL);
+  CTL(0, "check");
+  snprintf(tmp, sizeof(tmp), "%s/groups.tmp", g_d.state);
+  HC_ASSERT(mkdir(tmp, 0700) == 0, "mkdir %s", tmp);
+  join_args(&sp, &shape, &jo);
+  jo.rank = 0;
+  HC_ASSERT(dcpx_connect(g_d.sock, &c) == 0, "connect");
+  int r = dcpx_join(c, &shape, &jo, &m);
+  const char *why = dcpx_client_last_error(c);
+  HC_ASSERT(r == -EISDIR && why && strstr(why, "groups file"),
+            "join: %s (%s)", dcpx_strerror(r), why ? why : "");
+  HC_ASSERT(kill(g_d.pid, 0) == 0, "dcpxd died");
+  CTL(2, "check");
+  HC_ASSERT(strstr(g_o.out, "DCPX CRITICAL") &&
+                strstr(g_o.out, "cannot save") &&
+                strstr(g_o.out, "new groups cannot form"),
+            "check: %s", g_o.out);
+  CTL_JSON(1, "health", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"state_error\":\"cannot save") &&
+                strstr(g_o.out, "\"healthy\":false"),
+            "health: %s", g_o.out);
+  CTL(0, "stats", "--format=openmetrics");
+  HC_ASSERT(strstr(g_o.out, "\ndcpx_state_save_failing 1\n"), "%s",
+            g_o.out);
+  HC_ASSERT(rmdir(tmp) == 0, "rmdir %s", tmp);
+  int code = -1;
+  for (int i = 0; i < 40 && code != 0; i++) { /* retried every second */
+    hh_sleep_ms(100);
+    code = hh_ctl(&g_d, &g_o, "check", (char *)NULL);
+  }
+  HC_ASSERT(code == 0, "check after the folder went: %s", g_o.out);
+  CTL_JSON(0, "health", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"state_error\":null"), "%s", g_o.out);
+  HC_ASSERT(dcpx_join(c, &shape, &jo, &m) == 0, "join after it: %s",
+            dcpx_client_last_error(c));
+  dcpx_leave(m);
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 /* A member that leaves with an event it never read (its group aborted
  * when a peer left first) closes its socket with data unread, so dcpxd
  * sees a reset (POLLERR) before it reads the Leave the member sent. It
@@ -2614,6 +2671,7 @@ int main(void) {
   ADD(test_zombie_awaited_rank);
   ADD(test_stale_rank_reattach);
   ADD(test_reattach_at_daemon_fd_limit);
+  ADD(test_groups_file_unsaved);
   ADD(test_idle_survivor_keeps_its_group);
   ADD(test_survivor_without_main_thread);
   ADD(test_recovery_acknowledgements);

@@ -697,8 +697,13 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   }
   jw_arr_end(&w);
   json_refusals(&w, qr);
+  if (qr->state_error && *qr->state_error)
+    jw_str(&w, "state_error", qr->state_error);
+  else
+    jw_null(&w, "state_error");
   if (with_health)
-    jw_bool(&w, "healthy", all_ok && !qr->n_refused_reattaches);
+    jw_bool(&w, "healthy", all_ok && !qr->n_refused_reattaches &&
+                               !(qr->state_error && *qr->state_error));
   jw_u64(&w, "groups_left_out", qr->groups_left_out);
   if (qr->records_note && *qr->records_note)
     jw_str(&w, "note", qr->records_note);
@@ -734,7 +739,14 @@ static void human_refusals(const Dcpx__QueryReply *qr) {
   }
 }
 
+/* dcpxd cannot save its groups file: no group can form (text). */
+static void human_state_error(const Dcpx__QueryReply *qr) {
+  if (qr->state_error && *qr->state_error)
+    printf("! dcpxd %s\n", qr->state_error);
+}
+
 static void human_groups(const Dcpx__QueryReply *qr) {
+  human_state_error(qr);
   human_refusals(qr); /* ranks that run, unwatched: not "no groups" alone */
   if (qr->n_groups == 0) {
     printf("no groups\n");
@@ -865,6 +877,7 @@ static void human_health(const Dcpx__QueryReply *qr, bool stats) {
   const char *tee = utf8 ? "\u251c\u2500" : "|-";
   const char *elbow = utf8 ? "\u2514\u2500" : "`-";
 
+  human_state_error(qr);
   human_refusals(qr);
   if (qr->n_groups == 0) {
     if (!qr->n_refused_reattaches)
@@ -960,6 +973,9 @@ static const struct {
 static const char left_out_help[] =
     "Groups this scrape left out for dcpxd's reply size limit (the "
     "healthy ones: the others come first)";
+static const char state_help[] =
+    "1 while dcpxd cannot save its groups file (a full disk, a read-only "
+    "state dir): no new group can form";
 
 /* A family's HELP and TYPE lines, and UNIT, in the format's order: the
  * OpenMetrics family is named without its samples' suffix; the Prometheus
@@ -1087,6 +1103,9 @@ static void metrics_out(const Dcpx__QueryReply *qr, bool om) {
    * an alert on it says the scrape is not the whole node. */
   metric_family("dcpx_groups_left_out", "", "gauge", left_out_help, NULL, om);
   printf("dcpx_groups_left_out %u\n", qr->groups_left_out);
+  metric_family("dcpx_state_save_failing", "", "gauge", state_help, NULL, om);
+  printf("dcpx_state_save_failing %d\n",
+         qr->state_error && *qr->state_error ? 1 : 0);
   if (om)
     printf("# EOF\n");
 }
@@ -1169,7 +1188,8 @@ static const struct {
      "                          (default 1; 0: never)\n"
      "  --records-critical N    CRITICAL at N or more (default 0: never)\n"
      "\n"
-     "CRITICAL: a group aborted, a rank failed, dead or alarmed, or dcpxd\n"
+     "CRITICAL: a group aborted, a rank failed, dead or alarmed, dcpxd\n"
+     "unable to save its groups file (no new group can form), or dcpxd\n"
      "unreachable. WARNING: a group recovering or unattached, a rank\n"
      "awaiting its reattach after a dcpxd restart or running unwatched\n"
      "(dcpxd refused its reattach), recent timeout records, records dcpxd\n"
@@ -1447,7 +1467,8 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   if (r)
     return r;
   const Dcpx__QueryReply *qr = in->query_reply;
-  bool healthy = !qr->n_refused_reattaches;
+  bool healthy = !qr->n_refused_reattaches &&
+                 !(qr->state_error && *qr->state_error);
   for (size_t i = 0; i < qr->n_groups; i++)
     healthy = healthy && dcpx__group_info_healthy(qr->groups[i]);
   if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
@@ -1964,6 +1985,8 @@ static int check_health(const char *group, const check_limits *l,
             "%s rank %u (pid %d) runs unwatched: dcpxd refused its reattach",
             r->group, r->rank, (int)r->pid);
   }
+  if (qr->state_error && *qr->state_error) /* no group can form */
+    problem(f->crit, sizeof(f->crit), "dcpxd %s", qr->state_error);
   f->n_groups = qr->n_groups + qr->groups_left_out;
   if (qr->groups_left_out) /* dcpxd sent the unhealthy ones first */
     problem(f->warn, sizeof(f->warn),
