@@ -129,6 +129,7 @@ START_TEST(test_dcpxctl_json) {
       python_check("import json, sys\n"
                    "docs = [json.loads(l) for l in open(sys.argv[1])]\n"
                    "assert docs[0] == {'groups': [], 'refused_reattaches': [],"
+      " 'state_error': None,"
                         " 'groups_left_out': 0}, docs\n"
                    "assert docs[1]['records'] == [], docs\n"
                    "assert docs[2]['status'] == -22, docs\n"
