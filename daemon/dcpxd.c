@@ -216,6 +216,28 @@ static void start_signal(dcpxd_manager *m, uv_signal_t *h, int signum) {
 
 /* Every connection and every group's memory is an fd: take the hard limit
  * (docs/PROTOCOL.md 7.3). */
+/* Whether procfs hides other users' processes from dcpxd (mounted with
+ * hidepid=, e.g. a unit's ProtectProc=): pid 1 exists (kill says so, or
+ * EPERM) but its /proc/1/stat cannot be read. dcpxd then cannot tell a
+ * rank that died as a zombie, or whose pid another process took, from a
+ * live one (dcpxd_pid_live): after a restart such a rank's group is kept
+ * for a reattach that never comes. Said once at start. */
+static void warn_hidden_procs(void) {
+  if (getpid() == 1 || (kill(1, 0) < 0 && errno != EPERM))
+    return;
+  FILE *f = fopen("/proc/1/stat", "re");
+  if (f) {
+    fclose(f);
+    return;
+  }
+  if (errno == ENOENT || errno == EACCES || errno == EPERM)
+    log_warning("procfs hides other processes from dcpxd (hidepid=, or "
+                "the unit's ProtectProc=): a rank of another uid that "
+                "died as a zombie or whose pid was reused counts as live "
+                "after a dcpxd restart, and its group waits for it "
+                "(dcpxctl reset drops it); run dcpxd with /proc visible");
+}
+
 static void raise_nofile(void) {
   struct rlimit rl;
 
@@ -419,6 +441,7 @@ int main(int argc, char **argv) {
    * handled as a full disk, instead of killing dcpxd with a core. */
   signal(SIGXFSZ, SIG_IGN);
   raise_nofile();
+  warn_hidden_procs();
 
   dcpxd_manager_init(m, &conf);
 

@@ -34,6 +34,8 @@ for l in User=dcpx Group=dcpx 'SupplementaryGroups=video render' \
 done
 grep -qx 'MemoryDenyWriteExecute=yes' "$svc" &&
   fail "MemoryDenyWriteExecute=yes would break the CUDA driver"
+grep -q '^ProtectProc=' "$svc" &&
+  fail "ProtectProc= hides the ranks' /proc/PID/stat (dcpxd_pid_live)"
 for l in SocketGroup=dcpx SocketMode=0660; do
   grep -qx "$l" "$sock" || fail "dcpxd.socket lacks $l"
 done
