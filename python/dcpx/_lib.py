@@ -207,15 +207,36 @@ _HELP = (
     "(shared libraries must be enabled: not configure --disable-shared).")
 
 
+def _checkout_root(here: str) -> Optional[str]:
+    """The dcpx source checkout this file lies in (ROOT/python/dcpx/_lib.py,
+    with ROOT/configure.ac and ROOT/include/dcpx.h), or None. A package
+    installed elsewhere (pip install --target DIR) is not in one, and a
+    root that others may write (DIR = /tmp) is never taken: anyone could
+    put a libdcpx there for this process to load."""
+    pkg = os.path.dirname(here)
+    if os.path.basename(pkg) != "dcpx" or \
+            os.path.basename(os.path.dirname(pkg)) != "python":
+        return None
+    root = os.path.dirname(os.path.dirname(pkg))
+    for marker in ("configure.ac", os.path.join("include", "dcpx.h")):
+        if not os.path.isfile(os.path.join(root, marker)):
+            return None
+    try:
+        if os.stat(root).st_mode & 0o002:
+            return None
+    except OSError:
+        return None
+    return root
+
+
 def _candidates() -> List[str]:
     out: List[str] = []
     env = os.environ.get("DCPX_LIBRARY")
     if env:
         return [env]  # an explicit choice is never second-guessed
     # A source checkout: python/dcpx/_lib.py -> the checkout's root.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))))
-    if os.path.exists(os.path.join(root, "include", "dcpx.h")):
+    root = _checkout_root(os.path.abspath(__file__))
+    if root:
         for d in sorted(glob.glob(os.path.join(root, "build*", "libclient",
                                                ".libs"))) + \
                 [os.path.join(root, "libclient", ".libs")]:
