@@ -163,6 +163,8 @@ static void help(void) {
          "                               suffixes; default 4M)\n"
          "      --log-level=LEVEL        err, warning, notice, info (default) "
          "or debug\n"
+         "                               (also emerg, alert, crit, error, "
+         "warn, 0-7)\n"
          "      --log-rate-burst=N       log at most N lines of one kind "
          "(format)\n"
          "                               per interval, then a count (default "
