@@ -32,6 +32,10 @@ static const struct {
     {"cuCtxGetCurrent", offsetof(dcpx_cuda_drv, ctx_get), 0},
     {"cuCtxSetCurrent", offsetof(dcpx_cuda_drv, ctx_set), 0},
     {"cuPointerGetAttributes", offsetof(dcpx_cuda_drv, ptr_attrs), 0},
+    {"cuStreamIsCapturing", offsetof(dcpx_cuda_drv, stream_capturing), 0},
+    {"cuMemsetD32Async", offsetof(dcpx_cuda_drv, memset32_async), 0},
+    {"cuThreadExchangeStreamCaptureMode", offsetof(dcpx_cuda_drv, capture_mode),
+     0},
     {"cuGetErrorString", offsetof(dcpx_cuda_drv, error_string), 1},
 };
 

@@ -35,6 +35,11 @@ typedef struct dcpx_cuda_drv {
   CUresult (*ctx_set)(CUcontext);   /* cuCtxSetCurrent */
   CUresult (*ptr_attrs)(unsigned int, CUpointer_attribute *, void **,
                         CUdeviceptr); /* cuPointerGetAttributes */
+  /* libdcpx's best-effort stream work after a refused call: driver calls
+   * leave the runtime's last error (the engine's) as it was */
+  CUresult (*stream_capturing)(CUstream, CUstreamCaptureStatus *);
+  CUresult (*memset32_async)(CUdeviceptr, unsigned int, size_t, CUstream);
+  CUresult (*capture_mode)(CUstreamCaptureMode *);
   CUresult (*error_string)(CUresult, const char **); /* NULL if absent */
 } dcpx_cuda_drv;
 

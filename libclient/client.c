@@ -296,9 +296,11 @@ int dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
                         uint64_t timeout_ns, void *ctl, char *const *ws,
                         dcpx_member **ret_member) {
   dcpx_member *m;
+  dcpx_shape auto_shape;
   int r = dcpx_shape_check(shape);
   if (r < 0)
     return r;
+  shape = dcpx__shape_resolved(shape, &auto_shape); /* local_topk 0: N */
   if (rank >= shape->world || !ctl || !ws || !ret_member)
     return DCPX_E_INVAL;
   m = calloc(1, sizeof(*m));

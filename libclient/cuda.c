@@ -196,8 +196,22 @@ static int arrays_ok(struct dcpx_member *m, const char *fn,
                      const call_array *a, size_t n, char *out, size_t on) {
   struct dcpx__cuda *cu = m->cuda;
   char why[224];
-  if (!cu->check_ptrs)
+  if (!cu->check_ptrs) {
+    /* DCPX_PTR_CHECK=0 turns off the driver's view only: an extent past
+     * the end of the address space (a stride of 2^63) is still refused,
+     * by compares, as dcpx.h promises, before a kernel reads a wrapped
+     * address */
+    for (size_t i = 0; i < n; i++)
+      if (a[i].p && a[i].bytes &&
+          (a[i].bytes == UINT64_MAX ||
+           a[i].bytes - 1u > (uint64_t)(UINTPTR_MAX - (uintptr_t)a[i].p))) {
+        dcpx__why_at(out, on, __FILE__, __LINE__,
+                     "%s: group %s rank %u: %s runs past the end of the "
+                     "address space", fn, m->group, m->rank, a[i].what);
+        return DCPX_E_INVAL;
+      }
     return 0;
+  }
   for (size_t i = 0; i < n; i++) {
     const int r = dcpx__ptr_ok(&cu->pc, a[i].what, a[i].p, a[i].bytes, why,
                                sizeof(why));
@@ -682,20 +696,16 @@ static int push_allowed(const struct dcpx_member *m) {
   return 0;
 }
 
+/* Driver calls (D), so that a failure here neither sets nor replaces the
+ * runtime's last error, which is the engine's. */
 static int cuda_capturing(void *stream) {
-  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   if (!stream) /* the legacy stream: a launch under capture fails anyway */
     return 0;
-  const cudaError_t before = cudaPeekAtLastError();
-  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
-    /* not a stream this thread can use: the launch fails and the call is
-     * refused; the order check stays on, and the engine's last error is
-     * left as it was */
-    if (before == cudaSuccess)
-      (void)cudaGetLastError();
-    return 0;
-  }
-  return st != cudaStreamCaptureStatusNone;
+  if (D.stream_capturing((CUstream)stream, &st) != CUDA_SUCCESS)
+    return 0; /* not a stream this thread can use: the launch fails and the
+                 call is refused; the order check stays on */
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* A refused call of an NCCL member (dcpx__nccl_abort: the ranks'
@@ -724,17 +734,16 @@ static void stop_mirror(struct dcpx_member *m, void *stream) {
   struct dcpx__cuda *cu = m->cuda;
   if (cu->nccl || cuda_capturing(stream))
     return;
-  const cudaError_t before = cudaPeekAtLastError();
   char *stop = cu->k.ws + cu->k.L.off_call + offsetof(dcpx_rank_state, stop);
   /* relaxed: another thread's capture in global mode does not make this
-   * thread's store an error (it is not part of that capture) */
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  if (cudaMemsetAsync(stop, 0x01, sizeof(uint32_t), (cudaStream_t)stream) !=
-          cudaSuccess &&
-      before == cudaSuccess)
-    (void)cudaGetLastError();
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+   * thread's store an error (it is not part of that capture); driver
+   * calls, which leave the engine's last error as it was */
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (D.capture_mode(&mode) != CUDA_SUCCESS)
+    return; /* the thread's mode stays the engine's; no store */
+  (void)D.memset32_async((CUdeviceptr)(uintptr_t)stop, 0x01010101u, 1,
+                         (CUstream)stream);
+  (void)D.capture_mode(&mode);
 }
 
 /* A call that was not enqueued and has no reason yet (a kernel launcher
@@ -796,7 +805,7 @@ static int merge_arrays_ok(struct dcpx_member *m, const dcpx_call *in,
 
 static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
                      void *stream) {
-  int r;
+  int r, refuse = 1;
   m->last_rows = in->rows;
   if ((r = push_allowed(m)) < 0) {
     nccl_refused(m, dcpx_strerror(r));
@@ -811,9 +820,14 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
     nccl_refused(m, "a push whose arrays the GPU cannot use");
   }
 #ifdef HAVE_NCCL
-  else if (m->cuda->nccl)
+  else if (m->cuda->nccl) {
     r = dcpx__nccl_push(m->cuda->nccl, in->rows, in->logits, in->stride,
                         in->row_ends, stream);
+    /* the group was aborted while NCCL set its connections up (a peer
+     * died): what stopped the group stays its reason, and this rank is
+     * not FAILED (docs/PROTOCOL.md 6.4); the communicator is aborted */
+    refuse = r != DCPX_E_ABORTED;
+  }
 #endif
   else {
     m->cuda->list_push = 0;
@@ -821,12 +835,11 @@ static int cuda_push(struct dcpx_member *m, const dcpx_call *in,
                               in->stride, in->row_ends, (cudaStream_t)stream),
                   "dcpx_k_push");
   }
-  if (r < 0) {
+  if (r < 0 && refuse) {
     launch_why(m, "dcpx_push", r);
     dcpx__member_refuse(m); /* the call was not enqueued: peers must know */
     stop_mirror(m, stream);
-  }
-  else
+  } else if (r >= 0)
     m->health[m->rank].last_call_tag = in->call_tag; /* host bookkeeping */
   return r;
 }
@@ -922,11 +935,13 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
      * group, e.g. a dead peer) as it is; a recovery comes next anyway. */
     nccl_refused(m, dcpx_strerror(r));
     refuse = 0;
-  } else if (m->cuda->nccl)
+  } else if (m->cuda->nccl) {
     r = dcpx__nccl_merge(m->cuda->nccl, in->rows, in->logits, in->stride,
                          in->row_ends, in->req_id, in->block_table,
                          in->bt_rows, in->bt_cols, out->rows_out,
                          out->valid_out, out->ids_out, out->sat_word, stream);
+    refuse = r != DCPX_E_ABORTED; /* as in cuda_push */
+  }
 #endif
   else
     r = DCPX_KLOG(dcpx_k_merge(merge_ctx(m->cuda), in->rows, in->logits,
@@ -948,8 +963,8 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
     const call_array vo = {"valid_out", out->valid_out, 4ull * n};
     if (out->valid_out && n && !shared &&
         arrays_ok(m, "dcpx_merge", &vo, 1, NULL, 0) == 0)
-      (void)cudaMemsetAsync(out->valid_out, 0xFF, sizeof(int32_t) * n,
-                            (cudaStream_t)stream);
+      (void)D.memset32_async((CUdeviceptr)(uintptr_t)out->valid_out,
+                             0xFFFFFFFFu, n, (CUstream)stream);
   }
   return r;
 }
