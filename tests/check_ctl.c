@@ -676,11 +676,16 @@ START_TEST(test_trimmed_reply) {
   hh_spec sp = spec("zz-broken", 2);
   pid_t r0 = join_and_wait(g_d.sock, &sp, 0);
   pid_t r1 = join_and_wait(g_d.sock, &sp, 1);
-  for (int i = 0; i < 500 && hh_ctl(&g_d, &g_o, "health", "zz-broken",
-                                     (char *)NULL) != 0;
+  /* formed (ready) before rank 1 dies: a forming group whose rank 1 never
+   * joined is healthy, and stays so (a join that arrived late, on a loaded
+   * machine, let the kill below hit a forming group) */
+  for (int i = 0; i < 500 && (hh_ctl(&g_d, &g_o, "health", "zz-broken",
+                                      (char *)NULL) != 0 ||
+                               !strstr(g_o.out, "ready"));
        i++)
     hh_sleep_ms(20);
   CTL(0, "health", "zz-broken");
+  CC_ASSERT(strstr(g_o.out, "ready"), "zz-broken did not form: %s", g_o.out);
   kill(r1, SIGKILL);
   waitpid(r1, NULL, 0);
   for (int i = 0; i < 500 && hh_ctl(&g_d, &g_o, "health", "zz-broken",
