@@ -1,6 +1,7 @@
 """Rank processes of test_gpu.py (spawned: CUDA does not survive fork)."""
 
 import ctypes
+import os
 import time
 import traceback
 
@@ -345,6 +346,37 @@ def run_bad_arrays(rank, sock, group, shape, ngpu, calls):
                                (pinned if call else valid_out).cpu().numpy(),
                                ids_out.cpu().numpy(), None)
         compare(got, ref, R)
+    _leave(c, m)
+    return calls
+
+
+def run_stride_nocheck(rank, sock, group, shape, ngpu, calls):
+    """DCPX_PTR_CHECK=0 turns off the driver's view of the arrays only: a
+    stride whose rows run past the end of the address space is still
+    refused (InvalidArgument) before a launch; it was enqueued, and the
+    kernel read a wrapped address (a fault that ends the context). The
+    calls after recovery are exact."""
+    import torch
+    from dcpx._lib import call_in
+    os.environ["DCPX_PTR_CHECK"] = "0"  # read at the join
+    c, m, d = _join(rank, sock, group, shape, ngpu)
+    R, L = shape.rows, shape.max_local
+    req, bt = tables(rank, R, L, shape.block_size)
+    lg, en = inputs(6, 0, shape.world, R, L, "random")
+    x, e = _lg(lg[rank], d), _t(en[rank], d)
+    st = ctypes.c_void_p(torch.cuda.current_stream(d).cuda_stream)
+    for stride in (1 << 62, (1 << 64) // 2 // max(R - 1, 1)):
+        cin = call_in(R, x.data_ptr(), stride, e.data_ptr())
+        r = m._call(m._lib.dcpx_push, ctypes.byref(cin), st)
+        assert r == dcpx.InvalidArgument.code, f"stride {stride}: {r}"
+        torch.cuda.synchronize(d)  # raises if a kernel had faulted
+        m.recover(timeout_ms=20000)
+    req_t, bt_t = _t(req, d), _t(bt, d)
+    for call in range(calls):
+        m.push(x, e, call_tag=call)
+        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
+        compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+    torch.cuda.synchronize()
     _leave(c, m)
     return calls
 

@@ -147,6 +147,15 @@ def test_cuda_bad_arrays(daemon, cuda_ok, group):
     _spawn("bad_arrays", 1, daemon.socket, group, shape, calls=2)
 
 
+def test_cuda_stride_nocheck(daemon, cuda_ok, group):
+    """With DCPX_PTR_CHECK=0, a stride whose rows run past the end of the
+    address space is still refused before a launch; the calls after
+    recovery are exact."""
+    shape = dcpx.Shape(world=1, rows=4, topk=128, local_topk=32,
+                       block_size=16, max_local=1024)
+    _spawn("stride_nocheck", 1, daemon.socket, group, shape, calls=2)
+
+
 def _spawn_nccl(mode, daemon, group):
     """_spawn of an nccl mode at W=1 (skipped without dcpxctl beside
     $DCPXD, or without NCCL in the build)."""
