@@ -968,13 +968,18 @@ static int clear_stale_socket(const char *path) {
   struct stat st;
   _cleanup_close_ int probe = -1;
 
-  if (lstat(path, &st) < 0)
-    return errno == ENOENT ? 0 : -errno;
+  if (lstat(path, &st) < 0) {
+    if (errno == ENOENT)
+      return 0;
+    /* a folder on the way that is a file (ENOTDIR) or that dcpxd may not
+     * search (EACCES): said, not only "startup failed" */
+    return log_error_errno(-errno, "Cannot use socket path %s: %m", path);
+  }
   if (!S_ISSOCK(st.st_mode))
     return log_error_errno(-EEXIST, "%s exists and is not a socket", path);
   probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (probe < 0)
-    return -errno;
+    return log_error_errno(-errno, "Cannot probe %s: %m", path);
   /* For AF_UNIX, SO_SNDTIMEO bounds connect() (EAGAIN when it runs out). */
   if (setsockopt(probe, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
     return log_error_errno(-errno, "Cannot probe %s: %m", path);

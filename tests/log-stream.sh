@@ -86,4 +86,13 @@ for opt in --help --version; do
   grep -q '^error: Cannot write standard output' "$d/full.err" ||
     fail "dcpxd $opt > /dev/full: no error line"
 done
+# A socket path under a file (ENOTDIR; EACCES for a folder dcpxd may not
+# search) stops dcpxd with the reason: it said only "startup failed".
+: > "$d/afile"
+"$dcpxd" --config= --socket="$d/afile/s.sock" --state-dir="$d/st-nd" \
+  2> "$d/nd.err"
+rc=$?
+test $rc -eq 1 || fail "dcpxd --socket=FILE/s.sock exited $rc, not 1"
+grep -q "Cannot use socket path $d/afile/s.sock: Not a directory" \
+  "$d/nd.err" || fail "dcpxd --socket=FILE/s.sock: no reason"
 echo "log-stream: prefixes only on the journal stream"

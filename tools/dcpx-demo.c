@@ -37,6 +37,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <getopt.h>
 #include <limits.h>
@@ -493,22 +494,45 @@ static int call_inputs(rank_ctx *x, uint32_t c) {
   return 0;
 }
 
-/* Arms the fault hook through the operator tool, as an SRE would. */
+/* Arms the fault hook through the operator tool, as an SRE would: dcpxctl
+ * run directly (no shell: the paths may hold any character), its output
+ * dropped, its exit status said when it is not 0. */
 static void arm_fault(const rank_ctx *x, uint32_t c) {
   const opts *o = x->o;
-  char cmd[1400], ctl[600];
+  char ctl[600], rank[16], call[16], ticks[32];
   /* dcpxctl sits beside us (or one up, from libtool's .libs). */
   snprintf(ctl, sizeof(ctl), "%s/dcpxctl", o->self_dir);
   if (access(ctl, X_OK) != 0)
     snprintf(ctl, sizeof(ctl), "%s/../dcpxctl", o->self_dir);
   /* --call counts calls since the join from 1: call c is c + 1. */
-  snprintf(cmd, sizeof(cmd),
-           "'%s' --socket '%s' fault stall --group '%s' "
-           "--rank %u --call %u --ticks %llu >/dev/null",
-           ctl, o->socket, o->group, o->fault_rank, c + 1,
+  snprintf(rank, sizeof(rank), "%u", o->fault_rank);
+  snprintf(call, sizeof(call), "%u", c + 1);
+  snprintf(ticks, sizeof(ticks), "%llu",
            (unsigned long long)(3 * x->jo.timeout_ns));
-  if (system(cmd) != 0)
-    fprintf(stderr, "dcpx-demo: arming the fault failed: %s\n", cmd);
+  char *const argv[] = {ctl, "--socket", (char *)o->socket, "fault",
+                        "stall", "--group", (char *)o->group, "--rank", rank,
+                        "--call", call, "--ticks", ticks, NULL};
+  int st = -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null >= 0)
+      dup2(null, STDOUT_FILENO);
+    execv(ctl, argv);
+    fprintf(stderr, "dcpx-demo: cannot run %s: %s\n", ctl, strerror(errno));
+    _exit(127);
+  }
+  if (pid > 0)
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+      ;
+  if (pid < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fprintf(stderr, "dcpx-demo: arming the fault failed: %s fault stall "
+                    "--group %s --rank %s --call %s: %s %d\n",
+            ctl, o->group, rank, call,
+            pid < 0 ? "fork failed," : WIFEXITED(st) ? "exit status"
+                                                      : "signal",
+            pid < 0 ? errno : WIFEXITED(st) ? WEXITSTATUS(st)
+                                            : WTERMSIG(st));
 }
 
 /* Whether this rank is the one killed (-9) in call c, after its push. */
