@@ -142,6 +142,15 @@ refused "--group 'a b'" --group 'a b'
 # An empty --socket: it connected to $DCPX_SOCKET's or the default dcpxd.
 refused "--socket needs a path" --socket ''
 refused "1..63 bytes" --group x123456789x123456789x123456789x123456789x123456789x123456789x123
+# A --fault-rank with no fault to inject, or past the world, did nothing;
+# a --daemon-log that cannot be opened left dcpxd's child only an exit
+# status of 126; a socket path too long for sockaddr_un read as "no such
+# socket".
+refused "fault-rank needs a rank < world" --fault-rank 1
+refused "fault-rank needs a rank < world" --world 2 --fault-rank 2 \
+  --fault-at 1
+refused "daemon-log /: Is a directory" --daemon-log /
+refused "a socket path is at most" --socket "/tmp/$(printf '%0120d' 0)"
 # A shape within dcpx's limits whose run needs more host memory than the
 # machine has (about 260-271 GiB): refused before anything starts,
 # instead of ranks that the OOM killer takes. Skipped on a machine with
@@ -150,6 +159,12 @@ avail=$(awk '/^MemAvailable:/ { print int($2 / 1048576) }' /proc/meminfo)
 if [ -n "$avail" ] && [ "$avail" -lt 270 ]; then
   refused "GiB of host memory" --world 16 --rows 4096 \
     --local-len 131072
+fi
+# --calls within its limit whose latency table (8 bytes per rank and call,
+# made before the first call) the machine cannot hold: about 524 GiB here.
+if [ -n "$avail" ] && [ "$avail" -lt 500 ]; then
+  refused "GiB of host memory" --world 16 --rows 1 --topk 8 --local-topk 4 \
+    --local-len 64 --calls 4294967295
 fi
 
 # No dcpxd: its reason is shown, and no /tmp/dcpx-demo.* folder stays.

@@ -1310,7 +1310,10 @@ static uint64_t run_bytes(const opts *o, uint64_t *ws) {
     dcpx_layout_compute(&L, o->world, o->rows, o->topk, n);
     *ws = W * L.ws_bytes + L.ctl_bytes;
   }
-  return W * rank + *ws;
+  /* the parent's block shared with the ranks (shared_map): latencies of
+   * every rank and call, three flags per call */
+  const uint64_t sh = sizeof(shared) + 8 * W * o->calls + 3ull * o->calls;
+  return W * rank + *ws + sh;
 }
 
 /* Returns 0, or 2 (and says why) if the shape, the group name or the
@@ -1350,6 +1353,20 @@ static int check_opts(const opts *o) {
                     "private dcpxd)\n");
     return 2;
   }
+  /* libdcpx refuses it (DCPX_E_RANGE), which read as "no such socket" */
+  const size_t sun_max = sizeof(((struct sockaddr_un *)0)->sun_path) - 1;
+  if (o->socket && strlen(o->socket) > sun_max) {
+    fprintf(stderr, "dcpx-demo: --socket: the path is %zu bytes; a socket "
+                    "path is at most %zu\n", strlen(o->socket), sun_max);
+    return 2;
+  }
+  if (o->fault_rank_given &&
+      (o->fault_rank >= o->world ||
+       (o->fault_at < 0 && o->kill_at < 0 && o->stop_at < 0))) {
+    fprintf(stderr, "dcpx-demo: --fault-rank needs a rank < world and one "
+                    "of --fault-at, --kill-at, --stop-at\n");
+    return 2;
+  }
   /* Request t's KV blocks are ids t * cols .. (t + 1) * cols - 1, so
    * KV rows reach rows * cols * B - 1, which must be an int32. */
   const uint64_t cols = ((uint64_t)o->local_len + o->block_size - 1) /
@@ -1378,6 +1395,16 @@ static int check_opts(const opts *o) {
     fprintf(stderr, "dcpx-demo: --daemon-log needs a path, and the demo's "
                     "own dcpxd (no --socket)\n");
     return 2;
+  }
+  if (o->daemon_log) { /* dcpxd's child could only exit 126 */
+    const int fd = open(o->daemon_log,
+                        O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      fprintf(stderr, "dcpx-demo: --daemon-log %s: %s\n", o->daemon_log,
+              strerror(errno));
+      return 2;
+    }
+    close(fd);
   }
   if (o->restart_sig_given && o->restart_at < 0) {
     fprintf(stderr, "dcpx-demo: --restart-signal needs --restart-at\n");
@@ -1408,7 +1435,7 @@ static int check_opts(const opts *o) {
                     "memory (each of the %u ranks holds every rank's logits "
                     "for the reference check; the host backend's workspaces "
                     "take %.1f GiB of it), and %.1f GiB is available: lower "
-                    "--world, --rows or --local-len\n",
+                    "--world, --rows, --local-len or --calls\n",
             need / 1073741824.0, o->world, ws / 1073741824.0,
             avail / 1073741824.0);
     return 2;
