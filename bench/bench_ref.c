@@ -74,9 +74,10 @@ int main(int argc, char **argv) {
   sh.block_size = 64;
   sh.interleave = 1;
   sh.max_local = L;
-  int r = dcpx_shape_check(&sh);
+  char why[200];
+  int r = dcpx_shape_explain(&sh, why, sizeof(why));
   if (r < 0) {
-    fprintf(stderr, "bench_ref: bad shape: %s\n", dcpx_strerror(r));
+    fprintf(stderr, "bench_ref: bad shape: %s\n", why);
     return 2;
   }
   uint32_t bt_cols = (L + 63) / 64;
@@ -89,6 +90,10 @@ int main(int argc, char **argv) {
   int32_t *valid = malloc(sizeof(int32_t) * R);
   uint32_t *sat = malloc(sizeof(uint32_t) * R);
   double *times = malloc(sizeof(double) * (size_t)reps);
+  if (!req || !bt || !rows_out || !ids || !valid || !sat || !times) {
+    fprintf(stderr, "bench_ref: out of memory\n");
+    return 1;
+  }
   for (uint32_t t = 0; t < R; t++) {
     req[t] = (int32_t)t;
     for (uint32_t b = 0; b < bt_cols; b++)
@@ -97,6 +102,12 @@ int main(int argc, char **argv) {
   for (uint32_t d = 0; d < W; d++) {
     lg[d] = malloc(sizeof(uint16_t) * (size_t)R * L);
     en[d] = malloc(sizeof(int32_t) * R);
+    if (!lg[d] || !en[d]) {
+      fprintf(stderr, "bench_ref: out of memory: %u ranks x %u rows x %u "
+                      "logits need %.1f GiB\n", W, R, L,
+              2.0 * W * R * (double)L / 1073741824.0);
+      return 1;
+    }
     for (uint32_t t = 0; t < R; t++) {
       double shift = (t % 4 == 0 && d == t % W) ? 3.0 : 0.0;
       en[d][t] = (int32_t)L;

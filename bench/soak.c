@@ -842,6 +842,23 @@ static int parse(int argc, char **argv) {
   }
   if (O.warmup < 0)
     O.warmup = O.seconds / 10 > 2 ? O.seconds / 10 : 2;
+  /* checks that could not run would pass: "soak: ok" of nothing */
+  if (O.warmup >= O.seconds) {
+    fprintf(stderr, "soak: --warmup=%g must be shorter than --seconds=%g "
+                    "(dcpxd's growth is measured after it)\n",
+            O.warmup, O.seconds);
+    r = -1;
+  }
+  if ((O.kill_every > 0 && O.kill_every >= O.seconds) ||
+      (O.restart_every > 0 && O.restart_every >= O.seconds)) {
+    fprintf(stderr, "soak: --kill-every and --restart-every must be shorter "
+                    "than --seconds=%g (or 0: none)\n", O.seconds);
+    r = -1;
+  }
+  if (r < 0) {
+    fprintf(stderr, "Try 'soak --help'.\n");
+    return -1;
+  }
   return 0;
 }
 
