@@ -30,6 +30,7 @@
 #define _GNU_SOURCE
 #include <getopt.h>
 
+#include "bench_args.h"
 #include "health_harness.h"
 
 static int cmp_u64(const void *a, const void *b) {
@@ -242,20 +243,33 @@ int main(int argc, char **argv) {
       {"what", required_argument, NULL, 'x'},
       {NULL, 0, NULL, 0}};
   uint32_t W = 8;
-  int reps = 15, opt;
-  uint64_t timeout_ms = 20;
+  int reps = 15, opt, bad = 0;
+  uint64_t timeout_ms = 20, v;
   const char *poll_ms = "2", *what = "all";
+  static const char usage[] =
+      "usage: bench_health [--world W] [--reps N] [--timeout-ms T] "
+      "[--poll-ms P] [--what detection|kill|reset|all]\n";
 
+  if (bench_wants_help(argc, argv)) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  /* numbers as the tools take them (dcpxd_parse_num), in range: atoi and
+   * strtoull took "2x" for 2 and "-1" for 2^64 - 1 (a run that hung) */
   while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (opt) {
     case 'w':
-      W = (uint32_t)atoi(optarg);
+      bad |= dcpxd_parse_num(optarg, &v) < 0 || v < 2 || v > DCPX_MAX_WORLD;
+      W = (uint32_t)v;
       break;
     case 'n':
-      reps = atoi(optarg);
+      bad |= dcpxd_parse_num(optarg, &v) < 0 || v < 1 ||
+             v > HH_MAX_FAILS - 1;
+      reps = (int)v;
       break;
     case 't':
-      timeout_ms = strtoull(optarg, NULL, 10);
+      bad |= dcpxd_parse_num(optarg, &v) < 0 || v < 1 || v > 60000;
+      timeout_ms = v;
       break;
     case 'p':
       poll_ms = optarg;
@@ -264,15 +278,21 @@ int main(int argc, char **argv) {
       what = optarg;
       break;
     default:
-      fprintf(stderr, "usage: bench_health [--world W] [--reps N] "
-                      "[--timeout-ms T] [--poll-ms P] [--what "
-                      "detection|kill|reset|all]\n");
+      fputs(usage, stderr);
       return 2;
     }
   }
-  if (W < 2 || W > DCPX_MAX_WORLD || reps < 1 || reps > HH_MAX_FAILS - 1 ||
-      timeout_ms < 1)
-    die("bad arguments");
+  if (strcmp(what, "all") && strcmp(what, "detection") &&
+      strcmp(what, "kill") && strcmp(what, "reset"))
+    bad = 1;
+  if (bad || optind < argc) {
+    fprintf(stderr, "bench_health: bad arguments (--world 2..%d, --reps "
+                    "1..%d, --timeout-ms 1..60000, --what one of detection, "
+                    "kill, reset, all; no other arguments)\n",
+            DCPX_MAX_WORLD, HH_MAX_FAILS - 1);
+    fputs(usage, stderr);
+    return 2;
+  }
   const char *extra[] = {"--enable-fault-injection", "--poll-ms", poll_ms,
                          NULL};
   if (hh_daemon_start(&g_d, extra))

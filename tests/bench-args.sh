@@ -30,6 +30,18 @@ done
 expect 2 "ROWS: '0' is not a number" bench/bench_rescue 0
 expect 2 "LOCAL: '0' is not a number" bench/bench_rescue 1 0
 expect 2 "REPS: '0' is not a number" bench/bench_ref 8 512 2048 16384 4 0
+expect 2 "bad shape: local_topk 8 must be less than topk 8" bench/bench_ref 2 8 8
+# bench_health: atoi took "2x" for 2, strtoull "-1" for 2^64 - 1 (a run
+# that hung), and an unknown --what ran nothing and exited 0
+expect 0 "^usage: " bench/bench_health --help
+expect 2 "bad arguments" bench/bench_health --world 2x
+expect 2 "bad arguments" bench/bench_health --timeout-ms -1
+expect 2 "bad arguments" bench/bench_health --what detectoin
+expect 2 "bad arguments" bench/bench_health extra
+# soak: checks that could not run passed ("soak: ok")
+expect 2 "must be shorter than --seconds" bench/soak --seconds 3 --warmup 10
+expect 2 "must be shorter than --seconds" bench/soak --seconds 3 \
+  --kill-every 100
 expect 2 "bad shape" bench/bench_ref 3 4096 64
 expect 0 "rows/s" bench/bench_ref 2 64 128 1024 2 1
 exit $fail
