@@ -79,7 +79,11 @@ static inline uint64_t dcpxd_now_ns(clockid_t clk) {
 static inline int dcpxd_parse_u64(const char *s, int base, uint64_t *ret) {
   char *end;
   unsigned long long v;
-  if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
+  /* a digit first: strtoull skips any white space (a tab, a newline) and
+   * takes a sign */
+  const char c = s ? *s : 0;
+  if (!((c >= '0' && c <= '9') ||
+        (base == 16 && ((c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')))))
     return -EINVAL;
   errno = 0;
   v = strtoull(s, &end, base);

@@ -53,6 +53,8 @@ bad --fault-at -1
 bad --stop-at 1e3
 bad --local-len 0x
 bad --restart-at x
+bad --world " 3"
+bad --rows "$(printf '\t4')" # strtoull skips a tab or a newline
 
 # -h and --help, like dcpxd's and dcpxctl's: the help, exit 0, and it
 # names them.
