@@ -1570,7 +1570,7 @@ static int cmd_records(int argc, char **argv) {
                                  "if that is UTC)",
                                  opt == 's' ? "since" : "until", optarg, optarg)
                    : usage_error("--%s: cannot parse time '%s' (a time "
-                                 "from 1970 to 2554)",
+                                 "from 1970 to 2554-07-21)",
                                  opt == 's' ? "since" : "until", optarg);
       if (opt == 's')
         break;
