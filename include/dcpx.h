@@ -441,7 +441,8 @@ DCPX_API int dcpx_ref_call(const dcpx_shape *shape, const dcpx_ref_in *in,
  * unmapped space are refused, memory CUDA does not know not on a GPU that
  * reads pageable memory itself (HMM, Grace Hopper); one that runs into
  * another allocation of the same GPU is not seen; DCPX_PTR_CHECK=0 in
- * the environment at join turns the check off). An empty call (rows 0) may pass NULL pointers.
+ * the environment at join turns the driver's check off, not the refusal
+ * of an array that runs past the end of the address space). An empty call (rows 0) may pass NULL pointers.
  * With the host backend they run on the calling thread and `stream` is
  * ignored.
  */
