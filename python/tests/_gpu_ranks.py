@@ -123,13 +123,21 @@ def run_empty(rank, sock, group, shape, ngpu, calls):
                         ctypes.byref(out), st)
             assert r == 0, f"empty merge: {dcpx.strerror(r)}"
         lg, en = inputs(37, call, shape.world, R, L, "random")
-        x, e = _lg(lg[rank], d), _t(en[rank], d)
-        m.push(x, e, call_tag=call)
-        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
-        compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+        _exact_call(m, shape, rank, d, call, lg, en, (req, bt, req_t, bt_t))
     torch.cuda.synchronize()
     _leave(c, m)
     return calls
+
+
+def _exact_call(m, shape, rank, d, call, lg, en, tabs):
+    """Push and merge of call `call` on rank's rows of lg, en (tabs: the
+    host and device request and block tables), equal to the reference."""
+    req, bt, req_t, bt_t = tabs
+    x, e = _lg(lg[rank], d), _t(en[rank], d)
+    m.push(x, e, call_tag=call)
+    res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
+    compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt),
+            shape.rows)
 
 
 def _top_lists(lg, en, N):
@@ -371,11 +379,9 @@ def run_stride_nocheck(rank, sock, group, shape, ngpu, calls):
         assert r == dcpx.InvalidArgument.code, f"stride {stride}: {r}"
         torch.cuda.synchronize(d)  # raises if a kernel had faulted
         m.recover(timeout_ms=20000)
-    req_t, bt_t = _t(req, d), _t(bt, d)
+    tabs = (req, bt, _t(req, d), _t(bt, d))
     for call in range(calls):
-        m.push(x, e, call_tag=call)
-        res = m.merge(x, e, req_t, bt_t, sat=True, call_tag=call)
-        compare(_host(res), dcpx.ref_call(shape, lg, en, rank, req, bt), R)
+        _exact_call(m, shape, rank, d, call, lg, en, tabs)
     torch.cuda.synchronize()
     _leave(c, m)
     return calls
