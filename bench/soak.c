@@ -732,14 +732,16 @@ static void usage(FILE *f) {
       "  --world=W           ranks per group, 1..16 (8); G*W <= 256\n"
       "  --calls=C           calls per join, >= 1 (8; >= 3 with kills)\n"
       "  --kill-every=S      kill -9 one rank every S s, gangs in turn\n"
-      "                      (15; 0: none)\n"
-      "  --restart-every=S   stop and start dcpxd every S s (60; 0: none)\n"
+      "                      (15, none in a run of 15 s or less; 0: none)\n"
+      "  --restart-every=S   stop and start dcpxd every S s (60, none in a\n"
+      "                      run of 60 s or less; 0: none)\n"
       "  --recover-bound=S   a killed rank's group recovers, every rank\n"
       "                      reattaches, within S s (30)\n"
       "  --wait-timeout-ms=T the groups' bounded-wait timeout (10000)\n"
       "  --rss-growth-kib=K  dcpxd's RSS may exceed the warm-up's largest\n"
       "                      by K KiB (2048)\n"
-      "  --warmup=S          warm-up (a tenth of the run, at least 2 s)\n"
+      "  --warmup=S          warm-up (a tenth of the run, at least 2 s and\n"
+      "                      less than the run)\n"
       "  --report=S          print a line every S s (10)\n"
       "  --help\n");
 }
@@ -791,8 +793,10 @@ static int parse(int argc, char **argv) {
   double v;
   int opt, r = 0;
 
+  /* kill_every and restart_every -1: not given (15 and 60, or none where
+   * the run is shorter) */
   O = (soak_opts){.seconds = 600, .warmup = -1, .report = 10,
-                  .kill_every = 15, .restart_every = 60, .recover_bound = 30,
+                  .kill_every = -1, .restart_every = -1, .recover_bound = 30,
                   .gangs = 8, .W = 8, .calls = 8, .wait_timeout_ms = 10000,
                   .growth_kib = 2048};
   while (r == 0 && (opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -830,6 +834,10 @@ static int parse(int argc, char **argv) {
             O.gangs, O.W, MAX_PROCS);
     r = -1;
   }
+  if (O.kill_every < 0)
+    O.kill_every = O.seconds > 15 ? 15 : 0;
+  if (O.restart_every < 0)
+    O.restart_every = O.seconds > 60 ? 60 : 0;
   if (r == 0 && O.kill_every > 0 && (O.calls < 3 || O.W < 2)) {
     fprintf(stderr, "soak: kills need --calls >= 3 and --world >= 2 (a "
                     "victim stops mid-call k <= C-2, its peers in k+1); "
@@ -840,8 +848,10 @@ static int parse(int argc, char **argv) {
     fprintf(stderr, "Try 'soak --help'.\n");
     return -1;
   }
-  if (O.warmup < 0)
-    O.warmup = O.seconds / 10 > 2 ? O.seconds / 10 : 2;
+  if (O.warmup < 0) /* a tenth, at least 2 s, less than the run */
+    O.warmup = O.seconds / 10 > 2 ? O.seconds / 10
+               : O.seconds > 2    ? 2
+                                  : O.seconds / 2;
   /* checks that could not run would pass: "soak: ok" of nothing */
   if (O.warmup >= O.seconds) {
     fprintf(stderr, "soak: --warmup=%g must be shorter than --seconds=%g "

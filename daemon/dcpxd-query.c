@@ -308,8 +308,9 @@ static void query_groups(dcpxd_conn *c, const Dcpx__Query *q) {
   char state_error[PATH_MAX + 160];
   const int save_error = dcpxd_secrets_save_error(m->secrets);
   if (save_error) {
-    dcpxd_bprintf(state_error, "cannot save %s: %s: new groups cannot form "
-                  "until it can (retried every second)",
+    dcpxd_bprintf(state_error, "cannot save %s (written through its .tmp): "
+                  "%s: new groups cannot form until it can (retried at "
+                  "most once a second)",
                   dcpxd_secrets_path(m->secrets), strerror(-save_error));
     qr.state_error = state_error;
   }

@@ -80,20 +80,20 @@ int dcpxd_secrets_flush(dcpxd_secrets *s);
  * and logs an error if the changes are lost. */
 int dcpxd_secrets_flush_last(dcpxd_secrets *s);
 
-/* The entries, for the queries (dcpxd-query.c: the groups a restart left
- * whose ranks have not reattached): entry i < dcpxd_secrets_count, its
- * name (NULL past the end), owner and the number of its ranks' pids (0
- * for an entry of an older dcpxd); which of them live:
- * dcpxd_secrets_live. */
 /* The last save's error (-errno: a full disk, a read-only state dir, a
  * file size limit), or 0 if it worked (or none was made). No group can
- * form while it is not 0; a failed save is retried every second while
- * changes wait (dcpxd_secrets_flush). */
+ * form while it is not 0; a failed save is retried, at most once a
+ * second, while changes wait (dcpxd_secrets_flush, on the loop's turns). */
 int dcpxd_secrets_save_error(const dcpxd_secrets *s);
 
 /* The groups file's path. */
 const char *dcpxd_secrets_path(const dcpxd_secrets *s);
 
+/* The entries, for the queries (dcpxd-query.c: the groups a restart left
+ * whose ranks have not reattached): entry i < dcpxd_secrets_count, its
+ * name (NULL past the end), owner and the number of its ranks' pids (0
+ * for an entry of an older dcpxd); which of them live:
+ * dcpxd_secrets_live. */
 size_t dcpxd_secrets_count(const dcpxd_secrets *s);
 const char *dcpxd_secrets_entry(const dcpxd_secrets *s, size_t i,
                                 uid_t *owner, uint32_t *n_pids);

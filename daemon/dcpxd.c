@@ -223,7 +223,8 @@ static void start_signal(dcpxd_manager *m, uv_signal_t *h, int signum) {
  * live one (dcpxd_pid_live): after a restart such a rank's group is kept
  * for a reattach that never comes. Said once at start. */
 static void warn_hidden_procs(void) {
-  if (getpid() == 1 || (kill(1, 0) < 0 && errno != EPERM))
+  if (getpid() == 1 || (kill(1, 0) < 0 && errno != EPERM) ||
+      access("/proc/self/stat", R_OK) != 0) /* no procfs: nothing hidden */
     return;
   FILE *f = fopen("/proc/1/stat", "re");
   if (f) {

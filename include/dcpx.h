@@ -645,7 +645,7 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * one another or an input (DCPX_E_INVAL naming both: each output needs
  * memory of its own, and -1s could land on the other array); with the
  * CUDA backend a refused merge sets
- * them with cudaMemsetAsync on the stream), and the member must
+ * them with a memset on the stream, cuMemsetD32Async), and the member must
  * dcpx_recover before the next call. With the CUDA
  * backend waits end inside the kernel: the call returns 0 (or a launch
  * error), and a failed row shows as valid_out[t] = -1, in

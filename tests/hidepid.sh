@@ -15,8 +15,9 @@ if test "$(id -u)" != 0 || ! command -v unshare >/dev/null 2>&1 ||
     ! command -v setpriv >/dev/null 2>&1; then
   echo "SKIP: needs root, unshare and setpriv"; exit 77
 fi
-if ! unshare -m sh -c 'mount -t proc -o hidepid=invisible proc /proc' \
-    2>/dev/null; then
+if ! unshare -m --propagation private sh -c \
+    'mount -t proc -o hidepid=invisible proc /proc &&
+     mount -t proc -o hidepid=0 proc /proc' 2>/dev/null; then
   echo "SKIP: cannot mount a private /proc with hidepid="; exit 77
 fi
 if ! setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$dcpxd"; then
@@ -27,13 +28,20 @@ d=$(mktemp -d "${TMPDIR:-/tmp}/dcpx-hidepid.XXXXXX")
 chmod 755 "$d"
 trap 'rm -rf "$d"' EXIT
 fail() { echo "FAIL: $*"; cat "$d/log" 2>/dev/null; exit 1; }
+mkdir -m 777 "$d/probe"
+if ! setpriv --reuid=65534 --regid=65534 --clear-groups test -w "$d/probe"; then
+  echo "SKIP: nobody cannot write in $d (a folder above it is closed)"
+  exit 77
+fi
 
 # $1: "hide" or "plain". dcpxd runs until it says Ready (at most 10 s).
 run() {
   mkdir -m 777 "$d/$1"
-  mount_cmd=true
+  # a /proc of its own either way (the machine's may hide pids already);
+  # hidepid=0 is "off" on every kernel that has the option
+  mount_cmd='mount -t proc -o hidepid=0 proc /proc'
   test "$1" = hide && mount_cmd='mount -t proc -o hidepid=invisible proc /proc'
-  unshare -m sh -c "$mount_cmd && exec setpriv --reuid=65534 \
+  unshare -m --propagation private sh -c "$mount_cmd && exec setpriv --reuid=65534 \
     --regid=65534 --clear-groups $dcpxd --config= --socket $d/$1/s \
     --state-dir $d/$1/st" > "$d/log" 2>&1 &
   pid=$!

@@ -44,6 +44,7 @@
 #include <math.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,8 @@
 #include "dcpxd-util.h"
 #include "layout.h"
 #include "rng.h"
+
+extern char **environ;
 
 typedef struct opts {
   uint32_t world, rows, calls, topk, local_topk, local_len, block_size,
@@ -512,27 +515,30 @@ static void arm_fault(const rank_ctx *x, uint32_t c) {
   char *const argv[] = {ctl, "--socket", (char *)o->socket, "fault",
                         "stall", "--group", (char *)o->group, "--rank", rank,
                         "--call", call, "--ticks", ticks, NULL};
-  int st = -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (null >= 0)
-      dup2(null, STDOUT_FILENO);
-    execv(ctl, argv);
-    fprintf(stderr, "dcpx-demo: cannot run %s: %s\n", ctl, strerror(errno));
-    _exit(127);
+  /* posix_spawn: no copy of this rank's (possibly large) memory, and
+   * nothing but exec in the child */
+  posix_spawn_file_actions_t fa;
+  int st = -1, r = posix_spawn_file_actions_init(&fa);
+  pid_t pid = -1;
+  if (r == 0) {
+    r = posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null",
+                                         O_WRONLY, 0);
+    if (r == 0)
+      r = posix_spawn(&pid, ctl, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
   }
-  if (pid > 0)
+  if (r == 0)
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
       ;
-  if (pid < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+  if (r != 0)
+    fprintf(stderr, "dcpx-demo: arming the fault failed: cannot run %s: "
+                    "%s\n", ctl, strerror(r));
+  else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
     fprintf(stderr, "dcpx-demo: arming the fault failed: %s fault stall "
                     "--group %s --rank %s --call %s: %s %d\n",
             ctl, o->group, rank, call,
-            pid < 0 ? "fork failed," : WIFEXITED(st) ? "exit status"
-                                                      : "signal",
-            pid < 0 ? errno : WIFEXITED(st) ? WEXITSTATUS(st)
-                                            : WTERMSIG(st));
+            WIFEXITED(st) ? "exit status" : "signal",
+            WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
 }
 
 /* Whether this rank is the one killed (-9) in call c, after its push. */

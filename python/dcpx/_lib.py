@@ -211,8 +211,9 @@ def _checkout_root(here: str) -> Optional[str]:
     """The dcpx source checkout this file lies in (ROOT/python/dcpx/_lib.py,
     with ROOT/configure.ac and ROOT/include/dcpx.h), or None. A package
     installed elsewhere (pip install --target DIR) is not in one, and a
-    root that others may write (DIR = /tmp) is never taken: anyone could
-    put a libdcpx there for this process to load."""
+    root that others may write (DIR = /tmp, a group-writable folder, one
+    another user owns) is never taken: they could put a libdcpx there
+    for this process to load."""
     pkg = os.path.dirname(here)
     if os.path.basename(pkg) != "dcpx" or \
             os.path.basename(os.path.dirname(pkg)) != "python":
@@ -221,8 +222,9 @@ def _checkout_root(here: str) -> Optional[str]:
     for marker in ("configure.ac", os.path.join("include", "dcpx.h")):
         if not os.path.isfile(os.path.join(root, marker)):
             return None
-    try:
-        if os.stat(root).st_mode & 0o002:
+    try:  # not writable by others: owned by this user or root, 0o022 off
+        st = os.stat(root)
+        if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), 0):
             return None
     except OSError:
         return None

@@ -34,8 +34,8 @@ def test_checkout_root_taken(tmp_path):
     assert _lib._checkout_root(here) == str(tmp_path / "src")
 
 
-@pytest.mark.parametrize("case", ["world-writable", "no-markers",
-                                  "target-install"])
+@pytest.mark.parametrize("case", ["world-writable", "group-writable",
+                                  "no-markers", "target-install"])
 def test_checkout_root_refused(tmp_path, case):
     base = str(tmp_path / "src")
     if case == "target-install":
@@ -50,4 +50,6 @@ def test_checkout_root_refused(tmp_path, case):
     else:
         here = _tree(base, world_writable=case == "world-writable",
                      markers=case != "no-markers")
+        if case == "group-writable":
+            os.chmod(base, 0o775)
     assert _lib._checkout_root(here) is None
