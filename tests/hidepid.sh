@@ -27,7 +27,7 @@ fi
 d=$(mktemp -d "${TMPDIR:-/tmp}/dcpx-hidepid.XXXXXX")
 chmod 755 "$d"
 trap 'rm -rf "$d"' EXIT
-fail() { echo "FAIL: $*"; cat "$d/log" 2>/dev/null; exit 1; }
+fail() { echo "FAIL: $*"; cat "$d"/*.log 2>/dev/null; exit 1; }
 mkdir -m 777 "$d/probe"
 if ! setpriv --reuid=65534 --regid=65534 --clear-groups test -w "$d/probe"; then
   echo "SKIP: nobody cannot write in $d (a folder above it is closed)"
@@ -43,19 +43,21 @@ run() {
   test "$1" = hide && mount_cmd='mount -t proc -o hidepid=invisible proc /proc'
   unshare -m --propagation private sh -c "$mount_cmd && exec setpriv --reuid=65534 \
     --regid=65534 --clear-groups $dcpxd --config= --socket $d/$1/s \
-    --state-dir $d/$1/st" > "$d/log" 2>&1 &
+    --state-dir $d/$1/st" > "$d/$1.log" 2>&1 &
   pid=$!
   i=0
-  while ! grep -q Ready "$d/log" && test $i -lt 100; do
+  # a log of each run's own: the second run's shell truncates a shared
+  # one only once it runs, and the first run's Ready could be read first
+  while ! grep -q Ready "$d/$1.log" && test $i -lt 100; do
     sleep 0.1; i=$((i + 1))
   done
   kill "$pid" 2>/dev/null
   wait "$pid"
-  grep -q Ready "$d/log" || fail "$1: dcpxd did not start"
+  grep -q Ready "$d/$1.log" || fail "$1: dcpxd did not start"
 }
 run hide
-grep -q "procfs hides other processes from dcpxd" "$d/log" ||
+grep -q "procfs hides other processes from dcpxd" "$d/hide.log" ||
   fail "no warning with /proc mounted hidepid=invisible"
 run plain
-grep -q "procfs hides" "$d/log" && fail "a warning with /proc as it is"
+grep -q "procfs hides" "$d/plain.log" && fail "a warning with /proc as it is"
 echo "PASS: hidepid warned, plain /proc did not"
