@@ -431,11 +431,16 @@ static int gpu_setup(rank_ctx *x) {
   return 0;
 }
 
+/* Block-table columns of a request: blocks of block_size over local_len
+ * (check_opts keeps rows x that x block_size within int32). */
+static uint64_t bt_cols_of(const opts *o) {
+  return ((uint64_t)o->local_len + o->block_size - 1) / o->block_size;
+}
+
 /* The shape, the join options, the buffers. */
 static int rank_setup(rank_ctx *x) {
   const opts *o = x->o;
-  x->bt_cols = (uint32_t)(((uint64_t)o->local_len + o->block_size - 1) /
-                          o->block_size);
+  x->bt_cols = (uint32_t)bt_cols_of(o);
   x->per = (size_t)o->rows * o->local_len;
   x->shape.world = o->world;
   x->shape.rows = o->rows;
@@ -1293,19 +1298,26 @@ static uint64_t mem_available(void) {
   return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
 }
 
+/* The parent's block shared with the ranks (shared_map): the header, the
+ * latencies of every rank and call, three flags per call. */
+static size_t shared_bytes(const opts *o) {
+  return sizeof(shared) + sizeof(double) * o->world * (size_t)o->calls +
+         3 * (size_t)o->calls;
+}
+
 /* The host memory a run takes: each rank process holds every rank's
  * logits and row ends (the reference needs them all), its block table and
  * four rows x K output arrays (its own and the reference's); the host
  * backend's workspaces (dcpxd's memfds, shared by the ranks) add
- * W x ws_bytes and the control page. A shape within dcpx's limits can
+ * W x ws_bytes and the control page, the parent's shared block its
+ * latency table (shared_bytes). A shape within dcpx's limits can
  * need far more than the machine has (W 16, rows 4096, local 131072:
  * about 256 GiB), and the ranks' allocations would succeed (overcommit)
  * until the OOM killer took a rank or dcpxd. Exact to within the ranks'
  * small fixed buffers. */
 static uint64_t run_bytes(const opts *o, uint64_t *ws) {
   const uint64_t W = o->world, R = o->rows, K = o->topk;
-  const uint64_t cols = ((uint64_t)o->local_len + o->block_size - 1) /
-                        o->block_size;
+  const uint64_t cols = bt_cols_of(o);
   uint64_t rank = 2 * W * R * o->local_len + 4 * W * R + 4 * R * cols +
                   4 * 4 * R * K + 16 * R;
   *ws = 0;
@@ -1316,10 +1328,7 @@ static uint64_t run_bytes(const opts *o, uint64_t *ws) {
     dcpx_layout_compute(&L, o->world, o->rows, o->topk, n);
     *ws = W * L.ws_bytes + L.ctl_bytes;
   }
-  /* the parent's block shared with the ranks (shared_map): latencies of
-   * every rank and call, three flags per call */
-  const uint64_t sh = sizeof(shared) + 8 * W * o->calls + 3ull * o->calls;
-  return W * rank + *ws + sh;
+  return W * rank + *ws + shared_bytes(o);
 }
 
 /* Returns 0, or 2 (and says why) if the shape, the group name or the
@@ -1375,8 +1384,7 @@ static int check_opts(const opts *o) {
   }
   /* Request t's KV blocks are ids t * cols .. (t + 1) * cols - 1, so
    * KV rows reach rows * cols * B - 1, which must be an int32. */
-  const uint64_t cols = ((uint64_t)o->local_len + o->block_size - 1) /
-                        o->block_size;
+  const uint64_t cols = bt_cols_of(o);
   if ((uint64_t)o->rows * cols * o->block_size > (uint64_t)INT32_MAX + 1u) {
     fprintf(stderr, "dcpx-demo: bad shape: the block table's KV rows "
                     "(rows x blocks per row x block size) exceed int32\n");
@@ -1452,7 +1460,7 @@ static int check_opts(const opts *o) {
 /* The memory the parent shares with the ranks; NULL on failure. */
 static shared *shared_map(const opts *o, size_t *ret_bytes) {
   size_t latbytes = sizeof(double) * o->world * o->calls;
-  size_t shbytes = sizeof(shared) + latbytes + 3 * (size_t)o->calls;
+  size_t shbytes = shared_bytes(o);
   shared *sh = mmap(NULL, shbytes, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) {

@@ -667,6 +667,12 @@ static void json_group(jw *w, const Dcpx__GroupInfo *g, bool ok) {
   jw_obj_end(w);
 }
 
+/* dcpxd cannot save its groups file: no group can form
+ * (QueryReply.state_error). */
+static bool state_failing(const Dcpx__QueryReply *qr) {
+  return qr->state_error && *qr->state_error;
+}
+
 static void json_refusals(jw *w, const Dcpx__QueryReply *qr) {
   jw_arr(w, "refused_reattaches");
   for (size_t i = 0; i < qr->n_refused_reattaches; i++) {
@@ -697,13 +703,13 @@ static void json_groups(const Dcpx__QueryReply *qr, bool with_health) {
   }
   jw_arr_end(&w);
   json_refusals(&w, qr);
-  if (qr->state_error && *qr->state_error)
+  if (state_failing(qr))
     jw_str(&w, "state_error", qr->state_error);
   else
     jw_null(&w, "state_error");
   if (with_health)
     jw_bool(&w, "healthy", all_ok && !qr->n_refused_reattaches &&
-                               !(qr->state_error && *qr->state_error));
+                               !state_failing(qr));
   jw_u64(&w, "groups_left_out", qr->groups_left_out);
   if (qr->records_note && *qr->records_note)
     jw_str(&w, "note", qr->records_note);
@@ -741,7 +747,7 @@ static void human_refusals(const Dcpx__QueryReply *qr) {
 
 /* dcpxd cannot save its groups file: no group can form (text). */
 static void human_state_error(const Dcpx__QueryReply *qr) {
-  if (qr->state_error && *qr->state_error)
+  if (state_failing(qr))
     printf("! dcpxd %s\n", qr->state_error);
 }
 
@@ -1105,7 +1111,7 @@ static void metrics_out(const Dcpx__QueryReply *qr, bool om) {
   printf("dcpx_groups_left_out %u\n", qr->groups_left_out);
   metric_family("dcpx_state_save_failing", "", "gauge", state_help, NULL, om);
   printf("dcpx_state_save_failing %d\n",
-         qr->state_error && *qr->state_error ? 1 : 0);
+         state_failing(qr) ? 1 : 0);
   if (om)
     printf("# EOF\n");
 }
@@ -1468,7 +1474,7 @@ static int cmd_groups_like(int argc, char **argv, int what) {
     return r;
   const Dcpx__QueryReply *qr = in->query_reply;
   bool healthy = !qr->n_refused_reattaches &&
-                 !(qr->state_error && *qr->state_error);
+                 !state_failing(qr);
   for (size_t i = 0; i < qr->n_groups; i++)
     healthy = healthy && dcpx__group_info_healthy(qr->groups[i]);
   if (output && (r = output_begin(output, tmp, sizeof(tmp)))) {
@@ -1985,7 +1991,7 @@ static int check_health(const char *group, const check_limits *l,
             "%s rank %u (pid %d) runs unwatched: dcpxd refused its reattach",
             r->group, r->rank, (int)r->pid);
   }
-  if (qr->state_error && *qr->state_error) /* no group can form */
+  if (state_failing(qr)) /* no group can form */
     problem(f->crit, sizeof(f->crit), "dcpxd %s", qr->state_error);
   f->n_groups = qr->n_groups + qr->groups_left_out;
   if (qr->groups_left_out) /* dcpxd sent the unhealthy ones first */
