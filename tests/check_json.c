@@ -121,7 +121,7 @@ START_TEST(test_dcpxctl_json) {
   snprintf(out, sizeof(out), "%s/out", dir);
   snprintf(cmd, sizeof(cmd),
            "{ %s --socket=%s/s --json stats; %s --socket=%s/s --json records;"
-           " %s --socket=%s/s --json reset --group 'bad name'; } > %s "
+           " %s --socket=%s/s --json reset --group no-such-group; } > %s "
            "2>/dev/null",
            ctl, dir, ctl, dir, ctl, dir, out);
   ck_assert_int_eq(WEXITSTATUS(system(cmd)), 4); /* the reset's error */
@@ -132,8 +132,8 @@ START_TEST(test_dcpxctl_json) {
       " 'state_error': None,"
                         " 'groups_left_out': 0}, docs\n"
                    "assert docs[1]['records'] == [], docs\n"
-                   "assert docs[2]['status'] == -22, docs\n"
-                   "assert 'group name' in docs[2]['error'], docs\n"
+                   "assert docs[2]['status'] == -2, docs\n"
+                   "assert 'no-such-group' in docs[2]['error'], docs\n"
                    "assert len(docs) == 3\n",
                    out),
       0);

@@ -152,6 +152,11 @@ refused "fault-rank needs a rank < world" --fault-rank 1
 refused "fault-rank needs a rank < world" --world 2 --fault-rank 2 \
   --fault-at 1
 refused "daemon-log /: Is a directory" --daemon-log /
+# --device and --spread were ignored without a word on the host backend,
+# and --device beside --spread.
+refused "options of --backend cuda" --device 1
+refused "options of --backend cuda" --spread
+refused "give one of them" --backend cuda --device 0 --spread
 refused "a socket path is at most" --socket "/tmp/$(printf '%0120d' 0)"
 # A shape within dcpx's limits whose run needs more host memory than the
 # machine has (about 260-271 GiB): refused before anything starts,

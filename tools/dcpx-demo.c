@@ -83,6 +83,7 @@ typedef struct opts {
   int cuda;   /* 1: CUDA backend on `device` (one GPU for all ranks) */
   int device;
   int spread; /* CUDA: rank r on device r % (device count) instead */
+  int device_given; /* --device was given (refused with --spread or host) */
   int fault_at; /* call index whose merge stalls fault_rank, or -1 */
   int kill_at;  /* call index in which fault_rank is killed (-9) after its
                    push, then replaced by a new process; or -1 */
@@ -1185,7 +1186,10 @@ static int set_option(opts *o, int ch, const char *arg, uint64_t v) {
       return 2;
     o->cuda = w;
     break;
-  case 'D': o->device = (int)v; break;
+  case 'D':
+    o->device = (int)v;
+    o->device_given = 1;
+    break;
   case 'P': o->spread = 1; break;
   case 'F': o->fault_at = (int)v; break;
   case 'R':
@@ -1250,6 +1254,12 @@ static int parse_args(opts *o, int argc, char **argv) {
   if (optind < argc) {
     fprintf(stderr, "dcpx-demo: unexpected argument '%s'\n", argv[optind]);
     usage(stderr);
+    return 2;
+  }
+  /* before the build check: wrong in any build */
+  if (o->device_given && o->spread) {
+    fprintf(stderr, "dcpx-demo: --device and --spread each pick the ranks' "
+                    "devices: give one of them\n");
     return 2;
   }
 #ifndef HAVE_CUDA
@@ -1373,6 +1383,13 @@ static int check_opts(const opts *o) {
   if (o->socket && strlen(o->socket) > sun_max) {
     fprintf(stderr, "dcpx-demo: --socket: the path is %zu bytes; a socket "
                     "path is at most %zu\n", strlen(o->socket), sun_max);
+    return 2;
+  }
+  /* Both pick devices: on the host backend there is none to pick, and
+   * with both one of them would be ignored without a word. */
+  if ((o->device_given || o->spread) && !o->cuda) {
+    fprintf(stderr, "dcpx-demo: --device and --spread are options of "
+                    "--backend cuda\n");
     return 2;
   }
   if (o->fault_rank_given &&

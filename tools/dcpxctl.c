@@ -1312,6 +1312,17 @@ static int print_version(void) {
 /* The options each command takes besides its own: --help (name's help),
  * a bad option (the error), the global ones. Returns -1 to go on, or the
  * exit status. */
+/* A group name given on the command line: refused here, as a usage error
+ * (exit 2), by the rule dcpxd applies (PROTOCOL.md 7.2), rather than sent.
+ * what names the argument ("GROUP", "--group"). 0 if the name is good. */
+static int bad_group(const char *name, const char *what) {
+  if (dcpx__group_name_ok(name))
+    return 0;
+  return usage_error("%s must be 1 to %d bytes of [A-Za-z0-9._-] (a group "
+                     "name)",
+                     what, DCPX_GROUP_NAME_MAX);
+}
+
 static int other_opt(int opt, int argc, char **argv, const struct option *opts,
                      const char *name) {
   int r;
@@ -1466,6 +1477,8 @@ static int cmd_groups_like(int argc, char **argv, int what) {
   if (optind < argc && !*argv[optind]) /* "" is no name, not "every group" */
     return usage_error("GROUP must not be empty (leave it out for every "
                        "group)");
+  if (optind < argc && (r = bad_group(argv[optind], "GROUP")))
+    return r;
   q.what = what;
   q.group = optind < argc ? argv[optind] : "";
   q.rank = -1;
@@ -1557,6 +1570,8 @@ static int cmd_records(int argc, char **argv) {
       if (!*optarg) /* "" is no name, not "every group" */
         return usage_error("--group must not be empty (leave it out for "
                            "every group)");
+      if ((r = bad_group(optarg, "--group")))
+        return r;
       q.group = optarg;
       break;
     case 'r':
@@ -1635,6 +1650,8 @@ static int cmd_reset(int argc, char **argv) {
   }
   if (!cmd.group || !*cmd.group)
     return usage_error("reset needs --group GROUP");
+  if ((r = bad_group(cmd.group, "--group")))
+    return r;
   if (optind < argc)
     return usage_error("unexpected argument '%s'", argv[optind]);
   char note[512];
@@ -1718,6 +1735,8 @@ static int cmd_fault(int argc, char **argv) {
   }
   if (!cmd.group || !*cmd.group || !have_rank || !have_ticks)
     return usage_error("fault stall needs --group, --rank and --ticks");
+  if ((r = bad_group(cmd.group, "--group")))
+    return r;
   if (optind < argc)
     return usage_error("unexpected argument '%s'", argv[optind]);
   char note[512];
@@ -2086,6 +2105,11 @@ static int cmd_check(int argc, char **argv) {
   if (optind < argc && !*group)
     return check_line(NAGIOS_UNKNOWN, "GROUP must not be empty (leave it "
                                       "out for every group)");
+  if (optind < argc && !dcpx__group_name_ok(group))
+    return check_line(NAGIOS_UNKNOWN,
+                      "GROUP must be 1 to %d bytes of [A-Za-z0-9._-] (a "
+                      "group name)",
+                      DCPX_GROUP_NAME_MAX);
   if ((code = check_health(group, &l, &f)) >= 0 ||
       (code = check_records(group, &l, &f)) >= 0)
     return code;
