@@ -23,7 +23,7 @@ import subprocess
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_int, c_int32, c_int64,
                     c_size_t, c_uint16, c_uint32, c_uint64, c_void_p)
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 __all__ = ["LibraryNotFound", "lib", "library_path", "DcpxShapeC",
            "DcpxJoinOptsC", "DcpxHealthInfoC", "DcpxRefStatsC", "DcpxCallC",
@@ -207,28 +207,38 @@ _HELP = (
     "(shared libraries must be enabled: not configure --disable-shared).")
 
 
-def _checkout_root(here: str) -> Optional[str]:
-    """The dcpx source checkout this file lies in (ROOT/python/dcpx/_lib.py,
-    with ROOT/configure.ac and ROOT/include/dcpx.h), or None. A package
-    installed elsewhere (pip install --target DIR) is not in one, and a
-    root that others may write (DIR = /tmp, a group-writable folder, one
-    another user owns) is never taken: they could put a libdcpx there
-    for this process to load."""
+def _checkout(here: str) -> Tuple[Optional[str], Optional[str]]:
+    """(root, None) for the dcpx source checkout this file lies in
+    (ROOT/python/dcpx/_lib.py, with ROOT/configure.ac and
+    ROOT/include/dcpx.h); (None, why) for a checkout that is not searched;
+    (None, None) outside one. A package installed elsewhere (pip install
+    --target DIR) is not in one, and a root that others may write (DIR =
+    /tmp, a group-writable folder, one another user owns) is never taken:
+    they could put a libdcpx there for this process to load."""
     pkg = os.path.dirname(here)
     if os.path.basename(pkg) != "dcpx" or \
             os.path.basename(os.path.dirname(pkg)) != "python":
-        return None
+        return None, None
     root = os.path.dirname(os.path.dirname(pkg))
     for marker in ("configure.ac", os.path.join("include", "dcpx.h")):
         if not os.path.isfile(os.path.join(root, marker)):
-            return None
+            return None, None
     try:  # not writable by others: owned by this user or root, 0o022 off
         st = os.stat(root)
-        if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), 0):
-            return None
-    except OSError:
-        return None
-    return root
+    except OSError as e:
+        return None, f"the source checkout {root} was not searched: {e}"
+    if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), 0):
+        return None, (
+            f"the source checkout {root} was not searched: others may write "
+            f"it (mode {st.st_mode & 0o777:04o}, owner uid {st.st_uid}), and "
+            f"could plant a libdcpx there; chmod go-w it, or set "
+            f"DCPX_LIBRARY to the library's path")
+    return root, None
+
+
+def _checkout_root(here: str) -> Optional[str]:
+    """The source checkout this file lies in, if it is searched (_checkout)."""
+    return _checkout(here)[0]
 
 
 def _candidates() -> List[str]:
@@ -291,6 +301,9 @@ def lib() -> ctypes.CDLL:
         if _lib is not None:
             return _lib
         tried = []
+        why = _checkout(os.path.abspath(__file__))[1]
+        if why:
+            tried.append(f"  ({why})")
         for cand in _candidates():
             try:
                 cdll = ctypes.CDLL(cand)

@@ -53,3 +53,25 @@ def test_checkout_root_refused(tmp_path, case):
         if case == "group-writable":
             os.chmod(base, 0o775)
     assert _lib._checkout_root(here) is None
+
+
+def test_refused_checkout_named(tmp_path, monkeypatch):
+    """A checkout refused for its mode is named in LibraryNotFound's text,
+    with what to do: a clone made under umask 002 was skipped without a
+    word, and the loader's "not found" was all the user saw."""
+    here = _tree(str(tmp_path / "src"), world_writable=False)
+    os.chmod(str(tmp_path / "src"), 0o775)
+    root, why = _lib._checkout(here)
+    assert root is None
+    assert str(tmp_path / "src") in why and "mode 0775" in why
+    assert "DCPX_LIBRARY" in why and "chmod go-w" in why
+    # what lib() says once nothing loads: the reason comes first
+    monkeypatch.setattr(_lib, "_lib", None)
+    monkeypatch.setattr(_lib, "__file__", here)
+    monkeypatch.setattr(_lib, "_candidates", lambda: ["/nonexistent/x.so"])
+    with pytest.raises(_lib.LibraryNotFound) as e:
+        _lib.lib()
+    text = str(e.value)
+    assert why in text and text.index(why) < text.index("/nonexistent/x.so")
+    assert _lib._checkout(os.path.join(str(tmp_path), "x", "_lib.py")) == \
+        (None, None)
