@@ -57,6 +57,20 @@ static void fill_record(Dcpx__Record *out, const dcpxd_record *r) {
   out->awaited_rank = r->awaited_rank;
 }
 
+/* Rank health h's fault hook into ri (armed, with what; or fired). The
+ * words are dcpxd's own (dcpxd_group_fault_stall) but fault_fired, which
+ * the stalling rank writes. */
+static void fill_fault(Dcpx__RankInfo *ri, const dcpx_rank_health *h) {
+  if (!__atomic_load_n(&h->fault_armed, __ATOMIC_ACQUIRE))
+    return;
+  ri->fault = h->fault_fired ? DCPX__RANK_INFO__FAULT_HOOK__FAULT_FIRED
+                             : DCPX__RANK_INFO__FAULT_HOOK__FAULT_ARMED;
+  ri->fault_epoch = h->fault_epoch;
+  ri->fault_any_call = h->fault_call == ~(uint64_t)0;
+  ri->fault_call = ri->fault_any_call ? 0 : h->fault_call;
+  ri->fault_ticks = h->fault_ticks;
+}
+
 static void fill_group(ginfo *x, dcpxd_group *g) {
   Dcpx__GroupInfo *gi = &x->gi;
 
@@ -107,6 +121,7 @@ static void fill_group(ginfo *x, dcpxd_group *g) {
       ri->rows = h->rows;
       ri->rescue_rows = h->rescue_rows;
       ri->failed_calls = h->failed_calls;
+      fill_fault(ri, h);
     } else {
       ri->joined = g->member[r].conn != NULL;
       ri->pid = ri->joined ? (uint32_t)g->member[r].pid : 0;

@@ -1547,6 +1547,70 @@ START_TEST(test_reattach_in_one_poll) {
 }
 END_TEST
 
+/* One exact-shaped call of the one-rank group of join_alone (inputs of
+ * call c); the merge's code. */
+static int alone_call(dcpx_member *m, uint64_t c) {
+  hh_spec sp = hh_spec_small("x", 1, 2000000000ull);
+  static uint16_t lg0[2 * 256];
+  static int32_t en0[2], req[2] = {0, 1}, bt[2 * 64], ro[2 * 64], vo[2];
+  uint16_t *lg[1] = {lg0};
+  int32_t *en[1] = {en0};
+  dcpx_call in = DCPX_CALL_INIT;
+  dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+  hh_inputs(&sp, c, lg, en);
+  for (uint32_t k = 0; k < 2 * 64; k++)
+    bt[k] = (int32_t)k;
+  in.rows = sp.R, in.stride = sp.L, in.logits = lg0, in.row_ends = en0;
+  in.req_id = req, in.block_table = bt, in.bt_rows = sp.R;
+  in.bt_cols = sp.L / 4;
+  out.rows_out = ro, out.valid_out = vo;
+  int r = dcpx_push(m, &in, NULL);
+  return r ? r : dcpx_merge(m, &in, &out, NULL);
+}
+
+/* An armed fault hook shows in health, with what it was armed with, until
+ * it fires, and then as fired: an operator could not tell a hook still
+ * waiting for its call (one already past, or an epoch and call no call
+ * has together) from one that had fired, or from none. */
+START_TEST(test_fault_hook_shown) {
+  dcpx_client *c;
+  dcpx_member *m;
+  start(k_fault);
+  join_alone("hook", &c, &m);
+  CTL_JSON(0, "health", "hook", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"fault\":\"none\",\"fault_epoch\":null,"
+                            "\"fault_call\":null,\"fault_ticks_ns\":null"),
+            "%s", g_o.out);
+  CTL(0, "fault", "stall", "--group", "hook", "--rank", "0", "--call", "3",
+      "--ticks", "2ms");
+  CTL_JSON(0, "health", "hook", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"fault\":\"armed\",\"fault_epoch\":null,"
+                            "\"fault_call\":3,\"fault_ticks_ns\":2000000"),
+            "%s", g_o.out);
+  CTL(0, "health", "hook");
+  HC_ASSERT(strstr(g_o.out, "fault armed (call 3, epoch any, 2000000 ns)"),
+            "%s", g_o.out);
+  for (uint64_t k = 0; k < 2; k++)
+    HC_ASSERT(alone_call(m, k) == 0, "call %llu", (unsigned long long)k);
+  CTL_JSON(0, "health", "hook", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"fault\":\"armed\""), "%s", g_o.out);
+  HC_ASSERT(alone_call(m, 2) == 0, "call 2 (the third)");
+  CTL_JSON(0, "health", "hook", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"fault\":\"fired\",\"fault_epoch\":null,"
+                            "\"fault_call\":3"),
+            "%s", g_o.out);
+  /* armed again, by epoch and for any call */
+  CTL(0, "fault", "stall", "--group", "hook", "--rank", "0", "--epoch", "9",
+      "--ticks", "1ms");
+  CTL(0, "health", "hook");
+  HC_ASSERT(strstr(g_o.out, "fault armed (call any, epoch 9, 1000000 ns)"),
+            "%s", g_o.out);
+  HC_ASSERT(dcpx_leave(m) == 0, "leave");
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 /* Every rank of a group leaves while dcpxd is down (their Leaves are
  * lost), then the same processes join the name afresh at once: the group
  * forms again right away. The unattached group's live ranks are its own
@@ -2660,6 +2724,7 @@ int main(void) {
   ADD(test_kill9_socket_held);
   ADD(test_daemon_restart);
   ADD(test_reattach_in_one_poll);
+  ADD(test_fault_hook_shown);
   ADD(test_replacement_before_reattach);
   ADD(test_unattached_reset);
   ADD(test_rejoin_after_leave_while_down);

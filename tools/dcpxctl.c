@@ -561,6 +561,27 @@ typedef struct json_totals {
   uint64_t calls, rows, rescue, failed;
 } json_totals;
 
+/* The rank's fault hook, flat (a rank's object has no nested one):
+ * "fault" none, armed or fired; what it was armed with, or nulls. */
+static void json_fault(jw *w, const Dcpx__RankInfo *r) {
+  static const char *const state[] = {"none", "armed", "fired"};
+  const bool hook = r->fault == DCPX__RANK_INFO__FAULT_HOOK__FAULT_ARMED ||
+                    r->fault == DCPX__RANK_INFO__FAULT_HOOK__FAULT_FIRED;
+  jw_str(w, "fault", state[hook ? r->fault : 0]);
+  if (hook && r->fault_epoch)
+    jw_u64(w, "fault_epoch", r->fault_epoch);
+  else
+    jw_null(w, "fault_epoch"); /* any epoch, or no hook */
+  if (hook && !r->fault_any_call)
+    jw_u64(w, "fault_call", r->fault_call);
+  else
+    jw_null(w, "fault_call"); /* any call, or no hook */
+  if (hook)
+    jw_u64(w, "fault_ticks_ns", r->fault_ticks);
+  else
+    jw_null(w, "fault_ticks_ns");
+}
+
 /* Rank r of group g, added to *t. */
 static void json_rank(jw *w, const Dcpx__GroupInfo *g,
                       const Dcpx__RankInfo *r, json_totals *t) {
@@ -591,6 +612,7 @@ static void json_rank(jw *w, const Dcpx__GroupInfo *g,
   jw_u64(w, "timeouts", r->timeouts);
   jw_u64(w, "awaited_timeouts", r->awaited_timeouts);
   json_rate(w, r->rescue_rows, r->rows);
+  json_fault(w, r);
   jw_obj_end(w);
   t->rows += r->rows;
   t->rescue += r->rescue_rows;
@@ -776,6 +798,23 @@ static void human_groups(const Dcpx__QueryReply *qr) {
 
 
 
+/* A rank's fault hook on its line: "fault armed (call 5, epoch any,
+ * 1200000000 ns)", "fault fired (...)", or nothing. */
+static void human_fault(const Dcpx__RankInfo *r) {
+  char call[24] = "any", epoch[16] = "any";
+  if (r->fault != DCPX__RANK_INFO__FAULT_HOOK__FAULT_ARMED &&
+      r->fault != DCPX__RANK_INFO__FAULT_HOOK__FAULT_FIRED)
+    return;
+  if (!r->fault_any_call)
+    snprintf(call, sizeof(call), "%" PRIu64, r->fault_call);
+  if (r->fault_epoch)
+    snprintf(epoch, sizeof(epoch), "%u", r->fault_epoch);
+  printf("  fault %s (call %s, epoch %s, %" PRIu64 " ns)",
+         r->fault == DCPX__RANK_INFO__FAULT_HOOK__FAULT_FIRED ? "fired"
+                                                              : "armed",
+         call, epoch, r->fault_ticks);
+}
+
 /* One rank's line of group g, under branch (a tree's tee or elbow). */
 static void human_rank(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
                        const char *branch, bool stats) {
@@ -800,6 +839,7 @@ static void human_rank(const Dcpx__GroupInfo *g, const Dcpx__RankInfo *r,
     printf("  awaited_timeouts %" PRIu64, r->awaited_timeouts);
   if (recovering(g)) /* who holds the recovery up */
     printf("  %s", r->acknowledged ? "acknowledged" : "NOT ACKNOWLEDGED");
+  human_fault(r);
   /* A rank that failed, then left or died: its state says FAILED (or
    * ALARM), what it last was; its pid is gone (JSON: "joined": false). */
   const bool awaited =
