@@ -500,7 +500,10 @@ typedef struct dcpx_join_opts {
  * DCPX_E_VERSION, DCPX_E_TIMEDOUT (no answer in 5 s), the daemon's
  * refusal (e.g. DCPX_E_BUSY: too many connections), or another negative
  * errno of the connect (e.g. -ENOTDIR, or -EPROTOTYPE for a path that is
- * a socket of another kind: not dcpxd's). */
+ * a socket of another kind: not dcpxd's). A relative path is kept as the
+ * absolute path of the working directory at this call (when that fits a
+ * socket's 107 bytes), so a later chdir does not move the joins and
+ * dcpx_poll's reattaches to another path. */
 DCPX_API int dcpx_connect(const char *socket_path, dcpx_client **ret_client);
 DCPX_API void dcpx_disconnect(dcpx_client *client);
 

@@ -98,6 +98,25 @@ static int open_conn(const char *path, int *ret_sock, char *err,
   return 0;
 }
 
+/* A relative socket path made absolute (into buf), so that the joins and
+ * reattaches that open it later reach the dcpxd dcpx_connect checked
+ * whatever the process's working directory is by then; the path as given
+ * when it is absolute, or when the working directory is unknown or the
+ * absolute path too long for a socket (a WARN line says so). */
+static const char *absolute_path(const char *path, char *buf, size_t n) {
+  char cwd[4096];
+  if (path[0] == '/')
+    return path;
+  if (getcwd(cwd, sizeof(cwd)) &&
+      (size_t)snprintf(buf, n, "%s/%s", cwd, path) < n)
+    return buf;
+  DCPX_WARN("dcpx_connect %s: a relative socket path, kept as is (the "
+            "absolute path is unknown or over %zu bytes): a join or "
+            "reattach after a chdir opens it from the new directory",
+            path, n - 1);
+  return path;
+}
+
 int dcpx_connect(const char *path, dcpx_client **ret_client) {
   dcpx_client *c;
   int s, r;
@@ -111,7 +130,7 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
               dcpx_strerror(DCPX_E_RANGE));
     return DCPX_E_RANGE;
   }
-  char why[512] = "";
+  char why[512] = "", abs_path[sizeof(c->path)];
   r = open_conn(path, &s, why, sizeof(why), NULL); /* fails early if no daemon
                                                 speaks our version */
   if (r < 0) {
@@ -119,6 +138,7 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
     return r;
   }
   close(s);
+  path = absolute_path(path, abs_path, sizeof(abs_path));
   c = calloc(1, sizeof(*c));
   if (!c)
     return DCPX_E_NOMEM;

@@ -1611,6 +1611,42 @@ START_TEST(test_fault_hook_shown) {
 }
 END_TEST
 
+/* A relative socket path names the dcpxd dcpx_connect reached, whatever
+ * the working directory is later: the join, and the reattach after a
+ * restart, opened it relative to the process's directory of the moment
+ * (a join after a chdir was refused, "cannot reach dcpxd at d.sock", and
+ * a reattach never came: nothing watched the rank again). */
+START_TEST(test_relative_socket_path) {
+  char dir[sizeof(g_d.sock)], old[4096];
+  dcpx_client *c;
+  dcpx_member *m;
+  hh_spec sp = hh_spec_small("relsock", 1, 2000000000ull);
+  dcpx_shape shape;
+  dcpx_join_opts jo;
+  start(NULL);
+  snprintf(dir, sizeof(dir), "%s", g_d.sock);
+  char *slash = strrchr(dir, '/');
+  HC_ASSERT(slash && getcwd(old, sizeof(old)), "socket %s", g_d.sock);
+  *slash = 0;
+  HC_ASSERT(chdir(dir) == 0, "chdir %s", dir);
+  HC_ASSERT(dcpx_connect(slash + 1, &c) == 0, "connect %s", slash + 1);
+  HC_ASSERT(chdir(old) == 0, "chdir back"); /* there, no such socket */
+  join_args(&sp, &shape, &jo);
+  jo.rank = 0;
+  int r = dcpx_join(c, &shape, &jo, &m);
+  HC_ASSERT(r == 0, "join after a chdir: %s (%s)", dcpx_strerror(r),
+            dcpx_client_last_error(c));
+  DP_ASSERT_CLEAN_EXIT(HC_ASSERT, hh_daemon_stop(&g_d, SIGTERM));
+  start(NULL);
+  (void)dcpx_poll(m); /* the EOF, the new connection, the reattach */
+  wait_attached("relsock", 1);
+  HC_ASSERT(dcpx_poll(m) == 0, "reattached after a chdir");
+  HC_ASSERT(dcpx_leave(m) == 0, "leave");
+  dcpx_disconnect(c);
+  finish();
+}
+END_TEST
+
 /* Every rank of a group leaves while dcpxd is down (their Leaves are
  * lost), then the same processes join the name afresh at once: the group
  * forms again right away. The unattached group's live ranks are its own
@@ -2725,6 +2761,7 @@ int main(void) {
   ADD(test_daemon_restart);
   ADD(test_reattach_in_one_poll);
   ADD(test_fault_hook_shown);
+  ADD(test_relative_socket_path);
   ADD(test_replacement_before_reattach);
   ADD(test_unattached_reset);
   ADD(test_rejoin_after_leave_while_down);
