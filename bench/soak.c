@@ -95,6 +95,10 @@ typedef struct soak_shared {
   atomic_uint restarts; /* dcpxd restarts completed */
   atomic_uint gate;
   atomic_uint link_epoch[MAX_PROCS]; /* restarts when last seen attached */
+  /* Where each client is (a phase and its call k, since when): printed at
+   * the first failure, to tell a rank held up from one that waited */
+  atomic_uint where[MAX_PROCS];
+  atomic_uint_fast64_t where_since[MAX_PROCS];
   char first_error[320];
   atomic_flag error_set;
   volatile int stop;
@@ -109,6 +113,18 @@ typedef struct soak_opts {
 
 static soak_shared *S;
 static soak_opts O;
+
+/* A client's phases (soak_shared.where: phase << 16 | call k). */
+enum { AT_POLL, AT_PUSH, AT_MERGE, AT_CHECK, AT_ATTACH, AT_LEAVE, AT_JOIN,
+       AT_QUERY, AT_BARRIER, AT_N };
+static const char *const at_name[AT_N] = {
+    "dcpx_poll", "dcpx_push", "dcpx_merge", "after dcpx_merge",
+    "attaching", "leaving", "joining", "the query", "a gang barrier"};
+
+static void at(uint32_t slot, unsigned phase, uint32_t k) {
+  atomic_store(&S->where[slot], phase << 16 | (k & 0xFFFFu));
+  atomic_store(&S->where_since[slot], hh_mono());
+}
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void fail(const char *fmt, ...) {
@@ -367,6 +383,7 @@ static int client_calls(client *cl) {
     dcpx_ref_in rin = DCPX_REF_IN_INIT;
     int r, rm;
 
+    at(cl->slot, AT_POLL, k);
     if (client_poll(cl) < 0)
       return -1;
     hh_inputs(&cl->sp, c, cl->lg, cl->en);
@@ -383,6 +400,7 @@ static int client_calls(client *cl) {
     out.valid_out = vo;
     out.ids_out = io;
     out.sat_word = so;
+    at(cl->slot, AT_PUSH, k);
     r = dcpx_push(cl->m, &in, NULL);
     if (atomic_load(&cl->g->victim_rank) == (int)rank &&
         atomic_load(&cl->g->victim_k) == k) {
@@ -390,7 +408,9 @@ static int client_calls(client *cl) {
       for (;;)
         pause();
     }
+    at(cl->slot, AT_MERGE, k);
     rm = dcpx_merge(cl->m, &in, &out, NULL);
+    at(cl->slot, AT_CHECK, k);
     if (r == 0)
       r = rm;
     if (r == DCPX_E_ABORTED || r == DCPX_E_FAILED) {
@@ -465,19 +485,27 @@ static void client_main(const char *sock, uint32_t gang, uint32_t rank,
   for (;;) {
     if (cl.m && client_calls(&cl) < 0)
       break;
-    if (client_attach(&cl) < 0 || gang_wait(&cl, b1_last) < 0)
+    at(cl.slot, AT_ATTACH, 0);
+    if (client_attach(&cl) < 0)
       break;
+    at(cl.slot, AT_BARRIER, 1);
+    if (gang_wait(&cl, b1_last) < 0)
+      break;
+    at(cl.slot, AT_LEAVE, 0);
     drop_member(&cl, 1);
     if (atomic_load(&cl.g->quit))
       break;
+    at(cl.slot, AT_JOIN, 0);
     int r = client_join(&cl, 0);
     if (r == 0) {
+      at(cl.slot, AT_QUERY, 0);
       r = ops_query(sock);
       if (r < 0)
         fail("gang %u rank %u: query: %s", gang, rank, dcpx_strerror(r));
       else
         atomic_fetch_add(&S->queries, 1);
     }
+    at(cl.slot, AT_BARRIER, 2);
     if (gang_wait(&cl, b2_last) < 0 || r < 0)
       break;
   }
@@ -543,10 +571,44 @@ static void print_header(void) {
 static unsigned g_kills, g_recoveries, g_restarts_term, g_restarts_kill;
 static double g_rec_max_ms, g_rec_sum_ms, g_reatt_max_ms;
 
+/* Once, at the first failure: where every client is, for how long, and
+ * where the kernel has it (wchan): a rank held up somewhere (a call that
+ * never came, the soak's own code, off the CPU) and one that waited look
+ * alike in the failure's line alone. */
+static void where_dump(const sampler *s) {
+  static int done;
+  const uint64_t now = hh_mono();
+  if (done)
+    return;
+  done = 1;
+  printf("# at %.1f s, the first failure: where the clients are\n", secs(s));
+  for (uint32_t k = 0; k < O.gangs * O.W; k++) {
+    const unsigned v = atomic_load(&S->where[k]);
+    char path[64], wchan[64] = "?";
+    FILE *f;
+    snprintf(path, sizeof(path), "/proc/%d/wchan", (int)s->pids[k]);
+    if (s->pids[k] > 0 && (f = fopen(path, "r"))) {
+      if (!fgets(wchan, sizeof(wchan), f))
+        snprintf(wchan, sizeof(wchan), "?");
+      fclose(f);
+    }
+    printf("#   gang %u rank %u (pid %d): in %s (call %u) for %.3f s, "
+           "wchan %s, instance %u, restarts seen %u\n",
+           k / O.W, k % O.W, (int)s->pids[k],
+           (v >> 16) < AT_N ? at_name[v >> 16] : "?", v & 0xFFFFu,
+           (double)(now - atomic_load(&S->where_since[k])) / 1e9, wchan,
+           atomic_load(&S->gang[k / O.W].instance),
+           atomic_load(&S->link_epoch[k]));
+  }
+  fflush(stdout);
+}
+
 /* Samples dcpxd (every 0.5 s), prints (every --report s), checks the
  * bounds and the client processes. 0, or -1 when the run has failed. */
 static int tick(sampler *s) {
   uint64_t now = hh_mono();
+  if (atomic_load(&S->failures))
+    where_dump(s);
   if (now >= s->next_sample && s->d.pid > 0) {
     double t = secs(s);
     s->next_sample = now + 500000000ull;
