@@ -19,13 +19,18 @@
  *   reset        dcpxd aborts a running group (Command RESET, what dcpxctl
  *                reset sends); every rank's call fails and it recovers: the
  *                first dcpx_recover -> the last rank resumed (all alive).
+ *   join         dcpx_join of a one-rank group, then its leave, --reps
+ *                times from this process: the join's time is dcpxd's
+ *                formation (buffers, the groups file saved) and the
+ *                socket's round trip; bench/join-disk-load.sh runs it
+ *                with and without a disk load beside it. Not in "all".
  *
  * Medians (and p90, max) over --reps repetitions. Times are CLOCK_REALTIME
  * where they cross processes through a record (detection), else
  * CLOCK_MONOTONIC.
  *
  *   bench_health [--world W] [--reps N] [--timeout-ms T] [--poll-ms P]
- *                [--what detection|kill|reset|all]
+ *                [--what detection|kill|reset|join|all]
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -234,6 +239,39 @@ static void bench_reset(int reps, uint32_t W) {
   report(what, rec, reps);
 }
 
+/* ---- join: a group's formation, as its one rank sees it --------------- */
+
+static void bench_join(int reps) {
+  uint64_t *t = calloc((size_t)reps, 8);
+  dcpx_client *c;
+  hh_spec sp = hh_spec_small("join", 1, 1000000000ull);
+  dcpx_shape shape;
+  int r;
+
+  if (!t)
+    die("out of memory");
+  hh_shape(&sp, &shape);
+  if ((r = dcpx_connect(g_d.sock, &c)) < 0)
+    die("connect: %s", dcpx_strerror(r));
+  for (int k = 0; k < reps; k++) {
+    dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+    dcpx_member *m;
+    char name[32];
+    snprintf(name, sizeof(name), "join-%d", k);
+    jo.group = name;
+    jo.timeout_ns = sp.timeout_ns;
+    const uint64_t t0 = hh_mono();
+    if ((r = dcpx_join(c, &shape, &jo, &m)) < 0)
+      die("join %d: %s", k, dcpx_strerror(r));
+    t[k] = hh_mono() - t0;
+    if ((r = dcpx_leave(m)) < 0)
+      die("leave %d: %s", k, dcpx_strerror(r));
+  }
+  dcpx_disconnect(c);
+  report("dcpx_join of a one-rank group (its formation)", t, reps);
+  free(t);
+}
+
 int main(int argc, char **argv) {
   static const struct option opts[] = {
       {"world", required_argument, NULL, 'w'},
@@ -248,7 +286,7 @@ int main(int argc, char **argv) {
   const char *poll_ms = "2", *what = "all";
   static const char usage[] =
       "usage: bench_health [--world W] [--reps N] [--timeout-ms T] "
-      "[--poll-ms P] [--what detection|kill|reset|all]\n";
+      "[--poll-ms P] [--what detection|kill|reset|join|all]\n";
 
   if (bench_wants_help(argc, argv)) {
     fputs(usage, stdout);
@@ -262,9 +300,8 @@ int main(int argc, char **argv) {
       bad |= dcpxd_parse_num(optarg, &v) < 0 || v < 2 || v > DCPX_MAX_WORLD;
       W = (uint32_t)v;
       break;
-    case 'n':
-      bad |= dcpxd_parse_num(optarg, &v) < 0 || v < 1 ||
-             v > HH_MAX_FAILS - 1;
+    case 'n': /* the bound of the modes with ranks: checked below */
+      bad |= dcpxd_parse_num(optarg, &v) < 0 || v < 1 || v > 100000;
       reps = (int)v;
       break;
     case 't':
@@ -282,13 +319,17 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  const bool join = !strcmp(what, "join");
   if (strcmp(what, "all") && strcmp(what, "detection") &&
-      strcmp(what, "kill") && strcmp(what, "reset"))
+      strcmp(what, "kill") && strcmp(what, "reset") && !join)
+    bad = 1;
+  if (!join && reps > HH_MAX_FAILS - 1) /* a failure record per rep */
     bad = 1;
   if (bad || optind < argc) {
     fprintf(stderr, "bench_health: bad arguments (--world 2..%d, --reps "
-                    "1..%d, --timeout-ms 1..60000, --what one of detection, "
-                    "kill, reset, all; no other arguments)\n",
+                    "1..%d (join: 1..100000), --timeout-ms 1..60000, --what "
+                    "one of detection, kill, reset, join, all; no other "
+                    "arguments)\n",
             DCPX_MAX_WORLD, HH_MAX_FAILS - 1);
     fputs(usage, stderr);
     return 2;
@@ -305,6 +346,8 @@ int main(int argc, char **argv) {
     bench_kill(reps, W);
   if (!strcmp(what, "all") || !strcmp(what, "reset"))
     bench_reset(reps, W);
+  if (join)
+    bench_join(reps);
   hh_daemon_stop(&g_d, SIGTERM);
   hh_daemon_cleanup(&g_d);
   return 0;

@@ -225,7 +225,15 @@ static int load(dcpxd_secrets *s) {
  * a stdio stream drops a buffer whose write failed and goes on, so a
  * write error that a later one did not repeat (a disk full for a moment)
  * left a file with a hole in its middle, which the rename then put in
- * place of the good one. */
+ * place of the good one.
+ *
+ * No fsync: the file serves only within one boot (its #boot line; a
+ * group's memory lives in its ranks' processes, which a machine crash
+ * ends), and what a dcpxd crash must find, the page cache keeps: the
+ * rename is atomic to every later reader. The two fsyncs bought nothing
+ * but a stall of the event loop behind the disk at every group formed
+ * or left, every client's answer with it (a join took up to 178 ms
+ * under a dd load, 3 ms without; bench/RESULTS.md, session 33). */
 static int save_once(dcpxd_secrets *s) {
   _cleanup_free_ char *text = NULL;
   size_t len = 0;
@@ -258,20 +266,12 @@ static int save_once(dcpxd_secrets *s) {
     return log_warning_errno(r, "Cannot write %s: %m", s->tmp);
   }
   r = dcpxd_write_all(fd, text, len, NULL);
-  if (r == 0 && fsync(fd) < 0)
+  if (close(fd) < 0 && r == 0) /* a delayed write error (NFS, quota) */
     r = -errno;
-  close(fd);
   if (r < 0)
     (void)unlink(s->tmp); /* its room back; the file it would replace holds */
   if (r == 0 && rename(s->tmp, s->path) < 0)
     r = -errno;
-  if (r == 0) { /* the rename itself, durable */
-    const int dfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || fsync(dfd) < 0)
-      r = -errno;
-    if (dfd >= 0)
-      close(dfd);
-  }
   if (r < 0)
     log_warning_errno(r, "Cannot save %s: %m", s->path);
   else

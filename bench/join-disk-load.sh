@@ -1,0 +1,25 @@
+#!/bin/sh
+# join-disk-load.sh - a group's formation (bench_health --what join) alone,
+# then beside a disk load: dd writing 400 MB files with conv=fsync, over
+# and over, in the folder dcpxd's state dir lies in (TMPDIR, as
+# tests/health_harness.h makes it). dcpxd saves its groups file in its
+# event loop at every formation, so a slow disk there is every client's
+# wait. Run from the build folder:
+#   sh ../bench/join-disk-load.sh [REPS]   (default 300)
+set -eu
+reps=${1:-300}
+dir=${TMPDIR:-/tmp}
+load="$dir/join-disk-load.$$"
+bench=${DCPX_BUILDDIR:-.}/bench/bench_health
+export DCPXD="${DCPXD:-${DCPX_BUILDDIR:-.}/daemon/dcpxd}"
+sync # an earlier run's writeback is a disk load too
+sleep 2
+echo "## alone"
+"$bench" --what join --reps "$reps"
+( while :; do dd if=/dev/zero of="$load" bs=1M count=400 conv=fsync \
+    2>/dev/null || exit 0; done ) &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$load"' EXIT
+sleep 1
+echo "## beside dd conv=fsync in $dir"
+"$bench" --what join --reps "$reps"
