@@ -38,6 +38,9 @@ expect 2 "bad arguments" bench/bench_health --world 2x
 expect 2 "bad arguments" bench/bench_health --timeout-ms -1
 expect 2 "bad arguments" bench/bench_health --what detectoin
 expect 2 "bad arguments" bench/bench_health extra
+# --reps past the failure records of the modes with ranks; join takes more
+expect 2 "bad arguments" bench/bench_health --what kill --reps 64
+expect 2 "bad arguments" bench/bench_health --what join --reps 100001
 # soak: checks that could not run passed ("soak: ok")
 expect 2 "must be shorter than --seconds" bench/soak --seconds 3 --warmup 10
 expect 2 "must be shorter than --seconds" bench/soak --seconds 3 \
