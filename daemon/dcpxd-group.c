@@ -1832,6 +1832,33 @@ void dcpxd_group_join_stopped(dcpxd_conn *c, const char *why) {
 
 /* ---- fault hook ---------------------------------------------------------- */
 
+int dcpxd_group_fault_clear(dcpxd_group *g, int32_t rank, char *note,
+                            size_t notelen, char *err, size_t errlen) {
+  if (g->state == DCPXD_GROUP_FORMING) {
+    snprintf(err, errlen, "group '%s' is still forming", g->name);
+    return DCPX_E_STATE;
+  }
+  if (rank < 0 || (uint32_t)rank >= g->shape.world) {
+    snprintf(err, errlen, "rank %d out of range for world %u", (int)rank,
+             g->shape.world);
+    return DCPX_E_BADRANK;
+  }
+  dcpx_rank_health *h = dcpxd_group_health(g, (uint32_t)rank);
+  const bool armed = h->fault_armed, fired = h->fault_fired;
+  /* A block that read fault_armed just before may still stall once (as
+   * when the hook is armed again): bounded by the timeout like any. */
+  h->fault_armed = 0;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (armed)
+    log_notice("group=%s gen=%u rank=%d: fault hook disarmed (%s)", g->name,
+               g->generation, (int)rank, fired ? "it had fired" : "unfired");
+  snprintf(note, notelen, "group %s rank %d: %s", g->name, (int)rank,
+           !armed  ? "no fault hook was armed"
+           : fired ? "fault hook disarmed (it had fired)"
+                   : "fault hook disarmed before it fired");
+  return 0;
+}
+
 int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
                             bool has_call, uint64_t call, uint64_t ticks,
                             char *err, size_t errlen) {

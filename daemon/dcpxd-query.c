@@ -491,6 +491,7 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
   switch ((int)cmd->kind) {
   case DCPX__COMMAND__KIND__RESET:
   case DCPX__COMMAND__KIND__FAULT_STALL:
+  case DCPX__COMMAND__KIND__FAULT_CLEAR:
     break;
   default:
     dcpxd_conn_reply(c, DCPX_E_INVAL, "unknown command %d", (int)cmd->kind);
@@ -555,6 +556,14 @@ void dcpxd_command(dcpxd_conn *c, const Dcpx__Command *cmd) {
     log_notice("group=%s: reset requested by pid %d uid %u", g->name,
                (int)c->pid, (unsigned)c->uid);
     r = dcpxd_group_reset(g, err, sizeof(err));
+  } else if (cmd->kind == DCPX__COMMAND__KIND__FAULT_CLEAR) {
+    char note[256];
+    r = dcpxd_group_fault_clear(g, cmd->rank, note, sizeof(note), err,
+                                sizeof(err));
+    if (r == 0) {
+      dcpxd_conn_reply(c, 0, "%s", note);
+      return;
+    }
   } else {
     r = dcpxd_group_fault_stall(g, cmd->rank, cmd->epoch, cmd->has_call_tag,
                                 cmd->call_tag, cmd->ticks, err, sizeof(err));

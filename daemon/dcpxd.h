@@ -333,6 +333,10 @@ void dcpxd_group_release_unheld(dcpxd_manager *m);
 
 /* Operator commands: 0, or a negative code with a message in err. */
 int dcpxd_group_reset(dcpxd_group *g, char *err, size_t errlen);
+/* Disarms rank's fault hook; what it was (none armed, armed, fired) in
+ * note. 0, or a code with the reason in err. */
+int dcpxd_group_fault_clear(dcpxd_group *g, int32_t rank, char *note,
+                            size_t notelen, char *err, size_t errlen);
 int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
                             bool has_call, uint64_t call, uint64_t ticks,
                             char *err, size_t errlen);

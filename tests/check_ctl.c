@@ -125,6 +125,12 @@ START_TEST(test_option_errors) {
   USAGE_ERR("'--json'", "records", "--json=1");
   USAGE_ERR("'--bogus'", "reset", "--bogus");
   USAGE_ERR("'--bogus'", "fault", "stall", "--bogus");
+  USAGE_ERR("fault clear needs --group and --rank", "fault", "clear",
+            "--group", "g");
+  USAGE_ERR("options of fault stall, not of fault clear", "fault", "clear",
+            "--group", "g", "--rank", "0", "--ticks", "1s");
+  USAGE_ERR("or fault clear", "fault", "stal");
+  CTL(3, "fault", "clear", "--group", "g", "--rank", "0"); /* no dcpxd */
   /* help takes one COMMAND: an extra argument is a usage error, as other
    * commands' are (help groups extra printed groups' help, exit 0). */
   USAGE_ERR("unexpected argument 'extra'", "help", "groups", "extra");
@@ -132,6 +138,9 @@ START_TEST(test_option_errors) {
   USAGE_ERR("unexpected argument 'x'", "help", "fault", "x");
   CTL(0, "help", "fault", "stall"); /* as fault stall --help */
   CC_ASSERT(strstr(g_o.out, "Usage: dcpxctl fault stall"), "%s", g_o.out);
+  CTL(0, "help", "fault", "clear");
+  CC_ASSERT(strstr(g_o.out, "dcpxctl fault clear --group G --rank R"), "%s",
+            g_o.out);
   /* The same before the command. */
   USAGE_ERR("'--timeout'", "--timeout");
   USAGE_ERR("'--bogus'", "--bogus", "groups");
@@ -680,7 +689,7 @@ START_TEST(test_trimmed_reply) {
     dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
     /* DCPX_GROUP_NAME_MAX (63) bytes: the most bytes per group, the
      * fewest groups to fill the reply */
-    snprintf(name, sizeof(name), "g%04d-%s", i,
+    snprintf(name, sizeof(name), "g%04d-%.57s", i,
              "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefgh");
     hh_shape(&sp, &shape);
     jo.group = name;

@@ -1605,6 +1605,18 @@ START_TEST(test_fault_hook_shown) {
   CTL(0, "health", "hook");
   HC_ASSERT(strstr(g_o.out, "fault armed (call any, epoch 9, 1000000 ns)"),
             "%s", g_o.out);
+  /* fault clear disarms it, and says what it was */
+  CTL(0, "fault", "clear", "--group", "hook", "--rank", "0");
+  HC_ASSERT(strstr(g_o.out, "group hook rank 0: fault hook disarmed before "
+                            "it fired"),
+            "%s", g_o.out);
+  CTL_JSON(0, "health", "hook", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"fault\":\"none\""), "%s", g_o.out);
+  CTL(0, "fault", "clear", "--group", "hook", "--rank", "0");
+  HC_ASSERT(strstr(g_o.out, "no fault hook was armed"), "%s", g_o.out);
+  CTL(4, "fault", "clear", "--group", "hook", "--rank", "1");
+  HC_ASSERT(strstr(g_o.err, "rank 1 out of range for world 1"), "%s",
+            g_o.err);
   HC_ASSERT(dcpx_leave(m) == 0, "leave");
   dcpx_disconnect(c);
   finish();

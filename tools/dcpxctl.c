@@ -1205,8 +1205,11 @@ static const struct {
     {"fault",
      "Usage: dcpxctl fault stall --group G --rank R [--epoch E] [--call C]\n"
      "                           --ticks T [OPTIONS]\n"
-     "Stall block 0 of rank R once for T, at most the group's wait timeout\n"
-     "(needs dcpxd --enable-fault-injection; not on the nccl transport).\n"
+     "       dcpxctl fault clear --group G --rank R [OPTIONS]\n"
+     "stall: stall block 0 of rank R once for T, at most the group's wait\n"
+     "timeout (needs dcpxd --enable-fault-injection; not on the nccl\n"
+     "transport). The hook waits for its call (health shows it armed);\n"
+     "clear disarms it. Both need an admin.\n"
      "\n"
      "  --group G   the group\n"
      "  --rank R    the rank that stalls\n"
@@ -1289,7 +1292,7 @@ static int cmd_help_command(int argc, char **argv) {
     return EXIT_OK;
   }
   if (strcmp(argv[1], "fault") == 0 && argc > 2 &&
-      strcmp(argv[2], "stall") == 0)
+      (strcmp(argv[2], "stall") == 0 || strcmp(argv[2], "clear") == 0))
     extra = 3;
   if (argc > extra)
     return usage_error("unexpected argument '%s' (help takes one COMMAND)",
@@ -1716,7 +1719,7 @@ static int cmd_fault(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   Dcpx__Command cmd = DCPX__COMMAND__INIT;
-  bool have_rank = false, have_ticks = false;
+  bool have_rank = false, have_ticks = false, stall_opts = false, clear;
   uint64_t v;
   int opt, r;
 
@@ -1725,12 +1728,16 @@ static int cmd_fault(int argc, char **argv) {
       return cmd_usage("fault");
     else if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0)
       return print_version();
-  if (argc < 2 || strcmp(argv[1], "stall") != 0)
+  if (argc < 2 ||
+      (strcmp(argv[1], "stall") != 0 && strcmp(argv[1], "clear") != 0))
     return usage_error("usage: fault stall --group G --rank R [--epoch E] "
-                       "[--call C] --ticks T");
+                       "[--call C] --ticks T, or fault clear --group G "
+                       "--rank R");
+  clear = strcmp(argv[1], "clear") == 0;
   argc--;
   argv++;
-  cmd.kind = DCPX__COMMAND__KIND__FAULT_STALL;
+  cmd.kind = clear ? DCPX__COMMAND__KIND__FAULT_CLEAR
+                   : DCPX__COMMAND__KIND__FAULT_STALL;
   cmd.group = NULL;
   cmd.call_tag = UINT64_MAX;
   while ((opt = getopt_long(argc, argv, "+:hV", opts, NULL)) != -1) {
@@ -1744,12 +1751,14 @@ static int cmd_fault(int argc, char **argv) {
       have_rank = true;
       break;
     case 'e':
+      stall_opts = true;
       if (!parse_u64(optarg, &v) || v > DCPX_EPOCH_ROW_MAX)
         return usage_error("--epoch must be 0 (any) or 1..%u",
                            DCPX_EPOCH_ROW_MAX);
       cmd.epoch = (uint32_t)v;
       break;
     case 'c':
+      stall_opts = true;
       if (!parse_u64(optarg, &cmd.call_tag) || cmd.call_tag == 0)
         return usage_error("--call must be a call number >= 1 (the N-th "
                            "call since the join or the last recovery)");
@@ -1763,6 +1772,7 @@ static int cmd_fault(int argc, char **argv) {
       cmd.has_call_tag = true;
       break;
     case 't':
+      stall_opts = true;
       if (!parse_duration_ns(optarg, &cmd.ticks) || cmd.ticks == 0)
         return usage_error("--ticks must be a duration > 0 (ns, or a "
                            "number with ns, us, ms, s, m, h or d)");
@@ -1773,7 +1783,12 @@ static int cmd_fault(int argc, char **argv) {
         return r;
     }
   }
-  if (!cmd.group || !*cmd.group || !have_rank || !have_ticks)
+  if (clear && stall_opts)
+    return usage_error("--epoch, --call and --ticks are options of fault "
+                       "stall, not of fault clear");
+  if (clear && (!cmd.group || !*cmd.group || !have_rank))
+    return usage_error("fault clear needs --group and --rank");
+  if (!clear && (!cmd.group || !*cmd.group || !have_rank || !have_ticks))
     return usage_error("fault stall needs --group, --rank and --ticks");
   if ((r = bad_group(cmd.group, "--group")))
     return r;
@@ -1781,6 +1796,11 @@ static int cmd_fault(int argc, char **argv) {
     return usage_error("unexpected argument '%s'", argv[optind]);
   char note[512];
   r = run_command(&cmd, note, sizeof(note));
+  if (clear) {
+    if (r == EXIT_OK && !arg_json)
+      printf("%s\n", *note ? note : "fault hook disarmed");
+    return r;
+  }
   if (r == EXIT_OK && !arg_json) {
     char call[24] = "any";
     if (cmd.has_call_tag)
@@ -2193,6 +2213,10 @@ static void help(void) {
       "                            (1 = the first; not the engine's call "
       "tag);\n"
       "                            --epoch E: the call at that epoch\n"
+      "  fault clear --group G --rank R\n"
+      "                            disarm rank R's fault hook (health shows "
+      "it armed\n"
+      "                            until it fires)\n"
       "  help COMMAND              the help of COMMAND (also: dcpxctl "
       "COMMAND --help)\n"
       "\n"
