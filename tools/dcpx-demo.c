@@ -19,7 +19,8 @@
  * the rescue round runs). Each call starts at a barrier, is timed from push
  * to merge return, and then each rank checks its outputs (rows_out,
  * valid_out, ids_out, sat_word) bit for bit against dcpx_ref_call. It prints
- * latency percentiles, the rescue rate, and `exact: n/C calls`. At the
+ * latency percentiles, the rescue rate, and `exact: n/m calls` (m: the
+ * calls an injected fault did not fail). At the
  * end each rank reads its call counters (dcpx_health: calls, rows,
  * rescue_rows, failed_calls) and compares them with its own tally of its
  * calls (tally_call); the parent prints `counters: ok ...` or a
@@ -1071,8 +1072,9 @@ static void help(void) {
       "\n"
       "W rank processes join one group through dcpxd and run C calls of R\n"
       "rows; every call is checked bit for bit against the CPU reference.\n"
-      "Prints latency percentiles, the rescue rate, 'exact: n/C calls' and\n"
-      "'counters: ok ...'; exit 0 only if every call was exact.\n"
+      "Prints latency percentiles, the rescue rate, 'exact: n/m calls' (m:\n"
+      "the calls an injected fault did not fail) and 'counters: ok ...';\n"
+      "exit 0 only if every call was exact.\n"
       "\n"
       "  --world W        ranks (default 8; 1..16)\n"
       "  --rows R         rows per call (default 64)\n"

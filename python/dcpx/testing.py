@@ -1,7 +1,9 @@
 """A private dcpxd for tests and examples (not for production: run the
 systemd unit there, see README.md).
 
-    with dcpx.testing.PrivateDaemon() as d:     # $DCPXD or dcpxd on PATH
+    import dcpx.testing   # a submodule: `import dcpx` does not load it
+
+    with dcpx.testing.PrivateDaemon() as d:  # $DCPXD, the build tree's, PATH
         client = dcpx.Client(d.socket)
 """
 
