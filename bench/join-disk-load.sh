@@ -16,10 +16,13 @@ sync # an earlier run's writeback is a disk load too
 sleep 2
 echo "## alone"
 "$bench" --what join --reps "$reps"
-( while :; do dd if=/dev/zero of="$load" bs=1M count=400 conv=fsync \
-    2>/dev/null || exit 0; done ) &
+# the load in a process group of its own (setsid), so that the end kills
+# the dd in flight too, not only its loop: an orphaned dd went on writing
+# into the next run's "alone" half
+setsid sh -c 'while :; do dd if=/dev/zero of="$1" bs=1M count=400 \
+  conv=fsync 2>/dev/null || exit 0; done' sh "$load" &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$load"' EXIT
+trap 'kill -- -$pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$load"' EXIT
 sleep 1
 echo "## beside dd conv=fsync in $dir"
 "$bench" --what join --reps "$reps"

@@ -114,12 +114,14 @@ typedef struct soak_opts {
 static soak_shared *S;
 static soak_opts O;
 
-/* A client's phases (soak_shared.where: phase << 16 | call k). */
-enum { AT_POLL, AT_PUSH, AT_MERGE, AT_CHECK, AT_ATTACH, AT_LEAVE, AT_JOIN,
-       AT_QUERY, AT_BARRIER, AT_N };
+/* A client's phases (soak_shared.where: phase << 16 | call k; 0, with
+ * where_since 0, before its first). */
+enum { AT_NONE, AT_POLL, AT_PUSH, AT_MERGE, AT_CHECK, AT_RECOVER,
+       AT_ATTACH, AT_LEAVE, AT_JOIN, AT_QUERY, AT_BARRIER, AT_N };
 static const char *const at_name[AT_N] = {
-    "dcpx_poll", "dcpx_push", "dcpx_merge", "after dcpx_merge",
-    "attaching", "leaving", "joining", "the query", "a gang barrier"};
+    "not started", "dcpx_poll", "dcpx_push", "dcpx_merge",
+    "after dcpx_merge", "dcpx_recover", "attaching", "leaving", "joining",
+    "the query", "a gang barrier"};
 
 static void at(uint32_t slot, unsigned phase, uint32_t k) {
   atomic_store(&S->where[slot], phase << 16 | (k & 0xFFFFu));
@@ -421,6 +423,7 @@ static int client_calls(client *cl) {
         return -1;
       }
       atomic_fetch_add(&S->expected_fails, 1);
+      at(cl->slot, AT_RECOVER, k);
       if (client_recover(cl, "after a peer was killed") < 0)
         return -1;
       gen = client_generation(cl);
@@ -478,8 +481,11 @@ static void client_main(const char *sock, uint32_t gang, uint32_t rank,
     cl.en[d] = calloc(cl.sp.R, 4);
   }
   if (replacement) {
-    if (client_join(&cl, 1) < 0 ||
-        client_recover(&cl, "as the replacement") < 0)
+    at(cl.slot, AT_JOIN, 0); /* not the killed victim's phase */
+    if (client_join(&cl, 1) < 0)
+      goto out;
+    at(cl.slot, AT_RECOVER, 0);
+    if (client_recover(&cl, "as the replacement") < 0)
       goto out;
   }
   for (;;) {
@@ -592,11 +598,12 @@ static void where_dump(const sampler *s) {
         snprintf(wchan, sizeof(wchan), "?");
       fclose(f);
     }
+    const uint64_t since = atomic_load(&S->where_since[k]);
     printf("#   gang %u rank %u (pid %d): in %s (call %u) for %.3f s, "
            "wchan %s, instance %u, restarts seen %u\n",
            k / O.W, k % O.W, (int)s->pids[k],
            (v >> 16) < AT_N ? at_name[v >> 16] : "?", v & 0xFFFFu,
-           (double)(now - atomic_load(&S->where_since[k])) / 1e9, wchan,
+           since ? (double)(now - since) / 1e9 : 0.0, wchan,
            atomic_load(&S->gang[k / O.W].instance),
            atomic_load(&S->link_epoch[k]));
   }
@@ -1012,6 +1019,9 @@ int main(int argc, char **argv) {
    * process still running after the grace time is killed (and the run
    * fails unless it failed already: a client that cannot finish is a
    * finding). */
+  if (atomic_load(&S->failures)) /* a failure the loop saw (tick, a kill
+                                    or a restart): where_dump is once */
+    where_dump(&s);
   S->stop = 1;
   unsigned n = O.gangs * O.W, left = n, killed = 0;
   for (int i = 0; i < (int)(O.recover_bound * 100) && left; i++) {

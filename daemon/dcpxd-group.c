@@ -1868,6 +1868,16 @@ int dcpxd_group_fault_stall(dcpxd_group *g, int32_t rank, uint32_t epoch,
     snprintf(err, errlen, "group '%s' is still forming", g->name);
     return DCPX_E_STATE;
   }
+  /* A recovery zeroes the health blocks, hooks included: one armed now
+   * would be gone before any call of the next generation could fire it,
+   * with a success reply (docs/PROTOCOL.md 6.6). */
+  if (g->state != DCPXD_GROUP_READY) {
+    snprintf(err, errlen,
+             "group '%s' is %s: its recovery disarms every fault hook; arm "
+             "it once the group is ready",
+             g->name, dcpxd_group_state_name(g));
+    return DCPX_E_STATE;
+  }
   if (rank < 0 || (uint32_t)rank >= g->shape.world) {
     snprintf(err, errlen, "rank %d out of range for world %u", (int)rank,
              g->shape.world);

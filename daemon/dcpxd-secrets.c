@@ -41,7 +41,7 @@ typedef struct entry {
 #define BOOT_ID_LEN 36 /* /proc/sys/kernel/random/boot_id, a UUID */
 
 struct dcpxd_secrets {
-  char *path, *tmp, *dir;
+  char *path, *tmp;
   char boot[BOOT_ID_LEN + 1]; /* this boot's id, or "" (no procfs) */
   entry *e;
   size_t n;
@@ -136,8 +136,9 @@ static int load(dcpxd_secrets *s) {
   _cleanup_fclose_ FILE *f = NULL;
   _cleanup_free_ char *line = NULL;
   size_t cap = 0;
+  ssize_t len;
   unsigned lineno = 0;
-  bool other_boot = false;
+  bool other_boot = false, torn = false;
   struct stat st;
 
   /* not through a link, and without waiting for a FIFO's writer */
@@ -181,9 +182,11 @@ static int load(dcpxd_secrets *s) {
                s->path, (unsigned)(st.st_mode & 07777));
     s->dirty = true;
   }
-  while (getline(&line, &cap, f) >= 0) {
+  while ((len = getline(&line, &cap, f)) >= 0) {
     entry e = {0}, *ne;
     lineno++;
+    /* dcpxd writes no NUL: a file with one is torn (below) */
+    torn = torn || memchr(line, '\0', (size_t)len) != NULL;
     if (lineno == 1 && boot_line(s, line, &other_boot))
       continue;
     if (other_boot) {
@@ -217,6 +220,18 @@ static int load(dcpxd_secrets *s) {
    * forgotten, and the next save would drop them from the file for good. */
   if (ferror(f))
     return errno > 0 ? -errno : -EIO;
+  /* NUL bytes are blocks a machine crash left unwritten: the save is not
+   * synced (save_once), so the file is of an earlier boot, and a torn
+   * one may have lost its #boot line to them, which would let its other
+   * lines pass for this boot's entries. Every process of that boot is
+   * gone: no entry is kept. */
+  if (torn && s->n) {
+    log_warning("%s holds NUL bytes (torn by a machine crash): its %zu "
+                "entries are of an earlier boot, forgotten",
+                s->path, s->n);
+    s->n = 0;
+    s->dirty = true;
+  }
   return 0;
 }
 
@@ -232,8 +247,10 @@ static int load(dcpxd_secrets *s) {
  * ends), and what a dcpxd crash must find, the page cache keeps: the
  * rename is atomic to every later reader. The two fsyncs bought nothing
  * but a stall of the event loop behind the disk at every group formed
- * or left, every client's answer with it (a join took up to 178 ms
- * under a dd load, 3 ms without; bench/RESULTS.md, session 33). */
+ * or left, every client's answer with it (bench/RESULTS.md, session 33:
+ * a formation's worst case beside a write load 169-190 ms with them,
+ * 0.6-114 ms without, the rest the rename's). A machine crash may leave
+ * the file torn: load() drops a file with NUL bytes whole. */
 static int save_once(dcpxd_secrets *s) {
   _cleanup_free_ char *text = NULL;
   size_t len = 0;
@@ -421,8 +438,7 @@ int dcpxd_secrets_open(const char *state_dir, dcpxd_secrets **ret) {
   int r;
 
   if (!s || asprintf(&s->path, "%s/groups", state_dir) < 0 ||
-      asprintf(&s->tmp, "%s/groups.tmp", state_dir) < 0 ||
-      !(s->dir = strdup(state_dir))) {
+      asprintf(&s->tmp, "%s/groups.tmp", state_dir) < 0) {
     dcpxd_secrets_free(s);
     return -ENOMEM;
   }
@@ -452,7 +468,6 @@ dcpxd_secrets *dcpxd_secrets_free(dcpxd_secrets *s) {
   if (s) {
     free(s->path);
     free(s->tmp);
-    free(s->dir);
     free(s->e);
     free(s);
   }

@@ -269,7 +269,7 @@ static inline bool dcpxd_member_live(const dcpxd_member *mb) {
 /* Group names go into logs (group=NAME), file entries and JSON, so they
  * are short and of a small alphabet (dcpx__group_name_ok, proto/frame.h);
  * the error text for a name that is not one (takes DCPX_GROUP_NAME_MAX). */
-#define DCPXD_BAD_NAME_FMT "group name must be 1..%d bytes of [A-Za-z0-9._-]"
+#define DCPXD_BAD_NAME_FMT "group name must be " DCPX__GROUP_NAME_RULE
 
 dcpxd_group *dcpxd_group_find(dcpxd_manager *m, const char *name);
 

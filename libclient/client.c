@@ -131,6 +131,8 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
     return DCPX_E_RANGE;
   }
   char why[512] = "", abs_path[sizeof(c->path)];
+  /* made absolute first: the path checked is the path kept */
+  path = absolute_path(path, abs_path, sizeof(abs_path));
   r = open_conn(path, &s, why, sizeof(why), NULL); /* fails early if no daemon
                                                 speaks our version */
   if (r < 0) {
@@ -138,7 +140,6 @@ int dcpx_connect(const char *path, dcpx_client **ret_client) {
     return r;
   }
   close(s);
-  path = absolute_path(path, abs_path, sizeof(abs_path));
   c = calloc(1, sizeof(*c));
   if (!c)
     return DCPX_E_NOMEM;

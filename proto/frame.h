@@ -88,6 +88,9 @@ DCPX__HIDDEN int dcpx__text_ok(const void *data, size_t n);
 DCPX__HIDDEN void dcpx__text_clean(char *s);
 /* 1 if s is a group name: 1..DCPX_GROUP_NAME_MAX bytes of [A-Za-z0-9._-]. */
 DCPX__HIDDEN int dcpx__group_name_ok(const char *s);
+/* The rule in words, for the errors that refuse a name (a printf format:
+ * its %d takes DCPX_GROUP_NAME_MAX). */
+#define DCPX__GROUP_NAME_RULE "1..%d bytes of [A-Za-z0-9._-]"
 
 /* A shape on the wire and back: the one copy of its seven fields.
  * dcpx__shape_to_pb initialises *out; dcpx__shape_from_pb sets out->size to

@@ -189,13 +189,13 @@ START_TEST(test_option_errors) {
   /* A group name dcpxd would refuse (PROTOCOL.md 7.2) is a usage error
    * here, before any dcpxd is asked (it was sent, and dcpxd's refusal
    * came back as exit 4). 63 bytes are a name; 64 are not. */
-  USAGE_ERR("GROUP must be 1 to 63 bytes", "health", "a b");
-  USAGE_ERR("GROUP must be 1 to 63 bytes", "stats", "a/b");
-  USAGE_ERR("--group must be 1 to 63 bytes", "records", "--group", "x\ty");
-  USAGE_ERR("--group must be 1 to 63 bytes", "reset", "--group", "caf\xc3\xa9");
-  USAGE_ERR("--group must be 1 to 63 bytes", "fault", "stall", "--group",
+  USAGE_ERR("GROUP must be 1..63 bytes", "health", "a b");
+  USAGE_ERR("GROUP must be 1..63 bytes", "stats", "a/b");
+  USAGE_ERR("--group must be 1..63 bytes", "records", "--group", "x\ty");
+  USAGE_ERR("--group must be 1..63 bytes", "reset", "--group", "caf\xc3\xa9");
+  USAGE_ERR("--group must be 1..63 bytes", "fault", "stall", "--group",
             "g;h", "--rank", "0", "--ticks", "1s");
-  USAGE_ERR("GROUP must be 1 to 63 bytes", "stats", "--json",
+  USAGE_ERR("GROUP must be 1..63 bytes", "stats", "--json",
             "x123456789x123456789x123456789x123456789x123456789x123456789"
             "x123");
   CTL(3, "health",
@@ -203,7 +203,7 @@ START_TEST(test_option_errors) {
       "x12"); /* 63 bytes: asked, and no dcpxd */
   CTL(3, "check", "a b");
   one_line("UNKNOWN");
-  CC_ASSERT(strstr(g_o.out, "GROUP must be 1 to 63 bytes"), "%s", g_o.out);
+  CC_ASSERT(strstr(g_o.out, "GROUP must be 1..63 bytes"), "%s", g_o.out);
   /* A rank no group can have (W <= 16) matched nothing: "no records",
    * exit 0, for a typo. */
   USAGE_ERR("--rank", "records", "--rank", "16");

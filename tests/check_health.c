@@ -1599,6 +1599,12 @@ START_TEST(test_fault_hook_shown) {
   HC_ASSERT(strstr(g_o.out, "\"fault\":\"fired\",\"fault_epoch\":null,"
                             "\"fault_call\":3"),
             "%s", g_o.out);
+  CTL(0, "health", "hook");
+  HC_ASSERT(strstr(g_o.out, "fault fired (call 3, epoch any, 2000000 ns)"),
+            "%s", g_o.out);
+  CTL(0, "fault", "clear", "--group", "hook", "--rank", "0");
+  HC_ASSERT(strstr(g_o.out, "fault hook disarmed (it had fired)"), "%s",
+            g_o.out);
   /* armed again, by epoch and for any call */
   CTL(0, "fault", "stall", "--group", "hook", "--rank", "0", "--epoch", "9",
       "--ticks", "1ms");
@@ -1617,6 +1623,32 @@ START_TEST(test_fault_hook_shown) {
   CTL(4, "fault", "clear", "--group", "hook", "--rank", "1");
   HC_ASSERT(strstr(g_o.err, "rank 1 out of range for world 1"), "%s",
             g_o.err);
+  /* A recovery disarms every hook (it zeroes the health blocks): one
+   * armed before it is gone after, and arming while the group is aborted
+   * or recovering is refused (it replied 0, and the hook never fired). */
+  CTL(0, "fault", "stall", "--group", "hook", "--rank", "0", "--call",
+      "1000", "--ticks", "1ms");
+  CTL(0, "reset", "--group", "hook");
+  CTL(4, "fault", "stall", "--group", "hook", "--rank", "0", "--ticks",
+      "1ms");
+  HC_ASSERT(strstr(g_o.err, "its recovery disarms every fault hook"), "%s",
+            g_o.err);
+  HC_ASSERT(dcpx_recover(m, NULL, 5000) == 0, "recover");
+  CTL_JSON(0, "health", "hook", "--json");
+  HC_ASSERT(strstr(g_o.out, "\"fault\":\"none\"") &&
+                json_u64("generation") == 2,
+            "%s", g_o.out);
+  HC_ASSERT(dcpx_leave(m) == 0, "leave");
+  dcpx_disconnect(c);
+  /* Clearing needs an admin, not fault injection; arming needs it. */
+  stop_clean();
+  start(NULL);
+  join_alone("hook2", &c, &m);
+  CTL(0, "fault", "clear", "--group", "hook2", "--rank", "0");
+  HC_ASSERT(strstr(g_o.out, "no fault hook was armed"), "%s", g_o.out);
+  CTL(4, "fault", "stall", "--group", "hook2", "--rank", "0", "--ticks",
+      "1ms");
+  HC_ASSERT(strstr(g_o.err, "fault injection is disabled"), "%s", g_o.err);
   HC_ASSERT(dcpx_leave(m) == 0, "leave");
   dcpx_disconnect(c);
   finish();

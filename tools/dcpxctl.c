@@ -1208,8 +1208,9 @@ static const struct {
      "       dcpxctl fault clear --group G --rank R [OPTIONS]\n"
      "stall: stall block 0 of rank R once for T, at most the group's wait\n"
      "timeout (needs dcpxd --enable-fault-injection; not on the nccl\n"
-     "transport). The hook waits for its call (health shows it armed);\n"
-     "clear disarms it. Both need an admin.\n"
+     "transport). The hook waits for its call, and a recovery disarms it\n"
+     "(health shows it, armed or fired); clear disarms it. Both need an\n"
+     "admin.\n"
      "\n"
      "  --group G   the group\n"
      "  --rank R    the rank that stalls\n"
@@ -1352,20 +1353,19 @@ static int print_version(void) {
   return EXIT_OK;
 }
 
-/* The options each command takes besides its own: --help (name's help),
- * a bad option (the error), the global ones. Returns -1 to go on, or the
- * exit status. */
 /* A group name given on the command line: refused here, as a usage error
  * (exit 2), by the rule dcpxd applies (PROTOCOL.md 7.2), rather than sent.
  * what names the argument ("GROUP", "--group"). 0 if the name is good. */
 static int bad_group(const char *name, const char *what) {
   if (dcpx__group_name_ok(name))
     return 0;
-  return usage_error("%s must be 1 to %d bytes of [A-Za-z0-9._-] (a group "
-                     "name)",
+  return usage_error("%s must be " DCPX__GROUP_NAME_RULE " (a group name)",
                      what, DCPX_GROUP_NAME_MAX);
 }
 
+/* The options each command takes besides its own: --help (name's help),
+ * a bad option (the error), the global ones. Returns -1 to go on, or the
+ * exit status. */
 static int other_opt(int opt, int argc, char **argv, const struct option *opts,
                      const char *name) {
   int r;
@@ -2167,8 +2167,8 @@ static int cmd_check(int argc, char **argv) {
                                       "out for every group)");
   if (optind < argc && !dcpx__group_name_ok(group))
     return check_line(NAGIOS_UNKNOWN,
-                      "GROUP must be 1 to %d bytes of [A-Za-z0-9._-] (a "
-                      "group name)",
+                      "GROUP must be " DCPX__GROUP_NAME_RULE " (a group "
+                      "name)",
                       DCPX_GROUP_NAME_MAX);
   if ((code = check_health(group, &l, &f)) >= 0 ||
       (code = check_records(group, &l, &f)) >= 0)
@@ -2215,8 +2215,8 @@ static void help(void) {
       "                            --epoch E: the call at that epoch\n"
       "  fault clear --group G --rank R\n"
       "                            disarm rank R's fault hook (health shows "
-      "it armed\n"
-      "                            until it fires)\n"
+      "it,\n"
+      "                            armed or fired)\n"
       "  help COMMAND              the help of COMMAND (also: dcpxctl "
       "COMMAND --help)\n"
       "\n"

@@ -301,7 +301,9 @@ def lib() -> ctypes.CDLL:
         if _lib is not None:
             return _lib
         tried = []
-        why = _checkout(os.path.abspath(__file__))[1]
+        # with DCPX_LIBRARY set the checkout is not searched anyway
+        why = None if os.environ.get("DCPX_LIBRARY") else \
+            _checkout(os.path.abspath(__file__))[1]
         if why:
             tried.append(f"  ({why})")
         for cand in _candidates():

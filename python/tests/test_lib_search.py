@@ -65,7 +65,9 @@ def test_refused_checkout_named(tmp_path, monkeypatch):
     assert root is None
     assert str(tmp_path / "src") in why and "mode 0775" in why
     assert "DCPX_LIBRARY" in why and "chmod go-w" in why
-    # what lib() says once nothing loads: the reason comes first
+    # what lib() says once nothing loads: the reason comes first (not with
+    # DCPX_LIBRARY set: the checkout is not searched then anyway)
+    monkeypatch.delenv("DCPX_LIBRARY", raising=False)
     monkeypatch.setattr(_lib, "_lib", None)
     monkeypatch.setattr(_lib, "__file__", here)
     monkeypatch.setattr(_lib, "_candidates", lambda: ["/nonexistent/x.so"])
@@ -73,5 +75,9 @@ def test_refused_checkout_named(tmp_path, monkeypatch):
         _lib.lib()
     text = str(e.value)
     assert why in text and text.index(why) < text.index("/nonexistent/x.so")
+    monkeypatch.setenv("DCPX_LIBRARY", "/nonexistent/x.so")
+    with pytest.raises(_lib.LibraryNotFound) as e:
+        _lib.lib()
+    assert why not in str(e.value)
     assert _lib._checkout(os.path.join(str(tmp_path), "x", "_lib.py")) == \
         (None, None)
