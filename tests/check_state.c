@@ -51,17 +51,22 @@ ssize_t write(int fd, const void *buf, size_t n) {
 
 static void remove_dir(void) { dp_rm_tree(g_dir); }
 
-/* A fresh state dir (g_dir) whose groups file holds `text`, of `mode`. */
-static void groups_file(const char *text, mode_t mode) {
+/* A fresh state dir (g_dir) whose groups file holds the n bytes of text
+ * (NULs too), of `mode`. */
+static void groups_file_n(const char *text, size_t n, mode_t mode) {
   char path[128];
   snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/dcpx-state.XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(g_dir));
   snprintf(path, sizeof(path), "%s/groups", g_dir);
   const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
   ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  ck_assert_int_eq(write(fd, text, n), (ssize_t)n);
   ck_assert_int_eq(fchmod(fd, mode), 0);
   close(fd);
+}
+
+static void groups_file(const char *text, mode_t mode) {
+  groups_file_n(text, strlen(text), mode);
 }
 
 #define HEX62 "0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
@@ -120,18 +125,13 @@ END_TEST
 START_TEST(test_groups_torn) {
   static const char tail[] = "g1 1000 " HEX0 " 0@0\n"
                              "g2 1000 " HEX0 " 0@0\n";
-  char path[128], block[4096];
+  char path[128], block[4096 + sizeof(tail)];
   dcpxd_secrets *s = NULL;
 
-  snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/dcpx-state.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(g_dir));
+  memset(block, 0, 4096);
+  memcpy(block + 4096, tail, sizeof(tail));
+  groups_file_n(block, 4096 + strlen(tail), 0600);
   snprintf(path, sizeof(path), "%s/groups", g_dir);
-  const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-  ck_assert_int_ge(fd, 0);
-  memset(block, 0, sizeof(block));
-  ck_assert_int_eq(write(fd, block, sizeof(block)), (ssize_t)sizeof(block));
-  ck_assert_int_eq(write(fd, tail, strlen(tail)), (ssize_t)strlen(tail));
-  close(fd);
   g_log_len = 0;
   ck_assert_int_eq(dcpxd_secrets_open(g_dir, &s), 0);
   ck_assert_uint_eq(dcpxd_secrets_count(s), 0);
