@@ -235,7 +235,33 @@ static int load(dcpxd_secrets *s) {
   return 0;
 }
 
-/* Writes every entry to the temporary file, then renames it over. The
+/* Puts the written file tmp in place of path, atomically to any reader.
+ * A rename over an existing file makes ext4 (auto_da_alloc) and btrfs
+ * start writing the new file's data before the rename returns, so that a
+ * crash finds it whole: beside a write load the rename took up to 114 ms
+ * of dcpxd's event loop (bench/RESULTS.md, session 33), which is the
+ * fsync it was meant to spare. Exchanging the two names (renameat2
+ * RENAME_EXCHANGE) is atomic too and starts no writeback; tmp then names
+ * the old file, which is unlinked (one left by a crash is removed at
+ * start, as any groups.tmp). Without the old file (the first save) or
+ * where the exchange is not supported (an older kernel, some network file
+ * systems), a plain rename. 0 or a negative errno. */
+static int put_in_place(const char *tmp, const char *path) {
+#if defined(HAVE_RENAMEAT2) && defined(RENAME_EXCHANGE)
+  if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
+    if (unlink(tmp) < 0 && errno != ENOENT)
+      log_warning_errno(-errno, "Cannot remove the previous groups file, "
+                                "now %s: %m", tmp);
+    return 0;
+  }
+  if (errno != ENOENT && errno != EINVAL && errno != ENOSYS &&
+      errno != EOPNOTSUPP)
+    return -errno;
+#endif
+  return rename(tmp, path) < 0 ? -errno : 0;
+}
+
+/* Writes every entry to the temporary file, then puts it in place. The
  * text is made in memory and written with write(2), every return checked:
  * a stdio stream drops a buffer whose write failed and goes on, so a
  * write error that a later one did not repeat (a disk full for a moment)
@@ -249,8 +275,9 @@ static int load(dcpxd_secrets *s) {
  * but a stall of the event loop behind the disk at every group formed
  * or left, every client's answer with it (bench/RESULTS.md, session 33:
  * a formation's worst case beside a write load 169-190 ms with them,
- * 0.6-114 ms without, the rest the rename's). A machine crash may leave
- * the file torn: load() drops a file with NUL bytes whole. */
+ * 0.6-114 ms without, the rest the rename's: put_in_place). A machine
+ * crash may leave the file torn: load() drops a file with NUL bytes
+ * whole. */
 static int save_once(dcpxd_secrets *s) {
   _cleanup_free_ char *text = NULL;
   size_t len = 0;
@@ -287,8 +314,8 @@ static int save_once(dcpxd_secrets *s) {
     r = -errno;
   if (r < 0)
     (void)unlink(s->tmp); /* its room back; the file it would replace holds */
-  if (r == 0 && rename(s->tmp, s->path) < 0)
-    r = -errno;
+  if (r == 0)
+    r = put_in_place(s->tmp, s->path);
   if (r < 0)
     log_warning_errno(r, "Cannot save %s: %m", s->path);
   else

@@ -19,10 +19,10 @@
  * reattach to them (the memory of a group lives in its ranks' processes),
  * so they are state of dead groups.
  *
- * The file is rewritten whole (temporary file, rename; no fsync: it
- * serves one boot, and a dcpxd crash keeps the page cache): at once when
- * a group is added (its secret must be in the file before the Join reply
- * hands it out), and for the changes of
+ * The file is rewritten whole (temporary file, names exchanged; no
+ * fsync: it serves one boot, and a dcpxd crash keeps the page cache): at
+ * once when a group is added (its secret must be in the file before the
+ * Join reply hands it out), and for the changes of
  * dcpxd_secrets_set_pid and dcpxd_secrets_remove once per turn of the
  * event loop (dcpxd_secrets_flush), so that a client whose exit ends
  * thousands of groups costs one save, not one per group. One line

@@ -309,7 +309,7 @@ static int state_dir_lock(const char *dir) {
                       lock, dir); /* a full disk; the lock still holds */
   /* A groups.tmp that is not a file would make every save fail (one left
    * by a crash is dcpxd_secrets_open's to remove), and so would a groups
-   * file that is not one (a save renames groups.tmp over it); then a
+   * file that is not one (a save puts groups.tmp in its place); then a
    * test that a new file can be made there, as each save makes
    * groups.tmp. */
   const char *const in_way[2] = {tmp, groups};
