@@ -6,8 +6,11 @@
 # event loop at every formation, so a slow disk there is every client's
 # wait. Run from the build folder:
 #   sh ../bench/join-disk-load.sh [REPS]   (default 300)
+# WHAT=detection (or kill, reset) times that bench_health mode instead:
+# dcpxd stores a timeout's wait records (fdatasync) as it aborts.
 set -eu
 reps=${1:-300}
+what=${WHAT:-join}
 dir=${TMPDIR:-/tmp}
 load="$dir/join-disk-load.$$"
 bench=${DCPX_BUILDDIR:-.}/bench/bench_health
@@ -15,7 +18,7 @@ export DCPXD="${DCPXD:-${DCPX_BUILDDIR:-.}/daemon/dcpxd}"
 sync # an earlier run's writeback is a disk load too
 sleep 2
 echo "## alone"
-"$bench" --what join --reps "$reps"
+"$bench" --what "$what" --reps "$reps"
 # the load in a process group of its own (setsid), so that the end kills
 # the dd in flight too, not only its loop: an orphaned dd went on writing
 # into the next run's "alone" half
@@ -25,4 +28,4 @@ pid=$!
 trap 'kill -- -$pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$load"' EXIT
 sleep 1
 echo "## beside dd conv=fsync in $dir"
-"$bench" --what join --reps "$reps"
+"$bench" --what "$what" --reps "$reps"

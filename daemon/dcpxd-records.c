@@ -39,8 +39,12 @@
  *   each entry is read on its own.
  *
  * Invariants:
- *   1. Every append is written and fdatasync'd before it returns, so a
- *      record the daemon logged as stored survives a crash.
+ *   1. Every record is written and fdatasync'd in append order: before
+ *      dcpxd_records_append returns without a loop, else by a worker
+ *      thread (dcpxd_records_use_loop), one batch at a time, so that the
+ *      event loop never waits for the disk; a record is on disk once its
+ *      batch ended without error, and dcpxd's exit waits for the batch
+ *      in flight.
  *   2. Entries sit at multiples of 128 from the start of their file. A
  *      torn write can leave a partial entry only at the end; at startup
  *      such a tail is counted and cut off (ftruncate), so that later
@@ -79,6 +83,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <uv.h>
 #include <zlib.h>
 
 #include "dcpx.h"
@@ -106,6 +111,26 @@ struct dcpxd_records {
   uint64_t skipped; /* older entries not read at start (load_tail) */
   unsigned cut;     /* files whose damage stopped load_tail */
   char note[512];
+  /* The writer. A batch (wbuf) leaves the backlog and is written by
+   * write_batch: on a libuv worker thread once dcpxd_records_use_loop
+   * gave a loop (so that a disk busy with other writes never holds the
+   * event loop for the fdatasync), else in the caller. While a batch is
+   * busy, the worker alone touches fd, size and the w_ fields, and the
+   * loop thread everything else; batch_done, on the loop thread, takes
+   * the outcome and logs what the worker must not (the log is the loop
+   * thread's). */
+  uv_loop_t *loop;
+  void (*on_unstored)(void *); /* a write failed: a retry is wanted */
+  void *on_unstored_arg;
+  uv_work_t work;
+  bool busy;
+  dcpxd_record *wbuf; /* cap of them */
+  size_t n_wbuf, w_done;
+  int w_r;               /* write_entries' outcome */
+  unsigned w_rotations;  /* files rotated */
+  int w_sync_err;        /* a rotated file's fdatasync failed */
+  int w_rot_err;         /* rotating failed: rename (w_rot_create 0), */
+  bool w_rot_create;     /* or creating the new file */
 };
 
 static void put32(uint8_t *p, uint32_t v) {
@@ -391,23 +416,29 @@ static int open_live(dcpxd_records *s) {
   return 0;
 }
 
+/* The writer's (it logs nothing: batch_done says what happened). */
 static int rotate(dcpxd_records *s) {
   int r;
 
   if (s->fd >= 0) {
     if (fdatasync(s->fd) < 0)
-      log_warning_errno(-errno, "fdatasync(%s) failed: %m", s->path);
+      s->w_sync_err = -errno;
     close(s->fd);
     s->fd = -1;
   }
-  if (rename(s->path, s->path_old) < 0 && errno != ENOENT)
-    return log_error_errno(-errno, "Cannot rotate %s to %s: %m", s->path,
-                           s->path_old);
+  if (rename(s->path, s->path_old) < 0 && errno != ENOENT) {
+    s->w_rot_err = -errno;
+    s->w_rot_create = false;
+    return s->w_rot_err;
+  }
   r = open_live(s);
-  if (r < 0)
-    return log_error_errno(r, "Cannot create %s: %m", s->path);
+  if (r < 0) {
+    s->w_rot_err = r;
+    s->w_rot_create = true;
+    return r;
+  }
   (void)fsync_dir(s->dir);
-  log_info("Rotated %s to %s", s->path, s->path_old);
+  s->w_rotations++;
   return 0;
 }
 
@@ -450,9 +481,11 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
   s->dir = strdup(state_dir);
   s->ring = calloc(s->cap, sizeof(*s->ring));
   s->backlog = calloc(s->cap, sizeof(*s->backlog));
+  s->wbuf = calloc(s->cap, sizeof(*s->wbuf));
   s->path = path_join(state_dir, "records.log");
   s->path_old = path_join(state_dir, "records.log.1");
-  if (!s->dir || !s->ring || !s->backlog || !s->path || !s->path_old) {
+  if (!s->dir || !s->ring || !s->backlog || !s->wbuf || !s->path ||
+      !s->path_old) {
     dcpxd_records_free(s);
     return log_error_errno(-ENOMEM, "Cannot open records: %m");
   }
@@ -568,20 +601,6 @@ static void backlog_add(dcpxd_records *s, const dcpxd_record *recs,
   }
 }
 
-/* The backlog to the file, oldest first; 0 when it is empty after. */
-static int backlog_flush(dcpxd_records *s) {
-  size_t done = 0;
-  int r = 0;
-  if (s->n_backlog)
-    r = write_entries(s, s->backlog, s->n_backlog, &done);
-  if (done) {
-    memmove(s->backlog, s->backlog + done,
-            (s->n_backlog - done) * sizeof(*s->backlog));
-    s->n_backlog -= done;
-  }
-  return r;
-}
-
 /* The note for a backlog (or none), after a write. */
 static void backlog_note(dcpxd_records *s, int r) {
   char why[256] = "";
@@ -600,24 +619,55 @@ static void backlog_note(dcpxd_records *s, int r) {
   update_note(s, why[0] ? why : NULL);
 }
 
-int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
-  size_t done = 0;
-  int r;
+/* The batch, to the file (the writer: a worker thread, or the caller). */
+static void write_batch(dcpxd_records *s) {
+  s->w_rotations = 0;
+  s->w_sync_err = s->w_rot_err = 0;
+  s->w_r = write_entries(s, s->wbuf, s->n_wbuf, &s->w_done);
+}
 
-  for (size_t k = 0; k < n; k++)
-    ring_push(s, &recs[k]);
-  /* The older ones first: the file stays in time order. */
-  r = backlog_flush(s);
-  if (r == 0)
-    r = write_entries(s, recs, n, &done);
+static void work_cb(uv_work_t *req) { write_batch(req->data); }
+
+/* The batch's outcome, on the loop thread: what the writer did, logged;
+ * the records it did not store back at the backlog's front (they are
+ * older than the ones queued meanwhile), the oldest dropped past its
+ * room. Returns the outcome. */
+static int batch_done(dcpxd_records *s) {
+  const int r = s->w_r;
+  const size_t left = s->n_wbuf - s->w_done;
+  const bool was_failing = s->write_error != 0;
+
+  if (s->w_sync_err)
+    log_warning_errno(s->w_sync_err, "fdatasync(%s) failed: %m", s->path_old);
+  if (s->w_rot_err && s->w_rot_create)
+    log_error_errno(s->w_rot_err, "Cannot create %s: %m", s->path);
+  else if (s->w_rot_err)
+    log_error_errno(s->w_rot_err, "Cannot rotate %s to %s: %m", s->path,
+                    s->path_old);
+  for (unsigned k = 0; k < s->w_rotations; k++)
+    log_info("Rotated %s to %s", s->path, s->path_old);
+  s->busy = false;
   if (r < 0) {
-    backlog_add(s, recs + done, n - done);
+    const size_t room = s->cap - s->n_backlog;
+    const size_t drop = left > room ? left - room : 0, back = left - drop;
+    memmove(s->backlog + back, s->backlog, s->n_backlog * sizeof(*s->backlog));
+    memcpy(s->backlog, s->wbuf + s->w_done + drop, back * sizeof(*s->wbuf));
+    s->n_backlog += back;
+    s->lost += drop;
+    s->n_wbuf = 0;
     s->write_error = r;
     backlog_note(s, r);
-    return log_error_errno(r, "Cannot store %zu record(s) in %s (kept in "
-                              "memory, retried): %m",
-                           n - done, s->path);
+    log_error_errno(r, "Cannot store %zu record(s) in %s (kept in memory, "
+                       "retried): %m",
+                    s->n_backlog, s->path);
+    if (s->on_unstored)
+      s->on_unstored(s->on_unstored_arg);
+    return r;
   }
+  if (was_failing)
+    log_notice("Stored %zu record(s) in %s that could not be written before",
+               s->n_wbuf, s->path);
+  s->n_wbuf = 0;
   if (s->lost || s->write_error) {
     s->write_error = 0;
     backlog_note(s, 0);
@@ -625,25 +675,63 @@ int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
   return 0;
 }
 
-int dcpxd_records_retry(dcpxd_records *s) {
-  const size_t before = s->n_backlog;
-  if (!before)
+static int batch_start(dcpxd_records *s);
+
+static void after_cb(uv_work_t *req, int status) {
+  dcpxd_records *s = req->data;
+  (void)status; /* never cancelled: a queued work is not */
+  if (batch_done(s) == 0)
+    (void)batch_start(s); /* what came meanwhile */
+}
+
+/* The backlog, as the next batch, unless one is busy: written at once
+ * without a loop (its outcome returned), else on a worker (0; the outcome
+ * comes to batch_done). */
+static int batch_start(dcpxd_records *s) {
+  if (s->busy || !s->n_backlog)
     return 0;
-  const int r = backlog_flush(s);
-  if (r < 0) {
-    s->write_error = r;
-    backlog_note(s, r);
-    return r;
+  memcpy(s->wbuf, s->backlog, s->n_backlog * sizeof(*s->backlog));
+  s->n_wbuf = s->n_backlog;
+  s->n_backlog = 0;
+  s->busy = true;
+  if (s->loop) {
+    s->work.data = s;
+    if (uv_queue_work(s->loop, &s->work, work_cb, after_cb) == 0)
+      return 0;
   }
-  log_notice("Stored %zu record(s) in %s that could not be written before",
-             before, s->path);
-  s->write_error = 0;
-  backlog_note(s, 0);
-  return 0;
+  write_batch(s); /* no loop, or it cannot queue: here */
+  return batch_done(s);
+}
+
+void dcpxd_records_use_loop(dcpxd_records *s, uv_loop_t *loop,
+                            void (*on_unstored)(void *), void *arg) {
+  s->loop = loop;
+  s->on_unstored = on_unstored;
+  s->on_unstored_arg = arg;
+}
+
+int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    ring_push(s, &recs[k]);
+  backlog_add(s, recs, n); /* after the older ones: the file in time order */
+  if (s->write_error && s->loop) /* failing: the retry's timer writes */
+    return s->write_error;
+  return batch_start(s);
+}
+
+int dcpxd_records_retry(dcpxd_records *s) {
+  if (s->busy)
+    return -EINPROGRESS;
+  if (!s->n_backlog)
+    return 0;
+  const int r = batch_start(s);
+  return r < 0 ? r : s->busy || s->n_backlog ? -EINPROGRESS : 0;
 }
 
 size_t dcpxd_records_unstored(const dcpxd_records *s) {
-  return s->n_backlog;
+  if (!s->write_error) /* queued behind a write that works: not failing */
+    return 0;
+  return s->n_backlog + (s->busy ? s->n_wbuf : 0);
 }
 
 size_t dcpxd_records_count(const dcpxd_records *s) { return s->count; }
@@ -659,7 +747,10 @@ const char *dcpxd_records_note(const dcpxd_records *s) { return s->note; }
 dcpxd_records *dcpxd_records_free(dcpxd_records *s) {
   if (!s)
     return NULL;
-  if (s->n_backlog && dcpxd_records_retry(s) < 0) /* a last try */
+  while (s->busy && s->loop) /* a batch on a worker: its end */
+    uv_run(s->loop, UV_RUN_ONCE);
+  s->loop = NULL; /* the last try, here */
+  if (s->n_backlog && dcpxd_records_retry(s) < 0)
     log_error("%zu timeout record(s) were never stored in %s and are lost",
               s->n_backlog, s->path);
   if (s->fd >= 0)
@@ -669,6 +760,7 @@ dcpxd_records *dcpxd_records_free(dcpxd_records *s) {
   free(s->path_old);
   free(s->ring);
   free(s->backlog);
+  free(s->wbuf);
   free(s);
   return NULL;
 }

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uv.h>
+
 #include "dcpx.h"
 
 /* Group names are at most this long (bytes, without the NUL); the file
@@ -39,17 +41,31 @@ typedef struct dcpxd_records dcpxd_records;
 int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
                        dcpxd_records **ret);
 
-/* Appends n records: to the file (write + fdatasync, rotating first if it
- * would grow past max_bytes) and to the ring. On a file error the records
- * are still kept in memory, and the ones not written wait in a bounded
- * backlog that the next append or dcpxd_records_retry writes first; the
- * error is returned (and noted for queries). */
+/* From now on the file is written on a worker thread of loop (libuv's
+ * pool), so that an fdatasync behind a busy disk never holds the loop
+ * (an alarm's records are stored as its group aborts: bench/RESULTS.md,
+ * session 34). on_unstored(arg), on the loop thread, when a write failed
+ * (arm the retry's timer). Before it (tools, tests), appends write at
+ * once. dcpxd_records_free waits for a write in flight. */
+void dcpxd_records_use_loop(dcpxd_records *s, uv_loop_t *loop,
+                            void (*on_unstored)(void *), void *arg);
+
+/* Appends n records: to the ring at once (queries see them), and to the
+ * file (write + fdatasync, rotating first if it would grow past
+ * max_bytes), behind any not written yet: at once without a loop, else
+ * on the worker (0 is returned; a failure comes to on_unstored). On a file
+ * error the records are still kept in memory, and the ones not written
+ * wait in a bounded backlog that the next append or dcpxd_records_retry
+ * writes first; the error is returned (and noted for queries). While
+ * writes fail with a loop, appends only queue (the retry writes). */
 int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *r, size_t n);
 
-/* Writes the backlog; 0 when it is empty after (or was), else the error. */
+/* Writes the backlog: 0 when nothing is left to store; with a loop
+ * -EINPROGRESS while a write runs or is started, else the error. */
 int dcpxd_records_retry(dcpxd_records *s);
 
-/* Records in the backlog: not on disk yet. */
+/* Records whose write failed and that wait for a retry: not on disk yet
+ * (records queued behind a write that works do not count). */
 size_t dcpxd_records_unstored(const dcpxd_records *s);
 
 /* Records in memory, oldest first: i in 0..count-1. */

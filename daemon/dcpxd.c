@@ -107,6 +107,8 @@ static void on_records_retry(uv_timer_t *t) {
   }
 }
 
+static void on_records_unstored(void *arg) { dcpxd_records_retry_arm(arg); }
+
 void dcpxd_records_retry_arm(dcpxd_manager *m) {
   if (m->records_retrying || m->stopping ||
       !dcpxd_records_unstored(m->records))
@@ -476,6 +478,7 @@ int main(int argc, char **argv) {
   }
   m->loop = &loop;
   loop_handles_init(m);
+  dcpxd_records_use_loop(m->records, m->loop, on_records_unstored, m);
 
   r = server_listen(m);
   if (r < 0) {
