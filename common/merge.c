@@ -98,8 +98,8 @@ uint32_t dcpx__local_list(const uint16_t *logits, uint32_t len, uint32_t cap,
 }
 
 int dcpx__given_list(const uint16_t *values, const int32_t *indices,
-                     uint32_t n, uint32_t len, int check_order,
-                     uint32_t *words, const char **ret_why) {
+                     uint32_t n, uint32_t len, uint32_t *words,
+                     const char **ret_why) {
   const char *why = NULL;
   uint32_t j = 0;
   int64_t prev = -1;
@@ -112,7 +112,7 @@ int dcpx__given_list(const uint16_t *values, const int32_t *indices,
       why = "an index at or above the row's row_end";
     else if (!o)
       why = "a NaN value";
-    else if (check_order && (int64_t)l <= prev)
+    else if ((int64_t)l <= prev)
       why = "indices not strictly ascending (unsorted or repeated)";
     else
       put_entry(words, n, j, o, l);

@@ -172,15 +172,14 @@ DCPX__HIDDEN uint32_t dcpx__local_list(const uint16_t *logits, uint32_t len,
                                        uint32_t cap, uint32_t *words);
 
 /* Row j's list of a dcpx_lists (values, indices: its n entries) into
- * capacity-n wire words, the way dcpx_push_list sends it: entries in the
- * given order. Returns the entry count, or DCPX_E_RANGE (*ret_why, if not
- * NULL, says which rule of dcpx_lists broke: an index >= len, a NaN, a full
- * entry after an empty one, with check_order an index not above the
- * previous one). */
+ * capacity-n wire words, the way dcpx_push_list sends it. Returns the
+ * entry count, or DCPX_E_RANGE (*ret_why, if not NULL, says which rule of
+ * dcpx_lists broke: an index >= len, a NaN, an index not above the
+ * previous one (unsorted or repeated), a full entry after an empty one). */
 DCPX__HIDDEN int dcpx__given_list(const uint16_t *values,
                                   const int32_t *indices, uint32_t n,
-                                  uint32_t len, int check_order,
-                                  uint32_t *words, const char **ret_why);
+                                  uint32_t len, uint32_t *words,
+                                  const char **ret_why);
 
 /* A dcpx_lists for a call of `rows` rows of a shape with N = n: its size,
  * pointers (set and aligned), rows, n and flags. 0 or DCPX_E_INVAL, the reason (naming fn)

@@ -149,7 +149,7 @@ static int round1_list(const dcpx_shape *sh, const dcpx_ref_in *in,
     return (int)dcpx__local_list(in->logits[s] + t * in->stride, len, N,
                                  words);
   int r = dcpx__given_list(li->values + (uint64_t)t * N,
-                           li->indices + (uint64_t)t * N, N, len, 1, words,
+                           li->indices + (uint64_t)t * N, N, len, words,
                            &why);
   if (r < 0)
     DCPX_WARN("dcpx_ref_call: rank %u's list of row %u has %s", s, t, why);

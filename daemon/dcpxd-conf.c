@@ -459,9 +459,11 @@ static int conf_set(dcpxd_conf *c, const char *key, const char *v, int source,
     return 0;
   }
   if (strcmp(key, "join-timeout-ms") == 0) {
-    if (dcpxd_parse_u64(v, 10, &u) < 0 || u < 1 || u > 86400000u)
-      return log_error_errno(
-          -EINVAL, "%s: join-timeout-ms '%s' must be 1..86400000", where, v);
+    if (dcpxd_parse_u64(v, 10, &u) < 0 || u < 1 ||
+        u > DCPX_MAX_JOIN_TIMEOUT_MS)
+      return log_error_errno(-EINVAL,
+                             "%s: join-timeout-ms '%s' must be 1..%u", where,
+                             v, DCPX_MAX_JOIN_TIMEOUT_MS);
     c->join_timeout_ms = (uint32_t)u;
     return 0;
   }

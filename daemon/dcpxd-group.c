@@ -1171,6 +1171,19 @@ static int join_args(dcpxd_conn *c, const Dcpx__Join *j, dcpx_shape *shape,
                 (uint64_t)j->timeout_ns);
     return -1;
   }
+  if (!j->reattach && j->timeout_ns > DCPX_MAX_TIMEOUT_NS) {
+    /* no bound at all: 2^64 - 1 ns held a wait for good */
+    join_refuse(c, DCPX_E_INVAL,
+                "timeout_ns %" PRIu64 " is above 1 hour (%llu ns)",
+                (uint64_t)j->timeout_ns, DCPX_MAX_TIMEOUT_NS);
+    return -1;
+  }
+  if (j->join_timeout_ms > DCPX_MAX_JOIN_TIMEOUT_MS) {
+    join_refuse(c, DCPX_E_INVAL,
+                "join_timeout_ms %u is above 24 hours (%u ms)",
+                (unsigned)j->join_timeout_ms, DCPX_MAX_JOIN_TIMEOUT_MS);
+    return -1;
+  }
   if (j->nccl_id.len > DCPX_NCCL_ID_BYTES) {
     join_refuse(c, DCPX_E_INVAL, "nccl_id longer than %d bytes",
                 DCPX_NCCL_ID_BYTES);

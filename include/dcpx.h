@@ -296,11 +296,10 @@ typedef struct dcpx_lists {
   const int32_t *indices; /* [rows][n] local indices, negative: empty */
 } dcpx_lists;
 
-/* Also check that each row's full entries are in strictly ascending l
- * (so each l once). dcpx_push_list always checks the rest (indices below
- * row_end, no NaN, empties last); DCPX_CHECK_LISTS=1 in the environment
- * at dcpx_join sets this flag for every dcpx_push_list of the member.
- * dcpx_ref_call checks everything always. */
+/* Accepted, and without effect since 0.x session 34: dcpx_push_list
+ * always checks every rule of dcpx_lists, strictly ascending l (so each l
+ * once) included, as dcpx_ref_call does. Unchecked, a repeated index gave
+ * the same KV row twice in rows_out, as a success. */
 #define DCPX_LISTS_CHECK_ORDER 1u
 
 #define DCPX_LISTS_INIT {sizeof(dcpx_lists), 0, 0, 0, NULL, NULL}
@@ -480,14 +479,22 @@ typedef struct dcpx_join_opts {
                                (dcpxctl health), -1: none */
   uint32_t backend;         /* DCPX_BACKEND_* */
   uint32_t transport;       /* DCPX_TRANSPORT_* */
-  uint32_t join_timeout_ms; /* 0: the daemon's default */
-  uint64_t timeout_ns;      /* bounded-wait limit of every wait, at least
-                               DCPX_MIN_TIMEOUT_NS */
+  uint32_t join_timeout_ms; /* 0: the daemon's default; at most
+                               DCPX_MAX_JOIN_TIMEOUT_MS */
+  uint64_t timeout_ns;      /* bounded-wait limit of every wait,
+                               DCPX_MIN_TIMEOUT_NS .. DCPX_MAX_TIMEOUT_NS */
 } dcpx_join_opts;
 
-/* The shortest wait timeout a group may have (1 ms): libdcpx and dcpxd
- * refuse a shorter one with DCPX_E_INVAL. */
+/* The shortest and the longest wait timeout a group may have (1 ms, 1
+ * hour): libdcpx and dcpxd refuse others with DCPX_E_INVAL. A shorter one
+ * fails healthy calls whose peers are merely scheduled late; a longer one
+ * is no bound (a rank stopped but alive, which dcpxd cannot see die,
+ * would hold its peers that long; 2^64 - 1 ns never ended). */
 #define DCPX_MIN_TIMEOUT_NS 1000000ull
+#define DCPX_MAX_TIMEOUT_NS 3600000000000ull
+/* The longest join timeout (24 hours): libdcpx and dcpxd refuse a longer
+ * one with DCPX_E_INVAL, as dcpxd.conf's join-timeout-ms. */
+#define DCPX_MAX_JOIN_TIMEOUT_MS 86400000u
 
 #define DCPX_JOIN_OPTS_INIT                                                   \
   {sizeof(dcpx_join_opts), 0, NULL, -1, DCPX_BACKEND_HOST,                    \
@@ -690,9 +697,9 @@ DCPX_API int dcpx_merge(dcpx_member *m, const dcpx_call *in,
  * lists (dcpx_lists) holds in->rows rows of n = N entries. Checked before
  * anything is stored: lists->rows == in->rows and n == N, values and
  * indices aligned to their element, no flag bit but
- * DCPX_LISTS_CHECK_ORDER, else DCPX_E_INVAL; every index below its row's row_end, no NaN value, empty
- * entries last, and with DCPX_LISTS_CHECK_ORDER ascending l, else
- * DCPX_E_RANGE. A refused call marks the rank FAILED, as dcpx_push does.
+ * DCPX_LISTS_CHECK_ORDER, else DCPX_E_INVAL; every index below its row's
+ * row_end and above the one before it (strictly ascending l), no NaN
+ * value, empty entries last, else DCPX_E_RANGE. A refused call marks the rank FAILED, as dcpx_push does.
  * CUDA backend: lists are device memory and are checked by the kernel; a
  * bad row is stored nowhere and marks the rank FAILED (alarm, then
  * FAILED: dcpxd aborts the group; dcpx_recover), so the call fails and

@@ -403,7 +403,7 @@ static inline void dcpx_k_device(const dcpx_kctx *c, dcpx_device *ret) {
 
 /* Push of lists the caller computed (dcpx_push_list): row t's list is
  * values/indices[t * N .. t * N + N) (device), checked and encoded by
- * dcpx_device_list_words (check_order: also ascending order), stored with
+ * dcpx_device_list_words, stored with
  * tag dcpx_epoch_tag(epoch[t]) into every rank's LL slots; a bad row is stored
  * nowhere and refuses the call (dcpx_device_refuse: alarm, then FAILED).
  * row_ends[t] is clamped to [0, max_local]. Block 0 advances the call
@@ -411,8 +411,7 @@ static inline void dcpx_k_device(const dcpx_kctx *c, dcpx_device *ret) {
  * built none): the caller merges with a context whose klist is NULL. */
 int dcpx_k_push_list(const dcpx_kctx *c, uint32_t rows,
                      const uint16_t *values, const int32_t *indices,
-                     const int32_t *row_ends, int check_order,
-                     cudaStream_t s);
+                     const int32_t *row_ends, cudaStream_t s);
 
 /* Merge (docs/PROTOCOL.md sections 4-6) of rows t < rows. Outputs (device):
  *   rows_out  [rows][K]  KV rows of this rank's selected elements, ascending

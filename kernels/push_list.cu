@@ -4,7 +4,7 @@
  * only (include/dcpx/device.cuh), as an engine kernel would be.
  *
  * Per row t: the list from values/indices[t][0 .. N), checked (indices
- * below row_end, no NaN, empties last, with check_order ascending) and
+ * ascending and below row_end, no NaN, empties last) and
  * encoded into shared memory, then stored as LL pairs into every rank. A
  * bad row is stored nowhere and refuses the call: the rank raises its
  * alarm and sets FAILED (dcpx_device_refuse), dcpxd aborts the group, and
@@ -26,8 +26,7 @@
 static __global__ void __launch_bounds__(LT)
     dcpx_push_list_kernel(const __grid_constant__ dcpx_device dev,
                           uint32_t rows, const uint16_t *values,
-                          const int32_t *indices, const int32_t *row_ends,
-                          int check_order) {
+                          const int32_t *indices, const int32_t *row_ends) {
   extern __shared__ uint32_t words[]; /* [row_words] */
   const uint32_t N = dev.local_topk;
 
@@ -45,7 +44,7 @@ static __global__ void __launch_bounds__(LT)
                                                     : (uint32_t)re);
     const uint64_t at = (uint64_t)t * N;
     if (dcpx_device_list_words(&dev, values + at, indices + at, len,
-                               check_order, words)) {
+                               words)) {
       if (threadIdx.x == 0)
         dcpx_device_refuse(&dev);
       continue; /* list_words ended with a barrier: words are free */
@@ -59,8 +58,7 @@ static __global__ void __launch_bounds__(LT)
 
 int dcpx_k_push_list(const dcpx_kctx *c, uint32_t rows,
                      const uint16_t *values, const int32_t *indices,
-                     const int32_t *row_ends, int check_order,
-                     cudaStream_t s) {
+                     const int32_t *row_ends, cudaStream_t s) {
   int r = dcpx_k_ctx_check(c);
   if (r < 0)
     return r;
@@ -79,7 +77,7 @@ int dcpx_k_push_list(const dcpx_kctx *c, uint32_t rows,
              : dcpx_launch_cfg(grid, LT, smem, s);
   /* The launch's own status, not cudaGetLastError's (merge.cu). */
   if (cudaLaunchKernelEx(&cfg, dcpx_push_list_kernel, dev, rows, values,
-                         indices, row_ends, check_order) != cudaSuccess)
+                         indices, row_ends) != cudaSuccess)
     return DCPX_E_CUDA;
   return 0;
 }

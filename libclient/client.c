@@ -307,12 +307,6 @@ static void member_keep_fds(dcpx_member *m, const int *fds, int nfds) {
   m->link = DCPX__LINK_UP;
 }
 
-/* DCPX_CHECK_LISTS=1: every dcpx_push_list of the member checks order. */
-static uint32_t check_lists_env(void) {
-  const char *e = getenv("DCPX_CHECK_LISTS");
-  return e && e[0] == '1' && !e[1];
-}
-
 int dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
                         uint64_t timeout_ns, void *ctl, char *const *ws,
                         dcpx_member **ret_member) {
@@ -331,7 +325,6 @@ int dcpx__member_attach(const dcpx_shape *shape, uint32_t rank,
   m->shape = *shape;
   m->rank = rank;
   m->timeout_ns = timeout_ns;
-  m->check_lists = check_lists_env();
   dcpx_layout_compute(&m->L, shape->world, shape->rows, shape->topk,
                       shape->local_topk);
   m->hdr = (dcpx_ctl_header *)ctl;
@@ -373,6 +366,14 @@ static int join_check(const dcpx_shape *shape, const dcpx_join_opts *o,
   if (o->timeout_ns < DCPX_MIN_TIMEOUT_NS)
     JOIN_NO(DCPX_E_INVAL, "timeout_ns %llu is below 1 ms",
             (unsigned long long)o->timeout_ns);
+  if (o->timeout_ns > DCPX_MAX_TIMEOUT_NS)
+    JOIN_NO(DCPX_E_INVAL, "timeout_ns %llu is above 1 hour "
+                          "(DCPX_MAX_TIMEOUT_NS)",
+            (unsigned long long)o->timeout_ns);
+  if (o->join_timeout_ms > DCPX_MAX_JOIN_TIMEOUT_MS)
+    JOIN_NO(DCPX_E_INVAL, "join_timeout_ms %u is above 24 hours "
+                          "(DCPX_MAX_JOIN_TIMEOUT_MS)",
+            o->join_timeout_ms);
   if (o->rank >= shape->world)
     JOIN_NO(DCPX_E_BADRANK, "rank %u is not below world %u", o->rank,
             shape->world);
@@ -412,7 +413,6 @@ static dcpx_member *member_new(const dcpx_client *c, const dcpx_shape *shape,
   memcpy(m->path, c->path, sizeof(m->path));
   m->device = o->device;
   m->join_timeout_ms = o->join_timeout_ms;
-  m->check_lists = check_lists_env();
   m->shape = *shape;
   m->shape.size = sizeof(dcpx_shape);
   m->rank = o->rank;

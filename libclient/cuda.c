@@ -882,9 +882,6 @@ static int cuda_push_list(struct dcpx_member *m, const dcpx_call *in,
     cu->list_push = 1;
     r = DCPX_KLOG(dcpx_k_push_list(&cu->kx, in->rows, li ? li->values : NULL,
                                    li ? li->indices : NULL, in->row_ends,
-                                   m->check_lists ||
-                                       (li && (li->flags &
-                                               DCPX_LISTS_CHECK_ORDER)),
                                    (cudaStream_t)stream),
                   "dcpx_k_push_list");
   }

@@ -448,7 +448,7 @@ int dcpx__host_push(struct dcpx_member *m, const dcpx_call *in) {
 /* dcpx_push_list's arguments, every row's list included: all are checked
  * before anything is stored, so a refused call stores nothing. */
 static int check_lists(struct dcpx_member *m, const dcpx_call *in,
-                       const dcpx_lists *li, int order) {
+                       const dcpx_lists *li) {
   const uint32_t N = m->L.local_topk;
   const char *why = "";
   int r = check_rows(m, "dcpx_push_list", in->rows, in->logits, in->stride,
@@ -459,8 +459,7 @@ static int check_lists(struct dcpx_member *m, const dcpx_call *in,
   for (uint32_t t = 0; r >= 0 && t < in->rows; t++) {
     r = dcpx__given_list(li->values + (uint64_t)t * N,
                          li->indices + (uint64_t)t * N, N,
-                         (uint32_t)in->row_ends[t], order, m->lists_buf,
-                         &why);
+                         (uint32_t)in->row_ends[t], m->lists_buf, &why);
     if (r < 0)
       DCPX_REFUSE(m, "dcpx_push_list: group %s rank %u: row %u's list has %s",
                   m->group, m->rank, t, why);
@@ -473,11 +472,8 @@ int dcpx__host_push_list(struct dcpx_member *m, const dcpx_call *in,
   const dcpx_layout *L = &m->L;
   const uint32_t *epoch = ws_u32(m, m->rank, L->off_epoch);
   const uint32_t N = L->local_topk;
-  const int order = m->check_lists ||
-                    (li && li->size == sizeof(*li) &&
-                     (li->flags & DCPX_LISTS_CHECK_ORDER));
   uint32_t *w = m->lists_buf; /* scratch: the list being pushed */
-  int r = check_lists(m, in, li, order);
+  int r = check_lists(m, in, li);
   dcpx__member_rows_begin(m, in->rows);
   if (r < 0) {
     dcpx__member_refuse(m);
@@ -495,7 +491,7 @@ int dcpx__host_push_list(struct dcpx_member *m, const dcpx_call *in,
     uint32_t e = dcpx_epoch_tag(epoch[t]);
     dcpx__given_list(li->values + (uint64_t)t * N,
                      li->indices + (uint64_t)t * N, N,
-                     (uint32_t)in->row_ends[t], 0, w, NULL);
+                     (uint32_t)in->row_ends[t], w, NULL);
     ll_store_all(m, DCPX_REGION_LL_SLOTS,
                  dcpx_ll_offset(L, e & 1, m->rank, t, 0), w, L->rw_n, e);
   }

@@ -83,9 +83,6 @@ struct dcpx_member {
   uint32_t bt_rows_bad;
   uint64_t row_err[DCPX_MAX_ROWS / 64];
 
-  /* DCPX_CHECK_LISTS=1 at join: every dcpx_push_list checks ascending
-   * order (DCPX_LISTS_CHECK_ORDER). */
-  uint32_t check_lists;
 
   /* Host backend scratch, sized at join. */
   dcpx__merge_ws mws;

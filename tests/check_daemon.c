@@ -897,8 +897,9 @@ static int raw_fault(const char *group, uint32_t epoch, char *why,
 
 /* dcpxd's own checks of a Join's wait timeout and of a fault stall
  * (docs/PROTOCOL.md 6.6, 10.4), which libdcpx cannot stand in for when
- * another implementation speaks to dcpxd: a timeout below 1 ms is refused
- * (1 ms is accepted); the fault hook is armed on a group whose transport
+ * another implementation speaks to dcpxd: a timeout below 1 ms or above
+ * 1 hour is refused (both bounds are accepted), a join timeout above 24
+ * hours too; the fault hook is armed on a group whose transport
  * is not yet known, and refused (DCPX_E_NOSYS) once a rank's transport
  * word says nccl; an epoch that never occurs (0xFFFFFFFF: dcpx_epoch_next
  * wraps 0xFFFFFFFE to 1) or a call 0 (tags count from 1) is refused
@@ -922,6 +923,27 @@ START_TEST(test_timeout_floor_and_nccl_fault) {
   ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)), 0);
   for (int i = 0; i < nfds; i++)
     close(fds[i]);
+  close(s);
+  /* and at most 1 hour: 2^64 - 1 ns held a wait for good */
+  x.timeout_ns = UINT64_MAX;
+  s = raw_join_send_x("long", 1, 0, NULL, 0, NULL, 0, 5000, &x);
+  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)),
+                   DCPX_E_INVAL);
+  ck_assert_msg(strstr(why, "above 1 hour"), "%s", why);
+  close(s);
+  x.timeout_ns = DCPX_MAX_TIMEOUT_NS;
+  s = raw_join_send_x("long", 1, 0, NULL, 0, NULL, 0, 5000, &x);
+  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)), 0);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  close(s);
+  /* a join timeout past 24 hours (uncapped, where dcpxd.conf's is) */
+  x.timeout_ns = DCPX_MIN_TIMEOUT_NS;
+  s = raw_join_send_x("jt", 1, 0, NULL, 0, NULL, 0,
+                      DCPX_MAX_JOIN_TIMEOUT_MS + 1, &x);
+  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)),
+                   DCPX_E_INVAL);
+  ck_assert_msg(strstr(why, "above 24 hours"), "%s", why);
   close(s);
 
   /* auto: armed until the rank's transport word says nccl */
@@ -1229,6 +1251,21 @@ START_TEST(test_client_side_errors) {
   jo.backend = 7;
   ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
   jo.backend = DCPX_BACKEND_HOST;
+  /* Timeouts past their bounds (a wait of 2^64 - 1 ns never ended), with
+   * the reason; the bounds themselves are checked by dcpxd's own test
+   * (test_timeout_floor_and_nccl_fault). */
+  jo.timeout_ns = DCPX_MAX_TIMEOUT_NS + 1;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(dcpx_client_last_error(c), "above 1 hour"));
+  jo.timeout_ns = UINT64_MAX;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
+  jo.timeout_ns = DCPX_MIN_TIMEOUT_NS;
+  jo.join_timeout_ms = DCPX_MAX_JOIN_TIMEOUT_MS + 1;
+  ck_assert_int_eq(dcpx_join(c, &sh, &jo, &m), DCPX_E_INVAL);
+  ck_assert_ptr_nonnull(
+      strstr(dcpx_client_last_error(c), "above 24 hours"));
+  jo.join_timeout_ms = 0;
+  jo.timeout_ns = 1000000000ull; /* DCPX_JOIN_OPTS_INIT's */
   /* local_topk 0 (the library's choice) with a world beyond the limits:
    * the limit, not a zero field */
   {

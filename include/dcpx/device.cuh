@@ -123,13 +123,12 @@ DCPX_DEVICE_FN void dcpx_device_put_entry(const dcpx_device *dev,
  * entries; a negative index is empty, only empties may follow one) into
  * words. Every thread of the block calls it; it ends with a barrier and
  * returns, in every thread, nonzero if the list breaks rule 4 of this
- * file (an index >= row_end, a NaN, a full entry after an empty one; with
- * check_order an index not above the one before). */
+ * file (an index >= row_end, a NaN, an index not above the one before:
+ * unsorted or repeated, a full entry after an empty one). */
 DCPX_DEVICE_FN int dcpx_device_list_words(const dcpx_device *dev,
                                           const uint16_t *values,
                                           const int32_t *indices,
-                                          uint32_t row_end, int check_order,
-                                          uint32_t *words) {
+                                          uint32_t row_end, uint32_t *words) {
   const uint32_t n = dev->local_topk;
   int bad = 0;
   for (uint32_t i = n + threadIdx.x; i < dev->row_words; i += blockDim.x)
@@ -144,7 +143,7 @@ DCPX_DEVICE_FN int dcpx_device_list_words(const dcpx_device *dev,
       continue;
     }
     bad |= (uint32_t)l >= row_end || !dcpx_device_ord16(values[j]) ||
-           (check_order && next >= 0 && next <= l);
+           (next >= 0 && next <= l);
     dcpx_device_put_entry(dev, words, j, values[j], (uint32_t)l);
   }
   return __syncthreads_or(bad);

@@ -216,7 +216,7 @@ class JoinOptions:
     backend: Backend = Backend.HOST    #: Backend.HOST or Backend.CUDA
     transport: Transport = Transport.AUTO
     join_timeout_ms: int = 0           #: 0: the daemon's default
-    timeout_ns: int = 1_000_000_000    #: bound of every wait, >= 1 ms
+    timeout_ns: int = 1_000_000_000    #: bound of every wait, 1 ms .. 1 h
 
 
 @dataclass(frozen=True)
@@ -792,12 +792,13 @@ class Member:
         The result is the exact top-K when every list is the rank's
         local top-N with ties to the lower index (``torch.topk`` does not
         promise that order among equal values); otherwise it is exact for
-        the lists given (docs/PROTOCOL.md 5.8). The library checks indices
-        and NaN; ``check_order`` (or ``DCPX_CHECK_LISTS=1``) also the
-        order. Raises :class:`RangeError` for a bad list (the rank is then
-        FAILED: :meth:`recover`), :class:`InvalidArgument` for a wrong
-        shape or a ``check_order`` that is not a bool (True, False or a
-        numpy.bool_; not an int, 0 and 1 included),
+        the lists given (docs/PROTOCOL.md 5.8). The library checks the
+        indices (ascending, each once, below the row end) and NaN;
+        ``check_order`` is accepted and changes nothing (the order is
+        always checked). Raises :class:`RangeError` for a bad list (the
+        rank is then FAILED: :meth:`recover`), :class:`InvalidArgument`
+        for a wrong shape or a ``check_order`` that is not a bool (True,
+        False or a numpy.bool_; not an int, 0 and 1 included),
         :class:`NotSupported` on the NCCL transport (nothing done, the
         rank not failed: :meth:`push` works).
         """

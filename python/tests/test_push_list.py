@@ -135,21 +135,20 @@ def test_push_list_checks(member):
     _still_works(member)
 
 
-@pytest.mark.parametrize("what", ["index", "nan", "order"])
-def test_push_list_bad_lists(member, what):
+@pytest.mark.parametrize("what", ["index", "nan", "order", "repeated"])
+@pytest.mark.parametrize("check_order", [False, True])
+def test_push_list_bad_lists(member, what, check_order):
     lg, en, v, i = _args()
     if what == "index":
         i[1, 3] = en[1]
     elif what == "nan":
         v[2, 0] = 0x7FC0
-    else:
+    elif what == "order":
         i[0, 1], i[0, 2] = i[0, 2], i[0, 1]
-    if what == "order":  # accepted as given unless checked
-        with pytest.raises(dcpx.RangeError):
-            member.push_list(v, i, en, check_order=True)
-    else:
-        with pytest.raises(dcpx.RangeError):
-            member.push_list(v, i, en)
+    else:  # taken unchecked before: that KV row twice in rows_out
+        i[0, 2] = i[0, 1]
+    with pytest.raises(dcpx.RangeError):
+        member.push_list(v, i, en, check_order=check_order)
     # a refused call fails the rank (its peers must know): recover
     assert not member.health().ok
     member.recover(timeout_ms=10000)
