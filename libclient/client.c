@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -231,6 +232,37 @@ static int map_fd(int fd, size_t bytes, void **ret) {
     return -errno;
   *ret = p;
   return 0;
+}
+
+/* The address space a member of m's backend maps (GiB): the control page,
+ * and with the host backend every rank's workspace (CUDA workspaces are
+ * device memory). */
+static double map_gib(const dcpx_member *m) {
+  const uint64_t ws =
+      m->backend == DCPX_BACKEND_HOST ? m->shape.world * m->L.ws_bytes : 0u;
+  return (double)(m->L.ctl_bytes + ws) / (double)(1ull << 30);
+}
+
+/* Before the Join goes out: whether the memory a member maps fits this
+ * process's address-space limit (RLIMIT_AS), so that a rank that could
+ * not map it is refused here instead of after its group formed (which
+ * its peers see as an abort). 0 or DCPX_E_NOMEM with why. */
+static int map_fits(const dcpx_member *m, char *why, size_t n) {
+  struct rlimit rl;
+  const uint64_t need =
+      m->L.ctl_bytes +
+      (m->backend == DCPX_BACKEND_HOST ? m->shape.world * m->L.ws_bytes : 0u);
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+      need < (uint64_t)rl.rlim_cur)
+    return 0;
+  snprintf(why, n,
+           "the group's memory (the control page and %u workspaces of %llu "
+           "bytes, %.1f GiB) does not fit this process's address-space "
+           "limit (RLIMIT_AS, ulimit -v: %.1f GiB)",
+           m->backend == DCPX_BACKEND_HOST ? m->shape.world : 0u,
+           (unsigned long long)m->L.ws_bytes, map_gib(m),
+           (double)rl.rlim_cur / (double)(1ull << 30));
+  return DCPX_E_NOMEM;
 }
 
 /* Maps what a successful JoinReply carries and checks it against the
@@ -623,8 +655,18 @@ static int join_wait_reply(dcpx_client *c, dcpx_member *m,
 static int member_start(dcpx_member *m, const Dcpx__JoinReply *jr, int *fds,
                         int *nfds, char *why, size_t n) {
   int r = member_map(m, jr, fds, *nfds);
-  if (r < 0)
+  if (r < 0) {
+    /* the group has formed: its peers see this rank go (an abort) */
+    if (r != DCPX_E_PROTO && r != DCPX_E_VERSION)
+      snprintf(why, n,
+               "cannot map the group's memory (%s): the control page and "
+               "%u workspaces of %llu bytes, %.1f GiB of address space "
+               "(RLIMIT_AS, ulimit -v?)",
+               dcpx_strerror(r),
+               m->backend == DCPX_BACKEND_HOST ? m->shape.world : 0u,
+               (unsigned long long)m->L.ws_bytes, map_gib(m));
     return r;
+  }
   /* The call counters count this process's calls (dcpx_health): a
    * replacement for a dead rank starts from zero, not from the dead
    * process's totals, which dcpxd keeps across recoveries. */
@@ -723,6 +765,9 @@ int dcpx_join(dcpx_client *c, const dcpx_shape *shape,
     r = DCPX_E_NOMEM;
     goto fail;
   }
+  r = map_fits(m, c->last_error, sizeof(c->last_error));
+  if (r < 0)
+    goto fail;
   for (uint64_t retry_end = 0;;) {
     r = open_conn(c->path, &m->sock, c->last_error, sizeof(c->last_error),
                   &m->daemon_join_ms);

@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -446,6 +447,7 @@ END_TEST
 typedef struct join_x {
   int transport;
   uint64_t timeout_ns;
+  const dcpx_shape *shape; /* NULL: small(group, W)'s */
 } join_x;
 
 static int raw_join_send_x(const char *group, uint32_t W, uint32_t rank,
@@ -460,6 +462,8 @@ static int raw_join_send_x(const char *group, uint32_t W, uint32_t rank,
   int s = raw_connect();
   ck_assert_int_eq(raw_hello(s, DCPX_PROTO_VERSION), 0);
   shape_of(&sp, &sh);
+  if (x && x->shape)
+    sh = *x->shape;
   dcpx__shape_to_pb(&sh, &ps);
   j.group = (char *)group;
   j.shape = &ps;
@@ -912,7 +916,7 @@ START_TEST(test_timeout_floor_and_nccl_fault) {
   char why[256];
   memset(id, 7, sizeof(id));
   daemon_start();
-  join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, DCPX_MIN_TIMEOUT_NS - 1};
+  join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, DCPX_MIN_TIMEOUT_NS - 1, NULL};
   int s = raw_join_send_x("short", 1, 0, NULL, 0, NULL, 0, 5000, &x);
   ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)),
                    DCPX_E_INVAL);
@@ -1211,6 +1215,111 @@ START_TEST(test_daemon_survives_abuse) {
   spec sp = small("after", 3);
   ck_assert_int_eq(run_group(&sp), 0);
   daemon_stop();
+}
+END_TEST
+
+/* A host group whose workspaces exceed the machine's memory and swap (they
+ * are sparse: it forms, but a call of all its rows would have the OOM
+ * killer end a process) is told so in every JoinReply's warning, and
+ * dcpxd logs it; a group that fits is not. (Raw Joins: nothing maps the
+ * 68 GiB.) */
+START_TEST(test_join_memory_warning) {
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  struct sysinfo si;
+  int s[16], fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  sh.world = 16;
+  sh.rows = 4096;
+  sh.topk = 4096;
+  sh.local_topk = 4093;
+  sh.block_size = 64;
+  sh.interleave = 1;
+  sh.max_local = 131072;
+  ck_assert_int_eq(sysinfo(&si), 0);
+  const uint64_t have = ((uint64_t)si.totalram + si.totalswap) * si.mem_unit;
+  daemon_start();
+  for (int pass = 0; pass < 2; pass++) { /* the big shape, then small */
+    const uint32_t W = pass ? 2 : 16;
+    join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, 5000000000ull,
+                pass ? NULL : &sh};
+    const char *name = pass ? "small" : "huge";
+    for (uint32_t r = 0; r < W; r++)
+      s[r] = raw_join_send_x(name, W, r, NULL, 0, NULL, 0, 20000, &x);
+    for (uint32_t r = 0; r < W; r++) {
+      Dcpx__Frame *rep = NULL;
+      ck_assert_int_eq(
+          dcpx__frame_recv(s[r], &rep, fds, DCPX_FRAME_MAX_FDS, &nfds), 0);
+      for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+      ck_assert_int_eq(rep->msg_case, DCPX__FRAME__MSG_JOIN_REPLY);
+      ck_assert_int_eq(rep->join_reply->reply->status, 0);
+      const uint64_t need = (uint64_t)W * rep->join_reply->ws_bytes;
+      const char *w = rep->join_reply->warning;
+      const bool warned = w && strstr(w, "exceed this machine's memory");
+      ck_assert_msg(warned == (need > have),
+                    "W=%u, %llu bytes of workspaces, %llu of memory and "
+                    "swap: warning '%s'",
+                    W, (unsigned long long)need, (unsigned long long)have,
+                    w ? w : "");
+      if (warned)
+        ck_assert_msg(strstr(w, "16 workspaces (68.1 GiB)"), "%s", w);
+      dcpx__frame_free(rep);
+    }
+    for (uint32_t r = 0; r < W; r++)
+      close(s[r]);
+  }
+}
+END_TEST
+
+/* A member whose process cannot map the group's memory (its address-space
+ * limit, RLIMIT_AS, below the W workspaces the host backend maps) is
+ * refused before its Join goes out, with the sizes: it used to join, fail
+ * to map with a bare -12 and no reason, and leave its just formed group
+ * aborted under its peers. (Not under ASan, whose own mappings need the
+ * address space.) */
+START_TEST(test_join_address_space_limit) {
+#if defined(__SANITIZE_ADDRESS__)
+  return;
+#endif
+  int p[2];
+  daemon_start();
+  ck_assert_int_eq(pipe(p), 0);
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    struct rlimit rl;
+    dcpx_client *c = NULL;
+    dcpx_member *m = NULL;
+    dcpx_shape sh = DCPX_SHAPE_INIT;
+    dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
+    char out[600];
+    sh.world = 16; /* 16 workspaces of 4.3 GiB */
+    sh.rows = 4096;
+    sh.topk = 4096;
+    sh.local_topk = 4093;
+    sh.block_size = 64;
+    sh.interleave = 1;
+    sh.max_local = 131072;
+    jo.group = "vm";
+    getrlimit(RLIMIT_AS, &rl);
+    rl.rlim_cur = 8ull << 30;
+    if (setrlimit(RLIMIT_AS, &rl) != 0 || dcpx_connect(g_sock, &c) != 0)
+      _exit(3);
+    const int r = dcpx_join(c, &sh, &jo, &m);
+    const char *why = dcpx_client_last_error(c);
+    snprintf(out, sizeof(out), "%d %s", r, why ? why : "-");
+    (void)!write(p[1], out, strlen(out) + 1);
+    _exit(0);
+  }
+  close(p[1]);
+  char got[600] = "";
+  ssize_t k = read(p[0], got, sizeof(got) - 1);
+  close(p[0]);
+  ck_assert_int_eq(child_status(pid), 0);
+  ck_assert_int_gt(k, 0);
+  ck_assert_msg(strncmp(got, "-12 ", 4) == 0 &&
+                    strstr(got, "16 workspaces of 4567712000 bytes") &&
+                    strstr(got, "address-space limit"),
+                "%s", got);
 }
 END_TEST
 
@@ -2916,6 +3025,8 @@ int main(void) {
   tcase_add_test(tc, test_join_at_fd_limit);
   tcase_add_test(tc, test_daemon_survives_abuse);
   tcase_add_test(tc, test_client_side_errors);
+  tcase_add_test(tc, test_join_address_space_limit);
+  tcase_add_test(tc, test_join_memory_warning);
   tcase_add_test(tc, test_refused_join_reason);
   tcase_add_test(tc, test_recover_nothing_no_daemon);
   tcase_add_test(tc, test_debug_log);
