@@ -434,6 +434,19 @@ static void member_attach(dcpxd_group *g, uint32_t rank, dcpxd_conn *c,
                           c->pid);
 }
 
+/* A group's buffer of `bytes` past dcpxd's file size limit (its memfds
+ * are files: ftruncate's EFBIG): DCPX_E_NOMEM, with what to do in
+ * *what (buf). It was the raw -27, which no caller knows. */
+static int past_fsize(uint64_t bytes, char *buf, size_t n,
+                      const char **what) {
+  snprintf(buf, n,
+           "allocate group memory (a buffer of %" PRIu64 " bytes is past "
+           "dcpxd's file size limit, RLIMIT_FSIZE: LimitFSIZE= in its unit)",
+           bytes);
+  *what = buf;
+  return DCPX_E_NOMEM;
+}
+
 /* Allocates the memory of a group whose W ranks all joined, fills the
  * control page, and answers every member (invariant 2). On failure every
  * member gets the error and the group is destroyed. */
@@ -446,6 +459,8 @@ static void group_form(dcpxd_group *g) {
 
   dcpxd_bprintf(label, "dcpx-ctl:%s", g->name);
   r = dcpxd_buf_alloc(&dcpxd_mem_host, -1, g->L.ctl_bytes, label, &g->ctl);
+  if (r == -EFBIG)
+    r = past_fsize(g->L.ctl_bytes, what_fsize, sizeof(what_fsize), &what);
   if (r < 0)
     goto fail;
   r = dcpxd_mem_host.map(g->ctl, &map);
@@ -455,15 +470,8 @@ static void group_form(dcpxd_group *g) {
     dcpxd_bprintf(label, "dcpx-ws%u:%s", i, g->name);
     r = dcpxd_buf_alloc(g->mem, g->member[i].device, g->L.ws_bytes, label,
                         &g->ws[i]);
-    if (r == -EFBIG) { /* dcpxd's file size limit: its memfds are files */
-      dcpxd_bprintf(what_fsize,
-                    "allocate group memory (a workspace of %" PRIu64
-                    " bytes is past dcpxd's file size limit, RLIMIT_FSIZE: "
-                    "LimitFSIZE= in its unit)",
-                    g->L.ws_bytes);
-      what = what_fsize;
-      r = DCPX_E_NOMEM;
-    }
+    if (r == -EFBIG)
+      r = past_fsize(g->L.ws_bytes, what_fsize, sizeof(what_fsize), &what);
     if (r < 0)
       goto fail;
   }

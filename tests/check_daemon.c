@@ -45,15 +45,26 @@
 static char g_dir[64], g_sock[128];
 static pid_t g_daemon;
 
+/* RLIMIT_FSIZE of the next dcpxd daemon_start starts (0: as this
+ * process's), reset by daemon_start. */
+static rlim_t g_daemon_fsize;
+
 static void daemon_start_join(const char *join_ms) {
   const char *bin = dp_dcpxd();
+  const rlim_t fsize = g_daemon_fsize;
   char state[160];
   strcpy(g_dir, "/tmp/dcpx-check.XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(g_dir));
   snprintf(g_sock, sizeof(g_sock), "%s/d.sock", g_dir);
   snprintf(state, sizeof(state), "%s/state", g_dir);
+  g_daemon_fsize = 0;
   g_daemon = fork();
   if (g_daemon == 0) {
+    struct rlimit rl;
+    if (fsize && getrlimit(RLIMIT_FSIZE, &rl) == 0) {
+      rl.rlim_cur = fsize;
+      (void)setrlimit(RLIMIT_FSIZE, &rl);
+    }
     execl(bin, bin, "--socket", g_sock, "--state-dir", state,
           "--join-timeout-ms", join_ms, "--enable-fault-injection",
           (char *)NULL);
@@ -1267,6 +1278,32 @@ START_TEST(test_join_memory_warning) {
     for (uint32_t r = 0; r < W; r++)
       close(s[r]);
   }
+}
+END_TEST
+
+/* A group whose memory dcpxd cannot allocate because of its file size
+ * limit (its buffers are memfds, files: ftruncate fails with EFBIG) is
+ * refused with DCPX_E_NOMEM, saying so; it was the raw -27 ("File too
+ * large"), which no caller knows. */
+START_TEST(test_join_past_fsize) {
+  dcpx_shape sh = DCPX_SHAPE_INIT;
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  char why[400];
+  sh.world = 1; /* a workspace of about 400 MB */
+  sh.rows = 4096;
+  sh.topk = 4096;
+  sh.local_topk = 4093;
+  sh.block_size = 64;
+  sh.interleave = 1;
+  sh.max_local = 131072;
+  g_daemon_fsize = 64u << 20;
+  daemon_start();
+  join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, 5000000000ull, &sh};
+  const int s = raw_join_send_x("fsz", 1, 0, NULL, 0, NULL, 0, 20000, &x);
+  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)),
+                   DCPX_E_NOMEM);
+  ck_assert_msg(strstr(why, "file size limit, RLIMIT_FSIZE"), "%s", why);
+  close(s);
 }
 END_TEST
 
@@ -3027,6 +3064,7 @@ int main(void) {
   tcase_add_test(tc, test_client_side_errors);
   tcase_add_test(tc, test_join_address_space_limit);
   tcase_add_test(tc, test_join_memory_warning);
+  tcase_add_test(tc, test_join_past_fsize);
   tcase_add_test(tc, test_refused_join_reason);
   tcase_add_test(tc, test_recover_nothing_no_daemon);
   tcase_add_test(tc, test_debug_log);
