@@ -1334,7 +1334,13 @@ DCPX_D void dcpx_dev_local_list(dcpx_sel_smem *S, const uint16_t *row,
 /* A block's shared wait state (one per block, reset at each row). */
 typedef struct dcpx_blkwait {
   volatile uint32_t fail; /* 0, 1 (FAILED or abort seen), 2 (timed out) */
-  uint32_t pad;
+  /* defer 0: a timeout's record is written at once, by the first waiter
+   * that gives up, for its own pair. 1 (the rescue poll: merge.cu,
+   * poll_flat): the record is deferred; rec_k is the least flat index
+   * of the pairs the waiters gave up on (~0 while none), recorded after
+   * the poll (dcpx_dev_give_up). */
+  uint32_t rec_k;
+  volatile uint32_t defer;
   unsigned long long next;           /* globaltimer of the next check */
   volatile unsigned long long limit; /* the group's timeout once known */
   volatile unsigned long long t0;    /* the row's wait phase began */
@@ -1369,19 +1375,19 @@ DCPX_D uint64_t dcpx_dev_call_tag(const dcpx_wctx *w) {
 DCPX_D void dcpx_dev_wait_begin(dcpx_blkwait *bw) {
   const uint64_t now = dcpx_dev_now();
   bw->fail = 0;
+  bw->defer = 0;
   bw->limit = 0; /* unknown until the first check reads the mirror */
   bw->t0 = now;
   bw->next = now + DCPX_BLK_CHECK_NS;
 }
 
-/* Gives up after a timeout: the first thread of the block to do so writes
- * the record (if its slot is empty: fields, fence, kind), then the alarm,
- * then, once that drained, FAILED (and the device mirror's stop). */
-DCPX_D void dcpx_dev_timeout(const dcpx_wctx *w, uint32_t region,
+/* The block's timeout: the record (if its slot is empty: fields, fence,
+ * kind), then the alarm, then, once that drained, FAILED (and the device
+ * mirror's stop). One thread, once (dcpx_dev_timeout's CAS winner, or
+ * after a deferred poll). */
+DCPX_D void dcpx_dev_give_up(const dcpx_wctx *w, uint32_t region,
                              uint32_t index, uint32_t expected,
                              uint32_t seen) {
-  if (atomicCAS((uint32_t *)&w->bw->fail, 0u, 2u) != 0u)
-    return;
   dcpx_wait_record *r = w->rec;
   if (r->kind == DCPX_REC_EMPTY) {
     r->region = region;
@@ -1402,6 +1408,17 @@ DCPX_D void dcpx_dev_timeout(const dcpx_wctx *w, uint32_t region,
   w->health->failed = 1;
   w->st->stop = 1;
   __threadfence_system();
+}
+
+/* Gives up after a timeout: the first thread of the block to do so sets
+ * fail = 2 and, unless the record is deferred (bw->defer), gives up for
+ * its pair (dcpx_dev_give_up). */
+DCPX_D void dcpx_dev_timeout(const dcpx_wctx *w, uint32_t region,
+                             uint32_t index, uint32_t expected,
+                             uint32_t seen) {
+  if (atomicCAS((uint32_t *)&w->bw->fail, 0u, 2u) != 0u || w->bw->defer)
+    return;
+  dcpx_dev_give_up(w, region, index, expected, seen);
 }
 
 /* Reads the control page (PCIe) into the mirror and the block: 0 when the

@@ -184,16 +184,30 @@ DCPX_D int pair_wait(const dcpx_wctx *w, const poll_map *m, uint32_t x,
  * mark is a sent pair at a smaller k than any pair of it that is not
  * sent: so a wait that needs an end mark depends only on pairs of
  * smaller k, and by induction on k every wait ends (an outside review
- * checked the mapping and this over every K <= 4096, session 27). */
+ * checked the mapping and this over every K <= 4096, session 27).
+ * A rescue poll's timeout record is deferred (the caller set bw->defer):
+ * each waiter that gives up leaves the k of its pair in rec_k (the least
+ * wins), and the caller records that pair after the poll
+ * (rescue_give_up). The first waiter to time out may be one whose pair
+ * is not sent at all, waiting for an end mark that another thread holds
+ * but never staged, being stuck on a smaller k of a stalled rank: its
+ * record named a rank that had sent everything (an outside review,
+ * session 34). The least k given up on is a pair that was sent and
+ * never came: an end mark that such a pair would wait for lies at a
+ * smaller k, and its holder is waiting at a smaller k still. */
+DCPX_D uint32_t poll_lp(uint32_t pairs, uint32_t C, int rescue) {
+  return rescue ? min(pairs, (C + (C + 31u) / 32u + 1u) / 2u) : pairs;
+}
+
 DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
                       uint32_t pairs, uint32_t C, uint32_t e, uint32_t region,
                       const char *region_base, uint32_t np, int rescue,
                       uint32_t *kmn, uint32_t *kmx) {
   if (threadIdx.x >= np)
     return;
-  uint32_t lp = pairs; /* the pairs looked at: a rescue list's sent ones */
+  /* the pairs looked at: a rescue list's sent ones */
+  const uint32_t lp = poll_lp(pairs, C, rescue);
   if (rescue) {
-    lp = min(pairs, (C + (C + 31u) / 32u + 1u) / 2u);
 #pragma unroll 1
     for (uint32_t k = threadIdx.x; k < nsrc * (pairs - lp); k += np) {
       const uint32_t x = k / (pairs - lp); /* padding: rare, never sent */
@@ -243,8 +257,11 @@ DCPX_D void poll_flat(const dcpx_wctx *w, poll_map *m, uint32_t nsrc,
       const int r = pair_wait(w, m, lx, li, p, e, region,
                               (uint32_t)((p - region_base) / 8u), C, rescue,
                               &pa, &pb);
-      if (!r)
+      if (!r) {
+        if (rescue && w->bw->fail == 2u) /* the record is deferred */
+          atomicMin(&w->bw->rec_k, k);
         return;
+      }
       if (r == 2) /* not sent: zeros */
         pa = pb = 0;
       pair_take(m, lx, li, C, rescue && r == 1, (uint32_t)pa, (uint32_t)pb,
@@ -522,6 +539,28 @@ DCPX_D void merge_keep_own(const mblk *b, uint32_t mask, uint32_t tx,
   *kmx = mx;
 }
 
+/* The record of a rescue poll that timed out (bw->fail 2), deferred to
+ * after it (poll_flat): the pair of least flat index that a waiter gave
+ * up on, its tag as it is now; then the alarm and FAILED. One thread. */
+DCPX_D void rescue_give_up(const mblk *b, const dcpx_wctx *wc, uint32_t q2) {
+  const dcpx_kctx *c = b->c;
+  const char *base = c->ws + c->L.off_rescue;
+  const uint32_t k = b->bw->rec_k;
+  uint32_t index = 0, seen = 0;
+  if (k != ~0u) {
+    const uint32_t lp = poll_lp(c->L.rpairs, c->topk, 1);
+    const uint32_t lx = k / lp, li = k - lx * lp;
+    const char *p = b->pm->src[lx] + (uint64_t)li * 16u;
+    uint64_t pa, pb;
+    dcpx_dev_ll_load(p, &pa, &pb);
+    const uint32_t ta = (uint32_t)(pa >> 32), tb = (uint32_t)(pb >> 32);
+    index = (uint32_t)((p - base) / 8u) + (ta != q2 ? 0u : 1u);
+    seen = ta != q2 ? ta : tb;
+  }
+  b->bw->defer = 0;
+  dcpx_dev_give_up(wc, DCPX_REGION_RESCUE, index, q2, seen);
+}
+
 /* Rescue and round 2 of row t (mask != 0, q2 = next(seq2[t])): a
  * saturated me sends its rescue list (from its row of len elements);
  * every rank polls the other saturated ranks' lists into k2 beside the
@@ -547,8 +586,11 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
       b->off2[tid] = inc - sz;
     if (tid == W - 1)
       b->off2[W] = inc;
-    if (tid == 0)
+    if (tid == 0) {
       *b->kmin_s = 0xFFFFu;
+      b->bw->rec_k = ~0u; /* the rescue poll's record is deferred */
+      b->bw->defer = 1;
+    }
   }
   /* The polled lists: the saturated ranks but me, y-th of them at slot
    * x. */
@@ -620,8 +662,11 @@ DCPX_D int merge_rescue(mblk *b, const dcpx_wctx *wc, uint32_t t,
     __syncthreads();
   }
   merge_prof(b, t, 6);
-  if (b->bw->fail)
+  if (b->bw->fail) {
+    if (tid == 0 && b->bw->fail == 2u)
+      rescue_give_up(b, wc, q2);
     return 0;
+  }
   const uint32_t n2 = b->off2[W];
   dcpx_dev_warp_segment(n2, &fbeg, &fend);
   const int all = dcpx_dev_flat_select(b->S, b->k2, n2, K, *b->kmin_s,

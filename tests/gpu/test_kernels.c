@@ -908,6 +908,86 @@ static int run_fault(uint64_t seed) {
   return bad == 0;
 }
 
+/* A rescue poll's timeout names the rank that never sent (an outside
+ * review, session 34). W*N = K: every rank saturates, each polls three
+ * rescue lists. Rank 0 stalls past the timeout (its list never comes),
+ * rank 2 for 200 us (its list comes after the others' first look). A
+ * thread whose first pair is rank 0's may hold rank 2's end mark as a
+ * later pair, and waits for rank 0 without staging it; threads with
+ * pairs of rank 2 that are not sent then wait for that end mark until
+ * the timeout. The first waiter to time out wrote the record, for its
+ * own pair: in about a third of the calls one of rank 2's, a rank that
+ * had sent everything. Now the least pair given up on is recorded:
+ * rank 0's slot, every time. `reps` stalled calls, recovered between. */
+static const tcase attrib_tc = {"rescue-record-attribution", 4, 168, 672,
+                                2048, 1, 16, 1, G_RANDOM, LEN_FULL, 1, 0,
+                                0, 0, 1, 0};
+
+static void arm_hook(gg *g, uint32_t r, uint64_t ticks) {
+  g->health[r].fault_epoch = 0;
+  g->health[r].fault_call = ~0ull;
+  g->health[r].fault_ticks = ticks;
+  g->health[r].fault_fired = 0;
+  __sync_synchronize();
+  g->health[r].fault_armed = 1;
+}
+
+static int run_attribution(uint64_t seed, uint32_t reps) {
+  const tcase *tc = &attrib_tc;
+  const uint64_t timeout = 50000000ull;
+  const double t0 = gg_now();
+  uint32_t bad = 0, records = 0, wrong = 0;
+  gg g;
+  gg_init(&g, tc->W, tc->rows, tc->rows, tc->N, tc->K, tc->B, tc->I,
+          tc->max_local, tc->max_local, 0, 0);
+  const uint64_t lo = dcpx_rescue_offset(&g.L, 0, 0, 0) / 8u;
+  const uint64_t hi = dcpx_rescue_offset(&g.L, 0, 1, 0) / 8u;
+  for (uint32_t rep = 0; rep < reps; rep++) {
+    double done[DCPX_MAX_WORLD];
+    g.hdr->timeout_ns = timeout;
+    arm_hook(&g, 0, 4 * timeout); /* capped at the timeout: past it */
+    arm_hook(&g, 2, 200000ull);
+    gen_call(&g, tc, seed + rep, 0);
+    gg_upload(&g);
+    gg_poison(&g);
+    for (uint32_t r = 0; r < g.W; r++)
+      CK(cudaStreamSynchronize(g.st[r]));
+    const double ts = gg_now();
+    gg_call(&g);
+    if (gg_wait(&g, 20.0, ts, done) < 0) {
+      printf("  attribution: call %u needed an abort to end\n", rep);
+      bad++;
+    }
+    for (uint32_t r = 1; r < g.W; r++) {
+      const dcpx_wait_record *rec = &g.rec[(size_t)r * tc->rows];
+      if (rec->kind == DCPX_REC_EMPTY)
+        continue; /* its rescue came before its wait began */
+      records++;
+      if (rec->kind != DCPX_REC_TIMEOUT ||
+          rec->region != DCPX_REGION_RESCUE || rec->index < lo ||
+          rec->index >= hi) {
+        printf("  attribution: call %u rank %u record kind=%u region=%u "
+               "index=%u (rank 0's slot: %" PRIu64 "..%" PRIu64 ")\n",
+               rep, r, rec->kind, rec->region, rec->index, lo, hi - 1);
+        wrong++;
+      }
+    }
+    gg_recover(&g);
+  }
+  if (!records) {
+    printf("  attribution: no rank recorded a timeout\n");
+    bad++;
+  }
+  bad += wrong;
+  printf("case %-30s W=%-2u N=%-4u K=%-4u calls=%u records=%u wrong=%u "
+         "%5.2fs %s\n",
+         tc->name, tc->W, tc->N, tc->K, reps, records, wrong, gg_now() - t0,
+         bad ? "FAIL" : "exact");
+  fflush(stdout);
+  gg_free(&g);
+  return bad == 0;
+}
+
 /* ---- the unsafe corners (issue: rescue and waits) ----------------------------- */
 
 /* Prepares one exact call's inputs on g (no launch). */
@@ -1846,6 +1926,10 @@ int main(void) {
   if (!g_only || strstr("fault-abort-recover", g_only)) {
     total++;
     pass += (uint32_t)run_fault(g_seed ^ 0xFA17);
+  }
+  if (!g_only || strstr("rescue-record-attribution", g_only)) {
+    total++;
+    pass += (uint32_t)run_attribution(g_seed ^ 0xA771, 12);
   }
   if (!g_only || strstr("corners", g_only)) {
     total++;
