@@ -910,8 +910,10 @@ static int run_fault(uint64_t seed) {
 
 /* A rescue poll's timeout names the rank that never sent (an outside
  * review, session 34). W*N = K: every rank saturates, each polls three
- * rescue lists. Rank 0 stalls past the timeout (its list never comes),
- * rank 2 for 200 us (its list comes after the others' first look). A
+ * rescue lists. Rank 0 pushes but never merges (its rescue list never
+ * comes: a stall through the fault hook is capped at the timeout, and its
+ * list then came as the peers gave up), rank 2 stalls 200 us (its list
+ * comes after the others' first look). A
  * thread whose first pair is rank 0's may hold rank 2's end mark as a
  * later pair, and waits for rank 0 without staging it; threads with
  * pairs of rank 2 that are not sent then wait for that end mark until
@@ -945,7 +947,6 @@ static int run_attribution(uint64_t seed, uint32_t reps) {
   for (uint32_t rep = 0; rep < reps; rep++) {
     double done[DCPX_MAX_WORLD];
     g.hdr->timeout_ns = timeout;
-    arm_hook(&g, 0, 4 * timeout); /* capped at the timeout: past it */
     arm_hook(&g, 2, 200000ull);
     gen_call(&g, tc, seed + rep, 0);
     gg_upload(&g);
@@ -953,7 +954,10 @@ static int run_attribution(uint64_t seed, uint32_t reps) {
     for (uint32_t r = 0; r < g.W; r++)
       CK(cudaStreamSynchronize(g.st[r]));
     const double ts = gg_now();
-    gg_call(&g);
+    for (uint32_t r = 0; r < g.W; r++)
+      gg_push(&g, r);
+    for (uint32_t r = 1; r < g.W; r++)
+      gg_merge(&g, r);
     if (gg_wait(&g, 20.0, ts, done) < 0) {
       printf("  attribution: call %u needed an abort to end\n", rep);
       bad++;
