@@ -5,9 +5,7 @@
 # on the old kernels (build-gpu/oldk/test_kernels: this test with the
 # kernels of 21984cd) and on this build, full and half-size blocks, 3
 # times each; then this build's kernel matrix in all five variants.
-#   export OUT; bash bench/results/2026-12-04-session34/run2.sh > /tmp/run2.log 2>&1
-# (ATTRIB_ONLY=1: the attribution runs alone; run 2b, after run 2's
-# attribution output was lost: gpu-run.sh empties $OUT as it starts)
+#   export OUT; bash bench/results/2026-12-04-session34/run2.sh > $OUT/run.log 2>&1
 set -u
 OUT=${OUT:-/tmp/dcpx-gpu-out}
 mkdir -p "$OUT"
@@ -20,6 +18,6 @@ for b in oldk/test_kernels tests/gpu/test_kernels; do
         timeout -k 5 120 "build-gpu/$b" 2>&1 | grep -E "attribution" | tail -20
     done
   done
-done > /tmp/attribution.txt 2>&1
-[ "${ATTRIB_ONLY:-0}" = 1 ] || bash scripts/gpu-run.sh kernels # it empties $OUT
-cp /tmp/attribution.txt "$OUT/"
+done > "$OUT/attribution.txt" 2>&1
+bash scripts/gpu-run.sh kernels
+cat "$OUT/attribution.txt" >> "$OUT/summary.txt"
