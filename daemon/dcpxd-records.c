@@ -67,7 +67,11 @@
  *      in a bounded backlog (`ring` records; beyond that the oldest are
  *      counted as lost) and is written, in order and before any newer
  *      one, by the next append or retry (dcpxd_records_retry, which dcpxd
- *      calls every second while the backlog is not empty).
+ *      calls every second while the backlog is not empty). Records that
+ *      come while a write that works is in flight queue in the same
+ *      backlog, which may then grow to BACKLOG_GROW rings (a mapping,
+ *      given back when it drains) before the oldest are dropped: a slow
+ *      disk delays them, and loses none short of that.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -81,6 +85,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -92,6 +97,11 @@
 #include "dcpxd-util.h"
 
 #define REC_MAGIC 0x52504344u /* "DCPR" */
+/* Records queued behind a write in flight (not failing) may fill this
+ * many rings before the oldest are dropped: a node's groups aborting
+ * together harvest up to 1024 records each while a slow disk holds one
+ * batch. While writes fail, the backlog keeps one ring (its bound). */
+#define BACKLOG_GROW 16u
 #define REC_VERSION 1u
 #define REC_SIZE 128u
 #define REC_AWAITED_OFF 120u
@@ -103,8 +113,9 @@ struct dcpxd_records {
   uint64_t size, max_bytes;
   dcpxd_record *ring;
   size_t cap, head, count; /* head: index of the oldest */
-  dcpxd_record *backlog;   /* not yet written, oldest first (cap of them) */
-  size_t n_backlog;
+  dcpxd_record *backlog;   /* not yet written, oldest first (bcap) */
+  size_t n_backlog, bcap;  /* bcap: cap, or up to BACKLOG_GROW * cap while
+                              a write that works is in flight */
   uint64_t lost; /* records the backlog had no room for */
   int write_error; /* the last write's error, while the backlog holds any */
   uint64_t corrupt, truncated, loaded;
@@ -459,6 +470,19 @@ static void update_note(dcpxd_records *s, const char *extra) {
     snprintf(s->note + n, sizeof(s->note) - n, "%s%s", n ? "; " : "", extra);
 }
 
+/* A backlog of n records: mapped, so that the room a burst took
+ * (backlog_room) goes back to the system when it drains (mremap; freed
+ * heap memory often stays with the process), and touched at once, so that
+ * its first ring counts in dcpxd's memory from the start. NULL if none. */
+static dcpxd_record *backlog_map(size_t n) {
+  void *p = mmap(NULL, n * sizeof(dcpxd_record), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  memset(p, 0, n * sizeof(dcpxd_record));
+  return p;
+}
+
 int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
                        dcpxd_records **ret) {
   dcpxd_records *s;
@@ -480,12 +504,17 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
   s->cap = ring ? ring : 1;
   s->dir = strdup(state_dir);
   s->ring = calloc(s->cap, sizeof(*s->ring));
-  s->backlog = calloc(s->cap, sizeof(*s->backlog));
+  s->backlog = backlog_map(s->cap);
+  s->bcap = s->cap;
   s->wbuf = calloc(s->cap, sizeof(*s->wbuf));
+  if (s->wbuf) /* a batch's copy: in dcpxd's memory from the start too */
+    memset(s->wbuf, 0xFF, s->cap * sizeof(*s->wbuf));
   s->path = path_join(state_dir, "records.log");
   s->path_old = path_join(state_dir, "records.log.1");
   if (!s->dir || !s->ring || !s->backlog || !s->wbuf || !s->path ||
       !s->path_old) {
+    if (!s->backlog)
+      s->bcap = 0;
     dcpxd_records_free(s);
     return log_error_errno(-ENOMEM, "Cannot open records: %m");
   }
@@ -587,18 +616,46 @@ static int write_entries(dcpxd_records *s, const dcpxd_record *recs,
   return r;
 }
 
+/* Room for `want` records in the backlog: grown (doubled, to
+ * BACKLOG_GROW rings) while a write that works is in flight, else the
+ * oldest dropped past `limit` (counted as lost). Returns the records that
+ * fit of want. */
+static size_t backlog_room(dcpxd_records *s, size_t want) {
+  while (s->n_backlog + want > s->bcap && s->busy && !s->write_error &&
+         s->bcap < BACKLOG_GROW * s->cap) {
+    dcpxd_record *b = mremap(s->backlog, s->bcap * sizeof(*b),
+                             2 * s->bcap * sizeof(*b), MREMAP_MAYMOVE);
+    if (b == MAP_FAILED)
+      break;
+    s->backlog = b;
+    s->bcap *= 2;
+  }
+  const size_t room = s->bcap - s->n_backlog;
+  return want < room ? want : room;
+}
+
+/* The oldest records dropped until at most `keep` are left (lost). */
+static void backlog_trim(dcpxd_records *s, size_t keep) {
+  if (s->n_backlog <= keep)
+    return;
+  const size_t drop = s->n_backlog - keep;
+  memmove(s->backlog, s->backlog + drop, keep * sizeof(*s->backlog));
+  s->n_backlog = keep;
+  s->lost += drop;
+}
+
 /* recs[0..n) joins the backlog's end; the oldest go past its room. */
 static void backlog_add(dcpxd_records *s, const dcpxd_record *recs,
                         size_t n) {
-  for (size_t k = 0; k < n; k++) {
-    if (s->n_backlog == s->cap) {
-      memmove(s->backlog, s->backlog + 1,
-              (s->cap - 1) * sizeof(*s->backlog));
-      s->n_backlog--;
-      s->lost++;
-    }
-    s->backlog[s->n_backlog++] = recs[k];
+  if (n > backlog_room(s, n)) { /* no room to grow: the oldest go */
+    const size_t fit = n < s->bcap ? n : s->bcap;
+    backlog_trim(s, s->bcap - fit);
+    s->lost += n - fit; /* the oldest of recs themselves */
+    recs += n - fit;
+    n = fit;
   }
+  memcpy(s->backlog + s->n_backlog, recs, n * sizeof(*recs));
+  s->n_backlog += n;
 }
 
 /* The note for a backlog (or none), after a write. */
@@ -646,16 +703,18 @@ static int batch_done(dcpxd_records *s) {
                     s->path_old);
   for (unsigned k = 0; k < s->w_rotations; k++)
     log_info("Rotated %s to %s", s->path, s->path_old);
-  s->busy = false;
   if (r < 0) {
-    const size_t room = s->cap - s->n_backlog;
-    const size_t drop = left > room ? left - room : 0, back = left - drop;
+    /* failing: one ring of the newest unstored records is kept */
+    const size_t back = backlog_room(s, left); /* busy: may grow */
     memmove(s->backlog + back, s->backlog, s->n_backlog * sizeof(*s->backlog));
-    memcpy(s->backlog, s->wbuf + s->w_done + drop, back * sizeof(*s->wbuf));
+    memcpy(s->backlog, s->wbuf + s->w_done + (left - back),
+           back * sizeof(*s->wbuf));
     s->n_backlog += back;
-    s->lost += drop;
+    s->lost += left - back;
+    s->busy = false;
     s->n_wbuf = 0;
     s->write_error = r;
+    backlog_trim(s, s->cap);
     backlog_note(s, r);
     log_error_errno(r, "Cannot store %zu record(s) in %s (kept in memory, "
                        "retried): %m",
@@ -663,6 +722,15 @@ static int batch_done(dcpxd_records *s) {
     if (s->on_unstored)
       s->on_unstored(s->on_unstored_arg);
     return r;
+  }
+  s->busy = false;
+  if (!s->n_backlog && s->bcap > s->cap) { /* a burst's room given back */
+    dcpxd_record *b =
+        mremap(s->backlog, s->bcap * sizeof(*b), s->cap * sizeof(*b), 0);
+    if (b != MAP_FAILED) {
+      s->backlog = b;
+      s->bcap = s->cap;
+    }
   }
   if (was_failing)
     log_notice("Stored %zu record(s) in %s that could not be written before",
@@ -690,9 +758,13 @@ static void after_cb(uv_work_t *req, int status) {
 static int batch_start(dcpxd_records *s) {
   if (s->busy || !s->n_backlog)
     return 0;
-  memcpy(s->wbuf, s->backlog, s->n_backlog * sizeof(*s->backlog));
-  s->n_wbuf = s->n_backlog;
-  s->n_backlog = 0;
+  /* at most a ring (wbuf's size); the rest is the next batch's */
+  const size_t n = s->n_backlog < s->cap ? s->n_backlog : s->cap;
+  memcpy(s->wbuf, s->backlog, n * sizeof(*s->backlog));
+  memmove(s->backlog, s->backlog + n,
+          (s->n_backlog - n) * sizeof(*s->backlog));
+  s->n_wbuf = n;
+  s->n_backlog -= n;
   s->busy = true;
   if (s->loop) {
     s->work.data = s;
@@ -759,7 +831,8 @@ dcpxd_records *dcpxd_records_free(dcpxd_records *s) {
   free(s->path);
   free(s->path_old);
   free(s->ring);
-  free(s->backlog);
+  if (s->backlog)
+    munmap(s->backlog, s->bcap * sizeof(*s->backlog));
   free(s->wbuf);
   free(s);
   return NULL;

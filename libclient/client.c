@@ -893,9 +893,11 @@ static int call_check(dcpx_member *m, const char *fn, const dcpx_call *in,
 }
 
 int dcpx__merge_disjoint(struct dcpx_member *m, const char *fn,
-                         const dcpx_call *in, const dcpx_merge_out *out) {
+                         const dcpx_call *in, const dcpx_merge_out *out,
+                         int *ret_shared) {
   const uint64_t rows = in->rows, K = m->shape.topk;
   size_t i, j;
+  *ret_shared = 0;
   if (!rows)
     return 0; /* an empty call touches no array */
   if (!dcpx__table_fits(in->block_table, in->bt_rows, in->bt_cols)) {
@@ -922,6 +924,7 @@ int dcpx__merge_disjoint(struct dcpx_member *m, const char *fn,
   DCPX_REFUSE(m, "%s: group %s rank %u: %s overlaps %s (each output "
               "needs memory of its own, apart from the inputs)",
               fn, m->group, m->rank, s[i].what, s[j].what);
+  *ret_shared = 1;
   return DCPX_E_INVAL;
 }
 

@@ -917,9 +917,11 @@ static int cuda_merge(struct dcpx_member *m, const dcpx_call *in,
                 m->group, m->rank, in->rows, m->shape.rows);
     r = DCPX_E_RANGE;
     nccl_refused(m, "a merge of too many rows");
-  } else if ((r = dcpx__merge_disjoint(m, "dcpx_merge", in, out)) < 0) {
-    nccl_refused(m, "a merge whose outputs overlap");
-    shared = 1; /* valid_out -1 could land on another array */
+  } else if ((r = dcpx__merge_disjoint(m, "dcpx_merge", in, out,
+                                       &shared)) < 0) {
+    /* with shared, valid_out -1 could land on another array */
+    nccl_refused(m, shared ? "a merge whose outputs overlap"
+                           : "a merge whose block table does not fit");
   } else if ((r = merge_arrays_ok(m, in, out)) < 0) {
     nccl_refused(m, "a merge whose arrays the GPU cannot use");
   }

@@ -658,10 +658,11 @@ int dcpx__host_merge(struct dcpx_member *m, const dcpx_call *in,
        misaligned(m, "dcpx_merge", rows, "ids_out", out->ids_out, 4) ||
        misaligned(m, "dcpx_merge", rows, "sat_word", out->sat_word, 4)))
     r = DCPX_E_INVAL;
-  const int shared = r == 0 && dcpx__merge_disjoint(m, "dcpx_merge", in,
-                                                    out) < 0;
-  if (shared) /* no -1 either: it could land on another array */
-    r = DCPX_E_INVAL;
+  int shared = 0; /* outputs that overlap: no -1 either, it could land on
+                    another array (a block table past the address space's
+                    end is refused with -1 written, as any bad argument) */
+  if (r == 0)
+    r = dcpx__merge_disjoint(m, "dcpx_merge", in, out, &shared);
   if (r < 0) { /* refused: valid_out -1 on the rows it can hold (not a
                   misaligned one: that store is undefined behaviour) */
     for (uint32_t t = 0; valid_out && dcpx__aligned(valid_out, 4) &&

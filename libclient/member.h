@@ -346,10 +346,13 @@ dcpx__nccl_merge_k(const struct dcpx_nkctx *k, void *comm, uint32_t rows,
  * block_table); else DCPX_E_INVAL with both arrays named in m->why. The
  * merge writes each output while it reads the inputs and writes the
  * others, so a shared buffer gives a silently wrong result. Compares
- * only: no syscall. */
+ * only: no syscall. *ret_shared: 1 when the refusal is an overlap (then
+ * not even valid_out may be written: it could land on another array),
+ * 0 for a block table past the end of the address space. */
 __attribute__((visibility("hidden"))) int
 dcpx__merge_disjoint(struct dcpx_member *m, const char *fn,
-                     const dcpx_call *in, const dcpx_merge_out *out);
+                     const dcpx_call *in, const dcpx_merge_out *out,
+                     int *ret_shared);
 
 /* host.c. fail: alarm, then FAILED (a wait that timed out); refuse: the
  * same for a call this rank could not do (bad arguments, a launch that

@@ -1750,7 +1750,9 @@ END_TEST
  * = 2^32 - 1: 2^66 bytes) is refused, DCPX_E_INVAL naming it, by the host
  * merge and the reference, as the CUDA backend refuses it. Both took it
  * to run to the end of memory: the lookup of a req_id past the real table
- * crashed them (or an output "overlapped" it, as the memory lay). */
+ * crashed them (or an output "overlapped" it, as the memory lay). The
+ * refused call writes valid_out -1 as any refused merge does (it left
+ * valid_out as it was, which reads as rows done with no element). */
 START_TEST(test_block_table_past_address_space) {
   group g;
   group_init(&g, 2, 2, 32, 8, 1, 1, 100, 1000000000ull);
@@ -1762,10 +1764,13 @@ START_TEST(test_block_table_past_address_space) {
   ck_assert_int_eq(t_push(g.m[0], 2, g.logits[0], g.stride, g.ends[0], 0,
                           NULL),
                    0);
+  g.valid[0][0] = g.valid[0][1] = 0;
   ck_assert_int_eq(t_merge(g.m[0], 2, g.logits[0], g.stride, g.ends[0], req,
                            g.bt, 0xFFFFFFFFu, 0xFFFFFFFFu, g.rows_out[0],
                            g.valid[0], ids, sat, 0, NULL),
                    DCPX_E_INVAL);
+  ck_assert_int_eq(g.valid[0][0], -1);
+  ck_assert_int_eq(g.valid[0][1], -1);
   WHY_HAS(g.m[0], "dcpx_merge", "block_table of 4294967295 x 4294967295");
   WHY_HAS(g.m[0], "dcpx_merge", "past the end of the address space");
   ck_assert_uint_eq(h[0].failed, 1);

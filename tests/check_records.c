@@ -258,6 +258,43 @@ START_TEST(test_written_off_the_loop) {
 }
 END_TEST
 
+/* Records that come while a write is held up by the disk queue behind it,
+ * past the ring's size (a node's groups aborting together): none is lost
+ * while the writes work, and all reach the file in order. (While writes
+ * fail, the backlog keeps one ring: test_backlog_bounded.) */
+START_TEST(test_burst_behind_a_write) {
+  static dcpxd_record r[200];
+  uv_loop_t loop;
+  int unstored_calls = 0;
+  for (int i = 0; i < 200; i++)
+    r[i] = rec((uint64_t)i);
+  ck_assert_int_eq(pipe(g_hold_pipe), 0);
+  ck_assert_int_eq(uv_loop_init(&loop), 0);
+  dcpxd_records *s = fresh(64);
+  dcpxd_records_use_loop(s, &loop, count_unstored, &unstored_calls);
+  g_in_sync = 0;
+  __atomic_store_n(&g_hold_sync, 1, __ATOMIC_SEQ_CST);
+  ck_assert_int_eq(dcpxd_records_append(s, r, 2), 0);
+  const uint64_t t0 = mono_ms();
+  while (!__atomic_load_n(&g_in_sync, __ATOMIC_SEQ_CST) &&
+         mono_ms() - t0 < 10000)
+    usleep(1000);
+  ck_assert_int_eq(dcpxd_records_append(s, r + 2, 198), 0); /* 3 rings */
+  ck_assert_uint_eq(dcpxd_records_unstored(s), 0);
+  __atomic_store_n(&g_hold_sync, 0, __ATOMIC_SEQ_CST);
+  ck_assert_int_eq(write(g_hold_pipe[1], "x", 1), 1);
+  ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  ck_assert_int_eq(unstored_calls, 0);
+  ck_assert_str_eq(dcpxd_records_note(s), ""); /* none lost */
+  dcpxd_records_free(s);
+  reopened(200, 256);
+  ck_assert_int_eq(uv_loop_close(&loop), 0);
+  close(g_hold_pipe[0]);
+  close(g_hold_pipe[1]);
+  remove_dir();
+}
+END_TEST
+
 /* A records file that is not a file: a FIFO hung dcpxd at start (the read
  * of records.log.1 waited for a writer for good; an open of records.log
  * for its appends waits for a reader), and a link to /dev/zero spun. The
@@ -669,6 +706,7 @@ int main(void) {
   tcase_add_test(tc, test_backlog_bounded);
   tcase_add_test(tc, test_failed_sync);
   tcase_add_test(tc, test_written_off_the_loop);
+  tcase_add_test(tc, test_burst_behind_a_write);
   tcase_add_test(tc, test_not_regular_files);
   tcase_add_test(tc, test_linked_files);
   tcase_add_test(tc, test_start_reads_the_newest);
