@@ -370,12 +370,13 @@ uint32_t dcpx_k_push_threads(const dcpx_kctx *c, uint32_t rows);
 
 /* The merge's block size for a call of `rows` rows: DCPX_K_MERGE_THREADS,
  * or half of it (two blocks per SM, one wave for up to twice the SMs;
- * W <= 8) when rows > merge_split_rows and the grid is not capped
- * (max_blocks 0). */
+ * dcpx_k_merge_split_ok) when rows > merge_split_rows and the grid is not
+ * capped (max_blocks 0). */
 uint32_t dcpx_k_merge_threads(const dcpx_kctx *c, uint32_t rows);
 
-/* *ret_ok = 1 when this context's merge may run half-size blocks: W <= 8,
- * K <= 2048 and two of them fit on a multiprocessor (shared memory). Host query, at
+/* *ret_ok = 1 when this context's merge may run half-size blocks: K <=
+ * 2048 (a rescue filter's 8 entries per thread) and two of them fit on a
+ * multiprocessor (shared memory, which bounds W * N). Host query, at
  * join. 0, DCPX_E_INVAL or DCPX_E_CUDA. */
 int dcpx_k_merge_split_ok(const dcpx_kctx *c, int *ret_ok);
 

@@ -6,6 +6,17 @@ Every exception raised by this package for a failed libdcpx call is a
 Arguments refused by the package itself, before any work, raise the class
 of the code libdcpx would have returned (``InvalidArgument``, ``RangeError``)
 or its subclasses :class:`DtypeError` and :class:`DeviceError`.
+
+Such a refusal does nothing at all: the rank does not fail, and the call
+may be made again with good arguments (the call order still holds: a
+push refused here is no push, so the next push is taken and a merge is
+refused until it comes, with :class:`StateError`). Until it is made, the
+rank's peers wait for it, for at most the group's timeout; then they fail
+with a wait record that names this rank as the one awaited (``dcpxctl
+records``). A call that libdcpx itself refuses fails the rank instead
+(:class:`Failed` for its next calls until :meth:`Member.recover`), and its
+peers stop at once: in C nothing else tells the engine that a call it may
+have half enqueued did not happen.
 """
 
 from __future__ import annotations

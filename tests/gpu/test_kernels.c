@@ -465,7 +465,7 @@ static const tcase cases[] = {
     {"w16-n512-k4096-mix", 16, 512, 4096, 32768, 6, 64, 1, G_MIX, LEN_MIX, 2,
      0, 7, 3, 1, 0},
     /* W lists larger than the merge's shared-memory budget: the words are
-     * re-read from the LL slots. */
+     * staged in a private global area of the rank (kctx.stage). */
     {"w16-n2047-k4096-global", 16, 2047, 4096, 8192, 4, 64, 1, G_MIX,
      LEN_MIX, 2, 0, 0, 0, 1, 0},
     {"w16-n4095-k4096-global-alleq", 16, 4095, 4096, 4200, 3, 16, 1, G_ALLEQ,
