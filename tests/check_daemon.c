@@ -910,6 +910,23 @@ static int raw_fault(const char *group, uint32_t epoch, char *why,
   return raw_fault_call(group, epoch, 0, 0, why, why_len);
 }
 
+/* A raw Join of a W=1 group with these timeouts: refused with
+ * DCPX_E_INVAL and a reason holding `refused`, or (refused NULL) formed. */
+static void one_join_timeouts(const char *group, uint64_t timeout_ns,
+                              uint32_t jt_ms, const char *refused) {
+  int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
+  char why[256];
+  join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, timeout_ns, NULL};
+  const int s = raw_join_send_x(group, 1, 0, NULL, 0, NULL, 0, jt_ms, &x);
+  const int r = join_status(s, fds, &nfds, why, sizeof(why));
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  close(s);
+  ck_assert_int_eq(r, refused ? DCPX_E_INVAL : 0);
+  if (refused)
+    ck_assert_msg(strstr(why, refused), "%s", why);
+}
+
 /* dcpxd's own checks of a Join's wait timeout and of a fault stall
  * (docs/PROTOCOL.md 6.6, 10.4), which libdcpx cannot stand in for when
  * another implementation speaks to dcpxd: a timeout below 1 ms or above
@@ -927,39 +944,16 @@ START_TEST(test_timeout_floor_and_nccl_fault) {
   char why[256];
   memset(id, 7, sizeof(id));
   daemon_start();
-  join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, DCPX_MIN_TIMEOUT_NS - 1, NULL};
-  int s = raw_join_send_x("short", 1, 0, NULL, 0, NULL, 0, 5000, &x);
-  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)),
-                   DCPX_E_INVAL);
-  ck_assert_msg(strstr(why, "below 1 ms"), "%s", why);
-  close(s);
-  x.timeout_ns = DCPX_MIN_TIMEOUT_NS;
-  s = raw_join_send_x("short", 1, 0, NULL, 0, NULL, 0, 5000, &x);
-  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)), 0);
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
-  close(s);
-  /* and at most 1 hour: 2^64 - 1 ns held a wait for good */
-  x.timeout_ns = UINT64_MAX;
-  s = raw_join_send_x("long", 1, 0, NULL, 0, NULL, 0, 5000, &x);
-  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)),
-                   DCPX_E_INVAL);
-  ck_assert_msg(strstr(why, "above 1 hour"), "%s", why);
-  close(s);
-  x.timeout_ns = DCPX_MAX_TIMEOUT_NS;
-  s = raw_join_send_x("long", 1, 0, NULL, 0, NULL, 0, 5000, &x);
-  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)), 0);
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
-  close(s);
-  /* a join timeout past 24 hours (uncapped, where dcpxd.conf's is) */
-  x.timeout_ns = DCPX_MIN_TIMEOUT_NS;
-  s = raw_join_send_x("jt", 1, 0, NULL, 0, NULL, 0,
-                      DCPX_MAX_JOIN_TIMEOUT_MS + 1, &x);
-  ck_assert_int_eq(join_status(s, fds, &nfds, why, sizeof(why)),
-                   DCPX_E_INVAL);
-  ck_assert_msg(strstr(why, "above 24 hours"), "%s", why);
-  close(s);
+  /* at least 1 ms, at most 1 hour (2^64 - 1 ns held a wait for good);
+   * a join timeout of at most 24 hours (uncapped, where dcpxd.conf's is) */
+  one_join_timeouts("short", DCPX_MIN_TIMEOUT_NS - 1, 5000, "below 1 ms");
+  one_join_timeouts("short", DCPX_MIN_TIMEOUT_NS, 5000, NULL);
+  one_join_timeouts("long", UINT64_MAX, 5000, "above 1 hour");
+  one_join_timeouts("long", DCPX_MAX_TIMEOUT_NS, 5000, NULL);
+  one_join_timeouts("jt", DCPX_MIN_TIMEOUT_NS, DCPX_MAX_JOIN_TIMEOUT_MS + 1,
+                    "above 24 hours");
+  join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, 0, NULL};
+  int s;
 
   /* auto: armed until the rank's transport word says nccl */
   x.timeout_ns = 5000000000ull;
@@ -1229,22 +1223,29 @@ START_TEST(test_daemon_survives_abuse) {
 }
 END_TEST
 
-/* A host group whose workspaces exceed the machine's memory and swap (they
- * are sparse: it forms, but a call of all its rows would have the OOM
- * killer end a process) is told so in every JoinReply's warning, and
- * dcpxd logs it; a group that fits is not. (Raw Joins: nothing maps the
- * 68 GiB.) */
-START_TEST(test_join_memory_warning) {
+/* The largest shape of W ranks (dcpx_shape_check's bounds): workspaces
+ * of 4.3 GiB at W = 16, 0.4 GiB at W = 1. */
+static dcpx_shape max_shape(uint32_t W) {
   dcpx_shape sh = DCPX_SHAPE_INIT;
-  struct sysinfo si;
-  int s[16], fds[DCPX_FRAME_MAX_FDS], nfds = 0;
-  sh.world = 16;
+  sh.world = W;
   sh.rows = 4096;
   sh.topk = 4096;
   sh.local_topk = 4093;
   sh.block_size = 64;
   sh.interleave = 1;
   sh.max_local = 131072;
+  return sh;
+}
+
+/* A host group whose workspaces exceed the machine's memory and swap (they
+ * are sparse: it forms, but a call of all its rows would have the OOM
+ * killer end a process) is told so in every JoinReply's warning, and
+ * dcpxd logs it; a group that fits is not. (Raw Joins: nothing maps the
+ * 68 GiB.) */
+START_TEST(test_join_memory_warning) {
+  const dcpx_shape sh = max_shape(16);
+  struct sysinfo si;
+  int s[16], fds[DCPX_FRAME_MAX_FDS], nfds = 0;
   ck_assert_int_eq(sysinfo(&si), 0);
   const uint64_t have = ((uint64_t)si.totalram + si.totalswap) * si.mem_unit;
   daemon_start();
@@ -1286,16 +1287,9 @@ END_TEST
  * refused with DCPX_E_NOMEM, saying so; it was the raw -27 ("File too
  * large"), which no caller knows. */
 START_TEST(test_join_past_fsize) {
-  dcpx_shape sh = DCPX_SHAPE_INIT;
+  const dcpx_shape sh = max_shape(1); /* a workspace of about 400 MB */
   int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
   char why[400];
-  sh.world = 1; /* a workspace of about 400 MB */
-  sh.rows = 4096;
-  sh.topk = 4096;
-  sh.local_topk = 4093;
-  sh.block_size = 64;
-  sh.interleave = 1;
-  sh.max_local = 131072;
   g_daemon_fsize = 64u << 20;
   daemon_start();
   join_x x = {DCPX__TRANSPORT__TRANSPORT_AUTO, 5000000000ull, &sh};
@@ -1326,16 +1320,9 @@ START_TEST(test_join_address_space_limit) {
     struct rlimit rl;
     dcpx_client *c = NULL;
     dcpx_member *m = NULL;
-    dcpx_shape sh = DCPX_SHAPE_INIT;
+    const dcpx_shape sh = max_shape(16); /* 16 workspaces of 4.3 GiB */
     dcpx_join_opts jo = DCPX_JOIN_OPTS_INIT;
     char out[600];
-    sh.world = 16; /* 16 workspaces of 4.3 GiB */
-    sh.rows = 4096;
-    sh.topk = 4096;
-    sh.local_topk = 4093;
-    sh.block_size = 64;
-    sh.interleave = 1;
-    sh.max_local = 131072;
     jo.group = "vm";
     getrlimit(RLIMIT_AS, &rl);
     rl.rlim_cur = 8ull << 30;

@@ -193,6 +193,47 @@ static uint64_t mono_ms(void) {
 
 static void count_unstored(void *arg) { (*(int *)arg)++; }
 
+/* Fresh records of a `ring` written on loop's workers, counting failed
+ * writes in *calls; the hold pipe made. */
+static dcpxd_records *fresh_on_loop(size_t ring, uv_loop_t *loop,
+                                    int *calls) {
+  ck_assert_int_eq(pipe(g_hold_pipe), 0);
+  ck_assert_int_eq(uv_loop_init(loop), 0);
+  dcpxd_records *s = fresh(ring);
+  dcpxd_records_use_loop(s, loop, count_unstored, calls);
+  g_in_sync = 0;
+  return s;
+}
+
+/* Holds the syncs (g_hold_sync) and appends recs[0..n): returns once a
+ * worker is inside the held fdatasync. */
+static void append_held(dcpxd_records *s, const dcpxd_record *recs,
+                        size_t n) {
+  __atomic_store_n(&g_hold_sync, 1, __ATOMIC_SEQ_CST);
+  const uint64_t t0 = mono_ms();
+  ck_assert_int_eq(dcpxd_records_append(s, recs, n), 0);
+  ck_assert_uint_lt(mono_ms() - t0, 5000); /* not held with the sync */
+  while (!__atomic_load_n(&g_in_sync, __ATOMIC_SEQ_CST) &&
+         mono_ms() - t0 < 10000)
+    usleep(1000);
+  ck_assert_int_eq(__atomic_load_n(&g_in_sync, __ATOMIC_SEQ_CST), 1);
+}
+
+/* The held sync let go; the loop run until its writes are done. */
+static void release_held(uv_loop_t *loop) {
+  __atomic_store_n(&g_hold_sync, 0, __ATOMIC_SEQ_CST);
+  ck_assert_int_eq(write(g_hold_pipe[1], "x", 1), 1);
+  ck_assert_int_eq(uv_run(loop, UV_RUN_DEFAULT), 0);
+}
+
+/* The loop and the pipe closed, the state dir removed. */
+static void done_on_loop(uv_loop_t *loop) {
+  ck_assert_int_eq(uv_loop_close(loop), 0);
+  close(g_hold_pipe[0]);
+  close(g_hold_pipe[1]);
+  remove_dir();
+}
+
 /* With dcpxd's loop (dcpxd_records_use_loop) the file is written on a
  * worker thread: an append returns while its fdatasync waits for the
  * disk (it used to wait in the append, on the event loop: an alarm's
@@ -207,26 +248,13 @@ START_TEST(test_written_off_the_loop) {
   int unstored_calls = 0;
   for (int i = 0; i < 8; i++)
     r[i] = rec((uint64_t)i);
-  ck_assert_int_eq(pipe(g_hold_pipe), 0);
-  ck_assert_int_eq(uv_loop_init(&loop), 0);
-  dcpxd_records *s = fresh(64);
-  dcpxd_records_use_loop(s, &loop, count_unstored, &unstored_calls);
-
-  __atomic_store_n(&g_hold_sync, 1, __ATOMIC_SEQ_CST);
-  const uint64_t t0 = mono_ms();
-  ck_assert_int_eq(dcpxd_records_append(s, r, 2), 0);
-  ck_assert_uint_lt(mono_ms() - t0, 5000); /* not held with the sync */
-  while (!__atomic_load_n(&g_in_sync, __ATOMIC_SEQ_CST) &&
-         mono_ms() - t0 < 10000)
-    usleep(1000);
-  ck_assert_int_eq(__atomic_load_n(&g_in_sync, __ATOMIC_SEQ_CST), 1);
+  dcpxd_records *s = fresh_on_loop(64, &loop, &unstored_calls);
+  append_held(s, r, 2);
   ck_assert_uint_eq(dcpxd_records_count(s), 2);   /* queries see them */
   ck_assert_uint_eq(dcpxd_records_unstored(s), 0); /* nothing failed */
   ck_assert_int_eq(dcpxd_records_retry(s), -EINPROGRESS);
   ck_assert_int_eq(dcpxd_records_append(s, r + 2, 1), 0); /* queued */
-  __atomic_store_n(&g_hold_sync, 0, __ATOMIC_SEQ_CST);
-  ck_assert_int_eq(write(g_hold_pipe[1], "x", 1), 1);
-  ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0); /* both writes */
+  release_held(&loop); /* both writes */
   ck_assert_int_eq(dcpxd_records_retry(s), 0);
   reopened(3, 64);
 
@@ -251,10 +279,7 @@ START_TEST(test_written_off_the_loop) {
   ck_assert_int_eq(dcpxd_records_append(s, r + 5, 3), 0);
   dcpxd_records_free(s);
   reopened(8, 64); /* each once, in order */
-  ck_assert_int_eq(uv_loop_close(&loop), 0);
-  close(g_hold_pipe[0]);
-  close(g_hold_pipe[1]);
-  remove_dir();
+  done_on_loop(&loop);
 }
 END_TEST
 
@@ -268,30 +293,16 @@ START_TEST(test_burst_behind_a_write) {
   int unstored_calls = 0;
   for (int i = 0; i < 200; i++)
     r[i] = rec((uint64_t)i);
-  ck_assert_int_eq(pipe(g_hold_pipe), 0);
-  ck_assert_int_eq(uv_loop_init(&loop), 0);
-  dcpxd_records *s = fresh(64);
-  dcpxd_records_use_loop(s, &loop, count_unstored, &unstored_calls);
-  g_in_sync = 0;
-  __atomic_store_n(&g_hold_sync, 1, __ATOMIC_SEQ_CST);
-  ck_assert_int_eq(dcpxd_records_append(s, r, 2), 0);
-  const uint64_t t0 = mono_ms();
-  while (!__atomic_load_n(&g_in_sync, __ATOMIC_SEQ_CST) &&
-         mono_ms() - t0 < 10000)
-    usleep(1000);
+  dcpxd_records *s = fresh_on_loop(64, &loop, &unstored_calls);
+  append_held(s, r, 2);
   ck_assert_int_eq(dcpxd_records_append(s, r + 2, 198), 0); /* 3 rings */
   ck_assert_uint_eq(dcpxd_records_unstored(s), 0);
-  __atomic_store_n(&g_hold_sync, 0, __ATOMIC_SEQ_CST);
-  ck_assert_int_eq(write(g_hold_pipe[1], "x", 1), 1);
-  ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  release_held(&loop);
   ck_assert_int_eq(unstored_calls, 0);
   ck_assert_str_eq(dcpxd_records_note(s), ""); /* none lost */
   dcpxd_records_free(s);
   reopened(200, 256);
-  ck_assert_int_eq(uv_loop_close(&loop), 0);
-  close(g_hold_pipe[0]);
-  close(g_hold_pipe[1]);
-  remove_dir();
+  done_on_loop(&loop);
 }
 END_TEST
 
