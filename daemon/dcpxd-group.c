@@ -1228,7 +1228,7 @@ static int join_args(dcpxd_conn *c, const Dcpx__Join *j, dcpx_shape *shape,
                 (uint64_t)j->timeout_ns, DCPX_MAX_TIMEOUT_NS);
     return -1;
   }
-  if (j->join_timeout_ms > DCPX_MAX_JOIN_TIMEOUT_MS) {
+  if (!j->reattach && j->join_timeout_ms > DCPX_MAX_JOIN_TIMEOUT_MS) {
     join_refuse(c, DCPX_E_INVAL,
                 "join_timeout_ms %u is above 24 hours (%u ms)",
                 (unsigned)j->join_timeout_ms, DCPX_MAX_JOIN_TIMEOUT_MS);

@@ -66,8 +66,9 @@
  *   6. A record that could not be written (disk full, an I/O error) waits
  *      in a bounded backlog (`ring` records; beyond that the oldest are
  *      counted as lost) and is written, in order and before any newer
- *      one, by the next append or retry (dcpxd_records_retry, which dcpxd
- *      calls every second while the backlog is not empty). Records that
+ *      one, by the next append (without a loop) or retry
+ *      (dcpxd_records_retry, which dcpxd calls every second while writes
+ *      fail). Records that
  *      come while a write that works is in flight queue in the same
  *      backlog, which may then grow to BACKLOG_GROW rings (a mapping,
  *      given back when it drains) before the oldest are dropped: a slow
@@ -116,7 +117,10 @@ struct dcpxd_records {
   dcpxd_record *backlog;   /* not yet written, oldest first (bcap) */
   size_t n_backlog, bcap;  /* bcap: cap, or up to BACKLOG_GROW * cap while
                               a write that works is in flight */
-  uint64_t lost; /* records the backlog had no room for */
+  uint64_t lost; /* records the backlog had no room for while writes failed */
+  uint64_t dropped; /* records past BACKLOG_GROW rings behind a write that
+                       worked (a burst faster than the disk) */
+  uint64_t dropped_said; /* of them, logged */
   int write_error; /* the last write's error, while the backlog holds any */
   uint64_t corrupt, truncated, loaded;
   uint64_t skipped; /* older entries not read at start (load_tail) */
@@ -616,13 +620,18 @@ static int write_entries(dcpxd_records *s, const dcpxd_record *recs,
   return r;
 }
 
-/* Room for `want` records in the backlog: grown (doubled, to
- * BACKLOG_GROW rings) while a write that works is in flight, else the
- * oldest dropped past `limit` (counted as lost). Returns the records that
- * fit of want. */
-static size_t backlog_room(dcpxd_records *s, size_t want) {
-  while (s->n_backlog + want > s->bcap && s->busy && !s->write_error &&
-         s->bcap < BACKLOG_GROW * s->cap) {
+/* The most records the backlog may hold now: up to BACKLOG_GROW rings
+ * behind a write in flight that has not failed, else one ring. */
+static size_t backlog_limit(const dcpxd_records *s) {
+  return s->busy && !s->write_error ? BACKLOG_GROW * s->cap : s->cap;
+}
+
+/* The backlog's room for `want` more records: its mapping grown (doubled)
+ * up to backlog_limit. Returns how many of want fit; *ret_top: the most it
+ * may hold now. */
+static size_t backlog_room(dcpxd_records *s, size_t want, size_t *ret_top) {
+  const size_t lim = backlog_limit(s);
+  while (s->n_backlog + want > s->bcap && s->bcap < lim) {
     dcpxd_record *b = mremap(s->backlog, s->bcap * sizeof(*b),
                              2 * s->bcap * sizeof(*b), MREMAP_MAYMOVE);
     if (b == MAP_FAILED)
@@ -630,27 +639,52 @@ static size_t backlog_room(dcpxd_records *s, size_t want) {
     s->backlog = b;
     s->bcap *= 2;
   }
-  const size_t room = s->bcap - s->n_backlog;
+  const size_t top = s->bcap < lim ? s->bcap : lim;
+  const size_t room = top > s->n_backlog ? top - s->n_backlog : 0;
+  *ret_top = top;
   return want < room ? want : room;
 }
 
-/* The oldest records dropped until at most `keep` are left (lost). */
+/* The room a burst took given back (mremap: the pages go back to the
+ * system), once the backlog fits one ring again. */
+static void backlog_shrink(dcpxd_records *s) {
+  if (s->bcap <= s->cap || s->n_backlog > s->cap)
+    return;
+  dcpxd_record *b = mremap(s->backlog, s->bcap * sizeof(*b),
+                           s->cap * sizeof(*b), 0);
+  if (b != MAP_FAILED) {
+    s->backlog = b;
+    s->bcap = s->cap;
+  }
+}
+
+/* Records dropped for want of room: behind a write in flight that has
+ * not failed, a burst faster than the disk (dropped); else lost. */
+static void count_drop(dcpxd_records *s, uint64_t n) {
+  if (s->busy && !s->write_error)
+    s->dropped += n;
+  else
+    s->lost += n;
+}
+
+/* The oldest records dropped until at most `keep` are left. */
 static void backlog_trim(dcpxd_records *s, size_t keep) {
   if (s->n_backlog <= keep)
     return;
   const size_t drop = s->n_backlog - keep;
   memmove(s->backlog, s->backlog + drop, keep * sizeof(*s->backlog));
   s->n_backlog = keep;
-  s->lost += drop;
+  count_drop(s, drop);
 }
 
 /* recs[0..n) joins the backlog's end; the oldest go past its room. */
 static void backlog_add(dcpxd_records *s, const dcpxd_record *recs,
                         size_t n) {
-  if (n > backlog_room(s, n)) { /* no room to grow: the oldest go */
-    const size_t fit = n < s->bcap ? n : s->bcap;
-    backlog_trim(s, s->bcap - fit);
-    s->lost += n - fit; /* the oldest of recs themselves */
+  size_t top;
+  if (n > backlog_room(s, n, &top)) { /* no more room: the oldest go */
+    const size_t fit = n < top ? n : top;
+    backlog_trim(s, top - fit);
+    count_drop(s, n - fit); /* the oldest of recs themselves */
     recs += n - fit;
     n = fit;
   }
@@ -658,21 +692,28 @@ static void backlog_add(dcpxd_records *s, const dcpxd_record *recs,
   s->n_backlog += n;
 }
 
-/* The note for a backlog (or none), after a write. */
-static void backlog_note(dcpxd_records *s, int r) {
-  char why[256] = "";
-  if (s->n_backlog)
-    dcpxd_bprintf(why,
-                  "writing %s failed (%s): %zu record(s) not stored yet, in "
-                  "memory and retried every second; %" PRIu64 " lost for "
-                  "want of room",
-                  s->path, dcpx_strerror(r < 0 ? r : s->write_error),
-                  s->n_backlog, s->lost);
+/* The note (QueryReply.records_note) for failing writes and for
+ * records dropped, or none. */
+static void backlog_note(dcpxd_records *s) {
+  char why[400] = "";
+  size_t n = 0;
+  if (s->write_error && s->n_backlog)
+    n = (size_t)snprintf(why, sizeof(why),
+                         "writing %s failed (%s): %zu record(s) not stored "
+                         "yet, in memory and retried every second; %" PRIu64
+                         " lost for want of room",
+                         s->path, dcpx_strerror(s->write_error),
+                         s->n_backlog, s->lost);
   else if (s->lost)
-    dcpxd_bprintf(why,
-                  "%" PRIu64 " record(s) lost while %s could not be "
-                  "written (the memory for unstored ones was full)",
-                  s->lost, s->path);
+    n = (size_t)snprintf(why, sizeof(why),
+                         "%" PRIu64 " record(s) lost while %s could not be "
+                         "written (the memory for unstored ones was full)",
+                         s->lost, s->path);
+  if (s->dropped && n < sizeof(why))
+    snprintf(why + n, sizeof(why) - n,
+             "%s%" PRIu64 " record(s) dropped: more came while a write of "
+             "%s was in flight than dcpxd queues (%u x %zu)",
+             n ? "; " : "", s->dropped, s->path, BACKLOG_GROW, s->cap);
   update_note(s, why[0] ? why : NULL);
 }
 
@@ -704,18 +745,21 @@ static int batch_done(dcpxd_records *s) {
   for (unsigned k = 0; k < s->w_rotations; k++)
     log_info("Rotated %s to %s", s->path, s->path_old);
   if (r < 0) {
-    /* failing: one ring of the newest unstored records is kept */
-    const size_t back = backlog_room(s, left); /* busy: may grow */
+    /* failing: one ring of the newest unstored records is kept, the
+     * batch's put back before the ones queued behind it */
+    s->write_error = r;
+    s->busy = false;
+    backlog_trim(s, s->cap);
+    const size_t room = s->cap - s->n_backlog;
+    const size_t back = left < room ? left : room;
     memmove(s->backlog + back, s->backlog, s->n_backlog * sizeof(*s->backlog));
     memcpy(s->backlog, s->wbuf + s->w_done + (left - back),
            back * sizeof(*s->wbuf));
     s->n_backlog += back;
     s->lost += left - back;
-    s->busy = false;
     s->n_wbuf = 0;
-    s->write_error = r;
-    backlog_trim(s, s->cap);
-    backlog_note(s, r);
+    backlog_shrink(s);
+    backlog_note(s);
     log_error_errno(r, "Cannot store %zu record(s) in %s (kept in memory, "
                        "retried): %m",
                     s->n_backlog, s->path);
@@ -724,21 +768,22 @@ static int batch_done(dcpxd_records *s) {
     return r;
   }
   s->busy = false;
-  if (!s->n_backlog && s->bcap > s->cap) { /* a burst's room given back */
-    dcpxd_record *b =
-        mremap(s->backlog, s->bcap * sizeof(*b), s->cap * sizeof(*b), 0);
-    if (b != MAP_FAILED) {
-      s->backlog = b;
-      s->bcap = s->cap;
-    }
-  }
+  backlog_shrink(s);
   if (was_failing)
     log_notice("Stored %zu record(s) in %s that could not be written before",
                s->n_wbuf, s->path);
   s->n_wbuf = 0;
-  if (s->lost || s->write_error) {
+  if (s->dropped > s->dropped_said) {
+    log_warning("Dropped %" PRIu64 " timeout record(s): more came while a "
+                "write of %s was in flight than dcpxd queues (%u x %zu); "
+                "queries still show the newest %zu",
+                s->dropped - s->dropped_said, s->path, BACKLOG_GROW, s->cap,
+                s->cap);
+    s->dropped_said = s->dropped;
+  }
+  if (s->lost || s->write_error || s->dropped) {
     s->write_error = 0;
-    backlog_note(s, 0);
+    backlog_note(s);
   }
   return 0;
 }
@@ -775,7 +820,7 @@ static int batch_start(dcpxd_records *s) {
   return batch_done(s);
 }
 
-void dcpxd_records_use_loop(dcpxd_records *s, uv_loop_t *loop,
+void dcpxd_records_use_loop(dcpxd_records *s, struct uv_loop_s *loop,
                             void (*on_unstored)(void *), void *arg) {
   s->loop = loop;
   s->on_unstored = on_unstored;
@@ -794,9 +839,10 @@ int dcpxd_records_append(dcpxd_records *s, const dcpxd_record *recs, size_t n) {
 int dcpxd_records_retry(dcpxd_records *s) {
   if (s->busy)
     return -EINPROGRESS;
-  if (!s->n_backlog)
-    return 0;
-  const int r = batch_start(s);
+  int r = 0;
+  do /* without a loop, batch after batch: the backlog may hold several */
+    r = batch_start(s);
+  while (r == 0 && !s->loop && s->n_backlog);
   return r < 0 ? r : s->busy || s->n_backlog ? -EINPROGRESS : 0;
 }
 

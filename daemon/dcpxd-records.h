@@ -8,9 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <uv.h>
-
 #include "dcpx.h"
+
+struct uv_loop_s; /* libuv's uv_loop_t */
 
 /* Group names are at most this long (bytes, without the NUL); the file
  * format's group field holds exactly this many. */
@@ -47,7 +47,7 @@ int dcpxd_records_open(const char *state_dir, uint64_t max_bytes, size_t ring,
  * session 34). on_unstored(arg), on the loop thread, when a write failed
  * (arm the retry's timer). Before it (tools, tests), appends write at
  * once. dcpxd_records_free waits for a write in flight. */
-void dcpxd_records_use_loop(dcpxd_records *s, uv_loop_t *loop,
+void dcpxd_records_use_loop(dcpxd_records *s, struct uv_loop_s *loop,
                             void (*on_unstored)(void *), void *arg);
 
 /* Appends n records: to the ring at once (queries see them), and to the

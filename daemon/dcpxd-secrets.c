@@ -245,7 +245,9 @@ static int load(dcpxd_secrets *s) {
  * the old file, which is unlinked (one left by a crash is removed at
  * start, as any groups.tmp). Without the old file (the first save) or
  * where the exchange is not supported (an older kernel, some network file
- * systems), a plain rename. 0 or a negative errno. */
+ * systems, a seccomp filter that refuses renameat2), a plain rename
+ * (whose real error, if any, is the one returned). 0 or a negative
+ * errno. */
 static int put_in_place(const char *tmp, const char *path) {
 #if defined(HAVE_RENAMEAT2) && defined(RENAME_EXCHANGE)
   if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
@@ -255,8 +257,8 @@ static int put_in_place(const char *tmp, const char *path) {
     return 0;
   }
   if (errno != ENOENT && errno != EINVAL && errno != ENOSYS &&
-      errno != EOPNOTSUPP)
-    return -errno;
+      errno != EOPNOTSUPP && errno != EPERM && errno != EACCES)
+    return -errno; /* EPERM, EACCES: a seccomp filter that refuses it */
 #endif
   return rename(tmp, path) < 0 ? -errno : 0;
 }

@@ -576,8 +576,9 @@ DCPX_API const char *dcpx_client_last_error(const dcpx_client *client);
 DCPX_API int dcpx_client_interrupt(dcpx_client *client, int on);
 DCPX_API int dcpx_member_interrupt(dcpx_member *member, int on);
 
-/* The warning dcpxd sent with the join reply (dcpx_shape_warning), or
- * NULL. Valid until dcpx_leave. */
+/* The warning dcpxd sent with the join reply (dcpx_shape_warning's, and
+ * for a host-backend group whose workspaces exceed the machine's memory
+ * and swap, that), or NULL. Valid until dcpx_leave. */
 DCPX_API const char *dcpx_member_warning(const dcpx_member *member);
 
 /* Leaves the group and frees the member (NULL is fine). With the CUDA

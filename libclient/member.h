@@ -29,7 +29,7 @@ struct dcpx_nkctx; /* kernels/dcpx_kernels.h */
 struct dcpx_member {
   int sock;
   char group[64];
-  char warning[192]; /* the join reply's, or "" */
+  char warning[512]; /* the join reply's, or "" (dcpxd: up to 511 bytes) */
   /* why this member refused its last call, or "" (dcpx_member_last_error;
    * cleared as each push or merge starts; DCPX_REFUSE writes it) */
   char why[384]; /* the longest reason, with a 63-byte group name, fits */

@@ -72,6 +72,25 @@ int renameat2(int fd1, const char *from, int fd2, const char *to,
 
 static void remove_dir(void) { dp_rm_tree(g_dir); }
 
+/* Whether the file system of dir takes renameat2(RENAME_EXCHANGE). */
+static int exchange_works(const char *dir) {
+#ifdef HAVE_RENAMEAT2
+  char a[128], b[128];
+  snprintf(a, sizeof(a), "%s/.xa", dir);
+  snprintf(b, sizeof(b), "%s/.xb", dir);
+  close(open(a, O_WRONLY | O_CREAT, 0600));
+  close(open(b, O_WRONLY | O_CREAT, 0600));
+  const int ok = (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b,
+                              RENAME_EXCHANGE) == 0;
+  unlink(a);
+  unlink(b);
+  return ok;
+#else
+  (void)dir;
+  return 0;
+#endif
+}
+
 /* A fresh state dir (g_dir) whose groups file holds the n bytes of text
  * (NULs too), of `mode`. */
 static void groups_file_n(const char *text, size_t n, mode_t mode) {
@@ -329,8 +348,9 @@ START_TEST(test_groups_exchanged) {
   g_renames = 0;
   ck_assert_int_eq(dcpxd_secrets_add(s, "second", 1000, 2, pids, secret), 0);
 #ifdef HAVE_RENAMEAT2
-  ck_assert_int_eq(g_renames, 0);
-  ck_assert_int_eq(g_exchanges, 1);
+  /* where /tmp's file system has the exchange (not NFS, some FUSE) */
+  ck_assert_int_eq(g_renames, !exchange_works(g_dir));
+  ck_assert_int_eq(g_exchanges, exchange_works(g_dir));
   /* no exchange on this file system: a rename, the same file */
   g_renameat2_errno = EINVAL;
   ck_assert_int_eq(dcpxd_secrets_add(s, "third", 1000, 2, pids, secret), 0);
