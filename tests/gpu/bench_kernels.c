@@ -33,6 +33,8 @@
  * set W and N (e.g. W=2, N=1280: two ranks' whole calls on one GPU, where
  * a skewed row rescues with T1 > 0). BENCH_FLOOR_SWEEP=1 times only the
  * launch floor by block size and dynamic shared memory (bench_floor_sweep).
+ * BENCH_NO_IDS=1: merges without ids_out (a DCP engine needs only its own
+ * rows_out), else with it.
  */
 #include <stdarg.h>
 
@@ -540,9 +542,10 @@ int main(void) {
 
   printf("## dcpx kernels on %s (%d SMs)\n\n", prop.name,
          prop.multiProcessorCount);
-  printf("W=%u ranks on one GPU, N=%u, K=%u, B=%u, ids_out on; median of %u "
+  const int no_ids = getenv("BENCH_NO_IDS") != NULL;
+  printf("W=%u ranks on one GPU, N=%u, K=%u, B=%u, ids_out %s; median of %u "
          "graph replays of %u launches each, us per launch.\n\n",
-         W, N, K, B, g_reps, g_iters);
+         W, N, K, B, no_ids ? "off (BENCH_NO_IDS)" : "on", g_reps, g_iters);
   printf("| local | rows | push | merge | merge+rescue, skewed (rescued) | "
          "ratio | merge+rescue, dominant (rescued) | ratio | e2e call, "
          "rescue rare | e2e, every row rescues (skewed) | e2e, every row "
@@ -557,6 +560,7 @@ int main(void) {
     gg g;
     gg_init(&g, W, RMAX, RMAX, N, K, B, 1, lens[li], lens[li], 0, 0);
     g.hdr->timeout_ns = 2000000000ull;
+    g.no_ids = no_ids;
     if (getenv("BENCH_FLOOR_SWEEP")) {
       printf("| (BENCH_FLOOR_SWEEP: the sweep only; merge smem here %zu "
              "bytes at %u threads) |\n",

@@ -106,6 +106,8 @@ typedef struct gg {
   int32_t *d_rows[DCPX_MAX_WORLD], *d_valid[DCPX_MAX_WORLD];
   int32_t *d_ids[DCPX_MAX_WORLD];
   uint32_t *d_sat[DCPX_MAX_WORLD];
+  int no_ids; /* gg_merge passes no ids_out (a bench: as a DCP engine, which
+                 needs only its own rows_out) */
   int32_t *g_rows[DCPX_MAX_WORLD], *g_valid[DCPX_MAX_WORLD];
   int32_t *g_ids[DCPX_MAX_WORLD];
   uint32_t *g_sat[DCPX_MAX_WORLD];
@@ -337,8 +339,8 @@ static inline void gg_push(gg *g, uint32_t r) {
 static inline void gg_merge(gg *g, uint32_t r) {
   KCK(dcpx_k_merge(&g->kc[r], g->rows, gg_dlogits(g, r), g->stride,
                    g->d_ends[r], g->d_req[r], g->d_bt[r], g->bt_rows,
-                   g->bt_cols, g->d_rows[r], g->d_valid[r], g->d_ids[r],
-                   g->d_sat[r], g->st[r]));
+                   g->bt_cols, g->d_rows[r], g->d_valid[r],
+                   g->no_ids ? NULL : g->d_ids[r], g->d_sat[r], g->st[r]));
 }
 
 /* One call on every rank: all pushes, then all merges (each merge after
