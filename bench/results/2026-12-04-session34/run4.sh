@@ -12,9 +12,10 @@ for round in 1 2; do
   for sh in 8:512 2:1280; do
     for ids in on off; do
       f="$OUT/ids_${ids}_r${round}_w${sh%%:*}.md"
-      env BENCH_W=${sh%%:*} BENCH_N=${sh##*:} BENCH_QUICK=1 BENCH_REPS=5 \
-        BENCH_LEN=16384 ${ids/off/BENCH_NO_IDS=1} ${ids/on/BENCH_IDS_ON=1} \
-        timeout -k 5 120 build-gpu/tests/gpu/bench_kernels > "$f" 2>&1
+      extra=
+      [ "$ids" = off ] && extra=BENCH_NO_IDS=1
+      env $extra BENCH_W=${sh%%:*} BENCH_N=${sh##*:} BENCH_QUICK=1 \
+        BENCH_REPS=5 BENCH_LEN=16384 timeout -k 5 120 build-gpu/tests/gpu/bench_kernels > "$f" 2>&1
       echo "== round $round W:N $sh ids_out $ids"
       grep -E "^\| 16384|ids_out" "$f"
     done
