@@ -247,34 +247,36 @@ static bool join_allowed(dcpxd_conn *c, const dcpxd_group *g,
   return false;
 }
 
-/* The group's warnings for its JoinReply and log (g->warning): the
- * shape's (W*N <= K), and, with the host backend, workspaces past this
- * machine's memory and swap. They are sparse (memfd), so such a group
- * forms and works while its calls hold few rows; a call of up to the
- * shape's rows fills them, and the OOM killer then ends dcpxd or a rank,
- * or another process, with no error. */
-static void group_warnings(dcpxd_group *g) {
+/* The group's warnings for its JoinReply and log, into buf[GROUP_WARNING]
+ * ("" when none): the shape's (W*N <= K), and, with the host backend,
+ * workspaces past this machine's memory and swap. They are sparse (memfd),
+ * so such a group forms and works while its calls hold few rows; a call
+ * of up to the shape's rows fills them, and the OOM killer then ends
+ * dcpxd or a rank, or another process, with no error. */
+#define GROUP_WARNING 512 /* libdcpx keeps up to 511 bytes of it */
+static const char *group_warnings(const dcpxd_group *g, char *buf) {
   const char *sw = dcpx_shape_warning(&g->shape);
   const uint64_t need = (uint64_t)g->shape.world * g->L.ws_bytes;
   struct sysinfo si;
   size_t n = 0;
 
-  g->warning[0] = '\0';
+  buf[0] = '\0';
   if (sw)
-    n = (size_t)snprintf(g->warning, sizeof(g->warning), "%s", sw);
+    n = (size_t)snprintf(buf, GROUP_WARNING, "%s", sw);
   if (g->backend != DCPX__BACKEND__BACKEND_HOST || sysinfo(&si) != 0)
-    return;
+    return buf;
   const uint64_t have =
       ((uint64_t)si.totalram + si.totalswap) * (si.mem_unit ? si.mem_unit : 1);
-  if (need <= have || n >= sizeof(g->warning))
-    return;
-  snprintf(g->warning + n, sizeof(g->warning) - n,
+  if (need <= have || n >= GROUP_WARNING)
+    return buf;
+  snprintf(buf + n, GROUP_WARNING - n,
            "%sits %u workspaces (%.1f GiB) exceed this machine's memory and "
            "swap (%.1f GiB): calls of up to %u rows fill them, and the OOM "
            "killer may end dcpxd, a rank or another process; give the group "
            "fewer rows or a smaller max_local",
            n ? "; " : "", g->shape.world, (double)need / (1ull << 30),
            (double)have / (1ull << 30), g->shape.rows);
+  return buf;
 }
 
 /* The JoinReply of a formed group, with its fds (invariant 2); a
@@ -335,9 +337,9 @@ static void send_join_reply_fds(dcpxd_group *g, uint32_t rank, bool with_fds) {
   jr.device_uuids = uuids;
   jr.nccl_id.len = g->nccl_id_len;
   jr.nccl_id.data = g->nccl_id;
-  group_warnings(g); /* also for a reattach to an adopted group */
-  if (g->warning[0])
-    jr.warning = g->warning;
+  char warning[GROUP_WARNING]; /* also for a reattach to an adopted group */
+  if (group_warnings(g, warning)[0])
+    jr.warning = warning;
   f.msg_case = DCPX__FRAME__MSG_JOIN_REPLY;
   f.join_reply = &jr;
   dcpxd_conn_send(g->member[rank].conn, &f, fds, with_fds ? (int)W + 1 : 0);
@@ -517,9 +519,9 @@ static void group_form(dcpxd_group *g) {
            g->name, W, g->shape.rows, g->shape.topk, g->shape.local_topk,
            transport_name(g->transport), backend_name(g->backend),
            g->L.ws_bytes, g->L.ctl_bytes);
-  group_warnings(g);
-  if (g->warning[0])
-    log_warning("group=%s: %s", g->name, g->warning);
+  char warning[GROUP_WARNING];
+  if (group_warnings(g, warning)[0])
+    log_warning("group=%s: %s", g->name, warning);
   for (uint32_t i = 0; i < W; i++) {
     dcpxd_conn_join_done(g->member[i].conn);
     send_join_reply(g, i);

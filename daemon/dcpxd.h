@@ -219,9 +219,6 @@ struct dcpxd_group {
   char refused[240];
   uint32_t refused_rank;
   bool refused_dup;
-  /* The JoinReply's warning (the shape's, dcpx_shape_warning, and a host
-   * group's memory beyond the machine's, group_form), or "". */
-  char warning[512];
 
   /* Memory, from formation on. */
   const dcpxd_mem_ops *mem;

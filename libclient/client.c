@@ -234,14 +234,19 @@ static int map_fd(int fd, size_t bytes, void **ret) {
   return 0;
 }
 
-/* The address space a member of m's backend maps (GiB): the control page,
- * and with the host backend every rank's workspace (CUDA workspaces are
- * device memory). */
-static double map_gib(const dcpx_member *m) {
-  const uint64_t ws =
-      m->backend == DCPX_BACKEND_HOST ? m->shape.world * m->L.ws_bytes : 0u;
-  return (double)(m->L.ctl_bytes + ws) / (double)(1ull << 30);
+/* The workspaces a member of m's backend maps: every rank's with the host
+ * backend, none with CUDA (device memory). */
+static uint32_t map_workspaces(const dcpx_member *m) {
+  return m->backend == DCPX_BACKEND_HOST ? m->shape.world : 0u;
 }
+
+/* The address space a member maps: the control page and those
+ * workspaces. */
+static uint64_t map_bytes(const dcpx_member *m) {
+  return m->L.ctl_bytes + (uint64_t)map_workspaces(m) * m->L.ws_bytes;
+}
+
+static double gib(uint64_t bytes) { return (double)bytes / (1ull << 30); }
 
 /* Before the Join goes out: whether the memory a member maps fits this
  * process's address-space limit (RLIMIT_AS), so that a rank that could
@@ -249,19 +254,15 @@ static double map_gib(const dcpx_member *m) {
  * its peers see as an abort). 0 or DCPX_E_NOMEM with why. */
 static int map_fits(const dcpx_member *m, char *why, size_t n) {
   struct rlimit rl;
-  const uint64_t need =
-      m->L.ctl_bytes +
-      (m->backend == DCPX_BACKEND_HOST ? m->shape.world * m->L.ws_bytes : 0u);
   if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
-      need < (uint64_t)rl.rlim_cur)
+      map_bytes(m) < (uint64_t)rl.rlim_cur)
     return 0;
   snprintf(why, n,
            "the group's memory (the control page and %u workspaces of %llu "
            "bytes, %.1f GiB) does not fit this process's address-space "
            "limit (RLIMIT_AS, ulimit -v: %.1f GiB)",
-           m->backend == DCPX_BACKEND_HOST ? m->shape.world : 0u,
-           (unsigned long long)m->L.ws_bytes, map_gib(m),
-           (double)rl.rlim_cur / (double)(1ull << 30));
+           map_workspaces(m), (unsigned long long)m->L.ws_bytes,
+           gib(map_bytes(m)), gib((uint64_t)rl.rlim_cur));
   return DCPX_E_NOMEM;
 }
 
@@ -662,9 +663,8 @@ static int member_start(dcpx_member *m, const Dcpx__JoinReply *jr, int *fds,
                "cannot map the group's memory (%s): the control page and "
                "%u workspaces of %llu bytes, %.1f GiB of address space "
                "(RLIMIT_AS, ulimit -v?)",
-               dcpx_strerror(r),
-               m->backend == DCPX_BACKEND_HOST ? m->shape.world : 0u,
-               (unsigned long long)m->L.ws_bytes, map_gib(m));
+               dcpx_strerror(r), map_workspaces(m),
+               (unsigned long long)m->L.ws_bytes, gib(map_bytes(m)));
     return r;
   }
   /* The call counters count this process's calls (dcpx_health): a

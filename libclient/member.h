@@ -83,7 +83,6 @@ struct dcpx_member {
   uint32_t bt_rows_bad;
   uint64_t row_err[DCPX_MAX_ROWS / 64];
 
-
   /* Host backend scratch, sized at join. */
   dcpx__merge_ws mws;
   uint32_t *lists_buf; /* [W][rw_n] */
