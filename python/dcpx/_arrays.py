@@ -42,6 +42,14 @@ def is_torch(x: Any) -> bool:
     return t is not None and isinstance(x, t.Tensor)
 
 
+def not_int(x: Any) -> bool:
+    """True for what dcpx does not take as an integer: no ``__index__``,
+    or a bool, Python's or numpy's (``np.True_`` has ``__index__`` and
+    became rank 1)."""
+    return isinstance(x, bool) or not hasattr(x, "__index__") or \
+        getattr(getattr(x, "dtype", None), "kind", None) == "b"
+
+
 def is_numpy(x: Any) -> bool:
     np = sys.modules.get("numpy")
     return np is not None and isinstance(x, np.ndarray)
@@ -242,7 +250,7 @@ def watch(arrays: Sequence[Tuple[str, Any]],
                 tw.append((x.data_ptr, x.data_ptr(), x, x.shape,
                            x.is_contiguous, name))
             else:
-                nw.append((x, x.shape, x.strides, out, name))
+                nw.append((x, x.shape, x.strides, x.base, out, name))
     return tuple(tw), tuple(nw)
 
 
@@ -250,7 +258,8 @@ def moved(w: Watch) -> Optional[str]:
     """The name of the first watched array that no longer has the address,
     shape and layout :func:`watch` saw (a torch tensor ``resize_``d,
     ``set_`` to other storage, ``as_strided_``, its storage resized; a
-    numpy array reshaped or ``resize``d in place), or a numpy output
+    numpy array reshaped or ``resize``d in place, or given another
+    buffer with ``.data =``, which replaces its ``base``), or a numpy output
     made read-only since (``flags.writeable = False``), else None. The
     call path: about 0.2 us a torch tensor, 0.1 us a numpy array. A numpy
     array's address is not read (``.ctypes.data`` costs 0.5 us): it moves
@@ -262,8 +271,8 @@ def moved(w: Watch) -> Optional[str]:
     for dp, p, x, s, contiguous, name in w[0]:
         if dp() != p or x.shape != s or not contiguous():
             return name
-    for x, s, st, out, name in w[1]:
-        if x.shape != s or x.strides != st or \
+    for x, s, st, base, out, name in w[1]:
+        if x.shape != s or x.strides != st or x.base is not base or \
                 (out and not x.flags.writeable):
             return name
     return None
@@ -322,14 +331,14 @@ def stream_handle(s: Any) -> Optional[int]:
         return None
     if type(s) is int:
         h = s
-    elif isinstance(s, bool):
+    elif hasattr(s, "__index__") and not_int(s):
         raise InvalidArgument(context=f"stream must be an int handle or a "
                               f"torch.cuda.Stream, got bool {s!r}")
     elif hasattr(s, "__index__"):
         h = operator.index(s)
     else:
         h = getattr(s, "cuda_stream", None)
-        if isinstance(h, bool) or not hasattr(h, "__index__"):
+        if not_int(h):
             raise InvalidArgument(context=f"stream must be an int handle "
                                   f"or a torch.cuda.Stream, got "
                                   f"{type(s).__name__}")

@@ -76,7 +76,7 @@ def auto_local_topk(world: int, topk: int) -> int:
     """The N that ``local_topk=0`` gets (``dcpx_shape_auto_local_topk``);
     0 for W or K out of range; InvalidArgument for a non-integer."""
     for x, what in ((world, "world"), (topk, "topk")):
-        if isinstance(x, bool) or not hasattr(x, "__index__"):
+        if A.not_int(x):
             raise InvalidArgument(context=f"auto_local_topk: {what} {x!r} "
                                   "is not an integer")
     w, k = operator.index(world), operator.index(topk)
@@ -105,12 +105,14 @@ class Shape:
         :class:`InvalidArgument` naming a field that is not an integer of
         its C type."""
         self._c()  # the field named, not auto_local_topk's argument
-        s = Shape(**self.__dict__)
-        if self.local_topk:
+        # plain ints: a field of a type with only __index__ (or one whose
+        # value changes) would not stay what was checked
+        s = Shape(**{f.name: operator.index(getattr(self, f.name))
+                     for f in fields(self)})
+        if s.local_topk:
             return s
-        s.local_topk = auto_local_topk(self.world, self.topk)
-        if not s.local_topk and (operator.index(self.world) > MAX_WORLD or
-                                 operator.index(self.topk) > MAX_TOPK):
+        s.local_topk = auto_local_topk(s.world, s.topk)
+        if not s.local_topk and (s.world > MAX_WORLD or s.topk > MAX_TOPK):
             s.local_topk = 1  # so that the check names the limit (as C)
         return s
 
@@ -118,7 +120,7 @@ class Shape:
         v: Dict[str, int] = {}
         for f in fields(self):
             x = getattr(self, f.name)
-            if isinstance(x, bool) or not hasattr(x, "__index__"):
+            if A.not_int(x):
                 raise InvalidArgument(
                     context=f"Shape.{f.name} must be an integer, got "
                             f"{type(x).__name__} {x!r}")
@@ -162,7 +164,7 @@ def _tag(call_tag: Any) -> int:
     """A call tag as the C uint64 (any integer, taken modulo 2^64)."""
     if type(call_tag) is int:
         return call_tag & _U64
-    if isinstance(call_tag, bool) or not hasattr(call_tag, "__index__"):
+    if A.not_int(call_tag):
         raise InvalidArgument(context=f"call_tag must be an integer, got "
                               f"{type(call_tag).__name__} {call_tag!r}")
     return operator.index(call_tag) & _U64
@@ -186,7 +188,7 @@ def _no_stream_compiled(stream: Any, what: str) -> None:
 def _ranged(x: Any, lo: int, hi: int, what: str) -> int:
     """x as an int in lo..hi (numpy integers too; not bool), else
     InvalidArgument naming ``what``."""
-    if isinstance(x, bool) or not hasattr(x, "__index__") or \
+    if A.not_int(x) or \
             not lo <= operator.index(x) <= hi:
         raise InvalidArgument(context=f"{what}: {x!r} is not an integer in "
                               f"{lo}..{hi}")
@@ -447,9 +449,12 @@ class Client:
         exception goes on."""
         with self._state:
             if self._joiner is not None:
-                raise Busy(context="this Client is in a join on another "
-                           "thread: a Client joins one rank at a time; "
-                           "connect a Client per thread that joins")
+                where = "this thread (a signal handler's join?)" \
+                    if self._joiner == threading.get_ident() else \
+                    "another thread"
+                raise Busy(context=f"this Client is in a join on {where}: "
+                           "a Client joins one rank at a time; connect a "
+                           "Client per thread that joins")
             if self._ptr is None or self._closing:
                 raise StateError(context="Client is closed")
             self._joiner = threading.get_ident()
@@ -476,7 +481,12 @@ class Client:
             JoinOptions(**{**options.__dict__, **kw})
         if not isinstance(shape, Shape):
             raise InvalidArgument(context="shape must be a dcpx.Shape")
+        # One snapshot, taken before the wait: the caller may change (or
+        # reuse) its Shape while the join waits, and the member must hold
+        # the shape the group was joined with (a topk set smaller during
+        # the wait let merge accept outputs that libdcpx wrote past).
         cs = shape._c()
+        joined = shape.resolved()
         try:
             group = opts.group.encode("utf-8")
         except (AttributeError, UnicodeError):
@@ -509,25 +519,49 @@ class Client:
                           RuntimeWarning, stacklevel=3)
         p = ctypes.c_void_p()
         L, cp = lib(), ctypes.c_void_p(self._ptr)
-        r = _interruptible(
-            lambda: L.dcpx_join(cp, ctypes.byref(cs), ctypes.byref(co),
-                                ctypes.byref(p)),
-            lambda on: L.dcpx_client_interrupt(cp, on),
-            lambda code: L.dcpx_leave(p) if code >= 0 else None)
-        if r < 0 and self._closing and r == Interrupted.code:
-            raise StateError(context=f"joining group {opts.group!r} as rank "
-                             f"{opts.rank}: the Client was closed during the "
-                             "join")
-        if r < 0:
-            context = f"joining group {opts.group!r} as rank {opts.rank}"
-            why = lib().dcpx_client_last_error(ctypes.c_void_p(self._ptr))
-            if why:  # libdcpx or dcpxd refused it and said why
-                context += f" ({why.decode('utf-8', 'replace')})"
-            check(r, context)
-        m = Member(p.value, self, shape.resolved(), opts)
-        w = lib().dcpx_member_warning(ctypes.c_void_p(p.value))
-        m._warning = w.decode("utf-8", "replace") if w else None
-        return m
+        # The Member is made on the worker, as soon as the C join returns:
+        # from then on dropping it leaves the group (__del__), and an
+        # exception that comes before the caller has it (Ctrl-C as the
+        # wait ends) leaves through it, never a second time by pointer.
+        made: List["Member"] = []
+
+        def join_and_hold() -> int:
+            r = L.dcpx_join(cp, ctypes.byref(cs), ctypes.byref(co),
+                            ctypes.byref(p))
+            if r >= 0:
+                try:
+                    made.append(Member(p.value, self, joined, opts))
+                except BaseException:
+                    L.dcpx_leave(p)
+                    raise
+            return r
+
+        def abandon(code: int) -> None:
+            if made:
+                made.pop().leave()
+
+        try:
+            r = _interruptible(join_and_hold,
+                               lambda on: L.dcpx_client_interrupt(cp, on),
+                               abandon)
+            if r < 0 and self._closing and r == Interrupted.code:
+                raise StateError(context=f"joining group {opts.group!r} as "
+                                 f"rank {opts.rank}: the Client was closed "
+                                 "during the join")
+            if r < 0:
+                context = f"joining group {opts.group!r} as rank {opts.rank}"
+                why = lib().dcpx_client_last_error(ctypes.c_void_p(self._ptr))
+                if why:  # libdcpx or dcpxd refused it and said why
+                    context += f" ({why.decode('utf-8', 'replace')})"
+                check(r, context)
+            m = made[0]
+            w = lib().dcpx_member_warning(ctypes.c_void_p(p.value))
+            m._warning = w.decode("utf-8", "replace") if w else None
+            made.clear()
+            return m
+        except BaseException:
+            abandon(0)  # the join completed, the caller never had it
+            raise
 
     def close(self) -> None:
         """Disconnects (``dcpx_disconnect``); idempotent. A join on this
@@ -738,6 +772,8 @@ class Member:
     # -- the calls --------------------------------------------------------
     def _stream(self, stream: Any) -> Optional[int]:
         if not self._cuda:
+            if stream is not None:  # checked as on the GPU, then unused
+                A.stream_handle(stream)
             return None
         if stream is None:
             return A.current_stream_of_device(self._where_t[1])
@@ -1030,6 +1066,8 @@ class Member:
         if self.backend == Backend.CUDA:
             s = A.stream_handle(stream) if stream is not None else \
                 A.current_stream_of_device(self._where_t[1])
+        elif stream is not None:  # checked as on the GPU, then unused
+            A.stream_handle(stream)
         ms = _ranged(timeout_ms, 0, 0xFFFFFFFF, "recover: timeout_ms")
         self._token = None
         L = self._lib
@@ -1084,6 +1122,11 @@ class Member:
             self._ptr = None
             if self._busy:  # the last call still running frees it
                 self._left, p = p, None
+                # A recover on another thread would hold the rank in the
+                # group for up to its timeout: stop its wait (it raises
+                # Interrupted; push and merge do not look at the flag).
+                self._lib.dcpx_member_interrupt(ctypes.c_void_p(self._left),
+                                                1)
         _members.pop(self.handle, None)
         self._token = None
         if p is not None:
@@ -1316,9 +1359,12 @@ def ref_call(shape: Shape, logits: Sequence[Any], row_ends: Sequence[Any],
             else _REF_RANGE_LISTS))
     check(r, "dcpx_ref_call")
     if stats is not None:
-        stats[0] += st.rows
-        stats[1] += st.rescue_rows
-        stats[2] += st.saturated
+        # a numpy uint64 counter plus a Python int is a float64 under
+        # numpy < 2 (2**60 + 1 lost its 1): add uint64s to it
+        u = np.uint64 if A.is_numpy(stats) else int
+        stats[0] += u(st.rows)
+        stats[1] += u(st.rescue_rows)
+        stats[2] += u(st.saturated)
     return res
 
 

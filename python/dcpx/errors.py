@@ -120,7 +120,8 @@ class PermError(DcpxError, PermissionError, code=-1, name="DCPX_E_PERM"):
 
 
 class NotFound(DcpxError, code=-2, name="DCPX_E_NOENT"):
-    """No such group, socket or file."""
+    """No such group or file (a socket with no dcpxd behind it, or none
+    at all, is :class:`ConnectionRefused`)."""
 
 
 class Interrupted(DcpxError, code=-4, name="DCPX_E_INTR"):

@@ -106,7 +106,12 @@ class PrivateDaemon:
         is collected or the interpreter exits (not when the process is
         killed: use ``with``, or :meth:`stop`, in a ``finally``); so is
         the temp dir of one never started. After :meth:`stop` it starts
-        again on the same socket, with a fresh state dir."""
+        again on the same socket, with a fresh state dir. Called while
+        its dcpxd runs, it raises RuntimeError: a second dcpxd on the same
+        socket and state dir would orphan the first."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"dcpxd (pid {self.proc.pid}) is running on "
+                               f"{self.socket}: stop() it first")
         try:
             os.makedirs(self.dir, mode=0o700, exist_ok=True)  # after stop()
             with open(self.log, "ab") as log:

@@ -62,7 +62,7 @@ def test_join_rank_types(daemon, group, small_shape):
     """JoinOptions' integers are checked as Shape's: numpy integers are
     integers, bools and values out of range are not."""
     with dcpx.Client(daemon.socket) as c:
-        for bad in (True, -1, 1 << 32, 0.0):
+        for bad in (True, np.True_, -1, 1 << 32, 0.0):
             with pytest.raises(dcpx.InvalidArgument, match="rank"):
                 c.join(small_shape, rank=bad, group=group)
         with c.join(small_shape, rank=np.int32(0), group=group) as m:
@@ -95,6 +95,32 @@ def test_integer_ranges(libdcpx, small_shape):
         dcpx.Shape(world=1.0, rows=4, topk=16, local_topk=4, block_size=4,
                    interleave=1, max_local=128).check()
 
+
+
+def test_shape_fields_of_an_index_type(daemon, group, small_shape):
+    """Shape fields of any type with ``__index__`` (not only numpy's) are
+    taken as the ints they stand for, in the member and in every call
+    (they passed the checks, then every push, merge and ref_call raised a
+    bare TypeError); numpy bools are refused as Python's are."""
+    class I:
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+    sh = dcpx.Shape(**{k: I(v) for k, v in small_shape.__dict__.items()})
+    lg, en, req, bt = _ref_args(small_shape)
+    ref = dcpx.ref_call(small_shape, [lg], [en], 0, req, bt)
+    compare(dcpx.ref_call(sh, [lg], [en], 0, req, bt), ref, 4)
+    with dcpx.Client(daemon.socket) as c, c.join(sh, rank=0,
+                                                 group=group) as m:
+        assert m.shape == small_shape
+        m.push(lg, en)
+        compare(m.merge(lg, en, req, bt), ref, 4)
+    with pytest.raises(dcpx.InvalidArgument, match="Shape.rows"):
+        dcpx.Shape(world=1, rows=np.True_, topk=16, local_topk=4,
+                   max_local=128).check()
 
 
 def test_shape_field_not_an_integer_is_named(libdcpx, small_shape):
@@ -222,6 +248,15 @@ def test_ref_call_stats_types(libdcpx, small_shape):
         dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=a)
         dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=li)
     assert a.dtype == np.uint64 and list(a) == li and li[0] == 280
+    # near 2^64: a uint64 counter plus a Python int went through float64
+    # under numpy < 2 (2^60 + 1 lost its 1)
+    big = np.array([2**60 + 1, 2**62 + 3, (1 << 64) - 9], np.uint64)
+    st = [0, 0, 0]
+    dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=st)
+    dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, stats=big)
+    assert big.dtype == np.uint64 and st[0] == 4
+    assert [int(x) for x in big] == [2**60 + 1 + st[0], 2**62 + 3 + st[1],
+                                     (1 << 64) - 9 + st[2]]
 
 
 def test_boolean_options_must_be_bools(member, small_shape):
@@ -346,6 +381,39 @@ def test_prepared_call_refuses_moved_arrays(member, small_shape):
         assert member.async_error().state == 0  # nothing reached libdcpx
     a, out = fresh()
     compare(member.prepare(*a, out=out)(), ref, 4)
+    assert member.health().ok
+
+
+def test_prepared_call_refuses_arrays_given_other_buffers(member,
+                                                          small_shape):
+    """A numpy array bound by Member.prepare and then given another buffer
+    with ``.data =`` (same shape and strides; numpy frees the old one when
+    nothing else holds it) is refused by the PreparedCall's next call,
+    as its docstring says: the call wrote its outputs into, and read its
+    logits from, the buffer prepare saw."""
+    lg, en, req, bt = _ref_args(small_shape)
+    ref = dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, sat=False)
+
+    def give_other(x):
+        with warnings.catch_warnings():  # deprecated in numpy 2
+            warnings.simplefilter("ignore", DeprecationWarning)
+            x.data = np.zeros_like(x).data
+
+    for name in ("logits", "block_table", "out.rows_out", "out.valid_out"):
+        a = (lg.copy(), en.copy(), req.copy(), bt.copy())
+        out = dcpx.MergeResult(np.empty((4, 16), np.int32),
+                               np.empty(4, np.int32),
+                               np.empty((4, 16), np.int32))
+        pc = member.prepare(*a, out=out)
+        compare(pc(), ref, 4)
+        target = {"logits": a[0], "block_table": a[3],
+                  "out.rows_out": out.rows_out,
+                  "out.valid_out": out.valid_out}[name]
+        give_other(target)
+        with pytest.raises(dcpx.InvalidArgument,
+                           match=f"PreparedCall: {name} was resized"):
+            pc()
+        assert member.async_error().state == 0  # nothing reached libdcpx
     assert member.health().ok
 
 
@@ -500,6 +568,18 @@ def test_stream_handles(member, small_shape):
             member.prepare(lg, en, req, bt, stream=bad)
     for ok in (0, np.uint64(2), (1 << 64) - 1):
         member.prepare(lg, en, req, bt, stream=ok)()  # the host ignores it
+    # push, merge and recover check it on the host backend too (they
+    # took anything there: "bogus", object())
+    for bad in (np.True_, "bogus", object(), -1):
+        with pytest.raises(dcpx.InvalidArgument, match="stream"):
+            member.push(lg, en, stream=bad)
+        with pytest.raises(dcpx.InvalidArgument, match="stream"):
+            member.recover(timeout_ms=10, stream=bad)
+    member.push(lg, en, stream=np.uint64(3))
+    with pytest.raises(dcpx.InvalidArgument, match="stream"):
+        member.merge(lg, en, req, bt, stream="bogus")
+    compare(member.merge(lg, en, req, bt, stream=0), dcpx.ref_call(
+        small_shape, [lg], [en], 0, req, bt), 4)
     assert member.health().ok
 
 

@@ -347,3 +347,102 @@ def test_shape_warning_reaches_python(daemon, group):
     for r in (0, 1):
         assert got[r].warning and "every full row rescues" in got[r].warning
         got[r].leave()
+
+
+def test_shape_changed_during_join(daemon, group):
+    """The Shape a join was given, changed by the caller while the join
+    waits, changes nothing: the member holds the shape the group was
+    joined with. It read the caller's object again after the wait: with
+    topk set from 16 to 12 meanwhile, merge accepted a [rows][12] output
+    that libdcpx wrote 16 ints a row into (64 bytes past it); with rows
+    set to None the join completed in C and then raised, leaving the
+    rank joined with nobody to drive it."""
+    shape = dcpx.Shape(world=2, rows=4, topk=16, local_topk=12,
+                       block_size=4, max_local=128)
+    mine = dcpx.Shape(**shape.__dict__)
+    got = {}
+
+    def join0():
+        got[0] = dcpx.Client(daemon.socket).join(mine, rank=0, group=group)
+
+    t = threading.Thread(target=join0)
+    t.start()
+    time.sleep(0.3)  # rank 0 waits for rank 1 now
+    mine.topk, mine.rows = 12, None
+    m1 = dcpx.Client(daemon.socket).join(shape, rank=1, group=group)
+    t.join(30)
+    m0 = got[0]
+    assert m0.shape == shape and m0.shape is not mine
+    lg, en, req, bt = _args()
+    buf = np.full(100, 7777, np.int32)
+    res = {}
+
+    def call(m, out):
+        m.push(lg, en)
+        try:
+            res[m.rank] = m.merge(lg, en, req, bt, out=out, ids=False)
+        except dcpx.DcpxError as e:
+            res[m.rank] = e
+
+    short = (buf[:48].reshape(4, 12), np.empty(4, np.int32))
+    ts = [threading.Thread(target=call, args=(m0, short)),
+          threading.Thread(target=call, args=(m1, None))]
+    for x in ts:
+        x.start()
+    for x in ts:
+        x.join(30)
+    assert isinstance(res[0], dcpx.InvalidArgument), res[0]
+    assert (buf[48:] == 7777).all()
+    m0.leave()
+    m1.leave()
+
+
+def test_leave_stops_a_recover_on_another_thread(daemon, group):
+    """leave() while another thread waits in recover() stops that wait
+    (Interrupted) and the rank leaves the group at once; it stayed joined
+    until the recovery's timeout (20 s by default), so its peers waited
+    on a rank that had left."""
+    m0, m1 = _pair(daemon, group, 200_000_000)
+    lg, en, req, bt = _args()
+    m0.push(lg, en)
+    with pytest.raises(dcpx.Failed):
+        m0.merge(lg, en, req, bt)  # rank 1 never pushed
+    seen = []
+
+    def recover():
+        try:
+            m0.recover(timeout_ms=15000)
+            seen.append("recovered")
+        except dcpx.DcpxError as e:
+            seen.append(type(e).__name__)
+
+    t = threading.Thread(target=recover)
+    t.start()
+    time.sleep(0.3)  # the recover waits for rank 1's acknowledgement
+    t0 = time.monotonic()
+    m0.leave()
+    t.join(10)
+    assert not t.is_alive() and seen == ["Interrupted"], seen
+    while m1.health().joined_mask & 1 and time.monotonic() - t0 < 5:
+        time.sleep(0.02)
+    assert not m1.health().joined_mask & 1
+    assert time.monotonic() - t0 < 2
+    m1.leave()
+
+
+def test_private_daemon_start_twice(libdcpx):
+    """start() while its dcpxd runs raises instead of starting a second
+    dcpxd on the same socket and state dir (the first was orphaned)."""
+    import dcpx.testing
+    if not dcpx.testing.find_dcpxd():
+        pytest.skip("dcpxd not found (set DCPXD)")
+    d = dcpx.testing.PrivateDaemon().start()
+    try:
+        pid = d.proc.pid
+        with pytest.raises(RuntimeError, match="stop"):
+            d.start()
+        assert d.proc.pid == pid and d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+    d.start()  # after stop() it starts again
+    assert d.stop() == 0
