@@ -176,6 +176,12 @@ START_TEST(test_option_errors) {
   USAGE_ERR("--until: '2025-01-31 12:00:00' has no time zone", "records",
             "--until", "2025-01-31 12:00:00");
   CTL(3, "records", "--since", "2025-01-31 12:00:00Z"); /* no dcpxd */
+  CTL(3, "records", "--since", "2025-01-31T12:00:00.5Z");
+  CTL(3, "records", "--since", "2025-01-31T12:00:00.123456789Z");
+  USAGE_ERR("--since", "records", "--since", "2025-01-31T12:00:00.Z");
+  USAGE_ERR("--since", "records", "--since", "2025-01-31T12:00:00.1234567890Z");
+  USAGE_ERR("--since", "records", "--since", "2025-01-31T12:00:00.12a4Z");
+  USAGE_ERR("--since", "records", "--since", "2025-01-31T12:00:00.5");
   CTL(3, "records", "--until", "2025-01-31T12:00:00Z");
   /* --call 2^64-1 is "any call" on the wire: refused as reserved; it was
    * "must be a call number >= 1", which it is. */
@@ -606,6 +612,29 @@ START_TEST(test_check_records) {
     CTL(0, "records", "--group", "rec");
     CC_ASSERT(strstr(g_o.out, " CALL   AWAITED_RANK\n"), "records: %s",
               g_o.out);
+    /* A TIME as the table prints it is a time --since and --until take,
+     * to the nanosecond (it was "cannot parse time"): the newest record
+     * lies at or after its own TIME, not before it, and before its TIME
+     * plus 1 ns (a fraction dropped would put that a second early). */
+    CTL(0, "records", "--group", "rec", "--limit", "1");
+    const char *z = strstr(g_o.out, "Z ");
+    CC_ASSERT(z && z - g_o.out >= 29, "records: %s", g_o.out);
+    char t[40], t1[40];
+    memcpy(t, z - 29, 30);
+    t[30] = 0;
+    CC_ASSERT(t[4] == '-' && t[10] == 'T' && t[19] == '.', "TIME %s", t);
+    const unsigned long frac = strtoul(t + 20, NULL, 10);
+    if (frac < 999999999ul) { /* else the second's last ns: no +1 here */
+      snprintf(t1, sizeof(t1), "%.20s%09luZ", t, frac + 1);
+      CTL(0, "records", "--group", "rec", "--since", t);
+      CC_ASSERT(strstr(g_o.out, t), "--since %s: %s", t, g_o.out);
+      CTL(0, "records", "--group", "rec", "--until", t);
+      CC_ASSERT(!strstr(g_o.out, t), "--until %s: %s", t, g_o.out);
+      CTL(0, "records", "--group", "rec", "--until", t1);
+      CC_ASSERT(strstr(g_o.out, t), "--until %s: %s", t1, g_o.out);
+      CTL(0, "records", "--group", "rec", "--since", t1);
+      CC_ASSERT(!strstr(g_o.out, t), "--since %s: %s", t1, g_o.out);
+    }
   }
   sh->release = 0x7;
   CC_ASSERT(hh_wait_progress(sh, W, sh->resume_at + 20, 20000) == 0,

@@ -55,6 +55,24 @@ bad --local-len 0x
 bad --restart-at x
 bad --world " 3"
 bad --rows "$(printf '\t4')" # strtoull skips a tab or a newline
+# The shape's options are named with their own range (--world -1 said "a
+# number from 0 to 4294967295" where 1..16 is meant).
+for a in "--world 0 1 to 16" "--world 17 1 to 16" "--rows 4097 1 to 4096" \
+         "--topk 1 2 to 4096" "--local-len 131073 1 to 131072" \
+         "--calls 0 1 to 4294967295"; do
+  set -- $a
+  bad "$1" "$2"
+  if ! grep -q -- "is not a number from $3 $4 $5" "$out"; then
+    cat "$out"
+    echo "demo-smoke: FAIL: dcpx-demo $1 $2 did not give the range $3 $4 $5" >&2
+    exit 1
+  fi
+done
+v=$("$demo" --version) || { echo "demo-smoke: FAIL: --version" >&2; exit 1; }
+case $v in
+  "dcpx-demo "[0-9]*) ;;
+  *) echo "demo-smoke: FAIL: --version printed '$v'" >&2; exit 1 ;;
+esac
 
 # -h and --help, like dcpxd's and dcpxctl's: the help, exit 0, and it
 # names them.

@@ -1092,6 +1092,7 @@ static void help(void) {
       "  --seed S         input generator seed (default 1)\n"
       "  --group NAME     group name (default demo-PID)\n"
       "  --quiet          only the summary lines\n"
+      "  --version        the version, and exit\n"
       "  --backend B      host (shared memory) or cuda (default host)\n"
       "  --device N       CUDA device of every rank (default 0)\n"
       "  --spread         CUDA: rank r on device r % (device count)\n"
@@ -1133,15 +1134,34 @@ static void find_self_dir(opts *o) {
 }
 
 /* A numeric option's value (dcpxd_parse_num: decimal or 0x hex, never
- * octal), at most max. 0, or -1 after saying what is wrong. */
-static int parse_num(const char *name, const char *s, uint64_t max,
-                     uint64_t *ret) {
-  if (dcpxd_parse_num(s, ret) < 0 || *ret > max) {
-    fprintf(stderr, "dcpx-demo: --%s: '%s' is not a number from 0 to %llu\n",
-            name, s, (unsigned long long)max);
+ * octal), from lo to hi. 0, or -1 after saying what is wrong. */
+static int parse_num(const char *name, const char *s, uint64_t lo,
+                     uint64_t hi, uint64_t *ret) {
+  if (dcpxd_parse_num(s, ret) < 0 || *ret < lo || *ret > hi) {
+    fprintf(stderr, "dcpx-demo: --%s: '%s' is not a number from %llu to "
+                    "%llu\n",
+            name, s, (unsigned long long)lo, (unsigned long long)hi);
     return -1;
   }
   return 0;
+}
+
+/* The range of numeric option ch: the shape's limits (dcpx.h) for the
+ * shape's options, so that a value out of them is named with them. */
+static void num_range(int ch, uint64_t *lo, uint64_t *hi) {
+  *lo = 0;
+  *hi = UINT32_MAX;
+  switch (ch) {
+  case 'w': *lo = 1; *hi = DCPX_MAX_WORLD; break;
+  case 'r': *lo = 1; *hi = DCPX_MAX_ROWS; break;
+  case 'k': *lo = 2; *hi = DCPX_MAX_TOPK; break;
+  case 'n': *hi = DCPX_MAX_TOPK - 1u; break; /* 0: the library's choice */
+  case 'l': *lo = 1; *hi = DCPX_MAX_LOCAL; break;
+  case 'c': case 'b': case 'i': *lo = 1; break;
+  case 'S': *hi = UINT64_MAX; break;
+  case 'D': case 'F': case 'K': case 'X': case 'A': *hi = INT_MAX; break;
+  default: break;
+  }
 }
 
 /* A word option's value: vals[i] for arg == words[i] (n of them), or
@@ -1214,6 +1234,7 @@ static int set_option(opts *o, int ch, const char *arg, uint64_t v) {
     o->transport = (uint32_t)w;
     break;
   case 'h': help(); return 0;
+  case 'V': printf("dcpx-demo %s\n", dcpx_version()); return 0;
   default: usage(stderr); return 2;
   }
   return -1;
@@ -1235,19 +1256,17 @@ static int parse_args(opts *o, int argc, char **argv) {
       {"fault-rank", 1, 0, 'R'},  {"kill-at", 1, 0, 'K'},
       {"stop-at", 1, 0, 'X'},    {"transport", 1, 0, 'T'},
       {"restart-at", 1, 0, 'A'}, {"restart-signal", 1, 0, 'G'},
-      {"daemon-log", 1, 0, 'L'},
+      {"daemon-log", 1, 0, 'L'}, {"version", 0, 0, 'V'},
       {0, 0, 0, 0}};
   int ch, rc, li = -1;
 
   while ((ch = getopt_long(argc, argv, "h", lo, &li)) != -1) {
     uint64_t v = 0;
     /* Every option with a value but these is a number. */
+    uint64_t vlo, vhi;
+    num_range(ch, &vlo, &vhi);
     if (optarg && !strchr("sdgBTGL", ch) &&
-        parse_num(li >= 0 ? lo[li].name : "?", optarg,
-                  ch == 'S' ? UINT64_MAX
-                            : strchr("DFKXA", ch) ? (uint64_t)INT_MAX
-                                                 : (uint64_t)UINT32_MAX,
-                  &v) < 0)
+        parse_num(li >= 0 ? lo[li].name : "?", optarg, vlo, vhi, &v) < 0)
       return 2;
     li = -1;
     if ((rc = set_option(o, ch, optarg, v)) >= 0)

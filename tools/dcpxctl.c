@@ -195,13 +195,37 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The fraction of a second after a time's seconds, ".123456789" (1 to 9
+ * digits), as ns: *end moves past it. No dot: 0 and true. */
+static bool parse_frac_ns(const char **end, uint64_t *ret) {
+  const char *p = *end;
+  uint64_t ns = 0, scale = 100000000ull;
+  *ret = 0;
+  if (*p != '.')
+    return true;
+  p++;
+  if (*p < '0' || *p > '9')
+    return false;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (!scale)
+      return false; /* a tenth digit: finer than the records' ns */
+    ns += (uint64_t)(*p - '0') * scale;
+    scale /= 10;
+  }
+  *ret = ns;
+  *end = p;
+  return true;
+}
+
 /* A point in time: "now", "10m" (that long ago), "@1700000000" (unix
- * seconds), "2025-11-29T15:00:00Z" (UTC; a space may stand for the T), or
- * plain ns since the epoch. A date and time without the Z is refused with
+ * seconds), "2025-11-29T15:00:00Z" (UTC; a space may stand for the T;
+ * with up to 9 digits of a second after the seconds, as the records'
+ * TIME column prints it: "2025-11-29T15:00:00.065643673Z"), or plain ns
+ * since the epoch. A date and time without the Z is refused with
  * *no_zone set: it was taken as UTC, silently, though journalctl and
  * syslog print local time, from which an operator would copy it. */
 static bool parse_time_ns(const char *s, uint64_t *ret, bool *no_zone) {
-  uint64_t v;
+  uint64_t v, frac = 0;
   struct tm tm;
   const char *end;
 
@@ -219,6 +243,8 @@ static bool parse_time_ns(const char *s, uint64_t *ret, bool *no_zone) {
   end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
   if (!end)
     end = strptime(s, "%Y-%m-%d %H:%M:%S", &tm);
+  if (end && !parse_frac_ns(&end, &frac))
+    return false;
   if (end && *end == '\0') {
     *no_zone = true;
     return false;
@@ -238,6 +264,9 @@ static bool parse_time_ns(const char *s, uint64_t *ret, bool *no_zone) {
         back.tm_sec != want.tm_sec)
       return false;
     *ret = (uint64_t)t * 1000000000ull;
+    if (*ret > UINT64_MAX - frac)
+      return false;
+    *ret += frac;
     return true;
   }
   if (parse_u64(s, &v)) {
@@ -1197,7 +1226,9 @@ static const struct {
      "\n"
      "Times (T): now, 10m / 2h / 1d (that long ago), @UNIXSECONDS,\n"
      "2025-01-31T12:00:00Z (UTC; the Z is required, a space may replace\n"
-     "the T), or nanoseconds since the epoch.\n"},
+     "the T; up to 9 digits of a second may follow the seconds, as the\n"
+     "TIME column prints them: 2025-01-31T12:00:00.065643673Z), or\n"
+     "nanoseconds since the epoch.\n"},
     {"reset", "Usage: dcpxctl reset --group G [OPTIONS]\n"
               "Abort group G (if it is not yet) and recover it: its ranks\n"
               "drain, acknowledge and resume at the next generation. Needs\n"
@@ -1419,8 +1450,10 @@ static int output_begin(const char *path, char *tmp, size_t n) {
       return EXIT_OUTPUT;
     }
     fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-      fprintf(stderr, "dcpxctl: cannot write %s: %s\n", tmp, strerror(errno));
+    if (fd < 0) { /* the file named, not its temporary twin */
+      fprintf(stderr, "dcpxctl: cannot write %s (a new file in its folder, "
+                      "renamed over it at the end): %s\n", path,
+              strerror(errno));
       tmp[0] = 0;
       return EXIT_OUTPUT;
     }

@@ -203,7 +203,9 @@ _HELP = (
     "    ./autogen.sh && ./configure && make -j && sudo make install && "
     "sudo ldconfig\n"
     "or point DCPX_LIBRARY at a built one, e.g.\n"
-    "    export DCPX_LIBRARY=$PWD/libclient/.libs/libdcpx.so.0\n"
+    "    export DCPX_LIBRARY=<build>/libclient/.libs/libdcpx.so.0\n"
+    "(<build>: the build folder; the source tree itself for an in-tree "
+    "build)\n"
     "(shared libraries must be enabled: not configure --disable-shared).")
 
 
@@ -302,10 +304,14 @@ def lib() -> ctypes.CDLL:
             return _lib
         tried = []
         # with DCPX_LIBRARY set the checkout is not searched anyway
-        why = None if os.environ.get("DCPX_LIBRARY") else \
-            _checkout(os.path.abspath(__file__))[1]
+        root, why = (None, None) if os.environ.get("DCPX_LIBRARY") else \
+            _checkout(os.path.abspath(__file__))
         if why:
             tried.append(f"  ({why})")
+        if root:  # what was looked in, where nothing was found
+            tried.append(f"  (searched {root}/build*/libclient/.libs and "
+                         f"{root}/libclient/.libs: a build folder of "
+                         "another name is not searched)")
         for cand in _candidates():
             try:
                 cdll = ctypes.CDLL(cand)

@@ -1107,7 +1107,9 @@ class Member:
         """Leaves the group and frees the member (``dcpx_leave``);
         idempotent; never waits for a call running on another thread.
         Later calls raise :class:`StateError`; calls still running on
-        other threads finish, and the last of them frees the member (with
+        other threads finish (a :meth:`recover` waiting there is stopped
+        at once and raises :class:`Interrupted`, so that the rank leaves
+        now, not at its timeout), and the last of them frees the member (with
         the CUDA backend the freeing first waits for the member's work on
         its device). Should an exception from a signal handler cut a
         call's bookkeeping short, the member is freed when it is garbage

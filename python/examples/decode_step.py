@@ -15,8 +15,10 @@ Host backend without a GPU; with --backend cuda (default when torch sees a
 GPU) the CUDA backend, ranks spread over the GPUs, and steps after the
 first replay a CUDA graph of all L layers.
 
-    DCPX_LIBRARY=build/libclient/.libs/libdcpx.so.0 DCPXD=build/daemon/dcpxd \\
+    DCPX_LIBRARY=<build>/libclient/.libs/libdcpx.so.0 DCPXD=<build>/daemon/dcpxd \\
       PYTHONPATH=python python3 python/examples/decode_step.py --world 4
+
+(<build> is the build folder: `.` for the README's in-tree build.)
 
 Ends with "exact: N/N rows" and exit 0, or exit 1.
 """
@@ -318,6 +320,9 @@ def main(argv=None):
         shape_of(a).check()
     except dcpx.DcpxError as e:
         p.error(e.context)
+    except ImportError as e:  # dcpx.LibraryNotFound
+        print(f"decode_step: {e}", file=sys.stderr)
+        return 1
     if a.backend == "auto":
         a.backend = "cuda" if torch is not None and \
             torch.cuda.is_available() else "host"
@@ -334,6 +339,12 @@ def main(argv=None):
             print(f"cannot start a private dcpxd: {e}", file=sys.stderr)
             return 1
         sock = daemon.socket
+    else:  # a dead socket: one line here, not W tracebacks from the ranks
+        try:
+            dcpx.Client(sock).close()
+        except dcpx.DcpxError as e:
+            print(f"decode_step: --socket {sock}: {e}", file=sys.stderr)
+            return 1
     a.run_dir = tempfile.mkdtemp(prefix="dcpx-step.")
     procs = []
     try:
