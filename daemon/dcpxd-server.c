@@ -614,6 +614,13 @@ static const char *recv_error_text(int r) {
   }
 }
 
+/* The Frame messages a client sends (conn_dispatch's cases); a packet
+ * with any other is refused before it is unpacked. */
+#define CLIENT_CASES                                                         \
+  ((1u << DCPX__FRAME__MSG_HELLO) | (1u << DCPX__FRAME__MSG_JOIN) |           \
+   (1u << DCPX__FRAME__MSG_LEAVE) | (1u << DCPX__FRAME__MSG_RECOVER_ACK) |    \
+   (1u << DCPX__FRAME__MSG_QUERY) | (1u << DCPX__FRAME__MSG_COMMAND))
+
 /* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
  * peer is gone, c closes or a Join of it waits (conn_watch). Returns
  * whether it found the socket empty (nothing more to read now). */
@@ -626,7 +633,9 @@ static bool read_frames(dcpxd_conn *c) {
     Dcpx__Frame *f = NULL;
     int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
     /* Only a reattaching Join carries fds; any others are closed. */
-    int r = dcpx__frame_recv(c->fd, &f, fds, DCPX_FRAME_MAX_FDS, &nfds);
+    int foreign = 0;
+    int r = dcpx__frame_recv_cases(c->fd, CLIENT_CASES, &f, fds,
+                                   DCPX_FRAME_MAX_FDS, &nfds, &foreign);
     if (r == -EAGAIN) {
       empty = true;
       break;
@@ -637,6 +646,12 @@ static bool read_frames(dcpxd_conn *c) {
       else
         dcpxd_conn_close(c, c->group ? LOG_INFO : LOG_DEBUG,
                          "connection closed by peer");
+      break;
+    }
+    if (foreign) { /* not unpacked: what dcpxd sends, not a request */
+      char why[64];
+      dcpxd_bprintf(why, "unexpected %s from a client", frame_name(foreign));
+      conn_protocol_error(c, DCPX_E_PROTO, why);
       break;
     }
     if (r == DCPX_E_MSGSIZE || r == DCPX_E_FDS || r == DCPX_E_PROTO ||

@@ -45,6 +45,24 @@ DCPX__HIDDEN int dcpx__frame_send(int sock, const Dcpx__Frame *f,
 DCPX__HIDDEN int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds,
                                   int maxfds, int *ret_nfds);
 
+/* dcpx__frame_recv of a side that receives only the Frame messages whose
+ * case numbers (DCPX__FRAME__MSG_*) are set in `cases` (bit 1 << case):
+ * a packet that names another is DCPX_E_PROTO, with that case in
+ * *ret_foreign (else 0), before protobuf-c unpacks anything (dcpxd: the
+ * replies and events, whose repeated fields cost it milliseconds a
+ * packet to unpack). */
+DCPX__HIDDEN int dcpx__frame_recv_cases(int sock, uint32_t cases,
+                                        Dcpx__Frame **ret_frame, int *fds,
+                                        int maxfds, int *ret_nfds,
+                                        int *ret_foreign);
+
+/* The first Frame case (1..DCPX__FRAME__MSG_COMMAND) of the packet
+ * buf[0..n) whose bit is not set in `cases`, as a message field of the
+ * packet's top level; 0 if there is none, or if the packet is not wire
+ * format as far as it was read (its unpack then refuses it). */
+DCPX__HIDDEN int dcpx__frame_foreign_case(const uint8_t *buf, size_t n,
+                                          uint32_t cases);
+
 DCPX__HIDDEN void dcpx__frame_free(Dcpx__Frame *f);
 
 /* Ops connections (dcpxctl, bench/soak): one place for the socket path
