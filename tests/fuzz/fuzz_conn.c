@@ -10,8 +10,10 @@
  *   byte 0    bits 0-1: connection 0..3 (connected at its first record)
  *             bits 2-4: descriptors to attach (0..7: sealed memfds of
  *                       4 KiB, and /dev/null for every third)
+ *             bit 5:    the length has a third byte (packets past 64 KiB)
  *             bit 7:    close this connection instead (the rest unused)
  *   byte 1-2  packet length, little endian (cut to what is left)
+ *   (byte 3   its bits 16-23, with bit 5)
  *   then      the packet, sent as one SEQPACKET message
  * After each record the daemon's loop runs until it has nothing to do, and
  * every client reads (and drops) what it was sent, closing descriptors.
@@ -245,6 +247,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     unsigned h = data[0], k = h & 3;
     size_t len = (size_t)data[1] | (size_t)data[2] << 8;
     data += 3, n -= 3;
+    if ((h & 0x20) && n >= 1) {
+      len |= (size_t)data[0] << 16;
+      data++, n--;
+    }
     if (len > n)
       len = n;
     if (h & 0x80) {

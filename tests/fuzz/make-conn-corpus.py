@@ -80,6 +80,9 @@ def command(kind, group, rank=0, ticks=1_000_000):
 
 
 def rec(conn, packet, nfds=0):
+    if len(packet) > 0xFFFF:  # a third length byte (fuzz_conn.c's bit 5)
+        return bytes([conn | nfds << 2 | 0x20]) + \
+            len(packet).to_bytes(3, "little") + packet
     return bytes([conn | nfds << 2]) + len(packet).to_bytes(2, "little") + \
         packet
 
@@ -114,6 +117,12 @@ SESSIONS = {
                rec(2, hello()), rec(2, hello()),
                rec(3, hello(), nfds=3), rec(3, leave()),
                rec(3, ack(7)), rec(3, b"\xff\xff\xff")],
+    # packets past 64 KiB: a QueryReply of 35,000 empty Records (a
+    # message of the other direction, refused before it is unpacked), a
+    # Query holding 35,000 empty fields 3 (unpacked, then refused)
+    "big": [rec(0, hello()), rec(0, frame(9, b"\x1a\x00" * 35000)),
+            rec(1, hello()), rec(1, frame(8, b"\x1a\x00" * 35000)),
+            rec(2, hello()), rec(2, query(1))],
     # a forming group left half-joined, then a join on the same conn
     "forming": [rec(0, hello()), rec(0, join("g4", world=4, rank=2)),
                 rec(0, join("g5")), rec(1, hello()),
