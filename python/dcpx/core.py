@@ -873,7 +873,10 @@ class Member:
         :meth:`push`.
 
         req_id: ``[rows]`` int32, the block-table row of each row;
-        block_table: ``[bt_rows][bt_cols]`` int32. ``out``: a
+        block_table: ``[bt_rows][bt_cols]`` int32, at least 1 x 1 (an
+        empty table is refused before any work, :class:`InvalidArgument`,
+        where libdcpx would fail every row of a 0-row table with
+        ``DCPX_E_RANGE``: docs/PROTOCOL.md 5.7). ``out``: a
         :class:`MergeResult` (or tuple) of preallocated outputs
         (rows_out ``[rows][K]`` int32, valid_out ``[rows]`` int32, ids_out
         ``[rows][K]`` int32 or None, sat_word ``[rows]`` uint32/int32 or
