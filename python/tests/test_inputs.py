@@ -395,9 +395,12 @@ def test_prepared_call_refuses_arrays_given_other_buffers(member,
     ref = dcpx.ref_call(small_shape, [lg], [en], 0, req, bt, sat=False)
 
     def give_other(x):
-        with warnings.catch_warnings():  # deprecated in numpy 2
+        with warnings.catch_warnings():  # deprecated in numpy 1.x
             warnings.simplefilter("ignore", DeprecationWarning)
-            x.data = np.zeros_like(x).data
+            try:
+                x.data = np.zeros_like(x).data
+            except AttributeError:  # numpy 2 has no such assignment
+                pytest.skip(f"numpy {np.__version__} cannot set .data")
 
     for name in ("logits", "block_table", "out.rows_out", "out.valid_out"):
         a = (lg.copy(), en.copy(), req.copy(), bt.copy())
