@@ -215,9 +215,11 @@ int dcpx__frame_foreign_case(const uint8_t *buf, size_t n, uint32_t cases) {
         return 0;
       break;
     case 1: /* 64-bit */
-      if ((size_t)(end - p) < 8)
+    case 5: /* 32-bit */
+      v = (key & 7u) == 1 ? 8u : 4u;
+      if ((uint64_t)(end - p) < v)
         return 0;
-      p += 8;
+      p += v;
       break;
     case 2: /* length-delimited: the oneof's messages */
       if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
@@ -226,11 +228,6 @@ int dcpx__frame_foreign_case(const uint8_t *buf, size_t n, uint32_t cases) {
           !(cases & (1u << field)))
         return (int)field;
       p += v;
-      break;
-    case 5: /* 32-bit */
-      if ((size_t)(end - p) < 4)
-        return 0;
-      p += 4;
       break;
     default: /* groups or junk: the unpack decides */
       return 0;

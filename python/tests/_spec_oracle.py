@@ -111,7 +111,6 @@ def merge_row(logits, ends, t, W, K, N, given=None):
         lists.append(dec)
     # 5.1 round 1
     keys = []
-    owner = []
     for r in range(W):
         for j, e in enumerate(lists[r]):
             if e is None:

@@ -129,40 +129,6 @@ def gen_case(rng):
                 logits=logits, ends=ends, d=d, bt=bt, req=req)
 
 
-def run_case(c):
-    sh = dcpx.Shape(c['W'], c['R'], c['K'], c['N'], c['B'], c['I'], c['max_local'])
-    try:
-        sh.check()
-    except errors.DcpxError:
-        return 'skip', None
-    stats = [0, 0, 0]
-    try:
-        ref = dcpx.ref_call(sh, c['logits'], c['ends'], c['d'], c['req'], c['bt'], stats=stats)
-        ref = dict(rows_out=ref.rows_out, valid_out=ref.valid_out, ids_out=ref.ids_out, sat_word=ref.sat_word, stats=stats)
-    except errors.RangeError as ex:
-        ref = 'RANGE'
-    try:
-        mine = spec.call(c['W'], c['K'], c['N'], c['B'], c['I'], c['rows'], c['logits'], c['ends'],
-                         c['d'], c['req'], c['bt'])
-    except spec.SpecRange:
-        mine = 'RANGE'
-    if isinstance(ref, str) or isinstance(mine, str):
-        if ref == mine:
-            return 'match', None
-        return 'mismatch', ('ref', ref if isinstance(ref, str) else 'ok', 'mine', mine if isinstance(mine, str) else 'ok')
-    diffs = []
-    for k in ['rows_out', 'valid_out', 'ids_out', 'sat_word']:
-        a = np.asarray(ref[k]).astype(np.int64)
-        b = np.asarray(mine[k]).astype(np.int64)
-        if a.shape != b.shape or not np.array_equal(a, b):
-            diffs.append(k)
-    if list(ref['stats']) != list(mine['stats']):
-        diffs.append('stats')
-    return ('match' if not diffs else 'mismatch'), diffs
-
-
-
-
 def _given_lists(rng, c):
     """Lists for dcpx_ref_call's ``lists`` (5.8): per rank None (the
     logits' own top N) or [rows][N] values and ascending indices, -1
