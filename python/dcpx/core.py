@@ -485,8 +485,8 @@ class Client:
         # reuse) its Shape while the join waits, and the member must hold
         # the shape the group was joined with (a topk set smaller during
         # the wait let merge accept outputs that libdcpx wrote past).
-        cs = shape._c()
         joined = shape.resolved()
+        cs = joined._c()  # the same snapshot goes to C (N resolved alike)
         try:
             group = opts.group.encode("utf-8")
         except (AttributeError, UnicodeError):
