@@ -326,9 +326,17 @@ def _interruptible(call: Callable[[], int],
     flag, ``abandon(code)`` undoes what the call did if it completed
     anyway, and the exception goes on."""
     box: List[Any] = []
-    # An Event of our own, not Thread.join: a join that a KeyboardInterrupt
-    # cut short can leave is_alive() False while the thread still runs.
-    done = threading.Event()
+    # A plain lock that the worker releases, not Thread.join (a join that a
+    # KeyboardInterrupt cut short can leave is_alive() False while the
+    # thread still runs) nor an Event: an exception from a signal handler
+    # inside Condition.wait can leave the Condition's lock released twice
+    # (CPython's threading; the caller got "RuntimeError: release
+    # unlocked lock" instead of its KeyboardInterrupt), where a lock's own
+    # acquire just raises it. `finished` says the worker is done, whoever
+    # holds `done` now.
+    done = threading.Lock()
+    done.acquire()
+    finished: List[bool] = []
 
     def run() -> None:
         try:
@@ -336,12 +344,13 @@ def _interruptible(call: Callable[[], int],
         except BaseException as e:  # handed to the caller's thread
             box.append(e)
         finally:
-            done.set()
+            finished.append(True)
+            done.release()
 
     th = threading.Thread(target=run, name="dcpx-wait", daemon=True)
     try:
         th.start()
-        while not done.wait(0.05):
+        while not done.acquire(timeout=0.05):
             pass
     except BaseException as first:
         if th.ident is None:  # it never started: nothing to stop or undo
@@ -354,9 +363,9 @@ def _interruptible(call: Callable[[], int],
             # may still use the client or the member. A second signal's
             # exception is kept, not let out: a SystemExit wins over a
             # KeyboardInterrupt.
-            while not done.is_set():
+            while not finished:
                 try:
-                    done.wait(0.05)
+                    done.acquire(timeout=0.05)
                 except BaseException as again:
                     if not isinstance(again, KeyboardInterrupt):
                         pending = again
@@ -447,26 +456,36 @@ class Client:
         setup once the group formed (CUDA; bounded by the join timeout);
         should the join complete anyway, the member leaves before the
         exception goes on."""
-        with self._state:
-            if self._joiner is not None:
-                where = "this thread (a signal handler's join?)" \
-                    if self._joiner == threading.get_ident() else \
-                    "another thread"
-                raise Busy(context=f"this Client is in a join on {where}: "
-                           "a Client joins one rank at a time; connect a "
-                           "Client per thread that joins")
-            if self._ptr is None or self._closing:
-                raise StateError(context="Client is closed")
-            self._joiner = threading.get_ident()
+        # An exception from a signal handler may come at any call or
+        # loop, the lock's __enter__ and __exit__ included: the claim is
+        # made and its flag set with no call between them, inside the try,
+        # and released first thing in the finally, so that Ctrl-C at the
+        # wrong moment cannot leave the Client claimed by a join that is
+        # over (every later join raised Busy).
+        claimed = False
         try:
+            with self._state:
+                if self._joiner is not None:
+                    where = "this thread (a signal handler's join?)" \
+                        if self._joiner == threading.get_ident() else \
+                        "another thread"
+                    raise Busy(context=f"this Client is in a join on "
+                               f"{where}: a Client joins one rank at a "
+                               "time; connect a Client per thread that "
+                               "joins")
+                if self._ptr is None or self._closing:
+                    raise StateError(context="Client is closed")
+                self._joiner = threading.get_ident()
+                claimed = True
             return self._join(shape, options, kw)
         finally:
-            with self._state:
+            if claimed:
                 self._joiner = None
-                if self._closing:  # a close() came during the join
-                    self._closing = False
-                    self._disconnect()
-                self._state.notify_all()
+                with self._state:
+                    if self._closing:  # a close() came during the join
+                        self._closing = False
+                        self._disconnect()
+                    self._state.notify_all()
 
     def _join(self, shape: Shape, options: Optional[JoinOptions],
               kw: Dict[str, Any]) -> "Member":
@@ -582,7 +601,10 @@ class Client:
                 return
             # (interrupted here, the join still disconnects as it ends)
             while self._joiner is not None:
-                self._state.wait()
+                self._state.wait(0.05)  # a notify lost to a signal
+            if self._closing:  # the join ended without disconnecting
+                self._closing = False
+                self._disconnect()
 
     def _disconnect(self) -> None:
         """dcpx_disconnect, _ptr cleared first; with _state held."""
