@@ -337,9 +337,15 @@ def _interruptible(call: Callable[[], int],
     done = threading.Lock()
     done.acquire()
     finished: List[bool] = []
+    # Who goes first, the worker into call() or the caller out on a
+    # signal: one atomic setdefault each, read back from the dict (the
+    # worker may be started yet not have run when Thread.start raises).
+    first_of: Dict[str, str] = {}
 
     def run() -> None:
         try:
+            if first_of.setdefault("who", "worker") != "worker":
+                return  # the caller gave up before this thread ran
             box.append(call())
         except BaseException as e:  # handed to the caller's thread
             box.append(e)
@@ -353,9 +359,15 @@ def _interruptible(call: Callable[[], int],
         while not done.acquire(timeout=0.05):
             pass
     except BaseException as first:
-        if th.ident is None:  # it never started: nothing to stop or undo
-            raise
         pending: BaseException = first
+        while "who" not in first_of:
+            try:
+                first_of.setdefault("who", "caller")
+            except BaseException as again:
+                if not isinstance(again, KeyboardInterrupt):
+                    pending = again
+        if first_of["who"] == "caller":  # call() never runs: nothing to undo
+            raise pending
         interrupt(1)
         try:
             # Until the worker is out of the C call (about 50 ms; the CUDA
