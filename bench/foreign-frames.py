@@ -12,8 +12,9 @@ KiB, past the default SOCK_SEQPACKET send buffer.
 """
 import socket, sys, time, os, subprocess, resource
 sock = sys.argv[1]
-def frame(n, field=9):
-    inner = b"\x1a\x00" * n
+def frame(n, field=9, each=b"\x1a\x00", inner=None):
+    if inner is None:
+        inner = each * n
     ln, v = b"", len(inner)
     while True:
         b = v & 0x7F; v >>= 7
@@ -36,6 +37,10 @@ def once(pkt):
 n = 131068
 for what, pkt in (("QueryReply of %d empty Records" % n, frame(n)),
                   ("same size, not a Frame", b"\xff" * len(frame(n))),
-                  ("Query (allowed case) of %d junk unknown fields" % n, frame(n, 8))):
+                  ("Query (allowed case) of %d junk unknown fields" % n, frame(n, 8)),
+                  ("Query of %d unknown 1-byte bytes fields" % (2 * n // 3),
+                   frame(2 * n // 3, 8, b"\x7a\x01\x00")),
+                  ("Join whose Shape holds %d unknown 1-byte bytes fields" % (2 * n // 3 - 1),
+                   frame(0, 3, inner=frame(2 * n // 3 - 1, 2, b"\x7a\x01\x00")))):
     ts = sorted(once(pkt) for _ in range(15))
     print(f"{what}: {len(pkt)} bytes, dcpxd closed after {ts[len(ts)//2]*1e3:.2f} ms median ({ts[0]*1e3:.2f}-{ts[-1]*1e3:.2f})")

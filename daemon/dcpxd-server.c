@@ -633,9 +633,10 @@ static bool read_frames(dcpxd_conn *c) {
     Dcpx__Frame *f = NULL;
     int fds[DCPX_FRAME_MAX_FDS], nfds = 0;
     /* Only a reattaching Join carries fds; any others are closed. */
-    int foreign = 0;
-    int r = dcpx__frame_recv_cases(c->fd, CLIENT_CASES, &f, fds,
-                                   DCPX_FRAME_MAX_FDS, &nfds, &foreign);
+    int refused = 0;
+    int r = dcpx__frame_recv_cases(c->fd, CLIENT_CASES, DCPX_FRAME_MAX_FIELDS,
+                                   &f, fds, DCPX_FRAME_MAX_FDS, &nfds,
+                                   &refused);
     if (r == -EAGAIN) {
       empty = true;
       break;
@@ -648,9 +649,13 @@ static bool read_frames(dcpxd_conn *c) {
                          "connection closed by peer");
       break;
     }
-    if (foreign) { /* not unpacked: what dcpxd sends, not a request */
-      char why[64];
-      dcpxd_bprintf(why, "unexpected %s from a client", frame_name(foreign));
+    if (refused) { /* not unpacked: what dcpxd sends, or junk fields */
+      char why[80];
+      if (refused == DCPX_FRAME_PEEK_FIELDS)
+        dcpxd_bprintf(why, "a request of more than %u fields",
+                      DCPX_FRAME_MAX_FIELDS);
+      else
+        dcpxd_bprintf(why, "unexpected %s from a client", frame_name(refused));
       conn_protocol_error(c, DCPX_E_PROTO, why);
       break;
     }

@@ -99,50 +99,6 @@ static size_t get_varint(const uint8_t *p, size_t n, uint64_t *v) {
   return 0;
 }
 
-/* 1 if every string field of the packed message (of type d, and of its
- * sub-messages) is text (dcpx__text_ok): protobuf-c keeps a string's bytes
- * but hands out a C string, so a NUL inside would silently cut it. */
-static int strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p,
-                      size_t n, int depth) {
-  while (n) {
-    const ProtobufCFieldDescriptor *fd;
-    uint64_t key, len;
-    size_t k = get_varint(p, n, &key);
-    if (!k)
-      return 0;
-    p += k, n -= k;
-    switch (key & 7) {
-    case 0:
-      if (!(k = get_varint(p, n, &len)))
-        return 0;
-      break;
-    case 1:
-      k = 8;
-      break;
-    case 5:
-      k = 4;
-      break;
-    case 2:
-      if (!(k = get_varint(p, n, &len)) || len > n - k)
-        return 0;
-      p += k, n -= k, k = (size_t)len;
-      fd = protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
-      if (fd && fd->type == PROTOBUF_C_TYPE_STRING && !dcpx__text_ok(p, k))
-        return 0;
-      if (fd && fd->type == PROTOBUF_C_TYPE_MESSAGE &&
-          (depth > 8 || !strings_ok(fd->descriptor, p, k, depth + 1)))
-        return 0;
-      break;
-    default:
-      return 0;
-    }
-    if (k > n)
-      return 0;
-    p += k, n -= k;
-  }
-  return 1;
-}
-
 int dcpx__frame_send(int sock, const Dcpx__Frame *f, const int *fds,
                      int nfds) {
   size_t len = dcpx__frame__get_packed_size(f);
@@ -189,51 +145,84 @@ int dcpx__frame_send(int sock, const Dcpx__Frame *f, const int *fds,
   return (size_t)n == len ? 0 : DCPX_E_IO;
 }
 
-/* The varint at *p (below end) into *v, *p moved past it: 1; 0 when it
- * runs off the end or is longer than 10 bytes. */
-static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
-  *v = 0;
-  for (unsigned s = 0; *p < end && s < 70; s += 7) {
-    const uint8_t b = *(*p)++;
-    *v |= (uint64_t)(b & 0x7F) << s;
-    if (!(b & 0x80))
-      return 1;
+/* One pass over a packet's wire format, before protobuf-c unpacks it: a
+ * field key 3..7 bits wide and every length as protobuf reads them, into
+ * the sub-messages that protobuf-c unpacks (the fields typed as messages
+ * in `d`; a bytes or string field is not walked into). */
+struct wire_walk {
+  uint32_t cases;      /* the Frame cases this side receives */
+  unsigned max_fields; /* 0: any number */
+  unsigned fields;     /* fields read so far, every level */
+  int refused;         /* dcpx__frame_peek's answer once not 0 */
+  int text_bad;        /* a string field that is not text */
+  int malformed;       /* not wire format (the unpack refuses it too) */
+};
+
+static void walk_message(const ProtobufCMessageDescriptor *d,
+                         const uint8_t *p, size_t n, int depth,
+                         struct wire_walk *w) {
+  while (n && !w->refused) {
+    const ProtobufCFieldDescriptor *fd;
+    uint64_t key, len;
+    size_t k = get_varint(p, n, &key);
+    if (!k) {
+      w->malformed = 1;
+      return;
+    }
+    p += k, n -= k;
+    if (w->max_fields && ++w->fields > w->max_fields) {
+      w->refused = DCPX_FRAME_PEEK_FIELDS;
+      return;
+    }
+    switch (key & 7) {
+    case 0:
+      k = get_varint(p, n, &len);
+      break;
+    case 1:
+      k = 8;
+      break;
+    case 5:
+      k = 4;
+      break;
+    case 2:
+      if (!(k = get_varint(p, n, &len)) || len > n - k) {
+        w->malformed = 1;
+        return;
+      }
+      p += k, n -= k, k = (size_t)len;
+      if (depth == 0 && key >> 3 >= 1 && key >> 3 <= DCPX__FRAME__MSG_COMMAND &&
+          !(w->cases & (1u << (key >> 3)))) {
+        w->refused = (int)(key >> 3);
+        return;
+      }
+      fd = protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+      if (fd && fd->type == PROTOBUF_C_TYPE_STRING && !dcpx__text_ok(p, k))
+        w->text_bad = 1;
+      if (fd && fd->type == PROTOBUF_C_TYPE_MESSAGE) {
+        if (depth > 8) {
+          w->malformed = 1;
+          return;
+        }
+        walk_message(fd->descriptor, p, k, depth + 1, w);
+      }
+      break;
+    default: /* groups or junk */
+      w->malformed = 1;
+      return;
+    }
+    if (k > n || ((key & 7) == 0 && !k)) {
+      w->malformed = 1;
+      return;
+    }
+    p += k, n -= k;
   }
-  return 0;
 }
 
-int dcpx__frame_foreign_case(const uint8_t *buf, size_t n, uint32_t cases) {
-  const uint8_t *p = buf, *end = buf + n;
-  uint64_t key, v;
-  while (p < end) {
-    if (!wire_varint(&p, end, &key))
-      return 0;
-    const uint64_t field = key >> 3;
-    switch (key & 7u) {
-    case 0: /* varint */
-      if (!wire_varint(&p, end, &v))
-        return 0;
-      break;
-    case 1: /* 64-bit */
-    case 5: /* 32-bit */
-      v = (key & 7u) == 1 ? 8u : 4u;
-      if ((uint64_t)(end - p) < v)
-        return 0;
-      p += v;
-      break;
-    case 2: /* length-delimited: the oneof's messages */
-      if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
-        return 0;
-      if (field >= 1 && field <= DCPX__FRAME__MSG_COMMAND &&
-          !(cases & (1u << field)))
-        return (int)field;
-      p += v;
-      break;
-    default: /* groups or junk: the unpack decides */
-      return 0;
-    }
-  }
-  return 0;
+int dcpx__frame_peek(const uint8_t *buf, size_t n, uint32_t cases,
+                     unsigned max_fields) {
+  struct wire_walk w = {.cases = cases, .max_fields = max_fields};
+  walk_message(&dcpx__frame__descriptor, buf, n, 0, &w);
+  return w.refused;
 }
 
 _Static_assert(DCPX__FRAME__MSG_COMMAND == 10 && DCPX__FRAME__MSG_HELLO == 1,
@@ -241,13 +230,13 @@ _Static_assert(DCPX__FRAME__MSG_COMMAND == 10 && DCPX__FRAME__MSG_HELLO == 1,
 
 int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
                      int *ret_nfds) {
-  return dcpx__frame_recv_cases(sock, ~0u, ret_frame, fds, maxfds, ret_nfds,
-                                NULL);
+  return dcpx__frame_recv_cases(sock, ~0u, 0, ret_frame, fds, maxfds,
+                                ret_nfds, NULL);
 }
 
-int dcpx__frame_recv_cases(int sock, uint32_t cases, Dcpx__Frame **ret_frame,
-                           int *fds, int maxfds, int *ret_nfds,
-                           int *ret_foreign) {
+int dcpx__frame_recv_cases(int sock, uint32_t cases, unsigned max_fields,
+                           Dcpx__Frame **ret_frame, int *fds, int maxfds,
+                           int *ret_nfds, int *ret_refused) {
   struct msghdr mh;
   struct iovec iov;
   union {
@@ -259,9 +248,10 @@ int dcpx__frame_recv_cases(int sock, uint32_t cases, Dcpx__Frame **ret_frame,
   int got = 0, r = 0;
   size_t nfds_sent = 0;
   Dcpx__Frame *f;
+  struct wire_walk w;
 
-  if (ret_foreign)
-    *ret_foreign = 0;
+  if (ret_refused)
+    *ret_refused = 0;
 
   /* One byte more than the limit, so an oversized packet shows as such
    * even on kernels that do not report MSG_TRUNC. */
@@ -340,17 +330,21 @@ int dcpx__frame_recv_cases(int sock, uint32_t cases, Dcpx__Frame **ret_frame,
     r = DCPX_E_FDS;
     goto fail;
   }
-  /* A message this side never receives is refused before protobuf-c
-   * unpacks it: the replies and events have repeated fields, and a
-   * packet of 131,068 empty Records held dcpxd's loop 17 ms. */
-  if (cases != ~0u) {
-    const int foreign = dcpx__frame_foreign_case(rx, (size_t)n, cases);
-    if (foreign) {
-      if (ret_foreign)
-        *ret_foreign = foreign;
-      r = DCPX_E_PROTO;
-      goto fail;
-    }
+  /* One walk over the packet before protobuf-c unpacks anything: a
+   * message this side never receives (the replies and events have
+   * repeated fields: a packet of 131,068 empty Records held dcpxd's loop
+   * 17 ms), or more fields than max_fields (each unknown one is a
+   * malloc), is refused unpacked; the text rule waits for the unpack, so
+   * a packet that does not unpack is DCPX_E_PROTO first. */
+  memset(&w, 0, sizeof(w));
+  w.cases = cases;
+  w.max_fields = max_fields;
+  walk_message(&dcpx__frame__descriptor, rx, (size_t)n, 0, &w);
+  if (w.refused) {
+    if (ret_refused)
+      *ret_refused = w.refused;
+    r = DCPX_E_PROTO;
+    goto fail;
   }
 #ifdef DCPX_FRAME_RECV_STATIC
   buf = malloc((size_t)n);
@@ -370,7 +364,7 @@ int dcpx__frame_recv_cases(int sock, uint32_t cases, Dcpx__Frame **ret_frame,
     r = DCPX_E_PROTO;
     goto fail;
   }
-  if (!strings_ok(&dcpx__frame__descriptor, buf, (size_t)n, 0)) {
+  if (w.text_bad || w.malformed) {
     dcpx__frame__free_unpacked(f, NULL);
     r = DCPX_E_TEXT;
     goto fail;

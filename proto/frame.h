@@ -19,6 +19,10 @@
 #define DCPX_PROTO_VERSION 1u
 #define DCPX_FRAME_MAX (256u * 1024u)
 #define DCPX_FRAME_MAX_FDS 20 /* ctl + 16 workspaces + spare */
+/* dcpxd's bound on the wire fields of a request, every level counted (the
+ * largest a client sends, a Join, has 21; unknown fields count, and each
+ * is a malloc in the unpack): see dcpx__frame_recv_cases. */
+#define DCPX_FRAME_MAX_FIELDS 256u
 
 #ifndef DCPX__HIDDEN
 #define DCPX__HIDDEN __attribute__((visibility("hidden")))
@@ -46,22 +50,29 @@ DCPX__HIDDEN int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds,
                                   int maxfds, int *ret_nfds);
 
 /* dcpx__frame_recv of a side that receives only the Frame messages whose
- * case numbers (DCPX__FRAME__MSG_*) are set in `cases` (bit 1 << case):
- * a packet that names another is DCPX_E_PROTO, with that case in
- * *ret_foreign (else 0), before protobuf-c unpacks anything (dcpxd: the
- * replies and events, whose repeated fields cost it milliseconds a
- * packet to unpack). */
+ * case numbers (DCPX__FRAME__MSG_*) are set in `cases` (bit 1 << case),
+ * and packets of at most max_fields wire fields, every level counted
+ * (0: any number). A packet past either is DCPX_E_PROTO before protobuf-c
+ * unpacks anything, with *ret_refused (else 0) the case it named or
+ * DCPX_FRAME_PEEK_FIELDS (dcpxd: the replies and events, whose repeated
+ * fields cost it milliseconds a packet to unpack, and junk fields, each
+ * one a malloc). */
 DCPX__HIDDEN int dcpx__frame_recv_cases(int sock, uint32_t cases,
+                                        unsigned max_fields,
                                         Dcpx__Frame **ret_frame, int *fds,
                                         int maxfds, int *ret_nfds,
-                                        int *ret_foreign);
+                                        int *ret_refused);
 
-/* The first Frame case (1..DCPX__FRAME__MSG_COMMAND) of the packet
- * buf[0..n) whose bit is not set in `cases`, as a message field of the
- * packet's top level; 0 if there is none, or if the packet is not wire
- * format as far as it was read (its unpack then refuses it). */
-DCPX__HIDDEN int dcpx__frame_foreign_case(const uint8_t *buf, size_t n,
-                                          uint32_t cases);
+/* What dcpx__frame_recv_cases would refuse the packet buf[0..n) for before
+ * unpacking it: the first Frame case (1..DCPX__FRAME__MSG_COMMAND) not in
+ * `cases`, as a message field of the packet's top level;
+ * DCPX_FRAME_PEEK_FIELDS when its wire fields, at the top level and in
+ * the sub-messages protobuf-c unpacks, number more than max_fields (not
+ * 0); else 0, also for a packet that is not wire format as far as it was
+ * read (its unpack refuses it). */
+#define DCPX_FRAME_PEEK_FIELDS (-1)
+DCPX__HIDDEN int dcpx__frame_peek(const uint8_t *buf, size_t n,
+                                  uint32_t cases, unsigned max_fields);
 
 DCPX__HIDDEN void dcpx__frame_free(Dcpx__Frame *f);
 

@@ -468,9 +468,9 @@ START_TEST(test_foreign_case_peek) {
                           (1u << DCPX__FRAME__MSG_QUERY);
   uint8_t p[64], body[4] = {0x08, 0x01, 0x12, 0x00};
   size_t n = wire_msg(p, DCPX__FRAME__MSG_QUERY_REPLY, body, 4);
-  ck_assert_int_eq(dcpx__frame_foreign_case(p, n, client),
+  ck_assert_int_eq(dcpx__frame_peek(p, n, client, 0),
                    DCPX__FRAME__MSG_QUERY_REPLY);
-  ck_assert_int_eq(dcpx__frame_foreign_case(p, n, all), 0);
+  ck_assert_int_eq(dcpx__frame_peek(p, n, all, 0), 0);
   /* after an allowed field, after scalars of every wire type */
   n = wire_msg(p, DCPX__FRAME__MSG_HELLO, body, 2);
   p[n++] = (13u << 3) | 0; /* an unknown varint field, 2 bytes */
@@ -484,20 +484,129 @@ START_TEST(test_foreign_case_peek) {
   n += 4;
   const size_t ok = n;
   n += wire_msg(p + n, DCPX__FRAME__MSG_EVENT, body, 0);
-  ck_assert_int_eq(dcpx__frame_foreign_case(p, ok, client), 0);
-  ck_assert_int_eq(dcpx__frame_foreign_case(p, n, client),
+  ck_assert_int_eq(dcpx__frame_peek(p, ok, client, 0), 0);
+  ck_assert_int_eq(dcpx__frame_peek(p, n, client, 0),
                    DCPX__FRAME__MSG_EVENT);
   /* cut anywhere before the foreign field's length is known, or
    * malformed: not refused here (the unpack refuses it) */
   for (size_t cut = 0; cut <= ok + 1; cut++)
-    ck_assert_int_eq(dcpx__frame_foreign_case(p, cut, client), 0);
+    ck_assert_int_eq(dcpx__frame_peek(p, cut, client, 0), 0);
   const uint8_t group[] = {(DCPX__FRAME__MSG_REPLY << 3) | 3, 0x00};
-  ck_assert_int_eq(dcpx__frame_foreign_case(group, 2, hello), 0);
+  ck_assert_int_eq(dcpx__frame_peek(group, 2, hello, 0), 0);
   const uint8_t toolong[] = {(DCPX__FRAME__MSG_REPLY << 3) | 2, 0x05, 0x00};
-  ck_assert_int_eq(dcpx__frame_foreign_case(toolong, 3, hello), 0);
+  ck_assert_int_eq(dcpx__frame_peek(toolong, 3, hello, 0), 0);
   const uint8_t endless[12] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
                                0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
-  ck_assert_int_eq(dcpx__frame_foreign_case(endless, 12, hello), 0);
+  ck_assert_int_eq(dcpx__frame_peek(endless, 12, hello, 0), 0);
+}
+END_TEST
+
+/* A Query body of `what` = GROUPS and then `extra` unknown varint fields
+ * (field 99, value 1: three bytes each) into body; its length. */
+static size_t query_with_junk(uint8_t *body, size_t extra) {
+  size_t m = 0;
+  body[m++] = 0x08; /* what = GROUPS */
+  body[m++] = DCPX__QUERY__WHAT__GROUPS;
+  for (size_t i = 0; i < extra; i++) {
+    body[m++] = (uint8_t)(0x80 | ((99u << 3) & 0x7F)); /* key 99, varint */
+    body[m++] = (uint8_t)((99u << 3) >> 7);
+    body[m++] = 0x01;
+  }
+  return m;
+}
+
+/* The field count of the peek: every level that protobuf-c unpacks (the
+ * Frame, its message, a Join's Shape), not the bytes of a string or
+ * bytes field; at the bound passes, one past it is refused. */
+START_TEST(test_peek_counts_fields) {
+  static uint8_t p[8192], body[8192];
+  const uint32_t all = ~0u, cap = 64;
+  /* a Join with every field set: 21 fields, one packet */
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Join j;
+  Dcpx__Shape ps;
+  uint8_t id[128], uuid[16];
+  fill_join(&j, &ps, "g", 2, 1);
+  memset(id, (99u << 3) | 0, sizeof(id)); /* bytes that read as fields */
+  memset(uuid, 7, sizeof(uuid));
+  j.transport = DCPX__TRANSPORT__TRANSPORT_LL;
+  j.node = "n";
+  j.backend = DCPX__BACKEND__BACKEND_CUDA; /* HOST (0) is not sent */
+  j.nccl_id.data = id;
+  j.nccl_id.len = sizeof(id);
+  j.reattach = 1;
+  j.generation = 3;
+  j.device_uuid.data = uuid;
+  j.device_uuid.len = sizeof(uuid);
+  f.msg_case = DCPX__FRAME__MSG_JOIN;
+  f.join = &j;
+  size_t n = dcpx__frame__pack(&f, p);
+  ck_assert_int_eq(dcpx__frame_peek(p, n, all, 21), 0);
+  ck_assert_int_eq(dcpx__frame_peek(p, n, all, 20), DCPX_FRAME_PEEK_FIELDS);
+  ck_assert_int_eq(dcpx__frame_peek(p, n, all, DCPX_FRAME_MAX_FIELDS), 0);
+  /* a Query: 1 (the Frame's) + 1 (what) + extra */
+  for (size_t extra = cap - 3; extra <= cap - 1; extra++) {
+    size_t m = query_with_junk(body, extra);
+    n = wire_msg(p, DCPX__FRAME__MSG_QUERY, body, m);
+    ck_assert_int_eq(dcpx__frame_peek(p, n, all, cap),
+                     2 + extra <= cap ? 0 : DCPX_FRAME_PEEK_FIELDS);
+    ck_assert_int_eq(dcpx__frame_peek(p, n, all, 0), 0);
+  }
+  /* unknown fields inside a Join's Shape count: protobuf-c unpacks them */
+  uint8_t shape[512];
+  size_t m = query_with_junk(shape, cap) - 2; /* the junk only */
+  memmove(shape, shape + 2, m);
+  size_t k = wire_msg(body, 2, shape, m); /* Join.shape */
+  n = wire_msg(p, DCPX__FRAME__MSG_JOIN, body, k);
+  ck_assert_int_eq(dcpx__frame_peek(p, n, all, cap), DCPX_FRAME_PEEK_FIELDS);
+  ck_assert_int_eq(dcpx__frame_peek(p, n, all, cap + 3), 0);
+  /* the same bytes as an unknown bytes field of the Join: one field */
+  k = wire_msg(body, 77, shape, m);
+  n = wire_msg(p, DCPX__FRAME__MSG_JOIN, body, k);
+  ck_assert_int_eq(dcpx__frame_peek(p, n, all, 2), 0);
+}
+END_TEST
+
+/* A request of more fields than DCPX_FRAME_MAX_FIELDS is refused before
+ * it is unpacked: a Query of 131,068 junk fields (every one a malloc in
+ * the unpack) held dcpxd's loop 1.5-5 ms; one at the bound is answered,
+ * so a newer client's unknown fields still pass. */
+START_TEST(test_request_field_bound) {
+  char err[512];
+  static uint8_t pkt[DCPX_FRAME_MAX], body[DCPX_FRAME_MAX];
+  daemon_start();
+  const size_t at = DCPX_FRAME_MAX_FIELDS - 2; /* Frame + what + junk */
+  for (int past = 0; past < 2; past++) {
+    size_t m = query_with_junk(body, at + (size_t)past);
+    size_t n = wire_msg(pkt, DCPX__FRAME__MSG_QUERY, body, m);
+    int s = hello_conn();
+    ck_assert_int_eq(send(s, pkt, n, MSG_NOSIGNAL), (ssize_t)n);
+    if (!past) {
+      ck_assert_int_eq(raw_reply(s, err, sizeof(err), NULL), 0);
+      size_t groups = 9;
+      ck_assert_int_eq(raw_query(s, "", &groups, err, sizeof(err)), 0);
+    } else {
+      ck_assert_int_eq(raw_reply(s, err, sizeof(err), NULL), DCPX_E_PROTO);
+      ck_assert_msg(strstr(err, "a request of more than 256 fields"), "%s",
+                    err);
+      ck_assert(closed_by_daemon(s));
+    }
+    close(s);
+  }
+  /* the big one: as many junk fields as a packet holds */
+  size_t m = query_with_junk(body, (DCPX_FRAME_MAX - 16) / 3);
+  size_t n = wire_msg(pkt, DCPX__FRAME__MSG_QUERY, body, m);
+  int s = hello_conn();
+  const int big = 1 << 21;
+  (void)setsockopt(s, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big));
+  (void)setsockopt(s, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+  if (send(s, pkt, n, MSG_NOSIGNAL) == (ssize_t)n) {
+    ck_assert_int_eq(raw_reply(s, err, sizeof(err), NULL), DCPX_E_PROTO);
+    ck_assert_msg(strstr(err, "more than 256 fields"), "%s", err);
+  }
+  close(s);
+  still_serving("after-fields");
+  daemon_stop();
 }
 END_TEST
 
@@ -1747,6 +1856,8 @@ int main(void) {
   tcase_add_test(tc, test_text_to_clients);
   tcase_add_test(tc, test_foreign_case_peek);
   tcase_add_test(tc, test_foreign_messages_not_unpacked);
+  tcase_add_test(tc, test_peek_counts_fields);
+  tcase_add_test(tc, test_request_field_bound);
   tcase_add_test(tc, test_too_many_fds);
   tcase_add_test(tc, test_log_rate_limit);
   tc = t_tcase(s, "ownership", 120);
