@@ -15,6 +15,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 import warnings
 import enum
 import itertools
@@ -368,23 +369,30 @@ def _interruptible(call: Callable[[], int],
                     pending = again
         if first_of["who"] == "caller":  # call() never runs: nothing to undo
             raise pending
-        interrupt(1)
-        try:
-            # Until the worker is out of the C call (about 50 ms; the CUDA
-            # backend's setup once the group formed is not stopped): it
-            # may still use the client or the member. A second signal's
-            # exception is kept, not let out: a SystemExit wins over a
-            # KeyboardInterrupt.
-            while not finished:
-                try:
+        # Stop the C wait; wait until the worker is out of the C call
+        # (about 50 ms; the CUDA backend's setup once the group formed is
+        # not stopped): it may still use the client or the member; clear
+        # the flag, and undo a call that completed anyway. Each step is
+        # idempotent and is tried again after a second signal's exception,
+        # which is kept, not let out (a SystemExit wins over a
+        # KeyboardInterrupt; an undo's own DcpxError is dropped: the
+        # caller's exception says what happened).
+        stage = 0
+        while stage < 3:
+            try:
+                if stage == 0:
+                    interrupt(1)
+                    stage = 1
+                elif not finished:
                     done.acquire(timeout=0.05)
-                except BaseException as again:
-                    if not isinstance(again, KeyboardInterrupt):
-                        pending = again
-        finally:
-            interrupt(0)
-        if box and isinstance(box[0], int):
-            abandon(box[0])
+                else:
+                    interrupt(0)
+                    if box and isinstance(box[0], int):
+                        abandon(box[0])
+                    stage = 3
+            except BaseException as again:
+                if not isinstance(again, (KeyboardInterrupt, DcpxError)):
+                    pending = again
         raise pending
     if isinstance(box[0], BaseException):
         raise box[0]
@@ -423,9 +431,13 @@ class Client:
     socket: Optional[str] = None
     _ptr: Optional[int] = field(default=None, init=False, repr=False)
     # _joiner (the thread in a join), _closing (a close waits for that
-    # join, which disconnects as it ends) and _ptr change under _state
-    _state: threading.Condition = field(default_factory=threading.Condition,
-                                        init=False, repr=False)
+    # join, which disconnects as it ends) and _ptr change under _state. A
+    # bare lock, waited on by polling, not a Condition: an exception from a
+    # signal handler inside Condition.wait can leave its lock released
+    # twice (CPython's threading), so that a Ctrl-C in a close() that
+    # waits for a join broke the Client for good.
+    _state: threading.RLock = field(default_factory=threading.RLock,
+                                    init=False, repr=False)
     _joiner: Optional[int] = field(default=None, init=False, repr=False)
     _closing: bool = field(default=False, init=False, repr=False)
 
@@ -497,7 +509,6 @@ class Client:
                     if self._closing:  # a close() came during the join
                         self._closing = False
                         self._disconnect()
-                    self._state.notify_all()
 
     def _join(self, shape: Shape, options: Optional[JoinOptions],
               kw: Dict[str, Any]) -> "Member":
@@ -560,16 +571,26 @@ class Client:
             r = L.dcpx_join(cp, ctypes.byref(cs), ctypes.byref(co),
                             ctypes.byref(p))
             if r >= 0:
+                m: Optional[Member] = None
                 try:
-                    made.append(Member(p.value, self, joined, opts))
+                    m = Member(p.value, self, joined, opts)
+                    made.append(m)
                 except BaseException:
-                    L.dcpx_leave(p)
+                    if m is not None and getattr(m, "_owns", False):
+                        m.leave()  # it owns the pointer: once, through it
+                    else:  # not made (or cut short): it frees nothing
+                        L.dcpx_leave(p)
                     raise
             return r
 
         def abandon(code: int) -> None:
+            # The list keeps the member until its leave returns: a signal's
+            # exception in between leaves it here for the next try (a
+            # leave cut short keeps its pointer in _left, which the
+            # member's next leave or its __del__ frees).
             if made:
-                made.pop().leave()
+                made[0].leave()
+                made.clear()
 
         try:
             r = _interruptible(join_and_hold,
@@ -606,23 +627,30 @@ class Client:
             if self._joiner is None:
                 self._disconnect()
                 return
-            if not self._closing:  # the join holds the client: still valid
-                self._closing = True
-                lib().dcpx_client_interrupt(ctypes.c_void_p(self._ptr), 1)
+            # Each close, not only the first: a close cut short between the
+            # two (Ctrl-C) left the join waiting out its whole timeout,
+            # and the next close with it. The join holds the client: the
+            # pointer is still valid.
+            self._closing = True
+            lib().dcpx_client_interrupt(ctypes.c_void_p(self._ptr), 1)
             if self._joiner == threading.get_ident():
                 return
-            # (interrupted here, the join still disconnects as it ends)
-            while self._joiner is not None:
-                self._state.wait(0.05)  # a notify lost to a signal
-            if self._closing:  # the join ended without disconnecting
-                self._closing = False
+        # Polled, the lock not held (the join's end takes it): interrupted
+        # here, the join still disconnects as it ends.
+        while self._joiner is not None:
+            time.sleep(0.005)
+        with self._state:
+            if self._closing and self._joiner is None:  # the join ended
+                self._closing = False                  # without it
                 self._disconnect()
 
     def _disconnect(self) -> None:
-        """dcpx_disconnect, _ptr cleared first; with _state held."""
-        p, self._ptr = self._ptr, None
+        """dcpx_disconnect, _ptr cleared on the C call's line, with no call
+        between (see Member._free_left); with _state held."""
+        p = self._ptr
         if p is not None:
-            lib().dcpx_disconnect(ctypes.c_void_p(p))
+            fn, arg = lib().dcpx_disconnect, ctypes.c_void_p(p)
+            self._ptr = None; fn(arg)  # noqa: E702 (one line: above)
 
     def __enter__(self) -> "Client":
         return self
@@ -701,10 +729,16 @@ class Member:
         # calls that drive the daemon link (poll, health, recover, ...).
         self._lock = threading.Lock()
         self._busy = 0
-        self._left: Optional[int] = None  # left while calls ran: theirs to free
+        # The pointer of a member that left and is not freed yet: while
+        # calls ran (the last one frees it), or until dcpx_leave is called
+        # (_free_left), so that a signal's exception on the way leaves it
+        # to __del__ rather than losing it.
+        self._left: Optional[int] = None
+        self._freeing = False  # _left claimed by a thread (_claim_left)
         self._warning: Optional[str] = None  # set by Client.join
         self._link = threading.Lock()
         _members[self.handle] = weakref.ref(self)
+        self._owns = True  # last: a __post_init__ cut short frees nothing
 
     # -- properties -----------------------------------------------------
     @property
@@ -760,11 +794,35 @@ class Member:
     def _end(self) -> None:
         with self._lock:
             self._busy -= 1
-            p = self._left if not self._busy else None
-            if p is not None:
-                self._left = None
-        if p is not None:  # left while this call ran: free it now
-            self._lib.dcpx_leave(ctypes.c_void_p(p))
+            mine = self._claim_left()
+        if mine:  # left while this call ran, the last call: free it now
+            self._free_left()
+
+    def _claim_left(self) -> bool:
+        """With _lock held: True once, for the thread that is to free the
+        left member (_left set, no call in flight); a leave and the last
+        call's end on two threads never both free it."""
+        if self._busy or self._left is None or self._freeing:
+            return False
+        self._freeing = True
+        return True
+
+    def _free_left(self) -> int:
+        """dcpx_leave of the pointer in _left, once, whatever exceptions
+        signal handlers raise meanwhile: clearing _left and the C call are
+        one line with no call between them (CPython raises a handler's
+        exception only at a call, a function's start or a loop's jump; a
+        tracer, at a line's start), so one comes before both (the pointer
+        stays in _left, for __del__) or after both (freed once).
+        Only by the thread that claimed it (_claim_left), or by __del__
+        (nothing else holds the member then). Returns its code (0 when
+        nothing was left)."""
+        p = self._left
+        if p is None:
+            return 0
+        fn, arg = self._lib.dcpx_leave, ctypes.c_void_p(p)
+        self._left = None; r = fn(arg)  # noqa: E702 (one line: above)
+        return int(r)
 
     def _raise(self, r: int, what: str) -> None:
         """Raises the error of a push/merge's code r: with the library's
@@ -1156,20 +1214,22 @@ class Member:
         first."""
         with self._lock:
             p = self._ptr
-            if p is None:
-                return
-            self._ptr = None
-            if self._busy:  # the last call still running frees it
-                self._left, p = p, None
-                # A recover on another thread would hold the rank in the
-                # group for up to its timeout: stop its wait (it raises
-                # Interrupted; push and merge do not look at the flag).
-                self._lib.dcpx_member_interrupt(ctypes.c_void_p(self._left),
-                                                1)
-        _members.pop(self.handle, None)
-        self._token = None
+            if p is not None:
+                # in _left until freed: the last call still running frees
+                # it, or this thread does below
+                self._left, self._ptr = p, None
+                if self._busy:
+                    # A recover on another thread would hold the rank in
+                    # the group for up to its timeout: stop its wait (it
+                    # raises Interrupted; push and merge do not look at
+                    # the flag).
+                    self._lib.dcpx_member_interrupt(ctypes.c_void_p(p), 1)
+            mine = self._claim_left()
         if p is not None:
-            check(self._lib.dcpx_leave(ctypes.c_void_p(p)), "dcpx_leave")
+            _members.pop(self.handle, None)
+            self._token = None
+        if mine:
+            check(self._free_left(), "dcpx_leave")
 
     close = leave
 
@@ -1186,15 +1246,16 @@ class Member:
         self.leave()
 
     def __del__(self) -> None:
+        if not getattr(self, "_owns", False):
+            return  # __post_init__ cut short: Client.join frees the pointer
         try:
             self.leave()
             # A leave deferred to a running call whose end was lost (an
             # exception from a signal handler between the call's start and
-            # its try block): nothing runs once the member is collected
-            # (a running call holds it), so free it now.
-            p, self._left = self._left, None
-            if p is not None:
-                self._lib.dcpx_leave(ctypes.c_void_p(p))
+            # its try block), or cut short before its dcpx_leave: nothing
+            # runs once the member is collected (a running call holds it),
+            # so free it now.
+            self._free_left()
         except Exception:
             pass
 
