@@ -653,8 +653,9 @@ DCPX_API int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream);
  * of unknown size or with a reserved word that is not 0, whose pointers
  * are not trusted then, for a NULL or misaligned valid_out, or when its
  * outputs overlap
- * one another or an input (DCPX_E_INVAL naming both: each output needs
- * memory of its own, and -1s could land on the other array); with the
+ * one another, an input, or the dcpx_call or dcpx_merge_out struct itself
+ * (DCPX_E_INVAL naming both: each output needs memory of its own, and -1s
+ * could land on the other array); with the
  * CUDA backend a refused merge sets
  * them with a memset on the stream, cuMemsetD32Async), and the member must
  * dcpx_recover before the next call. With the CUDA

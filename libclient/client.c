@@ -911,12 +911,16 @@ int dcpx__merge_disjoint(struct dcpx_member *m, const char *fn,
                         m->shape.max_local),
       {"row_ends", (uintptr_t)in->row_ends, 4u * rows, 0, 0},
       {"req_id", (uintptr_t)in->req_id, 4u * rows, 0, 0},
+      /* the structs, read again after outputs are written */
+      {"the dcpx_call", (uintptr_t)in, sizeof(*in), 0, 0},
+      {"the dcpx_merge_out", (uintptr_t)out, sizeof(*out), 0, 0},
       {"block_table", (uintptr_t)in->block_table,
        dcpx__words4(in->bt_rows, in->bt_cols), 0, 0},
   };
   /* a table that does not fit is left out of the overlap check (its
-   * extent is not one), which still tells whether an output shares
-   * another array (then not even valid_out -1 may be written) */
+   * extent is not one; it is the last span), which still tells whether an
+   * output shares another array (then not even valid_out -1 may be
+   * written) */
   const size_t ns = sizeof(s) / sizeof(s[0]) - (fits ? 0u : 1u);
   if (!dcpx__spans_overlap(s, ns, 4, &i, &j)) {
     if (fits)
@@ -995,7 +999,9 @@ static inline void call_exit(dcpx_member *m) {
  * next call's push of them overwrites slots a peer may still be reading
  * (under another call half: the peer's wait times out, docs/PROTOCOL.md
  * 4.3), and a merge of more rows would wait out the timeout for rows
- * nobody pushed. On
+ * nobody pushed. Checked before the call's arguments (dcpx.h), its
+ * structs included: a merge with no push and a NULL dcpx_merge_out is
+ * DCPX_E_STATE, not a refusal that fails the rank. On
  * a failed rank every call fails as dcpx_merge says, in any order, until
  * dcpx_recover; a recovery (a new generation) ends a pending push. Not
  * checked once the library cannot see every call (m->order_off): a device
@@ -1005,6 +1011,7 @@ static inline void call_exit(dcpx_member *m) {
  * syscall. */
 static int call_order(dcpx_member *m, const char *fn, int merge,
                       const dcpx_call *in, void *stream) {
+  m->why[0] = '\0'; /* this call's refusal, if any, says why */
 #ifdef HAVE_CUDA
   if (m->cuda && !m->order_off && dcpx__cuda_capturing(m, stream))
     m->order_off = 1;
@@ -1015,7 +1022,11 @@ static int call_order(dcpx_member *m, const char *fn, int merge,
     return 0;
   const uint32_t gen = __atomic_load_n(&m->hdr->generation, __ATOMIC_ACQUIRE);
   const int pending = m->pushed_gen == gen;
-  if (merge ? pending && in->rows == m->pushed_rows : !pending)
+  /* A struct that call_check will refuse (NULL, another size) has no rows
+   * to compare: the order holds as far as it can be told. */
+  const int rows_known = in && in->size == sizeof(*in);
+  if (merge ? pending && (!rows_known || in->rows == m->pushed_rows)
+            : !pending)
     return 0;
   if (__atomic_load_n(&m->hdr->abort, __ATOMIC_RELAXED) ||
       __atomic_load_n(&m->health[m->rank].failed, __ATOMIC_RELAXED))
@@ -1057,9 +1068,9 @@ int dcpx_push(dcpx_member *m, const dcpx_call *in, void *stream) {
 /* dcpx_push's work, the member's call state held. */
 static int push_held(dcpx_member *m, const dcpx_call *in, void *stream) {
   int r;
-  if ((r = call_check(m, "dcpx_push", in, NULL, 0, stream)) < 0)
-    return r;
   if ((r = call_order(m, "dcpx_push", 0, in, stream)) < 0)
+    return r;
+  if ((r = call_check(m, "dcpx_push", in, NULL, 0, stream)) < 0)
     return r;
   DCPX_TRACE("dcpx_push group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
@@ -1095,9 +1106,9 @@ int dcpx_push_list(dcpx_member *m, const dcpx_call *in,
 static int push_list_held(dcpx_member *m, const dcpx_call *in,
                           const dcpx_lists *lists, void *stream) {
   int r;
-  if ((r = call_check(m, "dcpx_push_list", in, NULL, 0, stream)) < 0)
-    return r;
   if ((r = call_order(m, "dcpx_push_list", 0, in, stream)) < 0)
+    return r;
+  if ((r = call_check(m, "dcpx_push_list", in, NULL, 0, stream)) < 0)
     return r;
   DCPX_TRACE("dcpx_push_list group %s rank %u rows %u tag %llu", m->group,
              m->rank, in->rows, (unsigned long long)in->call_tag);
@@ -1158,9 +1169,9 @@ int dcpx_merge(dcpx_member *m, const dcpx_call *in, const dcpx_merge_out *out,
 static int merge_held(dcpx_member *m, const dcpx_call *in,
                       const dcpx_merge_out *out, void *stream) {
   int r;
-  if ((r = call_check(m, "dcpx_merge", in, out, 1, stream)) < 0)
-    return r;
   if ((r = call_order(m, "dcpx_merge", 1, in, stream)) < 0)
+    return r;
+  if ((r = call_check(m, "dcpx_merge", in, out, 1, stream)) < 0)
     return r;
   m->pushed_gen = 0;
   DCPX_TRACE("dcpx_merge group %s rank %u rows %u tag %llu", m->group,

@@ -359,6 +359,12 @@ static int merge_of(group *g, uint32_t d, uint32_t rows) {
                  g->ids[d], g->sat[d], 0, NULL);
 }
 
+#define WHY_HAS(m, fn, what)                                                  \
+  ck_assert_msg(strstr(dcpx_member_last_error(m), fn) &&                     \
+                    strstr(dcpx_member_last_error(m), what),                 \
+                "last error '%s', want %s ... %s",                            \
+                dcpx_member_last_error(m), fn, what)
+
 /* The call whose push rank 0 has made already: the others push, all
  * merge, and the result is checked. */
 static void finish_call_of_rank0(group *g, const char *what) {
@@ -388,6 +394,19 @@ START_TEST(test_call_order) {
   ck_assert_uint_eq(h[0].failed, 0);
   ck_assert_uint_eq(h[0].alarm, 0);
   ck_assert_uint_eq(rec_at(&g, 0, 0)->kind, 0);
+  /* The order comes before the arguments (dcpx.h): so too with a struct
+   * that is NULL or of another size (they were refused first, and the
+   * rank failed, its group aborted). */
+  {
+    dcpx_call in = DCPX_CALL_INIT;
+    dcpx_merge_out out = DCPX_MERGE_OUT_INIT;
+    ck_assert_int_eq(dcpx_merge(g.m[0], &in, NULL, NULL), DCPX_E_STATE);
+    ck_assert_int_eq(dcpx_merge(g.m[0], NULL, &out, NULL), DCPX_E_STATE);
+    out.size = 8;
+    ck_assert_int_eq(dcpx_merge(g.m[0], &in, &out, NULL), DCPX_E_STATE);
+    WHY_HAS(g.m[0], "dcpx_merge", "no dcpx_push");
+    ck_assert_uint_eq(h[0].failed, 0);
+  }
   run_call(&g);
   check_exact(&g, "after a merge without a push");
   /* Rank 0 pushes call 2, then pushes other logits before its merge: the
@@ -405,6 +424,14 @@ START_TEST(test_call_order) {
   ck_assert_int_eq(t_push(g.m[0], g.rows, g.logits[0], g.stride, g.ends[0],
                           0, NULL),
                    DCPX_E_STATE);
+  {
+    dcpx_call bad = DCPX_CALL_INIT;
+    bad.size = 0;
+    ck_assert_int_eq(dcpx_push(g.m[0], &bad, NULL), DCPX_E_STATE);
+    ck_assert_int_eq(dcpx_push(g.m[0], NULL, NULL), DCPX_E_STATE);
+    ck_assert_int_eq(dcpx_push_list(g.m[0], NULL, NULL, NULL), DCPX_E_STATE);
+    WHY_HAS(g.m[0], "dcpx_push_list", "has not been merged");
+  }
   memcpy(g.logits[0], keep, lbytes);
   free(keep);
   ck_assert_uint_eq(h[0].failed, 0);
@@ -642,12 +669,6 @@ static int push_list_once(group *g, const dcpx_lists *li) {
 }
 
 /* dcpx_member_last_error of m names `what` (and the call). */
-#define WHY_HAS(m, fn, what)                                                  \
-  ck_assert_msg(strstr(dcpx_member_last_error(m), fn) &&                     \
-                    strstr(dcpx_member_last_error(m), what),                 \
-                "last error '%s', want %s ... %s",                            \
-                dcpx_member_last_error(m), fn, what)
-
 #define BAD_LIST(field, value, code, order)                                   \
   do {                                                                        \
     group g;                                                                  \
@@ -1556,6 +1577,9 @@ START_TEST(test_bad_inputs) {
     }
     out.reserved = 1;
     h[1].alarm = h[1].failed = 0;
+    /* its push first: a merge without one is out of order (DCPX_E_STATE,
+     * checked before the arguments) */
+    ck_assert_int_eq(dcpx_push(g.m[1], &in, NULL), 0);
     ck_assert_int_eq(dcpx_merge(g.m[1], &in, &out, NULL), DCPX_E_INVAL);
     WHY_HAS(g.m[1], "dcpx_merge", "dcpx_merge_out.reserved is 1");
     ck_assert_uint_eq(h[1].failed, 1);
@@ -1580,6 +1604,13 @@ START_TEST(test_bad_inputs) {
         {g.bt, g.valid[0], NULL, NULL, "rows_out overlaps block_table"},
         {buf, g.valid[0], (int32_t *)(void *)(g.logits[0] + g.stride + 4),
          NULL, "ids_out overlaps logits"},
+        /* the structs: the merge reads them again after it writes (a
+         * req_id pointer overwritten by row 0's outputs was read for a
+         * later row's error text: a segfault) */
+        {(int32_t *)(void *)&in, g.valid[0], NULL, NULL,
+         "rows_out overlaps the dcpx_call"},
+        {buf, (int32_t *)(void *)&out.reserved, NULL, NULL,
+         "valid_out overlaps the dcpx_merge_out"},
     };
     for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
       out.rows_out = bad[i].rows_out;

@@ -1248,16 +1248,19 @@ class Member:
     def __del__(self) -> None:
         if not getattr(self, "_owns", False):
             return  # __post_init__ cut short: Client.join frees the pointer
-        try:
-            self.leave()
-            # A leave deferred to a running call whose end was lost (an
-            # exception from a signal handler between the call's start and
-            # its try block), or cut short before its dcpx_leave: nothing
-            # runs once the member is collected (a running call holds it),
-            # so free it now.
-            self._free_left()
-        except Exception:
-            pass
+        # A leave deferred to a running call whose end was lost (an
+        # exception from a signal handler between the call's start and its
+        # try block), or cut short before its dcpx_leave: nothing runs once
+        # the member is collected (a running call holds it), so free it
+        # now. A signal's exception here (Python would only print it) cuts
+        # one try; the next goes on from where it stopped.
+        for _ in range(8):
+            try:
+                self.leave()
+                self._free_left()
+                return
+            except BaseException:  # noqa: B902 (see above)
+                continue
 
 
 class PreparedCall:
