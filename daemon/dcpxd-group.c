@@ -624,11 +624,17 @@ static void group_request_reset(dcpxd_group *g, const char *detail);
 
 /* ---- reattach ------------------------------------------------------------ */
 
-/* 1 if both fds name the same file (the same memfd), else 0. */
-static bool same_file(int a, int b) {
-  struct stat x, y;
-  return fstat(a, &x) == 0 && fstat(b, &y) == 0 && x.st_dev == y.st_dev &&
-         x.st_ino == y.st_ino;
+/* Whether the W + 1 fds of a reattach are the group's memory: the control
+ * page always; the workspaces too when they are host memory (a CUDA
+ * workspace's fd is a handle exported afresh for each rank, not a file
+ * to compare). Calls into no file system but a memfd's. */
+static bool fds_are_the_groups(const dcpxd_group *g, const int *fds) {
+  if (!dcpxd_buf_is_fd(g->ctl, fds[0]))
+    return false;
+  for (uint32_t i = 0; i < g->shape.world; i++)
+    if (g->ws[i]->ops == &dcpxd_mem_host && !dcpxd_buf_is_fd(g->ws[i], fds[1 + i]))
+      return false;
+  return true;
 }
 
 /* An awaited rank of an adopted group will not come back. */
@@ -785,36 +791,51 @@ static int adopt_memory(dcpxd_conn *c, dcpxd_group *g, const Dcpx__Join *j,
   const uint32_t W = g->shape.world;
   dcpx_ctl_header *hdr;
   void *map;
+  const char *why = "";
+  uint32_t bad = 0; /* the workspace refused */
   int r;
 
   r = dcpxd_buf_adopt(&dcpxd_mem_host, TAKE_FD(fds[0]), g->L.ctl_bytes, -1,
-                      &g->ctl);
+                      &g->ctl, &why);
   if (r < 0) {
     uint64_t bytes = g->L.ctl_bytes;
     for (uint32_t i = 1; i <= W; i++)
-      close(TAKE_FD(fds[i]));
+      dcpxd_mem_close(TAKE_FD(fds[i]));
     group_free(g);
     join_refuse(c, r,
                 "cannot adopt the control page of group '%s' (%" PRIu64
                 " bytes, a sealed memfd expected): %s",
-                j->group, bytes, dcpx_strerror(r));
+                j->group, bytes, why);
     return -1;
   }
   for (uint32_t i = 0; i < W; i++) {
     int fd = TAKE_FD(fds[1 + i]);
-    if (r == 0)
+    if (r == 0) {
       r = dcpxd_buf_adopt(g->mem, fd, g->L.ws_bytes,
-                          i == j->rank ? j->device : -1, &g->ws[i]);
-    else
-      close(fd);
+                          i == j->rank ? j->device : -1, &g->ws[i], &why);
+      bad = i;
+    } else {
+      dcpxd_mem_close(fd);
+    }
+  }
+  /* W + 1 buffers, not one twice: an fd given for two workspaces shared
+   * one workspace between two ranks (and left the other unzeroed), the
+   * control page given for a workspace of its size was zeroed at the
+   * next recovery, secret and all */
+  for (uint32_t i = 0; r == 0 && i < W; i++) {
+    if (dcpxd_buf_same(g->ws[i], g->ctl))
+      r = DCPX_E_INVAL, bad = i, why = "it is the control page";
+    for (uint32_t k = 0; r == 0 && k < i; k++)
+      if (dcpxd_buf_same(g->ws[i], g->ws[k]))
+        r = DCPX_E_INVAL, bad = i, why = "the same memfd as an earlier one";
   }
   if (r < 0) {
     uint64_t bytes = g->L.ws_bytes;
     group_free(g);
     join_refuse(c, r,
                 "cannot adopt the workspaces of group '%s' (%" PRIu64
-                " bytes each): %s",
-                j->group, bytes, dcpx_strerror(r));
+                " bytes each): ws%u: %s",
+                j->group, bytes, bad, why);
     return -1;
   }
   r = dcpxd_mem_host.map(g->ctl, &map);
@@ -828,15 +849,15 @@ static int adopt_memory(dcpxd_conn *c, dcpxd_group *g, const Dcpx__Join *j,
       hdr->world != W || hdr->rows != g->shape.rows) {
     int bad_version = hdr->magic == DCPX_CTL_MAGIC &&
                       hdr->version != DCPX_CTL_VERSION;
-    char why[160];
-    dcpxd_bprintf(why,
+    char seen[160];
+    dcpxd_bprintf(seen,
                   "magic 0x%08x version %u world %u rows %u, expected "
                   "0x%08x %u %u %u",
                   hdr->magic, hdr->version, hdr->world, hdr->rows,
                   DCPX_CTL_MAGIC, DCPX_CTL_VERSION, W, g->shape.rows);
     group_free(g);
     join_refuse(c, bad_version ? DCPX_E_VERSION : DCPX_E_SHAPE,
-                "the control page does not match the group: %s", why);
+                "the control page does not match the group: %s", seen);
     return -1;
   }
   if (!dcpxd_secrets_match(c->m->secrets, g->name, hdr->secret, &g->owner)) {
@@ -968,7 +989,7 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   g = calloc(1, sizeof(*g));
   if (!g) {
     for (uint32_t i = 0; i <= W; i++)
-      close(TAKE_FD(fds[i]));
+      dcpxd_mem_close(TAKE_FD(fds[i]));
     return join_refuse(c, DCPX_E_NOMEM, "out of memory");
   }
   g->m = m;
@@ -1057,10 +1078,11 @@ static void group_reattach(dcpxd_conn *c, const Dcpx__Join *j,
                        "group '%s' is forming anew; this member's memory "
                        "belongs to an earlier instance of it",
                        g->name);
-  if (!same_file(fds[0], g->ctl->fd))
+  if (!fds_are_the_groups(g, fds))
     return join_refuse(c, DCPX_E_STATE,
-                       "this member's control page is not that of group "
-                       "'%s' (another instance of the group)",
+                       "this member's memory (control page and workspaces) "
+                       "is not that of group '%s' (another instance of the "
+                       "group)",
                        g->name);
   if (dcpxd_member_live(mb))
     return join_refuse(c, DCPX_E_DUPRANK,

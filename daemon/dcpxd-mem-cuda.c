@@ -212,25 +212,27 @@ static void cuda_free(dcpxd_buf *b) {
     D.release(pv->h);
     free(pv);
   }
-  if (b->fd >= 0)
-    close(b->fd);
+  dcpxd_mem_close(b->fd);
   free(b);
 }
 
-static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
+static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret,
+                      const char **ret_why) {
   CUmemGenericAllocationHandle h;
   CUmemAllocationProp p;
   size_t g = 0;
   int r = drv_get();
 
   if (r < 0) {
-    close(fd);
+    dcpxd_mem_close(fd);
+    *ret_why = "the CUDA driver is not available";
     return r;
   }
   if (D.import_fd(&h, (void *)(uintptr_t)fd,
                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
-    close(fd);
-    return DCPX_E_PERM; /* not a CUDA allocation handle */
+    dcpxd_mem_close(fd);
+    *ret_why = "not a CUDA allocation handle";
+    return DCPX_E_PERM;
   }
   if (D.props(&p, h) != CUDA_SUCCESS ||
       p.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
@@ -238,7 +240,8 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
       D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
           CUDA_SUCCESS) {
     D.release(h);
-    close(fd);
+    dcpxd_mem_close(fd);
+    *ret_why = "not a device allocation on the rank's GPU";
     return DCPX_E_SHAPE;
   }
   return cuda_wrap(h, round_up((size_t)bytes, g), fd, bytes, p.location.id,

@@ -11,10 +11,15 @@
  * otherwise make the daemon fault (SIGBUS) on the next access.
  *
  * adopt() is the way back after a daemon restart (docs/ARCHITECTURE.md,
- * "Daemon restart"): a client returns the fds it was given. Only a memfd
- * sealed against shrinking and growing, of exactly the expected size, is
- * accepted, for the same reason as above: the daemon maps the control page
- * and must never fault on it, whoever sent the fd.
+ * "Daemon restart"): a client returns the fds it was given. Only what
+ * host_alloc makes is accepted: a memfd with the seals it sets (against
+ * shrinking, growing and more seals; none against writing), open for
+ * reading and writing, of exactly the expected size. The daemon maps the
+ * control page and must never fault on it, and zeroes the workspaces at
+ * every recovery, whoever sent the fds (a read-only fd, or one sealed
+ * against writing, made every recovery of the group fail). The seals are
+ * read first: F_GET_SEALS answers for a memfd alone and calls into no
+ * file system, where an fstat of a FUSE file waits on its server.
  *
  * zero() writes zeros through a mapping rather than punching a hole: a
  * client that registered the pages for device access holds them pinned,
@@ -39,6 +44,24 @@
 
 #include "dcpx.h"
 #include "dcpxd-mem.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+
+/* The seals of every host buffer (host_alloc), and so of an adopted one. */
+#define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+void (*dcpxd_mem_closer)(int fd);
+
+void dcpxd_mem_close(int fd) {
+  if (fd < 0)
+    return;
+  if (dcpxd_mem_closer)
+    dcpxd_mem_closer(fd);
+  else
+    close(fd);
+}
 #include "dcpxd-util.h"
 #include "proto/dcpx.pb-c.h"
 
@@ -67,7 +90,7 @@ static int host_alloc(int device, uint64_t bytes, const char *label,
     return -errno;
   if (ftruncate(fd, (off_t)bytes) < 0)
     return -errno;
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+  if (fcntl(fd, F_ADD_SEALS, HOST_SEALS) < 0)
     return -errno;
   return host_buf_new(&fd, bytes, device, ret);
 }
@@ -123,25 +146,68 @@ static int host_zero(dcpxd_buf *b) {
 static void host_free(dcpxd_buf *b) {
   if (b->map)
     munmap(b->map, (size_t)b->bytes);
-  if (b->fd >= 0)
-    close(b->fd);
+  dcpxd_mem_close(b->fd); /* the last reference frees the pages: slow */
   free(b);
 }
 
-static int host_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret) {
-  _cleanup_close_ int owned = fd;
-  const int need = F_SEAL_SHRINK | F_SEAL_GROW;
-  struct stat st;
-  int seals;
+/* Whether fd is a memfd as host_alloc makes them (HOST_SEALS, no seal
+ * against writing), open for reading and writing: 0, or a code with
+ * *ret_why. Calls into no file system (F_GET_SEALS answers for a memfd
+ * alone). */
+static int host_memfd_ok(int fd, const char **ret_why) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & HOST_SEALS) != HOST_SEALS) {
+    *ret_why = "not a memfd sealed against shrinking, growing and more "
+               "seals, as dcpxd makes them";
+    return DCPX_E_PERM;
+  }
+  if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) {
+    *ret_why = "a memfd sealed against writing (dcpxd could not zero it)";
+    return DCPX_E_PERM;
+  }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || (fl & O_ACCMODE) != O_RDWR) {
+    *ret_why = "not open for reading and writing";
+    return DCPX_E_ACCES;
+  }
+  return 0;
+}
 
-  if (fstat(fd, &st) < 0)
-    return -errno;
-  if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes)
-    return DCPX_E_SHAPE; /* not the buffer of this shape */
-  seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || (seals & need) != need)
-    return DCPX_E_PERM; /* not a sealed memfd: could shrink under us */
-  return host_buf_new(&owned, bytes, device, ret);
+static int host_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret,
+                      const char **ret_why) {
+  struct stat st;
+  int r = host_memfd_ok(fd, ret_why);
+
+  if (r == 0 && fstat(fd, &st) < 0) { /* a memfd: no file system waits */
+    *ret_why = "fstat failed";
+    r = -errno;
+  } else if (r == 0 && (!S_ISREG(st.st_mode) ||
+                        (uint64_t)st.st_size != bytes)) {
+    *ret_why = "a memfd of another size";
+    r = DCPX_E_SHAPE; /* not the buffer of this shape */
+  }
+  if (r < 0) {
+    dcpxd_mem_close(fd);
+    return r;
+  }
+  return host_buf_new(&fd, bytes, device, ret);
+}
+
+/* fstat of a host buffer's fd (a memfd: it waits on no file system). */
+static bool host_stat(const dcpxd_buf *b, struct stat *st) {
+  return b && b->ops == &dcpxd_mem_host && b->fd >= 0 && fstat(b->fd, st) == 0;
+}
+
+bool dcpxd_buf_same(const dcpxd_buf *a, const dcpxd_buf *b) {
+  struct stat x, y;
+  return host_stat(a, &x) && host_stat(b, &y) && x.st_dev == y.st_dev &&
+         x.st_ino == y.st_ino;
+}
+
+bool dcpxd_buf_is_fd(const dcpxd_buf *b, int fd) {
+  struct stat x, y;
+  return fcntl(fd, F_GET_SEALS) >= 0 && host_stat(b, &x) &&
+         fstat(fd, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
 const dcpxd_mem_ops dcpxd_mem_host = {
@@ -154,12 +220,13 @@ const dcpxd_mem_ops dcpxd_mem_host = {
 };
 
 int dcpxd_buf_adopt(const dcpxd_mem_ops *ops, int fd, uint64_t bytes,
-                    int device, dcpxd_buf **ret) {
+                    int device, dcpxd_buf **ret, const char **ret_why) {
   if (!ops->adopt) {
-    close(fd);
+    dcpxd_mem_close(fd);
+    *ret_why = "this backend cannot adopt memory";
     return DCPX_E_NOSYS;
   }
-  return ops->adopt(fd, bytes, device, ret);
+  return ops->adopt(fd, bytes, device, ret, ret_why);
 }
 
 const dcpxd_mem_ops *dcpxd_mem_backend(int backend, const char **ret_why) {

@@ -21,8 +21,11 @@
  *   adopt  (may be NULL: not supported) take over a buffer that a client
  *          hands back after a daemon restart (its fd, passed by
  *          SCM_RIGHTS): check that it is one this backend could have made,
- *          of exactly `bytes`, and wrap it. The fd becomes the buffer's,
- *          also on failure;
+ *          of exactly `bytes`, and wrap it; on failure *ret_why says why
+ *          in words. The fd becomes the buffer's, also on failure (closed
+ *          through dcpxd_mem_close). Nothing here may wait on a file
+ *          system: the fd is any a client sent (a FUSE file's fstat waits
+ *          on its server);
  *   warm   (may be NULL: nothing to do) make `device` ready for zero(), so
  *          that the first recovery after an adoption does not pay for it
  *          (CUDA: the device's primary context, about 0.1 s); may block,
@@ -34,6 +37,7 @@
 #ifndef DCPXD_MEM_H
 #define DCPXD_MEM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct dcpxd_buf dcpxd_buf;
@@ -44,7 +48,8 @@ typedef struct dcpxd_mem_ops {
   int (*zero)(dcpxd_buf *b);
   int (*map)(dcpxd_buf *b, void **ret); /* NULL: not host-mappable */
   void (*free)(dcpxd_buf *b);
-  int (*adopt)(int fd, uint64_t bytes, int device, dcpxd_buf **ret);
+  int (*adopt)(int fd, uint64_t bytes, int device, dcpxd_buf **ret,
+               const char **ret_why);
   int (*device_of_uuid)(const uint8_t *uuid, int *ret_device);
   int (*warm)(int device);
 } dcpxd_mem_ops;
@@ -60,6 +65,24 @@ struct dcpxd_buf {
 
 /* The host backend: memfd, sealed against resizing. Always built. */
 extern const dcpxd_mem_ops dcpxd_mem_host;
+
+/* How the buffers' fds, and the fds that clients send, are closed: dcpxd
+ * sets a closer that runs close(2) off its event loop (a close can take
+ * long: the last reference of a large memfd frees its pages, about 40 ms
+ * a GiB, and a FUSE file's close waits on its server's flush); NULL (the
+ * tests that link this file alone) closes at once. */
+extern void (*dcpxd_mem_closer)(int fd);
+void dcpxd_mem_close(int fd);
+
+/* Whether two host buffers are one memfd (one file, as fstat says): the
+ * memory of an adopted group must be W + 1 buffers, not one twice. False
+ * when either is not host memory. */
+bool dcpxd_buf_same(const dcpxd_buf *a, const dcpxd_buf *b);
+
+/* Whether fd, which a client sent, is the host buffer b's memfd: without
+ * a call into the fd's file system unless it is a memfd (F_GET_SEALS
+ * first). */
+bool dcpxd_buf_is_fd(const dcpxd_buf *b, int fd);
 
 #ifdef HAVE_CUDA
 /* The CUDA backend: VMM allocations exported as POSIX fds
@@ -77,9 +100,10 @@ static inline int dcpxd_buf_alloc(const dcpxd_mem_ops *ops, int device,
   return ops->alloc(device, bytes, label, ret);
 }
 static inline int dcpxd_buf_zero(dcpxd_buf *b) { return b->ops->zero(b); }
-/* DCPX_E_NOSYS when the backend cannot adopt memory. Consumes fd. */
+/* DCPX_E_NOSYS when the backend cannot adopt memory. Consumes fd. On
+ * failure *ret_why says why in words. */
 int dcpxd_buf_adopt(const dcpxd_mem_ops *ops, int fd, uint64_t bytes,
-                    int device, dcpxd_buf **ret);
+                    int device, dcpxd_buf **ret, const char **ret_why);
 /* Accepts NULL; returns NULL for `p = dcpxd_buf_free(p)`. */
 static inline dcpxd_buf *dcpxd_buf_free(dcpxd_buf *b) {
   if (b)

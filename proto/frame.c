@@ -99,6 +99,18 @@ static size_t get_varint(const uint8_t *p, size_t n, uint64_t *v) {
   return 0;
 }
 
+static void (*frame_closer)(int fd);
+
+void dcpx__frame_set_closer(void (*fn)(int fd)) { frame_closer = fn; }
+
+/* A received descriptor this side does not keep. */
+static void frame_close(int fd) {
+  if (frame_closer)
+    frame_closer(fd);
+  else
+    close(fd);
+}
+
 int dcpx__frame_send(int sock, const Dcpx__Frame *f, const int *fds,
                      int nfds) {
   size_t len = dcpx__frame__get_packed_size(f);
@@ -306,7 +318,7 @@ int dcpx__frame_recv_cases(int sock, uint32_t cases, unsigned max_fields,
       if (fds && got < maxfds)
         fds[got++] = fd;
       else
-        close(fd);
+        frame_close(fd);
     }
   }
   if (n == 0) {
@@ -377,7 +389,7 @@ int dcpx__frame_recv_cases(int sock, uint32_t cases, unsigned max_fields,
 
 fail:
   for (int i = 0; i < got; i++)
-    close(fds[i]);
+    frame_close(fds[i]);
   free(buf);
   return r;
 }

@@ -76,6 +76,12 @@ DCPX__HIDDEN int dcpx__frame_peek(const uint8_t *buf, size_t n,
 
 DCPX__HIDDEN void dcpx__frame_free(Dcpx__Frame *f);
 
+/* How the receive functions close the descriptors of a packet they refuse
+ * (or past maxfds): fn (dcpxd: off its event loop, since a client's fd
+ * may be a FUSE file whose close waits on its server), or close(2) when
+ * NULL (the default). */
+DCPX__HIDDEN void dcpx__frame_set_closer(void (*fn)(int fd));
+
 /* Ops connections (dcpxctl, bench/soak): one place for the socket path
  * and the Hello exchange. (libdcpx's dcpx_connect does the same for
  * engines, non-blocking for its reattach.) */
