@@ -507,8 +507,8 @@ class Client:
                 self._joiner = None
                 with self._state:
                     if self._closing:  # a close() came during the join
-                        self._closing = False
-                        self._disconnect()
+                        self._disconnect()  # first: a cut here leaves
+                        self._closing = False  # _closing for close()
 
     def _join(self, shape: Shape, options: Optional[JoinOptions],
               kw: Dict[str, Any]) -> "Member":
@@ -640,9 +640,9 @@ class Client:
         while self._joiner is not None:
             time.sleep(0.005)
         with self._state:
-            if self._closing and self._joiner is None:  # the join ended
-                self._closing = False                  # without it
-                self._disconnect()
+            if self._joiner is None:  # whatever the join's end did or not
+                self._disconnect()  # (a no-op once it is done)
+                self._closing = False
 
     def _disconnect(self) -> None:
         """dcpx_disconnect, _ptr cleared on the C call's line, with no call
@@ -727,14 +727,17 @@ class Member:
         self._lib = lib()
         # In-flight C calls (leave waits for them), and the lock of the
         # calls that drive the daemon link (poll, health, recover, ...).
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler may leave() while this thread holds
+        # it (calls are made under it: a plain lock deadlocked there).
+        self._lock = threading.RLock()
         self._busy = 0
         # The pointer of a member that left and is not freed yet: while
         # calls ran (the last one frees it), or until dcpx_leave is called
         # (_free_left), so that a signal's exception on the way leaves it
         # to __del__ rather than losing it.
         self._left: Optional[int] = None
-        self._freeing = False  # _left claimed by a thread (_claim_left)
+        # the thread that claimed _left (_claim_left), or None
+        self._freeing: Optional[int] = None
         self._warning: Optional[str] = None  # set by Client.join
         self._link = threading.Lock()
         _members[self.handle] = weakref.ref(self)
@@ -799,12 +802,17 @@ class Member:
             self._free_left()
 
     def _claim_left(self) -> bool:
-        """With _lock held: True once, for the thread that is to free the
-        left member (_left set, no call in flight); a leave and the last
-        call's end on two threads never both free it."""
-        if self._busy or self._left is None or self._freeing:
+        """With _lock held: True for the one thread that is to free the
+        left member (_left set, no call in flight): a leave and the last
+        call's end on two threads never both free it. The thread that
+        claimed it may claim it again: its leave, cut by a signal's
+        exception before it freed, frees on its next leave (_free_left
+        frees once, whoever retries)."""
+        me = threading.get_ident()
+        if self._busy or self._left is None or \
+                self._freeing not in (None, me):
             return False
-        self._freeing = True
+        self._freeing = me
         return True
 
     def _free_left(self) -> int:
@@ -1225,9 +1233,8 @@ class Member:
                     # the flag).
                     self._lib.dcpx_member_interrupt(ctypes.c_void_p(p), 1)
             mine = self._claim_left()
-        if p is not None:
-            _members.pop(self.handle, None)
-            self._token = None
+        _members.pop(self.handle, None)  # each time: a cut leave skipped it
+        self._token = None
         if mine:
             check(self._free_left(), "dcpx_leave")
 
@@ -1248,6 +1255,9 @@ class Member:
     def __del__(self) -> None:
         if not getattr(self, "_owns", False):
             return  # __post_init__ cut short: Client.join frees the pointer
+        # No torch op finds it by its handle from now on (the weak
+        # reference lives until this returns).
+        _members.pop(self.handle, None)
         # A leave deferred to a running call whose end was lost (an
         # exception from a signal handler between the call's start and its
         # try block), or cut short before its dcpx_leave: nothing runs once

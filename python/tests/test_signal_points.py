@@ -56,17 +56,25 @@ class _Lines:
         return True
 
 
-def _raise_at(n, fn, skip=()):
-    """fn() with KeyboardInterrupt raised at its n-th line event (frames of
-    the codes in skip are not counted: they stand for C calls). Returns
-    (raised, lines seen)."""
+def _interrupt():
+    raise KeyboardInterrupt
+
+
+def _raise_at(n, fn, skip=(), only=None, handler=_interrupt):
+    """fn() with handler() (by default: raise KeyboardInterrupt, as Ctrl-C's
+    handler does) run at its n-th line event, as a signal handler would
+    run there. Frames of the codes in skip, and their callees, are not
+    counted (they stand for C calls); with `only`, just the lines of those
+    codes are. Returns (raised, lines seen)."""
     lines = _Lines()
 
     def tracer(frame, event, arg):
         if _inside(frame, skip):
             return None
-        if event == "line" and lines.count(frame) and lines.seen == n:
-            raise KeyboardInterrupt
+        if event == "line" and (only is None or frame.f_code in only) and \
+                lines.count(frame) and lines.seen == n:
+            sys.settrace(None)  # the handler runs untraced
+            handler()
         return tracer
 
     sys.settrace(tracer)
@@ -77,6 +85,35 @@ def _raise_at(n, fn, skip=()):
         return True, lines.seen
     finally:
         sys.settrace(None)
+
+
+def _raise_after_call(n, fn, only, handler=_interrupt):
+    """fn() with handler() (by default: raise KeyboardInterrupt) run at the
+    n-th point where CPython runs signal handlers in the code of `only`:
+    as a function of it starts, and as a call it makes (to C or Python)
+    returns. A stricter tracer (_raise_at) also cuts between two
+    statements with no call between them, where no real signal's handler
+    runs. Returns (whether the handler ran, points seen)."""
+    seen = [0]
+
+    def prof(frame, event, arg):
+        caller = frame.f_back.f_code if frame.f_back is not None else None
+        if (event == "call" and frame.f_code in only) or \
+                (event == "c_return" and frame.f_code in only) or \
+                (event == "return" and caller in only):
+            seen[0] += 1
+            if seen[0] == n:
+                sys.setprofile(None)
+                handler()
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.setprofile(None)
+    return seen[0] >= n, seen[0]
 
 
 class _CountingLib:
@@ -111,12 +148,16 @@ def test_leave_cut_at_any_line_frees_once(daemon, group, small_shape,
         m = c.join(small_shape, rank=0, group=group)
         p = m._ptr
         counting.freed.clear()  # malloc may give the address again
+        h = m.handle
         raised, _ = _raise_at(n, m.leave, _SKIP)
-        del m  # the member goes: what a cut leave left, its __del__ frees
-        gc.collect()
+        m.leave()  # again: it finishes what the cut one left
         assert counting.freed[p] == 1, \
-            f"a leave cut at line {n}: dcpx_leave called " \
+            f"a leave cut at line {n}, then a leave: dcpx_leave called " \
             f"{counting.freed[p]} times for the member"
+        assert h not in dcpx.core._members
+        del m
+        gc.collect()
+        assert counting.freed[p] == 1
         if not raised:
             break
         cut += 1
@@ -125,6 +166,86 @@ def test_leave_cut_at_any_line_frees_once(daemon, group, small_shape,
     with c.join(small_shape, rank=0, group=group):
         pass
     c.close()
+
+
+def test_a_handler_that_leaves_at_any_line_of_a_call(daemon, group,
+                                                     small_shape,
+                                                     monkeypatch):
+    """A signal handler that calls leave() (to shut down on SIGTERM, say)
+    at any point of a poll() where a handler can run: never a deadlock
+    (the member's lock is held around calls; a plain Lock deadlocked
+    there), and the member is freed once, never under the call."""
+    only = tuple(f.__code__ for f in (
+        dcpx.Member.poll, dcpx.Member._link_call, dcpx.Member._begin,
+        dcpx.Member._end, dcpx.Member._claim_left, dcpx.Member._free_left))
+    counting = _CountingLib(dcpx.core.lib())
+    monkeypatch.setattr(dcpx.core, "lib", lambda: counting)
+    c = dcpx.Client(daemon.socket)
+    cut = 0
+    for n in range(1, 200):
+        m = c.join(small_shape, rank=0, group=group)
+        p = m._ptr
+        counting.freed.clear()
+        out = []
+
+        def run():
+            try:
+                out.append(_raise_after_call(n, m.poll, only, m.leave)[0])
+            except dcpx.StateError:  # left as the poll began
+                out.append(True)
+
+        t = threading.Thread(target=run, daemon=True)  # (the tracer is
+        t.start()                                      # per thread)
+        t.join(10)
+        assert not t.is_alive(), f"leave at line {n} of poll: deadlock"
+        m.leave()
+        assert counting.freed[p] == 1, (n, counting.freed[p])
+        if not out[0]:  # the poll ran out of points before the n-th
+            break
+        cut += 1
+    assert cut >= 5
+    c.close()
+
+
+def test_join_end_cut_while_close_waits(daemon, group):
+    """Ctrl-C at each point of a join's own code (its claim, its end) where
+    a signal's exception can come, while another thread's close() waits
+    for it: the close returns with the Client disconnected, and later
+    joins raise StateError (a cut as the join's end disconnected left
+    close() to return with the Client connected)."""
+    shape = dcpx.Shape(world=2, rows=4, topk=16, local_topk=12,
+                       block_size=4, max_local=128)
+    only = (dcpx.Client.join.__code__, dcpx.Client._disconnect.__code__)
+    cut = 0
+    for n in range(1, 100):
+        c = dcpx.Client(daemon.socket)
+
+        def closer():
+            for _ in range(400):  # until the join waits in C, if it does
+                if c._joiner is not None:
+                    break
+                time.sleep(0.005)
+            time.sleep(0.02)
+            c.close()
+
+        t = threading.Thread(target=closer)
+        t.start()
+        try:
+            raised, _ = _raise_after_call(n, lambda: c.join(
+                shape, rank=0, group=f"{group}-{n}", join_timeout_ms=20000),
+                only)
+        except dcpx.StateError:  # closed during the join: its usual end
+            raised = False
+        t.join(30)
+        assert not t.is_alive()
+        assert c._ptr is None and not c._closing, \
+            f"join cut at line {n}: close() returned, the Client connected"
+        with pytest.raises(dcpx.StateError):
+            c.join(shape, rank=0, group=group)
+        if not raised:
+            break
+        cut += 1
+    assert cut >= 3
 
 
 def test_close_cut_at_any_line_during_a_join(daemon, group):
