@@ -48,6 +48,7 @@
 
 #include <dcpx/version.h>
 
+#include "dcpxd-closer.h"
 #include "dcpxd-log.h"
 #include "dcpxd-notify.h"
 #include "dcpxd-util.h"
@@ -404,33 +405,11 @@ static void serve(dcpxd_manager *m) {
   log_info("Ready");
 }
 
-/* ---- closing fds off the loop -------------------------------------------- */
-
-/* The loop whose thread pool closes fds (dcpxd_mem_closer,
- * dcpx__frame_set_closer), while it runs. */
-static uv_loop_t *close_loop;
-
-static void close_done(uv_fs_t *req) {
-  uv_fs_req_cleanup(req);
-  free(req);
-}
-
-/* close(fd) on libuv's thread pool: the last reference of a large memfd
- * frees its pages there (an 8 GiB one a client sent held the loop 332
- * ms), and so does a FUSE file's close, which waits on its server's
- * flush for as long as the server likes. At once when no loop runs. */
-static void close_later(int fd) {
-  uv_fs_t *req = close_loop ? malloc(sizeof(*req)) : NULL;
-  if (req && uv_fs_close(close_loop, req, fd, close_done) == 0)
-    return;
-  free(req);
-  close(fd);
-}
-
-static void close_later_use(uv_loop_t *loop) {
-  close_loop = loop;
-  dcpxd_mem_closer = loop ? close_later : NULL;
-  dcpx__frame_set_closer(loop ? close_later : NULL);
+/* Where the fds that clients send, and those of freed buffers, are
+ * closed: on the closer thread while the loop runs (dcpxd-closer.h). */
+static void closer_use(bool on) {
+  dcpxd_mem_closer = on ? dcpxd_closer_close : NULL;
+  dcpx__frame_set_closer(on ? dcpxd_closer_close : NULL);
 }
 
 /* After the loop has run out: the suppressed-lines summary written, the
@@ -507,7 +486,12 @@ int main(int argc, char **argv) {
   }
   m->loop = &loop;
   loop_handles_init(m);
-  close_later_use(m->loop);
+  r = dcpxd_closer_start();
+  if (r < 0)
+    log_warning("Cannot start the closer thread (%s): fds are closed on "
+                "the event loop",
+                strerror(-r));
+  closer_use(r == 0);
   dcpxd_records_use_loop(m->records, m->loop, on_records_unstored, m);
 
   r = server_listen(m);
@@ -525,7 +509,8 @@ int main(int argc, char **argv) {
   log_info("Stopped");
 
 out_loop:
-  close_later_use(NULL); /* the loop ran out: its closes are done */
+  closer_use(false);
+  dcpxd_closer_stop(2000); /* what clients sent: not held up for long */
   loop_done(m);
 out_records:
   (void)dcpxd_secrets_flush_last(m->secrets);

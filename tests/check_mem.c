@@ -2,10 +2,14 @@
  * recovery's zero() makes every byte read 0 in every mapping (the daemon's
  * and a rank's), and commits no page that the calls never touched: with
  * memset over the whole buffer a recovery made every workspace resident
- * (4.4 GB each at the largest shape). */
+ * (4.4 GB each at the largest shape). Also dcpxd's closer thread
+ * (daemon/dcpxd-closer.c), which closes the buffers' fds and those that
+ * clients send: every fd given is closed, through the thread or at once. */
 #include "config.h"
 
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +18,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "dcpxd-closer.h"
 #include "dcpxd-mem.h"
 
 #define MB (1024u * 1024u)
@@ -74,9 +79,49 @@ START_TEST(test_zero_touched_only) {
 }
 END_TEST
 
+/* Whether every fd of fds[0..n) is closed (EBADF). */
+static int all_closed(const int *fds, int n) {
+  for (int i = 0; i < n; i++)
+    if (fcntl(fds[i], F_GETFD) != -1 || errno != EBADF)
+      return 0;
+  return 1;
+}
+
+/* The closer: fds given before its start, while it runs (more than its
+ * first queue holds), through the buffers' free and after its stop are
+ * all closed by the time the stop returns (or at once). */
+START_TEST(test_closer_closes_all) {
+  enum { N = 300 };
+  int fds[2 * N];
+  for (int i = 0; i < N; i++)
+    ck_assert_int_eq(pipe(fds + 2 * i), 0);
+  dcpxd_closer_close(fds[0]); /* not running: at once */
+  ck_assert(all_closed(fds, 1));
+  ck_assert_int_eq(dcpxd_closer_start(), 0);
+  dcpxd_mem_closer = dcpxd_closer_close;
+  for (int i = 1; i < 2 * N; i++)
+    dcpxd_mem_close(fds[i]);
+  dcpxd_buf *b;
+  ck_assert_int_eq(dcpxd_buf_alloc(&dcpxd_mem_host, -1, 1 << 20, "t", &b), 0);
+  int bfd = b->fd;
+  dcpxd_buf_free(b);
+  dcpxd_closer_stop(5000);
+  dcpxd_mem_closer = NULL;
+  ck_assert_msg(all_closed(fds, 2 * N), "an fd the closer took is open");
+  ck_assert(all_closed(&bfd, 1));
+  int late[2];
+  ck_assert_int_eq(pipe(late), 0);
+  dcpxd_closer_close(late[0]); /* stopped: at once */
+  dcpxd_closer_close(late[1]);
+  ck_assert(all_closed(late, 2));
+  dcpxd_closer_close(-1); /* ignored */
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("mem");
   TCase *tc = t_tcase(s, "host", T_TIMEOUT_DEFAULT);
   tcase_add_test(tc, test_zero_touched_only);
+  tcase_add_test(tc, test_closer_closes_all);
   return t_suite_run(s);
 }
