@@ -212,7 +212,7 @@ static void cuda_free(dcpxd_buf *b) {
     D.release(pv->h);
     free(pv);
   }
-  dcpxd_mem_close(b->fd);
+  dcpxd_mem_close_own(b->fd);
   free(b);
 }
 
@@ -244,8 +244,11 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret,
     *ret_why = "not a device allocation on the rank's GPU";
     return DCPX_E_SHAPE;
   }
-  return cuda_wrap(h, round_up((size_t)bytes, g), fd, bytes, p.location.id,
-                   ret);
+  r = cuda_wrap(h, round_up((size_t)bytes, g), fd, bytes, p.location.id,
+                ret);
+  if (r < 0)
+    *ret_why = "out of memory";
+  return r;
 }
 
 /* An adopted group's device, before its first recovery: its context. On

@@ -53,15 +53,20 @@
 #define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 void (*dcpxd_mem_closer)(int fd);
+void (*dcpxd_mem_closer_own)(int fd);
 
-void dcpxd_mem_close(int fd) {
+static void close_by(void (*closer)(int), int fd) {
   if (fd < 0)
     return;
-  if (dcpxd_mem_closer)
-    dcpxd_mem_closer(fd);
+  if (closer)
+    closer(fd);
   else
     close(fd);
 }
+
+void dcpxd_mem_close(int fd) { close_by(dcpxd_mem_closer, fd); }
+
+void dcpxd_mem_close_own(int fd) { close_by(dcpxd_mem_closer_own, fd); }
 #include "dcpxd-util.h"
 #include "proto/dcpx.pb-c.h"
 
@@ -146,7 +151,7 @@ static int host_zero(dcpxd_buf *b) {
 static void host_free(dcpxd_buf *b) {
   if (b->map)
     munmap(b->map, (size_t)b->bytes);
-  dcpxd_mem_close(b->fd); /* the last reference frees the pages: slow */
+  dcpxd_mem_close_own(b->fd); /* the last reference frees the pages */
   free(b);
 }
 
@@ -186,11 +191,11 @@ static int host_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret,
     *ret_why = "a memfd of another size";
     r = DCPX_E_SHAPE; /* not the buffer of this shape */
   }
-  if (r < 0) {
+  if (r == 0 && (r = host_buf_new(&fd, bytes, device, ret)) < 0)
+    *ret_why = "out of memory";
+  if (r < 0)
     dcpxd_mem_close(fd);
-    return r;
-  }
-  return host_buf_new(&fd, bytes, device, ret);
+  return r;
 }
 
 /* fstat of a host buffer's fd (a memfd: it waits on no file system). */

@@ -73,6 +73,9 @@ extern const dcpxd_mem_ops dcpxd_mem_host;
  * tests that link this file alone) closes at once. */
 extern void (*dcpxd_mem_closer)(int fd);
 void dcpxd_mem_close(int fd);
+/* The same for the fds of dcpxd's own buffers (dcpxd_mem_closer_own). */
+extern void (*dcpxd_mem_closer_own)(int fd);
+void dcpxd_mem_close_own(int fd);
 
 /* Whether two host buffers are one memfd (one file, as fstat says): the
  * memory of an adopted group must be W + 1 buffers, not one twice. False

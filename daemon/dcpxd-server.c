@@ -67,6 +67,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "dcpxd-closer.h"
 #include "dcpxd-log.h"
 #include "dcpxd-notify.h"
 #include "dcpxd-util.h"
@@ -621,6 +622,20 @@ static const char *recv_error_text(int r) {
    (1u << DCPX__FRAME__MSG_LEAVE) | (1u << DCPX__FRAME__MSG_RECOVER_ACK) |    \
    (1u << DCPX__FRAME__MSG_QUERY) | (1u << DCPX__FRAME__MSG_COMMAND))
 
+/* The fds a client sends are taken with a reattaching Join only (the one
+ * request that carries any), and not while more than this many are
+ * queued for closing: a close that hangs (a client's FUSE file) then
+ * costs dcpxd a bounded number of descriptors, and the reattach is
+ * refused for its fd count until the backlog clears. Every other
+ * packet's fds are dropped by the kernel unseen (dcpx__frame_recv_cases):
+ * dcpxd never holds, nor closes, one. */
+#define CLOSE_BACKLOG_MAX 1024
+
+static int take_fds(const uint8_t *pkt, size_t n) {
+  return dcpx__frame_is_reattach(pkt, n) &&
+         dcpxd_closer_backlog() < CLOSE_BACKLOG_MAX;
+}
+
 /* Up to RECV_BATCH frames of c, each dispatched, until none is left, the
  * peer is gone, c closes or a Join of it waits (conn_watch). Returns
  * whether it found the socket empty (nothing more to read now). */
@@ -635,8 +650,8 @@ static bool read_frames(dcpxd_conn *c) {
     /* Only a reattaching Join carries fds; any others are closed. */
     int refused = 0;
     int r = dcpx__frame_recv_cases(c->fd, CLIENT_CASES, DCPX_FRAME_MAX_FIELDS,
-                                   &f, fds, DCPX_FRAME_MAX_FDS, &nfds,
-                                   &refused);
+                                   take_fds, &f, fds, DCPX_FRAME_MAX_FDS,
+                                   &nfds, &refused);
     if (r == -EAGAIN) {
       empty = true;
       break;

@@ -409,6 +409,7 @@ static void serve(dcpxd_manager *m) {
  * closed: on the closer thread while the loop runs (dcpxd-closer.h). */
 static void closer_use(bool on) {
   dcpxd_mem_closer = on ? dcpxd_closer_close : NULL;
+  dcpxd_mem_closer_own = on ? dcpxd_closer_close_own : NULL;
   dcpx__frame_set_closer(on ? dcpxd_closer_close : NULL);
 }
 

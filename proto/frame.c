@@ -242,11 +242,72 @@ _Static_assert(DCPX__FRAME__MSG_COMMAND == 10 && DCPX__FRAME__MSG_HELLO == 1,
 
 int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
                      int *ret_nfds) {
-  return dcpx__frame_recv_cases(sock, ~0u, 0, ret_frame, fds, maxfds,
+  return dcpx__frame_recv_cases(sock, ~0u, 0, NULL, ret_frame, fds, maxfds,
                                 ret_nfds, NULL);
 }
 
+/* The varint at p[0..n) of field `field` (wire type 0) in the message
+ * p[0..n), top level only: 1 with *v, or 0 when absent or not wire
+ * format. */
+static int wire_find_varint(const uint8_t *p, size_t n, uint64_t field,
+                            uint64_t *v) {
+  while (n) {
+    uint64_t key, len;
+    size_t k = get_varint(p, n, &key);
+    if (!k)
+      return 0;
+    p += k, n -= k;
+    switch (key & 7) {
+    case 0:
+      if (!(k = get_varint(p, n, &len)))
+        return 0;
+      if (key >> 3 == field)
+        *v = len;
+      break;
+    case 1:
+      k = 8;
+      break;
+    case 5:
+      k = 4;
+      break;
+    case 2:
+      if (!(k = get_varint(p, n, &len)) || len > n - k)
+        return 0;
+      p += k, n -= k, k = (size_t)len;
+      break;
+    default:
+      return 0;
+    }
+    if (k > n)
+      return 0;
+    p += k, n -= k;
+  }
+  return 1;
+}
+
+int dcpx__frame_is_reattach(const uint8_t *buf, size_t n) {
+  const uint8_t *p = buf;
+  int found = 0;
+  while (n) { /* the Frame's fields: a Join is field 3 */
+    uint64_t key, len, v = 0;
+    size_t k = get_varint(p, n, &key);
+    if (!k || (key & 7) != 2)
+      return 0;
+    p += k, n -= k;
+    if (!(k = get_varint(p, n, &len)) || len > n - k)
+      return 0;
+    p += k, n -= k;
+    if (key >> 3 == DCPX__FRAME__MSG_JOIN)
+      found = wire_find_varint(p, (size_t)len, 11, &v) && v != 0;
+    else
+      found = 0; /* the last message field is the Frame's */
+    p += len, n -= (size_t)len;
+  }
+  return found;
+}
+
 int dcpx__frame_recv_cases(int sock, uint32_t cases, unsigned max_fields,
+                           int (*take_fds)(const uint8_t *pkt, size_t n),
                            Dcpx__Frame **ret_frame, int *fds, int maxfds,
                            int *ret_nfds, int *ret_refused) {
   struct msghdr mh;
@@ -286,9 +347,32 @@ int dcpx__frame_recv_cases(int sock, uint32_t cases, unsigned max_fields,
   mh.msg_iovlen = 1;
   mh.msg_control = ctl.buf;
   mh.msg_controllen = sizeof(ctl.buf);
-  do
-    n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-  while (n < 0 && errno == EINTR);
+  /* A side that takes the fds of some packets only looks first (no
+   * control buffer: nothing is installed); a packet whose fds it does not
+   * take is then read with none, and the kernel drops them without this
+   * process ever holding one (nor closing it: a FUSE file's close waits
+   * on its server). A peek that fails or sees the end stands as the
+   * read's answer. */
+  int take = 1;
+  n = 1;
+  if (take_fds) {
+    struct msghdr pm;
+    memset(&pm, 0, sizeof(pm));
+    pm.msg_iov = &iov;
+    pm.msg_iovlen = 1;
+    do
+      n = recvmsg(sock, &pm, MSG_PEEK);
+    while (n < 0 && errno == EINTR);
+    if (n > 0 && !take_fds(rx, (size_t)n)) {
+      take = 0;
+      mh.msg_control = NULL;
+      mh.msg_controllen = 0;
+    }
+  }
+  if (n > 0)
+    do
+      n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
   if (n < 0 && errno == ECONNRESET) {
     /* A peer that closed with our packet unread resets the connection,
      * and Linux reports that once, ahead of the packets it sent before
@@ -333,6 +417,8 @@ int dcpx__frame_recv_cases(int sock, uint32_t cases, unsigned max_fields,
    * kernel could not install the rest here (this process is at its
    * open-file limit: -EMFILE), or more were sent than the buffer holds
    * (the sender's fault: DCPX_E_FDS). */
+  if (!take)
+    mh.msg_flags &= ~MSG_CTRUNC; /* the fds not taken, dropped unseen */
   if ((mh.msg_flags & MSG_CTRUNC) &&
       nfds_sent < (sizeof(ctl.buf) - CMSG_LEN(0)) / sizeof(int)) {
     r = -EMFILE;

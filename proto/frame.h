@@ -56,12 +56,18 @@ DCPX__HIDDEN int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds,
  * unpacks anything, with *ret_refused (else 0) the case it named or
  * DCPX_FRAME_PEEK_FIELDS (dcpxd: the replies and events, whose repeated
  * fields cost it milliseconds a packet to unpack, and junk fields, each
- * one a malloc). */
-DCPX__HIDDEN int dcpx__frame_recv_cases(int sock, uint32_t cases,
-                                        unsigned max_fields,
-                                        Dcpx__Frame **ret_frame, int *fds,
-                                        int maxfds, int *ret_nfds,
-                                        int *ret_refused);
+ * one a malloc). take_fds (NULL: every packet's) says from a peek at the
+ * packet whether its fds are taken; those of a packet it declines are
+ * never installed here (the kernel drops them) and *ret_nfds is 0. */
+DCPX__HIDDEN int dcpx__frame_recv_cases(
+    int sock, uint32_t cases, unsigned max_fields,
+    int (*take_fds)(const uint8_t *pkt, size_t n), Dcpx__Frame **ret_frame,
+    int *fds, int maxfds, int *ret_nfds, int *ret_refused);
+
+/* Whether the packet buf[0..n) is a Frame whose message is a Join with
+ * reattach set (the only request that carries fds), as far as its wire
+ * format says without unpacking. */
+DCPX__HIDDEN int dcpx__frame_is_reattach(const uint8_t *buf, size_t n);
 
 /* What dcpx__frame_recv_cases would refuse the packet buf[0..n) for before
  * unpacking it: the first Frame case (1..DCPX__FRAME__MSG_COMMAND) not in

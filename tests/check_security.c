@@ -661,9 +661,40 @@ START_TEST(test_foreign_messages_not_unpacked) {
 }
 END_TEST
 
+/* Sends f on s with n descriptors of /dev/null (past what frame_send
+ * allows: the packet is built here). */
+static void send_with_fds(int s, Dcpx__Frame *f, int n) {
+  int fds[DCPX_FRAME_MAX_FDS + 5];
+  uint8_t buf[512];
+  ck_assert_int_le(n, DCPX_FRAME_MAX_FDS + 5);
+  ck_assert_uint_le(dcpx__frame__get_packed_size(f), sizeof(buf));
+  size_t len = dcpx__frame__pack(f, buf);
+  for (int i = 0; i < n; i++)
+    fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  struct iovec iov = {buf, len};
+  union {
+    char b[CMSG_SPACE(sizeof(fds))];
+    struct cmsghdr a;
+  } ctl;
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                      .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n)};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+  memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n);
+  ck_assert_int_eq(sendmsg(s, &mh, MSG_NOSIGNAL), (ssize_t)len);
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+}
+
+/* dcpxd takes fds only with a reattaching Join: a Hello or a Query that
+ * carries some is answered as if it had none, and dcpxd never holds one
+ * (the kernel drops them: a FUSE file's close would wait on its server).
+ * A reattach with more than DCPX_FRAME_MAX_FDS is refused (DCPX_E_FDS)
+ * and closed; none is kept. */
 START_TEST(test_too_many_fds) {
   char err[512];
-  int fds[DCPX_FRAME_MAX_FDS + 5];
   daemon_start();
   usleep(100000); /* daemon_start's probe connection is gone */
   int before = count_fds(g_daemon);
@@ -674,26 +705,30 @@ START_TEST(test_too_many_fds) {
     h.version = DCPX_PROTO_VERSION;
     f.msg_case = DCPX__FRAME__MSG_HELLO;
     f.hello = &h;
-    for (int i = 0; i < DCPX_FRAME_MAX_FDS + 5; i++)
-      fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    /* frame_send refuses more than the limit itself: build the packet. */
-    uint8_t buf[64];
-    size_t len = dcpx__frame__pack(&f, buf);
-    struct iovec iov = {buf, len};
-    union {
-      char b[CMSG_SPACE(sizeof(fds))];
-      struct cmsghdr a;
-    } ctl;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1,
-                        .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(fds));
-    memcpy(CMSG_DATA(cm), fds, sizeof(fds));
-    ck_assert_int_eq(sendmsg(s, &mh, MSG_NOSIGNAL), (ssize_t)len);
-    for (int i = 0; i < DCPX_FRAME_MAX_FDS + 5; i++)
-      close(fds[i]);
+    send_with_fds(s, &f, DCPX_FRAME_MAX_FDS + 5);
+  }
+  ck_assert_int_eq(raw_reply(s, err, sizeof(err), NULL), 0);
+  ck_assert_int_le(count_fds(g_daemon), before + 1); /* the connection */
+  {
+    Dcpx__Frame f = DCPX__FRAME__INIT;
+    Dcpx__Query q = DCPX__QUERY__INIT;
+    q.what = DCPX__QUERY__WHAT__GROUPS;
+    f.msg_case = DCPX__FRAME__MSG_QUERY;
+    f.query = &q;
+    send_with_fds(s, &f, 3);
+  }
+  ck_assert_int_eq(raw_reply(s, err, sizeof(err), NULL), 0);
+  ck_assert_int_le(count_fds(g_daemon), before + 1);
+  {
+    Dcpx__Frame f = DCPX__FRAME__INIT;
+    Dcpx__Join j;
+    Dcpx__Shape ps;
+    fill_join(&j, &ps, "fds", 2, 0);
+    j.reattach = 1;
+    j.generation = 1;
+    f.msg_case = DCPX__FRAME__MSG_JOIN;
+    f.join = &j;
+    send_with_fds(s, &f, DCPX_FRAME_MAX_FDS + 5);
   }
   ck_assert_int_eq(raw_reply(s, err, sizeof(err), NULL), DCPX_E_FDS);
   ck_assert_msg(strstr(err, "file descriptors"), "error text: %s", err);
@@ -703,6 +738,39 @@ START_TEST(test_too_many_fds) {
   ck_assert_int_le(count_fds(g_daemon), before); /* none kept */
   still_serving("after-fds");
   daemon_stop();
+}
+END_TEST
+
+/* The wire test of which packets' fds dcpxd takes: a Frame whose Join
+ * has reattach set, whatever the order of its fields. */
+START_TEST(test_is_reattach_peek) {
+  uint8_t p[512];
+  Dcpx__Frame f = DCPX__FRAME__INIT;
+  Dcpx__Join j;
+  Dcpx__Shape ps;
+  fill_join(&j, &ps, "g", 2, 1);
+  f.msg_case = DCPX__FRAME__MSG_JOIN;
+  f.join = &j;
+  size_t n = dcpx__frame__pack(&f, p);
+  ck_assert(!dcpx__frame_is_reattach(p, n));
+  j.reattach = 1;
+  n = dcpx__frame__pack(&f, p);
+  ck_assert(dcpx__frame_is_reattach(p, n));
+  for (size_t cut = 0; cut < n; cut++) /* cut short: not wire format */
+    ck_assert(!dcpx__frame_is_reattach(p, cut));
+  Dcpx__Query q = DCPX__QUERY__INIT;
+  f.msg_case = DCPX__FRAME__MSG_QUERY;
+  f.query = &q;
+  q.what = DCPX__QUERY__WHAT__GROUPS;
+  n = dcpx__frame__pack(&f, p);
+  ck_assert(!dcpx__frame_is_reattach(p, n));
+  /* a Join body's own field 11 read as such, not a nested one's */
+  const uint8_t nested[] = {(DCPX__FRAME__MSG_JOIN << 3) | 2, 4,
+                            (2 << 3) | 2, 2, (11 << 3) | 0, 1};
+  ck_assert(!dcpx__frame_is_reattach(nested, sizeof(nested)));
+  const uint8_t flat[] = {(DCPX__FRAME__MSG_JOIN << 3) | 2, 2, (11 << 3) | 0,
+                          1};
+  ck_assert(dcpx__frame_is_reattach(flat, sizeof(flat)));
 }
 END_TEST
 
@@ -2006,6 +2074,7 @@ int main(void) {
   tcase_add_test(tc, test_foreign_case_peek);
   tcase_add_test(tc, test_foreign_messages_not_unpacked);
   tcase_add_test(tc, test_peek_counts_fields);
+  tcase_add_test(tc, test_is_reattach_peek);
   tcase_add_test(tc, test_request_field_bound);
   tcase_add_test(tc, test_too_many_fds);
   tcase_add_test(tc, test_log_rate_limit);
