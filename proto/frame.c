@@ -170,61 +170,71 @@ struct wire_walk {
   int malformed;       /* not wire format (the unpack refuses it too) */
 };
 
+/* One field of the message p[0..n): its key into *key, its value into *v
+ * (a varint's value; a length-delimited field's length, its bytes *at
+ * bytes past p). Returns the bytes of the whole field, or 0 when they are
+ * not wire format as far as n goes (or a group, which dcpx never uses). */
+static size_t wire_field(const uint8_t *p, size_t n, uint64_t *key,
+                         uint64_t *v, size_t *at) {
+  const size_t k = get_varint(p, n, key);
+  size_t m;
+  if (!k)
+    return 0;
+  *v = 0;
+  *at = k;
+  switch (*key & 7) {
+  case 0:
+    m = get_varint(p + k, n - k, v);
+    return m ? k + m : 0;
+  case 1:
+    return n - k >= 8 ? k + 8 : 0;
+  case 5:
+    return n - k >= 4 ? k + 4 : 0;
+  case 2:
+    if (!(m = get_varint(p + k, n - k, v)) || *v > n - k - m)
+      return 0;
+    *at = k + m;
+    return k + m + (size_t)*v;
+  default:
+    return 0;
+  }
+}
+
 static void walk_message(const ProtobufCMessageDescriptor *d,
                          const uint8_t *p, size_t n, int depth,
                          struct wire_walk *w) {
   while (n && !w->refused) {
-    const ProtobufCFieldDescriptor *fd;
-    uint64_t key, len;
-    size_t k = get_varint(p, n, &key);
+    uint64_t key, v;
+    size_t at;
+    const size_t k = wire_field(p, n, &key, &v, &at);
     if (!k) {
       w->malformed = 1;
       return;
     }
-    p += k, n -= k;
     if (w->max_fields && ++w->fields > w->max_fields) {
       w->refused = DCPX_FRAME_PEEK_FIELDS;
       return;
     }
-    switch (key & 7) {
-    case 0:
-      k = get_varint(p, n, &len);
-      break;
-    case 1:
-      k = 8;
-      break;
-    case 5:
-      k = 4;
-      break;
-    case 2:
-      if (!(k = get_varint(p, n, &len)) || len > n - k) {
-        w->malformed = 1;
-        return;
-      }
-      p += k, n -= k, k = (size_t)len;
+    if ((key & 7) == 2) {
+      const uint8_t *body = p + at;
+      const size_t len = (size_t)v;
+      const ProtobufCFieldDescriptor *fd;
       if (depth == 0 && key >> 3 >= 1 && key >> 3 <= DCPX__FRAME__MSG_COMMAND &&
           !(w->cases & (1u << (key >> 3)))) {
         w->refused = (int)(key >> 3);
         return;
       }
       fd = protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
-      if (fd && fd->type == PROTOBUF_C_TYPE_STRING && !dcpx__text_ok(p, k))
+      if (fd && fd->type == PROTOBUF_C_TYPE_STRING &&
+          !dcpx__text_ok(body, len))
         w->text_bad = 1;
       if (fd && fd->type == PROTOBUF_C_TYPE_MESSAGE) {
         if (depth > 8) {
           w->malformed = 1;
           return;
         }
-        walk_message(fd->descriptor, p, k, depth + 1, w);
+        walk_message(fd->descriptor, body, len, depth + 1, w);
       }
-      break;
-    default: /* groups or junk */
-      w->malformed = 1;
-      return;
-    }
-    if (k > n || ((key & 7) == 0 && !k)) {
-      w->malformed = 1;
-      return;
     }
     p += k, n -= k;
   }
@@ -246,40 +256,19 @@ int dcpx__frame_recv(int sock, Dcpx__Frame **ret_frame, int *fds, int maxfds,
                                 ret_nfds, NULL);
 }
 
-/* The varint at p[0..n) of field `field` (wire type 0) in the message
- * p[0..n), top level only: 1 with *v, or 0 when absent or not wire
- * format. */
+/* The value of field `field` (a varint) at the top level of the message
+ * p[0..n) into *v if present (the last one): 1, or 0 when the message is
+ * not wire format. */
 static int wire_find_varint(const uint8_t *p, size_t n, uint64_t field,
                             uint64_t *v) {
   while (n) {
-    uint64_t key, len;
-    size_t k = get_varint(p, n, &key);
+    uint64_t key, x;
+    size_t at;
+    const size_t k = wire_field(p, n, &key, &x, &at);
     if (!k)
       return 0;
-    p += k, n -= k;
-    switch (key & 7) {
-    case 0:
-      if (!(k = get_varint(p, n, &len)))
-        return 0;
-      if (key >> 3 == field)
-        *v = len;
-      break;
-    case 1:
-      k = 8;
-      break;
-    case 5:
-      k = 4;
-      break;
-    case 2:
-      if (!(k = get_varint(p, n, &len)) || len > n - k)
-        return 0;
-      p += k, n -= k, k = (size_t)len;
-      break;
-    default:
-      return 0;
-    }
-    if (k > n)
-      return 0;
+    if ((key & 7) == 0 && key >> 3 == field)
+      *v = x;
     p += k, n -= k;
   }
   return 1;
@@ -290,18 +279,14 @@ int dcpx__frame_is_reattach(const uint8_t *buf, size_t n) {
   int found = 0;
   while (n) { /* the Frame's fields: a Join is field 3 */
     uint64_t key, len, v = 0;
-    size_t k = get_varint(p, n, &key);
+    size_t at;
+    const size_t k = wire_field(p, n, &key, &len, &at);
     if (!k || (key & 7) != 2)
       return 0;
+    /* the last message field is the Frame's (protobuf's oneof) */
+    found = key >> 3 == DCPX__FRAME__MSG_JOIN &&
+            wire_find_varint(p + at, (size_t)len, 11, &v) && v != 0;
     p += k, n -= k;
-    if (!(k = get_varint(p, n, &len)) || len > n - k)
-      return 0;
-    p += k, n -= k;
-    if (key >> 3 == DCPX__FRAME__MSG_JOIN)
-      found = wire_find_varint(p, (size_t)len, 11, &v) && v != 0;
-    else
-      found = 0; /* the last message field is the Frame's */
-    p += len, n -= (size_t)len;
   }
   return found;
 }
