@@ -354,10 +354,16 @@ int dcpx__frame_recv_cases(int sock, uint32_t cases, unsigned max_fields,
       mh.msg_controllen = 0;
     }
   }
-  if (n > 0)
+  if (n > 0) {
     do
       n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
+  } else {
+    /* no read filled mh: no descriptors (its control buffer holds
+     * garbage, and read as a message would close fds at random) */
+    mh.msg_controllen = 0;
+    mh.msg_flags = 0;
+  }
   if (n < 0 && errno == ECONNRESET) {
     /* A peer that closed with our packet unread resets the connection,
      * and Linux reports that once, ahead of the packets it sent before
