@@ -77,6 +77,7 @@
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
 
+#include "dcpxd-closer.h"
 #include "dcpxd-log.h"
 #include "dcpxd-util.h"
 #include "dcpxd.h"
@@ -800,7 +801,7 @@ static int adopt_memory(dcpxd_conn *c, dcpxd_group *g, const Dcpx__Join *j,
   if (r < 0) {
     uint64_t bytes = g->L.ctl_bytes;
     for (uint32_t i = 1; i <= W; i++)
-      dcpxd_mem_close(TAKE_FD(fds[i]));
+      dcpxd_closer_close(TAKE_FD(fds[i]));
     group_free(g);
     join_refuse(c, r,
                 "cannot adopt the control page of group '%s' (%" PRIu64
@@ -815,7 +816,7 @@ static int adopt_memory(dcpxd_conn *c, dcpxd_group *g, const Dcpx__Join *j,
                           i == j->rank ? j->device : -1, &g->ws[i], &why);
       bad = i;
     } else {
-      dcpxd_mem_close(fd);
+      dcpxd_closer_close(fd);
     }
   }
   /* W + 1 buffers, not one twice: an fd given for two workspaces shared
@@ -989,7 +990,7 @@ static void group_adopt(dcpxd_conn *c, const Dcpx__Join *j,
   g = calloc(1, sizeof(*g));
   if (!g) {
     for (uint32_t i = 0; i <= W; i++)
-      dcpxd_mem_close(TAKE_FD(fds[i]));
+      dcpxd_closer_close(TAKE_FD(fds[i]));
     return join_refuse(c, DCPX_E_NOMEM, "out of memory");
   }
   g->m = m;

@@ -37,6 +37,7 @@
 #include "cuda_drv.h"
 #include "dcpx.h"
 #include "dcpxd-log.h"
+#include "dcpxd-closer.h"
 #include "dcpxd-mem.h"
 
 static dcpx_cuda_drv D; /* common/cuda_drv.h */
@@ -212,7 +213,7 @@ static void cuda_free(dcpxd_buf *b) {
     D.release(pv->h);
     free(pv);
   }
-  dcpxd_mem_close_own(b->fd);
+  dcpxd_closer_close_own(b->fd);
   free(b);
 }
 
@@ -224,13 +225,13 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret,
   int r = drv_get();
 
   if (r < 0) {
-    dcpxd_mem_close(fd);
+    dcpxd_closer_close(fd);
     *ret_why = "the CUDA driver is not available";
     return r;
   }
   if (D.import_fd(&h, (void *)(uintptr_t)fd,
                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
-    dcpxd_mem_close(fd);
+    dcpxd_closer_close(fd);
     *ret_why = "not a CUDA allocation handle";
     return DCPX_E_PERM;
   }
@@ -240,7 +241,7 @@ static int cuda_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret,
       D.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
           CUDA_SUCCESS) {
     D.release(h);
-    dcpxd_mem_close(fd);
+    dcpxd_closer_close(fd);
     *ret_why = "not a device allocation on the rank's GPU";
     return DCPX_E_SHAPE;
   }

@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "dcpx.h"
+#include "dcpxd-closer.h"
 #include "dcpxd-mem.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -52,21 +53,7 @@
 /* The seals of every host buffer (host_alloc), and so of an adopted one. */
 #define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
-void (*dcpxd_mem_closer)(int fd);
-void (*dcpxd_mem_closer_own)(int fd);
 
-static void close_by(void (*closer)(int), int fd) {
-  if (fd < 0)
-    return;
-  if (closer)
-    closer(fd);
-  else
-    close(fd);
-}
-
-void dcpxd_mem_close(int fd) { close_by(dcpxd_mem_closer, fd); }
-
-void dcpxd_mem_close_own(int fd) { close_by(dcpxd_mem_closer_own, fd); }
 #include "dcpxd-util.h"
 #include "proto/dcpx.pb-c.h"
 
@@ -151,7 +138,7 @@ static int host_zero(dcpxd_buf *b) {
 static void host_free(dcpxd_buf *b) {
   if (b->map)
     munmap(b->map, (size_t)b->bytes);
-  dcpxd_mem_close_own(b->fd); /* the last reference frees the pages */
+  dcpxd_closer_close_own(b->fd); /* the last reference frees the pages */
   free(b);
 }
 
@@ -194,7 +181,7 @@ static int host_adopt(int fd, uint64_t bytes, int device, dcpxd_buf **ret,
   if (r == 0 && (r = host_buf_new(&fd, bytes, device, ret)) < 0)
     *ret_why = "out of memory";
   if (r < 0)
-    dcpxd_mem_close(fd);
+    dcpxd_closer_close(fd);
   return r;
 }
 
@@ -227,7 +214,7 @@ const dcpxd_mem_ops dcpxd_mem_host = {
 int dcpxd_buf_adopt(const dcpxd_mem_ops *ops, int fd, uint64_t bytes,
                     int device, dcpxd_buf **ret, const char **ret_why) {
   if (!ops->adopt) {
-    dcpxd_mem_close(fd);
+    dcpxd_closer_close(fd);
     *ret_why = "this backend cannot adopt memory";
     return DCPX_E_NOSYS;
   }

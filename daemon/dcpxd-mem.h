@@ -23,7 +23,7 @@
  *          SCM_RIGHTS): check that it is one this backend could have made,
  *          of exactly `bytes`, and wrap it; on failure *ret_why says why
  *          in words. The fd becomes the buffer's, also on failure (closed
- *          through dcpxd_mem_close). Nothing here may wait on a file
+ *          through dcpxd_closer_close). Nothing here may wait on a file
  *          system: the fd is any a client sent (a FUSE file's fstat waits
  *          on its server);
  *   warm   (may be NULL: nothing to do) make `device` ready for zero(), so
@@ -66,16 +66,6 @@ struct dcpxd_buf {
 /* The host backend: memfd, sealed against resizing. Always built. */
 extern const dcpxd_mem_ops dcpxd_mem_host;
 
-/* How the buffers' fds, and the fds that clients send, are closed: dcpxd
- * sets a closer that runs close(2) off its event loop (a close can take
- * long: the last reference of a large memfd frees its pages, about 40 ms
- * a GiB, and a FUSE file's close waits on its server's flush); NULL (the
- * tests that link this file alone) closes at once. */
-extern void (*dcpxd_mem_closer)(int fd);
-void dcpxd_mem_close(int fd);
-/* The same for the fds of dcpxd's own buffers (dcpxd_mem_closer_own). */
-extern void (*dcpxd_mem_closer_own)(int fd);
-void dcpxd_mem_close_own(int fd);
 
 /* Whether two host buffers are one memfd (one file, as fstat says): the
  * memory of an adopted group must be W + 1 buffers, not one twice. False

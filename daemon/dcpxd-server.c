@@ -692,7 +692,7 @@ static bool read_frames(dcpxd_conn *c) {
     conn_dispatch(c, f, fds, nfds);
     dcpxd_conn_idle_arm(c); /* activity, or a group joined or left */
     for (int k = 0; k < nfds; k++)
-      dcpxd_mem_close(fds[k]); /* the fds it did not take, off the loop */
+      dcpxd_closer_close(fds[k]); /* the fds it did not take, off the loop */
     dcpx__frame_free(f);
   }
   c->reading = false;

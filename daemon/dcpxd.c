@@ -405,14 +405,6 @@ static void serve(dcpxd_manager *m) {
   log_info("Ready");
 }
 
-/* Where the fds that clients send, and those of freed buffers, are
- * closed: on the closer thread while the loop runs (dcpxd-closer.h). */
-static void closer_use(bool on) {
-  dcpxd_mem_closer = on ? dcpxd_closer_close : NULL;
-  dcpxd_mem_closer_own = on ? dcpxd_closer_close_own : NULL;
-  dcpx__frame_set_closer(on ? dcpxd_closer_close : NULL);
-}
-
 /* After the loop has run out: the suppressed-lines summary written, the
  * groups list emptied (every member left when its connection closed, so
  * none is left; this only guards against a bug leaking them), the loop
@@ -492,7 +484,7 @@ int main(int argc, char **argv) {
     log_warning("Cannot start the closer thread (%s): fds are closed on "
                 "the event loop",
                 strerror(-r));
-  closer_use(r == 0);
+  dcpx__frame_set_closer(dcpxd_closer_close); /* at once if not started */
   dcpxd_records_use_loop(m->records, m->loop, on_records_unstored, m);
 
   r = server_listen(m);
@@ -510,8 +502,7 @@ int main(int argc, char **argv) {
   log_info("Stopped");
 
 out_loop:
-  closer_use(false);
-  dcpxd_closer_stop(2000); /* what clients sent: not held up for long */
+  dcpxd_closer_stop(2000); /* later closes: at once */ /* what clients sent: not held up for long */
   loop_done(m);
 out_records:
   (void)dcpxd_secrets_flush_last(m->secrets);

@@ -138,10 +138,16 @@ class _CountingLib:
 _SKIP = (_CountingLib.__getattr__.__code__, _CountingLib.dcpx_leave.__code__)
 
 
+@pytest.fixture
+def counting(monkeypatch):
+    """libdcpx with dcpx_leave counted (_CountingLib), as the package's."""
+    c = _CountingLib(dcpx.core.lib())
+    monkeypatch.setattr(dcpx.core, "lib", lambda: c)
+    return c
+
+
 def test_leave_cut_at_any_line_frees_once(daemon, group, small_shape,
-                                          monkeypatch):
-    counting = _CountingLib(dcpx.core.lib())
-    monkeypatch.setattr(dcpx.core, "lib", lambda: counting)
+                                          counting):
     c = dcpx.Client(daemon.socket)
     cut = 0
     for n in range(1, 200):
@@ -169,8 +175,7 @@ def test_leave_cut_at_any_line_frees_once(daemon, group, small_shape,
 
 
 def test_a_handler_that_leaves_at_any_line_of_a_call(daemon, group,
-                                                     small_shape,
-                                                     monkeypatch):
+                                                     small_shape, counting):
     """A signal handler that calls leave() (to shut down on SIGTERM, say)
     at any point of a poll() where a handler can run: never a deadlock
     (the member's lock is held around calls; a plain Lock deadlocked
@@ -178,8 +183,6 @@ def test_a_handler_that_leaves_at_any_line_of_a_call(daemon, group,
     only = tuple(f.__code__ for f in (
         dcpx.Member.poll, dcpx.Member._link_call, dcpx.Member._begin,
         dcpx.Member._end, dcpx.Member._claim_left, dcpx.Member._free_left))
-    counting = _CountingLib(dcpx.core.lib())
-    monkeypatch.setattr(dcpx.core, "lib", lambda: counting)
     c = dcpx.Client(daemon.socket)
     cut = 0
     for n in range(1, 200):
